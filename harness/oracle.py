@@ -1,0 +1,155 @@
+"""The correctness oracle shared by every implementation and baseline.
+
+Reference forward (out, lse) and backward (dq, dk, dv) in fp32 on a GPU (fp64 on the
+CPU), per sequence, for every mode. A result passes when its max error against that
+reference is at most 2x the error of PyTorch computing the same thing in the input
+dtype, plus a small floor (the FlashAttention test rule).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .problems import Inputs
+
+
+def _attend(q, k, v, causal: bool, scale: float):
+    """One sequence. q [Lq,H,D], k/v [Lk,Hkv,D] -> out [Lq,H,D], lse [H,Lq] (fp32).
+
+    Scores and softmax statistics in fp32 at least, P cast to the value dtype before
+    PV (what a low-precision kernel does); rows with no key give out 0, lse -inf."""
+    Lq, H, _ = q.shape
+    Lk, Hkv, _ = k.shape
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, k).float() * scale
+    if q.dtype == torch.float64:
+        s = s.double()
+    if causal:
+        i = torch.arange(Lq, device=q.device)[:, None]
+        j = torch.arange(Lk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Lk - Lq, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
+    out = torch.einsum("hqk,khd->qhd", p.to(v.dtype), v)
+    return out, lse.float()
+
+
+def reference(inp: Inputs, *, causal=False, softmax_scale=None, broadcast_q=False,
+              compute_dtype=None, backward=True) -> dict[str, torch.Tensor]:
+    """out [Nq,H,D], lse [H,Nq] and, with `backward`, dq/dk/dv (dq summed over the batch
+    in broadcast_q mode). `compute_dtype` None means the high-precision reference."""
+    hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
+    dt = compute_dtype or hi
+    D = inp.q.shape[-1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    q, k, v = (t.detach().to(dt).requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
+    cu_k = inp.lengths_k.cumsum(0).tolist()
+    cu_q = inp.lengths_q.cumsum(0).tolist()
+    outs, lses = [], []
+    with torch.enable_grad():
+        for b in range(len(inp.lengths_k)):
+            k0, k1 = cu_k[b] - int(inp.lengths_k[b]), cu_k[b]
+            qb = q if broadcast_q else q[cu_q[b] - int(inp.lengths_q[b]):cu_q[b]]
+            o, l = _attend(qb, k[k0:k1], v[k0:k1], causal, scale)
+            outs.append(o)
+            lses.append(l)
+        out = torch.cat(outs) if outs else q.new_zeros(0, *q.shape[1:])
+        lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0).float()
+        res = {"out": out.detach(), "lse": lse.detach()}
+        if backward:
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout.to(dt), allow_unused=True)
+            for name, g, x in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+                res[name] = torch.zeros_like(x) if g is None else g.detach()
+    return res
+
+
+@dataclass
+class Check:
+    name: str
+    max_err: float      # max |got - ref|
+    tol: float          # 2 * max |lowp - ref| + floor
+    rel_l2: float       # ||got - ref|| / ||ref||
+    worst: tuple        # index of the worst element
+    ok: bool
+
+    def __str__(self):
+        mark = "ok " if self.ok else "BAD"
+        return (f"{mark} {self.name:4s} max_err {self.max_err:.3e} (tol {self.tol:.3e}) "
+                f"rel_l2 {self.rel_l2:.2e} worst at {self.worst}")
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def __str__(self):
+        return "\n".join(str(c) for c in self.checks)
+
+    def summary(self) -> str:
+        bad = [c for c in self.checks if not c.ok]
+        return "; ".join(str(c) for c in bad) if bad else "ok"
+
+
+def _floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """The rounding error of `dtype` at the reference's scale (FA's atol rule)."""
+    r = ref.to(dtype)
+    return 2.0 * float(((r + 0.3 - 0.3) - r).abs().max()) + 1e-5 if r.numel() else 1e-5
+
+
+def compare(name, got, ref, lowp, dtype) -> Check:
+    got, ref, lowp = (t.detach().double().cpu() for t in (got, ref, lowp))
+    if got.shape != ref.shape:
+        return Check(name, math.inf, 0.0, math.inf, (f"shape {tuple(got.shape)} != {tuple(ref.shape)}",), False)
+    both_inf = torch.isinf(ref) & (got == ref)  # e.g. lse = -inf on rows with no key
+    err = (got - ref).abs().masked_fill(both_inf, 0.0).nan_to_num(math.inf)
+    base = (lowp - ref).abs().masked_fill(torch.isinf(ref) & (lowp == ref), 0.0).nan_to_num(0.0)
+    fin = torch.isfinite(ref)
+    tol = 2.0 * float(base.max()) + _floor(ref[fin], dtype) if ref.numel() else 1.0
+    if not err.numel():
+        return Check(name, 0.0, tol, 0.0, (), True)
+    max_err = float(err.max())
+    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    diff = (got - ref).masked_fill(both_inf, 0.0)
+    rel = float(diff.norm() / ref.masked_fill(~fin, 0.0).norm().clamp_min(1e-30))
+    return Check(name, max_err, tol, rel, worst, bool(max_err <= tol))
+
+
+def poison(*like: torch.Tensor, copies: int = 2) -> None:
+    """Fill the allocator's free blocks of the outputs' sizes with NaN bytes, so an
+    output the kernel allocates and then fails to write shows up as NaN."""
+    if not like or like[0].device.type != "cuda":
+        return
+    blocks = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, device=t.device)
+              for t in like for _ in range(copies)]
+    for b in blocks:
+        b.fill_(0xFF)  # all-ones bytes are NaN in fp32, fp16 and bf16
+    del blocks
+
+
+def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=False,
+          backward=True, ref=None, lowp=None, check_lse=True) -> Report:
+    """Run `fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=, softmax_scale=,
+    broadcast_q=)` -> out or (out, lse) with autograd, and compare with the oracle."""
+    kw = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
+    ref = ref or reference(inp, backward=backward, **kw)
+    lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, **kw)
+    q, k, v = (t.detach().clone().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
+    poison(ref["out"].to(inp.q.dtype), ref["lse"])
+    res = fn(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, **kw)
+    out, lse = res if isinstance(res, tuple) else (res, None)
+    rep = Report([compare("out", out, ref["out"], lowp["out"], inp.q.dtype)])
+    if lse is not None and check_lse:
+        rep.checks.append(compare("lse", lse, ref["lse"], lowp["lse"], torch.float32))
+    if backward:
+        poison(q, k, v)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout)
+        for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+            rep.checks.append(compare(name, g, ref[name], lowp[name], inp.q.dtype))
+    return rep

@@ -1,0 +1,192 @@
+"""The one problem generator shared by every implementation and baseline.
+
+A `Problem` is a frozen description (shape, sparsity, mode, dtype, seed); `build()`
+turns it into packed tensors and offsets, deterministically per seed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("self", "cross", "broadcast_q")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def jagged_lengths(batch: int, max_len: int, sparsity: float, gen: torch.Generator) -> torch.Tensor:
+    """Meta's convention: uniform integer lengths with mean `sparsity * max_len`.
+
+    s >= 0.5 draws from [(2s-1)*max, max], s < 0.5 from [1, 2s*max]; s = 1 is dense.
+    """
+    if not 0.0 < sparsity <= 1.0:
+        raise ValueError(f"sparsity must be in (0, 1], got {sparsity}")
+    if sparsity >= 0.5:
+        lo, hi = round((2 * sparsity - 1) * max_len), max_len
+    else:
+        lo, hi = 1, max(1, round(2 * sparsity * max_len))
+    lo = min(max(lo, 0), hi)
+    return torch.randint(lo, hi + 1, (batch,), generator=gen, dtype=torch.int64)
+
+
+def offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """int32 prefix sums starting at 0 (the FA varlen convention)."""
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+
+
+def causal_pairs(len_q: torch.Tensor, len_k: torch.Tensor) -> torch.Tensor:
+    """Unmasked (query, key) pairs per sequence under bottom-right causal alignment:
+    query i sees keys j <= i + len_k - len_q."""
+    lq, lk = len_q.to(torch.int64), len_k.to(torch.int64)
+    # rows i >= lq - lk see i + lk - lq + 1 keys (capped at lk); earlier rows see none
+    full = torch.clamp(lq - lk, min=0)  # rows that see nothing
+    seen = lq - full                   # rows that see 1 .. min(lq, lk)
+    first = lk - lq + full + 1         # keys seen by the first such row
+    return seen * first + seen * (seen - 1) // 2
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor | None
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    dout: torch.Tensor
+    lengths_q: torch.Tensor  # int64, CPU, per batch element (L_q repeated in broadcast_q)
+    lengths_k: torch.Tensor
+
+    def args(self):
+        return (self.q, self.k, self.v, self.cu_seqlens_q, self.cu_seqlens_k,
+                self.max_seqlen_q, self.max_seqlen_k)
+
+
+@dataclass(frozen=True)
+class Problem:
+    batch: int
+    heads: int
+    head_dim: int
+    max_seqlen_q: int
+    max_seqlen_k: int | None = None  # None: same as q (self attention)
+    kv_heads: int | None = None      # None: same as heads (MHA)
+    sparsity: float = 1.0
+    mode: str = "self"               # self | cross | broadcast_q
+    causal: bool = False
+    dtype: str = "bf16"
+    seed: int = 0
+    suite: str = ""
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.heads % self.hkv:
+            raise ValueError(f"heads={self.heads} not a multiple of kv_heads={self.hkv}")
+        if self.mode == "self" and self.max_seqlen_k not in (None, self.max_seqlen_q):
+            raise ValueError("self attention has max_seqlen_k == max_seqlen_q")
+
+    @property
+    def hkv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def max_k(self) -> int:
+        return self.max_seqlen_k or self.max_seqlen_q
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def replace(self, **kw) -> "Problem":
+        return dataclasses.replace(self, **kw)
+
+    def label(self) -> str:
+        bits = [self.mode, f"B{self.batch}", f"H{self.heads}/{self.hkv}", f"D{self.head_dim}",
+                f"Lq{self.max_seqlen_q}", f"Lk{self.max_k}", f"s{self.sparsity:g}", self.dtype]
+        return " ".join(bits + (["causal"] if self.causal else []))
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sequence (len_q, len_k), int64 on CPU; deterministic per seed."""
+        gen = torch.Generator().manual_seed(self.seed)
+        if self.mode == "broadcast_q":
+            lk = jagged_lengths(self.batch, self.max_k, self.sparsity, gen)
+            return torch.full((self.batch,), self.max_seqlen_q, dtype=torch.int64), lk
+        lq = jagged_lengths(self.batch, self.max_seqlen_q, self.sparsity, gen)
+        if self.mode == "self":
+            return lq, lq.clone()
+        return lq, jagged_lengths(self.batch, self.max_k, self.sparsity, gen)
+
+    def pairs(self) -> int:
+        """Exact count of unmasked score pairs over the batch (per head)."""
+        lq, lk = self.lengths()
+        per_seq = causal_pairs(lq, lk) if self.causal else lq * lk
+        return int(per_seq.sum())
+
+    def flops(self, pass_: str = "fwd") -> float:
+        fwd = 4.0 * self.heads * self.head_dim * self.pairs()
+        return fwd if pass_ == "fwd" else 2.5 * fwd
+
+    def build(self, device="cpu", lengths=None) -> Inputs:
+        """Packed q, k, v, dout and offsets; values ~ N(0, 1) from the problem's seed.
+
+        `lengths` = (len_q, len_k) overrides the drawn lengths (tests use it for
+        zero-length and length-1 sequences)."""
+        lq, lk = lengths if lengths is not None else self.lengths()
+        lq, lk = torch.as_tensor(lq, dtype=torch.int64), torch.as_tensor(lk, dtype=torch.int64)
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        dt, H, Hkv, D = self.torch_dtype, self.heads, self.hkv, self.head_dim
+        bq = self.mode == "broadcast_q"
+        nq = self.max_seqlen_q if bq else int(lq.sum())
+        nk = int(lk.sum())
+        nout = self.batch * self.max_seqlen_q if bq else nq
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen).to(dt).to(device)
+
+        q, k, v = randn(nq, H, D), randn(nk, Hkv, D), randn(nk, Hkv, D)
+        dout = randn(nout, H, D)
+        cu_k = offsets(lk).to(device)
+        cu_q = None if bq else offsets(lq).to(device)
+        # the declared maxima (what a caller configures), raised to any longer override
+        max_q = max(self.max_seqlen_q, int(lq.max()) if len(lq) else 0)
+        max_k = max(self.max_k, int(lk.max()) if len(lk) else 0)
+        return Inputs(q, k, v, cu_q, cu_k, max_q, max_k, dout, lq, lk)
+
+
+def _grid(suite, lengths, sparsities, **kw):
+    return [Problem(max_seqlen_q=n, sparsity=s, suite=suite, **kw)
+            for n in lengths for s in sparsities]
+
+
+def suites() -> dict[str, list[Problem]]:
+    gem = dict(batch=1152, heads=4, head_dim=128)
+    jag = _grid("gem-jagged", (256, 512, 1024, 2048), (0.1, 0.5, 0.9), **gem)
+    cross = [Problem(max_seqlen_q=n, max_seqlen_k=kv, sparsity=s, mode="cross",
+                     suite="gem-cross", **gem)
+             for n in (512, 1024, 2048) for kv in (64, 256) for s in (0.5, 0.9)]
+    bq = [Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, mode="broadcast_q",
+                  suite="gem-broadcast-q", **gem) for lq in (64, 256)]
+    llm = [Problem(batch=b, heads=h, kv_heads=hkv, head_dim=d, max_seqlen_q=n, causal=c,
+                   suite="llm-dense")
+           for (b, h, hkv, d, n) in ((8, 16, 16, 128, 8192), (4, 32, 8, 128, 4096),
+                                     (16, 16, 16, 64, 2048))
+           for c in (False, True)]
+    smoke = [Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=40, sparsity=0.5, suite="smoke"),
+             Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=33, causal=True,
+                     sparsity=0.9, suite="smoke"),
+             Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=24, max_seqlen_k=17,
+                     mode="cross", suite="smoke"),
+             Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=30,
+                     mode="broadcast_q", sparsity=0.5, suite="smoke")]
+    return {"gem-jagged": jag, "gem-cross": cross, "gem-broadcast-q": bq,
+            "llm-dense": llm, "smoke": smoke}
+
+
+def suite(name: str) -> list[Problem]:
+    all_ = suites()
+    if name not in all_:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(all_)}")
+    return all_[name]
