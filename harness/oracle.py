@@ -24,9 +24,7 @@ def _attend(q, k, v, causal: bool, scale: float):
     Lk, Hkv, _ = k.shape
     k = k.repeat_interleave(H // Hkv, dim=1)
     v = v.repeat_interleave(H // Hkv, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q, k).float() * scale
-    if q.dtype == torch.float64:
-        s = s.double()
+    s = torch.einsum("qhd,khd->hqk", q, k).to(torch.promote_types(q.dtype, torch.float32)) * scale
     if causal:
         i = torch.arange(Lq, device=q.device)[:, None]
         j = torch.arange(Lk, device=q.device)[None, :]

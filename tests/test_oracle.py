@@ -1,0 +1,84 @@
+"""The oracle against an independent padded-and-masked computation."""
+import math
+
+import pytest
+import torch
+
+from harness.oracle import check, compare, reference
+from harness.problems import Problem
+
+
+def padded_attention(inp, causal, broadcast_q):
+    """Pad every sequence to the batch max, mask padding (and the causal triangle), fp64."""
+    lq, lk = inp.lengths_q.tolist(), inp.lengths_k.tolist()
+    B, H, Hkv, D = len(lk), inp.q.shape[1], inp.k.shape[1], inp.q.shape[2]
+    Mq, Mk = max(lq + [1]), max(lk + [1])
+    q, k, v = (t.double().requires_grad_() for t in (inp.q, inp.k, inp.v))
+    cq = [0] * B if broadcast_q else torch.tensor([0] + lq).cumsum(0).tolist()
+    ck = torch.tensor([0] + lk).cumsum(0).tolist()
+
+    def pad(x, start, n, m):  # rows [start, start+n) of x, zero-padded to m rows
+        return torch.nn.functional.pad(x[start:start + n], (0, 0, 0, 0, 0, m - n))
+
+    Q = torch.stack([pad(q, cq[b], lq[b], Mq) for b in range(B)])
+    K = torch.stack([pad(k, ck[b], lk[b], Mk) for b in range(B)]).repeat_interleave(H // Hkv, 2)
+    V = torch.stack([pad(v, ck[b], lk[b], Mk) for b in range(B)]).repeat_interleave(H // Hkv, 2)
+    s = torch.einsum("bqhd,bkhd->bhqk", Q, K) / math.sqrt(D)
+    i, j = torch.arange(Mq)[:, None], torch.arange(Mk)[None, :]
+    mask = torch.stack([(j < lk[b]) & ((j <= i + lk[b] - lq[b]) | (not causal)) for b in range(B)])
+    p = torch.softmax(s.masked_fill(~mask[:, None], float("-inf")), -1).nan_to_num(0.0)
+    o = torch.einsum("bhqk,bkhd->bqhd", p, V)
+    out = torch.cat([o[b, :lq[b]] for b in range(B)])
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout.double())
+    return out, dq, dk, dv
+
+
+@pytest.mark.parametrize("problem,lengths", [
+    (Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=9, sparsity=0.5), None),
+    (Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=7, causal=True), ([5, 0, 7], [5, 0, 7])),
+    (Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=6, max_seqlen_k=9, mode="cross", causal=True), ([6, 1, 4], [3, 9, 0])),
+    (Problem(batch=3, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=5, max_seqlen_k=8, mode="broadcast_q"), None),
+])
+def test_reference_matches_padded(problem, lengths):
+    inp = problem.build(lengths=lengths)
+    bq = problem.mode == "broadcast_q"
+    ref = reference(inp, causal=problem.causal, broadcast_q=bq)
+    out, dq, dk, dv = padded_attention(inp, problem.causal, bq)
+    for name, want in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(ref[name], want, rtol=1e-9, atol=1e-9, msg=name)
+    # rows that see no key: lse -inf and out 0 (cross case: the third sequence has no keys)
+    empty = torch.isinf(ref["lse"])
+    assert (ref["out"].permute(1, 0, 2)[empty] == 0).all()
+    if problem.mode == "cross":
+        assert empty[:, -4:].all() and not empty[:, 6:7].any()
+
+
+def test_check_passes_lowp_and_catches_errors():
+    p = Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=12, sparsity=0.5, seed=2)
+    inp = p.build()
+    lowp = reference(inp, compute_dtype=torch.bfloat16, backward=False)
+
+    def good(*a, **kw):
+        return lowp["out"].to(torch.bfloat16)
+
+    assert check(inp, good, backward=False).ok
+
+    def unwritten(*a, **kw):
+        out = lowp["out"].to(torch.bfloat16).clone()
+        out[-1, -1, -1] = float("nan")
+        return out
+
+    rep = check(inp, unwritten, backward=False)
+    assert not rep.ok and rep.checks[0].worst == (inp.q.shape[0] - 1, 1, 63)
+
+    def off(*a, **kw):
+        return (lowp["out"] * 1.05).to(torch.bfloat16)
+
+    assert not check(inp, off, backward=False).ok
+
+
+def test_compare_reports_shape_mismatch_and_infs():
+    ref = torch.tensor([1.0, float("-inf")])
+    assert compare("lse", torch.tensor([1.0, float("-inf")]), ref, ref, torch.float32).ok
+    assert not compare("lse", torch.tensor([1.0, 0.0]), ref, ref, torch.float32).ok
+    assert not compare("out", torch.zeros(3), ref, ref, torch.float32).ok

@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from harness.problems import Problem, causal_pairs, jagged_lengths, offsets, suite, suites
+
+
+@pytest.mark.parametrize("s", [0.1, 0.3, 0.5, 0.9, 1.0])
+def test_mean_length_follows_sparsity(s):
+    lens = jagged_lengths(20000, 1000, s, torch.Generator().manual_seed(0)).float()
+    assert abs(lens.mean().item() - s * 1000) < 0.02 * 1000
+    assert lens.max() <= 1000 and lens.min() >= (1 if s < 0.5 else round((2 * s - 1) * 1000))
+
+
+def test_dense_is_full_length():
+    p = Problem(batch=5, heads=2, head_dim=64, max_seqlen_q=77, sparsity=1.0)
+    assert p.lengths()[0].tolist() == [77] * 5
+
+
+@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
+def test_build_shapes_offsets_and_determinism(mode):
+    p = Problem(batch=6, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=50, sparsity=0.5,
+                max_seqlen_k=None if mode == "self" else 30, mode=mode, seed=3)
+    a, b = p.build(), p.build()
+    for x, y in zip(a.args()[:3], b.args()[:3]):
+        assert torch.equal(x, y)
+    lq, lk = p.lengths()
+    assert a.cu_seqlens_k.dtype == torch.int32 and a.cu_seqlens_k[0] == 0
+    assert a.cu_seqlens_k[-1] == a.k.shape[0] == lk.sum()
+    assert (a.cu_seqlens_k[1:] >= a.cu_seqlens_k[:-1]).all()
+    assert a.k.shape[1:] == (2, 64) and a.q.shape[1:] == (4, 64)
+    if mode == "broadcast_q":
+        assert a.cu_seqlens_q is None and a.q.shape[0] == 50
+        assert a.dout.shape[0] == 6 * 50
+    else:
+        assert a.cu_seqlens_q[-1] == a.q.shape[0] == lq.sum() == a.dout.shape[0]
+    if mode == "self":
+        assert torch.equal(lq, lk)
+    assert a.max_seqlen_k >= int(lk.max()) and a.max_seqlen_q >= int(lq.max())
+    assert not torch.equal(a.q, p.replace(seed=4).build().q)
+    assert a.q.abs().sum() > 0
+
+
+def test_causal_pairs_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    lq, lk = torch.randint(0, 20, (200,), generator=gen), torch.randint(0, 20, (200,), generator=gen)
+    brute = [sum(1 for i in range(a) for j in range(b) if j <= i + b - a)
+             for a, b in zip(lq.tolist(), lk.tolist())]
+    assert causal_pairs(lq, lk).tolist() == brute
+
+
+def test_flops_exact():
+    p = Problem(batch=4, heads=3, head_dim=64, max_seqlen_q=32, sparsity=0.5, seed=1)
+    lq, lk = p.lengths()
+    assert p.flops("fwd") == 4 * 3 * 64 * int((lq * lk).sum())
+    assert p.flops("bwd") == 2.5 * p.flops("fwd")
+    pc = p.replace(causal=True)
+    assert pc.flops("fwd") == 4 * 3 * 64 * int(causal_pairs(lq, lk).sum()) < p.flops("fwd")
+
+
+def test_offsets_and_suites():
+    assert offsets(torch.tensor([2, 0, 3])).tolist() == [0, 2, 2, 5]
+    assert {"gem-jagged", "gem-cross", "llm-dense", "smoke"} <= set(suites())
+    gem = suite("gem-jagged")
+    assert {p.sparsity for p in gem} == {0.1, 0.5, 0.9} and all(p.batch == 1152 for p in gem)
+    with pytest.raises(ValueError, match="unknown suite"):
+        suite("nope")
+    with pytest.raises(ValueError, match="mode"):
+        Problem(batch=1, heads=1, head_dim=64, max_seqlen_q=4, mode="bogus")
