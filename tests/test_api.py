@@ -1,0 +1,82 @@
+"""Input validation of the public op (each bad input names its argument) and
+tracing through it with torch.library.opcheck / torch.compile."""
+import pytest
+import torch
+
+from harness.problems import Problem
+from kernels_tlx.portable import jagged_attention
+
+
+@pytest.fixture
+def inp():
+    return Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=8).build(lengths=([5, 0, 8],) * 2)
+
+
+@pytest.fixture
+def bq():
+    return Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=4, max_seqlen_k=6,
+                   mode="broadcast_q").build(lengths=([4, 4], [6, 3]))
+
+
+def call(inp, **over):
+    a = dict(q=inp.q, k=inp.k, v=inp.v, cu_seqlens_q=inp.cu_seqlens_q,
+             cu_seqlens_k=inp.cu_seqlens_k, max_seqlen_q=inp.max_seqlen_q,
+             max_seqlen_k=inp.max_seqlen_k)
+    kw = {k: over.pop(k) for k in ("causal", "broadcast_q") if k in over}
+    a.update(over)
+    return jagged_attention(*a.values(), **kw)
+
+
+def test_valid_input_runs(inp):
+    assert call(inp).shape == inp.q.shape
+
+
+@pytest.mark.parametrize("make, exc, name", [
+    (lambda i: dict(cu_seqlens_k=torch.tensor([0, 5, 3, 13], dtype=torch.int32)), ValueError,
+     "cu_seqlens_k is not monotonic"),
+    (lambda i: dict(cu_seqlens_q=torch.tensor([0, 5, 5, 12], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q ends at 12"),
+    (lambda i: dict(cu_seqlens_q=torch.tensor([1, 5, 5, 13], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q must start at 0"),
+    (lambda i: dict(q=i.q.float()), TypeError, "q must be bfloat16 or float16"),
+    (lambda i: dict(v=i.v.half()), TypeError, "share one dtype"),
+    (lambda i: dict(cu_seqlens_q=i.cu_seqlens_q.long()), TypeError, "cu_seqlens_q must be int32"),
+    (lambda i: dict(k=i.k.to("meta")), ValueError, "k is on meta"),
+    (lambda i: dict(q=i.q[..., :48].repeat(1, 1, 2).contiguous()), ValueError, "head_dim 96"),
+    (lambda i: dict(q=i.q.transpose(0, 1).contiguous().transpose(0, 1)), ValueError,
+     "q must be contiguous"),
+    (lambda i: dict(max_seqlen_q=7), ValueError, "max_seqlen_q=7 is smaller"),
+    (lambda i: dict(max_seqlen_k=2.0), TypeError, "max_seqlen_k must be a non-negative int"),
+    (lambda i: dict(q=i.q[:, :1].repeat(1, 3, 1)), ValueError,
+     "q heads (3) must be a multiple of k heads (2)"),
+])
+def test_bad_input(inp, make, exc, name):
+    with pytest.raises(exc, match=name.replace("(", r"\(").replace(")", r"\)")):
+        call(inp, **make(inp))
+
+
+def test_broadcast_q_rejects_cu_seqlens_q(bq):
+    with pytest.raises(ValueError, match="cu_seqlens_q must be None"):
+        call(bq, cu_seqlens_q=torch.tensor([0, 4, 8], dtype=torch.int32), broadcast_q=True)
+    with pytest.raises(ValueError, match="max_seqlen_q=3 is smaller than L_q=4"):
+        call(bq, max_seqlen_q=3, broadcast_q=True)
+    assert call(bq, broadcast_q=True).shape == (8, 2, 64)
+
+
+def test_opcheck(inp):
+    """Schema, fake (meta) kernel and autograd registration of the custom op."""
+    args = (inp.q.requires_grad_(), inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+            inp.max_seqlen_q, inp.max_seqlen_k, True, 0.125, False)
+    torch.library.opcheck(torch.ops.jagged_attn.portable_fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_torch_compile_traces(inp):
+    """torch.compile (aot_eager: graph capture + autograd, no codegen) through the op."""
+    def f(q, k, v):
+        return call(inp, q=q, k=k, v=v, causal=True).float().square().sum()
+
+    q1, q2 = (inp.q.clone().requires_grad_() for _ in range(2))
+    eager = torch.autograd.grad(f(q1, inp.k, inp.v), q1)[0]
+    compiled = torch.autograd.grad(torch.compile(f, backend="aot_eager")(q2, inp.k, inp.v), q2)[0]
+    torch.testing.assert_close(compiled, eager)
