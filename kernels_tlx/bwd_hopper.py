@@ -1,0 +1,381 @@
+"""Jagged (varlen, packed) flash-attention backward for Hopper (sm_90a).
+
+    backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+             broadcast_q) -> (dq, dk, dv)          # in q's dtype
+
+Three kernels, named after their roles:
+
+(a) `_bwd_preprocess`: delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq], lse's layout),
+    and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
+(b) `_bwd_main`: a persistent grid (one program per SM) walking a jagged list of KV
+    tiles, longest first. The tile list is built on the GPU with torch ops from the
+    offsets (`build_schedule`; no host sync): every (sequence, KV block) is a tile,
+    its work is the number of Q blocks that see it, tiles are sorted by work
+    (descending, stable) and dealt round-robin to the programs. Per tile the body is
+    a table of contents:
+        schedule  -> which tile (batch, KV block, KV head), its Q-block range
+        load      -> K, V of the tile (once); then Q, dO, LSE, delta per Q block
+        compute   -> S^T = K Q^T, P^T = exp2(S^T*scale*log2e - lse*log2e),
+                     dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
+                     dK += dS^T Q, dQ_part = dS K         (all wgmma, fp32 acc)
+        reduce_dq -> dQ_part reduce-added (red.global.add.f32) into the fp32 dQ
+                     accumulator
+        store     -> dK (times scale), dV in the input dtype, masked to the tile
+    GQA: a tile owns one KV head and loops over the query heads of its group, so dK/dV
+    are summed in registers and stored once (no atomics on dK/dV).
+(c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to
+    the input dtype.
+
+Broadcast-Q (dQ is a sum over the whole batch, B=1152 in GEM): programs are pinned to a
+KV head (program p owns head p % H_kv) and each pinned program accumulates into its
+own private fp32 slot `dq_acc[slot]` ([n_slots, L_q, H, D], slot = p // H_kv), so the
+reduce-adds never contend across SMs and a slot (L_q*G*D*4 bytes per program, 128 KB
+at L_q=256, D=128) stays L2-resident; `_bwd_postprocess` then sums the slots in a
+fixed order. Tiles of a head are dealt to that head's programs longest first.
+
+Determinism
+-----------
+* broadcast_q: deterministic. Each slot is written by exactly one program, which
+  visits its tiles in a fixed order, and each accumulator element is always updated by
+  the same thread (same register layout every iteration), so the fp32 sums happen in a
+  fixed order; the slot reduction is a fixed-order loop.  (If the slot buffer would
+  exceed `MAX_SLOT_BYTES`, slots are shared by programs and the result is no longer
+  bitwise deterministic; this does not happen at GEM shapes.)
+* packed modes (self / cross): dQ rows of a sequence longer than one KV tile receive
+  reduce-adds from several programs in a run-dependent order -> NOT bitwise
+  deterministic (dK/dV are). `deterministic=True` instead gives every sequence's KV
+  tiles to ... (see `backward`), which sums dQ partials in a fixed order.
+
+Masking: keys past the sequence end, query rows past the sequence end, the causal
+(bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and
+rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+# upper bound on the broadcast-Q per-program dQ slot buffer
+MAX_SLOT_BYTES = 512 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------
+def config(head_dim: int) -> dict:
+    """Tile shape per head dim: a KV tile of BLOCK_N keys, Q blocks of BLOCK_M rows."""
+    if head_dim <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
+
+
+_SM_COUNT = {}
+
+
+def _num_sms(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+# ---------------------------------------------------------------------------------------
+# (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
+# ---------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, n_rows,
+                    stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
+                    stride_delta_h,
+                    H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                    ZERO_DQ: tl.constexpr):
+    """One program per ROWS (token, head) pairs; rows ordered token-major."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tok = r // H
+    h = r % H
+    d = tl.arange(0, D)
+    valid = r < n_rows
+    o = tl.load(out_ptr + tok[:, None] * stride_o_tok + h[:, None] * stride_o_h + d[None, :],
+                mask=valid[:, None], other=0.0).to(tl.float32)
+    do = tl.load(dout_ptr + tok[:, None] * stride_do_tok + h[:, None] * stride_do_h + d[None, :],
+                 mask=valid[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
+    if ZERO_DQ:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
+        tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
+                 tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+
+
+# ---------------------------------------------------------------------------------------
+# (b) main kernel, one helper per role
+# ---------------------------------------------------------------------------------------
+@triton.jit
+def schedule(t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+             HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Tile t -> (batch b, KV head hk, first key n0, keys/queries of the sequence,
+    token offsets of q rows, of dO/O/lse rows and of k rows, first Q row m_lo, number
+    of Q blocks n_m). Packed modes deal the sorted tile list x H_kv heads round-robin;
+    broadcast-Q programs are pinned to one head and deal the tile list only."""
+    if BROADCAST_Q:
+        base = t
+        hk = 0  # set by the caller (pinned head)
+    else:
+        base = t // HKV
+        hk = t % HKV
+    b = tl.load(tile_b_ptr + base)
+    n0 = tl.load(tile_n_ptr + base) * BLOCK_N
+    k_start = tl.load(cu_k_ptr + b).to(tl.int64)
+    len_k = (tl.load(cu_k_ptr + b + 1) - k_start).to(tl.int32)
+    if BROADCAST_Q:
+        q_start = tl.zeros([], dtype=tl.int64)
+        o_start = b.to(tl.int64) * L_q
+        len_q = L_q
+    else:
+        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
+        o_start = q_start
+        len_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
+    if CAUSAL:
+        # first row that sees key n0: i >= n0 - (len_k - len_q)
+        m_lo = tl.maximum(n0 - len_k + len_q, 0)
+        m_lo = (m_lo // BLOCK_M) * BLOCK_M
+    else:
+        m_lo = 0
+    n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
+    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+
+
+@triton.jit
+def load_kv(k_desc, v_desc, k_start, n0, hk, D: tl.constexpr):
+    """The tile's K and V ([BLOCK_N, D]) by TMA. Rows past the sequence belong to the
+    next one (or are zero-filled past the tensor); compute masks them."""
+    row = (k_start + n0).to(tl.int32)
+    return k_desc.load([row, hk * D]), v_desc.load([row, hk * D])
+
+
+@triton.jit
+def load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start, m0, len_q, h,
+           stride_lse_h, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Q and dO ([BLOCK_M, D], TMA), lse*log2e and delta ([BLOCK_M]) of one Q block.
+    Rows past the sequence: lse = +inf (so P = 0), delta = 0."""
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rmask = offs_m < len_q
+    qt = q_desc.load([(q_start + m0).to(tl.int32), h * D])
+    dot = do_desc.load([(o_start + m0).to(tl.int32), h * D])
+    lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=float("inf"))
+    # rows that saw no key (lse = -inf) get P = 0 as well
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=0.0)
+    return qt, dot, lse * 1.4426950408889634, delta
+
+
+@triton.jit
+def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale2,
+            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One (KV tile, Q block) step in the transposed form: returns updated dK, dV
+    (unscaled fp32) and this block's unscaled dQ partial [BLOCK_M, D] (fp32)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    st = tl.dot(kt, tl.trans(qt))                                   # [N, M] = K Q^T
+    pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+    keep = (offs_n < len_k)[:, None]
+    if CAUSAL:
+        keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
+    pt = tl.where(keep, pt, 0.0)
+    lp = pt.to(qt.dtype)
+    dv = tl.dot(lp, dot, dv)                                        # dV += P^T dO
+    dpt = tl.dot(vt, tl.trans(dot))                                 # [N, M] = V dO^T
+    dst = (pt * (dpt - delta[None, :])).to(qt.dtype)                # dS^T
+    dk = tl.dot(dst, qt, dk)                                        # dK += dS^T Q
+    dq = tl.dot(tl.trans(dst), kt)                                  # [M, D] = dS K
+    return dk, dv, dq
+
+
+@triton.jit
+def reduce_dq(dq_desc, dq, slot_row, q_start, m0, h, D: tl.constexpr):
+    """Reduce-add the dQ partial into the fp32 accumulator with a TMA bulk reduce
+    (registers -> smem -> cp.reduce.async.bulk.tensor.add). Rows past the sequence
+    carry exact zeros (P = 0 there), so the whole box can be added."""
+    dq_desc.atomic_add([(slot_row + q_start + m0).to(tl.int32), h * D], dq)
+
+
+@triton.jit
+def store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
+          stride_k_tok, stride_k_h, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK (times the softmax scale) and dV of the tile, in the input dtype."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    mask = (offs_n < len_k)[:, None]
+    off = (k_start + offs_n)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
+    tl.store(dk_ptr + off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
+              dq_desc, dk_ptr, dv_ptr,
+              cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,
+              scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    G: tl.constexpr = H // HKV
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    qk_scale2 = scale * 1.4426950408889634
+    n_tiles = tl.load(n_tiles_ptr)
+    if BROADCAST_Q:  # pinned: program p owns KV head p % HKV and dQ slot p // HKV
+        first = pid // HKV
+        step = nprog // HKV
+        slot_row = (pid // HKV) * L_q
+    else:
+        first = pid
+        step = nprog
+        n_tiles = n_tiles * HKV
+        slot_row = 0
+    for t in range(first, n_tiles, step):
+        # ---- schedule
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        # ---- load K, V once per tile
+        kt, vt = load_kv(k_desc, v_desc, k_start, n0, hk, D)
+        dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        # ---- loop over (query head of the group) x (Q block)
+        for j in range(0, G * n_m):
+            h = hk * G + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            qt, dot, lse2, delta = load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start,
+                                          m0, len_q, h, stride_lse_h, D, BLOCK_M)
+            dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
+                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N)
+            reduce_dq(dq_desc, dq, slot_row, q_start, m0, h, D)
+        # ---- store dK, dV
+        store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
+              stride_k_tok, stride_k_h, D, BLOCK_N)
+
+
+# ---------------------------------------------------------------------------------------
+# (c) postprocess: dQ = scale * sum_slots dq_acc, cast
+# ---------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
+                     BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elem
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, n_slots):  # fixed order -> deterministic
+        acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
+    tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------
+def build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+    """Jagged KV-tile list on the GPU, longest work first; no host sync.
+
+    Returns (tile_b, tile_n, n_tiles): int32 [B * NB] batch index and KV-block index of
+    every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
+    tensor with the number of real tiles (KV blocks inside their sequence; they come
+    first, including those no query sees, which still store dK = dV = 0)."""
+    dev = cu_k.device
+    lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
+    lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
+    B = lk.shape[0]
+    NB = max(1, triton.cdiv(max_k, BLOCK_N))
+    n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
+    real = n0[None, :] < lk[:, None]
+    if causal:
+        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
+        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
+    else:
+        work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
+    # +1 so real tiles with no work still sort ahead of the padding tiles
+    key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
+    order = torch.sort(key, descending=True, stable=True).indices
+    tile_b = (order // NB).to(torch.int32)
+    tile_n = (order % NB).to(torch.int32)
+    n_tiles = real.sum().to(torch.int32).reshape(1)
+    return tile_b, tile_n, n_tiles
+
+
+def _desc(t, rows, D):
+    """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
+    tensor seen as [tokens, heads * D], box [rows, D]."""
+    t2 = t.reshape(-1, t.shape[-2] * t.shape[-1])
+    n = max(t2.shape[0], 1)
+    return TensorDescriptor(t2, shape=[n, t2.shape[1]], strides=[t2.shape[1], 1],
+                            block_shape=[rows, D])
+
+
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+             deterministic=False):
+    """(dq, dk, dv) in q's dtype. See the module docstring for the design."""
+    dout = dout.contiguous()
+    out = out.contiguous()
+    lse = lse.contiguous()
+    H, D = q.shape[1], q.shape[2]
+    HKV = k.shape[1]
+    B = cu_k.shape[0] - 1
+    Nq = out.shape[0]
+    dev = q.device
+    cfg = config(D)
+    BM, BN = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    L_q = q.shape[0] if broadcast_q else 0
+
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if k.shape[0] == 0 or B == 0:
+        dk.zero_(); dv.zero_(); dq.zero_()
+        return dq, dk, dv
+
+    # (a) preprocess
+    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
+    nsm = _num_sms(dev)
+    if broadcast_q:
+        n_slots = max(1, nsm // HKV)
+        per_slot = L_q * H * D * 4
+        n_slots = max(1, min(n_slots, MAX_SLOT_BYTES // max(per_slot, 1)))
+        dq_acc = torch.zeros((n_slots, L_q, H, D), device=dev, dtype=torch.float32)
+        grid_main = n_slots * HKV
+    else:
+        n_slots = 1
+        dq_acc = torch.empty((Nq, H, D), device=dev, dtype=torch.float32)
+        grid_main = nsm
+    ROWS = 32 if D <= 64 else 16
+    if Nq > 0:
+        _bwd_preprocess[(triton.cdiv(Nq * H, ROWS),)](
+            out, dout, delta, dq_acc, Nq * H, out.stride(0), out.stride(1),
+            dout.stride(0), dout.stride(1), delta.stride(0),
+            H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
+
+    # (b) main
+    tile_b, tile_n, n_tiles = build_schedule(cu_q, cu_k, L_q, max_k, causal, BM, BN)
+    cu_q_arg = cu_q if cu_q is not None else cu_k
+    q_desc = _desc(q, BM, D)
+    do_desc = _desc(dout, BM, D)
+    k_desc = _desc(k, BN, D)
+    v_desc = _desc(v, BN, D)
+    dq_desc = _desc(dq_acc, BM, D)
+    _bwd_main[(grid_main,)](
+        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_desc, dk, dv,
+        cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
+        float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
+        H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
+        BROADCAST_Q=bool(broadcast_q), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    # (c) postprocess
+    n_elem = dq.numel()
+    if n_elem:
+        PB = 1024
+        _bwd_postprocess[(triton.cdiv(n_elem, PB),)](
+            dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
+    return dq, dk, dv
