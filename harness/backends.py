@@ -1,0 +1,399 @@
+"""The backend registry: every implementation and baseline behind one call signature
+
+    fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, broadcast_q)
+        -> out  or  (out, lse)      (differentiable w.r.t. q, k, v)
+
+Each `Backend` says whether it is `available()` here and whether it `supports()` a
+problem, both as (bool, reason). Bench workers run in their own process and find a
+backend again by importing `Backend.module` (which must register it) and looking
+its name up, so tests can register fakes from any importable module.
+
+Baselines get what their users would do, and that work is timed with them:
+- broadcast_q: Q is expanded over the batch (`expand`, so autograd sums dq);
+- GQA: torch SDPA baselines get K/V heads expanded (`repeat_interleave`); FA4 and
+  flex take GQA natively;
+- padded SDPA: the gather into [B, H, L, D] and the scatter back are timed.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .problems import Problem
+
+
+@dataclass
+class Backend:
+    name: str
+    make: Callable[[], Callable]                 # -> fn (imports lazily)
+    available: Callable[[], tuple[bool, str]]
+    supports: Callable[[Problem], tuple[bool, str]] = lambda p: (True, "")
+    module: str = "harness.backends"             # importing it registers this backend
+    env: dict = field(default_factory=dict)      # extra environment for its worker
+    own: bool = False                            # one of ours (checked with lse too)
+    note: str = ""                               # what the report says about it
+
+    def fn(self) -> Callable:
+        return self.make()
+
+
+REGISTRY: dict[str, Backend] = {}
+
+
+def register(b: Backend) -> Backend:
+    REGISTRY[b.name] = b
+    return b
+
+
+def get(name: str, module: str | None = None) -> Backend:
+    if name not in REGISTRY and module:
+        importlib.import_module(module)
+    if name not in REGISTRY:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+# ----------------------------------------------------------------------- helpers
+
+def _cuda() -> tuple[bool, str]:
+    return (True, "") if torch.cuda.is_available() else (False, "no CUDA GPU")
+
+
+def _importable(mod: str) -> tuple[bool, str]:
+    try:
+        importlib.import_module(mod)
+        return True, ""
+    except Exception as e:  # ImportError, or a broken install raising anything
+        return False, f"cannot import {mod}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _all(*checks: Callable[[], tuple[bool, str]]) -> Callable[[], tuple[bool, str]]:
+    def check():
+        for c in checks:
+            ok, why = c()
+            if not ok:
+                return False, why
+        return True, ""
+    return check
+
+
+def _expand_q(q, cu_k, broadcast_q):
+    """broadcast_q -> packed [B * L_q, H, D] with cu_q = arange * L_q (what users do)."""
+    if not broadcast_q:
+        return q, None
+    B, Lq = cu_k.shape[0] - 1, q.shape[0]
+    qx = q.unsqueeze(0).expand(B, *q.shape).reshape(B * Lq, *q.shape[1:])
+    cu_q = torch.arange(0, (B + 1) * Lq, Lq, dtype=torch.int32, device=q.device)
+    return qx, cu_q
+
+
+def _expand_kv(q, k, v):
+    r = q.shape[1] // k.shape[1]
+    return (k, v) if r == 1 else (k.repeat_interleave(r, 1), v.repeat_interleave(r, 1))
+
+
+# -------------------------------------------------------------- our own kernels
+
+def _ours(mod: str, need_cuda: bool):
+    def make():
+        f = importlib.import_module(mod).jagged_attention
+
+        def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+               broadcast_q=False):
+            return f(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                     softmax_scale=softmax_scale, broadcast_q=broadcast_q, return_lse=True)
+        return fn
+
+    def available():
+        ok, why = _importable(mod)
+        if not ok:
+            return ok, why
+        m = importlib.import_module(mod)
+        if not hasattr(m, "jagged_attention"):
+            return False, f"{mod} has no jagged_attention yet"
+        pkg = importlib.import_module(mod.split(".")[0])
+        if callable(getattr(pkg, "available", None)):
+            res = pkg.available()
+            ok, why = res if isinstance(res, tuple) else (bool(res), "")
+            if not ok:
+                return False, why or f"{pkg.__name__}.available() is False"
+        return _cuda() if need_cuda else (True, "")
+    return make, available
+
+
+for _name, _mod, _cuda_only, _note in (
+        ("triton", "kernels_tlx.portable", False, "plain-Triton portable kernel (also runs on CPU under TRITON_INTERPRET=1)"),
+        ("tlx", "kernels_tlx", True, "Triton + TLX, Hopper warp-specialized"),
+        ("cute", "kernels_cute", True, "CuteDSL, same algorithm and roles as tlx")):
+    _make, _avail = _ours(_mod, _cuda_only)
+    register(Backend(_name, _make, _avail, own=True, note=_note))
+
+
+# ---------------------------------------------------------------------------- FA4
+
+def _fa4_make():
+    from flash_attn.cute import flash_attn_varlen_func
+
+    def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+           broadcast_q=False):
+        if broadcast_q:
+            q, cu_q = _expand_q(q, cu_k, True)
+        out, _lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                           max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                           softmax_scale=softmax_scale, causal=causal)
+        return out
+    return fn
+
+
+def _fa4_available():
+    ok, why = _all(_cuda, lambda: _importable("flash_attn.cute"))()
+    if ok and torch.cuda.get_device_capability()[0] < 9:
+        return False, "flash-attn-4 needs sm_90 or newer"
+    return ok, why
+
+
+register(Backend("fa4", _fa4_make, _fa4_available, note=(
+    "flash-attn-4 `flash_attn.cute.flash_attn_varlen_func` (bottom-right causal, native "
+    "GQA); broadcast_q: Q expanded over the batch")))
+
+
+# ------------------------------------------------------------ torch SDPA, padded
+
+def _lengths(cu):
+    return (cu[1:] - cu[:-1]).long()
+
+
+def _pad_index(cu, L, total):
+    """[B, L] indices into the packed rows (clamped) and their validity."""
+    ar = torch.arange(L, device=cu.device)
+    valid = ar[None, :] < _lengths(cu)[:, None]
+    idx = (cu[:-1].long()[:, None] + ar[None, :]).clamp(max=max(total - 1, 0))
+    return idx, valid
+
+
+def _pad(x, idx, valid):
+    """packed [N, H, D] -> [B, H, L, D], zeros past each sequence's end."""
+    return (x[idx] * valid[:, :, None, None].to(x.dtype)).transpose(1, 2)
+
+
+def _unpad(o, cu, total):
+    """[B, H, L, D] -> packed [N, H, D]."""
+    B, H, L, D = o.shape
+    tok = torch.arange(total, device=o.device)
+    b = torch.searchsorted(cu[1:].long(), tok, right=True)
+    flat = b * L + tok - cu.long()[b]
+    return o.transpose(1, 2).reshape(B * L, H, D)[flat]
+
+
+def _sdpa_padded(backend_name: str):
+    def make():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+        kind = getattr(SDPBackend, backend_name)
+
+        def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+               broadcast_q=False):
+            k, v = _expand_kv(q, k, v)
+            B = cu_k.shape[0] - 1
+            iq, vq = (None, None) if broadcast_q else _pad_index(cu_q, max_q, q.shape[0])
+            ik, vk = _pad_index(cu_k, max_k, k.shape[0])
+            qp = q.unsqueeze(0).expand(B, *q.shape).transpose(1, 2) if broadcast_q else _pad(q, iq, vq)
+            kp, vp = _pad(k, ik, vk), _pad(v, ik, vk)
+            mask = None
+            if not causal and kind == SDPBackend.CUDNN_ATTENTION:
+                # mask padded keys; a sequence with no key attends its zero padding,
+                # which gives out = 0 and zero gradients instead of NaN
+                mask = (vk | (_lengths(cu_k) == 0)[:, None])[:, None, None, :]
+            with sdpa_kernel(kind):
+                o = sdpa(qp, kp, vp, attn_mask=mask, is_causal=causal, scale=softmax_scale)
+            if broadcast_q:
+                return o.transpose(1, 2).reshape(B * q.shape[0], *q.shape[1:])
+            return _unpad(o, cu_q, q.shape[0])
+        return fn
+    return make
+
+
+def _padded_supports(flash: bool):
+    def supports(p: Problem):
+        lq, lk = p.lengths()
+        if p.causal:
+            # SDPA's is_causal is top-left aligned; it equals FA's bottom-right one,
+            # and never lets a valid query see a padded key, only where lq == lk
+            if p.mode == "broadcast_q" or not torch.equal(lq, lk):
+                return False, ("torch SDPA is_causal is top-left aligned: correct for jagged "
+                               "only when each sequence has len_q == len_k")
+            return True, ""
+        if flash and int(lk.min()) < p.max_k:
+            return False, ("SDPA FLASH takes no attn_mask, so padded keys would enter the "
+                           "softmax; correct only when every key length equals max_seqlen_k "
+                           "(use sdpa-nested for jagged keys)")
+        return True, ""
+    return supports
+
+
+register(Backend("sdpa-cudnn", _sdpa_padded("CUDNN_ATTENTION"), _cuda, _padded_supports(False),
+                 note=("torch SDPA, cuDNN backend, on padded [B, H, L, D] (pad + unpad timed); "
+                       "non-causal: boolean key-padding mask; causal: is_causal; K/V heads "
+                       "expanded for GQA; broadcast_q: Q expanded")))
+register(Backend("sdpa-flash", _sdpa_padded("FLASH_ATTENTION"), _cuda, _padded_supports(True),
+                 note=("torch SDPA, FLASH backend, on padded tensors (pad + unpad timed); takes "
+                       "no mask, so only causal self attention or dense keys are correct")))
+
+
+# ---------------------------------------------------------- torch SDPA, nested
+
+def _nested_make(kinds: tuple[str, ...]):
+    def make():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+        sel = [getattr(SDPBackend, s) for s in kinds]
+
+        def nt(x, cu, max_len):
+            off = cu.long()
+            # min_seqlen=1: fn drops empty sequences first
+            return torch.nested.nested_tensor_from_jagged(
+                x, off, min_seqlen=1, max_seqlen=max_len).transpose(1, 2)
+
+        def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+               broadcast_q=False):
+            q, cu_q = _expand_q(q, cu_k, broadcast_q) if broadcast_q else (q, cu_q)
+            k, v = _expand_kv(q, k, v)
+            keep = _lengths(cu_q) > 0
+            if not bool(keep.all()):  # fused kernels reject empty sequences: drop them
+                if bool((_lengths(cu_k)[~keep] > 0).any()):
+                    raise ValueError("a sequence with no query has keys; cannot drop it")
+                cu_q, cu_k = (torch.cat([c[:1], c[1:][keep]]) for c in (cu_q, cu_k))
+            with sdpa_kernel(sel):
+                o = sdpa(nt(q, cu_q, max_q), nt(k, cu_k, max_k), nt(v, cu_k, max_k),
+                         is_causal=causal, scale=softmax_scale)
+            return o.transpose(1, 2).values()
+        return fn
+    return make
+
+
+def _nested_supports(cudnn: bool):
+    def supports(p: Problem):
+        lq, lk = p.lengths()
+        if p.causal and (p.mode == "broadcast_q" or not torch.equal(lq, lk)):
+            return False, "torch SDPA is_causal is top-left aligned: needs len_q == len_k"
+        if bool(((lq == 0) != (lk == 0)).any()):
+            return False, ("torch's fused SDPA kernels reject nested tensors with a length-0 "
+                           "sequence, and one with queries but no keys cannot be dropped")
+        if cudnn and max(int(lq.max()), p.max_seqlen_q) <= 128:
+            return False, "torch's cuDNN path for nested tensors needs max_seqlen_q > 128"
+        if cudnn and p.head_dim > 128:
+            return False, "torch's cuDNN path for nested tensors needs head_dim <= 128"
+        return True, ""
+    return supports
+
+
+register(Backend("sdpa-nested", _nested_make(("FLASH_ATTENTION", "EFFICIENT_ATTENTION")), _cuda,
+                 _nested_supports(False),
+                 note=("torch SDPA on nested jagged tensors (`nested_tensor_from_jagged`), "
+                       "FLASH or EFFICIENT backend (torch's own varlen kernels); K/V heads "
+                       "expanded for GQA; broadcast_q: Q expanded")))
+register(Backend("sdpa-nested-cudnn", _nested_make(("CUDNN_ATTENTION",)), _cuda,
+                 _nested_supports(True),
+                 note="torch SDPA on nested jagged tensors, cuDNN backend (ragged offsets)"))
+
+
+# --------------------------------------------------------------- FlexAttention
+
+def _doc_ids(cu, total):
+    return torch.searchsorted(cu[1:].long(), torch.arange(total, device=cu.device), right=True)
+
+
+def document_block_mask(cu_q, cu_k, nq, nk, causal, mask_mod, block=128):
+    """A flex BlockMask for packed documents, built from the offsets (no dense mask):
+    each query block sees the key blocks of the documents it touches; a key block
+    is 'full' (mask_mod skipped) when both blocks sit inside one document and,
+    if causal, the whole key block is visible to the block's first query."""
+    from torch.nn.attention.flex_attention import BlockMask
+    dev = cu_q.device
+    nqb, nkb = -(-nq // block), -(-nk // block)
+    cq, ck = cu_q.long(), cu_k.long()
+    qs = torch.arange(nqb, device=dev) * block
+    qe = torch.clamp(qs + block, max=nq) - 1
+    d0 = torch.searchsorted(cq[1:], qs, right=True)    # first document of the q block
+    d1 = torch.searchsorted(cq[1:], qe, right=True)    # last one
+    kb0 = ck[d0] // block
+    kb1 = (ck[d1 + 1] + block - 1) // block              # exclusive
+    kb1 = torch.maximum(kb1, kb0)
+    width = max(int((kb1 - kb0).max()) if nqb else 0, 1)
+    cols = kb0[:, None] + torch.arange(width, device=dev)[None, :]
+    used = cols < kb1[:, None]
+    # full blocks: one document for the q block and the k block
+    ks, ke = cols * block, torch.clamp(cols * block + block, max=nk) - 1
+    one_doc = (d0 == d1)[:, None] & (ks >= ck[d0][:, None]) & (ke < ck[d0 + 1][:, None])
+    if causal:  # the block's first query (bottom-right aligned) sees key ke
+        lq, lk = cq[d0 + 1] - cq[d0], ck[d0 + 1] - ck[d0]
+        first_vis = (qs - cq[d0]) + lk - lq + ck[d0]     # last visible key (absolute)
+        one_doc &= ke <= first_vis[:, None]
+    # an empty row list is fine; partial = used & ~full
+    full = used & one_doc
+    part = used & ~one_doc
+
+    def pack(sel):
+        n = sel.sum(1).to(torch.int32)
+        order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)
+        idx = torch.gather(cols, 1, order).clamp(max=nkb - 1).to(torch.int32)
+        return n[None, None], idx[None, None]
+
+    kv_n, kv_idx = pack(part)
+    full_n, full_idx = pack(full)
+    return BlockMask.from_kv_blocks(kv_n, kv_idx, full_n, full_idx, BLOCK_SIZE=block,
+                                    mask_mod=mask_mod, seq_lengths=(nq, nk))
+
+
+def _pad_to(x, multiple, value):
+    n = -(-x.shape[0] // multiple) * multiple
+    return torch.nn.functional.pad(x, (0, n - x.shape[0]), value=value)
+
+
+def _flex_make():
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+    for knob in ("cache_size_limit", "recompile_limit"):  # many shapes per worker
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 1024)
+    flex = torch.compile(flex_attention)  # default dynamic: new totals reuse the graph
+
+    def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+           broadcast_q=False):
+        q, cu_q = _expand_q(q, cu_k, broadcast_q) if broadcast_q else (q, cu_q)
+        nq, nk, B = q.shape[0], k.shape[0], cu_k.shape[0] - 1
+        # document ids, padded to whole blocks with two different sentinels (B, B + 1)
+        # so mask_mod never reads out of bounds and padding never matches
+        doc_q = _pad_to(_doc_ids(cu_q, nq), 128, B)
+        doc_k = _pad_to(_doc_ids(cu_k, nk), 128, B + 1)
+        cq, ck = cu_q.long(), cu_k.long()
+        shift = _pad_to((ck[1:] - ck[:-1]) - (cq[1:] - cq[:-1]), B + 1, 0)  # len_k - len_q
+
+        def mask_mod(b, h, qi, ki):
+            same = doc_q[qi] == doc_k[ki]
+            if not causal:
+                return same
+            d = doc_q[qi]
+            return same & (ki - ck[d] <= qi - cq[d] + shift[d])
+
+        bm = document_block_mask(cu_q, cu_k, nq, nk, causal, mask_mod)
+        o = flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                 block_mask=bm, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1])
+        return o[0].transpose(0, 1)
+    return fn
+
+
+register(Backend("flex", _flex_make, _all(_cuda, lambda: _importable("torch.nn.attention.flex_attention")),
+                 env={"GPU_SITE_OFF": "1"},
+                 note=("torch FlexAttention (torch.compile'd) over the packed sequence with a "
+                       "document mask; the BlockMask is built from the offsets each call "
+                       "(timed); native GQA; broadcast_q: Q expanded; its worker runs with "
+                       "GPU_SITE_OFF=1 so torch's compiler sees the image's own triton")))
