@@ -1,0 +1,121 @@
+"""Compile-only check for any Triton / TLX kernel; no GPU needed.
+
+    rep = compile_kernel(fn, signature={"x": "*bf16", "n": "i32", "desc": "tensordesc<bf16[64,128]>"},
+                         constexprs={"BLOCK": 128}, arch=90, num_warps=4)
+    rep.smem_bytes, rep.registers, rep.spill_bytes, rep.local_bytes, rep.stack_bytes,
+    rep.has_mma, rep.mma_count
+
+`arch` 90 compiles for sm_90a (Hopper, looks for `wgmma`), 100 for sm_100a
+(Blackwell, looks for `tcgen05.mma`). Resource usage comes from `cuobjdump
+--dump-resource-usage` on the cubin (the one that ships with Triton), spills from
+counting local-memory loads/stores (LDL/STL) in the SASS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+MMA_PATTERNS = {90: r"\bwgmma\.mma_async", 100: r"\btcgen05\.mma"}
+MMA_NAMES = {90: "wgmma", 100: "tcgen05"}
+SMEM_LIMIT = {90: 227 * 1024, 100: 227 * 1024}
+
+
+@dataclass
+class CompileReport:
+    name: str
+    arch: int
+    smem_bytes: int       # dynamic shared memory Triton asks for at launch
+    static_smem_bytes: int  # from cuobjdump SHARED
+    registers: int        # per thread, kernel-level (before any setmaxnreg)
+    stack_bytes: int
+    local_bytes: int
+    spill_insts: int      # LDL + STL instructions in the SASS
+    mma: str              # "wgmma" or "tcgen05"
+    mma_count: int        # MMA instructions in the PTX
+    num_warps: int
+    setmaxnreg: tuple     # the distinct register counts passed to setmaxnreg
+    ptx_lines: int
+
+    @property
+    def has_mma(self) -> bool:
+        return self.mma_count > 0
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_insts > 0 or self.local_bytes > 0 or self.stack_bytes > 0
+
+    @property
+    def total_smem(self) -> int:
+        return self.smem_bytes + self.static_smem_bytes
+
+    def fits(self) -> bool:
+        return self.total_smem <= SMEM_LIMIT.get(self.arch, 227 * 1024)
+
+    def row(self) -> str:
+        return (f"{self.name:28s} sm_{self.arch}: smem {self.total_smem / 1024:6.1f} KB  "
+                f"regs {self.registers:3d}  setmaxnreg {list(self.setmaxnreg)}  "
+                f"{self.mma} x{self.mma_count}  spill-insts {self.spill_insts}  "
+                f"local {self.local_bytes}  stack {self.stack_bytes}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _tool(name: str) -> str:
+    import triton
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return path if os.path.exists(path) else name
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path],
+                               check=True, capture_output=True, text=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", path],
+                              check=True, capture_output=True, text=True).stdout
+    finally:
+        os.remove(path)
+    out = {}
+    for key in ("REG", "STACK", "SHARED", "LOCAL"):
+        m = re.search(rf"\b{key}:(\d+)", usage)
+        out[key] = int(m.group(1)) if m else 0
+    out["spill_insts"] = len(re.findall(r"\b(?:LDL|STL)(?:\.\w+)*\b", sass))
+    return out
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: int = 90,
+                   num_warps: int = 4, num_stages: int = 1, name: str | None = None,
+                   **opts) -> CompileReport:
+    """Compile `fn` (a @triton.jit function) for sm_{arch}a and report its resources.
+
+    `signature` maps every non-constexpr argument to a Triton type string ("*bf16",
+    "i32", "fp32", "tensordesc<bf16[64,128]>"); `constexprs` maps the rest to values
+    (constexpr arguments may also appear in `signature` as "constexpr")."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    constexprs = dict(constexprs or {})
+    sig = dict(signature)
+    for k in constexprs:
+        sig.setdefault(k, "constexpr")
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    target = GPUTarget("cuda", arch, 32)
+    options = dict(num_warps=num_warps, num_stages=num_stages, **opts)
+    kernel = triton.compile(src, target=target, options=options)
+    ptx = kernel.asm["ptx"]
+    usage = _resource_usage(kernel.asm["cubin"])
+    regs = tuple(sorted({int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}))
+    return CompileReport(
+        name=name or fn.__name__, arch=arch,
+        smem_bytes=int(kernel.metadata.shared), static_smem_bytes=usage["SHARED"],
+        registers=usage["REG"], stack_bytes=usage["STACK"], local_bytes=usage["LOCAL"],
+        spill_insts=usage["spill_insts"], mma=MMA_NAMES.get(arch, "mma"),
+        mma_count=len(re.findall(MMA_PATTERNS.get(arch, r"\bmma\."), ptx)),
+        num_warps=num_warps, setmaxnreg=regs, ptx_lines=ptx.count("\n"))

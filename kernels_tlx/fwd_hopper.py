@@ -1,0 +1,349 @@
+"""Jagged (varlen) flash-attention forward for Hopper (sm_90a) in Triton + TLX.
+
+Persistent (one program per SM) and warp-specialized:
+
+    load     (producer warpgroup)  TMA loads of Q (two 64-row halves) and K/V into a
+                                   NUM_BUFFERS_KV-deep ring, mbarrier-tracked
+    compute  (two consumer warpgroups, ping-pong on wgmma issue)
+                                   S = Q K^T, online softmax (exp2, rescale), O += P V;
+                                   KV loop peeled: first block masked, a branch-free
+                                   bulk, then a masked tail (sequence end / diagonal)
+    store    (each consumer)       O / l and LSE with per-row bounds: never a row
+                                   outside the sequence
+    schedule (everyone)            tile id -> (sequence, query block, head), from a
+                                   longest-first list built on the GPU (schedule.py)
+
+How the jagged layout meets TMA: Q, K and V are viewed as 2-D tensors [tokens, heads*D]
+and described once on the host; a tile's box starts at its sequence's first row
+(cu_seqlens[b] + block offset) and column head*D. A box may run past the sequence end
+into the next sequence (or past the tensor, where TMA fills zeros): extra K columns are
+masked to -inf by the tail's softmax mask (so their V rows get P = 0), extra Q rows are
+computed and dropped by the store's row bound. Nothing is ever written through TMA.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .schedule import build_tiles, tile_coords
+
+NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
+PINGPONG_BAR_A = tl.constexpr(9)  # named barriers ordering the consumers' wgmma issue
+PINGPONG_BAR_B = tl.constexpr(10)
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class Config:
+    block_m: int = 128          # query rows per tile (two consumer halves of 64)
+    block_n: int = 128          # keys per KV block
+    num_buffers_kv: int = 2     # depth of the K/V ring
+    num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
+    consumer_regs: int = 232
+    producer_regs: int = 40
+
+
+# keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
+# in one 64-key block, else "long". Modes share configs (causal changes only the loop).
+CONFIGS = {
+    (64, "long"): Config(block_n=128, num_buffers_kv=3),
+    (64, "short"): Config(block_n=64, num_buffers_kv=3),
+    (128, "long"): Config(block_n=128, num_buffers_kv=2),
+    (128, "short"): Config(block_n=64, num_buffers_kv=3),
+}
+
+
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
+    bucket = "short" if max_seqlen_k <= 64 else "long"
+    return CONFIGS[(head_dim, bucket)]
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
+    """Ring slot and mbarrier parity of the count-th use of a NUM_BUFFERS-deep ring."""
+    return count % NUM_BUFFERS, (count // NUM_BUFFERS) & 1
+
+
+@triton.jit
+def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing."""
+    kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
+    tlx.barrier_wait(k_fulls[kb], kph)
+    if cid == 0:
+        tlx.named_barrier_wait(PINGPONG_BAR_A, 256)
+    else:
+        tlx.named_barrier_wait(PINGPONG_BAR_B, 256)
+    qk = tlx.async_dot(q_buf, tlx.local_trans(k_bufs[kb]))
+    if cid == 0:
+        tlx.named_barrier_arrive(PINGPONG_BAR_B, 256)
+    else:
+        tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
+    return qk
+
+
+@triton.jit
+def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Online softmax of one KV block in the log2 domain -> (p, alpha, m, l).
+    MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
+    rows that have seen no key yet (m = -inf)."""
+    if MASKED:
+        # keys [n0, n0 + limit) of this block are visible to a row
+        if CAUSAL:
+            limit = tl.minimum(rows + (len_k - len_q + 1), len_k) - n0
+        else:
+            limit = len_k - n0 + rows * 0
+        keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
+        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
+             p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
+             BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
+             CAUSAL: tl.constexpr):
+    """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
+    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+    vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+    tlx.barrier_wait(v_fulls[vb], vph)
+    acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+    qk = tlx.async_dot_wait(1, qk)
+    kb = kv_cnt % NUM_BUFFERS_KV
+    tlx.barrier_arrive(k_empties[kb], 1)
+    p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
+                                  BLOCK_N, MASKED, CAUSAL)
+    acc = tlx.async_dot_wait(0, acc)
+    tlx.barrier_arrive(v_empties[vb], 1)
+    acc = acc * alpha[:, None]
+    return p, acc, m_i, l_i
+
+
+# ----------------------------------------------------------------------------- roles
+@triton.jit
+def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
+         k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, NBLK, n_tiles,
+         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+         BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+         CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Producer: for each of this program's tiles, Q (two halves) then its K/V blocks."""
+    SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
+    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
+    kv_cnt = 0
+    i = 0
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+            tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL,
+            BROADCAST_Q)
+        qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
+        for c in tl.static_range(NUM_CONSUMERS):
+            slot = qb * NUM_CONSUMERS + c
+            tlx.barrier_wait(q_empties[slot], qph ^ 1)
+            tlx.barrier_expect_bytes(q_fulls[slot], Q_BYTES)
+            tlx.async_descriptor_load(desc_q, q_bufs[slot],
+                                      [q_start + m0 + c * SPLIT_M, h * HEAD_DIM], q_fulls[slot])
+        for j in range(0, n_end):
+            kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
+            row = k_start + j * BLOCK_N
+            tlx.barrier_wait(k_empties[kb], kph ^ 1)
+            tlx.barrier_expect_bytes(k_fulls[kb], KV_BYTES)
+            tlx.async_descriptor_load(desc_k, k_bufs[kb], [row, hk * HEAD_DIM], k_fulls[kb])
+            tlx.barrier_wait(v_empties[kb], kph ^ 1)
+            tlx.barrier_expect_bytes(v_fulls[kb], KV_BYTES)
+            tlx.async_descriptor_load(desc_v, v_bufs[kb], [row, hk * HEAD_DIM], v_fulls[kb])
+            kv_cnt += 1
+        i += 1
+
+
+@triton.jit
+def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
+            qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
+            SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
+    """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
+    Returns the unnormalized O, the running max m (log2 domain) and sum l."""
+    m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([SPLIT_M], tl.float32)
+    acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
+    if n_end > 0:
+        # first block (masked: it may be the only one, or cut by the diagonal)
+        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+        qk = tlx.async_dot_wait(0, qk)
+        tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
+                                      BLOCK_N, True, CAUSAL)
+        kv_cnt += 1
+        # bulk: every row sees every key, no mask, no branch
+        for j in range(1, n_bulk):
+            p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
+                                        v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
+                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
+                                        NUM_BUFFERS_KV, False, CAUSAL)
+            kv_cnt += 1
+        # tail: the sequence end and the causal diagonal
+        for j in range(tl.maximum(n_bulk, 1), n_end):
+            p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
+                                        v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
+                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
+                                        NUM_BUFFERS_KV, True, CAUSAL)
+            kv_cnt += 1
+        # the last block's P V
+        vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+        tlx.barrier_wait(v_fulls[vb], vph)
+        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+        acc = tlx.async_dot_wait(0, acc)
+        tlx.barrier_arrive(v_empties[vb], 1)
+    return acc, m_i, l_i, kv_cnt
+
+
+@triton.jit
+def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
+          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
+    O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
+    coalesced rows, so the row bound costs one predicate per 16-byte vector."""
+    empty = l_i == 0.0
+    l_use = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
+    tlx.local_store(o_buf, (acc / l_use[:, None]).to(o_buf.dtype))
+    o = tlx.local_load(o_buf)
+    rows = row0 + tl.arange(0, SPLIT_M)
+    out_rows = (out_start + rows).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    o_ptrs = out_ptr + (out_rows * H + h)[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(o_ptrs, o, mask=(rows < len_q)[:, None])
+    lse_rows = row0 + tl.arange(0, SPLIT_M)
+    tl.store(lse_ptr + h.to(tl.int64) * n_out + out_start + lse_rows, lse, mask=lse_rows < len_q)
+
+
+# ----------------------------------------------------------------------------- kernel
+@triton.jit
+def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
+               L_q, H, NBLK, n_out, qk_scale,
+               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
+               NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
+               BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
+               PRODUCER_REGS: tl.constexpr):
+    SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
+    k_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
+    v_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
+    q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    n_tiles = tl.load(count_ptr) * H
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=PRODUCER_REGS):
+            load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
+                 k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, NBLK, n_tiles,
+                 GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL,
+                 BROADCAST_Q)
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if cid == 1:  # let consumer 0 issue first
+                tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
+            kv_cnt = 0
+            i = 0
+            for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+                    tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL,
+                    BROADCAST_Q)
+                rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
+                qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
+                slot = qb * NUM_CONSUMERS + cid
+                tlx.barrier_wait(q_fulls[slot], qph)
+                acc, m_i, l_i, kv_cnt = compute(
+                    q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
+                    kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
+                store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
+                tlx.fence("async_shared")  # our generic smem writes before the next TMA write
+                tlx.barrier_arrive(q_empties[slot], 1)
+                i += 1
+
+
+# ----------------------------------------------------------------------------- host
+_NUM_SMS = {}
+
+
+def _num_sms(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
+
+
+def kernel_args(cfg: Config, head_dim: int, group: int, causal: bool, broadcast_q: bool) -> dict:
+    """The constexpr arguments of `fwd_kernel` for a config (shared with compile checks)."""
+    return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
+                CAUSAL=causal, BROADCAST_Q=broadcast_q, CONSUMER_REGS=cfg.consumer_regs,
+                PRODUCER_REGS=cfg.producer_regs)
+
+
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+    """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of harness.api.make_jagged_attention."""
+    Nq_in, H, D = q.shape
+    Nk, Hkv, _ = k.shape
+    batch = cu_k.shape[0] - 1
+    L_q = Nq_in if broadcast_q else 0
+    n_out = batch * Nq_in if broadcast_q else Nq_in
+    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
+    if n_out == 0 or batch == 0:
+        return out, lse
+    if Nk == 0 or Nq_in == 0:  # no keys anywhere: every row is empty
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    cfg = pick_config(D, max_k, causal, broadcast_q)
+    pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
+                                     L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
+                                     causal)
+    split_m = cfg.block_m // NUM_CONSUMERS.value
+    desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [split_m, D])
+    desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
+    desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
+    grid = (min(_num_sms(q.device), batch * nblk * H),)
+    fwd_kernel[grid](
+        desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
+        L_q, H, nblk, n_out, scale * LOG2E,
+        **kernel_args(cfg, D, H // Hkv, causal, broadcast_q), num_warps=4, num_stages=1)
+    return out, lse
+
+
+def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
+    """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks)."""
+    split_m = cfg.block_m // NUM_CONSUMERS.value
+    return {"desc_q": f"tensordesc<{dtype}[{split_m},{head_dim}]>",
+            "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
+            "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
+            "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
+            "pairs_ptr": "*i32", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "NBLK": "i32",
+            "n_out": "i32", "qk_scale": "fp32"}
