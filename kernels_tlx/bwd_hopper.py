@@ -53,6 +53,7 @@ rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -60,6 +61,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = 1.4426950408889634
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # upper bound on the broadcast-Q per-program dQ slot buffer
 MAX_SLOT_BYTES = 512 * 1024 * 1024
 
@@ -195,11 +197,20 @@ def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale
 
 
 @triton.jit
-def reduce_dq(dq_desc, dq, slot_row, q_start, m0, h, D: tl.constexpr):
+def reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, h,
+              H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+              TMA_REDUCE: tl.constexpr):
     """Reduce-add the dQ partial into the fp32 accumulator with a TMA bulk reduce
     (registers -> smem -> cp.reduce.async.bulk.tensor.add). Rows past the sequence
-    carry exact zeros (P = 0 there), so the whole box can be added."""
-    dq_desc.atomic_add([(slot_row + q_start + m0).to(tl.int32), h * D], dq)
+    carry exact zeros (P = 0 there), so the whole box can be added. TMA_REDUCE=False:
+    per-element red.global.add (the Triton interpreter has no descriptor reduce)."""
+    row0 = slot_row + q_start + m0
+    if TMA_REDUCE:
+        dq_desc.atomic_add([row0.to(tl.int32), h * D], dq)
+    else:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        d = tl.arange(0, D)
+        tl.atomic_add(dq_acc_ptr + (rows[:, None] * H + h) * D + d[None, :], dq, sem="relaxed")
 
 
 @triton.jit
@@ -216,12 +227,12 @@ def store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
 
 @triton.jit
 def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
-              dq_desc, dk_ptr, dv_ptr,
+              dq_desc, dq_acc_ptr, dk_ptr, dv_ptr,
               cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,
               scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TMA_REDUCE: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -255,7 +266,7 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                                           m0, len_q, h, stride_lse_h, D, BLOCK_M)
             dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
                                  qk_scale2, CAUSAL, BLOCK_M, BLOCK_N)
-            reduce_dq(dq_desc, dq, slot_row, q_start, m0, h, D)
+            reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, h, H, D, BLOCK_M, TMA_REDUCE)
         # ---- store dK, dV
         store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
               stride_k_tok, stride_k_h, D, BLOCK_N)
@@ -366,11 +377,11 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     v_desc = _desc(v, BN, D)
     dq_desc = _desc(dq_acc, BM, D)
     _bwd_main[(grid_main,)](
-        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_desc, dk, dv,
+        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
         cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
         float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
         H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-        BROADCAST_Q=bool(broadcast_q), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not _INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     # (c) postprocess
     n_elem = dq.numel()

@@ -20,7 +20,7 @@ def main_signature(dt, d):
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bn},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bn},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{d}]>",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{d}]>", "dq_acc_ptr": "*fp32",
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr")})
     sig.update(scale="fp32", L_q="i32", stride_k_tok="i32", stride_k_h="i32", stride_lse_h="i32")
@@ -32,7 +32,7 @@ def compile_main(d, causal, bq, dt="bf16", H=4, HKV=2):
     return compile_kernel(
         bw._bwd_main, main_signature(dt, d),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                        CAUSAL=causal, BROADCAST_Q=bq),
+                        CAUSAL=causal, BROADCAST_Q=bq, TMA_REDUCE=True),
         arch=90, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         name=f"bwd_main D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}")
 
