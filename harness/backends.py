@@ -119,12 +119,11 @@ def _ours(mod: str, need_cuda: bool):
         m = importlib.import_module(mod)
         if not hasattr(m, "jagged_attention"):
             return False, f"{mod} has no jagged_attention yet"
-        pkg = importlib.import_module(mod.split(".")[0])
-        if callable(getattr(pkg, "available", None)):
-            res = pkg.available()
+        if callable(getattr(m, "available", None)):
+            res = m.available()
             ok, why = res if isinstance(res, tuple) else (bool(res), "")
             if not ok:
-                return False, why or f"{pkg.__name__}.available() is False"
+                return False, why or f"{mod}.available() is False"
         return _cuda() if need_cuda else (True, "")
     return make, available
 

@@ -1,0 +1,126 @@
+"""python -m harness {bench,check,plot,lines,report} ...   (see --help of each)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+REPORTS = REPO / "reports"
+
+
+def quick_subset(problems):
+    """bench-quick: a few shapes per suite (the long and short ends of each)."""
+    keep = {"gem-jagged": lambda p: p.max_seqlen_q in (512, 2048),
+            "gem-cross": lambda p: p.max_seqlen_q == 1024,
+            "gem-broadcast-q": lambda p: p.max_seqlen_q == 64,
+            "llm-dense": lambda p: p.heads == 32}
+    return [p for p in problems if keep.get(p.suite, lambda p: True)(p)]
+
+
+def _csv_list(s):
+    return [x for x in s.split(",") if x]
+
+
+def _report_dirs(out):
+    if out:
+        return [Path(out)]
+    from .bench import device_name, gpu_slug
+    mine = REPORTS / gpu_slug(device_name())
+    if (mine / "results.csv").exists():
+        return [mine]
+    return sorted(d.parent for d in REPORTS.glob("*/results.csv"))
+
+
+def cmd_sweep(a, timing: bool):
+    import torch
+    from . import backends, bench
+    from .problems import suite
+    suites, names, gpus = _csv_list(a.suite), _csv_list(a.backends), None
+    if torch.cuda.is_available():
+        gpus = [int(g) for g in _csv_list(a.gpus)] if a.gpus else [0]
+        slug = bench.gpu_slug(torch.cuda.get_device_name(gpus[0]))
+    else:
+        print("No CUDA GPU on this machine: running the smoke suite through the `triton` "
+              "backend on the CPU (Triton interpreter, TRITON_INTERPRET=1) instead; "
+              "its times are not GPU numbers.", file=sys.stderr)
+        suites, names, slug = ["smoke"], ["triton"], "cpu"
+    if names == ["all"]:
+        names = backends.names()
+    unknown = [n for n in names if n not in backends.REGISTRY]
+    if unknown:
+        sys.exit(f"unknown backend(s) {unknown}; known: {', '.join(backends.names())}")
+    problems = [p for s in suites for p in suite(s)]
+    if a.quick:
+        problems = quick_subset(problems)
+    if a.limit:
+        problems = problems[:a.limit]
+    out = Path(a.out) if a.out else REPORTS / slug
+    path = bench.sweep([backends.get(n) for n in names], problems, _csv_list(a.passes),
+                       out_dir=out, gpus=gpus, gate_batch=a.gate_batch, quick=a.quick,
+                       timeout=a.timeout, timing=timing)
+    rows = [r for r in bench.read_rows(path) if r["backend"] in names
+            and r["suite"] in suites]
+    _print_table(rows, timing)
+    print(f"rows in {path}")
+
+
+def _print_table(rows, timing):
+    w = max([len(r["backend"]) for r in rows] + [7])
+    for r in rows:
+        what = (f"{float(r['tflops']):8.1f} TFLOP/s {float(r['ms']):9.3f} ms"
+                if r["status"] == "ok" and timing and r.get("ms") else r["status"])
+        shape = (f"{r['suite']} {r['mode']} B{r['batch']} H{r['heads']}/{r['kv_heads']} "
+                 f"D{r['head_dim']} L{r['max_seqlen_q']}/{r['max_seqlen_k']} s{r['sparsity']}"
+                 + (" causal" if r["causal"] == "True" else ""))
+        err = f"  {r['error'][:90]}" if r["status"] != "ok" else ""
+        print(f"{r['backend']:{w}s} {r['pass']} {shape:55s} {what}{err}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m harness")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, help_ in (("bench", "gate then time backends over suites"),
+                        ("check", "oracle gate only; prints a pass/fail table")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--suite", default="gem-jagged,gem-cross,llm-dense")
+        s.add_argument("--backends", default="all", help="comma list, or all")
+        s.add_argument("--passes", default="fwd,bwd")
+        s.add_argument("--quick", action="store_true", help="a subset of shapes, shorter timing")
+        s.add_argument("--out", help="results folder (default reports/<gpu>)")
+        s.add_argument("--gpus", help="comma list of GPU indices; backends spread over them")
+        s.add_argument("--gate-batch", type=int, default=64,
+                       help="sequences in the correctness gate's problem (0: the whole problem)")
+        s.add_argument("--timeout", type=float, default=600.0, help="seconds per problem")
+        s.add_argument("--limit", type=int, default=0, help="only the first N problems")
+    for name in ("plot", "report"):
+        sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
+    s = sub.add_parser("lines", help="code lines of each kernel style by role")
+    s.add_argument("--out", help="folder for lines.md / lines.png (default reports/)")
+    s = sub.add_parser("worker", help=argparse.SUPPRESS)
+    s.add_argument("--backend", required=True)
+    s.add_argument("--module", default="harness.backends")
+    a = ap.parse_args(argv)
+
+    if a.cmd == "worker":
+        from .bench import serve
+        serve(a.backend, a.module)
+    elif a.cmd in ("bench", "check"):
+        cmd_sweep(a, timing=a.cmd == "bench")
+    elif a.cmd == "plot":
+        from .plots import plot_all
+        for d in _report_dirs(a.out):
+            for f in plot_all(d):
+                print(f)
+    elif a.cmd == "report":
+        from .report import write_report
+        for d in _report_dirs(a.out):
+            print(write_report(d))
+    elif a.cmd == "lines":
+        from .lines import write_lines
+        for f in write_lines(Path(a.out) if a.out else REPORTS):
+            print(f)
+
+
+if __name__ == "__main__":
+    main()
