@@ -1,0 +1,145 @@
+"""Charts from reports/<gpu>/results.csv (matplotlib, Agg), in the style of the
+published jagged-attention charts: TFLOP/s against max length (log2 axis), one
+panel per sparsity, one line per backend."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+MARKERS = "osD^v<>pP*Xh"
+ORDER = ["tlx", "cute", "triton", "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-nested",
+         "sdpa-nested-cudnn", "flex"]
+
+
+def load(csv_path) -> pd.DataFrame:
+    df = pd.read_csv(csv_path, keep_default_na=False)
+    for c in ("tflops", "ms", "sparsity", "max_seqlen_q", "max_seqlen_k", "batch", "heads",
+              "kv_heads", "head_dim"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df["causal"] = df["causal"].astype(str) == "True"
+    return df
+
+
+def ok(df) -> pd.DataFrame:
+    return df[(df["status"] == "ok") & df["tflops"].notna()]
+
+
+def backends_in(df):
+    names = list(dict.fromkeys(df["backend"]))
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+def _style(name, label, j=0):
+    """One color and marker per backend across all charts; linestyle per series."""
+    i = ORDER.index(name) if name in ORDER else len(ORDER) + sum(map(ord, name)) % 7
+    return dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)], linewidth=1.8,
+                markersize=6, label=label, linestyle=("-", ":", "--")[j % 3])
+
+
+def _series(d, name):
+    """(label suffix, sub-frame) per distinct max_seqlen_k when a suite varies it."""
+    ks = sorted(d["max_seqlen_k"].unique()) if d["mode"].iloc[0] == "cross" else [None]
+    for k in ks:
+        yield (name if k is None else f"{name} Lk{int(k)}"), (d if k is None else d[d["max_seqlen_k"] == k])
+
+
+def _panels(df, suite, pass_, y, ylabel, title, path, hline=None):
+    d = df[(df["suite"] == suite) & (df["pass"] == pass_)]
+    if d.empty:
+        return None
+    sps = sorted(d["sparsity"].unique())
+    fig, axes = plt.subplots(1, len(sps), figsize=(5.2 * len(sps), 4.2), squeeze=False,
+                             sharey=True)
+    for ax, s in zip(axes[0], sps):
+        for name in backends_in(d):
+            sel = d[(d["backend"] == name) & (d["sparsity"] == s)]
+            for j, (label, sub) in enumerate(_series(sel, name) if len(sel) else []):
+                sub = sub.sort_values("max_seqlen_q")
+                if len(sub):
+                    ax.plot(sub["max_seqlen_q"], sub[y], **_style(name, label, j))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(d["max_seqlen_q"].unique()))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_title(f"sparsity {s:g}")
+        ax.set_xlabel("max sequence length")
+        ax.grid(True, which="both", alpha=0.35)
+        if hline is not None:
+            ax.axhline(hline, color="k", linewidth=0.8)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=8, loc="best")
+    first = d.iloc[0]
+    fig.suptitle(f"{title} ({suite}, {pass_}; B={first['batch']}, H={first['heads']}, "
+                 f"D={first['head_dim']}, {first['dtype']}) on {first['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def speedup(df, base="fa4") -> pd.DataFrame:
+    """Each ok row with `speedup` = its TFLOP/s over `base`'s on the same problem."""
+    key = ["suite", "pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
+           "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    d = ok(df)
+    b = d[d["backend"] == base][key + ["tflops"]].rename(columns={"tflops": "base"})
+    m = d.merge(b, on=key)
+    m["speedup"] = m["tflops"] / m["base"]
+    return m
+
+
+def _bars(df, suite, path, title, label):
+    d = df[df["suite"] == suite]
+    if d.empty:
+        return None
+    passes = [p for p in ("fwd", "bwd") if p in set(d["pass"])]
+    fig, axes = plt.subplots(1, len(passes), figsize=(7.5 * len(passes), 4.4), squeeze=False)
+    for ax, ps in zip(axes[0], passes):
+        dp = d[d["pass"] == ps].copy()
+        dp["shape"] = dp.apply(label, axis=1)
+        shapes = list(dict.fromkeys(dp.sort_values(["head_dim", "max_seqlen_q", "causal"])["shape"]))
+        names = backends_in(dp)
+        w = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            v = dp[dp["backend"] == name].set_index("shape")["tflops"]
+            ax.bar([x + i * w for x in range(len(shapes))], [v.get(s, 0) for s in shapes],
+                   width=w, label=name, color=_style(name, name)["color"])
+        ax.set_xticks([x + w * (len(names) - 1) / 2 for x in range(len(shapes))])
+        ax.set_xticklabels(shapes, fontsize=7, rotation=20, ha="right")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(ps)
+        ax.grid(True, axis="y", alpha=0.35)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title} on {d.iloc[0]['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(out_dir) -> list[Path]:
+    """Write every chart the CSV has data for; return their paths."""
+    out_dir = Path(out_dir)
+    df = load(out_dir / "results.csv")
+    good = ok(df)
+    done = []
+    for ps in ("fwd", "bwd"):
+        for suite in ("gem-jagged", "gem-cross"):
+            done.append(_panels(good, suite, ps, "tflops", "TFLOP/s", "Jagged attention",
+                                out_dir / f"{suite}_{ps}.png"))
+        sp = speedup(df)
+        sp = sp[sp["backend"] != "fa4"]
+        done.append(_panels(sp, "gem-jagged", ps, "speedup", "speedup over FA4 (x)",
+                            "Speedup over flash-attn-4", out_dir / f"speedup_fa4_{ps}.png",
+                            hline=1.0))
+    done.append(_bars(good, "llm-dense", out_dir / "llm_dense.png", "Dense LLM prefill",
+                      lambda r: f"B{r.batch} H{r.heads}/{r.kv_heads} D{r.head_dim} "
+                                f"L{r.max_seqlen_q}" + (" causal" if r.causal else "")))
+    done.append(_bars(good, "gem-broadcast-q", out_dir / "broadcast_q.png",
+                      "Broadcast Q (dense Q shared by the batch)",
+                      lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"))
+    return [p for p in done if p is not None]
