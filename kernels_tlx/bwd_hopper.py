@@ -35,16 +35,24 @@ fixed order. Tiles of a head are dealt to that head's programs longest first.
 
 Determinism
 -----------
-* broadcast_q: deterministic. Each slot is written by exactly one program, which
-  visits its tiles in a fixed order, and each accumulator element is always updated by
-  the same thread (same register layout every iteration), so the fp32 sums happen in a
-  fixed order; the slot reduction is a fixed-order loop.  (If the slot buffer would
-  exceed `MAX_SLOT_BYTES`, slots are shared by programs and the result is no longer
-  bitwise deterministic; this does not happen at GEM shapes.)
+* broadcast_q: contention-free (each slot is written by exactly one program, which
+  visits its tiles in a fixed order; `_bwd_postprocess` sums the slots in a fixed
+  order). With `deterministic=True` the reduce-add is a per-element red.global.add,
+  and each accumulator element is always updated by the same thread (same register
+  layout every iteration), so same-address adds are applied in program order: bitwise
+  deterministic, at some cost in issue slots. The default TMA bulk reduce
+  (cp.reduce.async.bulk) does not promise that two in-flight bulk reduces to the same
+  rows apply in issue order, so it is not guaranteed bitwise deterministic. (If the
+  slot buffer would exceed `MAX_SLOT_BYTES`, slots are shared by programs and nothing
+  is deterministic; this does not happen at GEM shapes.)
 * packed modes (self / cross): dQ rows of a sequence longer than one KV tile receive
   reduce-adds from several programs in a run-dependent order -> NOT bitwise
-  deterministic (dK/dV are). `deterministic=True` instead gives every sequence's KV
-  tiles to ... (see `backward`), which sums dQ partials in a fixed order.
+  deterministic (dK/dV are: each dK/dV row is written once, summed in registers).
+  Not implemented yet, a cheap deterministic option for these modes: per-KV-block dQ
+  partial slots ([NB, Nq, H, D] fp32 when it fits) summed in KV-block order by
+  `_bwd_postprocess`, exactly as the broadcast-Q slots.
+* impl="ws": the same, except that its reduce task issues the two consumers' bulk
+  reduces of a Q block back to back (not ordered): never bitwise deterministic.
 
 Masking: keys past the sequence end, query rows past the sequence end, the causal
 (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and
@@ -327,8 +335,17 @@ def _desc(t, rows, D):
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-             deterministic=False):
-    """(dq, dk, dv) in q's dtype. See the module docstring for the design."""
+             impl=None, deterministic=False):
+    """(dq, dk, dv) in q's dtype. See the module docstring for the design.
+
+    impl: "triton" (the plain persistent kernel above, default) or "ws" (the
+    warp-specialized TLX kernel of bwd_hopper_ws.py); env JAGGED_BWD_IMPL sets the
+    default. deterministic: see the module docstring (bitwise for broadcast-Q)."""
+    impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton")
+    if deterministic:
+        impl = "triton"
+    if impl not in ("triton", "ws"):
+        raise ValueError(f"impl must be 'triton' or 'ws', got {impl!r}")
     dout = dout.contiguous()
     out = out.contiguous()
     lse = lse.contiguous()
@@ -373,15 +390,24 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     cu_q_arg = cu_q if cu_q is not None else cu_k
     q_desc = _desc(q, BM, D)
     do_desc = _desc(dout, BM, D)
-    k_desc = _desc(k, BN, D)
-    v_desc = _desc(v, BN, D)
     dq_desc = _desc(dq_acc, BM, D)
-    _bwd_main[(grid_main,)](
-        q_desc, k_desc, v_desc, do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
-        cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
-        float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
-        H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-        BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not _INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if impl == "ws":
+        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws
+        kv_rows = BN // NUM_CONSUMERS.value
+        _bwd_main_ws[(grid_main,)](
+            q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
+            dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
+            float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
+            H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
+            BROADCAST_Q=bool(broadcast_q), num_warps=4, num_stages=1)
+    else:
+        _bwd_main[(grid_main,)](
+            q_desc, _desc(k, BN, D), _desc(v, BN, D), do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
+            cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
+            float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
+            H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
+            BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not (_INTERPRET or deterministic),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     # (c) postprocess
     n_elem = dq.numel()

@@ -1,7 +1,7 @@
 """GPU check of kernels_tlx.bwd_hopper.backward: correctness on ~30 random problems
 (every mode, zero-length and length-1 sequences, broadcast-Q at B=1152), then timing.
 
-    python -m kernels_tlx.gpu_check_bwd [--no-time] [--only-time] [--seed N]
+    python -m kernels_tlx.gpu_check_bwd [--impl triton,ws] [--no-time] [--only-time] [--seed N]
 
 Correctness: out/lse come from the oracle (harness.oracle.reference at fp32, out cast
 to the input dtype); dq/dk/dv are compared (harness.oracle.compare) with the fp32
@@ -61,7 +61,7 @@ def random_problems(seed: int = 0) -> list[tuple[Problem, tuple | None]]:
     return out
 
 
-def check_one(p: Problem, lengths) -> tuple[bool, str]:
+def check_one(p: Problem, lengths, impl: str) -> tuple[bool, str]:
     inp = p.build("cuda", lengths=lengths)
     bq = p.mode == "broadcast_q"
     kw = dict(causal=p.causal, broadcast_q=bq)
@@ -73,7 +73,7 @@ def check_one(p: Problem, lengths) -> tuple[bool, str]:
     poison(inp.q, inp.k, inp.v)
     dq, dk, dv = backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
                           inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, p.causal,
-                          scale, bq)
+                          scale, bq, impl=impl)
     torch.cuda.synchronize()
     checks = [compare(n, g, ref[n], lowp[n], inp.q.dtype)
               for n, g in (("dq", dq), ("dk", dk), ("dv", dv))]
@@ -81,21 +81,21 @@ def check_one(p: Problem, lengths) -> tuple[bool, str]:
     return ok, "; ".join(str(c) for c in checks)
 
 
-def correctness(seed: int) -> int:
+def correctness(seed: int, impl: str) -> int:
     fails = 0
     probs = random_problems(seed)
     for i, (p, lengths) in enumerate(probs):
         t0 = time.time()
         tag = p.label() + (f" lengths q={lengths[0].tolist()} k={lengths[1].tolist()}" if lengths else "")
         try:
-            ok, msg = check_one(p, lengths)
+            ok, msg = check_one(p, lengths, impl)
         except Exception:
             ok, msg = False, "EXC " + traceback.format_exc(limit=4)
         fails += not ok
-        print(f"[{i:2d}] {'PASS' if ok else 'FAIL'} {tag} ({time.time() - t0:.1f}s)")
+        print(f"[{impl} {i:2d}] {'PASS' if ok else 'FAIL'} {tag} ({time.time() - t0:.1f}s)")
         if not ok:
             print("     " + msg)
-    print(f"correctness: {len(probs) - fails}/{len(probs)} passed")
+    print(f"correctness [{impl}]: {len(probs) - fails}/{len(probs)} passed")
     return fails
 
 
@@ -110,7 +110,7 @@ def timing_problems() -> list[Problem]:
     return probs
 
 
-def timing() -> list[str]:
+def timing(impl: str) -> list[str]:
     import triton
     rows = []
     for p in timing_problems():
@@ -123,12 +123,12 @@ def timing() -> list[str]:
             scale = 1.0 / math.sqrt(p.head_dim)
             fn = lambda: backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
                                   inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
-                                  p.causal, scale, bq)
+                                  p.causal, scale, bq, impl=impl)
             ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
             tf = p.flops("bwd") / (ms * 1e-3) / 1e12
-            rows.append(f"{p.suite:16s} {p.label():60s} {ms:9.3f} ms {tf:7.1f} TFLOP/s")
+            rows.append(f"{impl:6s} {p.suite:16s} {p.label():60s} {ms:9.3f} ms {tf:7.1f} TFLOP/s")
         except Exception as e:
-            rows.append(f"{p.suite:16s} {p.label():60s} ERROR {type(e).__name__}: {str(e)[:120]}")
+            rows.append(f"{impl:6s} {p.suite:16s} {p.label():60s} ERROR {type(e).__name__}: {str(e)[:120]}")
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     return rows
@@ -139,11 +139,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--only-time", action="store_true")
+    ap.add_argument("--impl", default="triton,ws", help="comma list of triton, ws")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    fails = 0 if a.only_time else correctness(a.seed)
+    impls = a.impl.split(",")
+    fails = 0 if a.only_time else sum(correctness(a.seed, im) for im in impls)
     if not a.no_time:
-        rows = timing()
+        rows = [r for im in impls for r in timing(im)]
         print("\n=== backward timing (median, TFLOP/s = Problem.flops('bwd') / t) ===")
         print("\n".join(rows))
     raise SystemExit(1 if fails else 0)

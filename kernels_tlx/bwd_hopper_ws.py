@@ -1,0 +1,263 @@
+"""Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
+preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`).
+
+One persistent program per SM walks the same jagged, longest-first KV-tile list as the
+plain kernel. Per program, four roles (tlx.async_task), each its own helper:
+
+  load       (default task, producer): per KV tile, K and V (two 64-key halves) by TMA
+             into one smem stage; per Q block, Q and dO by TMA into a ring of
+             NUM_BUF_Q stages (mbarrier full/empty pairs).
+  compute    (2 consumer warpgroups, replicate=2): consumer c owns keys
+             [n0 + 64c, n0 + 64c + 64) of the tile: S^T = K_c Q^T, dP^T = V_c dO^T
+             (wgmma, smem operands), P^T, dS^T in registers (LSE and delta read per
+             Q block from L2), dV_c += P^T dO, dK_c += dS^T Q (register A operand),
+             dS^T -> smem, dQ_c = dS_c K_c (wgmma from smem) -> fp32 staging smem.
+  reduce_dq  (1 warp): TMA bulk reduce-add (cp.reduce.async.bulk.tensor .add.f32) of
+             each consumer's staged dQ_c into the fp32 accumulator, then frees the
+             stage. It owns the dQ reduction, so the consumers never wait on global
+             atomics.
+  store      (inside the consumer, at the end of a tile): dK_c (times scale), dV_c.
+
+Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
+one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from .bwd_hopper import schedule
+
+NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
+NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
+
+
+@triton.jit
+def _buf_phase(cnt, NUM: tl.constexpr):
+    return cnt % NUM, (cnt // NUM) & 1
+
+
+@triton.jit
+def _tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    n_tiles = tl.load(n_tiles_ptr)
+    if BROADCAST_Q:
+        first = pid // HKV
+        step = nprog // HKV
+    else:
+        first = pid
+        step = nprog
+        n_tiles = n_tiles * HKV
+    return first, step, n_tiles
+
+
+@triton.jit
+def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+         kv_full, kv_empty, q_full, q_empty,
+         tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+         H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+         BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+    G: tl.constexpr = H // HKV
+    BNC: tl.constexpr = BLOCK_N // NC
+    ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
+    pid = tl.program_id(0)
+    first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    i = 0
+    qcnt = 0
+    for t in range(first, n_tiles, step):
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        # K, V of the tile: one stage, freed by both consumers at the end of the tile
+        tlx.barrier_wait(kv_empty[0], (i & 1) ^ 1)
+        tlx.barrier_expect_bytes(kv_full[0], 2 * ELT * BLOCK_N * D)
+        krow = (k_start + n0).to(tl.int32)
+        for c in tl.static_range(NC):
+            tlx.async_descriptor_load(k_desc, k_smem[c], [krow + c * BNC, hk * D], kv_full[0])
+            tlx.async_descriptor_load(v_desc, v_smem[c], [krow + c * BNC, hk * D], kv_full[0])
+        # Q, dO per (query head of the group, Q block)
+        for j in range(0, G * n_m):
+            h = hk * G + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            buf, ph = _buf_phase(qcnt, NUM_BUF)
+            tlx.barrier_wait(q_empty[buf], ph ^ 1)
+            tlx.barrier_expect_bytes(q_full[buf], 2 * ELT * BLOCK_M * D)
+            tlx.async_descriptor_load(q_desc, q_smem[buf], [(q_start + m0).to(tl.int32), h * D],
+                                      q_full[buf])
+            tlx.async_descriptor_load(do_desc, do_smem[buf], [(o_start + m0).to(tl.int32), h * D],
+                                      q_full[buf])
+            qcnt += 1
+        i += 1
+
+
+@triton.jit
+def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+            kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
+            lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+            tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            scale, stride_k_tok, stride_k_h, stride_lse_h,
+            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+            BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+    G: tl.constexpr = H // HKV
+    BNC: tl.constexpr = BLOCK_N // NC
+    cid: tl.constexpr = tlx.async_task_replica_id()
+    pid = tl.program_id(0)
+    first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    qk_scale2 = scale * 1.4426950408889634
+    i = 0
+    qcnt = 0
+    kc = k_smem[cid]
+    vc = v_smem[cid]
+    dsc = ds_smem[cid]
+    dqc = dq_smem[cid]
+    for t in range(first, n_tiles, step):
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        nc0 = n0 + cid * BNC
+        offs_n = nc0 + tl.arange(0, BNC)
+        dk = tl.zeros([BNC, D], dtype=tl.float32)
+        dv = tl.zeros([BNC, D], dtype=tl.float32)
+        tlx.barrier_wait(kv_full[0], i & 1)
+        for j in range(0, G * n_m):
+            h = hk * G + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            buf, ph = _buf_phase(qcnt, NUM_BUF)
+            # LSE (log2 domain) and delta of the block; rows past the sequence -> P = 0
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            rmask = offs_m < len_q
+            lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask,
+                          other=float("inf"))
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+            delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=0.0)
+            tlx.barrier_wait(q_full[buf], ph)
+            qb = q_smem[buf]
+            dob = do_smem[buf]
+            # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
+            st = tlx.async_dot(kc, tlx.local_trans(qb))
+            dpt = tlx.async_dot(vc, tlx.local_trans(dob))
+            st = tlx.async_dot_wait(1, st)
+            pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+            keep = (offs_n < len_k)[:, None]
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
+            pt = tl.where(keep, pt, 0.0)
+            lp = pt.to(dk_ptr.dtype.element_ty)
+            dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
+            dpt = tlx.async_dot_wait(1, dpt)
+            dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
+            dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
+            # dQ_c = dS_c K_c, A operand dS^T staged through smem and read transposed
+            tlx.local_store(dsc, dst)
+            tlx.fence_async_shared()
+            dq = tlx.async_dot(tlx.local_trans(dsc), kc)
+            dq = tlx.async_dot_wait(0, dq)
+            dv = tlx.async_dot_wait(0, dv)
+            dk = tlx.async_dot_wait(0, dk)
+            tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
+            # hand dQ_c to the reduce_dq task
+            tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
+            tlx.local_store(dqc, dq)
+            tlx.fence_async_shared()
+            tlx.barrier_arrive(dq_full[cid], 1)
+            qcnt += 1
+        tlx.barrier_arrive(kv_empty[0], 1)                    # K/V stage free
+        store_dkdv(dk_ptr, dv_ptr, dk, dv, k_start, offs_n, len_k, hk, scale,
+                   stride_k_tok, stride_k_h, D)
+        i += 1
+
+
+@triton.jit
+def store_dkdv(dk_ptr, dv_ptr, dk, dv, k_start, offs_n, len_k, hk, scale,
+               stride_k_tok, stride_k_h, D: tl.constexpr):
+    """store: dK_c (times the softmax scale) and dV_c in the input dtype."""
+    d = tl.arange(0, D)
+    mask = (offs_n < len_k)[:, None]
+    off = (k_start + offs_n)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
+    tl.store(dk_ptr + off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
+              tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+    G: tl.constexpr = H // HKV
+    pid = tl.program_id(0)
+    first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    if BROADCAST_Q:
+        slot_row = (pid // HKV) * L_q
+    else:
+        slot_row = 0
+    qcnt = 0
+    for t in range(first, n_tiles, step):
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        for j in range(0, G * n_m):
+            h = hk * G + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            row = (slot_row + q_start + m0).to(tl.int32)
+            for c in tl.static_range(NC):
+                tlx.barrier_wait(dq_full[c], qcnt & 1)
+                tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, h * D], store_reduce="add")
+            # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
+            tlx.async_descriptor_store_wait(0)
+            for c in tl.static_range(NC):
+                tlx.barrier_arrive(dq_empty[c], 1)
+            qcnt += 1
+
+
+@triton.jit
+def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
+                 dq_desc, dk_ptr, dv_ptr,
+                 cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,
+                 scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+                 H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    NC: tl.constexpr = NUM_CONSUMERS
+    NB: tl.constexpr = NUM_BUF_Q
+    BNC: tl.constexpr = BLOCK_N // NC
+    dt: tl.constexpr = tlx.dtype_of(q_desc)
+    # shared memory: K/V halves (one stage), Q/dO ring, dS^T and dQ staging per consumer
+    k_smem = tlx.local_alloc((BNC, D), dt, NC)
+    v_smem = tlx.local_alloc((BNC, D), dt, NC)
+    q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
+    do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
+    ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, NC)
+    dq_smem = tlx.local_alloc((BLOCK_M, D), tl.float32, NC)
+    kv_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    kv_empty = tlx.alloc_barriers(num_barriers=1, arrive_count=NC)
+    q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
+    q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
+    dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
+    dq_empty = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default"):
+            load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                 kv_full, kv_empty, q_full, q_empty,
+                 tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                 H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
+        with tlx.async_task(num_warps=4, registers=232, replicate=NC):
+            compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+                    kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
+                    lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                    tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                    scale, stride_k_tok, stride_k_h, stride_lse_h,
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
+        with tlx.async_task(num_warps=1, registers=24):
+            reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
+                      tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                      H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
