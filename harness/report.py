@@ -1,0 +1,102 @@
+"""reports/<gpu>/report.md from results.csv: environment, per-suite tables
+(TFLOP/s per backend, speedup over FA4), charts, and what did not run and why."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from . import backends
+from .plots import backends_in, load, ok, plot_all, speedup
+
+SUITE_ORDER = ["gem-jagged", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
+
+
+def _shape(r) -> str:
+    s = f"{r['mode']} B{r['batch']} H{r['heads']}/{r['kv_heads']} D{r['head_dim']} "
+    s += f"L{r['max_seqlen_q']}" if r["mode"] == "self" else f"Lq{r['max_seqlen_q']} Lk{r['max_seqlen_k']}"
+    s += f" s{r['sparsity']:g}" + (" causal" if r["causal"] else "")
+    return s
+
+
+def _table(df: pd.DataFrame, value: str, fmt: str) -> str:
+    d = df.copy()
+    d["shape"] = d.apply(_shape, axis=1)
+    d["pass_order"] = d["pass"].map({"fwd": 0, "bwd": 1})
+    d = d.sort_values(["pass_order", "causal", "head_dim", "max_seqlen_k", "sparsity", "max_seqlen_q"])
+    t = d.pivot_table(index=["pass", "shape"], columns="backend", values=value, aggfunc="first",
+                      sort=False)
+    cols = [c for c in backends_in(d) if c in t.columns]
+    out = ["| pass | shape | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
+    for (ps, shape), r in t.iterrows():
+        cells = [fmt.format(r[c]) if pd.notna(r[c]) else "–" for c in cols]
+        out.append(f"| {ps} | {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def write_report(out_dir, charts=True) -> Path:
+    out_dir = Path(out_dir)
+    df = load(out_dir / "results.csv")
+    pngs = plot_all(out_dir) if charts else []
+    good = ok(df)
+    env = df.iloc[-1] if len(df) else None
+    md = [f"# Jagged attention benchmark: {env['gpu'] if env is not None else '?'}", ""]
+    if env is not None:
+        clk = (f"SM clock {env.get('sm_clock_mhz', '')} MHz after timing (max "
+               f"{env.get('sm_clock_max_mhz', '')}), memory {env.get('mem_clock_mhz', '')} MHz"
+               if env.get("sm_clock_mhz") else "clocks not read")
+        revs = ", ".join(sorted(set(df["git_rev"].astype(str))))
+        ver = lambda c: ", ".join(sorted(set(df[c].astype(str)) - {""})) or "not installed"
+        md += ["## Environment", "",
+               f"- GPU: {env['gpu']} ({clk})",
+               f"- torch {ver('torch')}; triton {ver('triton')}; flash-attn-4 "
+               f"{ver('flash_attn_4')}; nvidia-cutlass-dsl {ver('cutlass_dsl')}",
+               f"- project revision(s): {revs}",
+               f"- rows: {len(df)} ({len(good)} timed), last at {df['timestamp'].max()}", ""]
+    md += ["## Method", "",
+           "- Every (backend, problem) is first checked by `harness.oracle.check` (fp32 "
+           "reference, FlashAttention's 2x rule) on the same problem cut to its first "
+           "sequences (`--gate-batch`, default 64); a wrong result is `fail` and is not "
+           "timed. The full-size outputs are then checked to be finite.",
+           "- Time: median of `triton.testing.do_bench` (warm-up, L2 flushed before each "
+           "run). `fwd`: the call on inputs that need no grad. `bwd`: the backward alone, "
+           "`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)` after one forward.",
+           "- TFLOP/s = 4·H·D·(unmasked score pairs) for fwd, 2.5x that for bwd, over the time.",
+           "- Each backend runs in its own worker process; a crash or a timeout is an "
+           "`error` row and the sweep goes on.", "", "Backends:", ""]
+    for name in backends_in(df):
+        b = backends.REGISTRY.get(name)
+        md.append(f"- `{name}`: {b.note if b and b.note else '(not in the registry)'}")
+    md.append("")
+    sp = speedup(df)
+    for suite in sorted(set(df["suite"]), key=lambda s: (SUITE_ORDER + [s]).index(s)):
+        g = good[good["suite"] == suite]
+        md += [f"## {suite}", ""]
+        if g.empty:
+            md += ["Nothing timed in this suite (see below).", ""]
+            continue
+        md += ["TFLOP/s:", "", _table(g, "tflops", "{:.1f}"), ""]
+        s = sp[(sp["suite"] == suite) & (sp["backend"] != "fa4")]
+        if not s.empty:
+            md += ["Speedup over FA4 (x):", "", _table(s, "speedup", "{:.2f}"), ""]
+        md += [f"![{p.stem}]({p.name})" for p in pngs if p.stem.startswith(suite)
+               or (suite == "gem-jagged" and p.stem.startswith("speedup"))
+               or (suite == "llm-dense" and p.stem == "llm_dense")
+               or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
+        md.append("")
+    bad = df[df["status"] != "ok"]
+    md += ["## What did not run, and why", ""]
+    if bad.empty:
+        md.append("Everything ran and passed the gate.")
+    else:
+        md += ["| backend | pass | suite | shape | status | reason |", "|---|---|---|---|---|---|"]
+        for _, r in bad.iterrows():
+            why = str(r["error"]).replace("|", "/").replace("\n", " ")[:220]
+            md.append(f"| {r['backend']} | {r['pass']} | {r['suite']} | {_shape(r)} | "
+                      f"{r['status']} | {why} |")
+    lines_md = out_dir.parent / "lines.md"
+    if lines_md.exists():
+        md += ["", f"Code size by role: [lines.md](../lines.md)."]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path
