@@ -31,6 +31,9 @@ from .bwd_hopper import schedule
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
+# setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
+REGS_COMPUTE = tl.constexpr(232)
+REGS_REDUCE = tl.constexpr(24)
 
 
 @triton.jit
@@ -250,14 +253,14 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  kv_full, kv_empty, q_full, q_empty,
                  tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                  H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
-        with tlx.async_task(num_warps=4, registers=232, replicate=NC):
+        with tlx.async_task(num_warps=4, registers=REGS_COMPUTE, replicate=NC):
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                     kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
-        with tlx.async_task(num_warps=1, registers=24):
+        with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
             reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                       tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                       H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
