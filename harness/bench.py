@@ -172,7 +172,7 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
                 rows.append(row(b.name, p, ps, "fail", f"non-finite {ps} result at full size"))
                 continue
             rows.append(row(b.name, p, ps, "ok", ms=f"{ms:.5f}",
-                            tflops=f"{p.flops(ps) / ms * 1e-9:.3f}"))
+                            tflops=f"{p.flops(ps) / ms * 1e-9:.4g}"))
         except Exception as e:
             rows.append(row(b.name, p, ps, "error", f"{type(e).__name__}: {e}"))
         finally:

@@ -1,0 +1,231 @@
+"""The benchmark harness on the CPU: CSV schema, worker isolation (crash, raise,
+wrong numbers), plots, report, line counts, flex's block mask, and an end-to-end
+`python -m harness bench` through the portable kernel when it exists."""
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import bench, lines
+from harness.problems import Problem, suite
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKES = '''
+import os
+import torch
+from harness.backends import Backend, register
+from harness.oracle import reference
+
+
+def _ok():
+    return True, ""
+
+
+def _make(kind):
+    def make():
+        def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
+               broadcast_q=False):
+            if kind == "crash":
+                os._exit(3)  # like an illegal memory access: the process is gone
+            if kind == "raise":
+                raise RuntimeError("deliberate failure")
+            n = q.shape[0] * (cu_k.shape[0] - 1) if broadcast_q else q.shape[0]
+            if kind == "wrong":
+                return torch.ones(n, *q.shape[1:], dtype=q.dtype) + 0 * (q.sum() + k.sum() + v.sum())
+            # "good": PyTorch in the input dtype, per sequence (the oracle's low-precision run)
+            from harness.problems import Inputs
+            lq = (cu_q[1:] - cu_q[:-1]).long() if cu_q is not None else torch.full((cu_k.shape[0] - 1,), q.shape[0])
+            inp = Inputs(q, k, v, cu_q, cu_k, max_q, max_k, None, lq, (cu_k[1:] - cu_k[:-1]).long())
+            return _attend_all(inp, causal, broadcast_q)
+        return fn
+    return make
+
+
+def _attend_all(inp, causal, broadcast_q):
+    from harness.oracle import _attend
+    outs, ck, cq = [], inp.cu_seqlens_k.tolist(), None if broadcast_q else inp.cu_seqlens_q.tolist()
+    for b in range(len(ck) - 1):
+        qb = inp.q if broadcast_q else inp.q[cq[b]:cq[b + 1]]
+        outs.append(_attend(qb, inp.k[ck[b]:ck[b + 1]], inp.v[ck[b]:ck[b + 1]], causal, qb.shape[-1] ** -0.5)[0])
+    return torch.cat(outs)
+
+
+for kind in ("crash", "raise", "wrong", "good"):
+    register(Backend("fake-" + kind, _make(kind), _ok, module=__name__))
+register(Backend("fake-absent", _make("good"), lambda: (False, "not installed here"), module=__name__))
+register(Backend("fake-picky", _make("good"), _ok, lambda p: (False, "no cross attention"), module=__name__))
+'''
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    (tmp_path / "harness_fakes.py").write_text(FAKES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    from harness import backends
+    import harness_fakes  # noqa: F401  (registers the fakes here; workers import it again)
+    return backends
+
+
+def _sweep(backends, names, problems, out, lanes=1, **kw):
+    return bench.sweep([backends.get(n) for n in names], problems, ("fwd", "bwd"),
+                       out_dir=out, gpus=[None] * lanes, progress=False, timeout=120, **kw)
+
+
+def test_sweep_rows_and_schema(fakes, tmp_path):
+    p = suite("smoke")[0]
+    names = ["fake-crash", "fake-raise", "fake-wrong", "fake-good", "fake-absent", "fake-picky"]
+    path = _sweep(fakes, names, [p], tmp_path / "out", lanes=len(names))
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames[:len(bench.COLUMNS)] == bench.COLUMNS
+        rows = list(reader)
+    status = {(r["backend"], r["pass"]): r for r in rows}
+    assert len(rows) == 2 * len(names)
+    for ps in ("fwd", "bwd"):
+        assert status["fake-crash", ps]["status"] == "error"
+        assert "exit code 3" in status["fake-crash", ps]["error"]
+        assert status["fake-raise", ps]["status"] == "error"
+        assert "deliberate failure" in status["fake-raise", ps]["error"]
+        assert status["fake-wrong", ps]["status"] == "fail"
+        assert status["fake-wrong", ps]["ms"] == ""  # a wrong backend is never timed
+        assert status["fake-absent", ps]["status"] == "unsupported"
+        assert "not installed here" in status["fake-absent", ps]["error"]
+        assert status["fake-picky", ps]["error"] == "no cross attention"
+        good = status["fake-good", ps]
+        assert good["status"] == "ok", good["error"]
+        assert float(good["ms"]) > 0 and float(good["tflops"]) > 0
+        assert good["gpu"] == "cpu" and good["torch"] == torch.__version__
+        assert int(good["total_q"]) == int(p.lengths()[0].sum())
+
+
+def test_merge_keeps_other_rows(tmp_path):
+    p, q = suite("smoke")[:2]
+    path = tmp_path / "r.csv"
+    bench.merge_rows(path, [bench.row("a", p, "fwd", "ok", ms="1"), bench.row("a", q, "fwd", "ok", ms="2")])
+    bench.merge_rows(path, [bench.row("a", p, "fwd", "fail", "bad")])
+    rows = bench.read_rows(path)
+    assert sorted((r["max_seqlen_q"], r["status"]) for r in rows) == [("33", "ok"), ("40", "fail")]
+
+
+def test_gpu_slug():
+    assert bench.gpu_slug("NVIDIA H200") == "h200"
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.gpu_slug("cpu") == "cpu"
+
+
+def _fixture_csv(path):
+    rows = []
+    for p in suite("gem-jagged") + suite("llm-dense") + suite("gem-broadcast-q"):
+        p = p.replace(batch=min(p.batch, 4))
+        for b, base in (("tlx", 400.0), ("fa4", 350.0), ("flex", 200.0)):
+            for ps in ("fwd", "bwd"):
+                t = base * (0.5 + p.sparsity / 2) * (1 if ps == "fwd" else 0.8)
+                rows.append(bench.row(b, p, ps, "ok", ms="1.0", tflops=f"{t:.1f}", gpu="NVIDIA H200"))
+    rows.append(bench.row("sdpa-flash", suite("gem-jagged")[0].replace(batch=4), "fwd", "unsupported",
+                          "takes no mask", gpu="NVIDIA H200"))
+    bench.merge_rows(path, rows)
+
+
+def test_plots_and_report(tmp_path):
+    from harness.plots import plot_all
+    from harness.report import write_report
+    _fixture_csv(tmp_path / "results.csv")
+    pngs = plot_all(tmp_path)
+    names = {p.name for p in pngs}
+    assert {"gem-jagged_fwd.png", "gem-jagged_bwd.png", "speedup_fa4_fwd.png", "llm_dense.png",
+            "broadcast_q.png"} <= names
+    assert all(p.stat().st_size > 10_000 for p in pngs)
+    md = write_report(tmp_path, charts=False).read_text()
+    assert "## gem-jagged" in md and "Speedup over FA4" in md
+    assert "| sdpa-flash | fwd | gem-jagged |" in md and "takes no mask" in md
+
+
+def test_line_counts(tmp_path):
+    f = tmp_path / "k.py"
+    f.write_text(textwrap.dedent('''\
+        """Module docstring,
+        two lines."""
+        import os  # a comment
+
+        X = 1
+
+
+        def load_kv(a):
+            """Docstring."""
+            # comment only
+            return (a +
+                    1)
+
+
+        class Kernel:
+            def compute(self):
+                s = """not a docstring"""
+                return s
+
+            def store(self):
+                pass
+        '''))
+    c = lines.count_file(f)
+    # code: import, X, def+return(2), class, def compute+2, def store+pass
+    assert c["total"] == 11
+    assert (c["load"], c["compute"], c["store"], c["other"]) == (3, 3, 2, 3)
+    rows, missing = lines.count_all()
+    assert {r["style"] for r in rows} >= {"fa4-sm90"} or missing  # missing files are reported
+    assert "| style |" in lines.markdown(rows, missing + ["x: gone.py"])
+
+
+def test_flex_block_mask_covers_documents():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from harness.backends import document_block_mask
+    for p in (Problem(batch=6, heads=1, head_dim=64, max_seqlen_q=300, sparsity=0.5, seed=2),
+              Problem(batch=6, heads=1, head_dim=64, max_seqlen_q=300, sparsity=0.9, causal=True),
+              Problem(batch=9, heads=1, head_dim=64, max_seqlen_q=40, max_seqlen_k=200,
+                      mode="cross", sparsity=0.5, causal=True)):
+        lq, lk = p.lengths()
+        cq, ck = bench_offsets(lq), bench_offsets(lk)
+        nq, nk = int(lq.sum()), int(lk.sum())
+        dense = torch.zeros(nq, nk, dtype=torch.bool)
+        for b in range(p.batch):
+            i = torch.arange(int(lq[b]))[:, None]
+            j = torch.arange(int(lk[b]))[None, :]
+            vis = (j <= i + int(lk[b]) - int(lq[b])) if p.causal else torch.ones_like(i * j, dtype=torch.bool)
+            dense[cq[b]:cq[b + 1], ck[b]:ck[b + 1]] = vis
+        bm = document_block_mask(torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32),
+                                 nq, nk, p.causal, mask_mod=None)
+        blk = 128
+        for qb in range(-(-nq // blk)):
+            part = set(bm.kv_indices[0, 0, qb, :int(bm.kv_num_blocks[0, 0, qb])].tolist())
+            full = set(bm.full_kv_indices[0, 0, qb, :int(bm.full_kv_num_blocks[0, 0, qb])].tolist())
+            assert not part & full
+            for kb in range(-(-nk // blk)):
+                tile = dense[qb * blk:(qb + 1) * blk, kb * blk:(kb + 1) * blk]
+                if tile.any():
+                    assert kb in part | full, (p.label(), qb, kb)
+                if kb in full:
+                    assert tile.all(), (p.label(), qb, kb)
+
+
+def bench_offsets(lengths):
+    return [0] + torch.cumsum(lengths, 0).tolist()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernels_tlx.portable") is None,
+                    reason="kernels_tlx.portable not written yet")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback path is what is tested")
+def test_cli_bench_smoke_on_cpu(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-m", "harness", "bench", "--suite", "smoke", "--backends",
+                        "triton", "--passes", "fwd", "--limit", "1", "--out", str(tmp_path)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "No CUDA GPU" in r.stderr
+    rows = bench.read_rows(tmp_path / "results.csv")
+    assert [(x["backend"], x["pass"], x["status"]) for x in rows] == [("triton", "fwd", "ok")], rows
