@@ -1,0 +1,528 @@
+"""Jagged (varlen, packed) flash-attention forward for Hopper (sm_90a), in CuteDSL.
+
+    forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
+        -> (out [Nq, H, D] in q's dtype, lse [H, Nq] fp32)
+
+The CuteDSL twin of `kernels_tlx/fwd_hopper.py`: same roles, same names, same order.
+
+A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
+(longest first, tile t = (pair t // H, head t % H), CTA p takes t = p, p + P, ...).
+Each CTA is warp specialized (3 warpgroups, 384 threads):
+
+    warpgroup 0, warp 0   `load`    TMA: Q once per tile, K and V per KV block into a
+                                    NUM_STAGES-deep ring (cutlass.pipeline
+                                    PipelineTmaAsync: full/empty mbarriers)
+    warpgroups 1 and 2    `compute` S = Q K^T (wgmma, smem x smem), online softmax in
+                                    exp2, O += P V (wgmma, P from registers); each
+                                    warpgroup owns 64 of the BLOCK_M = 128 query rows
+                          `store`   O / rowsum -> smem -> global, predicated per row so
+                                    no row outside the sequence is written; LSE in fp32
+                                    (-inf and O = 0 on rows that see no key)
+
+The KV loop is peeled: blocks [0, n_bulk) are visible to every row of the tile and run
+branch-free; blocks [n_bulk, n_end) (the sequence tail and the causal diagonal) are
+masked. Causal masking is bottom-right aligned: query i sees key j iff
+j <= i + len_k - len_q.
+
+Modes: self / cross (packed q with cu_q), broadcast_q (one dense q [L_q, H, D] shared
+by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head dims
+64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q):
+shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
+"""
+
+import math
+import os
+from typing import Optional
+
+import torch
+
+from .schedule import build_tiles, tile_coords
+
+BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
+BLOCK_N = 128          # keys per KV block
+NUM_STAGES = 2         # K/V ring depth
+NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
+NUM_THREADS = 128 * (NUM_MMA_WG + 1)
+LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
+EPILOGUE_BARRIER = 1   # named barrier id for the consumer warpgroups (0 = syncthreads)
+
+_TORCH_TO_CUTE = None
+_COMPILED = {}
+_SM_COUNT = {}
+
+
+def _cute_dtype(torch_dtype):
+    import cutlass
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
+
+
+# --------------------------------------------------------------------------------------
+# The kernel (all CuteDSL imports are inside `_kernel_class`, so importing this module
+# touches neither the DSL nor the driver).
+# --------------------------------------------------------------------------------------
+
+def _kernel_class():
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass import Float32, Int32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warpgroup
+    from cutlass.utils import LayoutEnum
+
+    LOG2_E = math.log2(math.e)
+    LN_2 = math.log(2.0)
+
+    # ---------------------------------------------------------------- layout helpers
+
+    def acc_rows_cols(t):
+        """View a wgmma accumulator-shaped tensor ((2, 2, V), MMA_M, MMA_N) as
+        (rows, cols) = ((2, MMA_M), (2, V, MMA_N)) so rows can be reduced."""
+        shp = t.layout.shape
+        cm = cute.make_layout(shp)  # compact col-major over the fragment coordinates
+        st = cm.stride
+        rc = cute.make_layout(
+            ((shp[0][1], shp[1]), (shp[0][0], shp[0][2], shp[2])),
+            stride=((st[0][1], st[1]), (st[0][0], st[0][2], st[2])))
+        return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
+
+    def acc_as_operand_a(acc):
+        """The S accumulator ((2, 2, V), M, N) seen as the register A operand of the
+        PV wgmma ((2, 2, 2), M, (V / 2, N)): k16 = two 8-column groups."""
+        l = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+        a = cute.make_layout(
+            ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1],
+             (l.shape[0][2][1], l.shape[2])),
+            stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                    (l.stride[0][2][1], l.stride[2])))
+        return cute.make_tensor(acc.iterator, a)
+
+    def wgmma(tiled_mma, acc, tCrA, tCrB, zero_init, wait):
+        """acc (+)= A B over the k-blocks of the fragments; wait < 0 leaves it in flight."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for kb in range(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if wait >= 0:
+            warpgroup.wait_group(wait)
+
+    class FwdHopper:
+        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool):
+            self.dtype = dtype
+            self.D = head_dim
+            self.causal = causal
+            self.broadcast_q = broadcast_q
+
+        # ------------------------------------------------------------------ host side
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                     mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
+                     mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
+                     scale_log2: Float32, L_q: Int32, group: Int32, nblk: Int32,
+                     num_programs: Int32, stream):
+            D, dt = self.D, self.dtype
+            # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
+            mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
+                              for t in (mQ, mK, mV, mO)]
+            # smem: Q, K, V, O tiles, 128B-swizzled along D (K-major for both GEMMs)
+            atom = warpgroup.make_smem_layout_atom(
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
+            sQ_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
+            sK_layout = cute.tile_to_shape(atom, (BLOCK_N, D, NUM_STAGES), (0, 1, 2))
+            sV_layout = cute.tile_to_shape(atom, (BLOCK_N, D, NUM_STAGES), (0, 1, 2))
+            sO_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
+
+            # wgmma: each consumer warpgroup owns 64 rows (atom layout 2 x 1 x 1)
+            tiled_mma_qk = sm90.make_trivial_tiled_mma(
+                dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, BLOCK_N))
+            tiled_mma_pv = sm90.make_trivial_tiled_mma(
+                dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
+                a_source=warpgroup.OperandSource.RMEM)
+
+            # TMA atoms for Q, K, V (loads); O goes out through smem + predicated stores
+            g2s = cpasync.CopyBulkTensorTileG2SOp()
+            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK_M, D))
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+                g2s, mK, cute.select(sK_layout, mode=[0, 1]), (BLOCK_N, D), 1)
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                g2s, mV, cute.select(sV_layout, mode=[0, 1]), (BLOCK_N, D), 1)
+            self.bytes_Q = cute.size_in_bytes(dt, sQ_layout)
+            self.bytes_KV = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
+
+            # O: smem -> gmem, 16-byte vectors, threads laid out inside a swizzle atom
+            vec = 128 // dt.width
+            cols = atom.outer.shape[1] // vec
+            store_tiled_copy_O = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
+                cute.make_ordered_layout((NUM_MMA_WG * 128 // cols, cols), order=(1, 0)),
+                cute.make_layout((1, vec)))
+
+            @cute.struct
+            class SharedStorage:
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * NUM_STAGES]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * NUM_STAGES]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sO_layout)], 1024]
+
+            self.kernel(
+                tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
+                tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
+                sQ_layout, sK_layout, sV_layout, sO_layout,
+                tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
+            ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
+                     stream=stream, min_blocks_per_mp=1)
+
+        # ------------------------------------------------------------------ the kernel
+        @cute.kernel
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                   mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
+                   mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
+                   tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
+                   tma_atom_V: cute.CopyAtom, scale_log2: Float32, L_q: Int32,
+                   group: Int32, nblk: Int32,
+                   sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+                   sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+                   tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+                   store_tiled_copy_O: cute.TiledCopy,
+                   SharedStorage: cutlass.Constexpr):
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp_idx == 0:
+                for a in (tma_atom_Q, tma_atom_K, tma_atom_V):
+                    cpasync.prefetch_descriptor(a)
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+
+            # pipelines: producer = the load warp (TMA bytes complete the phase),
+            # consumer = the 8 compute warps (one elected arrive per warp)
+            load_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_WG * 4)
+            pipeline_q = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1,
+                producer_group=load_warp, consumer_group=mma_warps,
+                tx_count=self.bytes_Q, defer_sync=True)
+            pipeline_k = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_K.data_ptr(), num_stages=NUM_STAGES,
+                producer_group=load_warp, consumer_group=mma_warps,
+                tx_count=self.bytes_KV, defer_sync=True)
+            pipeline_v = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_V.data_ptr(), num_stages=NUM_STAGES,
+                producer_group=load_warp, consumer_group=mma_warps,
+                tx_count=self.bytes_KV, defer_sync=True)
+            pipeline.pipeline_init_arrive()
+
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            # V^T view (D, BLOCK_N, stages) for the PV wgmma (B operand, MN-major)
+            sVt = cute.composition(
+                sV, cute.make_ordered_layout((self.D, BLOCK_N, NUM_STAGES), order=(1, 0, 2)))
+
+            sched = (mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
+            pipeline.pipeline_init_wait()
+
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(LOAD_REGS)
+                if warp_idx == 0:
+                    self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                              pipeline_q, pipeline_k, pipeline_v, sched)
+            else:
+                cute.arch.setmaxregister_increase(MMA_REGS)
+                tidx = cute.arch.thread_idx()[0] - 128
+                self.compute(mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
+                             tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx,
+                             scale_log2, sched)
+
+        # ------------------------------------------------------------------ schedule
+        @cute.jit
+        def schedule(self, tile: Int32, sched):
+            mPairs, mCount, mCuQ, mCuK, L_q, H, group, nblk = sched
+            return tile_coords(tile, mPairs, mCuQ, mCuK, L_q, H, group, nblk,
+                                        BLOCK_M, BLOCK_N, self.causal, self.broadcast_q)
+
+        # ------------------------------------------------------------------ load
+        @cute.jit
+        def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                 pipeline_q, pipeline_k, pipeline_v, sched):
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                    NUM_STAGES)
+            num_tiles = sched[1][0] * sched[5]
+            tile = cute.arch.block_idx()[0]
+            while tile < num_tiles:
+                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
+                    self.schedule(tile, sched)
+                if n_end > 0:
+                    # Q: one (BLOCK_M, D) box at row q_start + m0 of head h
+                    gQ = cute.local_tile(
+                        cute.domain_offset((q_start + m0, 0), mQ[None, None, h]),
+                        (BLOCK_M, self.D), (0, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(
+                        tma_atom_Q, 0, cute.make_layout(1),
+                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                    # K, V: (BLOCK_N, D) boxes of kv head hk, block n at row k_start + n*BLOCK_N
+                    gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]),
+                                         (BLOCK_N, self.D), (None, 0))
+                    gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]),
+                                         (BLOCK_N, self.D), (None, 0))
+                    tKsK, tKgK = cpasync.tma_partition(
+                        tma_atom_K, 0, cute.make_layout(1),
+                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+                    tVsV, tVgV = cpasync.tma_partition(
+                        tma_atom_V, 0, cute.make_layout(1),
+                        cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+                    pipeline_q.producer_acquire(q_state)
+                    cute.copy(tma_atom_Q, tQgQ, tQsQ,
+                              tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                    q_state.advance()
+                    for n in cutlass.range(n_end, unroll=1):
+                        pipeline_k.producer_acquire(kv_state)
+                        cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
+                                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                        pipeline_v.producer_acquire(kv_state)
+                        cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
+                                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                tile += cute.arch.grid_dim()[0]
+
+        # ------------------------------------------------------------------ compute
+        @cute.jit
+        def compute(self, mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
+                    tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx, scale_log2, sched):
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
+            wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
+            thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+            # operand fragments (smem descriptors) and accumulators
+            tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+            tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+            tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+            shape_S = wg_mma_qk.partition_shape_C((BLOCK_M, BLOCK_N))
+            acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((BLOCK_M, self.D)), Float32)
+            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((BLOCK_M, BLOCK_N)))
+            # (row, col) of every accumulator element, for masks and the LSE store
+            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N))))
+            n_rows = cute.size(tScS, mode=[0])
+            row_max = cute.make_rmem_tensor(n_rows, Float32)
+            row_sum = cute.make_rmem_tensor(n_rows, Float32)
+
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                    NUM_STAGES)
+            num_tiles = sched[1][0] * sched[5]
+            tile = cute.arch.block_idx()[0]
+            while tile < num_tiles:
+                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
+                    self.schedule(tile, sched)
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                acc_O.fill(0.0)
+                if n_end > 0:
+                    pipeline_q.consumer_wait(q_state)
+                    # bulk: every row of the tile sees all keys of these blocks
+                    for n in cutlass.range(n_bulk, unroll=1):
+                        kv_state = self.kv_block(
+                            n, False, m0, len_q, len_k, tSrQ, tSrK, tOrVt, tOrP, acc_O,
+                            shape_S, tScS, row_max, row_sum, scale_log2, tiled_mma_qk,
+                            tiled_mma_pv, pipeline_k, pipeline_v, kv_state)
+                    # tail: the sequence end and the causal diagonal, masked
+                    for n in cutlass.range(n_bulk, n_end, unroll=1):
+                        kv_state = self.kv_block(
+                            n, True, m0, len_q, len_k, tSrQ, tSrK, tOrVt, tOrP, acc_O,
+                            shape_S, tScS, row_max, row_sum, scale_log2, tiled_mma_qk,
+                            tiled_mma_pv, pipeline_k, pipeline_v, kv_state)
+                    pipeline_q.consumer_release(q_state)
+                    q_state.advance()
+                self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
+                           tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, out_start, len_q)
+                tile += cute.arch.grid_dim()[0]
+
+        @cute.jit
+        def kv_block(self, n, masked: cutlass.Constexpr, m0, len_q, len_k, tSrQ, tSrK,
+                     tOrVt, tOrP, acc_O, shape_S, tScS, row_max, row_sum, scale_log2,
+                     tiled_mma_qk, tiled_mma_pv, pipeline_k, pipeline_v, kv_state):
+            """One KV block: S = Q K^T, mask, online softmax, O = O * scale + P V."""
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            pipeline_k.consumer_wait(kv_state)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                  zero_init=True, wait=0)
+            pipeline_k.consumer_release(kv_state)
+
+            S = acc_rows_cols(acc_S)
+            if const_expr(masked):
+                # keys past the sequence end, and (causal) keys right of the diagonal
+                for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                    limit = len_k - n * BLOCK_N
+                    if const_expr(self.causal):
+                        limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
+                                            - n * BLOCK_N)
+                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                        if tScS[0, c][1] >= limit:
+                            S[r, c] = -Float32.inf
+
+            # online softmax in the exp2 domain; quad (4-thread) row reductions
+            row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+            for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                s_row = S[r, None].load()
+                m_new = s_row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
+                m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                m_prev = row_max[r]
+                row_max[r] = m_new
+                m_safe = 0.0 if m_new == -Float32.inf else m_new  # rows with no key yet
+                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
+                row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * row_scale[r], 0)
+                S[r, None].store(p_row)
+
+            O = acc_rows_cols(acc_O)
+            for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
+                O[r, None].store(O[r, None].load() * row_scale[r])
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+
+            pipeline_v.consumer_wait(kv_state)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+                  zero_init=False, wait=0)
+            pipeline_v.consumer_release(kv_state)
+            kv_state.advance()
+            return kv_state
+
+        # ------------------------------------------------------------------ store
+        @cute.jit
+        def store(self, acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
+                  tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, out_start, len_q):
+            """O / rowsum and LSE out; rows at or past len_q are never written."""
+            O = acc_rows_cols(acc_O)
+            lse = cute.make_rmem_tensor_like(row_max, Float32)
+            for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
+                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+                empty = total == 0.0
+                inv = 0.0 if empty else cute.arch.rcp_approx(total)
+                lse[r] = -Float32.inf if empty else (
+                    row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+                O[r, None].store(O[r, None].load() * inv)
+
+            rows_left = len_q - m0
+            # LSE [H, Nout]: the thread holding column 0 of a row writes it
+            gLSE = cute.domain_offset((out_start + m0,), mLSE[h, None])
+            if tScS[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(cute.size(lse)):
+                    row = tScS[r, 0][0]
+                    if row < rows_left:
+                        gLSE[row] = lse[r]
+
+            # O: registers -> smem (stmatrix) -> global (16-byte rows, row-predicated)
+            rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+            rO.store(acc_O.load().to(self.dtype))
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
+                                                                     num_matrices=4),
+                                    self.dtype),
+                tiled_mma_pv)
+            thr_r2s = r2s.get_slice(tidx)
+            cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+
+            thr_s2g = store_tiled_copy_O.get_slice(tidx)
+            tOsO = thr_s2g.partition_S(sO)
+            tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+            cute.autovec_copy(tOsO, tOrO)
+            gO = cute.local_tile(cute.domain_offset((out_start + m0, 0), mO[None, None, h]),
+                                 (BLOCK_M, self.D), (0, 0))
+            tOgO = thr_s2g.partition_D(gO)
+            tOcO = thr_s2g.partition_S(cute.make_identity_tensor((BLOCK_M, self.D)))
+            for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if tOcO[0, i, 0][0] < rows_left:
+                    cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
+
+    return FwdHopper
+
+
+# --------------------------------------------------------------------------------------
+# Host: compile once per config, then launch
+# --------------------------------------------------------------------------------------
+
+def _fake_args(dtype, broadcast_q: bool, head_dim: int):
+    """Symbolic tensors: one compiled kernel serves every shape of this config."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    align = 16
+    nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
+    sq_t, sq_h = cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8)
+
+    def tok(n, heads):
+        return make_fake_tensor(dtype, (n, heads, head_dim),
+                                stride=(cute.sym_int64(divisibility=8),
+                                        cute.sym_int64(divisibility=8), 1),
+                                assumed_align=align)
+
+    q, k, v, o = tok(nq, h), tok(nk, hkv), tok(nk, hkv), tok(no, h)
+    lse = make_fake_tensor(cutlass.Float32, (h, no), stride=(cute.sym_int64(), 1),
+                           assumed_align=4)
+    nb = cute.sym_int32()
+    cu_k = make_fake_tensor(cutlass.Int32, (nb,), stride=(1,), assumed_align=4)
+    cu_q = None if broadcast_q else make_fake_tensor(cutlass.Int32, (nb,), stride=(1,),
+                                                     assumed_align=4)
+    pairs = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), stride=(1,), assumed_align=4)
+    count = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
+    return q, k, v, o, lse, cu_q, cu_k, pairs, count
+
+
+def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = ""):
+    """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable."""
+    import cutlass
+    import cutlass.cute as cute
+
+    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q)
+    args = _fake_args(cdt, broadcast_q, head_dim)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    opts = ("--enable-tvm-ffi " + options).strip()
+    return cute.compile(fwd, *args, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                        cutlass.Int32(1), cutlass.Int32(1), stream, options=opts)
+
+
+def _compiled(dtype, head_dim, causal, broadcast_q):
+    key = (dtype, head_dim, bool(causal), bool(broadcast_q))
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q)
+    return _COMPILED[key]
+
+
+def _sm_count(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
+    H, D = q.shape[1], q.shape[2]
+    B = cu_k.shape[0] - 1
+    L_q = q.shape[0] if broadcast_q else 0
+    n_out = B * L_q if broadcast_q else q.shape[0]
+    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
+    if n_out == 0 or B == 0:
+        return out, lse
+    pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
+                                              L_q if broadcast_q else None,
+                                              BLOCK_M, BLOCK_N, causal)
+    num_programs = max(1, min(_sm_count(q.device), B * nblk * H))
+    fn = _compiled(q.dtype, D, causal, broadcast_q)
+    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
+       scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
+    return out, lse

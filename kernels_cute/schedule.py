@@ -1,0 +1,84 @@
+"""`schedule`: the jagged tile list, built on the GPU from the offsets (no host sync).
+
+The CuteDSL twin of `kernels_tlx/schedule.py` (same pair encoding, same order):
+
+A *pair* is (batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it
+is valid when the block holds at least one query row. Valid pairs are ordered by
+descending KV work (KV blocks the block visits, causal-aware), invalid ones go last,
+and the count of valid pairs stays on the device. Heads are folded in by the kernel:
+tile t is (pair t // H, head t % H), so the H tiles of one pair (and the query heads
+sharing a KV head under GQA) run side by side on neighbouring SMs.
+
+A persistent program p takes tiles p, p + P, p + 2P, ... of this longest-first list.
+
+`build_tiles` runs on the host (torch ops on the device); `tile_coords` is the
+device-side decode every role of the kernel calls with the same tile id, so the
+`load` warp and the `compute` warpgroups agree on every tile without talking.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
+                block_m: int, block_n: int, causal: bool):
+    """-> (pairs int32 [batch * nblk] as b * nblk + m, longest first; count int32 [1]; nblk).
+
+    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
+    nblk = max(1, cdiv(max_seqlen_q, block_m))
+    dev = cu_k.device
+    len_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
+    if len_q_dense is not None:
+        len_q = torch.full_like(len_k, len_q_dense)
+    else:
+        len_q = (cu_q[1:] - cu_q[:-1]).to(torch.int32)
+    m0 = torch.arange(0, nblk * block_m, block_m, device=dev, dtype=torch.int32)[None, :]
+    lq, lk = len_q[:, None], len_k[:, None]
+    valid = m0 < lq
+    if causal:  # bottom-right: row i sees keys j <= i + lk - lq
+        kv_end = torch.clamp(torch.minimum(m0 + block_m + lk - lq, lk), min=0)
+    else:
+        kv_end = lk.expand(-1, nblk)
+    # work = KV blocks + one for the Q load / epilogue, so empty-KV tiles still count
+    work = torch.where(valid, (kv_end + block_n - 1) // block_n + 1, -1)
+    pairs = torch.argsort(work.reshape(-1), descending=True, stable=True).to(torch.int32)
+    count = valid.sum(dtype=torch.int32).reshape(1)
+    return pairs, count, nblk
+
+
+def tile_coords(tile, mPairs, mCuQ, mCuK, L_q, H, group, nblk,
+                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
+    """Tile id -> where it lives (device side, traced inside a @cute.jit role):
+    head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
+    the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
+    [n_bulk, n_end) are masked."""
+    import cutlass
+
+    pair = mPairs[tile // H]
+    h = tile % H
+    b = pair // nblk
+    m0 = (pair % nblk) * BLOCK_M
+    k_start = mCuK[b]
+    len_k = mCuK[b + 1] - k_start
+    if cutlass.const_expr(BROADCAST_Q):
+        q_start = b * 0
+        len_q = L_q + b * 0
+        out_start = b * L_q
+    else:
+        q_start = mCuQ[b]
+        len_q = mCuQ[b + 1] - q_start
+        out_start = q_start
+    if cutlass.const_expr(CAUSAL):
+        diag = len_k - len_q
+        kv_end = cutlass.min(cutlass.max(m0 + BLOCK_M + diag, 0), len_k)
+        kv_full = cutlass.min(cutlass.max(m0 + 1 + diag, 0), len_k)  # seen by every row
+    else:
+        kv_end = len_k
+        kv_full = len_k
+    n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
+    n_bulk = kv_full // BLOCK_N
+    return h, h // group, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
