@@ -97,9 +97,17 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: in
 
     `signature` maps every non-constexpr argument to a Triton type string ("*bf16",
     "i32", "fp32", "tensordesc<bf16[64,128]>"); `constexprs` maps the rest to values
-    (constexpr arguments may also appear in `signature` as "constexpr")."""
+    (constexpr arguments may also appear in `signature` as "constexpr").
+
+    Under TRITON_INTERPRET=1 (the CPU test default) @triton.jit makes interpreter
+    objects that cannot be compiled; the kernel is then compiled in a subprocess that
+    re-imports its module with the interpreter off."""
     import triton
     from triton.backends.compiler import GPUTarget
+
+    if not isinstance(fn, triton.runtime.JITFunction):
+        return _compile_in_subprocess(fn, signature, constexprs, arch, num_warps,
+                                      num_stages, name, opts)
 
     constexprs = dict(constexprs or {})
     sig = dict(signature)
@@ -119,3 +127,32 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: in
         spill_insts=usage["spill_insts"], mma=MMA_NAMES.get(arch, "mma"),
         mma_count=len(re.findall(MMA_PATTERNS.get(arch, r"\bmma\."), ptx)),
         num_warps=num_warps, setmaxnreg=regs, ptx_lines=ptx.count("\n"))
+
+
+def _compile_in_subprocess(fn, signature, constexprs, arch, num_warps, num_stages, name, opts):
+    import pickle
+    import sys
+    py = getattr(fn, "fn", fn)
+    job = dict(module=py.__module__, qualname=py.__qualname__, signature=signature,
+               constexprs=constexprs, arch=arch, num_warps=num_warps, num_stages=num_stages,
+               name=name or py.__name__, opts=opts)
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+    code = ("import pickle, sys, importlib; from harness.compile_check import _run_job; "
+            "sys.stdout.buffer.write(pickle.dumps(_run_job(pickle.loads(sys.stdin.buffer.read()))))")
+    res = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(job), env=env,
+                         capture_output=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"compiling {job['name']} in a subprocess failed:\n"
+                           f"{res.stderr.decode(errors='replace')[-4000:]}")
+    return pickle.loads(res.stdout)
+
+
+def _run_job(job: dict) -> CompileReport:
+    import importlib
+    obj = importlib.import_module(job["module"])
+    for part in job["qualname"].split("."):
+        obj = getattr(obj, part)
+    return compile_kernel(obj, job["signature"], job["constexprs"], arch=job["arch"],
+                          num_warps=job["num_warps"], num_stages=job["num_stages"],
+                          name=job["name"], **job["opts"])

@@ -47,8 +47,8 @@ class Config:
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
-    consumer_regs: int = 232
-    producer_regs: int = 40
+    consumer_regs: int = 240
+    producer_regs: int = 24
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
@@ -91,7 +91,7 @@ def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV:
 
 
 @triton.jit
-def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
+def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr,
              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax of one KV block in the log2 domain -> (p, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
@@ -113,7 +113,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, m_new, l_new
+    return p.to(dtype), alpha, m_new, l_new
 
 
 @triton.jit
@@ -125,12 +125,12 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[vb], vph)
-    acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+    acc = tlx.async_dot(p, v_bufs[vb], acc)
     qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  BLOCK_N, MASKED, CAUSAL)
+                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
     acc = acc * alpha[:, None]
@@ -190,7 +190,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                      BLOCK_N, True, CAUSAL)
+                                      v_bufs.dtype, BLOCK_N, True, CAUSAL)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in range(1, n_bulk):
@@ -209,7 +209,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
         tlx.barrier_wait(v_fulls[vb], vph)
-        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+        acc = tlx.async_dot(p, v_bufs[vb], acc)
         acc = tlx.async_dot_wait(0, acc)
         tlx.barrier_arrive(v_empties[vb], 1)
     return acc, m_i, l_i, kv_cnt
