@@ -222,8 +222,12 @@ def serve(name: str, module: str) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         p = Problem(**req["problem"])
-        rows = run_problem(b, fn, p, req["passes"], gate_batch=req["gate_batch"],
-                           quick=req["quick"], timing=req["timing"])
+        try:
+            rows = run_problem(b, fn, p, req["passes"], gate_batch=req["gate_batch"],
+                               quick=req["quick"], timing=req["timing"])
+        except Exception as e:  # e.g. out of memory building the inputs
+            rows = [row(name, p, ps, "error", f"{type(e).__name__}: {e}") for ps in req["passes"]]
+            _free()
         gpu = int(env["gpu_index"]) if env["gpu_index"] else 0
         extra = {**env, **(clocks(gpu) if torch.cuda.is_available() else {})}
         proto.write(json.dumps({"rows": [{**extra, **r} for r in rows]}) + "\n")
