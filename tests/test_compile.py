@@ -1,0 +1,75 @@
+"""Compile-only checks (no GPU): the TLX Hopper forward for sm_90a (wgmma present, no
+spills or local memory, shared memory within 227 KB) over its config table, and the
+portable kernel's forward for sm_100a (Blackwell) when kernels_tlx.portable exists."""
+import importlib.util
+
+import pytest
+
+pytest.importorskip("triton")
+
+from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
+
+try:
+    from kernels_tlx import fwd_hopper as fh
+except Exception as e:  # pragma: no cover
+    pytest.skip(f"kernels_tlx.fwd_hopper unavailable: {e}", allow_module_level=True)
+
+# (head_dim, length bucket, causal, broadcast_q, dtype, GQA group)
+FWD_CONFIGS = [
+    (64, "long", False, False, "bf16", 1),
+    (64, "long", True, False, "bf16", 2),
+    (128, "long", False, False, "bf16", 1),
+    (128, "long", True, False, "bf16", 1),
+    (128, "long", False, True, "fp16", 4),
+    (128, "short", False, False, "bf16", 1),
+    (64, "short", True, True, "fp16", 1),
+]
+
+
+def compile_fwd(d, bucket, causal, bq, dt, group, arch=90):
+    cfg = fh.CONFIGS[(d, bucket)]
+    name = f"fwd D{d} {bucket} {'causal' if causal else 'full'}{' bq' if bq else ''} {dt} g{group}"
+    return compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt),
+                          fh.kernel_args(cfg, d, group, causal, bq), arch=arch,
+                          num_warps=4, num_stages=1, name=name)
+
+
+@pytest.mark.parametrize("d,bucket,causal,bq,dt,group", FWD_CONFIGS)
+def test_fwd_hopper_sm90(d, bucket, causal, bq, dt, group):
+    rep = compile_fwd(d, bucket, causal, bq, dt, group)
+    print(rep.row())
+    assert rep.has_mma and rep.mma == "wgmma", rep.row()
+    assert not rep.spills, f"spills / local memory: {rep.row()}"
+    assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+    # producer gives registers back, consumers take them (warp specialization)
+    assert len(rep.setmaxnreg) >= 2, rep.row()
+
+
+def test_config_table_covers_head_dims():
+    for d in (64, 128):
+        for max_k in (1, 64, 65, 8192):
+            cfg = fh.pick_config(d, max_k, False, False)
+            assert cfg.block_m == 128 and cfg.block_n in (64, 128)
+            assert 2 <= cfg.num_buffers_kv <= 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernels_tlx.portable") is None,
+                    reason="kernels_tlx.portable not written yet")
+@pytest.mark.parametrize("d,causal,dense_q", [(64, False, False), (128, True, False),
+                                              (128, False, True)])
+def test_portable_fwd_sm100(d, causal, dense_q):
+    """The Hopper kernel is wgmma-only; for Blackwell the portable kernel is what must
+    at least compile (tl.dot lowers to tcgen05 there)."""
+    from kernels_tlx import portable
+    sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
+           "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "n_out": "i32",
+           "dense_len_q": "i32"}
+    sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
+                                    "stride_ot", "stride_oh")})
+    rep = compile_kernel(portable.fwd_kernel, sig,
+                         dict(GROUP=1, D=d, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal,
+                              DENSE_Q=dense_q), arch=100, num_warps=8, num_stages=3,
+                         name=f"portable fwd D{d} sm_100")
+    print(rep.row())
+    assert rep.total_smem <= SMEM_LIMIT[100], rep.row()
+    assert rep.registers > 0
