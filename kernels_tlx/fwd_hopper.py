@@ -345,5 +345,5 @@ def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
-            "pairs_ptr": "*i32", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "NBLK": "i32",
+            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "NBLK": "i32",
             "n_out": "i32", "qk_scale": "fp32"}
