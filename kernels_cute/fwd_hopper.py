@@ -44,9 +44,11 @@ NUM_STAGES = 2         # K/V ring depth
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
 NUM_THREADS = 128 * (NUM_MMA_WG + 1)
 LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
-EPILOGUE_BARRIER = 1   # named barrier id for the consumer warpgroups (0 = syncthreads)
+EPILOGUE_BARRIER = 1   # named barrier ids (0 = syncthreads): consumers' epilogue,
+SCHED_BARRIER = 2      # and 2, 3: consumer 0 / 1 may issue its wgmmas (ping-pong)
 
-_TORCH_TO_CUTE = None
+# CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
+OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
 _COMPILED = {}
 _SM_COUNT = {}
 
@@ -110,7 +112,9 @@ def _kernel_class():
             warpgroup.wait_group(wait)
 
     class FwdHopper:
-        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool):
+        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                     overlap: bool = True):
+            self.overlap = overlap  # softmax of block n under the PV wgmma of block n-1
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -307,70 +311,77 @@ def _kernel_class():
             tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
             tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
             tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-            shape_S = wg_mma_qk.partition_shape_C((BLOCK_M, BLOCK_N))
             acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((BLOCK_M, self.D)), Float32)
             tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((BLOCK_M, BLOCK_N)))
             # (row, col) of every accumulator element, for masks and the LSE store
             tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N))))
-            n_rows = cute.size(tScS, mode=[0])
-            row_max = cute.make_rmem_tensor(n_rows, Float32)
-            row_sum = cute.make_rmem_tensor(n_rows, Float32)
+            row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
+            row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
+            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((BLOCK_M, BLOCK_N)),
+                   tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
+                   pipeline_k, pipeline_v, wg)
 
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                     NUM_STAGES)
+            if const_expr(self.overlap):
+                # consumer 0 issues first: pre-arrive on its own scheduling barrier
+                if wg == 0:
+                    cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
             num_tiles = sched[1][0] * sched[5]
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
                     self.schedule(tile, sched)
+                geom = (m0, len_q, len_k)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
                 if n_end > 0:
                     pipeline_q.consumer_wait(q_state)
-                    # bulk: every row of the tile sees all keys of these blocks
-                    for n in cutlass.range(n_bulk, unroll=1):
-                        kv_state = self.kv_block(
-                            n, False, m0, len_q, len_k, tSrQ, tSrK, tOrVt, tOrP, acc_O,
-                            shape_S, tScS, row_max, row_sum, scale_log2, tiled_mma_qk,
-                            tiled_mma_pv, pipeline_k, pipeline_v, kv_state)
-                    # tail: the sequence end and the causal diagonal, masked
-                    for n in cutlass.range(n_bulk, n_end, unroll=1):
-                        kv_state = self.kv_block(
-                            n, True, m0, len_q, len_k, tSrQ, tSrK, tOrVt, tOrP, acc_O,
-                            shape_S, tScS, row_max, row_sum, scale_log2, tiled_mma_qk,
-                            tiled_mma_pv, pipeline_k, pipeline_v, kv_state)
-                    pipeline_q.consumer_release(q_state)
+                    if const_expr(self.overlap):
+                        # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
+                        # and runs the softmax of S_n under the PV wgmma
+                        if n_bulk > 0:
+                            self.first_qk(False, geom, mma, kv_state)
+                        else:
+                            self.first_qk(True, geom, mma, kv_state)
+                        for n in cutlass.range(1, n_bulk, unroll=1):          # bulk
+                            kv_state = self.kv_step(n, False, geom, mma, kv_state)
+                        for n in cutlass.range(cutlass.max(n_bulk, 1), n_end, unroll=1):  # tail
+                            kv_state = self.kv_step(n, True, geom, mma, kv_state)
+                        pipeline_q.consumer_release(q_state)
+                        kv_state = self.last_pv(mma, kv_state)
+                    else:
+                        for n in cutlass.range(n_bulk, unroll=1):             # bulk
+                            kv_state = self.kv_step_serial(n, False, geom, mma, kv_state)
+                        for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
+                            kv_state = self.kv_step_serial(n, True, geom, mma, kv_state)
+                        pipeline_q.consumer_release(q_state)
                     q_state.advance()
                 self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
                            tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, out_start, len_q)
                 tile += cute.arch.grid_dim()[0]
 
         @cute.jit
-        def kv_block(self, n, masked: cutlass.Constexpr, m0, len_q, len_k, tSrQ, tSrK,
-                     tOrVt, tOrP, acc_O, shape_S, tScS, row_max, row_sum, scale_log2,
-                     tiled_mma_qk, tiled_mma_pv, pipeline_k, pipeline_v, kv_state):
-            """One KV block: S = Q K^T, mask, online softmax, O = O * scale + P V."""
-            acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            pipeline_k.consumer_wait(kv_state)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
-                  zero_init=True, wait=0)
-            pipeline_k.consumer_release(kv_state)
-
+        def mask(self, acc_S, n, geom, tScS):
+            """-inf on keys past the sequence end and (causal) right of the diagonal."""
+            m0, len_q, len_k = geom
             S = acc_rows_cols(acc_S)
-            if const_expr(masked):
-                # keys past the sequence end, and (causal) keys right of the diagonal
-                for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-                    limit = len_k - n * BLOCK_N
-                    if const_expr(self.causal):
-                        limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
-                                            - n * BLOCK_N)
-                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                        if tScS[0, c][1] >= limit:
-                            S[r, c] = -Float32.inf
+            for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                limit = len_k - n * BLOCK_N
+                if const_expr(self.causal):
+                    limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
+                                        - n * BLOCK_N)
+                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                    if tScS[0, c][1] >= limit:
+                        S[r, c] = -Float32.inf
 
-            # online softmax in the exp2 domain; quad (4-thread) row reductions
+        @cute.jit
+        def softmax(self, acc_S, row_max, row_sum, scale_log2):
+            """Online softmax step in the exp2 domain (quad row reductions): acc_S <- P,
+            returns the factor the running O must be scaled by."""
+            S = acc_rows_cols(acc_S)
             row_scale = cute.make_rmem_tensor_like(row_max, Float32)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
                 s_row = S[r, None].load()
@@ -383,12 +394,84 @@ def _kernel_class():
                 row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
                 row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * row_scale[r], 0)
                 S[r, None].store(p_row)
+            return row_scale
 
+        @cute.jit
+        def rescale(self, acc_O, row_scale):
             O = acc_rows_cols(acc_O)
             for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
                 O[r, None].store(O[r, None].load() * row_scale[r])
+
+        @cute.jit
+        def first_qk(self, masked: cutlass.Constexpr, geom, mma, kv_state):
+            """S_0 = Q K_0, its softmax, P_0 into registers (V_0 is consumed by the next step)."""
+            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
+             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            pipeline_k.consumer_wait(kv_state)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                  zero_init=True, wait=0)
+            pipeline_k.consumer_release(kv_state)
+            if const_expr(masked):
+                self.mask(acc_S, 0, geom, tScS)
+            self.softmax(acc_S, row_max, row_sum, scale_log2)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
+        @cute.jit
+        def kv_step(self, n, masked: cutlass.Constexpr, geom, mma, kv_state):
+            """Block n: issue S_n = Q K_n and O += P_(n-1) V_(n-1), softmax S_n while the
+            PV wgmma runs, then rescale O and keep P_n. Consumers take turns issuing."""
+            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
+             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
+            v_state = kv_state.clone()
+            kv_state.advance()
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            pipeline_k.consumer_wait(kv_state)
+            cute.arch.barrier(barrier_id=SCHED_BARRIER + wg, number_of_threads=256)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                  zero_init=True, wait=-1)
+            pipeline_v.consumer_wait(v_state)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
+                  zero_init=False, wait=-1)
+            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + 1 - wg, number_of_threads=256)
+            warpgroup.wait_group(1)
+            pipeline_k.consumer_release(kv_state)
+            if const_expr(masked):
+                self.mask(acc_S, n, geom, tScS)
+            row_scale = self.softmax(acc_S, row_max, row_sum, scale_log2)
+            warpgroup.wait_group(0)
+            pipeline_v.consumer_release(v_state)
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            self.rescale(acc_O, row_scale)
+            return kv_state
+
+        @cute.jit
+        def last_pv(self, mma, kv_state):
+            """O += P_last V_last."""
+            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
+             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
+            pipeline_v.consumer_wait(kv_state)
+            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
+                  zero_init=False, wait=0)
+            pipeline_v.consumer_release(kv_state)
+            kv_state.advance()
+            return kv_state
+
+        @cute.jit
+        def kv_step_serial(self, n, masked: cutlass.Constexpr, geom, mma, kv_state):
+            """Block n without overlap: S = Q K^T, mask, softmax, O = O * scale + P V."""
+            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
+             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            pipeline_k.consumer_wait(kv_state)
+            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+                  zero_init=True, wait=0)
+            pipeline_k.consumer_release(kv_state)
+            if const_expr(masked):
+                self.mask(acc_S, n, geom, tScS)
+            row_scale = self.softmax(acc_S, row_max, row_sum, scale_log2)
+            self.rescale(acc_O, row_scale)
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             pipeline_v.consumer_wait(kv_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
                   zero_init=False, wait=0)
@@ -480,13 +563,14 @@ def _fake_args(dtype, broadcast_q: bool, head_dim: int):
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
 
-def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = ""):
+def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                    overlap: bool = True, options: str = ""):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable."""
     import cutlass
     import cutlass.cute as cute
 
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
-    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q)
+    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q, overlap)
     args = _fake_args(cdt, broadcast_q, head_dim)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
@@ -495,9 +579,9 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool, optio
 
 
 def _compiled(dtype, head_dim, causal, broadcast_q):
-    key = (dtype, head_dim, bool(causal), bool(broadcast_q))
+    key = (dtype, head_dim, bool(causal), bool(broadcast_q), OVERLAP)
     if key not in _COMPILED:
-        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q)
+        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q, OVERLAP)
     return _COMPILED[key]
 
 
@@ -518,6 +602,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
     if n_out == 0 or B == 0:
         return out, lse
+    if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
+        return out.zero_(), lse.fill_(-math.inf)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
                                               L_q if broadcast_q else None,
                                               BLOCK_M, BLOCK_N, causal)
