@@ -1,7 +1,8 @@
 """Triton + TLX jagged flash attention.
 
 `jagged_attention` (see harness.api for the signature) runs the warp-specialized
-persistent Hopper forward (`fwd_hopper`) and, for now, the portable kernel's backward.
+persistent Hopper forward (`fwd_hopper`) and the persistent Hopper backward
+(`bwd_hopper`).
 `available()` says whether this machine can run it. Importing this package makes no
 driver call.
 """
@@ -16,8 +17,8 @@ def _forward(*args):
 
 
 def _backward(*args):
-    from . import portable  # written alongside; imported only when a backward runs
-    return portable.bwd(*args)
+    from . import bwd_hopper
+    return bwd_hopper.backward(*args)
 
 
 def available() -> tuple[bool, str]:
