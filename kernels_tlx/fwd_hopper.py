@@ -140,8 +140,8 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-         k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, NBLK, n_tiles,
-         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+         k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK,
+         n_tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """Producer: for each of this program's tiles, Q (two halves) then its K/V blocks."""
@@ -236,10 +236,11 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
 
 
 # ----------------------------------------------------------------------------- kernel
-@triton.jit
+# runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
+@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
-               L_q, H, NBLK, n_out, qk_scale,
-               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               L_q, H, GROUP, NBLK, n_out, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
@@ -260,9 +261,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
             load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-                 k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, NBLK, n_tiles,
-                 GROUP, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL,
-                 BROADCAST_Q)
+                 k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, GROUP,
+                 NBLK, n_tiles, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
+                 CAUSAL, BROADCAST_Q)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == 1:  # let consumer 0 issue first
@@ -271,8 +272,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             i = 0
             for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-                    tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL,
-                    BROADCAST_Q)
+                    tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N,
+                    CAUSAL, BROADCAST_Q)
                 rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
@@ -299,12 +300,12 @@ def _num_sms(device) -> int:
     return _NUM_SMS[idx]
 
 
-def kernel_args(cfg: Config, head_dim: int, group: int, causal: bool, broadcast_q: bool) -> dict:
-    """The constexpr arguments of `fwd_kernel` for a config (shared with compile checks)."""
-    return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
+    """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
+    group is a runtime argument, so it costs no extra compile."""
+    return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, BROADCAST_Q=broadcast_q, CONSUMER_REGS=cfg.consumer_regs,
-                PRODUCER_REGS=cfg.producer_regs)
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
@@ -333,8 +334,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     grid = (min(_num_sms(q.device), batch * nblk * H),)
     fwd_kernel[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, nblk, n_out, scale * LOG2E,
-        **kernel_args(cfg, D, H // Hkv, causal, broadcast_q), num_warps=4, num_stages=1)
+        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E,
+        **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)
     return out, lse
 
 
@@ -345,5 +346,5 @@ def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
-            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "NBLK": "i32",
+            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32", "NBLK": "i32",
             "n_out": "i32", "qk_scale": "fp32"}

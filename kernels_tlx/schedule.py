@@ -91,12 +91,13 @@ def build_tiles_torch(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: in
 
 
 @triton.jit
-def tile_coords(tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP: tl.constexpr, NBLK,
+def tile_coords(tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 BROADCAST_Q: tl.constexpr):
     """Tile id -> where it lives: head h, kv head, first query row m0 (in-sequence),
     packed row bases of q / k / out, the lengths, and the KV block split:
-    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked."""
+    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
+    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused)."""
     pair = (tl.load(pairs_ptr + tile // H) & 0xFFFFFFFF).to(tl.int32)
     h = tile % H
     b = pair // NBLK
