@@ -89,6 +89,44 @@ def correctness_problems():
     return probs
 
 
+def _variant(p: Problem) -> tuple:
+    """What selects a compiled kernel: head dim, dtype, causal, broadcast-Q, KV bucket."""
+    short = p.max_k <= 64
+    return (p.head_dim, p.dtype, p.causal, p.mode == "broadcast_q", short)
+
+
+def _warm_one(variant) -> str:
+    """Compile one kernel variant (in a worker process) by running a tiny forward."""
+    d, dt, causal, bq, short = variant
+    try:
+        lk = [40, 33] if short else [100, 77]
+        p = Problem(batch=2, heads=2, head_dim=d, max_seqlen_q=30 if bq else max(lk),
+                    max_seqlen_k=max(lk), mode="broadcast_q" if bq else "cross",
+                    causal=causal, dtype=dt)
+        inp = p.build("cuda", lengths=([30, 30] if bq else lk, lk))
+        fwd_hopper.forward(inp.q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                           inp.max_seqlen_q, inp.max_seqlen_k, causal, 0.1, bq)
+        torch.cuda.synchronize()
+        return f"ok {variant}"
+    except Exception as e:  # reported, the main run shows the real error
+        return f"warm-up failed {variant}: {type(e).__name__}: {e}"
+
+
+def prewarm(problems, workers=8):
+    """Compile every variant in parallel processes; they fill Triton's disk cache, so
+    the checks and timings that follow do not wait for compiles one by one."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    variants = sorted({_variant(p) for p in problems})
+    t0 = time.time()
+    with cf.ProcessPoolExecutor(min(workers, len(variants)), mp_context=mp.get_context("spawn")) as ex:
+        for msg in ex.map(_warm_one, variants):
+            if not msg.startswith("ok"):
+                print("   ", msg, flush=True)
+    print(f"(compiled {len(variants)} kernel variants in parallel in {time.time() - t0:.1f}s)",
+          flush=True)
+
+
 def run_correctness(fn) -> tuple[int, int]:
     n_ok = 0
     probs = correctness_problems()
@@ -200,6 +238,12 @@ def main(argv=None):
     if not ok:
         sys.exit(1)
     t0 = time.time()
+    todo = ([p for p, _ in correctness_problems()] if not a.no_correctness else []) + \
+        (bench_problems(a.quick) if not a.no_bench else [])
+    try:
+        prewarm(todo)
+    except Exception as e:
+        print(f"(parallel warm-up skipped: {type(e).__name__}: {e})", flush=True)
     if not a.no_correctness:
         run_correctness(jagged_attention())
     print(f"(correctness took {time.time() - t0:.1f}s)", flush=True)
