@@ -10,7 +10,7 @@ A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
 Each CTA is warp specialized (3 warpgroups, 384 threads):
 
     warpgroup 0, warp 0   `load`    TMA: Q once per tile, K and V per KV block into a
-                                    NUM_STAGES-deep ring (cutlass.pipeline
+                                    num_buffers_kv-deep ring (cutlass.pipeline
                                     PipelineTmaAsync: full/empty mbarriers)
     warpgroups 1 and 2    `compute` S = Q K^T (wgmma, smem x smem), online softmax in
                                     exp2, O += P V (wgmma, P from registers); each
@@ -30,8 +30,10 @@ by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
 """
 
+import dataclasses
 import math
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -39,8 +41,6 @@ import torch
 from .schedule import build_tiles, tile_coords
 
 BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
-BLOCK_N = 128          # keys per KV block
-NUM_STAGES = 2         # K/V ring depth
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
 NUM_THREADS = 128 * (NUM_MMA_WG + 1)
 LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
@@ -49,6 +49,28 @@ SCHED_BARRIER = 2      # and 2, 3: consumer 0 / 1 may issue its wgmmas (ping-pon
 
 # CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
 OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
+
+
+@dataclass(frozen=True)
+class Config:
+    block_n: int = 128          # keys per KV block
+    num_buffers_kv: int = 2     # depth of the K/V ring
+    overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
+
+
+# keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
+# in one 64-key block, else "long" (the same table as kernels_tlx/fwd_hopper.py)
+CONFIGS = {
+    (64, "long"): Config(block_n=128, num_buffers_kv=3),
+    (64, "short"): Config(block_n=64, num_buffers_kv=3),
+    (128, "long"): Config(block_n=128, num_buffers_kv=2),
+    (128, "short"): Config(block_n=64, num_buffers_kv=3),
+}
+
+
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
+    cfg = CONFIGS[(head_dim, "short" if max_seqlen_k <= 64 else "long")]
+    return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 _COMPILED = {}
 _SM_COUNT = {}
 
@@ -113,8 +135,9 @@ def _kernel_class():
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     overlap: bool = True):
-            self.overlap = overlap  # softmax of block n under the PV wgmma of block n-1
+                     cfg: "Config"):
+            self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
+            self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -135,14 +158,14 @@ def _kernel_class():
             atom = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
             sQ_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
-            sK_layout = cute.tile_to_shape(atom, (BLOCK_N, D, NUM_STAGES), (0, 1, 2))
-            sV_layout = cute.tile_to_shape(atom, (BLOCK_N, D, NUM_STAGES), (0, 1, 2))
+            sK_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
+            sV_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
             sO_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
 
             # wgmma: each consumer warpgroup owns 64 rows (atom layout 2 x 1 x 1)
             tiled_mma_qk = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, BLOCK_N))
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, self.block_n))
             tiled_mma_pv = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
@@ -152,9 +175,9 @@ def _kernel_class():
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK_M, D))
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
-                g2s, mK, cute.select(sK_layout, mode=[0, 1]), (BLOCK_N, D), 1)
+                g2s, mK, cute.select(sK_layout, mode=[0, 1]), (self.block_n, D), 1)
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-                g2s, mV, cute.select(sV_layout, mode=[0, 1]), (BLOCK_N, D), 1)
+                g2s, mV, cute.select(sV_layout, mode=[0, 1]), (self.block_n, D), 1)
             self.bytes_Q = cute.size_in_bytes(dt, sQ_layout)
             self.bytes_KV = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
 
@@ -169,8 +192,8 @@ def _kernel_class():
             @cute.struct
             class SharedStorage:
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * NUM_STAGES]
-                mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * NUM_STAGES]
+                mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+                mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
@@ -214,11 +237,11 @@ def _kernel_class():
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=self.bytes_Q, defer_sync=True)
             pipeline_k = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_K.data_ptr(), num_stages=NUM_STAGES,
+                barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=self.bytes_KV, defer_sync=True)
             pipeline_v = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_V.data_ptr(), num_stages=NUM_STAGES,
+                barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=self.bytes_KV, defer_sync=True)
             pipeline.pipeline_init_arrive()
@@ -227,9 +250,9 @@ def _kernel_class():
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-            # V^T view (D, BLOCK_N, stages) for the PV wgmma (B operand, MN-major)
+            # V^T view (D, self.block_n, stages) for the PV wgmma (B operand, MN-major)
             sVt = cute.composition(
-                sV, cute.make_ordered_layout((self.D, BLOCK_N, NUM_STAGES), order=(1, 0, 2)))
+                sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
             sched = (mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
             pipeline.pipeline_init_wait()
@@ -251,7 +274,7 @@ def _kernel_class():
         def schedule(self, tile: Int32, sched):
             mPairs, mCount, mCuQ, mCuK, L_q, H, group, nblk = sched
             return tile_coords(tile, mPairs, mCuQ, mCuK, L_q, H, group, nblk,
-                                        BLOCK_M, BLOCK_N, self.causal, self.broadcast_q)
+                                        BLOCK_M, self.block_n, self.causal, self.broadcast_q)
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -259,7 +282,7 @@ def _kernel_class():
                  pipeline_q, pipeline_k, pipeline_v, sched):
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                    NUM_STAGES)
+                                                    self.stages)
             num_tiles = sched[1][0] * sched[5]
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
@@ -273,11 +296,11 @@ def _kernel_class():
                     tQsQ, tQgQ = cpasync.tma_partition(
                         tma_atom_Q, 0, cute.make_layout(1),
                         cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                    # K, V: (BLOCK_N, D) boxes of kv head hk, block n at row k_start + n*BLOCK_N
+                    # K, V: (self.block_n, D) boxes of kv head hk, block n at row k_start + n*self.block_n
                     gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]),
-                                         (BLOCK_N, self.D), (None, 0))
+                                         (self.block_n, self.D), (None, 0))
                     gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]),
-                                         (BLOCK_N, self.D), (None, 0))
+                                         (self.block_n, self.D), (None, 0))
                     tKsK, tKgK = cpasync.tma_partition(
                         tma_atom_K, 0, cute.make_layout(1),
                         cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
@@ -312,18 +335,18 @@ def _kernel_class():
             tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
             tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
             acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((BLOCK_M, self.D)), Float32)
-            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((BLOCK_M, BLOCK_N)))
+            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((BLOCK_M, self.block_n)))
             # (row, col) of every accumulator element, for masks and the LSE store
-            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N))))
+            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((BLOCK_M, self.block_n))))
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
-            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((BLOCK_M, BLOCK_N)),
+            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((BLOCK_M, self.block_n)),
                    tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
                    pipeline_k, pipeline_v, wg)
 
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                    NUM_STAGES)
+                                                    self.stages)
             if const_expr(self.overlap):
                 # consumer 0 issues first: pre-arrive on its own scheduling barrier
                 if wg == 0:
@@ -369,10 +392,10 @@ def _kernel_class():
             m0, len_q, len_k = geom
             S = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-                limit = len_k - n * BLOCK_N
+                limit = len_k - n * self.block_n
                 if const_expr(self.causal):
                     limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
-                                        - n * BLOCK_N)
+                                        - n * self.block_n)
                 for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
                     if tScS[0, c][1] >= limit:
                         S[r, c] = -Float32.inf
@@ -558,19 +581,19 @@ def _fake_args(dtype, broadcast_q: bool, head_dim: int):
     cu_k = make_fake_tensor(cutlass.Int32, (nb,), stride=(1,), assumed_align=4)
     cu_q = None if broadcast_q else make_fake_tensor(cutlass.Int32, (nb,), stride=(1,),
                                                      assumed_align=4)
-    pairs = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), stride=(1,), assumed_align=4)
+    pairs = make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), stride=(1,), assumed_align=8)
     count = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
 
 def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                    overlap: bool = True, options: str = ""):
+                    cfg: Config = Config(), options: str = ""):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable."""
     import cutlass
     import cutlass.cute as cute
 
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
-    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q, overlap)
+    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
     args = _fake_args(cdt, broadcast_q, head_dim)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
@@ -578,10 +601,10 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                         cutlass.Int32(1), cutlass.Int32(1), stream, options=opts)
 
 
-def _compiled(dtype, head_dim, causal, broadcast_q):
-    key = (dtype, head_dim, bool(causal), bool(broadcast_q), OVERLAP)
+def _compiled(dtype, head_dim, causal, broadcast_q, cfg: Config):
+    key = (dtype, head_dim, bool(causal), bool(broadcast_q), cfg)
     if key not in _COMPILED:
-        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q, OVERLAP)
+        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q, cfg)
     return _COMPILED[key]
 
 
@@ -604,11 +627,11 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
+    cfg = pick_config(D, max_k, causal, broadcast_q)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                              L_q if broadcast_q else None,
-                                              BLOCK_M, BLOCK_N, causal)
+                                     L_q if broadcast_q else None, BLOCK_M, cfg.block_n, causal)
     num_programs = max(1, min(_sm_count(q.device), B * nblk * H))
-    fn = _compiled(q.dtype, D, causal, broadcast_q)
+    fn = _compiled(q.dtype, D, causal, broadcast_q, cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
        scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
     return out, lse

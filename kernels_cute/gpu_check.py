@@ -61,6 +61,28 @@ def edge_cases():
     yield p, (torch.tensor([70, 70, 70]), torch.tensor([0, 260, 33]))
 
 
+def check_schedule() -> int:
+    """The key kernel + device sort gives the torch reference's order and count."""
+    from kernels_cute.schedule import build_tiles, build_tiles_torch
+    bad = 0
+    for i, (B, mq, causal, bq) in enumerate([(7, 300, False, False), (50, 700, True, False),
+                                             (5, 129, True, True), (1152, 1024, False, False)]):
+        g = torch.Generator().manual_seed(i)
+        lq = torch.randint(0, mq + 1, (B,), generator=g)
+        lk = torch.randint(0, mq + 1, (B,), generator=g)
+        cu_q, cu_k = offsets(lq).cuda(), offsets(lk).cuda()
+        args = (None if bq else cu_q, cu_k, B, mq, mq if bq else None, 128, 128, causal)
+        pairs, count, nblk = build_tiles(*args)
+        ref, ref_count, ref_nblk = build_tiles_torch(*args)
+        n = int(ref_count)
+        ok = (int(count) == n and nblk == ref_nblk
+              and torch.equal((pairs[:n] & 0xFFFFFFFF).int().cpu(), ref[:n].cpu()))
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} schedule B={B} max_q={mq} causal={causal} "
+              f"broadcast_q={bq}: {int(count)} / {n} valid pairs")
+    return bad
+
+
 def check_correctness(n: int) -> int:
     fn = _fn()
     cases = [(p, None) for p in random_problems(n)] + list(edge_cases())
@@ -100,7 +122,7 @@ def _device_inputs(p: Problem):
     return q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max())
 
 
-def bench(quick: bool):
+def bench(quick: bool, variants=("overlap",)):
     import triton
     from kernels_cute import fwd_hopper
 
@@ -110,6 +132,8 @@ def bench(quick: bool):
              for s in (0.1, 0.5, 0.9)]
     probs += [Problem(batch=8, heads=16, head_dim=128, max_seqlen_q=8192, causal=c,
                       suite="llm-dense") for c in (False, True)]
+    probs += [Problem(max_seqlen_q=1024, max_seqlen_k=kv, sparsity=0.5, mode="cross",
+                      suite="gem-cross", **gem) for kv in (64, 256)]
     rows = []
     for p in probs:
         try:
@@ -117,19 +141,22 @@ def bench(quick: bool):
             scale = p.head_dim ** -0.5
             f = lambda: fwd_hopper.forward(q, k, v, cu_q, cu_k, mq, mk, p.causal, scale,
                                            p.mode == "broadcast_q")
-            f()
-            torch.cuda.synchronize()
-            ms = triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")
-            rows.append((p, ms, p.flops("fwd") / ms * 1e-9, ""))
+            for var in variants:
+                fwd_hopper.OVERLAP = var == "overlap"
+                f()
+                torch.cuda.synchronize()
+                ms = triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")
+                rows.append((p, var, ms, p.flops("fwd") / ms * 1e-9, ""))
+            fwd_hopper.OVERLAP = True
             del q, k, v
         except Exception as e:
-            rows.append((p, float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"))
+            rows.append((p, "", float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"))
         torch.cuda.empty_cache()
-    print(f"\n{'suite':11s} {'max_len':>7s} {'sparsity':>8s} {'causal':>6s} "
+    print(f"\n{'suite':11s} {'max_len':>7s} {'sparsity':>8s} {'causal':>6s} {'variant':>8s} "
           f"{'ms':>9s} {'TFLOP/s':>8s}")
-    for p, ms, tf, err in rows:
+    for p, var, ms, tf, err in rows:
         print(f"{p.suite:11s} {p.max_seqlen_q:7d} {p.sparsity:8.1f} {str(p.causal):>6s} "
-              f"{ms:9.3f} {tf:8.1f} {err}")
+              f"{var:>8s} {ms:9.3f} {tf:8.1f} {err}")
 
 
 def main(argv=None):
@@ -137,6 +164,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer problems")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--n", type=int, default=18, help="random correctness problems")
+    ap.add_argument("--ab", action="store_true", help="also time the serial KV step")
     a = ap.parse_args(argv)
     from kernels_cute import available
     ok, why = available()
@@ -145,10 +173,11 @@ def main(argv=None):
         return 2
     print(torch.cuda.get_device_name(), flush=True)
     t0 = time.time()
-    bad = check_correctness(6 if a.quick else a.n)
+    bad = check_schedule()
+    bad += check_correctness(6 if a.quick else a.n)
     print(f"[{time.time() - t0:.0f}s]", flush=True)
     if not a.no_bench:
-        bench(a.quick)
+        bench(a.quick, ("overlap", "serial") if a.ab else ("overlap",))
     print(f"[{time.time() - t0:.0f}s total]")
     return 1 if bad else 0
 
