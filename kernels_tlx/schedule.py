@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 
-WORK_TOP = 1 << 30  # sort key = (WORK_TOP - work) << 32 | pair: ascending = longest first
 
 
 @triton.jit
@@ -41,7 +40,8 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NBLK, L_q,
     else:
         kv_end = len_k
     work = (kv_end + BLOCK_N - 1) // BLOCK_N + 1
-    key = ((WORK_TOP - work).to(tl.int64) << 32) | pair.to(tl.int64)
+    # -work in the high 32 bits, the pair in the low: ascending order = longest first
+    key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
     key = tl.where(valid, key, 0x7FFFFFFFFFFFFFFF)
     tl.store(keys_ptr + pair, key, mask=inb)
     tl.atomic_add(count_ptr, tl.sum(valid.to(tl.int32), 0))

@@ -74,3 +74,17 @@ def test_portable_fwd_sm100(d, causal, dense_q):
     print(rep.row())
     assert rep.total_smem <= SMEM_LIMIT[100], rep.row()
     assert rep.registers > 0
+
+
+@pytest.mark.parametrize("causal,bq", [(False, False), (True, True)])
+def test_schedule_kernel_sm90(causal, bq):
+    """The tile-key kernel compiles for the GPU (the interpreter accepts more, e.g.
+    non-constexpr globals, so the CPU schedule test alone does not prove this)."""
+    from kernels_tlx.schedule import _tile_keys_kernel
+    sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", count_ptr="*i32", n_pairs="i32",
+               NBLK="i32", L_q="i32", BLOCK_M="constexpr", BLOCK_N="constexpr",
+               CAUSAL="constexpr", BROADCAST_Q="constexpr", BLOCK="constexpr")
+    rep = compile_kernel(_tile_keys_kernel, sig, dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal,
+                                                      BROADCAST_Q=bq, BLOCK=256),
+                         arch=90, name="tile keys")
+    assert not rep.spills, rep.row()
