@@ -9,15 +9,20 @@ A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
 (longest first, tile t = (pair t // H, head t % H), CTA p takes t = p, p + P, ...).
 Each CTA is warp specialized (3 warpgroups, 384 threads):
 
-    warpgroup 0, warp 0   `load`    TMA: Q once per tile, K and V per KV block into a
-                                    num_buffers_kv-deep ring (cutlass.pipeline
+    warpgroup 0, warp 0   `load`    TMA: Q once per tile into one of 2 slots (the next
+                                    tile's Q loads during this one), K and V per KV block
+                                    into a num_buffers_kv-deep ring (cutlass.pipeline
                                     PipelineTmaAsync: full/empty mbarriers)
     warpgroups 1 and 2    `compute` S = Q K^T (wgmma, smem x smem), online softmax in
                                     exp2, O += P V (wgmma, P from registers); each
-                                    warpgroup owns 64 of the BLOCK_M = 128 query rows
-                          `store`   O / rowsum -> smem -> global, predicated per row so
-                                    no row outside the sequence is written; LSE in fp32
-                                    (-inf and O = 0 on rows that see no key)
+                                    warpgroup owns 64 of the BLOCK_M = 128 query rows.
+                                    Block n's softmax runs under the PV wgmma of block
+                                    n - 1, and the two warpgroups take turns issuing
+                                    (named barriers, ping-pong)
+                          `store`   O / rowsum -> the tile's Q slot (stmatrix) -> global,
+                                    predicated per row so no row outside the sequence is
+                                    written; LSE in fp32 (-inf and O = 0 on rows that see
+                                    no key); then the Q slot goes back to `load`
 
 The KV loop is peeled: blocks [0, n_bulk) are visible to every row of the tile and run
 branch-free; blocks [n_bulk, n_end) (the sequence tail and the causal diagonal) are
@@ -26,7 +31,7 @@ j <= i + len_k - len_q.
 
 Modes: self / cross (packed q with cu_q), broadcast_q (one dense q [L_q, H, D] shared
 by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head dims
-64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q):
+64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q, Config):
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
 """
 
@@ -55,6 +60,7 @@ OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
 class Config:
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
+    num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
 
 
@@ -137,6 +143,7 @@ def _kernel_class():
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: "Config"):
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
+            self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.dtype = dtype
             self.D = head_dim
@@ -157,10 +164,9 @@ def _kernel_class():
             # smem: Q, K, V, O tiles, 128B-swizzled along D (K-major for both GEMMs)
             atom = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
-            sQ_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
+            sQ_layout = cute.tile_to_shape(atom, (BLOCK_M, D, self.q_stages), (0, 1, 2))
             sK_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
             sV_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
-            sO_layout = cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
 
             # wgmma: each consumer warpgroup owns 64 rows (atom layout 2 x 1 x 1)
             tiled_mma_qk = sm90.make_trivial_tiled_mma(
@@ -173,12 +179,13 @@ def _kernel_class():
 
             # TMA atoms for Q, K, V (loads); O goes out through smem + predicated stores
             g2s = cpasync.CopyBulkTensorTileG2SOp()
-            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (BLOCK_M, D))
+            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (BLOCK_M, D))
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
                 g2s, mK, cute.select(sK_layout, mode=[0, 1]), (self.block_n, D), 1)
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 g2s, mV, cute.select(sV_layout, mode=[0, 1]), (self.block_n, D), 1)
-            self.bytes_Q = cute.size_in_bytes(dt, sQ_layout)
+            self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
             self.bytes_KV = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
 
             # O: smem -> gmem, 16-byte vectors, threads laid out inside a swizzle atom
@@ -191,18 +198,17 @@ def _kernel_class():
 
             @cute.struct
             class SharedStorage:
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
                 mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-                sO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sO_layout)], 1024]
 
             self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
-                sQ_layout, sK_layout, sV_layout, sO_layout,
+                sQ_layout, sK_layout, sV_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
                      stream=stream, min_blocks_per_mp=1)
@@ -216,7 +222,7 @@ def _kernel_class():
                    tma_atom_V: cute.CopyAtom, scale_log2: Float32, L_q: Int32,
                    group: Int32, nblk: Int32,
                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-                   sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+                   sV_layout: cute.ComposedLayout,
                    tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                    store_tiled_copy_O: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
@@ -233,7 +239,7 @@ def _kernel_class():
             load_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_WG * 4)
             pipeline_q = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=1,
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=self.bytes_Q, defer_sync=True)
             pipeline_k = pipeline.PipelineTmaAsync.create(
@@ -249,7 +255,8 @@ def _kernel_class():
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            # O is staged through the tile's own Q slot (Q is dead after the last QK)
+            sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             # V^T view (D, self.block_n, stages) for the PV wgmma (B operand, MN-major)
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
@@ -280,7 +287,8 @@ def _kernel_class():
         @cute.jit
         def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                  pipeline_q, pipeline_k, pipeline_v, sched):
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                   self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.stages)
             num_tiles = sched[1][0] * sched[5]
@@ -288,15 +296,19 @@ def _kernel_class():
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
                     self.schedule(tile, sched)
+                # Q: one (BLOCK_M, D) box at row q_start + m0 of head h, into the next of
+                # q_stages slots (always: the slot also stages this tile's O)
+                gQ = cute.local_tile(cute.domain_offset((q_start + m0, 0), mQ[None, None, h]),
+                                     (BLOCK_M, self.D), (0, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    tma_atom_Q, 0, cute.make_layout(1),
+                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                pipeline_q.producer_acquire(q_state)
+                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                q_state.advance()
                 if n_end > 0:
-                    # Q: one (BLOCK_M, D) box at row q_start + m0 of head h
-                    gQ = cute.local_tile(
-                        cute.domain_offset((q_start + m0, 0), mQ[None, None, h]),
-                        (BLOCK_M, self.D), (0, 0))
-                    tQsQ, tQgQ = cpasync.tma_partition(
-                        tma_atom_Q, 0, cute.make_layout(1),
-                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                    # K, V: (self.block_n, D) boxes of kv head hk, block n at row k_start + n*self.block_n
+                    # K, V: (block_n, D) boxes of kv head hk; block n at row k_start + n*block_n
                     gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]),
                                          (self.block_n, self.D), (None, 0))
                     gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]),
@@ -307,11 +319,6 @@ def _kernel_class():
                     tVsV, tVgV = cpasync.tma_partition(
                         tma_atom_V, 0, cute.make_layout(1),
                         cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-
-                    pipeline_q.producer_acquire(q_state)
-                    cute.copy(tma_atom_Q, tQgQ, tQsQ,
-                              tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-                    q_state.advance()
                     for n in cutlass.range(n_end, unroll=1):
                         pipeline_k.producer_acquire(kv_state)
                         cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
@@ -341,10 +348,11 @@ def _kernel_class():
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((BLOCK_M, self.block_n)),
-                   tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
+                   None, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
                    pipeline_k, pipeline_v, wg)
 
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                   self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                     self.stages)
             if const_expr(self.overlap):
@@ -360,30 +368,34 @@ def _kernel_class():
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
+                pipeline_q.consumer_wait(q_state)
+                mma_t = mma[:3] + (tSrQ[None, None, None, q_state.index],) + mma[4:]
                 if n_end > 0:
-                    pipeline_q.consumer_wait(q_state)
                     if const_expr(self.overlap):
                         # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
                         # and runs the softmax of S_n under the PV wgmma
                         if n_bulk > 0:
-                            self.first_qk(False, geom, mma, kv_state)
+                            self.first_qk(False, geom, mma_t, kv_state)
                         else:
-                            self.first_qk(True, geom, mma, kv_state)
+                            self.first_qk(True, geom, mma_t, kv_state)
                         for n in cutlass.range(1, n_bulk, unroll=1):          # bulk
-                            kv_state = self.kv_step(n, False, geom, mma, kv_state)
+                            kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
                         for n in cutlass.range(cutlass.max(n_bulk, 1), n_end, unroll=1):  # tail
-                            kv_state = self.kv_step(n, True, geom, mma, kv_state)
-                        pipeline_q.consumer_release(q_state)
-                        kv_state = self.last_pv(mma, kv_state)
+                            kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
+                        kv_state = self.last_pv(mma_t, kv_state)
                     else:
                         for n in cutlass.range(n_bulk, unroll=1):             # bulk
-                            kv_state = self.kv_step_serial(n, False, geom, mma, kv_state)
+                            kv_state = self.kv_step_serial(n, False, geom, mma_t, kv_state)
                         for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
-                            kv_state = self.kv_step_serial(n, True, geom, mma, kv_state)
-                        pipeline_q.consumer_release(q_state)
-                    q_state.advance()
-                self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
-                           tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, out_start, len_q)
+                            kv_state = self.kv_step_serial(n, True, geom, mma_t, kv_state)
+                self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
+                           sO[None, None, q_state.index], tScS, tiled_mma_pv,
+                           store_tiled_copy_O, tidx, h, m0, out_start, len_q)
+                # the slot is free once this warp's reads of O are done; order our generic
+                # smem accesses before the next TMA write into it
+                cute.arch.fence_view_async_shared()
+                pipeline_q.consumer_release(q_state)
+                q_state.advance()
                 tile += cute.arch.grid_dim()[0]
 
         @cute.jit
@@ -529,7 +541,6 @@ def _kernel_class():
             # O: registers -> smem (stmatrix) -> global (16-byte rows, row-predicated)
             rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
             rO.store(acc_O.load().to(self.dtype))
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             r2s = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
                                                                      num_matrices=4),
