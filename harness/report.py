@@ -34,6 +34,21 @@ def _table(df: pd.DataFrame, value: str, fmt: str) -> str:
     return "\n".join(out)
 
 
+def _missing(df: pd.DataFrame) -> pd.DataFrame:
+    """(backend, problem, pass) combinations absent from the CSV, over the backends,
+    problems and passes that appear in it."""
+    prob = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
+            "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    if df.empty:
+        return df
+    grid = (df[prob].drop_duplicates()
+            .merge(df[["backend"]].drop_duplicates(), how="cross")
+            .merge(df[["pass"]].drop_duplicates(), how="cross"))
+    have = df[prob + ["backend", "pass"]].drop_duplicates()
+    m = grid.merge(have, how="left", indicator=True)
+    return m[m["_merge"] == "left_only"].drop(columns="_merge")
+
+
 def write_report(out_dir, charts=True) -> Path:
     out_dir = Path(out_dir)
     df = load(out_dir / "results.csv")
@@ -85,10 +100,20 @@ def write_report(out_dir, charts=True) -> Path:
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")
     bad = df[df["status"] != "ok"]
+    missing = _missing(df)
     md += ["## What did not run, and why", ""]
-    if bad.empty:
+    notes = out_dir / "notes.md"
+    if notes.exists():
+        md += [notes.read_text().strip(), ""]
+    if not missing.empty:
+        md += ["Cells with no row (the sweep never reached them):", "",
+               "| backend | pass | suite | shape |", "|---|---|---|---|"]
+        md += [f"| {r['backend']} | {r['pass']} | {r['suite']} | {_shape(r)} |"
+               for _, r in missing.iterrows()]
+        md.append("")
+    if bad.empty and missing.empty:
         md.append("Everything ran and passed the gate.")
-    else:
+    elif not bad.empty:
         md += ["| backend | pass | suite | shape | status | reason |", "|---|---|---|---|---|---|"]
         for _, r in bad.iterrows():
             why = str(r["error"]).replace("|", "/").replace("\n", " ")[:220]
