@@ -1,11 +1,15 @@
 """CuteDSL jagged flash attention.
 
 `jagged_attention` (see harness.api for the signature) runs the warp-specialized
-persistent Hopper forward (`fwd_hopper`, CuteDSL) and, for now, the portable Triton
-kernel's backward. `available()` says whether this machine can run it. Importing this
-package makes no driver call and does not import the DSL.
+persistent Hopper forward (`fwd_hopper`, CuteDSL) and, by default, the portable Triton
+kernel's backward. JAGGED_CUTE_BWD=hopper opts in to the CuteDSL Hopper backward
+(`bwd_hopper`; compiled for sm_90a on a CPU, not yet run on a GPU). `available()` says
+whether this machine can run it. Importing this package makes no driver call and does
+not import the DSL.
 """
 from __future__ import annotations
+
+import os
 
 from harness.api import make_jagged_attention
 
@@ -16,7 +20,10 @@ def _forward(*args):
 
 
 def _backward(*args):
-    from kernels_tlx import portable  # the portable Triton backward, until ours exists
+    if os.environ.get("JAGGED_CUTE_BWD", "portable") == "hopper":  # opt-in, read per call
+        from . import bwd_hopper
+        return bwd_hopper.backward(*args)
+    from kernels_tlx import portable  # the portable Triton backward (default)
     return portable.bwd(*args)
 
 

@@ -7,6 +7,13 @@
    D=128, max_len 256..2048, sparsity 0.1 / 0.5 / 0.9) and llm-dense (B=8, H=16,
    N=8192, D=128), printed as a TFLOP/s table last (Problem.flops('fwd') / t).
 Takes well under 3 minutes on an H200 (most of it compiling the configs).
+
+--bwd: the CuteDSL Hopper backward (kernels_cute/bwd_hopper.py, JAGGED_CUTE_BWD=hopper)
+instead: dq/dk/dv of ~20 problems across modes (plus the edge cases) against
+harness.oracle.check(backward=True), run through kernels_cute.jagged_attention
+(the CuteDSL forward, then the opt-in backward), every problem runs even if one raises;
+then the backward alone timed (synthetic out/lse) on gem-jagged, llm-dense and
+broadcast-Q GEM shapes, TFLOP/s = Problem.flops('bwd') / t.
 """
 import argparse
 import random
@@ -83,7 +90,7 @@ def check_schedule() -> int:
     return bad
 
 
-def check_correctness(n: int) -> int:
+def check_correctness(n: int, backward: bool = False) -> int:
     fn = _fn()
     cases = [(p, None) for p in random_problems(n)] + list(edge_cases())
     bad = 0
@@ -92,7 +99,7 @@ def check_correctness(n: int) -> int:
         try:
             inp = p.build("cuda", lengths=lengths)
             rep = oracle.check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
-                               backward=False)
+                               backward=backward)
             ok = rep.ok
             msg = rep.summary() if not ok else " ".join(
                 f"{c.name} {c.max_err:.1e}/{c.tol:.1e}" for c in rep.checks)
@@ -103,7 +110,8 @@ def check_correctness(n: int) -> int:
         tag = " lengths=" + str([x.tolist() for x in lengths]) if lengths is not None else ""
         print(f"{'ok  ' if ok else 'FAIL'} {p.label()}{tag}  {msg}  ({time.time() - t0:.1f}s)",
               flush=True)
-    print(f"correctness: {len(cases) - bad}/{len(cases)} ok", flush=True)
+    print(f"correctness{' (fwd+bwd)' if backward else ''}: {len(cases) - bad}/{len(cases)} ok",
+          flush=True)
     return bad
 
 
@@ -159,12 +167,56 @@ def bench(quick: bool, variants=("overlap",)):
               f"{var:>8s} {ms:9.3f} {tf:8.1f} {err}")
 
 
+def bench_bwd(quick: bool):
+    """The CuteDSL Hopper backward alone (out / lse synthetic: its cost does not depend
+    on their values), median of do_bench."""
+    import math
+    import triton
+    from kernels_cute import bwd_hopper
+
+    gem = dict(batch=1152, heads=4, head_dim=128)
+    probs = [Problem(max_seqlen_q=n, sparsity=s, suite="gem-jagged", **gem)
+             for n in ((256, 1024) if quick else (256, 512, 1024, 2048))
+             for s in (0.1, 0.5, 0.9)]
+    probs += [Problem(batch=8, heads=16, head_dim=128, max_seqlen_q=8192, causal=c,
+                      suite="llm-dense") for c in (False, True)]
+    probs += [Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, mode="broadcast_q",
+                      suite="gem-bcast-q", **gem) for lq in (64, 256)]
+    rows = []
+    for p in probs:
+        try:
+            q, k, v, cu_q, cu_k, mq, mk = _device_inputs(p)
+            bq = p.mode == "broadcast_q"
+            nq = q.shape[0] * (cu_k.shape[0] - 1) if bq else q.shape[0]
+            dout = torch.randn(nq, p.heads, p.head_dim, device="cuda", dtype=q.dtype)
+            out = torch.randn_like(dout)
+            lse = torch.zeros(p.heads, nq, device="cuda", dtype=torch.float32)
+            scale = 1.0 / math.sqrt(p.head_dim)
+            f = lambda: bwd_hopper.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk,
+                                            p.causal, scale, bq)
+            f()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(f, warmup=5, rep=30, return_mode="median")
+            rows.append((p, ms, p.flops("bwd") / ms * 1e-9, ""))
+            del q, k, v, dout, out
+        except Exception as e:
+            rows.append((p, float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"))
+        torch.cuda.empty_cache()
+    print(f"\nbackward (CuteDSL bwd_hopper)\n{'suite':11s} {'mode':11s} {'max_len':>7s} "
+          f"{'sparsity':>8s} {'causal':>6s} {'ms':>9s} {'TFLOP/s':>8s}")
+    for p, ms, tf, err in rows:
+        print(f"{p.suite:11s} {p.mode:11s} {p.max_seqlen_q:7d} {p.sparsity:8.1f} "
+              f"{str(p.causal):>6s} {ms:9.3f} {tf:8.1f} {err}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer problems")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--n", type=int, default=18, help="random correctness problems")
     ap.add_argument("--ab", action="store_true", help="also time the serial KV step")
+    ap.add_argument("--bwd", action="store_true",
+                    help="check and time the CuteDSL Hopper backward (JAGGED_CUTE_BWD=hopper)")
     a = ap.parse_args(argv)
     from kernels_cute import available
     ok, why = available()
@@ -173,6 +225,15 @@ def main(argv=None):
         return 2
     print(torch.cuda.get_device_name(), flush=True)
     t0 = time.time()
+    if a.bwd:
+        import os
+        os.environ["JAGGED_CUTE_BWD"] = "hopper"
+        bad = check_correctness(6 if a.quick else a.n, backward=True)
+        print(f"[{time.time() - t0:.0f}s]", flush=True)
+        if not a.no_bench:
+            bench_bwd(a.quick)
+        print(f"[{time.time() - t0:.0f}s total]")
+        return 1 if bad else 0
     bad = check_schedule()
     bad += check_correctness(6 if a.quick else a.n)
     print(f"[{time.time() - t0:.0f}s]", flush=True)

@@ -1,0 +1,855 @@
+"""Jagged (varlen, packed) flash-attention backward for Hopper (sm_90a), in CuteDSL.
+
+    backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+             broadcast_q) -> (dq, dk, dv)          # in q's dtype
+
+The CuteDSL twin of `kernels_tlx/bwd_hopper.py`: same algorithm, same roles, same names,
+same order. Three kernels, named after their roles:
+
+(a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
+    lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
+(b) `BwdMain` (`_bwd_main`): a persistent grid (one CTA per SM) walking a jagged list of
+    KV tiles, longest first. The tile list is built on the GPU with torch ops from the
+    offsets (`build_schedule`, the same function as in the TLX file; no host sync).
+    Each CTA is warp specialized (3 warpgroups, 384 threads):
+
+        warpgroup 0, warp 0  `load_kv`   K, V of the tile (TMA, once per tile)
+                             `load_q`    Q, dO of each (query head, Q block) step into a
+                                         Q_STAGES-deep ring (TMA, full/empty mbarriers)
+        warpgroup 0, warp 1  `reduce_dq` the step's fp32 dQ partial (staged in smem by
+                                         compute) reduce-added into the fp32 accumulator
+                                         with one TMA bulk tensor reduce
+                                         (cp.reduce.async.bulk.tensor.add.f32)
+        warpgroups 1 and 2   `compute`   per step, in the transposed form (each warpgroup
+                                         owns 64 of the BLOCK_N = 128 keys):
+                                         S^T = K Q^T, dP^T = V dO^T (wgmma, smem x smem),
+                                         P^T = exp2(S^T*scale*log2e - lse*log2e),
+                                         dV += P^T dO, dS^T = P^T (dP^T - delta),
+                                         dK += dS^T Q (wgmma, P^T / dS^T from registers),
+                                         dS^T -> smem, dQ_part = dS K (wgmma, smem x smem,
+                                         each warpgroup D/2 columns) -> smem for reduce_dq
+                             `store`     dK (times scale), dV in the input dtype, rows
+                                         predicated to the tile
+
+    `schedule` decodes a tile id on the device; every role calls it with the same ids, so
+    the roles agree on the work without talking. GQA: a tile owns one KV head and loops
+    over the query heads of its group (step j: head hk * G + j // n_m, Q block j % n_m),
+    so dK/dV are summed in registers and stored once (no atomics on dK/dV).
+(c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
+    accumulator, cast to the input dtype.
+
+Broadcast-Q (dQ is a sum over the whole batch): CTAs are pinned to a KV head (CTA p owns
+head p % H_kv) and each accumulates into its own fp32 slot dq_acc[p // H_kv]
+([n_slots, L_q, H, D]); `Postprocess` sums the slots in a fixed order. Exactly as TLX.
+
+Masking: keys past the sequence end, query rows past the sequence end (lse = +inf), the
+causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle
+and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
+reach past the sequence but add exact zeros there; TMA clips past the tensor).
+
+Determinism: as TLX's default (TMA bulk reduce): dK/dV are (each row written once),
+dQ is not bitwise deterministic.
+
+Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); NOT yet run on a
+GPU. Opt in with JAGGED_CUTE_BWD=hopper (kernels_cute/__init__.py); check with
+`python -m kernels_cute.gpu_check --bwd`.
+"""
+
+import math
+import os
+
+import torch
+
+LOG2E = 1.4426950408889634
+# upper bound on the broadcast-Q per-program dQ slot buffer (as TLX)
+MAX_SLOT_BYTES = 512 * 1024 * 1024
+
+BLOCK_M = 64            # query rows per step
+BLOCK_N = 128           # keys per KV tile: 2 compute warpgroups x 64
+Q_STAGES = 2            # depth of the Q / dO ring
+NUM_MMA_WG = 2          # compute warpgroups
+NUM_THREADS = 128 * (NUM_MMA_WG + 1)
+LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
+# named barriers (0 = syncthreads)
+PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
+DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
+DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
+DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
+PRE_THREADS = 128       # preprocess: one (token, head) row per thread
+POST_THREADS = 128      # postprocess: 8 elements per thread
+POST_VEC = 8
+
+_COMPILED = {}
+_SM_COUNT = {}
+
+
+def config(head_dim: int) -> dict:
+    """Tile shape per head dim (the TLX table: BLOCK_M=64, BLOCK_N=128 for both)."""
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, Q_STAGES=Q_STAGES)
+
+
+def _num_sms(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _cute_dtype(torch_dtype):
+    import cutlass
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
+
+
+# --------------------------------------------------------------------------------------
+# The kernels (all CuteDSL imports are inside `_kernel_classes`, so importing this module
+# touches neither the DSL nor the driver).
+# --------------------------------------------------------------------------------------
+
+def _kernel_classes():
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass import Float32, Int32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warpgroup
+    from cutlass.utils import LayoutEnum
+
+    # ---------------------------------------------------------------- layout helpers
+    # (the same three helpers as kernels_cute/fwd_hopper.py)
+
+    def acc_rows_cols(t):
+        """View a wgmma accumulator-shaped tensor ((2, 2, V), MMA_M, MMA_N) as
+        (rows, cols) = ((2, MMA_M), (2, V, MMA_N))."""
+        shp = t.layout.shape
+        cm = cute.make_layout(shp)
+        st = cm.stride
+        rc = cute.make_layout(
+            ((shp[0][1], shp[1]), (shp[0][0], shp[0][2], shp[2])),
+            stride=((st[0][1], st[1]), (st[0][0], st[0][2], st[2])))
+        return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
+
+    def acc_as_operand_a(acc):
+        """An accumulator ((2, 2, V), M, N) seen as the register A operand of a wgmma
+        with K = N: ((2, 2, 2), M, (V / 2, N))."""
+        l = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+        a = cute.make_layout(
+            ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1],
+             (l.shape[0][2][1], l.shape[2])),
+            stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                    (l.stride[0][2][1], l.stride[2])))
+        return cute.make_tensor(acc.iterator, a)
+
+    def wgmma(tiled_mma, acc, tCrA, tCrB, zero_init, wait):
+        """acc (+)= A B over the k-blocks of the fragments; wait < 0 leaves it in flight."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for kb in range(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if wait >= 0:
+            warpgroup.wait_group(wait)
+
+    def transposed(s, shape, order):
+        """A transposed view of a swizzled smem tile (the MN-major operand views)."""
+        return cute.composition(s, cute.make_ordered_layout(shape, order=order))
+
+    # ================================================================================
+    # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
+    # ================================================================================
+    class Preprocess:
+        def __init__(self, dtype, head_dim: int, zero_dq: bool):
+            self.dtype, self.D, self.zero_dq = dtype, head_dim, zero_dq
+
+        @cute.jit
+        def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
+                     mdQacc: cute.Tensor, n_rows: Int32, H: Int32, stream):
+            self.kernel(mO, mdO, mDelta, mdQacc, n_rows, H).launch(
+                grid=[(n_rows + PRE_THREADS - 1) // PRE_THREADS, 1, 1],
+                block=[PRE_THREADS, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
+                   mdQacc: cute.Tensor, n_rows: Int32, H: Int32):
+            """One thread per (token, head) row; rows ordered token-major ([Nq * H, D])."""
+            r = cute.arch.block_idx()[0] * PRE_THREADS + cute.arch.thread_idx()[0]
+            if r < n_rows:
+                gO = cute.local_tile(mO, (1, self.D), (r, 0))
+                gdO = cute.local_tile(mdO, (1, self.D), (r, 0))
+                rO = cute.make_rmem_tensor_like(gO, self.dtype)
+                rdO = cute.make_rmem_tensor_like(gdO, self.dtype)
+                cute.autovec_copy(gO, rO)
+                cute.autovec_copy(gdO, rdO)
+                prod = rO.load().to(Float32) * rdO.load().to(Float32)
+                mDelta[r % H, r // H] = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if const_expr(self.zero_dq):
+                    gA = cute.local_tile(mdQacc, (1, self.D), (r, 0))
+                    rA = cute.make_rmem_tensor_like(gA, Float32)
+                    rA.fill(0.0)
+                    cute.autovec_copy(rA, gA)
+
+    # ================================================================================
+    # (b) main kernel, one method per role
+    # ================================================================================
+    class BwdMain:
+        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool):
+            self.dtype, self.D = dtype, head_dim
+            self.causal, self.broadcast_q = causal, broadcast_q
+
+        # ------------------------------------------------------------------ host side
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                     mdO: cute.Tensor, mLSE: cute.Tensor, mDelta: cute.Tensor,
+                     mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                     mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
+                     mTileN: cute.Tensor, mNTiles: cute.Tensor,
+                     scale: Float32, L_q: Int32, group: Int32, num_programs: Int32, stream):
+            D, dt = self.D, self.dtype
+            # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
+            mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
+                cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
+                for t in (mQ, mK, mV, mdO, mdQacc, mdK, mdV)]
+            # smem tiles, 128B-swizzled along their contiguous dim
+            atom_D = warpgroup.make_smem_layout_atom(
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
+            atom_M = warpgroup.make_smem_layout_atom(
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, BLOCK_M), dt)
+            sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
+            sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
+            sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, Q_STAGES), (0, 1, 2))
+            sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, Q_STAGES), (0, 1, 2))
+            # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
+            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
+            # dQ partial, fp32 (BLOCK_M, D) row-major: the TMA reduce box
+            sdQ_layout = cute.make_layout((BLOCK_M, D), stride=(D, 1))
+
+            # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
+            # N = queries, K = D; both operands K-major from smem
+            tiled_mma_sdp = sm90.make_trivial_tiled_mma(
+                dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, BLOCK_M))
+            # dV += P^T dO and dK += dS^T Q: M = keys, N = D, K = queries; A from
+            # registers (the S^T / dP^T accumulators), B = dO^T / Q^T (MN-major smem)
+            tiled_mma_dkv = sm90.make_trivial_tiled_mma(
+                dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
+                a_source=warpgroup.OperandSource.RMEM)
+            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..), K = keys;
+            # A = dS (the dS^T tile read M-major), B = K^T (MN-major)
+            tiled_mma_dq = sm90.make_trivial_tiled_mma(
+                dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(1, NUM_MMA_WG, 1), tiler_mn=(64, D // NUM_MMA_WG))
+
+            # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
+            g2s = cpasync.CopyBulkTensorTileG2SOp()
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (BLOCK_N, D), 1)
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (BLOCK_N, D), 1)
+            tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (BLOCK_M, D), 1)
+            tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
+                g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (BLOCK_M, D), 1)
+            tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout, (BLOCK_M, D), 1)
+            self.bytes_KV = cute.size_in_bytes(dt, sK_layout)
+            self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
+
+            @cute.struct
+            class SharedStorage:
+                mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * Q_STAGES]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
+                sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+                sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+
+            self.kernel(
+                tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
+                mCuQ, mCuK, mTileB, mTileN, mNTiles,
+                tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
+                scale, L_q, group,
+                sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage,
+            ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
+                     stream=stream, min_blocks_per_mp=1)
+
+        # ------------------------------------------------------------------ the kernel
+        @cute.kernel
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                   mdO: cute.Tensor, mdQacc: cute.Tensor, mLSE: cute.Tensor,
+                   mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                   mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
+                   mTileN: cute.Tensor, mNTiles: cute.Tensor,
+                   tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
+                   tma_atom_V: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
+                   tma_atom_dQ: cute.CopyAtom,
+                   scale: Float32, L_q: Int32, group: Int32,
+                   sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+                   sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+                   sdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
+                   tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
+                   tiled_mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp_idx == 0:
+                for a in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ):
+                    cpasync.prefetch_descriptor(a)
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+
+            # pipelines: producer = the load warp (TMA bytes complete the phase),
+            # consumer = the 8 compute warps (one elected arrive per warp)
+            load_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_WG * 4)
+            pipeline_kv = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_KV.data_ptr(), num_stages=1,
+                producer_group=load_warp, consumer_group=mma_warps,
+                tx_count=2 * self.bytes_KV, defer_sync=True)
+            pipeline_q = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=Q_STAGES,
+                producer_group=load_warp, consumer_group=mma_warps,
+                tx_count=2 * self.bytes_Q, defer_sync=True)
+            pipeline.pipeline_init_arrive()
+
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+            sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+
+            sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
+            pipeline.pipeline_init_wait()
+
+            if warp_idx < 4:
+                cute.arch.setmaxregister_decrease(LOAD_REGS)
+                if warp_idx == 0:
+                    self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO,
+                              tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+                              pipeline_kv, pipeline_q, sched)
+                if warp_idx == 1:
+                    self.reduce_dq(mdQacc, sdQ, tma_atom_dQ, sched)
+            else:
+                cute.arch.setmaxregister_increase(MMA_REGS)
+                tidx = cute.arch.thread_idx()[0] - 128
+                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ,
+                             pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv,
+                             tiled_mma_dq, tidx, scale, sched)
+
+        # ------------------------------------------------------------------ schedule
+        @cute.jit
+        def tiles(self, sched):
+            """(first tile, step, tile count, dQ slot row, pinned KV head) of this CTA.
+            Packed modes deal the sorted tile list x H_kv heads round-robin; broadcast-Q
+            CTAs are pinned to one KV head and deal the tile list only."""
+            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched
+            pid = cute.arch.block_idx()[0]
+            nprog = cute.arch.grid_dim()[0]
+            n_tiles = mNTiles[0]
+            first, step, slot_row, pinned = pid, nprog, pid * 0, pid * 0
+            if const_expr(self.broadcast_q):
+                first = pid // HKV
+                step = nprog // HKV
+                slot_row = (pid // HKV) * L_q
+                pinned = pid % HKV
+            else:
+                n_tiles = n_tiles * HKV
+            return first, step, n_tiles, slot_row, pinned
+
+        @cute.jit
+        def schedule(self, t: Int32, pinned: Int32, sched):
+            """Tile t -> (batch b, KV head hk, first key n0, keys/queries of the sequence,
+            token offsets of q rows, of dO/O/lse rows and of k rows, first Q row m_lo,
+            number of Q blocks n_m)."""
+            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched
+            base, hk = t, pinned
+            if const_expr(not self.broadcast_q):
+                base = t // HKV
+                hk = t % HKV
+            b = mTileB[base]
+            n0 = mTileN[base] * BLOCK_N
+            k_start = mCuK[b]
+            len_k = mCuK[b + 1] - k_start
+            if const_expr(self.broadcast_q):
+                q_start = b * 0
+                o_start = b * L_q
+                len_q = L_q + b * 0
+            else:
+                q_start = mCuQ[b]
+                o_start = q_start
+                len_q = mCuQ[b + 1] - q_start
+            m_lo = b * 0
+            if const_expr(self.causal):
+                # first row that sees key n0: i >= n0 - (len_k - len_q)
+                m_lo = cutlass.max(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+            n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
+            return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+
+        # ------------------------------------------------------------------ load
+        @cute.jit
+        def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
+                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+                 pipeline_kv, pipeline_q, sched):
+            """The load warp: per tile `load_kv`, then `load_q` for every step."""
+            group = sched[8]
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
+            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            while t < n_tiles:
+                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
+                    self.schedule(t, pinned, sched)
+                self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
+                             k_start + n0, hk)
+                kv_state.advance()
+                for j in cutlass.range(group * n_m, unroll=1):
+                    h = hk * group + j // n_m
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
+                                q_start + m0, o_start + m0, h)
+                    q_state.advance()
+                t += step
+
+        @cute.jit
+        def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
+                    row, hk):
+            """The tile's K and V ([BLOCK_N, D]) by TMA. Rows past the sequence belong to
+            the next one (or are zero-filled past the tensor); compute masks them."""
+            gK = cute.local_tile(cute.domain_offset((row, 0), mK[None, None, hk]),
+                                 (BLOCK_N, self.D), (0, 0))
+            gV = cute.local_tile(cute.domain_offset((row, 0), mV[None, None, hk]),
+                                 (BLOCK_N, self.D), (0, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            pipeline_kv.producer_acquire(kv_state)
+            bar = pipeline_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=bar)
+            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=bar)
+
+        @cute.jit
+        def load_q(self, mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
+                   q_row, o_row, h):
+            """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. (lse and
+            delta are read by `compute` itself, per column: see `load_lse_delta`.)"""
+            gQ = cute.local_tile(cute.domain_offset((q_row, 0), mQ[None, None, h]),
+                                 (BLOCK_M, self.D), (0, 0))
+            gdO = cute.local_tile(cute.domain_offset((o_row, 0), mdO[None, None, h]),
+                                  (BLOCK_M, self.D), (0, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, cute.make_layout(1),
+                                                   cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            pipeline_q.producer_acquire(q_state)
+            bar = pipeline_q.producer_get_barrier(q_state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=bar)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, q_state.index], tma_bar_ptr=bar)
+
+        # ------------------------------------------------------------------ compute
+        @cute.jit
+        def compute(self, mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ,
+                    pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+                    tidx, scale, sched):
+            """The two compute warpgroups: every step of every tile, then `store`."""
+            D = self.D
+            group = sched[8]
+            scale_log2 = scale * LOG2E
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            # transposed (MN-major) operand views
+            sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
+            sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
+            sKt = transposed(sK, (D, BLOCK_N), (1, 0))
+            sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))      # dS (queries, keys)
+            # S^T = K Q^T, dP^T = V dO^T
+            wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
+            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+            tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+            shape_S = wg_sdp.partition_shape_C((BLOCK_N, BLOCK_M))
+            # dV += P^T dO, dK += dS^T Q (A from registers)
+            wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
+            tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt))
+            tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt))
+            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, BLOCK_M)))
+            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, BLOCK_M)))
+            acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
+            acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
+            # dQ = dS K
+            wg_dq = tiled_mma_dq.get_slice(wg * 128)
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
+            shape_dQ = wg_dq.partition_shape_C((BLOCK_M, D))
+            tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ)
+            # dS^T registers -> smem (stmatrix)
+            r2s_dS = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
+                                                                     num_matrices=4),
+                                    self.dtype),
+                tiled_mma_sdp)
+            thr_r2s_dS = r2s_dS.get_slice(tidx)
+            tdSsdS = thr_r2s_dS.partition_D(sdS)
+            # (key, query) of every S^T accumulator element; (key, d) of every dK element
+            tScS = acc_rows_cols(tiled_mma_sdp.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((BLOCK_N, BLOCK_M))))
+            thr_dkv = tiled_mma_dkv.get_slice(tidx)
+            tdKcdK = thr_dkv.partition_C(
+                cute.make_identity_tensor((BLOCK_N, D)))
+            mma = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
+                   tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
+                   acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
+
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
+            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            while t < n_tiles:
+                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
+                    self.schedule(t, pinned, sched)
+                acc_dK.fill(0.0)
+                acc_dV.fill(0.0)
+                pipeline_kv.consumer_wait(kv_state)
+                for j in cutlass.range(group * n_m, unroll=1):
+                    h = hk * group + j // n_m
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    lse2, delta = self.load_lse_delta(mLSE, mDelta, tScS, h, o_start, m0, len_q)
+                    self.compute_step(mma, q_state, pipeline_q, lse2, delta, n0, m0,
+                                      len_k, len_q, scale_log2)
+                    q_state.advance()
+                # sK / sV are free once this step's last wgmma is done (waited above)
+                pipeline_kv.consumer_release(kv_state)
+                kv_state.advance()
+                # ---- store dK, dV
+                self.store(mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
+                           scale)
+                t += step
+
+        @cute.jit
+        def load_lse_delta(self, mLSE, mDelta, tScS, h, o_start, m0, len_q):
+            """lse*log2e and delta of this thread's query columns of a step. Rows past the
+            sequence: lse = +inf (so P = 0), delta = 0; rows that saw no key (lse = -inf)
+            get P = 0 as well."""
+            ncol = cute.size(tScS, mode=[1])
+            lse2 = cute.make_rmem_tensor(ncol, Float32)
+            delta = cute.make_rmem_tensor(ncol, Float32)
+            for c in cutlass.range_constexpr(ncol):
+                i = m0 + tScS[0, c][1]
+                lse2[c] = Float32.inf
+                delta[c] = 0.0
+                if i < len_q:
+                    lse = mLSE[h, o_start + i]
+                    lse2[c] = Float32.inf if lse == -Float32.inf else lse * LOG2E
+                    delta[c] = mDelta[h, o_start + i]
+            return lse2, delta
+
+        @cute.jit
+        def compute_step(self, mma, q_state, pipeline_q, lse2, delta, n0, m0, len_k, len_q,
+                         scale_log2):
+            """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
+            registers; the unscaled dQ partial goes to smem for `reduce_dq`."""
+            (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
+             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
+             acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+            s = q_state.index
+            pipeline_q.consumer_wait(q_state)
+            acc_S = cute.make_rmem_tensor(shape_S, Float32)
+            acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+            wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],              # S^T = K Q^T
+                  zero_init=True, wait=-1)
+            wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T = V dO^T
+                  zero_init=True, wait=-1)
+            warpgroup.wait_group(1)
+            # P^T = exp2(S^T * scale*log2e - lse*log2e), masked to 0
+            St = acc_rows_cols(acc_S)
+            for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                key = n0 + tScS[r, 0][0]
+                for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                    p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
+                    keep = key < len_k
+                    if const_expr(self.causal):
+                        keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
+                    St[r, c] = p if keep else Float32(0.0)
+            tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
+                  zero_init=False, wait=-1)
+            warpgroup.wait_group(1)
+            # dS^T = P^T (dP^T - delta)
+            dPt = acc_rows_cols(acc_dP)
+            for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
+                    dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+            tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
+            wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],        # dK += dS^T Q
+                  zero_init=False, wait=-1)
+            # dS^T -> smem: both warpgroups' previous dQ wgmmas are done reading it
+            rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=0)      # dQ = dS K
+            pipeline_q.consumer_release(q_state)
+            # ---- hand the dQ partial to reduce_dq
+            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
+            tdQsdQ.store(acc_dQ.load())
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
+                                     number_of_threads=DQ_BARRIER_THREADS)
+
+        # ------------------------------------------------------------------ reduce_dq
+        @cute.jit
+        def reduce_dq(self, mdQacc, sdQ, tma_atom_dQ, sched):
+            """Reduce-add each step's dQ partial ([BLOCK_M, D] fp32, smem) into the fp32
+            accumulator with a TMA bulk reduce (smem -> cp.reduce.async.bulk.tensor.add).
+            Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
+            be added; TMA clips rows past the tensor."""
+            group = sched[8]
+            # the buffer starts empty
+            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                     number_of_threads=DQ_BARRIER_THREADS)
+            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            while t < n_tiles:
+                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
+                    self.schedule(t, pinned, sched)
+                for j in cutlass.range(group * n_m, unroll=1):
+                    h = hk * group + j // n_m
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    gdQ = cute.local_tile(
+                        cute.domain_offset((slot_row + q_start + m0, 0), mdQacc[None, None, h]),
+                        (BLOCK_M, self.D), (0, 0))
+                    tsdQ, tgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                       cute.group_modes(sdQ, 0, 2),
+                                                       cute.group_modes(gdQ, 0, 2))
+                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
+                                      number_of_threads=DQ_BARRIER_THREADS)
+                    if cute.arch.lane_idx() == 0:
+                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                             number_of_threads=DQ_BARRIER_THREADS)
+                t += step
+            if cute.arch.lane_idx() == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+        # ------------------------------------------------------------------ store
+        @cute.jit
+        def store(self, mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
+                  scale):
+            """dK (times the softmax scale) and dV of the tile, in the input dtype; rows
+            past the sequence end are never written."""
+            gdK = cute.local_tile(cute.domain_offset((k_start + n0, 0), mdK[None, None, hk]),
+                                  (BLOCK_N, self.D), (0, 0))
+            gdV = cute.local_tile(cute.domain_offset((k_start + n0, 0), mdV[None, None, hk]),
+                                  (BLOCK_N, self.D), (0, 0))
+            rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+            rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+            rdK.store((acc_dK.load() * scale).to(self.dtype))
+            rdV.store(acc_dV.load().to(self.dtype))
+            tdKgdK, tdVgdV = thr_dkv.partition_C(gdK), thr_dkv.partition_C(gdV)
+            rows_left = len_k - n0
+            for i in cutlass.range_constexpr(cute.size(rdK)):
+                if tdKcdK[i][0] < rows_left:
+                    tdKgdK[i] = rdK[i]
+                    tdVgdV[i] = rdV[i]
+
+    # ================================================================================
+    # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
+    # ================================================================================
+    class Postprocess:
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+        @cute.jit
+        def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
+                     n_slots: Int32, scale: Float32, stream):
+            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
+                grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
+                block=[POST_THREADS, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
+                   n_slots: Int32, scale: Float32):
+            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread."""
+            i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
+            if i < n_vec:
+                acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                acc.fill(0.0)
+                part = cute.make_rmem_tensor((POST_VEC,), Float32)
+                for s in cutlass.range(n_slots, unroll=1):  # fixed order -> deterministic
+                    cute.autovec_copy(cute.local_tile(mdQacc[s, None], (POST_VEC,), (i,)), part)
+                    acc.store(acc.load() + part.load())
+                out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                out.store((acc.load() * scale).to(self.dtype))
+                cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+
+    return Preprocess, BwdMain, Postprocess
+
+
+# --------------------------------------------------------------------------------------
+# Host: compile once per config (on symbolic tensors), then launch
+# --------------------------------------------------------------------------------------
+
+def _fake(dtype, shape, stride, align):
+    from cutlass.cute.runtime import make_fake_tensor
+    return make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+
+def _tok(dtype, rows, heads, head_dim):
+    """A packed [tokens, heads, D] tensor, symbolic tokens/heads/strides (16B-aligned)."""
+    import cutlass.cute as cute
+    div = 128 // dtype.width
+    return _fake(dtype, (rows, heads, head_dim),
+                 (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), 1), 16)
+
+
+def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
+    import cutlass
+    import cutlass.cute as cute
+    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    Pre = _kernel_classes()[0]
+    rows = cute.sym_int32()
+    o = _fake(cdt, (rows, head_dim), (head_dim, 1), 16)
+    do = _fake(cdt, (rows, head_dim), (head_dim, 1), 16)
+    delta = _fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1), 4)
+    acc = _fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, cutlass.Int32(1),
+                        cutlass.Int32(1), stream,
+                        options=("--enable-tvm-ffi " + options).strip())
+
+
+def compile_postprocess(dtype, options: str = ""):
+    import cutlass
+    import cutlass.cute as cute
+    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    Post = _kernel_classes()[2]
+    n = cute.sym_int32()
+    acc = _fake(cutlass.Float32, (cute.sym_int32(), n),
+                (cute.sym_int64(divisibility=POST_VEC), 1), 16)
+    dq = _fake(cdt, (n,), (1,), 16)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(Post(cdt), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+                        cutlass.Float32(1.0), stream,
+                        options=("--enable-tvm-ffi " + options).strip())
+
+
+def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = ""):
+    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a)."""
+    import cutlass
+    import cutlass.cute as cute
+    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    Main = _kernel_classes()[1]
+    nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
+    q, k, v, do = _tok(cdt, nq, h, head_dim), _tok(cdt, nk, hkv, head_dim), \
+        _tok(cdt, nk, hkv, head_dim), _tok(cdt, no, h, head_dim)
+    dk, dv = _tok(cdt, nk, hkv, head_dim), _tok(cdt, nk, hkv, head_dim)
+    dq_acc = _tok(cutlass.Float32, nacc, h, head_dim)
+    lse = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    delta = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    nb = cute.sym_int32()
+    cu_q = _fake(cutlass.Int32, (nb,), (1,), 4)
+    cu_k = _fake(cutlass.Int32, (nb,), (1,), 4)
+    nt = cute.sym_int32()
+    tile_b = _fake(cutlass.Int32, (nt,), (1,), 4)
+    tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
+    n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(Main(cdt, head_dim, causal, broadcast_q),
+                        q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
+                        n_tiles, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                        cutlass.Int32(1), stream,
+                        options=("--enable-tvm-ffi " + options).strip())
+
+
+def _compiled(kind, *key):
+    k = (kind,) + key
+    if k not in _COMPILED:
+        fn = {"pre": compile_preprocess, "main": compile_main, "post": compile_postprocess}[kind]
+        _COMPILED[k] = fn(*key)
+    return _COMPILED[k]
+
+
+def build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+    """Jagged KV-tile list on the GPU, longest work first; no host sync (the same
+    function as kernels_tlx/bwd_hopper.py).
+
+    Returns (tile_b, tile_n, n_tiles): int32 [B * NB] batch index and KV-block index of
+    every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
+    tensor with the number of real tiles (KV blocks inside their sequence; they come
+    first, including those no query sees, which still store dK = dV = 0)."""
+    dev = cu_k.device
+    lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
+    lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
+    B = lk.shape[0]
+    NB = max(1, -(-max_k // BLOCK_N))
+    n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
+    real = n0[None, :] < lk[:, None]
+    if causal:
+        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
+        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
+    else:
+        work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
+    # +1 so real tiles with no work still sort ahead of the padding tiles
+    key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
+    order = torch.sort(key, descending=True, stable=True).indices
+    tile_b = (order // NB).to(torch.int32)
+    tile_n = (order % NB).to(torch.int32)
+    n_tiles = real.sum().to(torch.int32).reshape(1)
+    return tile_b, tile_n, n_tiles
+
+
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+    """(dq, dk, dv) in q's dtype. See the module docstring for the design."""
+    dout = dout.contiguous()
+    out = out.contiguous()
+    lse = lse.contiguous()
+    H, D = q.shape[1], q.shape[2]
+    HKV = k.shape[1]
+    B = cu_k.shape[0] - 1
+    Nq = out.shape[0]
+    dev = q.device
+    L_q = q.shape[0] if broadcast_q else 0
+
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if k.shape[0] == 0 or B == 0 or Nq == 0:
+        dk.zero_(); dv.zero_(); dq.zero_()
+        return dq, dk, dv
+
+    # (a) preprocess
+    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
+    nsm = _num_sms(dev)
+    if broadcast_q:
+        n_slots = max(1, nsm // HKV)
+        per_slot = L_q * H * D * 4
+        n_slots = max(1, min(n_slots, MAX_SLOT_BYTES // max(per_slot, 1)))
+        dq_acc = torch.zeros((n_slots, L_q, H, D), device=dev, dtype=torch.float32)
+        grid_main = n_slots * HKV
+    else:
+        n_slots = 1
+        dq_acc = torch.empty((Nq, H, D), device=dev, dtype=torch.float32)
+        grid_main = nsm
+    _compiled("pre", q.dtype, D, not broadcast_q)(
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), Nq * H, H)
+
+    # (b) main
+    tile_b, tile_n, n_tiles = build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q))(
+        q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
+        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
+        float(scale), L_q, H // HKV, grid_main)
+
+    # (c) postprocess
+    n_elem = dq.numel()
+    _compiled("post", q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // POST_VEC,
+                               n_slots, float(scale))
+    return dq, dk, dv
