@@ -36,9 +36,13 @@ def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
     from .problems import suite
-    suites, names, gpus = _csv_list(a.suite), _csv_list(a.backends), None
-    if torch.cuda.is_available():
-        gpus = [int(g) for g in _csv_list(a.gpus)] if a.gpus else [0]
+    suites, names = _csv_list(a.suite), _csv_list(a.backends)
+    visible, fake = bench.visible_gpus()  # HARNESS_FAKE_GPUS=N: N lanes on the CPU
+    try:
+        gpus = bench.select_gpus(a.gpus, visible) if visible else []
+    except ValueError as e:
+        sys.exit(str(e))
+    if gpus and not fake:
         slug = bench.gpu_slug(torch.cuda.get_device_name(gpus[0]))
     else:
         print("No CUDA GPU on this machine: running the smoke suite through the `triton` "
@@ -57,7 +61,8 @@ def cmd_sweep(a, timing: bool):
         problems = problems[:a.limit]
     out = Path(a.out) if a.out else REPORTS / slug
     path = bench.sweep([backends.get(n) for n in names], problems, _csv_list(a.passes),
-                       out_dir=out, gpus=gpus, gate_batch=a.gate_batch, quick=a.quick,
+                       out_dir=out, gpus=gpus or None, fake_gpus=fake,
+                       gate_batch=a.gate_batch, quick=a.quick,
                        timeout=a.timeout, timing=timing)
     rows = [r for r in bench.read_rows(path) if r["backend"] in names
             and r["suite"] in suites]
@@ -88,10 +93,13 @@ def main(argv=None):
         s.add_argument("--passes", default="fwd,bwd")
         s.add_argument("--quick", action="store_true", help="a subset of shapes, shorter timing")
         s.add_argument("--out", help="results folder (default reports/<gpu>)")
-        s.add_argument("--gpus", help="comma list of GPU indices; backends spread over them")
+        s.add_argument("--gpus", help=("N: the first N visible GPUs; a comma list (0,2 or 3,): "
+                                       "those GPUs; default: every visible GPU. One lane "
+                                       "per GPU, jobs (backend, problem) longest first"))
         s.add_argument("--gate-batch", type=int, default=64,
                        help="sequences in the correctness gate's problem (0: the whole problem)")
-        s.add_argument("--timeout", type=float, default=600.0, help="seconds per problem")
+        s.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds per job (one backend on one problem, all passes)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")

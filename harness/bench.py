@@ -1,9 +1,17 @@
 """Benchmark sweep: per (backend, problem, pass) an oracle gate, then a timing.
 
-Each backend runs in its own worker process (`python -m harness worker`), fed one
-problem at a time over a pipe, so a crash or a hang becomes an `error` row for that
-problem and the sweep goes on with a fresh worker. Rows are merged into
-`<out>/results.csv` after every problem, so a partial run is kept.
+The unit of work is a (backend, problem) job. Jobs are queued longest-first by the
+problem's FLOPs (summed over the requested passes; `plan`) and handed out to one lane
+per GPU (all visible GPUs by default; a CPU run has one lane without a device). A lane
+runs one job at a time and keeps one warm worker process (`python -m harness worker`)
+per backend it has met, pinned to its GPU with CUDA_VISIBLE_DEVICES and fed one
+problem at a time over a pipe, so compiled kernels are reused, and a crash or a hang
+becomes an `error` row for that job only: the lane starts a fresh worker for that
+backend's next job and goes on. Rows carry the GPU's name (`gpu`, part of the row key)
+and its index (`gpu_index`). They are merged into `<out>/results.csv` after every job,
+so a partial run is kept, and rewritten in (backend, problem, pass) order at the end:
+the same rows and keys as a one-GPU run. `<out>/logs/jobs.jsonl` has each job's start
+(order, lane) and end (seconds, statuses).
 
 Per problem the worker
 1. gates: `harness.oracle.check` on the same problem with the batch cut to
@@ -228,7 +236,7 @@ def serve(name: str, module: str) -> None:
         except Exception as e:  # e.g. out of memory building the inputs
             rows = [row(name, p, ps, "error", f"{type(e).__name__}: {e}") for ps in req["passes"]]
             _free()
-        gpu = int(env["gpu_index"]) if env["gpu_index"] else 0
+        gpu = int(env["gpu_index"]) if env["gpu_index"].isdigit() else 0
         extra = {**env, **(clocks(gpu) if torch.cuda.is_available() else {})}
         proto.write(json.dumps({"rows": [{**extra, **r} for r in rows]}) + "\n")
 
@@ -239,25 +247,78 @@ class WorkerDied(RuntimeError):
     pass
 
 
-class Worker:
-    """One backend's worker process, restarted after a crash or a timeout."""
+def visible_gpus() -> tuple[list[int], bool]:
+    """(indices of the GPUs this process sees, fake). HARNESS_FAKE_GPUS=N pretends there
+    are N: their lanes carry the indices 0..N-1 but run on the CPU (for tests)."""
+    fake = os.environ.get("HARNESS_FAKE_GPUS", "").strip()
+    if fake:
+        return list(range(int(fake))), True
+    return list(range(torch.cuda.device_count() if torch.cuda.is_available() else 0)), False
 
-    def __init__(self, backend, gpu: int | None, log: Path):
-        self.b, self.gpu, self.log = backend, gpu, log
+
+def select_gpus(spec: str | None, visible: list[int]) -> list[int]:
+    """`--gpus`: None or '' -> every visible GPU; 'N' -> the first N; a comma list
+    ('0,2', or '3,' for GPU 3 alone) -> exactly those indices."""
+    spec = (spec or "").strip()
+    if not spec:
+        return list(visible)
+    if "," not in spec:
+        n = int(spec)
+        if not 0 < n <= len(visible):
+            raise ValueError(f"--gpus {n}: {len(visible)} GPU(s) visible")
+        return list(visible[:n])
+    want = [int(g) for g in spec.split(",") if g.strip()]
+    bad = [g for g in want if g not in visible]
+    if bad or len(set(want)) != len(want):
+        raise ValueError(f"--gpus {spec}: not visible or repeated: {bad or want}; visible: {visible}")
+    return want
+
+
+def lane_env(gpu: int | None, fake: bool = False, lanes: int = 1, parent=None) -> dict:
+    """Environment that pins a lane's workers to its device.
+
+    gpu None: a CPU lane (Triton interpreter). A real GPU: CUDA_VISIBLE_DEVICES is the
+    physical GPU behind the parent's index `gpu` (through the parent's own
+    CUDA_VISIBLE_DEVICES, if any), and HARNESS_GPU_INDEX (the rows' gpu_index, and
+    nvidia-smi's index for the clocks) is that same GPU. A fake GPU: gpu_index is
+    `gpu`, CUDA is hidden (CUDA_VISIBLE_DEVICES=''), the worker runs on the CPU.
+    With several lanes each worker gets cores/lanes CPU threads unless
+    OMP_NUM_THREADS is set already."""
+    parent = os.environ if parent is None else parent
+    env = {}
+    if lanes > 1 and "OMP_NUM_THREADS" not in parent:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // lanes))
+    if gpu is None or fake:
+        env["TRITON_INTERPRET"] = "1"  # must be set before triton is imported
+        if fake:
+            env.update(CUDA_VISIBLE_DEVICES="", HARNESS_GPU_INDEX=str(gpu))
+        return env
+    seen = [x.strip() for x in parent.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    phys = seen[gpu] if "CUDA_VISIBLE_DEVICES" in parent else str(gpu)
+    # a parent list is read in the parent's device order; with none, PCI order (nvidia-smi's)
+    order = parent.get("CUDA_DEVICE_ORDER") or ("" if "CUDA_VISIBLE_DEVICES" in parent else "PCI_BUS_ID")
+    env.update(CUDA_VISIBLE_DEVICES=phys, HARNESS_GPU_INDEX=phys)
+    if order:
+        env["CUDA_DEVICE_ORDER"] = order
+    return env
+
+
+class Worker:
+    """One backend's worker process on one lane; `lane_env` pins it to the lane's device."""
+
+    def __init__(self, backend, lane_env: dict, log: Path):
+        self.b, self.lane_env, self.log = backend, dict(lane_env), log
         self.proc, self.env_info, self.why = None, {}, ""
 
     def start(self, timeout):
         env = {**os.environ, **self.b.env, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env.setdefault("HARNESS_GIT_REV", git_rev())
-        if self.gpu is None:
-            env["TRITON_INTERPRET"] = "1"  # must be set before triton is imported
-        else:
-            env.update(CUDA_VISIBLE_DEVICES=str(self.gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",
-                       HARNESS_GPU_INDEX=str(self.gpu))
+        env.update(self.lane_env)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.err = open(self.log, "a")
-        self.err.write(f"\n=== {time.strftime('%F %T')} worker {self.b.name} gpu {self.gpu}\n")
+        self.err.write(f"\n=== {time.strftime('%F %T')} worker {self.b.name} gpu "
+                       f"{self.lane_env.get('HARNESS_GPU_INDEX', 'cpu')}\n")
         self.err.flush()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness", "worker", "--backend", self.b.name,
@@ -305,6 +366,9 @@ class Worker:
             self.proc.kill()  # only our own child, by its handle
             self.proc.wait()
         self.proc = None
+        if getattr(self, "err", None):
+            self.err.close()
+            self.err = None
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -330,57 +394,158 @@ def merge_rows(path: Path, new: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), gate_batch=64,
-          quick=False, timeout=600.0, timing=True, progress=True) -> Path:
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One (backend, problem) pair: all its passes run in one request to one worker."""
+    bi: int            # the backend's position in the sweep's list
+    pi: int            # the problem's position
+    backend: object
+    problem: Problem
+    gflop: float       # estimated work: problem FLOPs summed over the requested passes
+
+
+def plan(backends, problems, passes=PASSES) -> list[Job]:
+    """Every (backend, problem) job, longest first by the problem's FLOPs (over
+    `passes`); ties keep problem order, then backend order, so one problem's
+    backends run side by side on different GPUs."""
+    gflop = [sum(p.flops(ps) for ps in passes) * 1e-9 for p in problems]
+    jobs = [Job(bi, pi, b, p, gflop[pi]) for pi, p in enumerate(problems)
+            for bi, b in enumerate(backends)]
+    return sorted(jobs, key=lambda j: (-j.gflop, j.pi, j.bi))
+
+
+class Lane:
+    """One device (a GPU, a fake GPU or the CPU) running one job at a time. It keeps a
+    warm worker per backend it has seen (compiled kernels and caches survive from one
+    problem to the next); a crash or a timeout costs the job in hand, and the next job
+    of that backend starts a fresh worker."""
+
+    def __init__(self, k: int, gpu: int | None, env: dict, log_dir: Path, n_lanes: int,
+                 base: dict):
+        self.k, self.gpu, self.env, self.log_dir = k, gpu, env, log_dir
+        self.gpu_index = env.get("HARNESS_GPU_INDEX", "")
+        self.suffix = ("" if n_lanes == 1 else
+                       f".gpu{self.gpu_index}" if self.gpu_index else f".lane{k}")
+        self.base = {**base, "gpu_index": self.gpu_index}  # env columns for rows made here
+        self.workers: dict[str, Worker] = {}
+        self.unavailable: dict[str, tuple[str, dict]] = {}
+
+    def run(self, job: Job, passes, timeout, opts) -> list[dict]:
+        b, p = job.backend, job.problem
+        if b.name in self.unavailable:
+            why, env = self.unavailable[b.name]
+            return [row(b.name, p, ps, "unsupported", why, **env) for ps in passes]
+        w = self.workers.get(b.name)
+        if w is not None and (w.proc is None or w.proc.poll() is not None):
+            w.stop()  # died while idle: start a fresh one rather than lose this job
+            w = None
+        try:
+            if w is None:
+                w = Worker(b, self.env, self.log_dir / f"{b.name}{self.suffix}.log")
+                up = w.start(timeout)
+                self.base.update(w.env_info)  # the GPU's name etc., for rows made here
+                if not up:
+                    w.stop()
+                    self.unavailable[b.name] = (f"not available: {w.why}", dict(self.base))
+                    return self.run(job, passes, timeout, opts)
+                self.workers[b.name] = w
+            return w.request(p, passes, timeout, **opts)
+        except (WorkerDied, OSError, ValueError) as e:  # ValueError: a garbled reply
+            if w is not None:
+                w.stop()
+            self.workers.pop(b.name, None)
+            msg = str(e) if isinstance(e, WorkerDied) else f"worker: {type(e).__name__}: {e}"
+            return [row(b.name, p, ps, "error", msg, **self.base) for ps in passes]
+
+    def close(self):
+        for w in self.workers.values():
+            w.stop()
+        self.workers.clear()
+
+
+def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_gpus=False,
+          gate_batch=64, quick=False, timeout=600.0, timing=True, progress=True) -> Path:
     """Run every backend over every problem; return the CSV path (results.csv, or
-    checks.csv without `timing`). `gpus` None: CPU. With several GPUs, backends are
-    spread over them (one worker per GPU at a time)."""
+    checks.csv without `timing`).
+
+    The unit of work is a (backend, problem) job; jobs are queued longest-first by
+    problem FLOPs (`plan`) and handed to one lane per entry of `gpus`: a GPU index
+    (workers pinned with CUDA_VISIBLE_DEVICES) or None (a CPU lane). `fake_gpus`:
+    the indices only label the lanes (gpu_index, log names) and the workers run on the
+    CPU (tests). Each lane runs one job at a time (timings never share a GPU). Rows are
+    merged into the CSV as jobs finish and rewritten at the end in (backend, problem,
+    pass) order, so the file has the same rows and keys as a one-lane run (timings and
+    gpu_index aside). `<out>/logs/jobs.jsonl` records each job's start (order, lane,
+    estimate) and end; worker logs are `logs/<backend>[.gpu<i>|.lane<k>].log`."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
     csv_path = out_dir / ("results.csv" if timing else "checks.csv")
     opts = dict(gate_batch=gate_batch, quick=quick, timing=timing)
-    jobs: queue.Queue = queue.Queue()
-    for b in backends:
-        jobs.put(b)
+    devices = list(gpus) if gpus else [None]
+    base = {"git_rev": git_rev()}
+    lanes = [Lane(k, g, lane_env(g, fake_gpus, len(devices)), out_dir / "logs", len(devices), base)
+             for k, g in enumerate(devices)]
+    todo = plan(backends, problems, passes)
+    pending = list(reversed(todo))  # pop() from the end: longest first
+    done: dict[tuple[int, int], list[dict]] = {}
     lock = threading.Lock()
-    bar = tqdm(total=len(backends) * len(problems), disable=not progress, unit="problem",
-               dynamic_ncols=True)
+    sweep_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    jlog = open(out_dir / "logs" / "jobs.jsonl", "a", buffering=1)
+    bar = tqdm(total=len(todo), disable=not progress, unit="job", dynamic_ncols=True)
+    started = [0]
+    stop = threading.Event()  # Ctrl-C: no new jobs, and no rows from the jobs it broke
 
-    def emit(rows):
-        with lock:
-            merge_rows(csv_path, rows)
-            bar.update(1)
+    def log(**kw):
+        if not jlog.closed:
+            jlog.write(json.dumps({"sweep": sweep_id, "t": round(time.time(), 3), **kw}) + "\n")
 
-    def lane(gpu):
+    def work(lane: Lane):
         while True:
-            try:
-                b = jobs.get_nowait()
-            except queue.Empty:
+            with lock:
+                if not pending:
+                    return
+                job = pending.pop()
+                seq, started[0] = started[0], started[0] + 1
+                info = dict(seq=seq, lane=lane.k, gpu_index=lane.gpu_index,
+                            backend=job.backend.name, problem=job.problem.label(),
+                            suite=job.problem.suite, gflop=round(job.gflop, 6))
+                log(event="start", **info)
+                bar.set_postfix_str(f"gpu{lane.gpu_index or lane.k} {job.backend.name}: "
+                                    f"{job.problem.label()}", refresh=False)
+            t0 = time.perf_counter()
+            rows = lane.run(job, passes, timeout, opts)
+            if stop.is_set():
                 return
-            w = Worker(b, gpu, out_dir / "logs" / f"{b.name}.log")
-            up, unavailable = False, None
-            for p in problems:
-                bar.set_postfix_str(f"{b.name}: {p.label()}", refresh=False)
-                env = {"gpu_index": "" if gpu is None else gpu, "git_rev": git_rev(), **w.env_info}
-                try:
-                    if unavailable is None and not up:
-                        up = w.start(timeout)
-                        if not up:
-                            unavailable, env = f"not available: {w.why}", {**env, **w.env_info}
-                            w.stop()
-                    if unavailable is not None:
-                        emit([row(b.name, p, ps, "unsupported", unavailable, **env) for ps in passes])
-                        continue
-                    emit(w.request(p, passes, timeout, **opts))
-                except WorkerDied as e:
-                    up = False
-                    emit([row(b.name, p, ps, "error", str(e), **env) for ps in passes])
-            w.stop()
+            with lock:
+                done[job.bi, job.pi] = rows
+                merge_rows(csv_path, rows)
+                log(event="end", **info, s=round(time.perf_counter() - t0, 3),
+                    status=",".join(r["status"] for r in rows))
+                bar.update(1)
 
-    lanes = [threading.Thread(target=lane, args=(g,)) for g in (gpus or [None])]
-    for t in lanes:
-        t.start()
-    for t in lanes:
-        t.join()
-    bar.close()
+    def lane_main(lane: Lane):
+        try:
+            work(lane)
+        finally:
+            lane.close()
+
+    threads = [threading.Thread(target=lane_main, args=(lane,)) for lane in lanes]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop.set()
+        with lock:
+            pending.clear()
+        raise
+    finally:
+        bar.close()
+        with lock:
+            jlog.close()
+    # the same order as a one-lane run, whatever order the jobs finished in
+    merge_rows(csv_path, [r for bi in range(len(backends)) for pi in range(len(problems))
+                          for r in done.get((bi, pi), [])])
     return csv_path
