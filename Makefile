@@ -3,6 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense
+GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
+GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
 
 .PHONY: setup test test-gpu bench bench-quick report lines clean
 
@@ -21,13 +23,13 @@ test-gpu:
 # `bench` runs every available backend over the full suites (fwd and bwd), then
 # regenerates charts and the report. Without a GPU it says so and runs `smoke` on CPU.
 bench: setup
-	$(BIN)/python -m harness bench --suite $(SUITES) --passes fwd,bwd
+	$(BIN)/python -m harness bench --suite $(SUITES) --passes fwd,bwd $(GPU_ARG)
 	$(BIN)/python -m harness plot
 	$(BIN)/python -m harness lines
 	$(BIN)/python -m harness report
 
 bench-quick: setup
-	$(BIN)/python -m harness bench --quick --passes fwd,bwd
+	$(BIN)/python -m harness bench --quick --passes fwd,bwd $(GPU_ARG)
 	$(BIN)/python -m harness plot
 	$(BIN)/python -m harness report
 
