@@ -70,7 +70,8 @@ def edge_cases():
 
 def check_schedule() -> int:
     """The key kernel + device sort gives the torch reference's order and count."""
-    from kernels_cute.schedule import build_tiles, build_tiles_torch
+    from harness.tiles import longest_first_tiles
+    from kernels_cute.schedule import build_tiles
     bad = 0
     for i, (B, mq, causal, bq) in enumerate([(7, 300, False, False), (50, 700, True, False),
                                              (5, 129, True, True), (1152, 1024, False, False)]):
@@ -80,7 +81,7 @@ def check_schedule() -> int:
         cu_q, cu_k = offsets(lq).cuda(), offsets(lk).cuda()
         args = (None if bq else cu_q, cu_k, B, mq, mq if bq else None, 128, 128, causal)
         pairs, count, nblk = build_tiles(*args)
-        ref, ref_count, ref_nblk = build_tiles_torch(*args)
+        ref, ref_count, ref_nblk = longest_first_tiles(*args)
         n = int(ref_count)
         ok = (int(count) == n and nblk == ref_nblk
               and torch.equal((pairs[:n] & 0xFFFFFFFF).int().cpu(), ref[:n].cpu()))

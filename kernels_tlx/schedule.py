@@ -66,30 +66,6 @@ def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | No
     return torch.sort(keys).values, count, nblk
 
 
-def build_tiles_torch(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
-                      block_m: int, block_n: int, causal: bool):
-    """Reference for build_tiles in plain torch ops (same order, pairs as int32)."""
-    nblk = max(1, triton.cdiv(max_seqlen_q, block_m))
-    dev = cu_k.device
-    len_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
-    if len_q_dense is not None:
-        len_q = torch.full_like(len_k, len_q_dense)
-    else:
-        len_q = (cu_q[1:] - cu_q[:-1]).to(torch.int32)
-    m0 = torch.arange(0, nblk * block_m, block_m, device=dev, dtype=torch.int32)[None, :]
-    lq, lk = len_q[:, None], len_k[:, None]
-    valid = m0 < lq
-    if causal:  # bottom-right: row i sees keys j <= i + lk - lq
-        kv_end = torch.clamp(torch.minimum(m0 + block_m + lk - lq, lk), min=0)
-    else:
-        kv_end = lk.expand(-1, nblk)
-    # work = KV blocks + one for the Q load / epilogue, so empty-KV tiles still count
-    work = torch.where(valid, (kv_end + block_n - 1) // block_n + 1, -1)
-    pairs = torch.argsort(work.reshape(-1), descending=True, stable=True).to(torch.int32)
-    count = valid.sum(dtype=torch.int32).reshape(1)
-    return pairs, count, nblk
-
-
 @triton.jit
 def tile_coords(tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from harness.problems import offsets
-from kernels_tlx.schedule import build_tiles, build_tiles_torch
+from harness.tiles import longest_first_tiles
+from kernels_tlx.schedule import build_tiles
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -23,7 +24,7 @@ def test_tile_order_matches_reference(causal, bq, block_n):
     max_q = 77 if bq else int(lq.max())
     args = (cq, ck, B, max_q, 77 if bq else None, 128, block_n, causal)
     pairs, count, nblk = build_tiles(*args)
-    ref, ref_count, ref_nblk = build_tiles_torch(*args)
+    ref, ref_count, ref_nblk = longest_first_tiles(*args)
     n = int(ref_count)
     assert nblk == ref_nblk and int(count) == n == int(((lq + 127) // 128).sum())
     assert torch.equal((pairs & 0xFFFFFFFF)[:n], ref[:n].long())
