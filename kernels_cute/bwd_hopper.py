@@ -75,7 +75,8 @@ PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
-PRE_THREADS = 128       # preprocess: one (token, head) row per thread
+PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
+PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 
@@ -165,29 +166,39 @@ def _kernel_classes():
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                      mdQacc: cute.Tensor, n_rows: Int32, H: Int32, stream):
+            rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
             self.kernel(mO, mdO, mDelta, mdQacc, n_rows, H).launch(
-                grid=[(n_rows + PRE_THREADS - 1) // PRE_THREADS, 1, 1],
+                grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                    mdQacc: cute.Tensor, n_rows: Int32, H: Int32):
-            """One thread per (token, head) row; rows ordered token-major ([Nq * H, D])."""
-            r = cute.arch.block_idx()[0] * PRE_THREADS + cute.arch.thread_idx()[0]
+            """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
+            neighbouring threads share a row (16-byte loads, coalesced) and sum their
+            partial dot products with shuffles."""
+            tpr = self.D // PRE_VEC                       # threads per row
+            tidx = cute.arch.thread_idx()[0]
+            r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
+            chunk = tidx % tpr
+            rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+            rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+            rO.fill(0.0)
+            rdO.fill(0.0)
             if r < n_rows:
-                gO = cute.local_tile(mO, (1, self.D), (r, 0))
-                gdO = cute.local_tile(mdO, (1, self.D), (r, 0))
-                rO = cute.make_rmem_tensor_like(gO, self.dtype)
-                rdO = cute.make_rmem_tensor_like(gdO, self.dtype)
-                cute.autovec_copy(gO, rO)
-                cute.autovec_copy(gdO, rdO)
-                prod = rO.load().to(Float32) * rdO.load().to(Float32)
-                mDelta[r % H, r // H] = prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (r, chunk)), rO)
+                cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (r, chunk)), rdO)
+            part = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
+                cute.ReductionOp.ADD, Float32(0.0), 0)
+            # every lane shuffles (rows past the end add zeros), then the guard
+            total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
+            if r < n_rows:
+                if chunk == 0:
+                    mDelta[r % H, r // H] = total
                 if const_expr(self.zero_dq):
-                    gA = cute.local_tile(mdQacc, (1, self.D), (r, 0))
-                    rA = cute.make_rmem_tensor_like(gA, Float32)
+                    rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
                     rA.fill(0.0)
-                    cute.autovec_copy(rA, gA)
+                    cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC), (r, chunk)))
 
     # ================================================================================
     # (b) main kernel, one method per role
@@ -629,15 +640,14 @@ def _kernel_classes():
                                                        cute.group_modes(gdQ, 0, 2))
                     cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
                                       number_of_threads=DQ_BARRIER_THREADS)
-                    if cute.arch.lane_idx() == 0:
-                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
-                        cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    # the whole warp calls: the TMA op elects one issuing lane itself
+                    cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                    cute.arch.cp_async_bulk_commit_group()
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
                 t += step
-            if cute.arch.lane_idx() == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store
         @cute.jit
