@@ -3,8 +3,15 @@
     backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
              broadcast_q) -> (dq, dk, dv)          # in q's dtype
 
-The CuteDSL twin of `kernels_tlx/bwd_hopper.py`: same algorithm, same roles, same names,
-same order. Three kernels, named after their roles:
+The CuteDSL twin of `kernels_tlx/bwd_hopper.py` (host wrapper, preprocess, schedule,
+postprocess: same names, same order) whose main kernel is the counterpart of the TLX
+warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
+reduce_dq warp / store in the compute warpgroups). Differences from the TLX ws kernel:
+dQ = dS K is one wgmma per step over all BLOCK_N keys with D split between the two
+compute warpgroups (TLX: each consumer a full-D partial over its own 64 keys, two bulk
+reduces per step), so one bulk reduce per step but a named barrier between the compute
+warpgroups (dS^T in smem); no `deterministic` option yet.
+Three kernels, named after their roles:
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
     lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
