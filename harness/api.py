@@ -157,3 +157,19 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
 
     jagged_attention.__doc__ = __doc__
     return jagged_attention
+
+
+def hopper_available(module: str, what: str) -> tuple[bool, str]:
+    """(True, "") when this machine has a Hopper GPU and `module` imports, else
+    (False, why not). Makes no driver call unless asked."""
+    import importlib
+    if not torch.cuda.is_available():
+        return False, "needs a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return False, f"needs compute capability 9.x (Hopper), found {major}.{minor}"
+    try:
+        importlib.import_module(module)
+    except Exception as e:
+        return False, f"{what} not importable: {type(e).__name__}: {e}"
+    return True, ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from harness.api import make_jagged_attention
+from harness.api import hopper_available, make_jagged_attention
 
 
 def _forward(*args):
@@ -28,21 +28,8 @@ def _backward(*args):
 
 
 def available() -> tuple[bool, str]:
-    """(True, "") when the CuteDSL Hopper forward can run here, else (False, why not)."""
-    try:
-        import torch
-    except Exception as e:  # pragma: no cover
-        return False, f"torch not importable: {e}"
-    if not torch.cuda.is_available():
-        return False, "needs a CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return False, f"needs compute capability 9.x (Hopper), found {major}.{minor}"
-    try:
-        import cutlass.cute  # noqa: F401
-    except Exception as e:
-        return False, f"CuteDSL (nvidia-cutlass-dsl) not importable: {type(e).__name__}: {e}"
-    return True, ""
+    """(True, "") when the CuteDSL Hopper kernels can run here, else (False, why not)."""
+    return hopper_available("cutlass.cute", "CuteDSL (nvidia-cutlass-dsl)")
 
 
 jagged_attention = make_jagged_attention("cute", _forward, _backward)

@@ -8,7 +8,7 @@ driver call.
 """
 from __future__ import annotations
 
-from harness.api import make_jagged_attention
+from harness.api import hopper_available, make_jagged_attention
 
 
 def _forward(*args):
@@ -22,21 +22,8 @@ def _backward(*args):
 
 
 def available() -> tuple[bool, str]:
-    """(True, "") when the TLX Hopper forward can run here, else (False, why not)."""
-    try:
-        import torch
-    except Exception as e:  # pragma: no cover
-        return False, f"torch not importable: {e}"
-    if not torch.cuda.is_available():
-        return False, "needs a CUDA GPU"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return False, f"needs compute capability 9.x (Hopper), found {major}.{minor}"
-    try:
-        import triton.language.extra.tlx  # noqa: F401
-    except Exception as e:
-        return False, f"TLX (triton-utlx) not importable: {e}"
-    return True, ""
+    """(True, "") when the TLX Hopper kernels can run here, else (False, why not)."""
+    return hopper_available("triton.language.extra.tlx", "TLX (triton-utlx)")
 
 
 jagged_attention = make_jagged_attention("tlx", _forward, _backward)
