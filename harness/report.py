@@ -121,7 +121,7 @@ def write_report(out_dir, charts=True) -> Path:
                       f"{r['status']} | {why} |")
     lines_md = out_dir.parent / "lines.md"
     if lines_md.exists():
-        md += ["", f"Code size by role: [lines.md](../lines.md)."]
+        md += ["", "Code size by role: [lines.md](../lines.md)."]
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

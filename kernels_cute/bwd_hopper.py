@@ -62,8 +62,6 @@ GPU. Opt in with JAGGED_CUTE_BWD=hopper (kernels_cute/__init__.py); check with
 `python -m kernels_cute.gpu_check --bwd`.
 """
 
-import math
-import os
 
 import torch
 
@@ -122,42 +120,7 @@ def _kernel_classes():
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
 
-    # ---------------------------------------------------------------- layout helpers
-    # (the same three helpers as kernels_cute/fwd_hopper.py)
-
-    def acc_rows_cols(t):
-        """View a wgmma accumulator-shaped tensor ((2, 2, V), MMA_M, MMA_N) as
-        (rows, cols) = ((2, MMA_M), (2, V, MMA_N))."""
-        shp = t.layout.shape
-        cm = cute.make_layout(shp)
-        st = cm.stride
-        rc = cute.make_layout(
-            ((shp[0][1], shp[1]), (shp[0][0], shp[0][2], shp[2])),
-            stride=((st[0][1], st[1]), (st[0][0], st[0][2], st[2])))
-        return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
-
-    def acc_as_operand_a(acc):
-        """An accumulator ((2, 2, V), M, N) seen as the register A operand of a wgmma
-        with K = N: ((2, 2, 2), M, (V / 2, N))."""
-        l = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
-        a = cute.make_layout(
-            ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1],
-             (l.shape[0][2][1], l.shape[2])),
-            stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
-                    (l.stride[0][2][1], l.stride[2])))
-        return cute.make_tensor(acc.iterator, a)
-
-    def wgmma(tiled_mma, acc, tCrA, tCrB, zero_init, wait):
-        """acc (+)= A B over the k-blocks of the fragments; wait < 0 leaves it in flight."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for kb in range(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if wait >= 0:
-            warpgroup.wait_group(wait)
+    from .fragments import acc_as_operand_a, acc_rows_cols, wgmma
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""

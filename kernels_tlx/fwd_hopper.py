@@ -22,7 +22,6 @@ computed and dropped by the store's row bound. Nothing is ever written through T
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

@@ -1,0 +1,41 @@
+"""wgmma fragment helpers shared by the CuteDSL forward and backward. Imported only
+inside their kernel factories, so importing kernels_cute never loads the DSL."""
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
+
+
+def acc_rows_cols(t):
+    """View a wgmma accumulator-shaped tensor ((2, 2, V), MMA_M, MMA_N) as
+    (rows, cols) = ((2, MMA_M), (2, V, MMA_N)) so rows can be reduced."""
+    shp = t.layout.shape
+    cm = cute.make_layout(shp)  # compact col-major over the fragment coordinates
+    st = cm.stride
+    rc = cute.make_layout(
+        ((shp[0][1], shp[1]), (shp[0][0], shp[0][2], shp[2])),
+        stride=((st[0][1], st[1]), (st[0][0], st[0][2], st[2])))
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
+
+
+def acc_as_operand_a(acc):
+    """The S accumulator ((2, 2, V), M, N) seen as the register A operand of the
+    PV wgmma ((2, 2, 2), M, (V / 2, N)): k16 = two 8-column groups."""
+    l = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    a = cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1],
+         (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                (l.stride[0][2][1], l.stride[2])))
+    return cute.make_tensor(acc.iterator, a)
+
+
+def wgmma(tiled_mma, acc, tCrA, tCrB, zero_init, wait):
+    """acc (+)= A B over the k-blocks of the fragments; wait < 0 leaves it in flight."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for kb in range(cute.size(tCrA.shape[2])):
+        cute.gemm(atom, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if wait >= 0:
+        warpgroup.wait_group(wait)
