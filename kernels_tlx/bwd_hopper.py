@@ -17,7 +17,8 @@ Three kernels, named after their roles:
         load      -> K, V of the tile (once); then Q, dO, LSE, delta per Q block
         compute   -> S^T = K Q^T, P^T = exp2(S^T*scale*log2e - lse*log2e),
                      dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
-                     dK += dS^T Q, dQ_part = dS K         (all wgmma, fp32 acc)
+                     dK += dS^T Q, dQ_part = dS K         (all wgmma, fp32 acc;
+                     dQ_part = (K^T dS^T)^T with Config.dq_t, for BLOCK_M < 64)
         reduce_dq -> dQ_part reduce-added (red.global.add.f32) into the fp32 dQ
                      accumulator
         store     -> dK (times scale), dV in the input dtype, masked to the tile
@@ -25,6 +26,12 @@ Three kernels, named after their roles:
     are summed in registers and stored once (no atomics on dK/dV).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to
     the input dtype.
+
+Tile configs: `CONFIGS` names the tile shapes (BLOCK_M query rows per step, BLOCK_N
+keys per tile, warps, pipeline stages, dq_t); `pick_config` picks the default per
+(head dim, max_seqlen_k <= 64 or not), `backward(..., config=name)` or the env var
+JAGGED_BWD_CONFIG overrides it. "base" is v1's shape (spills at D=128); the configs in
+`SPILL_FREE` compile with no spills (tests/test_bwd_compile.py, PERF.md).
 
 Broadcast-Q (dQ is a sum over the whole batch, B=1152 in GEM): programs are pinned to a
 KV head (program p owns head p % H_kv) and each pinned program accumulates into its
@@ -62,6 +69,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -77,17 +85,91 @@ MAX_SLOT_BYTES = 512 * 1024 * 1024
 # ---------------------------------------------------------------------------------------
 # configuration
 # ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """Tile shape of the main kernel: a KV tile of block_n keys meets Q blocks of block_m
+    rows. dq_t computes the dQ partial as (K^T dS^T)^T, so that its wgmma has M = D
+    rows instead of block_m (a block_m below 64 would otherwise fall back to mma.sync
+    with K copied into registers)."""
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 2
+    dq_t: bool = False
+
+
+# Per-thread registers are dominated by the dK and dV accumulators, 2 * block_n * D / 
+# (32 * num_warps) fp32 (128 at block_n 128, D 128, 8 warps), plus S^T, dP^T, P^T and the
+# dQ partial (block_n * block_m / 256 each at 8 warps). Compile results for sm_90a
+# (registers, spills per mode) are in PERF.md, "bwd_hopper configs (compile-only, CPU)";
+# tests/test_bwd_compile.py asserts that every config in SPILL_FREE compiles with no
+# spills for its head dims in all four (causal, broadcast-Q) modes.
+CONFIGS = {
+    # v1 (the kernel measured in PERF.md, session 1); spills at D=128 (255 regs)
+    "base": Config(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    # 128-key tiles, 16-row Q steps: K/V reuse and dQ/Q/dO traffic of v1, thin wgmmas (N=16)
+    "m16n128": Config(block_m=16, block_n=128, num_warps=8, num_stages=2, dq_t=True),
+    # 64-key tiles: half the accumulator registers; 2x the Q/dO loads and dQ reduce-adds
+    "m64n64": Config(block_m=64, block_n=64, num_warps=8, num_stages=2),
+    "m32n64": Config(block_m=32, block_n=64, num_warps=8, num_stages=2, dq_t=True),
+    # one warpgroup: no operand shared between two warpgroups
+    "m32n64w4": Config(block_m=32, block_n=64, num_warps=4, num_stages=2, dq_t=True),
+}
+# the configs that compile with no spills, per head dim (tests/test_bwd_compile.py)
+SPILL_FREE = {
+    64: ("base", "m16n128", "m64n64", "m32n64", "m32n64w4"),
+    128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
+}
+# default per (head_dim, bucket); "short" when every sequence's KV fits in 64 keys
+# (max_seqlen_k <= 64), as in fwd_hopper. Chosen without a GPU measurement (PERF.md,
+# "bwd_hopper configs"): D=64 keeps v1 (spill-free there). D=128 long: "m16n128", the
+# only spill-free config with 128-key tiles: Q/dO loads and dQ reduce-adds per FLOP
+# scale as 1/BLOCK_N, and at 64-key tiles they would be ~13 TB/s of L2 traffic at the
+# wgmma rate. D=128/64 short: "m32n64" (no empty half of a 128-key tile, 32-row Q
+# steps for short queries, the most register headroom). Measure them all with
+# `python -m kernels_tlx.gpu_check_bwd --configs ...` and update this table.
+DEFAULTS = {
+    (64, "long"): "base",
+    (64, "short"): "m32n64",
+    (128, "long"): "m16n128",
+    (128, "short"): "m32n64",
+}
+
+
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool = False,
+                broadcast_q: bool = False) -> str:
+    """Name of the default config; JAGGED_BWD_CONFIG (a CONFIGS name) overrides it."""
+    env = os.environ.get("JAGGED_BWD_CONFIG")
+    if env:
+        if env not in CONFIGS:
+            raise ValueError(f"JAGGED_BWD_CONFIG={env!r} is not one of {sorted(CONFIGS)}")
+        return env
+    bucket = "short" if max_seqlen_k <= 64 else "long"
+    return DEFAULTS[(64 if head_dim <= 64 else 128, bucket)]
+
+
+def get_config(config) -> Config:
+    """A Config from a Config or a CONFIGS name."""
+    if isinstance(config, Config):
+        return config
+    if config not in CONFIGS:
+        raise ValueError(f"unknown bwd config {config!r}; known: {sorted(CONFIGS)}")
+    return CONFIGS[config]
+
+
 def config(head_dim: int) -> dict:
-    """Tile shape per head dim: a KV tile of BLOCK_N keys, Q blocks of BLOCK_M rows."""
-    if head_dim <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
-    return dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
+    """v1's tile shape as a dict (the warp-specialized kernel, impl="ws", uses it)."""
+    c = CONFIGS["base"]
+    return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
+                num_stages=c.num_stages)
 
 
 _SM_COUNT = {}
 
 
 def _num_sms(device) -> int:
+    if device.type != "cuda":  # the interpreter: a few persistent programs
+        return 4
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -184,7 +266,8 @@ def load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start, m0, len_q, h,
 
 @triton.jit
 def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale2,
-            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            DQ_T: tl.constexpr):
     """One (KV tile, Q block) step in the transposed form: returns updated dK, dV
     (unscaled fp32) and this block's unscaled dQ partial [BLOCK_M, D] (fp32)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -200,7 +283,10 @@ def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale
     dpt = tl.dot(vt, tl.trans(dot))                                 # [N, M] = V dO^T
     dst = (pt * (dpt - delta[None, :])).to(qt.dtype)                # dS^T
     dk = tl.dot(dst, qt, dk)                                        # dK += dS^T Q
-    dq = tl.dot(tl.trans(dst), kt)                                  # [M, D] = dS K
+    if DQ_T:
+        dq = tl.trans(tl.dot(tl.trans(kt), dst))                    # ([D, M] = K^T dS^T)^T
+    else:
+        dq = tl.dot(tl.trans(dst), kt)                              # [M, D] = dS K
     return dk, dv, dq
 
 
@@ -229,8 +315,12 @@ def store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
     d = tl.arange(0, D)
     mask = (offs_n < len_k)[:, None]
     off = (k_start + offs_n)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
-    tl.store(dk_ptr + off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    # dk/dv are fresh contiguous allocations (backward): 16-byte aligned rows; say so,
+    # so the stores vectorize whatever the launch specializes
+    dk_ptrs = tl.multiple_of(dk_ptr + off, [1, 16])
+    dv_ptrs = tl.multiple_of(dv_ptr + off, [1, 16])
+    tl.store(dk_ptrs, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -240,7 +330,8 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
               scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TMA_REDUCE: tl.constexpr):
+              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TMA_REDUCE: tl.constexpr,
+              DQ_T: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -273,7 +364,7 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             qt, dot, lse2, delta = load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start,
                                           m0, len_q, h, stride_lse_h, D, BLOCK_M)
             dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
-                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N)
+                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N, DQ_T)
             reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, h, H, D, BLOCK_M, TMA_REDUCE)
         # ---- store dK, dV
         store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
@@ -335,12 +426,14 @@ def _desc(t, rows, D):
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-             impl=None, deterministic=False):
+             impl=None, deterministic=False, config=None):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design.
 
     impl: "triton" (the plain persistent kernel above, default) or "ws" (the
     warp-specialized TLX kernel of bwd_hopper_ws.py); env JAGGED_BWD_IMPL sets the
-    default. deterministic: see the module docstring (bitwise for broadcast-Q)."""
+    default. deterministic: see the module docstring (bitwise for broadcast-Q).
+    config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
+    "ws" kernel always runs v1's tile shape ("base")."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton")
     if deterministic:
         impl = "triton"
@@ -354,13 +447,17 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     B = cu_k.shape[0] - 1
     Nq = out.shape[0]
     dev = q.device
-    cfg = config(D)
-    BM, BN = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if impl == "ws":
+        cfg = CONFIGS["base"]
+    else:
+        cfg = get_config(config if config is not None else pick_config(D, max_k, causal, broadcast_q))
+    BM, BN = cfg.block_m, cfg.block_n
     L_q = q.shape[0] if broadcast_q else 0
 
     dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
     if k.shape[0] == 0 or B == 0:
         dk.zero_(); dv.zero_(); dq.zero_()
         return dq, dk, dv
@@ -397,17 +494,17 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _bwd_main_ws[(grid_main,)](
             q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
-            float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
+            float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), num_warps=4, num_stages=1)
     else:
         _bwd_main[(grid_main,)](
             q_desc, _desc(k, BN, D), _desc(v, BN, D), do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
             cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
-            float(scale), L_q, k.stride(0), k.stride(1), lse.stride(0),
+            float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not (_INTERPRET or deterministic),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            DQ_T=cfg.dq_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # (c) postprocess
     n_elem = dq.numel()
