@@ -121,18 +121,18 @@ SPILL_FREE = {
     128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
 }
 # default per (head_dim, bucket); "short" when every sequence's KV fits in 64 keys
-# (max_seqlen_k <= 64), as in fwd_hopper. Chosen without a GPU measurement (PERF.md,
-# "bwd_hopper configs"): D=64 keeps v1 (spill-free there). D=128 long: "m16n128", the
-# only spill-free config with 128-key tiles: Q/dO loads and dQ reduce-adds per FLOP
-# scale as 1/BLOCK_N, and at 64-key tiles they would be ~13 TB/s of L2 traffic at the
-# wgmma rate. D=128/64 short: "m32n64" (no empty half of a 128-key tile, 32-row Q
-# steps for short queries, the most register headroom). Measure them all with
-# `python -m kernels_tlx.gpu_check_bwd --configs ...` and update this table.
+# (max_seqlen_k <= 64), as in fwd_hopper. The default stays "base", the only config
+# that has passed the oracle on a GPU (30/30 on the H200), although it spills at
+# D=128. The spill-free candidates passed the oracle only in the CPU interpreter;
+# the next GPU session measures them (`python -m kernels_tlx.gpu_check_bwd --configs
+# base,m16n128,m64n64,m32n64,m32n64w4`) and updates this table. Expected ranking,
+# not measured: D=128 long "m16n128" (the only spill-free 128-key tile: Q/dO loads and
+# dQ reduce-adds per FLOP scale as 1/BLOCK_N), short buckets "m32n64".
 DEFAULTS = {
     (64, "long"): "base",
-    (64, "short"): "m32n64",
-    (128, "long"): "m16n128",
-    (128, "short"): "m32n64",
+    (64, "short"): "base",
+    (128, "long"): "base",
+    (128, "short"): "base",
 }
 
 
