@@ -1,10 +1,14 @@
-"""The jagged tile order both kernel styles must produce, in plain torch ops: the
-reference their `schedule.build_tiles` is tested against.
+"""Jagged tile lists shared by both kernel styles, in plain torch ops (on the GPU,
+no host sync).
 
-A tile is a (sequence, query block) pair `b * nblk + m`; tiles are ordered by
+Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
 tiles with no key still count), ties by pair index; invalid pairs (past a sequence's
-queries) come last.
+queries) come last. `longest_first_tiles` is the reference each style's
+`schedule.build_tiles` (one small kernel + a device sort) is tested against.
+
+Backward: a tile is a (sequence, KV block) pair; `kv_tiles` builds the list the
+backward kernels walk, and `dq_accumulator` the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
 
@@ -32,3 +36,50 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
     pairs = torch.argsort(work.reshape(-1), descending=True, stable=True).to(torch.int32)
     count = valid.sum(dtype=torch.int32).reshape(1)
     return pairs, count, nblk
+
+
+# broadcast-Q: per-program dQ slots are capped at this many bytes in all
+MAX_SLOT_BYTES = 512 * 1024 * 1024
+
+
+def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+    """Backward KV-tile list, longest work first.
+
+    Returns (tile_b, tile_n, n_tiles): int32 [B * NB] batch index and KV-block index of
+    every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
+    tensor with the number of real tiles (KV blocks inside their sequence; they come
+    first, including those no query sees, which still store dK = dV = 0)."""
+    dev = cu_k.device
+    lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
+    lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
+    B = lk.shape[0]
+    NB = max(1, -(-max_k // BLOCK_N))
+    n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
+    real = n0[None, :] < lk[:, None]
+    if causal:
+        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
+        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
+    else:
+        work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
+    # +1 so real tiles with no work still sort ahead of the padding tiles
+    key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
+    order = torch.sort(key, descending=True, stable=True).indices
+    tile_b = (order // NB).to(torch.int32)
+    tile_n = (order % NB).to(torch.int32)
+    n_tiles = real.sum().to(torch.int32).reshape(1)
+    return tile_b, tile_n, n_tiles
+
+
+def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device):
+    """(fp32 dQ accumulator, programs of the main kernel).
+
+    Packed modes: one [Nq, H, D] buffer (the preprocess zeroes it), one program per SM.
+    Broadcast-Q: a private zeroed [L_q, H, D] slot per group of programs pinned to one
+    KV head (program p: head p % H_kv, slot p // H_kv), so reduce-adds never contend
+    across SMs; the postprocess sums the slots in a fixed order."""
+    if not broadcast_q:
+        return torch.empty((Nq, H, D), device=device, dtype=torch.float32), n_sms
+    per_slot = L_q * H * D * 4
+    n_slots = max(1, min(n_sms // H_kv, MAX_SLOT_BYTES // max(per_slot, 1)))
+    return (torch.zeros((n_slots, L_q, H, D), device=device, dtype=torch.float32),
+            n_slots * H_kv)

@@ -17,7 +17,7 @@ Three kernels, named after their roles:
     lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
 (b) `BwdMain` (`_bwd_main`): a persistent grid (one CTA per SM) walking a jagged list of
     KV tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`build_schedule`, the same function as in the TLX file; no host sync).
+    offsets (`harness.tiles.kv_tiles`, shared with the TLX backward; no host sync).
     Each CTA is warp specialized (3 warpgroups, 384 threads):
 
         warpgroup 0, warp 0  `load_kv`   K, V of the tile (TMA, once per tile)
@@ -61,14 +61,11 @@ Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); NOT yet r
 GPU. Opt in with JAGGED_CUTE_BWD=hopper (kernels_cute/__init__.py); check with
 `python -m kernels_cute.gpu_check --bwd`.
 """
-
-
 import torch
 
-LOG2E = 1.4426950408889634
-# upper bound on the broadcast-Q per-program dQ slot buffer (as TLX)
-MAX_SLOT_BYTES = 512 * 1024 * 1024
+from harness.tiles import dq_accumulator, kv_tiles
 
+LOG2E = 1.4426950408889634
 BLOCK_M = 64            # query rows per step
 BLOCK_N = 128           # keys per KV tile: 2 compute warpgroups x 64
 Q_STAGES = 2            # depth of the Q / dO ring
@@ -757,35 +754,6 @@ def _compiled(kind, *key):
     return _COMPILED[k]
 
 
-def build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
-    """Jagged KV-tile list on the GPU, longest work first; no host sync (the same
-    function as kernels_tlx/bwd_hopper.py).
-
-    Returns (tile_b, tile_n, n_tiles): int32 [B * NB] batch index and KV-block index of
-    every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
-    tensor with the number of real tiles (KV blocks inside their sequence; they come
-    first, including those no query sees, which still store dK = dV = 0)."""
-    dev = cu_k.device
-    lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
-    lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
-    B = lk.shape[0]
-    NB = max(1, -(-max_k // BLOCK_N))
-    n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
-    real = n0[None, :] < lk[:, None]
-    if causal:
-        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
-        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
-    else:
-        work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
-    # +1 so real tiles with no work still sort ahead of the padding tiles
-    key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
-    order = torch.sort(key, descending=True, stable=True).indices
-    tile_b = (order // NB).to(torch.int32)
-    tile_n = (order % NB).to(torch.int32)
-    n_tiles = real.sum().to(torch.int32).reshape(1)
-    return tile_b, tile_n, n_tiles
-
-
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design."""
     dout = dout.contiguous()
@@ -807,22 +775,13 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    nsm = _num_sms(dev)
-    if broadcast_q:
-        n_slots = max(1, nsm // HKV)
-        per_slot = L_q * H * D * 4
-        n_slots = max(1, min(n_slots, MAX_SLOT_BYTES // max(per_slot, 1)))
-        dq_acc = torch.zeros((n_slots, L_q, H, D), device=dev, dtype=torch.float32)
-        grid_main = n_slots * HKV
-    else:
-        n_slots = 1
-        dq_acc = torch.empty((Nq, H, D), device=dev, dtype=torch.float32)
-        grid_main = nsm
+    dq_acc, grid_main = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev), dev)
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
     _compiled("pre", q.dtype, D, not broadcast_q)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), Nq * H, H)
 
     # (b) main
-    tile_b, tile_n, n_tiles = build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
     _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,

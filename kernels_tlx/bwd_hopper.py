@@ -9,7 +9,7 @@ Three kernels, named after their roles:
     and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
 (b) `_bwd_main`: a persistent grid (one program per SM) walking a jagged list of KV
     tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`build_schedule`; no host sync): every (sequence, KV block) is a tile,
+    offsets (`harness.tiles.kv_tiles`; no host sync): every (sequence, KV block) is a tile,
     its work is the number of Q blocks that see it, tiles are sorted by work
     (descending, stable) and dealt round-robin to the programs. Per tile the body is
     a table of contents:
@@ -50,7 +50,7 @@ Determinism
   deterministic, at some cost in issue slots. The default TMA bulk reduce
   (cp.reduce.async.bulk) does not promise that two in-flight bulk reduces to the same
   rows apply in issue order, so it is not guaranteed bitwise deterministic. (If the
-  slot buffer would exceed `MAX_SLOT_BYTES`, slots are shared by programs and nothing
+  slot buffer would exceed `harness.tiles.MAX_SLOT_BYTES`, slots are shared by programs and nothing
   is deterministic; this does not happen at GEM shapes.)
 * packed modes (self / cross): dQ rows of a sequence longer than one KV tile receive
   reduce-adds from several programs in a run-dependent order -> NOT bitwise
@@ -67,7 +67,6 @@ rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -76,10 +75,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.tiles import dq_accumulator, kv_tiles
+
 LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # upper bound on the broadcast-Q per-program dQ slot buffer
-MAX_SLOT_BYTES = 512 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,34 +388,6 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
 # ---------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------
-def build_schedule(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
-    """Jagged KV-tile list on the GPU, longest work first; no host sync.
-
-    Returns (tile_b, tile_n, n_tiles): int32 [B * NB] batch index and KV-block index of
-    every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
-    tensor with the number of real tiles (KV blocks inside their sequence; they come
-    first, including those no query sees, which still store dK = dV = 0)."""
-    dev = cu_k.device
-    lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
-    lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
-    B = lk.shape[0]
-    NB = max(1, triton.cdiv(max_k, BLOCK_N))
-    n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
-    real = n0[None, :] < lk[:, None]
-    if causal:
-        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
-        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
-    else:
-        work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
-    # +1 so real tiles with no work still sort ahead of the padding tiles
-    key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
-    order = torch.sort(key, descending=True, stable=True).indices
-    tile_b = (order // NB).to(torch.int32)
-    tile_n = (order % NB).to(torch.int32)
-    n_tiles = real.sum().to(torch.int32).reshape(1)
-    return tile_b, tile_n, n_tiles
-
-
 def _desc(t, rows, D):
     """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
     tensor seen as [tokens, heads * D], box [rows, D]."""
@@ -464,17 +436,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    nsm = _num_sms(dev)
-    if broadcast_q:
-        n_slots = max(1, nsm // HKV)
-        per_slot = L_q * H * D * 4
-        n_slots = max(1, min(n_slots, MAX_SLOT_BYTES // max(per_slot, 1)))
-        dq_acc = torch.zeros((n_slots, L_q, H, D), device=dev, dtype=torch.float32)
-        grid_main = n_slots * HKV
-    else:
-        n_slots = 1
-        dq_acc = torch.empty((Nq, H, D), device=dev, dtype=torch.float32)
-        grid_main = nsm
+    dq_acc, grid_main = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev), dev)
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
     ROWS = 32 if D <= 64 else 16
     if Nq > 0:
         _bwd_preprocess[(triton.cdiv(Nq * H, ROWS),)](
@@ -483,7 +446,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
 
     # (b) main
-    tile_b, tile_n, n_tiles = build_schedule(cu_q, cu_k, L_q, max_k, causal, BM, BN)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BN)
     cu_q_arg = cu_q if cu_q is not None else cu_k
     q_desc = _desc(q, BM, D)
     do_desc = _desc(dout, BM, D)

@@ -106,21 +106,3 @@ def test_opt_in_env_var():
     """The default backward stays the portable Triton one; JAGGED_CUTE_BWD=hopper opts in."""
     src = open(os.path.join(ROOT, "kernels_cute", "__init__.py")).read()
     assert 'os.environ.get("JAGGED_CUTE_BWD", "portable") == "hopper"' in src
-
-
-def test_schedule_matches_tlx():
-    """build_schedule is the TLX backward's tile list, element for element (CPU tensors)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    from kernels_cute.bwd_hopper import BLOCK_M, BLOCK_N, build_schedule
-    from kernels_tlx.bwd_hopper import build_schedule as tlx_build_schedule
-    g = torch.Generator().manual_seed(0)
-    for causal in (False, True):
-        for bq in (False, True):
-            lk = torch.randint(0, 700, (37,), generator=g)
-            lq = torch.randint(0, 500, (37,), generator=g)
-            cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).int()
-            cu_q = None if bq else torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).int()
-            args = (cu_q, cu_k, 300 if bq else 0, int(lk.max()), causal, BLOCK_M, BLOCK_N)
-            for a, b in zip(build_schedule(*args), tlx_build_schedule(*args)):
-                assert torch.equal(a, b)

@@ -28,3 +28,33 @@ def test_tile_order_matches_reference(causal, bq, block_n):
     n = int(ref_count)
     assert nblk == ref_nblk and int(count) == n == int(((lq + 127) // 128).sum())
     assert torch.equal((pairs & 0xFFFFFFFF)[:n], ref[:n].long())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bq", [False, True])
+def test_kv_tiles_brute_force(causal, bq):
+    """The backward's KV-tile list: every real (sequence, KV block) tile once, first,
+    ordered by the number of query blocks that see it (counted pair by pair here)."""
+    from harness.tiles import kv_tiles
+    BM, BN = 64, 128
+    g = torch.Generator().manual_seed(int(causal) * 2 + int(bq))
+    lk = torch.randint(0, 400, (23,), generator=g)
+    lk[3] = 0
+    lq = torch.full_like(lk, 150) if bq else torch.randint(0, 300, (23,), generator=g)
+    cu_q = None if bq else offsets(lq)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, offsets(lk), 150 if bq else 0, int(lk.max()),
+                                       causal, BM, BN)
+
+    def work(b, n):
+        q_blocks = set()
+        for j in range(n * BN, min((n + 1) * BN, int(lk[b]))):
+            for i in range(int(lq[b])):
+                if not causal or j <= i + int(lk[b]) - int(lq[b]):
+                    q_blocks.add(i // BM)
+        return len(q_blocks)
+
+    real = [(b, n) for b in range(len(lk)) for n in range(-(-int(lk[b]) // BN))]
+    got = list(zip(tile_b.tolist(), tile_n.tolist()))[:int(n_tiles)]
+    assert int(n_tiles) == len(real) and sorted(got) == sorted(real)
+    works = [work(b, n) for b, n in got]
+    assert works == sorted(works, reverse=True)
