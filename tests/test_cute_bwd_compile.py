@@ -17,18 +17,9 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _cute import ROOT, have_dsl
 
-
-def _have_dsl():
-    try:
-        import cutlass.cute  # noqa: F401
-        return True, ""
-    except Exception as e:  # not installed, or a broken install
-        return False, f"CuteDSL not importable: {type(e).__name__}: {e}"
-
-
-_ok, _why = _have_dsl()
+_ok, _why = have_dsl()
 pytestmark = pytest.mark.skipif(not _ok, reason=_why)
 
 _SCRIPT = textwrap.dedent("""
