@@ -10,3 +10,26 @@ def have_dsl() -> tuple[bool, str]:
         return True, ""
     except Exception as e:  # not installed, or a broken install
         return False, f"CuteDSL not importable: {type(e).__name__}: {e}"
+
+
+def compile_in_subprocess(tmp_path, script: str, timeout: int):
+    """Run a compile script with CUTE_DSL_ARCH=sm_90a in a fresh process (the DSL reads
+    its settings at import) and return the path of the PTX it kept, or None. Skips the
+    test when the DSL cannot compile on this machine."""
+    import glob
+    import subprocess
+    import sys
+
+    import pytest
+
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=timeout, cwd=str(tmp_path))
+    if "COMPILED" not in r.stdout:
+        tail = (r.stdout + r.stderr)[-3000:]
+        if "libcuda" in tail or "CUDA driver" in tail:
+            pytest.skip(f"CuteDSL cannot compile here: {tail[-300:]}")
+        raise AssertionError(f"compile failed:\n{tail}")
+    ptx = glob.glob(os.path.join(str(tmp_path), "*.ptx"))
+    return ptx[0] if ptx else None

@@ -7,17 +7,15 @@ reduce-add of dQ, setmaxnreg (warp specialization). Where ptxas is on the PATH t
 is also assembled and the test asserts no register spills. Each case takes a few
 seconds. (Compiling is all this machine can do: the kernel has not run on a GPU here.)
 """
-import glob
 import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from _cute import ROOT, have_dsl
+from _cute import ROOT, compile_in_subprocess, have_dsl
 
 _ok, _why = have_dsl()
 pytestmark = pytest.mark.skipif(not _ok, reason=_why)
@@ -33,18 +31,8 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _compile(tmp_path, call, dtype="bf16"):
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
     script = _SCRIPT.format(root=ROOT, dtype=dtype, call=call)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=str(tmp_path))
-    if "COMPILED" not in r.stdout:
-        tail = (r.stdout + r.stderr)[-3000:]
-        if "libcuda" in tail or "CUDA driver" in tail:
-            pytest.skip(f"CuteDSL cannot compile here: {tail[-300:]}")
-        raise AssertionError(f"compile failed:\n{tail}")
-    ptx = glob.glob(os.path.join(str(tmp_path), "*.ptx"))
-    return ptx[0] if ptx else None
+    return compile_in_subprocess(tmp_path, script, timeout=300)
 
 
 def _ptxas(path):

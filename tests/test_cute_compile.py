@@ -5,7 +5,6 @@ compiled on symbolic (fake) tensors, so no device memory is touched. The PTX is 
 (CUTE_DSL_KEEP=ptx) and checked for the Hopper instructions the design relies on:
 wgmma, TMA bulk-tensor loads and setmaxnreg (warp specialization).
 """
-import glob
 import os
 import re
 import subprocess
@@ -14,7 +13,7 @@ import textwrap
 
 import pytest
 
-from _cute import ROOT, have_dsl
+from _cute import ROOT, compile_in_subprocess, have_dsl
 
 _ok, _why = have_dsl()
 pytestmark = pytest.mark.skipif(not _ok, reason=_why)
@@ -31,18 +30,9 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _compile(tmp_path, D, causal=False, bq=False, dtype="bf16"):
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
     script = _SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, dtype=dtype)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                       text=True, timeout=900, cwd=str(tmp_path))
-    if "COMPILED" not in r.stdout:
-        tail = (r.stdout + r.stderr)[-3000:]
-        if "libcuda" in tail or "CUDA driver" in tail:
-            pytest.skip(f"CuteDSL cannot compile here: {tail[-300:]}")
-        raise AssertionError(f"compile failed:\n{tail}")
-    ptx = glob.glob(os.path.join(str(tmp_path), "*.ptx"))
-    return open(ptx[0]).read() if ptx else None
+    ptx = compile_in_subprocess(tmp_path, script, timeout=900)
+    return open(ptx).read() if ptx else None
 
 
 @pytest.mark.parametrize("D", [64, 128])
