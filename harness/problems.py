@@ -136,7 +136,10 @@ class Problem:
         zero-length and length-1 sequences)."""
         lq, lk = lengths if lengths is not None else self.lengths()
         lq, lk = torch.as_tensor(lq, dtype=torch.int64), torch.as_tensor(lk, dtype=torch.int64)
-        gen = torch.Generator().manual_seed(self.seed + 1)
+        # drawn where they live: a B=1152 problem has ~10^9 values per tensor, seconds on
+        # a CPU; the values depend on the seed and on the device type
+        dev = torch.device(device)
+        gen = torch.Generator(dev).manual_seed(self.seed + 1)
         dt, H, Hkv, D = self.torch_dtype, self.heads, self.hkv, self.head_dim
         bq = self.mode == "broadcast_q"
         nq = self.max_seqlen_q if bq else int(lq.sum())
@@ -144,7 +147,7 @@ class Problem:
         nout = self.batch * self.max_seqlen_q if bq else nq
 
         def randn(*shape):
-            return torch.randn(*shape, generator=gen).to(dt).to(device)
+            return torch.randn(*shape, generator=gen, device=dev).to(dt)
 
         q, k, v = randn(nq, H, D), randn(nk, Hkv, D), randn(nk, Hkv, D)
         dout = randn(nout, H, D)
