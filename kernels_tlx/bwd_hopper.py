@@ -29,8 +29,8 @@ Three kernels, named after their roles:
 
 Tile configs: `CONFIGS` names the tile shapes (BLOCK_M query rows per step, BLOCK_N
 keys per tile, warps, pipeline stages, dq_t); `pick_config` picks the default per
-(head dim, max_seqlen_k <= 64 or not), `backward(..., config=name)` or the env var
-JAGGED_BWD_CONFIG overrides it. "base" is v1's shape (spills at D=128); the configs in
+head dim and length bucket (short: max_seqlen_k <= 64 or mean keys per sequence <= 32);
+`backward(..., config=name)` or the env var JAGGED_BWD_CONFIG overrides it. "base" is v1's shape (spills at D=128); the configs in
 `SPILL_FREE` compile with no spills (tests/test_bwd_compile.py, PERF.md).
 
 Broadcast-Q (dQ is a sum over the whole batch, B=1152 in GEM): programs are pinned to a
@@ -120,32 +120,33 @@ SPILL_FREE = {
     64: ("base", "m16n128", "m64n64", "m32n64", "m32n64w4"),
     128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
 }
-# default per (head_dim, bucket); "short" when every sequence's KV fits in 64 keys
-# (max_seqlen_k <= 64), as in fwd_hopper. The default stays "base", the only config
-# that has passed the oracle on a GPU (30/30 on the H200), although it spills at
-# D=128. The spill-free candidates passed the oracle only in the CPU interpreter;
-# the next GPU session measures them (`python -m kernels_tlx.gpu_check_bwd --configs
-# base,m16n128,m64n64,m32n64,m32n64w4`) and updates this table. Expected ranking,
-# not measured: D=128 long "m16n128" (the only spill-free 128-key tile: Q/dO loads and
-# dQ reduce-adds per FLOP scale as 1/BLOCK_N), short buckets "m32n64".
+# default per (head_dim, bucket), chosen by measurement on the H200 (PERF.md, session 2:
+# `gpu_check_bwd --configs ...`, gem-jagged + llm-dense + broadcast-Q, D=128): "base"
+# beat every spill-free config on 15 of 16 shapes, by 1.1-2.4x, so its spills are not
+# the limiter. The exception is very short sequences (gem-jagged 256/0.1, ~26 keys per
+# sequence): m32n64 11.9 TFLOP/s against base's 8.0, since 128-key tiles are ~80 %
+# empty there. "short": mean keys per sequence <= 32 (known on the host from the shapes,
+# no sync) or every sequence within 64 keys. D=64 is not measured: "base".
 DEFAULTS = {
     (64, "long"): "base",
     (64, "short"): "base",
     (128, "long"): "base",
-    (128, "short"): "base",
+    (128, "short"): "m32n64",
 }
+SHORT_MEAN_K = 32
 
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool = False,
-                broadcast_q: bool = False) -> str:
-    """Name of the default config; JAGGED_BWD_CONFIG (a CONFIGS name) overrides it."""
+                broadcast_q: bool = False, mean_k: float | None = None) -> str:
+    """Name of the default config; JAGGED_BWD_CONFIG (a CONFIGS name) overrides it.
+    mean_k: total keys / batch (None: unknown, bucket by max_seqlen_k alone)."""
     env = os.environ.get("JAGGED_BWD_CONFIG")
     if env:
         if env not in CONFIGS:
             raise ValueError(f"JAGGED_BWD_CONFIG={env!r} is not one of {sorted(CONFIGS)}")
         return env
-    bucket = "short" if max_seqlen_k <= 64 else "long"
-    return DEFAULTS[(64 if head_dim <= 64 else 128, bucket)]
+    short = max_seqlen_k <= 64 or (mean_k is not None and mean_k <= SHORT_MEAN_K)
+    return DEFAULTS[(64 if head_dim <= 64 else 128, "short" if short else "long")]
 
 
 def get_config(config) -> Config:
@@ -422,7 +423,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     if impl == "ws":
         cfg = CONFIGS["base"]
     else:
-        cfg = get_config(config if config is not None else pick_config(D, max_k, causal, broadcast_q))
+        cfg = get_config(config if config is not None else
+                         pick_config(D, max_k, causal, broadcast_q, k.shape[0] / max(B, 1)))
     BM, BN = cfg.block_m, cfg.block_n
     L_q = q.shape[0] if broadcast_q else 0
 

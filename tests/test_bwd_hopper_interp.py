@@ -80,6 +80,8 @@ def test_pick_config(monkeypatch):
     assert bw.pick_config(128, 64) == bw.DEFAULTS[(128, "short")]
     assert bw.pick_config(128, 65) == bw.DEFAULTS[(128, "long")]
     assert bw.pick_config(64, 8192, True, False) == bw.DEFAULTS[(64, "long")]
+    assert bw.pick_config(128, 256, mean_k=26.5) == bw.DEFAULTS[(128, "short")]
+    assert bw.pick_config(128, 512, mean_k=52.0) == bw.DEFAULTS[(128, "long")]
     monkeypatch.setenv("JAGGED_BWD_CONFIG", "base")
     assert bw.pick_config(128, 4096) == "base"
     monkeypatch.setenv("JAGGED_BWD_CONFIG", "nope")
