@@ -344,6 +344,9 @@ def document_block_mask(cu_q, cu_k, nq, nk, causal, mask_mod, block=128):
         n = sel.sum(1).to(torch.int32)
         order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)
         idx = torch.gather(cols, 1, order).clamp(max=nkb - 1).to(torch.int32)
+        # torch reads the KV extent (and builds the backward's transposed indices) from
+        # the last dim, so it must span all nkb key blocks; columns past n are ignored
+        idx = torch.nn.functional.pad(idx, (0, nkb - idx.shape[1]))
         return n[None, None], idx[None, None]
 
     kv_n, kv_idx = pack(part)

@@ -101,7 +101,8 @@ def _floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
     return 2.0 * float(((r + 0.3 - 0.3) - r).abs().max()) + 1e-5 if r.numel() else 1e-5
 
 
-def compare(name, got, ref, lowp, dtype) -> Check:
+def compare(name, got, ref, lowp, dtype, extra: float = 0.0) -> Check:
+    """max |got - ref| <= 2 max |lowp - ref| + floor + `extra` (an absolute allowance)."""
     got, ref, lowp = (t.detach().double().cpu() for t in (got, ref, lowp))
     if got.shape != ref.shape:
         return Check(name, math.inf, 0.0, math.inf, (f"shape {tuple(got.shape)} != {tuple(ref.shape)}",), False)
@@ -109,7 +110,7 @@ def compare(name, got, ref, lowp, dtype) -> Check:
     err = (got - ref).abs().masked_fill(both_inf, 0.0).nan_to_num(math.inf)
     base = (lowp - ref).abs().masked_fill(torch.isinf(ref) & (lowp == ref), 0.0).nan_to_num(0.0)
     fin = torch.isfinite(ref)
-    tol = 2.0 * float(base.max()) + _floor(ref[fin], dtype) if ref.numel() else 1.0
+    tol = 2.0 * float(base.max()) + _floor(ref[fin], dtype) + extra if ref.numel() else 1.0
     if not err.numel():
         return Check(name, 0.0, tol, 0.0, (), True)
     max_err = float(err.max())
@@ -148,6 +149,13 @@ def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=Fals
     if backward:
         poison(q, k, v)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout)
+        # dS = P * (dP - delta) cancels to exactly 0 where a row sees one key, and the
+        # low-precision PyTorch reference gets that 0 exactly; a flash kernel forms dP
+        # and delta = rowsum(dO * O) by different fp32 sums, so it is left with fp32
+        # rounding noise at the scale of dP, whose size dV's entries share
+        # (sums of dO rows): allow 2^-16 of that in dq and dk
+        noise = 2.0 ** -16 * float(ref["dv"].abs().max()) if ref["dv"].numel() else 0.0
         for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-            rep.checks.append(compare(name, g, ref[name], lowp[name], inp.q.dtype))
+            rep.checks.append(compare(name, g, ref[name], lowp[name], inp.q.dtype,
+                                      extra=noise if name != "dv" else 0.0))
     return rep

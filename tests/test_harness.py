@@ -229,3 +229,23 @@ def test_cli_bench_smoke_on_cpu(tmp_path):
     assert "No CUDA GPU" in r.stderr
     rows = bench.read_rows(tmp_path / "results.csv")
     assert [(x["backend"], x["pass"], x["status"]) for x in rows] == [("triton", "fwd", "ok")], rows
+
+
+def test_flex_forward_on_cpu():
+    """The flex baseline's forward through torch's CPU FlexAttention (its backward
+    needs a GPU): the BlockMask's index tensors must span every KV block, or torch
+    misreads the KV extent (a device-side assert on the H200, a lowering error here)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from harness.backends import _flex_make
+    from harness.oracle import check
+    fn = _flex_make()
+    for p in (Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.5, dtype="fp16", seed=3),
+              Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
+                      seed=4, causal=True)):
+        try:
+            rep = check(p.build(), fn, causal=p.causal, backward=False)
+        except Exception as e:  # no C++ toolchain for inductor's CPU code on this machine
+            if "CppCompileError" in type(e).__name__ + str(e)[:200]:
+                pytest.skip(f"inductor cannot compile for the CPU here: {str(e)[:120]}")
+            raise
+        assert rep.ok, f"{p.label()}\n{rep}"

@@ -82,3 +82,31 @@ def test_compare_reports_shape_mismatch_and_infs():
     assert compare("lse", torch.tensor([1.0, float("-inf")]), ref, ref, torch.float32).ok
     assert not compare("lse", torch.tensor([1.0, 0.0]), ref, ref, torch.float32).ok
     assert not compare("out", torch.zeros(3), ref, ref, torch.float32).ok
+
+
+def test_single_key_rows_allow_fp32_noise_in_dk_only():
+    """With one key per sequence the true dk is exactly 0; a flash kernel leaves fp32
+    rounding noise there (dP and delta summed in different orders): that passes, a
+    real error does not."""
+    p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=40, max_seqlen_k=1, mode="cross",
+                sparsity=1.0, seed=5)
+    inp = p.build()
+    ref = reference(inp)
+    assert float(ref["dk"].abs().max()) < 1e-12
+
+    def with_dk_error(err):
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                return ref["out"].to(q.dtype)
+
+            @staticmethod
+            def backward(ctx, g):
+                noise = err * torch.randn(ref["dk"].shape, dtype=torch.float64)
+                return (ref["dq"].to(inp.q.dtype), (ref["dk"] + noise).to(inp.q.dtype),
+                        ref["dv"].to(inp.q.dtype))
+
+        return lambda q, k, v, *a, **kw: F.apply(q, k, v)
+
+    assert check(inp, with_dk_error(1e-5)).ok  # about 3e-5 at most: over the 1e-5 floor
+    assert not check(inp, with_dk_error(1e-2)).ok
