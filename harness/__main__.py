@@ -70,6 +70,16 @@ def cmd_sweep(a, timing: bool):
     print(f"rows in {path}")
 
 
+def cmd_profile(a):
+    import torch
+    from .problems import suite
+    if not torch.cuda.is_available():
+        sys.exit("profile needs a CUDA GPU")
+    from .profile import run
+    problems = [p for s in _csv_list(a.suite) for p in suite(s) if a.match in p.label()]
+    run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n)
+
+
 def _print_table(rows, timing):
     w = max([len(r["backend"]) for r in rows] + [7])
     for r in rows:
@@ -101,6 +111,12 @@ def main(argv=None):
         s.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per job (one backend on one problem, all passes)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
+    s = sub.add_parser("profile", help="host time, GPU kernel time and do_bench of one backend per problem")
+    s.add_argument("--suite", default="gem-jagged")
+    s.add_argument("--backends", default="tlx")
+    s.add_argument("--passes", default="fwd,bwd")
+    s.add_argument("--match", default="", help="only problems whose label contains this")
+    s.add_argument("--n", type=int, default=10, help="calls per measurement")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")
@@ -115,6 +131,8 @@ def main(argv=None):
         serve(a.backend, a.module)
     elif a.cmd in ("bench", "check"):
         cmd_sweep(a, timing=a.cmd == "bench")
+    elif a.cmd == "profile":
+        cmd_profile(a)
     elif a.cmd == "plot":
         from .plots import plot_all
         for d in _report_dirs(a.out):

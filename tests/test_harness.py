@@ -249,3 +249,10 @@ def test_flex_forward_on_cpu():
                 pytest.skip(f"inductor cannot compile for the CPU here: {str(e)[:120]}")
             raise
         assert rep.ok, f"{p.label()}\n{rep}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_profile_needs_gpu():
+    r = subprocess.run([sys.executable, "-m", "harness", "profile", "--match", "Lq256"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr

@@ -1,0 +1,92 @@
+"""Where one backend's time goes on one problem: the host's time to issue a call, the
+GPU kernels' time per call (torch.profiler), and the sweep's do_bench median.
+
+A diagnostic for cells whose time does not follow their work (on the H200 in session
+2, tlx at gem-jagged 256 took 0.42-0.52 ms forward at every sparsity, and its
+backward never went under 1.6 ms in the sweep although the kernel alone took
+0.45 ms): when the host time per call is above the kernels' time, the GPU waits for
+launches and do_bench times the host. Every problem passes the oracle gate first.
+
+    python -m harness profile --backends tlx,triton --suite gem-jagged --match "Lq256 Lk256 s0.1"
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from .bench import _outs, _time
+from .oracle import check
+from .problems import Problem
+
+
+def _call(fn, inp, pass_: str, kw: dict):
+    """A no-argument callable running one pass (bwd: the backward alone, as the sweep)."""
+    args = inp.args()
+    if pass_ == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return fn(*args, **kw)
+        return fwd
+    q, k, v = (t.detach().clone().requires_grad_() for t in args[:3])
+    out = _outs(fn(q, k, v, *args[3:], **kw))[0]
+    return lambda: torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True)
+
+
+def kernel_times(call, n: int) -> dict[str, float]:
+    """Mean GPU time per call (ms) of each kernel name over n calls."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        us = getattr(e, "self_cuda_time_total", 0.0) if us is None else us
+        if us > 0:
+            out[e.key] += us / n / 1e3
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def profile_one(fn, p: Problem, pass_: str, n: int = 10) -> dict:
+    kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+    inp = p.build("cuda")
+    call = _call(fn, inp, pass_, kw)
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):  # issue only: the GPU may still be running when the loop ends
+        call()
+    host = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    kernels = kernel_times(call, n)
+    return dict(host_ms=host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
+                kernels=kernels)
+
+
+def run(backend_names, problems, passes, n=10, gate_batch=64) -> list[str]:
+    from . import backends
+    lines = []
+    for name in backend_names:
+        b = backends.get(name)
+        ok, why = b.available()
+        if not ok:
+            lines.append(f"{name}: unavailable ({why})")
+            continue
+        fn = b.fn()
+        for p in problems:
+            kw = dict(causal=p.causal, broadcast_q=p.mode == "broadcast_q")
+            gp = p.replace(batch=gate_batch) if 0 < gate_batch < p.batch else p
+            rep = check(gp.build("cuda"), fn, backward="bwd" in passes, check_lse=b.own, **kw)
+            if not rep.ok:
+                lines.append(f"{name} {p.label()}: gate failed, not profiled: {rep.summary()}")
+                continue
+            for ps in passes:
+                r = profile_one(fn, p, ps, n)
+                top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
+                lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms  "
+                             f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
+                print(lines[-1], flush=True)
+    return lines
