@@ -34,11 +34,14 @@ def _table(df: pd.DataFrame, value: str, fmt: str) -> str:
     return "\n".join(out)
 
 
+_PROBLEM = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
+            "max_seqlen_q", "max_seqlen_k", "sparsity"]
+
+
 def _missing(df: pd.DataFrame) -> pd.DataFrame:
     """(backend, problem, pass) combinations absent from the CSV, over the backends,
     problems and passes that appear in it."""
-    prob = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
-            "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    prob = _PROBLEM
     if df.empty:
         return df
     grid = (df[prob].drop_duplicates()
@@ -114,11 +117,17 @@ def write_report(out_dir, charts=True) -> Path:
     if bad.empty and missing.empty:
         md.append("Everything ran and passed the gate.")
     elif not bad.empty:
-        md += ["| backend | pass | suite | shape | status | reason |", "|---|---|---|---|---|---|"]
-        for _, r in bad.iterrows():
-            why = str(r["error"]).replace("|", "/").replace("\n", " ")[:220]
-            md.append(f"| {r['backend']} | {r['pass']} | {r['suite']} | {_shape(r)} | "
-                      f"{r['status']} | {why} |")
+        # one line per (backend, status, reason): a backend that failed everywhere for
+        # one reason is one line, not one per cell
+        bad = bad.assign(why=bad["error"].astype(str).str.replace("|", "/")
+                         .str.replace("\n", " ").str.slice(0, 220))
+        md += ["| backend | status | where | reason |", "|---|---|---|---|"]
+        for (b, st, why), g in bad.groupby(["backend", "status", "why"], sort=False):
+            where = ("; ".join(f"{r['pass']} {r['suite']} {_shape(r)}" for _, r in g.iterrows())
+                     if len(g) <= 3 else
+                     f"{len(g)} rows: {'+'.join(g['pass'].unique())} on {len(g.drop_duplicates(_PROBLEM))} "
+                     f"shapes of {', '.join(g['suite'].unique())}")
+            md.append(f"| {b} | {st} | {where} | {why} |")
     lines_md = out_dir.parent / "lines.md"
     if lines_md.exists():
         md += ["", "Code size by role: [lines.md](../lines.md)."]
