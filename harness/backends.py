@@ -366,6 +366,11 @@ def _flex_make():
     for knob in ("cache_size_limit", "recompile_limit"):  # many shapes per worker
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1024)
+    import torch._functorch.config as fconfig
+    # the sweep times the backward alone with retain_graph=True, which a compiled
+    # backward that donates its saved buffers refuses
+    if hasattr(fconfig, "donated_buffer"):
+        fconfig.donated_buffer = False
     flex = torch.compile(flex_attention)  # default dynamic: new totals reuse the graph
 
     def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
