@@ -241,9 +241,12 @@ def test_flex_forward_on_cpu():
     fn = _flex_make()
     for p in (Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.5, dtype="fp16", seed=3),
               Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
-                      seed=4, causal=True)):
+                      seed=4, causal=True),
+              Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=150,
+                      mode="broadcast_q", sparsity=0.5, dtype="fp16", seed=6)):
         try:
-            rep = check(p.build(), fn, causal=p.causal, backward=False)
+            rep = check(p.build(), fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
+                        backward=False)
         except Exception as e:  # no C++ toolchain for inductor's CPU code on this machine
             if "CppCompileError" in type(e).__name__ + str(e)[:200]:
                 pytest.skip(f"inductor cannot compile for the CPU here: {str(e)[:120]}")
@@ -256,3 +259,23 @@ def test_profile_needs_gpu():
     r = subprocess.run([sys.executable, "-m", "harness", "profile", "--match", "Lq256"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "needs a CUDA GPU" in r.stderr
+
+
+def test_flex_block_mask_is_reused_while_offsets_stay(monkeypatch):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from harness import backends
+    built = []
+    real = backends._document_mask
+    monkeypatch.setattr(backends, "_document_mask", lambda *a: built.append(1) or real(*a))
+    fn = backends._flex_make()
+    inp = Problem(batch=3, heads=1, head_dim=64, max_seqlen_q=40, sparsity=0.5, dtype="fp16").build()
+    calls = [(inp.cu_seqlens_q, inp.cu_seqlens_k), (inp.cu_seqlens_q, inp.cu_seqlens_k),
+             (inp.cu_seqlens_q.clone(), inp.cu_seqlens_k)]
+    for cq, ck in calls:
+        try:
+            fn(inp.q, inp.k, inp.v, cq, ck, 40, 40)
+        except Exception as e:  # no C++ toolchain for inductor's CPU code on this machine
+            if "CppCompileError" in type(e).__name__ + str(e)[:200]:
+                pytest.skip("inductor cannot compile for the CPU here")
+            raise
+    assert len(built) == 2  # the same offsets tensors reuse the mask; new ones rebuild it
