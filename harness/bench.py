@@ -349,11 +349,14 @@ class Worker:
         return json.loads(line)
 
     def _tail(self, n=6):
+        """The worker log's last exception line (e.g. `torch.AcceleratorError: CUDA
+        error: device-side assert triggered`), else its last lines."""
         try:
             lines = [l.strip() for l in open(self.log).read().splitlines() if l.strip()]
-            return " | ".join(lines[-n:])[-400:]
         except OSError:
             return ""
+        exc = [l for l in lines if re.match(r"^[\w.]+(Error|Exception)\b", l)]
+        return exc[-1][:400] if exc else " | ".join(lines[-n:])[-400:]
 
     def request(self, p: Problem, passes, timeout, **opts):
         msg = {"problem": dataclasses.asdict(p), "passes": list(passes), **opts}

@@ -279,3 +279,10 @@ def test_flex_block_mask_is_reused_while_offsets_stay(monkeypatch):
                 pytest.skip("inductor cannot compile for the CPU here")
             raise
     assert len(built) == 2  # the same offsets tensors reuse the mask; new ones rebuild it
+
+
+def test_sanitize_problems_pass_the_portable_kernel_on_cpu():
+    """The sanitizer script's problems (each mode, zero-length and length-1 sequences)
+    run and pass the oracle through the portable kernel in the interpreter."""
+    from harness.sanitize import main
+    assert main(["--impl", "triton", "--device", "cpu"]) == 0
