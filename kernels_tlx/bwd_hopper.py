@@ -158,9 +158,17 @@ def get_config(config) -> Config:
     return CONFIGS[config]
 
 
+# the warp-specialized kernel's tile (impl="ws", bwd_hopper_ws.py): 128 keys per tile as
+# two 64-key consumer warpgroups, 32 query rows per step. 32, not 64, rows: at D=128 a
+# consumer holds its dK and dV accumulators (128 registers a thread) across the Q loop,
+# and the S^T, dP^T, P^T, dS^T and dQ^T tiles of 64 rows on top spill (compile-only,
+# PERF.md); 32 rows halve those.
+WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
+
+
 def config(head_dim: int) -> dict:
-    """v1's tile shape as a dict (the warp-specialized kernel, impl="ws", uses it)."""
-    c = CONFIGS["base"]
+    """The warp-specialized kernel's tile shape as a dict (impl="ws")."""
+    c = WS_CONFIG
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
                 num_stages=c.num_stages)
 
@@ -389,13 +397,13 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
 # ---------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------
-def _desc(t, rows, D):
+def _desc(t, rows, D, cols=None):
     """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
-    tensor seen as [tokens, heads * D], box [rows, D]."""
+    tensor seen as [tokens, heads * D], box [rows, cols or D]."""
     t2 = t.reshape(-1, t.shape[-2] * t.shape[-1])
     n = max(t2.shape[0], 1)
     return TensorDescriptor(t2, shape=[n, t2.shape[1]], strides=[t2.shape[1], 1],
-                            block_shape=[rows, D])
+                            block_shape=[rows, cols or D])
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -406,7 +414,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     warp-specialized TLX kernel of bwd_hopper_ws.py); env JAGGED_BWD_IMPL sets the
     default. deterministic: see the module docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel always runs v1's tile shape ("base")."""
+    "ws" kernel always runs WS_CONFIG."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton")
     if deterministic:
         impl = "triton"
@@ -421,7 +429,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     Nq = out.shape[0]
     dev = q.device
     if impl == "ws":
-        cfg = CONFIGS["base"]
+        cfg = WS_CONFIG
     else:
         cfg = get_config(config if config is not None else
                          pick_config(D, max_k, causal, broadcast_q, k.shape[0] / max(B, 1)))
@@ -452,17 +460,18 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     cu_q_arg = cu_q if cu_q is not None else cu_k
     q_desc = _desc(q, BM, D)
     do_desc = _desc(dout, BM, D)
-    dq_desc = _desc(dq_acc, BM, D)
     if impl == "ws":
-        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws
+        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws, dq_cols
         kv_rows = BN // NUM_CONSUMERS.value
+        dq_desc = _desc(dq_acc, BM, D, cols=dq_cols(D))  # a consumer's columns
         _bwd_main_ws[(grid_main,)](
             q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-            BROADCAST_Q=bool(broadcast_q), num_warps=4, num_stages=1)
+            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), num_warps=4, num_stages=1)
     else:
+        dq_desc = _desc(dq_acc, BM, D)
         _bwd_main[(grid_main,)](
             q_desc, _desc(k, BN, D), _desc(v, BN, D), do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
             cu_q_arg, cu_k, tile_b, tile_n, n_tiles,

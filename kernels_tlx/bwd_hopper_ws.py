@@ -1,5 +1,6 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
-preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`).
+preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
+tile WS_CONFIG: 128 keys per tile, 32 query rows per step).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel. Per program, four roles (tlx.async_task), each its own helper:
@@ -10,13 +11,21 @@ plain kernel. Per program, four roles (tlx.async_task), each its own helper:
   compute    (2 consumer warpgroups, replicate=2): consumer c owns keys
              [n0 + 64c, n0 + 64c + 64) of the tile: S^T = K_c Q^T, dP^T = V_c dO^T
              (wgmma, smem operands), P^T, dS^T in registers (LSE and delta read per
-             Q block from L2), dV_c += P^T dO, dK_c += dS^T Q (register A operand),
-             dS^T -> smem, dQ_c = dS_c K_c (wgmma from smem) -> fp32 staging smem.
+             Q block from L2), dV_c += P^T dO, dK_c += dS^T Q (register A operand).
+             dQ with the head dim as the wgmma's M: dS^T -> smem; at D = 128 the two
+             consumers meet at a named barrier and consumer c forms dQ columns
+             [64c, 64c + 64) over all 128 keys (one reduce-add per Q block, 32
+             registers of accumulator); at D = 64 each forms all columns over its own
+             keys. The result goes to an fp32 staging buffer.
   reduce_dq  (1 warp): TMA bulk reduce-add (cp.reduce.async.bulk.tensor .add.f32) of
-             each consumer's staged dQ_c into the fp32 accumulator, then frees the
-             stage. It owns the dQ reduction, so the consumers never wait on global
-             atomics.
-  store      (inside the consumer, at the end of a tile): dK_c (times scale), dV_c.
+             each consumer's staged dQ into the fp32 accumulator, then frees the stage.
+             It owns the dQ reduction, so the consumers never wait on global atomics.
+  store      (inside the consumer, at the end of a tile): dK_c (times scale) and dV_c
+             through the consumer's own V smem (no longer read), in 16-row slices, so
+             no whole-tile pointer tensor competes with the accumulators for registers.
+
+Registers (compile-only, sm_90a, D = 128): 32-row steps and the sliced store leave no
+spill inside the Q-block loop; 64-row steps spilled the accumulators there (PERF.md).
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
@@ -34,6 +43,13 @@ NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NU
 # setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
 REGS_COMPUTE = tl.constexpr(232)
 REGS_REDUCE = tl.constexpr(24)
+DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
+
+
+def dq_cols(head_dim: int) -> int:
+    """dQ columns per consumer (the DQ_COLS constexpr and the dQ TMA box width)."""
+    half = head_dim // NUM_CONSUMERS.value
+    return half if half >= 64 else head_dim
 
 
 @triton.jit
@@ -104,7 +120,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             scale, stride_k_tok, stride_k_h, stride_lse_h,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+            BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+            DQ_COLS: tl.constexpr):
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     cid: tl.constexpr = tlx.async_task_replica_id()
@@ -115,7 +132,6 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
     qcnt = 0
     kc = k_smem[cid]
     vc = v_smem[cid]
-    dsc = ds_smem[cid]
     dqc = dq_smem[cid]
     for t in range(first, n_tiles, step):
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
@@ -156,35 +172,65 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             dpt = tlx.async_dot_wait(1, dpt)
             dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
             dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
-            # dQ_c = dS_c K_c, A operand dS^T staged through smem and read transposed
-            tlx.local_store(dsc, dst)
+            # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
+            # buffered by Q-block parity). At D >= 128 the consumers meet, then each
+            # forms its DQ_COLS columns over all BLOCK_N keys:
+            #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
+            # (one reduce-add per Q block); at D = 64 (a 32-column wgmma is too thin)
+            # each forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
+            sb = (qcnt % 2) * NC
+            tlx.local_store(ds_smem[sb + cid], dst)
             tlx.fence_async_shared()
-            dq = tlx.async_dot(tlx.local_trans(dsc), kc)
-            dq = tlx.async_dot_wait(0, dq)
+            if DQ_COLS < D:
+                tlx.named_barrier_wait(DS_BARRIER, NC * 128)
+                dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
+                for c2 in tl.static_range(NC):
+                    kt = tlx.local_trans(tlx.local_slice(k_smem[c2], [0, cid * DQ_COLS],
+                                                         [BNC, DQ_COLS]))
+                    dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
+            else:
+                dqt = tlx.async_dot(tlx.local_trans(kc), ds_smem[sb + cid])
+            dqt = tlx.async_dot_wait(0, dqt)
             dv = tlx.async_dot_wait(0, dv)
             dk = tlx.async_dot_wait(0, dk)
             tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
-            # hand dQ_c to the reduce_dq task
+            # hand this consumer's dQ columns to the reduce_dq task
             tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
-            tlx.local_store(dqc, dq)
+            tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
             tlx.barrier_arrive(dq_full[cid], 1)
             qcnt += 1
+        # V_c is read by this consumer alone, and no longer: it stages the stores
+        store_dkdv(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
+                   stride_k_tok, stride_k_h, BNC, D)
         tlx.barrier_arrive(kv_empty[0], 1)                    # K/V stage free
-        store_dkdv(dk_ptr, dv_ptr, dk, dv, k_start, offs_n, len_k, hk, scale,
-                   stride_k_tok, stride_k_h, D)
         i += 1
 
 
 @triton.jit
-def store_dkdv(dk_ptr, dv_ptr, dk, dv, k_start, offs_n, len_k, hk, scale,
-               stride_k_tok, stride_k_h, D: tl.constexpr):
-    """store: dK_c (times the softmax scale) and dV_c in the input dtype."""
+def store_dkdv(dk_ptr, dv_ptr, dk, dv, stage, k_start, nc0, len_k, hk, scale,
+               stride_k_tok, stride_k_h, BNC: tl.constexpr, D: tl.constexpr):
+    """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
+    (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole
+    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV."""
+    xk = (dk * scale).to(dk_ptr.dtype.element_ty)  # both narrowed first: the fp32
+    xv = dv.to(dv_ptr.dtype.element_ty)              # accumulators die here
+    _store_rows(dk_ptr, xk, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
+    _store_rows(dv_ptr, xv, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
+
+
+@triton.jit
+def _store_rows(ptr, x, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h,
+                BNC: tl.constexpr, D: tl.constexpr):
+    ROWS: tl.constexpr = 16
+    tlx.local_store(stage, x)
     d = tl.arange(0, D)
-    mask = (offs_n < len_k)[:, None]
-    off = (k_start + offs_n)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
-    tl.store(dk_ptr + off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=mask)
+    for r in tl.static_range(BNC // ROWS):
+        rows = nc0 + r * ROWS + tl.arange(0, ROWS)
+        y = tlx.local_load(tlx.local_slice(stage, [r * ROWS, 0], [ROWS, D]))
+        off = (k_start + rows)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
+        # rows start 16-byte aligned (backward allocates dK/dV contiguous): vector stores
+        tl.store(tl.multiple_of(ptr + off, [1, 16]), y, mask=(rows < len_k)[:, None])
 
 
 @triton.jit
@@ -192,7 +238,8 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
               tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+              BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+              DQ_COLS: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
@@ -211,9 +258,10 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
             row = (slot_row + q_start + m0).to(tl.int32)
-            for c in tl.static_range(NC):
+            for c in tl.static_range(NC):  # consumer c's columns, or all D twice
                 tlx.barrier_wait(dq_full[c], qcnt & 1)
-                tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, h * D], store_reduce="add")
+                col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
+                tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
             # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
             tlx.async_descriptor_store_wait(0)
             for c in tl.static_range(NC):
@@ -228,18 +276,20 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr):
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
-    # shared memory: K/V halves (one stage), Q/dO ring, dS^T and dQ staging per consumer
+    # shared memory: K/V halves (one stage), Q/dO ring, dS^T halves (two Q blocks deep:
+    # a consumer may write the next block's while the other still reads this one's),
+    # dQ column-half staging per consumer
     k_smem = tlx.local_alloc((BNC, D), dt, NC)
     v_smem = tlx.local_alloc((BNC, D), dt, NC)
     q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
-    ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, NC)
-    dq_smem = tlx.local_alloc((BLOCK_M, D), tl.float32, NC)
+    ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
+    dq_smem = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, NC)
     kv_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
     kv_empty = tlx.alloc_barriers(num_barriers=1, arrive_count=NC)
     q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
@@ -259,8 +309,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)
         with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
             reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                       tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                      H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
+                      H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)

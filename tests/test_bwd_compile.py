@@ -156,11 +156,12 @@ if __name__ == "__main__":  # PYTHONPATH=. python tests/test_bwd_compile.py > ta
 
 # ---- warp-specialized TLX kernel (impl="ws")
 def ws_signature(dt, d):
+    from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     bm, bnc = cfg["BLOCK_M"], cfg["BLOCK_N"] // 2
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{d}]>",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{ws.dq_cols(d)}]>",
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr")})
     sig.update(scale="fp32", L_q="i32", stride_k_tok="i32", stride_k_h="i32", stride_lse_h="i32")
@@ -174,18 +175,19 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2):
     return compile_kernel(
         ws._bwd_main_ws, ws_signature(dt, d),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                        CAUSAL=causal, BROADCAST_Q=bq),
+                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d)),
         arch=90, num_warps=4, num_stages=1,
         name=f"bwd_main_ws D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
 
 
 @pytest.mark.parametrize("d,causal,bq", [(64, False, False), (64, True, True),
-                                         pytest.param(128, True, False, marks=pytest.mark.xfail(
-                                             reason="D=128 consumers spill at 232 regs (known)",
-                                             strict=False))])
+                                         (128, False, False), (128, True, True)])
 def test_ws_compiles(d, causal, bq):
     rep = compile_ws(d, causal, bq)
     print(rep.row())
     assert rep.has_mma and rep.setmaxnreg
     assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
-    assert not rep.spills, f"spills: {rep.row()}"
+    # D=128: a few dozen spill instructions remain at tile boundaries (the tile loop's
+    # scalars), none inside the Q-block loop (PERF.md); the 500+ of 64-row steps or of
+    # whole-tile dK/dV pointer tensors fail here
+    assert rep.spill_insts <= (0 if d == 64 else 100), f"spills: {rep.row()}"
