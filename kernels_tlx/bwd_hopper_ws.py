@@ -6,7 +6,7 @@ One persistent program per SM walks the same jagged, longest-first KV-tile list 
 plain kernel. Per program, four roles (tlx.async_task), each its own helper:
 
   load       (default task, producer): per KV tile, K and V (two 64-key halves) by TMA
-             into one smem stage; per Q block, Q and dO by TMA into a ring of
+             into a ring of NUM_BUF_KV stages; per Q block, Q and dO by TMA into a ring of
              NUM_BUF_Q stages (mbarrier full/empty pairs).
   compute    (2 consumer warpgroups, replicate=2): consumer c owns keys
              [n0 + 64c, n0 + 64c + 64) of the tile: S^T = K_c Q^T, dP^T = V_c dO^T
@@ -39,6 +39,7 @@ import triton.language.extra.tlx as tlx
 from .bwd_hopper import schedule
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
+NUM_BUF_KV = tl.constexpr(2)      # K/V stages: the next tile loads during this one
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
 # setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
 REGS_COMPUTE = tl.constexpr(232)
@@ -91,12 +92,15 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
         if BROADCAST_Q:
             hk = pid % HKV
         # K, V of the tile: one stage, freed by both consumers at the end of the tile
-        tlx.barrier_wait(kv_empty[0], (i & 1) ^ 1)
-        tlx.barrier_expect_bytes(kv_full[0], 2 * ELT * BLOCK_N * D)
+        kvb, kph = _buf_phase(i, NUM_BUF_KV)
+        tlx.barrier_wait(kv_empty[kvb], kph ^ 1)
+        tlx.barrier_expect_bytes(kv_full[kvb], 2 * ELT * BLOCK_N * D)
         krow = (k_start + n0).to(tl.int32)
         for c in tl.static_range(NC):
-            tlx.async_descriptor_load(k_desc, k_smem[c], [krow + c * BNC, hk * D], kv_full[0])
-            tlx.async_descriptor_load(v_desc, v_smem[c], [krow + c * BNC, hk * D], kv_full[0])
+            tlx.async_descriptor_load(k_desc, k_smem[kvb * NC + c], [krow + c * BNC, hk * D],
+                                      kv_full[kvb])
+            tlx.async_descriptor_load(v_desc, v_smem[kvb * NC + c], [krow + c * BNC, hk * D],
+                                      kv_full[kvb])
         # Q, dO per (query head of the group, Q block)
         for j in range(0, G * n_m):
             h = hk * G + j // n_m
@@ -130,8 +134,6 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
     qk_scale2 = scale * 1.4426950408889634
     i = 0
     qcnt = 0
-    kc = k_smem[cid]
-    vc = v_smem[cid]
     dqc = dq_smem[cid]
     for t in range(first, n_tiles, step):
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
@@ -143,7 +145,10 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         offs_n = nc0 + tl.arange(0, BNC)
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
-        tlx.barrier_wait(kv_full[0], i & 1)
+        kvb, kph = _buf_phase(i, NUM_BUF_KV)
+        tlx.barrier_wait(kv_full[kvb], kph)
+        kc = k_smem[kvb * NC + cid]
+        vc = v_smem[kvb * NC + cid]
         for j in range(0, G * n_m):
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
@@ -185,7 +190,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 tlx.named_barrier_wait(DS_BARRIER, NC * 128)
                 dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
                 for c2 in tl.static_range(NC):
-                    kt = tlx.local_trans(tlx.local_slice(k_smem[c2], [0, cid * DQ_COLS],
+                    kt = tlx.local_trans(tlx.local_slice(k_smem[kvb * NC + c2],
+                                                         [0, cid * DQ_COLS],
                                                          [BNC, DQ_COLS]))
                     dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
             else:
@@ -203,7 +209,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         # V_c is read by this consumer alone, and no longer: it stages the stores
         store_dkdv(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
                    stride_k_tok, stride_k_h, BNC, D)
-        tlx.barrier_arrive(kv_empty[0], 1)                    # K/V stage free
+        tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
         i += 1
 
 
@@ -281,17 +287,17 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
-    # shared memory: K/V halves (one stage), Q/dO ring, dS^T halves (two Q blocks deep:
+    # shared memory: K/V halves (NUM_BUF_KV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
     # dQ column-half staging per consumer
-    k_smem = tlx.local_alloc((BNC, D), dt, NC)
-    v_smem = tlx.local_alloc((BNC, D), dt, NC)
+    k_smem = tlx.local_alloc((BNC, D), dt, NC * NUM_BUF_KV)  # [stage * NC + consumer]
+    v_smem = tlx.local_alloc((BNC, D), dt, NC * NUM_BUF_KV)
     q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
     dq_smem = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, NC)
-    kv_full = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
-    kv_empty = tlx.alloc_barriers(num_barriers=1, arrive_count=NC)
+    kv_full = tlx.alloc_barriers(num_barriers=NUM_BUF_KV, arrive_count=1)
+    kv_empty = tlx.alloc_barriers(num_barriers=NUM_BUF_KV, arrive_count=NC)
     q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
     q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
     dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
