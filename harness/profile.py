@@ -21,6 +21,10 @@ from .oracle import check
 from .problems import Problem
 
 
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _call(fn, inp, pass_: str, kw: dict):
     """A no-argument callable running one pass (bwd: the backward alone, as the sweep)."""
     args = inp.args()
@@ -34,13 +38,20 @@ def _call(fn, inp, pass_: str, kw: dict):
     return lambda: torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True)
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def kernel_times(call, n: int) -> dict[str, float]:
-    """Mean GPU time per call (ms) of each kernel name over n calls."""
+    """Mean GPU time per call (ms) of each kernel name over n calls (empty without a GPU)."""
     from torch.profiler import ProfilerActivity, profile
+    if not torch.cuda.is_available():
+        return {}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             call()
-        torch.cuda.synchronize()
+        _sync()
     out = defaultdict(float)
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", None)
@@ -52,15 +63,15 @@ def kernel_times(call, n: int) -> dict[str, float]:
 
 def profile_one(fn, p: Problem, pass_: str, n: int = 10) -> dict:
     kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
-    inp = p.build("cuda")
+    inp = p.build(_device())
     call = _call(fn, inp, pass_, kw)
     call()
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     for _ in range(n):  # issue only: the GPU may still be running when the loop ends
         call()
     host = (time.perf_counter() - t0) / n * 1e3
-    torch.cuda.synchronize()
+    _sync()
     kernels = kernel_times(call, n)
     return dict(host_ms=host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
                 kernels=kernels)
@@ -79,7 +90,7 @@ def run(backend_names, problems, passes, n=10, gate_batch=64) -> list[str]:
         for p in problems:
             kw = dict(causal=p.causal, broadcast_q=p.mode == "broadcast_q")
             gp = p.replace(batch=gate_batch) if 0 < gate_batch < p.batch else p
-            rep = check(gp.build("cuda"), fn, backward="bwd" in passes, check_lse=b.own, **kw)
+            rep = check(gp.build(_device()), fn, backward="bwd" in passes, check_lse=b.own, **kw)
             if not rep.ok:
                 lines.append(f"{name} {p.label()}: gate failed, not profiled: {rep.summary()}")
                 continue

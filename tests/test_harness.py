@@ -286,3 +286,13 @@ def test_sanitize_problems_pass_the_portable_kernel_on_cpu():
     run and pass the oracle through the portable kernel in the interpreter."""
     from harness.sanitize import main
     assert main(["--impl", "triton", "--device", "cpu"]) == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the same code")
+def test_profile_runs_gate_then_reports(capsys):
+    """harness.profile on the portable kernel in the interpreter: gate, then one line per
+    pass (the GPU columns are empty here), so a GPU session spends no time on its bugs."""
+    from harness.profile import run
+    p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=20, sparsity=0.5, dtype="fp16")
+    lines = run(["triton"], [p], ["fwd", "bwd"], n=1)
+    assert len(lines) == 2 and all("host" in l and "do_bench" in l for l in lines), lines
