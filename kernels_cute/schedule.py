@@ -18,6 +18,8 @@ device-side decode every role of the kernel calls with the same tile id, so the
 
 import torch
 
+from harness.tiles import LAST_KEY, padded_keys
+
 
 WORK_TOP = 1 << 30  # sort key = (WORK_TOP - work) << 32 | pair: ascending = longest first
 KEYS_THREADS = 256
@@ -101,14 +103,14 @@ def _keys_kernel(block_m, block_n, causal, broadcast_q):
 
 def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
                 block_m: int, block_n: int, causal: bool):
-    """-> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
+    """-> (pairs int64 [>= batch * nblk], longest first, the pair b * nblk + m in the low 32
     bits; count int32 [1] of valid pairs; nblk). One small CuteDSL kernel makes the keys,
     one device sort orders them: no host sync, few launches.
 
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
     nblk = max(1, cdiv(max_seqlen_q, block_m))
     n_pairs = batch * nblk
-    keys = torch.empty(n_pairs, dtype=torch.int64, device=cu_k.device)
+    keys = padded_keys(n_pairs, cu_k.device, LAST_KEY)  # see harness.tiles.SMALL_SORT_MAX
     count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
     _keys_kernel(block_m, block_n, causal, len_q_dense is not None)(
         None if len_q_dense is not None else cu_q, cu_k, keys, count, n_pairs, nblk,

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.tiles import LAST_KEY, padded_keys
+
 
 
 
@@ -49,14 +51,14 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NBLK, L_q,
 
 def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
                 block_m: int, block_n: int, causal: bool):
-    """-> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
+    """-> (pairs int64 [>= batch * nblk], longest first, the pair b * nblk + m in the low 32
     bits; count int32 [1] of valid pairs; nblk). One small Triton kernel makes the keys,
     one device sort orders them: no host sync, few launches.
 
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
     nblk = max(1, triton.cdiv(max_seqlen_q, block_m))
     n_pairs = batch * nblk
-    keys = torch.empty(n_pairs, dtype=torch.int64, device=cu_k.device)
+    keys = padded_keys(n_pairs, cu_k.device, LAST_KEY)  # see harness.tiles.SMALL_SORT_MAX
     count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
     BLOCK = 1024
     _tile_keys_kernel[(triton.cdiv(n_pairs, BLOCK),)](
