@@ -209,6 +209,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         # V_c is read by this consumer alone, and no longer: it stages the stores
         store_dkdv(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
                    stride_k_tok, stride_k_h, BNC, D)
+        tlx.fence("async_shared")  # our generic smem writes before the next TMA write
         tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
         i += 1
 
