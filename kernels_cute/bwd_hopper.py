@@ -6,11 +6,13 @@
 The CuteDSL twin of `kernels_tlx/bwd_hopper.py` (host wrapper, preprocess, schedule,
 postprocess: same names, same order) whose main kernel is the counterpart of the TLX
 warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
-reduce_dq warp / store in the compute warpgroups). Differences from the TLX ws kernel:
-dQ = dS K is one wgmma per step over all BLOCK_N keys with D split between the two
-compute warpgroups (TLX: each consumer a full-D partial over its own 64 keys, two bulk
-reduces per step), so one bulk reduce per step but a named barrier between the compute
-warpgroups (dS^T in smem); no `deterministic` option yet.
+reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
+with D split between the two compute warpgroups after a named barrier (dS^T in smem),
+one bulk reduce per step. Differences from the TLX ws kernel (session 2): 64-row steps
+here (TLX: 32, which its register allocation needs at D = 128), one K/V stage (TLX: two),
+dK/dV stored from registers (TLX: through smem in 16-row slices), and D = 64 split too
+(TLX: full-D partials per consumer, a 32-column wgmma being too thin); no
+`deterministic` option yet.
 Three kernels, named after their roles:
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
