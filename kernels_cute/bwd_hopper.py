@@ -10,8 +10,9 @@ reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
 one bulk reduce per step. Differences from the TLX ws kernel (session 2): 64-row steps
 here (TLX: 32, which its register allocation needs at D = 128), one K/V stage (TLX: two),
-dK/dV stored from registers (TLX: through smem in 16-row slices), and D = 64 split too
-(TLX: full-D partials per consumer, a 32-column wgmma being too thin); no
+dK/dV stored from registers (TLX: through smem in 16-row slices), dQ = dS K with the
+query rows as M (TLX: dQ^T = K^T dS^T with the head dim as M, which needs D / 2 >= 64,
+so at D = 64 each TLX consumer forms a full-D partial over its own keys); no
 `deterministic` option yet.
 Three kernels, named after their roles:
 

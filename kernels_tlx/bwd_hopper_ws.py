@@ -181,8 +181,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             # buffered by Q-block parity). At D >= 128 the consumers meet, then each
             # forms its DQ_COLS columns over all BLOCK_N keys:
             #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
-            # (one reduce-add per Q block); at D = 64 (a 32-column wgmma is too thin)
-            # each forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
+            # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
+            # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
             sb = (qcnt % 2) * NC
             tlx.local_store(ds_smem[sb + cid], dst)
             tlx.fence_async_shared()
