@@ -53,17 +53,18 @@ def _panels(df, suite, pass_, y, ylabel, title, path, hline=None):
     if d.empty:
         return None
     sps = sorted(d["sparsity"].unique())
+    xs = sorted(d["max_seqlen_q"].unique())
     fig, axes = plt.subplots(1, len(sps), figsize=(5.2 * len(sps), 4.2), squeeze=False,
                              sharey=True)
     for ax, s in zip(axes[0], sps):
         for name in backends_in(d):
             sel = d[(d["backend"] == name) & (d["sparsity"] == s)]
             for j, (label, sub) in enumerate(_series(sel, name) if len(sel) else []):
-                sub = sub.sort_values("max_seqlen_q")
-                if len(sub):
-                    ax.plot(sub["max_seqlen_q"], sub[y], **_style(name, label, j))
+                if len(sub):  # on the whole x grid: a missing cell breaks the line
+                    ys = sub.groupby("max_seqlen_q")[y].mean().reindex(xs)
+                    ax.plot(xs, ys.values, **_style(name, label, j))
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(d["max_seqlen_q"].unique()))
+        ax.set_xticks(xs)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_title(f"sparsity {s:g}")
         ax.set_xlabel("max sequence length")
