@@ -11,6 +11,8 @@ launches and do_bench times the host. Every problem passes the oracle gate first
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import defaultdict
 
@@ -77,7 +79,27 @@ def profile_one(fn, p: Problem, pass_: str, n: int = 10) -> dict:
                 kernels=kernels)
 
 
-def run(backend_names, problems, passes, n=10, gate_batch=64) -> list[str]:
+@contextlib.contextmanager
+def _env(var: str | None):
+    """With `var` ("NAME=value") set in os.environ, restored afterwards."""
+    if not var:
+        yield ""
+        return
+    name, _, value = var.partition("=")
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield f" [{var}]"
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None) -> list[str]:
+    """`ab` ("NAME=value"): each pass is profiled as is and again with that variable set
+    (read per call by the code under test, e.g. JAGGED_SORT_PAD=0), in one process."""
     from . import backends
     lines = []
     for name in backend_names:
@@ -95,9 +117,11 @@ def run(backend_names, problems, passes, n=10, gate_batch=64) -> list[str]:
                 lines.append(f"{name} {p.label()}: gate failed, not profiled: {rep.summary()}")
                 continue
             for ps in passes:
-                r = profile_one(fn, p, ps, n)
-                top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
-                lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms  "
-                             f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
-                print(lines[-1], flush=True)
+                for var in (None, ab) if ab else (None,):
+                    with _env(var) as tag:
+                        r = profile_one(fn, p, ps, n)
+                    top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
+                    lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
+                                 f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
+                    print(lines[-1], flush=True)
     return lines
