@@ -147,6 +147,10 @@ def _time(fn, quick: bool) -> float:
     return sorted(ts)[1]
 
 
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _outs(res):
     return res if isinstance(res, tuple) else (res,)
 
@@ -154,7 +158,7 @@ def _outs(res):
 def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing=True) -> list[dict]:
     """Gate, then (with `timing`) time, one problem on one backend (inside the worker)."""
     from .oracle import check
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = default_device()
     kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
     ok, why = b.supports(p)
     if not ok:
@@ -188,18 +192,27 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
     return rows
 
 
-def _bench_pass(fn, inp, ps, kw, quick):
+def pass_call(fn, inp, ps, kw):
+    """(a no-argument callable running one pass, the outputs of its first run). fwd: the
+    call on inputs that need no grad (out); bwd: the backward alone after one forward
+    with grad (dq, dk, dv)."""
     args = inp.args()
     if ps == "fwd":
-        with torch.no_grad():
-            out = _outs(fn(*args, **kw))[0]
-            ms = _time(lambda: fn(*args, **kw), quick)
-        return ms, bool(torch.isfinite(out).all())
+        def call():
+            with torch.no_grad():
+                return _outs(fn(*args, **kw))[:1]
+        return call, call()
     q, k, v = (t.detach().clone().requires_grad_() for t in args[:3])
     out = _outs(fn(q, k, v, *args[3:], **kw))[0]
-    grads = torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True)
-    ms = _time(lambda: torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True), quick)
-    return ms, all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def call():
+        return torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True)
+    return call, call()
+
+
+def _bench_pass(fn, inp, ps, kw, quick):
+    call, outs = pass_call(fn, inp, ps, kw)
+    return _time(call, quick), all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _free():

@@ -18,26 +18,8 @@ from collections import defaultdict
 
 import torch
 
-from .bench import _outs, _time
-from .oracle import check
+from .bench import _time, default_device, pass_call, run_problem
 from .problems import Problem
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _call(fn, inp, pass_: str, kw: dict):
-    """A no-argument callable running one pass (bwd: the backward alone, as the sweep)."""
-    args = inp.args()
-    if pass_ == "fwd":
-        def fwd():
-            with torch.no_grad():
-                return fn(*args, **kw)
-        return fwd
-    q, k, v = (t.detach().clone().requires_grad_() for t in args[:3])
-    out = _outs(fn(q, k, v, *args[3:], **kw))[0]
-    return lambda: torch.autograd.grad(out, (q, k, v), inp.dout, retain_graph=True)
 
 
 def _sync():
@@ -65,9 +47,7 @@ def kernel_times(call, n: int) -> dict[str, float]:
 
 def profile_one(fn, p: Problem, pass_: str, n: int = 10) -> dict:
     kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
-    inp = p.build(_device())
-    call = _call(fn, inp, pass_, kw)
-    call()
+    call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
     _sync()
     t0 = time.perf_counter()
     for _ in range(n):  # issue only: the GPU may still be running when the loop ends
@@ -109,12 +89,11 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = N
             lines.append(f"{name}: unavailable ({why})")
             continue
         fn = b.fn()
-        for p in problems:
-            kw = dict(causal=p.causal, broadcast_q=p.mode == "broadcast_q")
-            gp = p.replace(batch=gate_batch) if 0 < gate_batch < p.batch else p
-            rep = check(gp.build(_device()), fn, backward="bwd" in passes, check_lse=b.own, **kw)
-            if not rep.ok:
-                lines.append(f"{name} {p.label()}: gate failed, not profiled: {rep.summary()}")
+        for p in problems:  # the sweep's own gate first
+            bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch, timing=False)
+                   if r["status"] != "ok"]
+            if bad:
+                lines.append(f"{name} {p.label()}: not profiled: {bad[0]['status']} {bad[0]['error']}")
                 continue
             for ps in passes:
                 for var in (None, ab) if ab else (None,):

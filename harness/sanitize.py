@@ -19,28 +19,29 @@ from .oracle import check
 from .problems import Problem
 
 IMPLS = {"tlx": "kernels_tlx", "cute": "kernels_cute", "triton": "kernels_tlx.portable"}
-L = (lambda *x: list(x))
 
 
 def problems() -> list[tuple[str, Problem, tuple]]:
     """(mode name, problem, (len_q, len_k)); fp16, since the CPU interpreter (the CPU
     test's path) computes bf16 dots wrongly."""
-    P = lambda **kw: Problem(batch=4, dtype="fp16", **kw)  # noqa: E731
-    lens = L(0, 1, 150, 70)
-    return [
-        ("self", P(heads=2, head_dim=128, max_seqlen_q=150, seed=1), (lens, lens)),
-        ("causal GQA", P(heads=4, kv_heads=2, head_dim=64, max_seqlen_q=150, causal=True, seed=2),
+    lens = [0, 1, 150, 70]
+    cases = [
+        ("self", dict(heads=2, head_dim=128, max_seqlen_q=150), (lens, lens)),
+        ("causal GQA", dict(heads=4, kv_heads=2, head_dim=64, max_seqlen_q=150, causal=True),
          (lens, lens)),
-        ("cross", P(heads=2, head_dim=128, max_seqlen_q=150, max_seqlen_k=200, mode="cross",
-                    seed=3), (L(150, 1, 0, 60), L(200, 3, 7, 0))),
-        ("cross causal MQA", P(heads=4, kv_heads=1, head_dim=64, max_seqlen_q=150, max_seqlen_k=140,
-                               mode="cross", causal=True, seed=4), (L(150, 5, 0, 70), L(20, 140, 3, 0))),
-        ("broadcast-Q", P(heads=2, head_dim=128, max_seqlen_q=80, max_seqlen_k=200,
-                          mode="broadcast_q", seed=5), (L(80, 80, 80, 80), L(200, 0, 1, 130))),
-        ("broadcast-Q causal", P(heads=2, kv_heads=1, head_dim=64, max_seqlen_q=33, max_seqlen_k=200,
-                                 mode="broadcast_q", causal=True, seed=6),
-         (L(33, 33, 33, 33), L(0, 1, 200, 17))),
+        ("cross", dict(heads=2, head_dim=128, max_seqlen_q=150, max_seqlen_k=200, mode="cross"),
+         ([150, 1, 0, 60], [200, 3, 7, 0])),
+        ("cross causal MQA", dict(heads=4, kv_heads=1, head_dim=64, max_seqlen_q=150,
+                                  max_seqlen_k=140, mode="cross", causal=True),
+         ([150, 5, 0, 70], [20, 140, 3, 0])),
+        ("broadcast-Q", dict(heads=2, head_dim=128, max_seqlen_q=80, max_seqlen_k=200,
+                             mode="broadcast_q"), ([80] * 4, [200, 0, 1, 130])),
+        ("broadcast-Q causal", dict(heads=2, kv_heads=1, head_dim=64, max_seqlen_q=33,
+                                    max_seqlen_k=200, mode="broadcast_q", causal=True),
+         ([33] * 4, [0, 1, 200, 17])),
     ]
+    return [(name, Problem(batch=4, dtype="fp16", seed=i + 1, **kw), lens)
+            for i, (name, kw, lens) in enumerate(cases)]
 
 
 def main(argv=None) -> int:

@@ -27,11 +27,15 @@ SMALL_SORT_MAX = 4096
 LAST_KEY = 0x7FFFFFFFFFFFFFFF  # int64 sort key of an invalid forward pair
 
 
+def _pad_sort(n: int) -> bool:
+    return os.environ.get("JAGGED_SORT_PAD", "1") != "0" and 1024 < n <= SMALL_SORT_MAX
+
+
 def padded_keys(n: int, device, fill: int) -> torch.Tensor:
     """An int64 key array for n keys, padded per SMALL_SORT_MAX; the padding holds
     `fill` (a key that sorts after every real one), the first n entries are for the
     caller to write."""
-    if os.environ.get("JAGGED_SORT_PAD", "1") != "0" and 1024 < n <= SMALL_SORT_MAX:
+    if _pad_sort(n):
         return torch.full((SMALL_SORT_MAX + 1,), fill, dtype=torch.int64, device=device)
     return torch.empty(n, dtype=torch.int64, device=device)
 
@@ -84,9 +88,9 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
         work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
     # +1 so real tiles with no work still sort ahead of the padding tiles
     key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
-    keys = padded_keys(key.shape[0], dev, 0)  # 0 sorts last (descending)
-    keys[:key.shape[0]] = key
-    order = torch.sort(keys, descending=True, stable=True).indices
+    if _pad_sort(key.shape[0]):  # 0 sorts last (descending)
+        key = torch.nn.functional.pad(key, (0, SMALL_SORT_MAX + 1 - key.shape[0]))
+    order = torch.sort(key, descending=True, stable=True).indices
     tile_b = (order // NB).to(torch.int32)
     tile_n = (order % NB).to(torch.int32)
     n_tiles = real.sum().to(torch.int32).reshape(1)

@@ -207,7 +207,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             tlx.barrier_arrive(dq_full[cid], 1)
             qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
-        store_dkdv(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
+        store(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
                    stride_k_tok, stride_k_h, BNC, D)
         tlx.fence("async_shared")  # our generic smem writes before the next TMA write
         tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
@@ -215,7 +215,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
 
 
 @triton.jit
-def store_dkdv(dk_ptr, dv_ptr, dk, dv, stage, k_start, nc0, len_k, hk, scale,
+def store(dk_ptr, dv_ptr, dk, dv, stage, k_start, nc0, len_k, hk, scale,
                stride_k_tok, stride_k_h, BNC: tl.constexpr, D: tl.constexpr):
     """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
     (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole

@@ -1,6 +1,7 @@
 """The benchmark harness on the CPU: CSV schema, worker isolation (crash, raise,
 wrong numbers), plots, report, line counts, flex's block mask, and an end-to-end
 `python -m harness bench` through the portable kernel when it exists."""
+import contextlib
 import csv
 import importlib.util
 import os
@@ -231,6 +232,17 @@ def test_cli_bench_smoke_on_cpu(tmp_path):
     assert [(x["backend"], x["pass"], x["status"]) for x in rows] == [("triton", "fwd", "ok")], rows
 
 
+@contextlib.contextmanager
+def _cpu_inductor():
+    """Skip when inductor has no C++ toolchain for CPU code on this machine."""
+    try:
+        yield
+    except Exception as e:
+        if "CppCompileError" in type(e).__name__ + str(e)[:200]:
+            pytest.skip(f"inductor cannot compile for the CPU here: {str(e)[:120]}")
+        raise
+
+
 def test_flex_forward_on_cpu():
     """The flex baseline's forward through torch's CPU FlexAttention (its backward
     needs a GPU): the BlockMask's index tensors must span every KV block, or torch
@@ -244,13 +256,9 @@ def test_flex_forward_on_cpu():
                       seed=4, causal=True),
               Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=150,
                       mode="broadcast_q", sparsity=0.5, dtype="fp16", seed=6)):
-        try:
+        with _cpu_inductor():
             rep = check(p.build(), fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
                         backward=False)
-        except Exception as e:  # no C++ toolchain for inductor's CPU code on this machine
-            if "CppCompileError" in type(e).__name__ + str(e)[:200]:
-                pytest.skip(f"inductor cannot compile for the CPU here: {str(e)[:120]}")
-            raise
         assert rep.ok, f"{p.label()}\n{rep}"
 
 
@@ -272,12 +280,8 @@ def test_flex_block_mask_is_reused_while_offsets_stay(monkeypatch):
     calls = [(inp.cu_seqlens_q, inp.cu_seqlens_k), (inp.cu_seqlens_q, inp.cu_seqlens_k),
              (inp.cu_seqlens_q.clone(), inp.cu_seqlens_k)]
     for cq, ck in calls:
-        try:
+        with _cpu_inductor():
             fn(inp.q, inp.k, inp.v, cq, ck, 40, 40)
-        except Exception as e:  # no C++ toolchain for inductor's CPU code on this machine
-            if "CppCompileError" in type(e).__name__ + str(e)[:200]:
-                pytest.skip("inductor cannot compile for the CPU here")
-            raise
     assert len(built) == 2  # the same offsets tensors reuse the mask; new ones rebuild it
 
 
