@@ -77,7 +77,7 @@ def cmd_profile(a):
         sys.exit("profile needs a CUDA GPU")
     from .profile import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if a.match in p.label()]
-    run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab)
+    run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab, host=a.host)
 
 
 def _print_table(rows, timing):
@@ -118,6 +118,7 @@ def main(argv=None):
     s.add_argument("--match", default="", help="only problems whose label contains this")
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
     s.add_argument("--ab", help="NAME=value: profile each pass again with this env var set")
+    s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

@@ -45,18 +45,35 @@ def kernel_times(call, n: int) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def profile_one(fn, p: Problem, pass_: str, n: int = 10) -> dict:
+def host_profile(call, n: int, top: int = 25) -> str:
+    """cProfile of n calls: the `top` functions by own time (where the host's time per
+    call goes when it is above the kernels')."""
+    import cProfile
+    import io
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        call()
+    pr.disable()
+    _sync()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
     kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
     call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
     _sync()
     t0 = time.perf_counter()
     for _ in range(n):  # issue only: the GPU may still be running when the loop ends
         call()
-    host = (time.perf_counter() - t0) / n * 1e3
+    t_host = (time.perf_counter() - t0) / n * 1e3
     _sync()
     kernels = kernel_times(call, n)
-    return dict(host_ms=host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
-                kernels=kernels)
+    return dict(host_ms=t_host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
+                kernels=kernels, cprofile=host_profile(call, n) if host else "")
 
 
 @contextlib.contextmanager
@@ -77,9 +94,11 @@ def _env(var: str | None):
             os.environ[name] = old
 
 
-def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None) -> list[str]:
+def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None,
+        host: bool = False) -> list[str]:
     """`ab` ("NAME=value"): each pass is profiled as is and again with that variable set
-    (read per call by the code under test, e.g. JAGGED_SORT_PAD=0), in one process."""
+    (read per call by the code under test), in one process. `host`: also print a
+    cProfile of the calls."""
     from . import backends
     lines = []
     for name in backend_names:
@@ -98,9 +117,11 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = N
             for ps in passes:
                 for var in (None, ab) if ab else (None,):
                     with _env(var) as tag:
-                        r = profile_one(fn, p, ps, n)
+                        r = profile_one(fn, p, ps, n, host)
                     top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
                     lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
                                  f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
                     print(lines[-1], flush=True)
+                    if r["cprofile"]:
+                        print(r["cprofile"], flush=True)
     return lines

@@ -12,32 +12,7 @@ backward kernels walk, and `dq_accumulator` the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
 
-import os
-
 import torch
-
-# torch sorts a 1-D tensor of at most 4096 elements inside one thread block, a longer
-# one with a device-wide radix sort. On the H200 (session 2) the TLX forward took
-# 0.42-0.52 ms at every max-256 gem-jagged cell (2304 schedule keys) against 0.25 ms at
-# 512 / 0.1 (4608 keys; the same 4608 tiles and 1152 KV blocks): the sort is the one
-# step that differs. So schedule key arrays in (1024, 4096] are padded past 4096 with
-# keys that sort last. A hypothesis until `python -m harness profile` times the sort
-# kernels; JAGGED_SORT_PAD=0 turns the padding off for that A/B.
-SMALL_SORT_MAX = 4096
-LAST_KEY = 0x7FFFFFFFFFFFFFFF  # int64 sort key of an invalid forward pair
-
-
-def _pad_sort(n: int) -> bool:
-    return os.environ.get("JAGGED_SORT_PAD", "1") != "0" and 1024 < n <= SMALL_SORT_MAX
-
-
-def padded_keys(n: int, device, fill: int) -> torch.Tensor:
-    """An int64 key array for n keys, padded per SMALL_SORT_MAX; the padding holds
-    `fill` (a key that sorts after every real one), the first n entries are for the
-    caller to write."""
-    if _pad_sort(n):
-        return torch.full((SMALL_SORT_MAX + 1,), fill, dtype=torch.int64, device=device)
-    return torch.empty(n, dtype=torch.int64, device=device)
 
 
 def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
@@ -88,8 +63,6 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
         work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
     # +1 so real tiles with no work still sort ahead of the padding tiles
     key = torch.where(real, work + 1, torch.zeros_like(work)).reshape(-1)
-    if _pad_sort(key.shape[0]):  # 0 sorts last (descending)
-        key = torch.nn.functional.pad(key, (0, SMALL_SORT_MAX + 1 - key.shape[0]))
     order = torch.sort(key, descending=True, stable=True).indices
     tile_b = (order // NB).to(torch.int32)
     tile_n = (order % NB).to(torch.int32)

@@ -18,7 +18,6 @@ device-side decode every role of the kernel calls with the same tile id, so the
 
 import torch
 
-from harness.tiles import LAST_KEY, padded_keys
 
 
 WORK_TOP = 1 << 30  # sort key = (WORK_TOP - work) << 32 | pair: ascending = longest first
@@ -110,7 +109,7 @@ def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | No
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
     nblk = max(1, cdiv(max_seqlen_q, block_m))
     n_pairs = batch * nblk
-    keys = padded_keys(n_pairs, cu_k.device, LAST_KEY)  # see harness.tiles.SMALL_SORT_MAX
+    keys = torch.empty(n_pairs, dtype=torch.int64, device=cu_k.device)
     count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
     _keys_kernel(block_m, block_n, causal, len_q_dense is not None)(
         None if len_q_dense is not None else cu_q, cu_k, keys, count, n_pairs, nblk,

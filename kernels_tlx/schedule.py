@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.tiles import LAST_KEY, padded_keys
 
 
 
@@ -58,7 +57,7 @@ def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | No
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
     nblk = max(1, triton.cdiv(max_seqlen_q, block_m))
     n_pairs = batch * nblk
-    keys = padded_keys(n_pairs, cu_k.device, LAST_KEY)  # see harness.tiles.SMALL_SORT_MAX
+    keys = torch.empty(n_pairs, dtype=torch.int64, device=cu_k.device)
     count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
     BLOCK = 1024
     _tile_keys_kernel[(triton.cdiv(n_pairs, BLOCK),)](

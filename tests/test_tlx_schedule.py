@@ -58,25 +58,3 @@ def test_kv_tiles_brute_force(causal, bq):
     assert int(n_tiles) == len(real) and sorted(got) == sorted(real)
     works = [work(b, n) for b, n in got]
     assert works == sorted(works, reverse=True)
-
-
-def test_padded_sort_keeps_the_order(monkeypatch):
-    """Key arrays of 1025-4096 entries are padded past torch's one-block sort size: the
-    real entries keep their order and count, forward and backward."""
-    from harness.tiles import SMALL_SORT_MAX, kv_tiles
-    g = torch.Generator().manual_seed(7)
-    B = 1100                                       # 2 query / KV blocks of 128: 2200 keys
-    lq = torch.randint(0, 257, (B,), generator=g)
-    cq = offsets(lq)
-    args = (cq, cq, B, 256, None, 128, 128, False)
-    pairs, count, _ = build_tiles(*args)
-    ref, ref_count, _ = longest_first_tiles(*args)
-    n = int(ref_count)
-    assert pairs.shape[0] == SMALL_SORT_MAX + 1 and int(count) == n
-    assert torch.equal((pairs & 0xFFFFFFFF)[:n], ref[:n].long())
-    tb, tn, nt = kv_tiles(cq, cq, 0, 256, True, 64, 128)
-    monkeypatch.setenv("JAGGED_SORT_PAD", "0")
-    tb0, tn0, nt0 = kv_tiles(cq, cq, 0, 256, True, 64, 128)
-    assert tb.shape[0] == SMALL_SORT_MAX + 1 and tb0.shape[0] == 2 * B
-    m = int(nt0)
-    assert int(nt) == m and torch.equal(tb[:m], tb0[:m]) and torch.equal(tn[:m], tn0[:m])
