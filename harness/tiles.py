@@ -1,5 +1,4 @@
-"""Jagged tile lists shared by both kernel styles, in plain torch ops (on the GPU,
-no host sync).
+"""Jagged tile lists shared by both kernel styles (on the GPU, no host sync).
 
 Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
@@ -7,12 +6,14 @@ tiles with no key still count), ties by pair index; invalid pairs (past a sequen
 queries) come last. `longest_first_tiles` is the reference each style's
 `schedule.build_tiles` (one small kernel + a device sort) is tested against.
 
-Backward: a tile is a (sequence, KV block) pair; `kv_tiles` builds the list the
-backward kernels walk, and `dq_accumulator` the fp32 dQ buffer they reduce into.
+Backward: a tile is a (sequence, KV block) pair; `kv_tiles` (two small Triton kernels
+and a device sort) builds the list the backward kernels of both styles walk, and `dq_accumulator` the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 
 def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
@@ -42,13 +43,69 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
 MAX_SLOT_BYTES = 512 * 1024 * 1024
 
 
+@triton.jit
+def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                    BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """One sort key per (sequence b, KV block n) pair: -(work + 1) in the high 32 bits
+    (0 for blocks past the sequence), the pair b * NB + n in the low; and the count of
+    real tiles."""
+    pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = pair < n_pairs
+    b = pair // NB
+    n0 = (pair % NB) * BLOCK_N
+    len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
+    if BROADCAST_Q:
+        len_q = L_q + b * 0
+    else:
+        len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
+    real = inb & (n0 < len_k)
+    if CAUSAL:
+        m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+        work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
+    else:
+        work = (len_q + BLOCK_M - 1) // BLOCK_M
+    work = tl.where(real, work + 1, 0)
+    tl.store(keys_ptr + pair, ((-work).to(tl.int64) << 32) | pair.to(tl.int64), mask=inb)
+    tl.atomic_add(count_ptr, tl.sum(real.to(tl.int32), 0))
+
+
+@triton.jit
+def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, NB, BLOCK: tl.constexpr):
+    """Sorted keys -> tile_b (out[0]) and tile_n (out[1])."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n_pairs
+    pair = (tl.load(keys_ptr + i, mask=m, other=0) & 0xFFFFFFFF).to(tl.int32)
+    tl.store(out_ptr + i, pair // NB, mask=m)
+    tl.store(out_ptr + n_pairs + i, pair % NB, mask=m)
+
+
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
-    """Backward KV-tile list, longest work first.
+    """Backward KV-tile list, longest work first: one key kernel, one device sort, one
+    decode kernel (the host issues six operations: at short sequences the backward's
+    time is the host's, see PERF.md). Same result as `kv_tiles_reference`.
 
     Returns (tile_b, tile_n, n_tiles): int32 [>= B * NB] batch index and KV-block index of
     every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
     tensor with the number of real tiles (KV blocks inside their sequence; they come
     first, including those no query sees, which still store dK = dV = 0)."""
+    B = cu_k.shape[0] - 1
+    NB = max(1, -(-max_k // BLOCK_N))
+    n = B * NB
+    keys = torch.empty(n, dtype=torch.int64, device=cu_k.device)
+    count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
+    BLOCK = 1024
+    grid = (triton.cdiv(n, BLOCK),)
+    _kv_keys_kernel[grid](cu_k if cu_q is None else cu_q, cu_k, keys, count, n, NB, L_q,
+                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
+                          BROADCAST_Q=cu_q is None, BLOCK=BLOCK)
+    tiles = torch.empty((2, n), dtype=torch.int32, device=cu_k.device)
+    _kv_decode_kernel[grid](torch.sort(keys).values, tiles, n, NB, BLOCK=BLOCK)
+    return tiles[0], tiles[1], count
+
+
+def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+    """`kv_tiles` in plain torch ops (the reference it is tested against)."""
     dev = cu_k.device
     lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
     lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)

@@ -58,3 +58,20 @@ def test_kv_tiles_brute_force(causal, bq):
     assert int(n_tiles) == len(real) and sorted(got) == sorted(real)
     works = [work(b, n) for b, n in got]
     assert works == sorted(works, reverse=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bq", [False, True])
+def test_kv_tiles_match_reference(causal, bq):
+    """The kernel-built backward tile list equals the torch reference, order included."""
+    from harness.tiles import kv_tiles, kv_tiles_reference
+    g = torch.Generator().manual_seed(11 + 2 * causal + bq)
+    B = 40
+    lk = torch.randint(0, 400, (B,), generator=g)
+    lq = torch.full((B,), 90) if bq else torch.randint(0, 400, (B,), generator=g)
+    lk[:3] = torch.tensor([0, 1, 128])
+    args = (None if bq else offsets(lq), offsets(lk), 90 if bq else 0, int(lk.max()), causal, 64, 128)
+    got, ref = kv_tiles(*args), kv_tiles_reference(*args)
+    n = int(ref[2])
+    assert int(got[2]) == n
+    assert torch.equal(got[0][:n], ref[0][:n]) and torch.equal(got[1][:n], ref[1][:n])
