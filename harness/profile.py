@@ -47,7 +47,7 @@ def kernel_times(call, n: int) -> dict[str, float]:
 
 def host_profile(call, n: int, top: int = 25) -> str:
     """cProfile of n calls: the `top` functions by own time (where the host's time per
-    call goes when it is above the kernels')."""
+    call goes when it is above the kernels'), then torch.profiler's CPU ops by self time."""
     import cProfile
     import io
     import pstats
@@ -59,6 +59,13 @@ def host_profile(call, n: int, top: int = 25) -> str:
     _sync()
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    if torch.cuda.is_available():  # the runtime calls under them (launches, allocations, syncs)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(n):
+                call()
+            _sync()
+        buf.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
     return buf.getvalue()
 
 
