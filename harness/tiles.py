@@ -49,25 +49,28 @@ def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
                     BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr):
     """One sort key per (sequence b, KV block n) pair: -(work + 1) in the high 32 bits
     (0 for blocks past the sequence), the pair b * NB + n in the low; and the count of
-    real tiles."""
-    pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inb = pair < n_pairs
-    b = pair // NB
-    n0 = (pair % NB) * BLOCK_N
-    len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
-    if BROADCAST_Q:
-        len_q = L_q + b * 0
-    else:
-        len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
-    real = inb & (n0 < len_k)
-    if CAUSAL:
-        m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
-        work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
-    else:
-        work = (len_q + BLOCK_M - 1) // BLOCK_M
-    work = tl.where(real, work + 1, 0)
-    tl.store(keys_ptr + pair, ((-work).to(tl.int64) << 32) | pair.to(tl.int64), mask=inb)
-    tl.atomic_add(count_ptr, tl.sum(real.to(tl.int32), 0))
+    real tiles. One program walks every pair: no zeroed count, no atomics."""
+    total = 0
+    for start in range(0, n_pairs, BLOCK):
+        pair = start + tl.arange(0, BLOCK)
+        inb = pair < n_pairs
+        b = pair // NB
+        n0 = (pair % NB) * BLOCK_N
+        len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
+        if BROADCAST_Q:
+            len_q = L_q + b * 0
+        else:
+            len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
+        real = inb & (n0 < len_k)
+        if CAUSAL:
+            m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+            work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
+        else:
+            work = (len_q + BLOCK_M - 1) // BLOCK_M
+        work = tl.where(real, work + 1, 0)
+        tl.store(keys_ptr + pair, ((-work).to(tl.int64) << 32) | pair.to(tl.int64), mask=inb)
+        total += tl.sum(real.to(tl.int32), 0)
+    tl.store(count_ptr, total)
 
 
 @triton.jit
@@ -82,8 +85,8 @@ def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, NB, BLOCK: tl.constexpr):
 
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     """Backward KV-tile list, longest work first: one key kernel, one device sort, one
-    decode kernel (the host issues six operations: at short sequences the backward's
-    time is the host's, see PERF.md). Same result as `kv_tiles_reference`.
+    decode kernel (few host operations: at short sequences the backward's time is the
+    host's, see PERF.md). Same result as `kv_tiles_reference`.
 
     Returns (tile_b, tile_n, n_tiles): int32 [>= B * NB] batch index and KV-block index of
     every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
@@ -93,15 +96,14 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
     keys = torch.empty(n, dtype=torch.int64, device=cu_k.device)
-    count = torch.zeros(1, dtype=torch.int32, device=cu_k.device)
+    tiles = torch.empty(2 * n + 1, dtype=torch.int32, device=cu_k.device)  # b, n, count
     BLOCK = 1024
-    grid = (triton.cdiv(n, BLOCK),)
-    _kv_keys_kernel[grid](cu_k if cu_q is None else cu_q, cu_k, keys, count, n, NB, L_q,
-                          BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
+    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles[2 * n:], n, NB,
+                          L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
                           BROADCAST_Q=cu_q is None, BLOCK=BLOCK)
-    tiles = torch.empty((2, n), dtype=torch.int32, device=cu_k.device)
-    _kv_decode_kernel[grid](torch.sort(keys).values, tiles, n, NB, BLOCK=BLOCK)
-    return tiles[0], tiles[1], count
+    _kv_decode_kernel[(triton.cdiv(n, BLOCK),)](torch.sort(keys).values, tiles, n, NB,
+                                                BLOCK=BLOCK)
+    return tiles[:n], tiles[n:2 * n], tiles[2 * n:]
 
 
 def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
