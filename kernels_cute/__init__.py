@@ -1,10 +1,10 @@
 """CuteDSL jagged flash attention.
 
 `jagged_attention` (see harness.api for the signature) runs the warp-specialized
-persistent Hopper forward (`fwd_hopper`, CuteDSL) and, by default, the portable Triton
-kernel's backward. JAGGED_CUTE_BWD=hopper opts in to the CuteDSL Hopper backward
-(`bwd_hopper`; compiled for sm_90a on a CPU, not yet run on a GPU). `available()` says
-whether this machine can run it. Importing this package makes no driver call and does
+persistent Hopper forward (`fwd_hopper`) and backward (`bwd_hopper`), both CuteDSL
+(H200, session 3: 100/100 matrix problems forward and backward).
+JAGGED_CUTE_BWD=portable runs the portable Triton kernel's backward instead (faster on
+gem-jagged today, see PERF.md). `available()` says whether this machine can run it. Importing this package makes no driver call and does
 not import the DSL.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ def _forward(*args):
 
 
 def _backward(*args):
-    if os.environ.get("JAGGED_CUTE_BWD", "portable") == "hopper":  # opt-in, read per call
-        from . import bwd_hopper
-        return bwd_hopper.backward(*args)
-    from kernels_tlx import portable  # the portable Triton backward (default)
-    return portable.bwd(*args)
+    if os.environ.get("JAGGED_CUTE_BWD", "hopper") == "portable":  # opt-out, read per call
+        from kernels_tlx import portable
+        return portable.bwd(*args)
+    from . import bwd_hopper
+    return bwd_hopper.backward(*args)
 
 
 def available() -> tuple[bool, str]:

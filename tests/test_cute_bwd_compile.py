@@ -81,7 +81,19 @@ def test_bwd_pre_post_compile(tmp_path):
                        "B.compile_postprocess(dt)")
 
 
-def test_opt_in_env_var():
-    """The default backward stays the portable Triton one; JAGGED_CUTE_BWD=hopper opts in."""
-    src = open(os.path.join(ROOT, "kernels_cute", "__init__.py")).read()
-    assert 'os.environ.get("JAGGED_CUTE_BWD", "portable") == "hopper"' in src
+def test_backward_dispatch(monkeypatch):
+    """The CuteDSL backward is the default; JAGGED_CUTE_BWD=portable picks the portable
+    Triton one (read per call)."""
+    import sys
+    import types
+    import kernels_cute
+    from kernels_tlx import portable
+    fake = types.ModuleType("kernels_cute.bwd_hopper")
+    fake.backward = lambda *a: "hopper"
+    monkeypatch.setitem(sys.modules, "kernels_cute.bwd_hopper", fake)
+    monkeypatch.setattr(kernels_cute, "bwd_hopper", fake, raising=False)
+    monkeypatch.setattr(portable, "bwd", lambda *a: "portable")
+    monkeypatch.delenv("JAGGED_CUTE_BWD", raising=False)
+    assert kernels_cute._backward() == "hopper"
+    monkeypatch.setenv("JAGGED_CUTE_BWD", "portable")
+    assert kernels_cute._backward() == "portable"
