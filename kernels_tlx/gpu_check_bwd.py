@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import time
 import traceback
@@ -173,7 +174,8 @@ def main():
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--only-time", action="store_true")
     ap.add_argument("--impl", default=None,
-                    help="comma list of triton, ws (default: both; with --configs: triton)")
+                    help="comma list of triton, ws (default: triton; ws is experimental and "
+                         "runs with JAGGED_BWD_WS=1: run it under a timeout)")
     ap.add_argument("--configs", default=None,
                     help=f"comma list of bwd_hopper.CONFIGS names ({','.join(CONFIGS)}) or 'default'; "
                          "impl triton only")
@@ -181,7 +183,9 @@ def main():
                     help="comma list of timing suites (gem-jagged, llm-dense, gem-broadcast-q); all if unset")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    impls = (a.impl or ("triton" if a.configs else "triton,ws")).split(",")
+    impls = (a.impl or "triton").split(",")
+    if "ws" in impls:
+        os.environ["JAGGED_BWD_WS"] = "1"
     runs = [(im, None) for im in impls]
     if a.configs:
         names = a.configs.split(",")
