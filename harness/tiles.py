@@ -11,6 +11,8 @@ and a device sort) builds the list the backward kernels of both styles walk, and
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -37,6 +39,19 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
     pairs = torch.argsort(work.reshape(-1), descending=True, stable=True).to(torch.int32)
     count = valid.sum(dtype=torch.int32).reshape(1)
     return pairs, count, nblk
+
+
+def fwd_bucket(max_seqlen_k: int) -> str:
+    """The forward's length bucket, shared by both styles' `pick_config`: "short" when
+    every sequence's KV fits in one 64-key block, else "long". JAGGED_FWD_BUCKET (short
+    or long, read per call) overrides it, for A/B runs such as 64-key blocks on gem-jagged
+    256 / 0.1 (`python -m harness profile --ab JAGGED_FWD_BUCKET=short`)."""
+    env = os.environ.get("JAGGED_FWD_BUCKET")
+    if env:
+        if env not in ("short", "long"):
+            raise ValueError(f"JAGGED_FWD_BUCKET={env!r}: expected 'short' or 'long'")
+        return env
+    return "short" if max_seqlen_k <= 64 else "long"
 
 
 # broadcast-Q: per-program dQ slots are capped at this many bytes in all

@@ -43,6 +43,8 @@ from typing import Optional
 
 import torch
 
+from harness.tiles import fwd_bucket
+
 from .schedule import build_tiles, tile_coords
 
 BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
@@ -65,7 +67,7 @@ class Config:
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
-# in one 64-key block, else "long" (the same table as kernels_tlx/fwd_hopper.py)
+# in one 64-key block, else "long" (harness.tiles.fwd_bucket; the same table as TLX)
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
@@ -75,7 +77,7 @@ CONFIGS = {
 
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
-    cfg = CONFIGS[(head_dim, "short" if max_seqlen_k <= 64 else "long")]
+    cfg = CONFIGS[(head_dim, fwd_bucket(max_seqlen_k))]
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 _COMPILED = {}
 _SM_COUNT = {}

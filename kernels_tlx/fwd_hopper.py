@@ -30,6 +30,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.tiles import fwd_bucket
+
 from .schedule import build_tiles, tile_coords
 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
@@ -51,7 +53,7 @@ class Config:
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
-# in one 64-key block, else "long". Modes share configs (causal changes only the loop).
+# in one 64-key block, else "long" (harness.tiles.fwd_bucket). Modes share configs.
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
@@ -61,8 +63,7 @@ CONFIGS = {
 
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
-    bucket = "short" if max_seqlen_k <= 64 else "long"
-    return CONFIGS[(head_dim, bucket)]
+    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k))]
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -75,3 +75,15 @@ def test_kv_tiles_match_reference(causal, bq):
     n = int(ref[2])
     assert int(got[2]) == n
     assert torch.equal(got[0][:n], ref[0][:n]) and torch.equal(got[1][:n], ref[1][:n])
+
+
+def test_fwd_bucket(monkeypatch):
+    """The forward's length bucket, and its per-call override for A/B runs."""
+    from harness.tiles import fwd_bucket
+    monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
+    assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
+    monkeypatch.setenv("JAGGED_FWD_BUCKET", "short")
+    assert fwd_bucket(8192) == "short"
+    monkeypatch.setenv("JAGGED_FWD_BUCKET", "tiny")
+    with pytest.raises(ValueError):
+        fwd_bucket(64)
