@@ -89,13 +89,13 @@ def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
 
 
 @triton.jit
-def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, NB, BLOCK: tl.constexpr):
-    """Sorted keys -> tile_b (out[0]) and tile_n (out[1])."""
+def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.constexpr):
+    """Sorted keys -> tile_b (out[:n_pairs]) and tile_n (out[n_stride:])."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_pairs
     pair = (tl.load(keys_ptr + i, mask=m, other=0) & 0xFFFFFFFF).to(tl.int32)
     tl.store(out_ptr + i, pair // NB, mask=m)
-    tl.store(out_ptr + n_pairs + i, pair % NB, mask=m)
+    tl.store(out_ptr + n_stride + i, pair % NB, mask=m)
 
 
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
@@ -111,14 +111,18 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
     keys = torch.empty(n, dtype=torch.int64, device=cu_k.device)
-    tiles = torch.empty(2 * n + 1, dtype=torch.int32, device=cu_k.device)  # b, n, count
+    # one buffer: tile_b, tile_n, count, each starting 16-byte aligned (Triton
+    # specializes kernels on pointer alignment: a shifting one would recompile them)
+    n4 = -(-n // 4) * 4
+    tiles = torch.empty(2 * n4 + 4, dtype=torch.int32, device=cu_k.device)
+    count = tiles[2 * n4:2 * n4 + 1]
     BLOCK = 1024
-    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles[2 * n:], n, NB,
+    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, count, n, NB,
                           L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
                           BROADCAST_Q=cu_q is None, BLOCK=BLOCK)
-    _kv_decode_kernel[(triton.cdiv(n, BLOCK),)](torch.sort(keys).values, tiles, n, NB,
+    _kv_decode_kernel[(triton.cdiv(n, BLOCK),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                 BLOCK=BLOCK)
-    return tiles[:n], tiles[n:2 * n], tiles[2 * n:]
+    return tiles[:n], tiles[n4:n4 + n], count
 
 
 def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):

@@ -300,20 +300,22 @@ def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale
 
 
 @triton.jit
-def reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, h,
+def reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, len_q, h,
               H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
               TMA_REDUCE: tl.constexpr):
     """Reduce-add the dQ partial into the fp32 accumulator with a TMA bulk reduce
     (registers -> smem -> cp.reduce.async.bulk.tensor.add). Rows past the sequence
-    carry exact zeros (P = 0 there), so the whole box can be added. TMA_REDUCE=False:
-    per-element red.global.add (the Triton interpreter has no descriptor reduce)."""
+    carry exact zeros (P = 0 there), so the whole box can be added (TMA clips rows past
+    the tensor). TMA_REDUCE=False: per-element red.global.add (the Triton interpreter
+    has no descriptor reduce), masked to the sequence's rows, since nothing clips it."""
     row0 = slot_row + q_start + m0
     if TMA_REDUCE:
         dq_desc.atomic_add([row0.to(tl.int32), h * D], dq)
     else:
-        rows = row0 + tl.arange(0, BLOCK_M)
+        r = tl.arange(0, BLOCK_M)
         d = tl.arange(0, D)
-        tl.atomic_add(dq_acc_ptr + (rows[:, None] * H + h) * D + d[None, :], dq, sem="relaxed")
+        tl.atomic_add(dq_acc_ptr + ((row0 + r)[:, None] * H + h) * D + d[None, :], dq,
+                      mask=(m0 + r < len_q)[:, None], sem="relaxed")
 
 
 @triton.jit
@@ -374,7 +376,8 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                                           m0, len_q, h, stride_lse_h, D, BLOCK_M)
             dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
                                  qk_scale2, CAUSAL, BLOCK_M, BLOCK_N, DQ_T)
-            reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, h, H, D, BLOCK_M, TMA_REDUCE)
+            reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, len_q, h, H, D, BLOCK_M,
+                      TMA_REDUCE)
         # ---- store dK, dV
         store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
               stride_k_tok, stride_k_h, D, BLOCK_N)

@@ -62,8 +62,11 @@ def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | No
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
     nblk = max(1, triton.cdiv(max_seqlen_q, block_m))
     n_pairs = batch * nblk
-    buf = torch.empty(n_pairs + 1, dtype=torch.int64, device=cu_k.device)
-    keys, count = buf[:n_pairs], buf[n_pairs:].view(torch.int32)[:1]
+    # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
+    # pointer alignment: a shifting one would recompile them)
+    n2 = n_pairs + n_pairs % 2
+    buf = torch.empty(n2 + 2, dtype=torch.int64, device=cu_k.device)
+    keys, count = buf[:n_pairs], buf[n2:n2 + 1].view(torch.int32)[:1]
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, count, n_pairs, nblk,
         len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
