@@ -59,6 +59,18 @@ MAX_SLOT_BYTES = 512 * 1024 * 1024
 
 
 @triton.jit
+def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
+    """(len_q, len_k) of sequences b (where inb; 0 elsewhere). BROADCAST_Q: every query
+    length is L_q (cu_q unused)."""
+    len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
+    if BROADCAST_Q:
+        len_q = L_q + b * 0
+    else:
+        len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
+    return len_q, len_k
+
+
+@triton.jit
 def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                     BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr):
@@ -71,11 +83,7 @@ def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
         inb = pair < n_pairs
         b = pair // NB
         n0 = (pair % NB) * BLOCK_N
-        len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
-        if BROADCAST_Q:
-            len_q = L_q + b * 0
-        else:
-            len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
+        len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
         real = inb & (n0 < len_k)
         if CAUSAL:
             m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M

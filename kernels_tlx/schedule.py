@@ -17,8 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-
+from harness.tiles import seq_lens
 
 
 @triton.jit
@@ -34,11 +33,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NBLK, L_q,
         inb = pair < n_pairs
         b = pair // NBLK
         m0 = (pair % NBLK) * BLOCK_M
-        len_k = tl.load(cu_k + b + 1, mask=inb, other=0) - tl.load(cu_k + b, mask=inb, other=0)
-        if BROADCAST_Q:
-            len_q = L_q + b * 0
-        else:
-            len_q = tl.load(cu_q + b + 1, mask=inb, other=0) - tl.load(cu_q + b, mask=inb, other=0)
+        len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
         valid = inb & (m0 < len_q)
         if CAUSAL:
             kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + len_k - len_q, 0), len_k)

@@ -87,3 +87,15 @@ def test_fwd_bucket(monkeypatch):
     monkeypatch.setenv("JAGGED_FWD_BUCKET", "tiny")
     with pytest.raises(ValueError):
         fwd_bucket(64)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 5])
+def test_tile_buffers_are_16_byte_aligned(B):
+    """Every array the kernels receive starts 16-byte aligned whatever the size, so
+    Triton's alignment specialization never compiles a second kernel variant."""
+    from harness.tiles import kv_tiles
+    cu = offsets(torch.full((B,), 70))
+    tb, tn, nt = kv_tiles(cu, cu, 0, 70, False, 64, 64)
+    pairs, count, _ = build_tiles(cu, cu, B, 70, None, 64, 64, False)
+    assert all(t.data_ptr() % 16 == 0 for t in (tb, tn, nt, pairs, count))
+    assert int(nt) == 2 * B and int(count) == 2 * B
