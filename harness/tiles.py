@@ -70,46 +70,88 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
     return len_q, len_k
 
 
+# tile lists of at most this many pairs are sorted inside their key kernel (tl.sort,
+# one program): no torch.sort, whose host cost (0.1-0.2 ms a call on the H200 node)
+# exceeded the kernels' own time at short sequences (PERF.md, session 3)
+SORT_MAX = 4096
+LAST_KEY = 0x7FFFFFFFFFFFFFFF  # an int64 key that sorts after every real one
+
+
+def sort_launch(n: int) -> dict:
+    """Launch options of a key kernel over n pairs: one in-kernel sorted block when
+    n <= SORT_MAX, else a loop of 1024-pair steps (sorted by torch.sort afterwards)."""
+    if n <= SORT_MAX:
+        block = triton.next_power_of_2(max(n, 128))
+        return dict(BLOCK=block, SORT=True, num_warps=max(4, block // 256))
+    return dict(BLOCK=1024, SORT=False, num_warps=4)
+
+
 @triton.jit
-def _kv_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NB, L_q,
+def _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Sort key of (sequence b, KV block n) pairs: -(work + 1) in the high 32 bits (0 for
+    blocks past the sequence), the pair b * NB + n in the low; LAST_KEY past n_pairs.
+    And whether the pair is a real tile."""
+    b = pair // NB
+    n0 = (pair % NB) * BLOCK_N
+    len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
+    real = inb & (n0 < len_k)
+    if CAUSAL:
+        m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+        work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
+    else:
+        work = (len_q + BLOCK_M - 1) // BLOCK_M
+    work = tl.where(real, work + 1, 0)
+    key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
+    return tl.where(inb, key, 0x7FFFFFFFFFFFFFFF), real
+
+
+@triton.jit
+def _store_tiles(key, out_ptr, i, m, n_stride, NB):
+    """Sorted keys -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
+    pair = (key & 0xFFFFFFFF).to(tl.int32)
+    tl.store(out_ptr + i, pair // NB, mask=m)
+    tl.store(out_ptr + n_stride + i, pair % NB, mask=m)
+
+
+@triton.jit
+def _kv_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                    BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr):
-    """One sort key per (sequence b, KV block n) pair: -(work + 1) in the high 32 bits
-    (0 for blocks past the sequence), the pair b * NB + n in the low; and the count of
-    real tiles. One program walks every pair: no zeroed count, no atomics."""
-    total = 0
-    for start in range(0, n_pairs, BLOCK):
-        pair = start + tl.arange(0, BLOCK)
+                    BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr, SORT: tl.constexpr):
+    """One program. SORT (n_pairs <= BLOCK): keys, sort and decode in place, into
+    tiles_ptr. Else the unsorted keys of every pair, 1024 at a time, into keys_ptr. Both
+    store the count of real tiles (no zeroed buffer, no atomics)."""
+    if SORT:
+        pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
-        b = pair // NB
-        n0 = (pair % NB) * BLOCK_N
-        len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
-        real = inb & (n0 < len_k)
-        if CAUSAL:
-            m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
-            work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
-        else:
-            work = (len_q + BLOCK_M - 1) // BLOCK_M
-        work = tl.where(real, work + 1, 0)
-        tl.store(keys_ptr + pair, ((-work).to(tl.int64) << 32) | pair.to(tl.int64), mask=inb)
-        total += tl.sum(real.to(tl.int32), 0)
+        key, real = _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                                  BROADCAST_Q)
+        _store_tiles(tl.sort(key), tiles_ptr, pair, inb, n_stride, NB)
+        total = tl.sum(real.to(tl.int32), 0)
+    else:
+        total = 0
+        for start in range(0, n_pairs, BLOCK):
+            pair = start + tl.arange(0, BLOCK)
+            inb = pair < n_pairs
+            key, real = _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                                      BROADCAST_Q)
+            tl.store(keys_ptr + pair, key, mask=inb)
+            total += tl.sum(real.to(tl.int32), 0)
     tl.store(count_ptr, total)
 
 
 @triton.jit
 def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.constexpr):
-    """Sorted keys -> tile_b (out[:n_pairs]) and tile_n (out[n_stride:])."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_pairs
-    pair = (tl.load(keys_ptr + i, mask=m, other=0) & 0xFFFFFFFF).to(tl.int32)
-    tl.store(out_ptr + i, pair // NB, mask=m)
-    tl.store(out_ptr + n_stride + i, pair % NB, mask=m)
+    _store_tiles(tl.load(keys_ptr + i, mask=m, other=0), out_ptr, i, m, n_stride, NB)
 
 
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
-    """Backward KV-tile list, longest work first: one key kernel, one device sort, one
-    decode kernel (few host operations: at short sequences the backward's time is the
-    host's, see PERF.md). Same result as `kv_tiles_reference`.
+    """Backward KV-tile list, longest work first: one kernel up to SORT_MAX pairs, else a
+    key kernel, torch.sort and a decode kernel (few host operations: at short sequences
+    the backward's time is the host's, see PERF.md). Same result as
+    `kv_tiles_reference`.
 
     Returns (tile_b, tile_n, n_tiles): int32 [>= B * NB] batch index and KV-block index of
     every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
@@ -118,18 +160,19 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
-    keys = torch.empty(n, dtype=torch.int64, device=cu_k.device)
     # one buffer: tile_b, tile_n, count, each starting 16-byte aligned (Triton
     # specializes kernels on pointer alignment: a shifting one would recompile them)
     n4 = -(-n // 4) * 4
     tiles = torch.empty(2 * n4 + 4, dtype=torch.int32, device=cu_k.device)
     count = tiles[2 * n4:2 * n4 + 1]
-    BLOCK = 1024
-    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, count, n, NB,
+    opts = sort_launch(n)
+    keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
+    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4, NB,
                           L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                          BROADCAST_Q=cu_q is None, BLOCK=BLOCK)
-    _kv_decode_kernel[(triton.cdiv(n, BLOCK),)](torch.sort(keys).values, tiles, n, n4, NB,
-                                                BLOCK=BLOCK)
+                          BROADCAST_Q=cu_q is None, **opts)
+    if keys is not None:
+        _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
+                                                   BLOCK=1024)
     return tiles[:n], tiles[n4:n4 + n], count
 
 
