@@ -7,9 +7,12 @@
 
 An implementation supplies
     fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q) -> (out, lse)
-    bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
-        -> (dq, dk, dv)
+    bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+        dlse=None) -> (dq, dk, dv)
 with out [Nq, H, D] in q's dtype and lse [H, Nq] fp32 (-inf on rows with no key).
+`dlse` is the gradient on lse (None when lse is unused). It enters the backward only
+through delta = rowsum(dO * O) - dlse, since d lse_i / d s_ij = P_ij:
+dS = P * (dP - delta) either way.
 """
 from __future__ import annotations
 
@@ -124,10 +127,12 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
 
     @torch.library.custom_op(f"jagged_attn::{name}_bwd", mutates_args=())
     def op_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               out: torch.Tensor, lse: torch.Tensor, cu_q: Optional[torch.Tensor],
-               cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float,
+               out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
+               cu_q: Optional[torch.Tensor], cu_k: torch.Tensor, max_q: int, max_k: int,
+               causal: bool, scale: float,
                broadcast_q: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
+        return bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+                   dlse=dlse)
 
     @op_bwd.register_fake
     def _(dout, q, k, v, out, lse, *rest):
@@ -138,10 +143,14 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, causal, scale, broadcast_q)
+        # an unused output's gradient stays None: no zeros kernel per call for the lse
+        # that most callers never use
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = op_bwd(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+        dq, dk, dv = op_bwd(dout, q, k, v, out, lse, dlse, cu_q, cu_k, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None, None
 
     op_fwd.register_autograd(backward, setup_context=setup_context)

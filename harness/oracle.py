@@ -29,16 +29,18 @@ def _attend(q, k, v, causal: bool, scale: float):
         i = torch.arange(Lq, device=q.device)[:, None]
         j = torch.arange(Lk, device=q.device)[None, :]
         s = s.masked_fill(j > i + Lk - Lq, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
+    empty = (s == float("-inf")).all(dim=-1)  # rows that see no key: lse -inf, no gradient
+    lse = torch.logsumexp(s.masked_fill(empty[..., None], 0.0), dim=-1).masked_fill(empty, float("-inf"))
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # empty rows: exp(-inf - -inf)
     out = torch.einsum("hqk,khd->qhd", p.to(v.dtype), v)
     return out, lse.float()
 
 
 def reference(inp: Inputs, *, causal=False, softmax_scale=None, broadcast_q=False,
-              compute_dtype=None, backward=True) -> dict[str, torch.Tensor]:
+              compute_dtype=None, backward=True, dlse=None) -> dict[str, torch.Tensor]:
     """out [Nq,H,D], lse [H,Nq] and, with `backward`, dq/dk/dv (dq summed over the batch
-    in broadcast_q mode). `compute_dtype` None means the high-precision reference."""
+    in broadcast_q mode) for the upstream gradient inp.dout on out and `dlse` ([H,Nq],
+    None: 0) on lse. `compute_dtype` None means the high-precision reference."""
     hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
     dt = compute_dtype or hi
     D = inp.q.shape[-1]
@@ -58,7 +60,10 @@ def reference(inp: Inputs, *, causal=False, softmax_scale=None, broadcast_q=Fals
         lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0).float()
         res = {"out": out.detach(), "lse": lse.detach()}
         if backward:
-            dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout.to(dt), allow_unused=True)
+            outs, grads = (out,), (inp.dout.to(dt),)
+            if dlse is not None:
+                outs, grads = (out, lse), (inp.dout.to(dt), dlse.to(lse.dtype))
+            dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads, allow_unused=True)
             for name, g, x in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
                 res[name] = torch.zeros_like(x) if g is None else g.detach()
     return res
@@ -133,12 +138,13 @@ def poison(*like: torch.Tensor, copies: int = 2) -> None:
 
 
 def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=False,
-          backward=True, ref=None, lowp=None, check_lse=True) -> Report:
+          backward=True, ref=None, lowp=None, check_lse=True, dlse=None) -> Report:
     """Run `fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=, softmax_scale=,
-    broadcast_q=)` -> out or (out, lse) with autograd, and compare with the oracle."""
+    broadcast_q=)` -> out or (out, lse) with autograd, and compare with the oracle.
+    dlse: also a gradient on lse in the backward (fn must return lse)."""
     kw = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
-    ref = ref or reference(inp, backward=backward, **kw)
-    lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, **kw)
+    ref = ref or reference(inp, backward=backward, dlse=dlse, **kw)
+    lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, dlse=dlse, **kw)
     q, k, v = (t.detach().clone().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
     poison(ref["out"].to(inp.q.dtype), ref["lse"])
     res = fn(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, **kw)
@@ -148,7 +154,8 @@ def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=Fals
         rep.checks.append(compare("lse", lse, ref["lse"], lowp["lse"], torch.float32))
     if backward:
         poison(q, k, v)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), inp.dout)
+        outs, grads = ((out, lse), (inp.dout, dlse)) if dlse is not None else (out, inp.dout)
+        dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads)
         # dS = P * (dP - delta) cancels to exactly 0 where a row sees one key, and the
         # low-precision PyTorch reference gets that 0 exactly; a flash kernel forms dP
         # and delta = rowsum(dO * O) by different fp32 sums, so it is left with fp32

@@ -19,12 +19,12 @@ def _forward(*args):
     return fwd_hopper.forward(*args)
 
 
-def _backward(*args):
+def _backward(*args, **kw):
     if os.environ.get("JAGGED_CUTE_BWD", "hopper") == "portable":  # opt-out, read per call
         from kernels_tlx import portable
-        return portable.bwd(*args)
+        return portable.bwd(*args, **kw)
     from . import bwd_hopper
-    return bwd_hopper.backward(*args)
+    return bwd_hopper.backward(*args, **kw)
 
 
 def available() -> tuple[bool, str]:

@@ -758,8 +758,10 @@ def _compiled(kind, *key):
     return _COMPILED[k]
 
 
-def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
-    """(dq, dk, dv) in q's dtype. See the module docstring for the design."""
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+             dlse=None):
+    """(dq, dk, dv) in q's dtype. See the module docstring for the design. dlse: the
+    gradient on lse (harness.api), or None."""
     dout = dout.contiguous()
     out = out.contiguous()
     lse = lse.contiguous()
@@ -783,6 +785,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     _compiled("pre", q.dtype, D, not broadcast_q)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), Nq * H, H)
+    if dlse is not None:  # the gradient on lse (harness.api)
+        delta -= dlse
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)

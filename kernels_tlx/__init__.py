@@ -16,9 +16,9 @@ def _forward(*args):
     return fwd_hopper.forward(*args)
 
 
-def _backward(*args):
+def _backward(*args, **kw):
     from . import bwd_hopper
-    return bwd_hopper.backward(*args)
+    return bwd_hopper.backward(*args, **kw)
 
 
 def available() -> tuple[bool, str]:

@@ -410,14 +410,14 @@ def _desc(t, rows, D, cols=None):
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-             impl=None, deterministic=False, config=None):
+             impl=None, deterministic=False, config=None, dlse=None):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design.
 
     impl: "triton" (the plain persistent kernel above, default) or "ws" (the
     warp-specialized TLX kernel of bwd_hopper_ws.py); env JAGGED_BWD_IMPL sets the
     default. deterministic: see the module docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel always runs WS_CONFIG."""
+    "ws" kernel always runs WS_CONFIG. dlse: the gradient on lse (harness.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton")
     if deterministic:
         impl = "triton"
@@ -460,6 +460,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             out, dout, delta, dq_acc, Nq * H, out.stride(0), out.stride(1),
             dout.stride(0), dout.stride(1), delta.stride(0),
             H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
+        if dlse is not None:  # the gradient on lse (harness.api)
+            delta -= dlse
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BN)

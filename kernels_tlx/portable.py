@@ -270,7 +270,8 @@ def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     return out, lse
 
 
-def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+        dlse=None):
     B, H, n_out, args = _common(q, k, cu_q, cu_k, broadcast_q)
     D, Hkv = q.shape[2], k.shape[1]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -285,6 +286,8 @@ def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadc
         BM = _config("fwd", D, q.device)[0]
         preprocess_kernel[(triton.cdiv(n_out, BM), H)](
             out, dout, delta, n_out, H * D, D, D=D, BLOCK_M=BM)
+        if dlse is not None:  # the gradient on lse (harness.api)
+            delta -= dlse
     if max_k:
         BM, BN, warps, stages = _config("dkdv", D, q.device)
         dkdv_kernel[(triton.cdiv(max_k, BN), B, Hkv)](

@@ -80,3 +80,54 @@ def test_torch_compile_traces(inp):
     eager = torch.autograd.grad(f(q1, inp.k, inp.v), q1)[0]
     compiled = torch.autograd.grad(torch.compile(f, backend="aot_eager")(q2, inp.k, inp.v), q2)[0]
     torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("mode,causal", [("self", False), ("self", True), ("cross", True),
+                                         ("broadcast_q", False)])
+def test_gradient_through_lse(mode, causal):
+    """A loss on the returned lse (as when partial attentions are merged) gets the
+    oracle's dq/dk/dv, including rows that see no key (cross causal, len_q > len_k)."""
+    from harness.oracle import compare, reference
+    p = Problem(batch=3, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=20,
+                max_seqlen_k=None if mode == "self" else 12, sparsity=0.5, mode=mode,
+                causal=causal, dtype="fp16", seed=4)
+    inp = p.build()
+    bq = mode == "broadcast_q"
+    n_out = inp.dout.shape[0]
+    dlse = torch.randn(p.heads, n_out, generator=torch.Generator().manual_seed(9))
+    q, k, v = (t.detach().clone().requires_grad_() for t in (inp.q, inp.k, inp.v))
+    out, lse = jagged_attention(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q,
+                                inp.max_seqlen_k, causal=causal, broadcast_q=bq, return_lse=True)
+    grads = torch.autograd.grad((out, lse), (q, k, v), (inp.dout, dlse))
+    kw = dict(causal=causal, broadcast_q=bq, dlse=dlse)
+    ref, lowp = reference(inp, **kw), reference(inp, compute_dtype=inp.q.dtype, **kw)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        c = compare(name, g, ref[name], lowp[name], inp.q.dtype)
+        assert c.ok, str(c)
+    without = reference(inp, causal=causal, broadcast_q=bq)  # the lse term matters here
+    assert (ref["dq"] - without["dq"]).abs().max() > 10 * compare(
+        "dq", grads[0], ref["dq"], lowp["dq"], inp.q.dtype).tol
+
+
+def test_gradient_through_lse_only(inp):
+    """Only lse in the loss: out's gradient is zero, the result still matches the oracle."""
+    from harness.oracle import compare, reference
+    dlse = torch.randn(inp.q.shape[1], inp.q.shape[0], generator=torch.Generator().manual_seed(3))
+    q = inp.q.detach().clone().requires_grad_()
+    _, lse = jagged_attention(q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                              inp.max_seqlen_q, inp.max_seqlen_k, return_lse=True)
+    (dq,) = torch.autograd.grad(lse, q, dlse)
+    zero = type(inp)(**{**inp.__dict__, "dout": torch.zeros_like(inp.dout)})
+    ref = reference(zero, dlse=dlse)
+    lowp = reference(zero, compute_dtype=inp.q.dtype, dlse=dlse)
+    c = compare("dq", dq, ref["dq"], lowp["dq"], inp.q.dtype)
+    assert c.ok, str(c)
+
+
+def test_oracle_check_with_dlse(inp):
+    """harness.oracle.check passes the gradient on lse through (the GPU matrix uses it)."""
+    import functools
+    from harness.oracle import check
+    dlse = torch.randn(inp.q.shape[1], inp.q.shape[0], generator=torch.Generator().manual_seed(2))
+    rep = check(inp, functools.partial(jagged_attention, return_lse=True), dlse=dlse)
+    assert rep.ok, str(rep)

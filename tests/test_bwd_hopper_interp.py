@@ -46,17 +46,20 @@ CASES = [
 ]
 
 
-def run_backward(p: Problem, lengths, config):
+def run_backward(p: Problem, lengths, config, with_dlse=False):
     inp = p.build("cpu", lengths=lengths)
     bq = p.mode == "broadcast_q"
-    kw = dict(causal=p.causal, broadcast_q=bq)
+    dlse = None
+    if with_dlse:  # a gradient on lse too (harness.api)
+        dlse = torch.randn(p.heads, inp.dout.shape[0], generator=torch.Generator().manual_seed(1))
+    kw = dict(causal=p.causal, broadcast_q=bq, dlse=dlse)
     ref = reference(inp, **kw)
     lowp = reference(inp, compute_dtype=inp.q.dtype, **kw)
     out = ref["out"].to(inp.q.dtype)
     lse = ref["lse"].float().contiguous()
     grads = bw.backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
                         inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, p.causal,
-                        1.0 / math.sqrt(p.head_dim), bq, config=config)
+                        1.0 / math.sqrt(p.head_dim), bq, config=config, dlse=dlse)
     return [compare(n, g, ref[n], lowp[n], inp.q.dtype)
             for n, g in zip(("dq", "dk", "dv"), grads)]
 
@@ -66,6 +69,13 @@ def run_backward(p: Problem, lengths, config):
 def test_against_oracle(p, lengths, config):
     checks = run_backward(p, lengths, config)
     assert all(c.ok for c in checks), f"{config} {p.label()} {lengths}\n" + "\n".join(map(str, checks))
+
+
+@pytest.mark.parametrize("p, lengths", [c[1:] for c in CASES[:5]], ids=[c[0] for c in CASES[:5]])
+def test_gradient_through_lse(p, lengths):
+    """dq/dk/dv with a gradient on lse as well as on out."""
+    checks = run_backward(p, lengths, None, with_dlse=True)
+    assert all(c.ok for c in checks), f"{p.label()} {lengths}\n" + "\n".join(map(str, checks))
 
 
 def test_default_config_path():

@@ -1,6 +1,7 @@
 """Device matrix (`pytest -m gpu`): every implementation against the oracle on 200
 fresh random problems across all modes (self, cross, broadcast_q, causal, GQA/MQA,
-D 64/128, bf16/fp16, zero-length and length-1 sequences, and a few B = 1152).
+D 64/128, bf16/fp16, zero-length and length-1 sequences, and a few B = 1152); a third
+of them also put a gradient on the returned lse.
 
 The draw is random per run (the seed is printed in each test id's failure message)
 so the kernels face new inputs every time; set JAGGED_MATRIX_SEED to replay one.
@@ -77,6 +78,10 @@ def test_matrix(impl, idx):
         pytest.skip(f"{impl}: {why}")
     p, lengths = PROBLEMS[idx]
     inp = p.build("cuda", lengths=lengths)
+    dlse = None
+    if idx % 3 == 1:  # a third of the problems also put a gradient on lse
+        dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(SEED + idx))
     rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                broadcast_q=p.mode == "broadcast_q")
+                broadcast_q=p.mode == "broadcast_q", dlse=dlse)
     assert rep.ok, f"{impl} {p.label()} lengths={lengths} seed={SEED}\n{rep}"
