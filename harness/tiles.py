@@ -4,10 +4,12 @@ Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
 tiles with no key still count), ties by pair index; invalid pairs (past a sequence's
 queries) come last. `longest_first_tiles` is the reference each style's
-`schedule.build_tiles` (one small kernel + a device sort) is tested against.
+`schedule.build_tiles` (one small key kernel, then a device sort) is tested against.
 
-Backward: a tile is a (sequence, KV block) pair; `kv_tiles` (two small Triton kernels
-and a device sort) builds the list the backward kernels of both styles walk, and `dq_accumulator` the fp32 dQ buffer they reduce into.
+Backward: a tile is a (sequence, KV block) pair. `kv_tiles` builds the list the
+backward kernels of both styles walk: one Triton kernel up to SORT_MAX pairs, else a
+key kernel, torch.sort and a decode kernel; `kv_tiles_reference` is its torch-op
+reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
 
