@@ -121,7 +121,7 @@ def _kernel_classes():
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
 
-    from .fragments import acc_as_operand_a, acc_rows_cols, wgmma
+    from .fragments import acc_as_operand_a, acc_rows_cols, head_tile, tma_tiles, wgmma
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
@@ -398,16 +398,8 @@ def _kernel_classes():
                     row, hk):
             """The tile's K and V ([BLOCK_N, D]) by TMA. Rows past the sequence belong to
             the next one (or are zero-filled past the tensor); compute masks them."""
-            gK = cute.local_tile(cute.domain_offset((row, 0), mK[None, None, hk]),
-                                 (BLOCK_N, self.D), (0, 0))
-            gV = cute.local_tile(cute.domain_offset((row, 0), mV[None, None, hk]),
-                                 (BLOCK_N, self.D), (0, 0))
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
-                                               cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
-                                               cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gV, 0, 2))
+            tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(mK, row, hk, BLOCK_N, self.D))
+            tVsV, tVgV = tma_tiles(tma_atom_V, sV, head_tile(mV, row, hk, BLOCK_N, self.D))
             pipeline_kv.producer_acquire(kv_state)
             bar = pipeline_kv.producer_get_barrier(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=bar)
@@ -418,16 +410,9 @@ def _kernel_classes():
                    q_row, o_row, h):
             """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. (lse and
             delta are read by `compute` itself, per column: see `load_lse_delta`.)"""
-            gQ = cute.local_tile(cute.domain_offset((q_row, 0), mQ[None, None, h]),
-                                 (BLOCK_M, self.D), (0, 0))
-            gdO = cute.local_tile(cute.domain_offset((o_row, 0), mdO[None, None, h]),
-                                  (BLOCK_M, self.D), (0, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1),
-                                               cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, cute.make_layout(1),
-                                                   cute.group_modes(sdO, 0, 2),
-                                                   cute.group_modes(gdO, 0, 2))
+            tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, BLOCK_M, self.D))
+            tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO,
+                                       head_tile(mdO, o_row, h, BLOCK_M, self.D))
             pipeline_q.producer_acquire(q_state)
             bar = pipeline_q.producer_get_barrier(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=bar)
@@ -603,12 +588,8 @@ def _kernel_classes():
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * BLOCK_M
-                    gdQ = cute.local_tile(
-                        cute.domain_offset((slot_row + q_start + m0, 0), mdQacc[None, None, h]),
-                        (BLOCK_M, self.D), (0, 0))
-                    tsdQ, tgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                                       cute.group_modes(sdQ, 0, 2),
-                                                       cute.group_modes(gdQ, 0, 2))
+                    tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
+                        mdQacc, slot_row + q_start + m0, h, BLOCK_M, self.D))
                     cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
                                       number_of_threads=DQ_BARRIER_THREADS)
                     # the whole warp calls: the TMA op elects one issuing lane itself
@@ -626,10 +607,8 @@ def _kernel_classes():
                   scale):
             """dK (times the softmax scale) and dV of the tile, in the input dtype; rows
             past the sequence end are never written."""
-            gdK = cute.local_tile(cute.domain_offset((k_start + n0, 0), mdK[None, None, hk]),
-                                  (BLOCK_N, self.D), (0, 0))
-            gdV = cute.local_tile(cute.domain_offset((k_start + n0, 0), mdV[None, None, hk]),
-                                  (BLOCK_N, self.D), (0, 0))
+            gdK = head_tile(mdK, k_start + n0, hk, BLOCK_N, self.D)
+            gdV = head_tile(mdV, k_start + n0, hk, BLOCK_N, self.D)
             rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
             rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
             rdK.store((acc_dK.load() * scale).to(self.dtype))

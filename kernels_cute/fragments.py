@@ -1,7 +1,19 @@
-"""wgmma fragment helpers shared by the CuteDSL forward and backward. Imported only
-inside their kernel factories, so importing kernels_cute never loads the DSL."""
+"""Tile and wgmma fragment helpers shared by the CuteDSL forward and backward. Imported
+only inside their kernel factories, so importing kernels_cute never loads the DSL."""
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+
+def head_tile(m, row, h, rows, cols, coord=(0, 0)):
+    """The (rows, cols) box of head h of a packed [tokens, heads, D] tensor whose first
+    row is token `row`; coord (None, 0): every such box from there on, indexed by block."""
+    return cute.local_tile(cute.domain_offset((row, 0), m[None, None, h]), (rows, cols), coord)
+
+
+def tma_tiles(tma_atom, s, g):
+    """(smem, gmem) TMA partitions of an smem buffer and a gmem box, one CTA."""
+    return cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                 cute.group_modes(g, 0, 2))
 
 
 def acc_rows_cols(t):

@@ -104,7 +104,7 @@ def _kernel_class():
 
     LN_2 = math.log(2.0)
 
-    from .fragments import acc_as_operand_a, acc_rows_cols, wgmma
+    from .fragments import acc_as_operand_a, acc_rows_cols, head_tile, tma_tiles, wgmma
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -265,27 +265,18 @@ def _kernel_class():
                     self.schedule(tile, sched)
                 # Q: one (BLOCK_M, D) box at row q_start + m0 of head h, into the next of
                 # q_stages slots (always: the slot also stages this tile's O)
-                gQ = cute.local_tile(cute.domain_offset((q_start + m0, 0), mQ[None, None, h]),
-                                     (BLOCK_M, self.D), (0, 0))
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    tma_atom_Q, 0, cute.make_layout(1),
-                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
+                                       head_tile(mQ, q_start + m0, h, BLOCK_M, self.D))
                 pipeline_q.producer_acquire(q_state)
                 cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
                 if n_end > 0:
                     # K, V: (block_n, D) boxes of kv head hk; block n at row k_start + n*block_n
-                    gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]),
-                                         (self.block_n, self.D), (None, 0))
-                    gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]),
-                                         (self.block_n, self.D), (None, 0))
-                    tKsK, tKgK = cpasync.tma_partition(
-                        tma_atom_K, 0, cute.make_layout(1),
-                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                    tVsV, tVgV = cpasync.tma_partition(
-                        tma_atom_V, 0, cute.make_layout(1),
-                        cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+                    tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(
+                        mK, k_start, hk, self.block_n, self.D, (None, 0)))
+                    tVsV, tVgV = tma_tiles(tma_atom_V, sV, head_tile(
+                        mV, k_start, hk, self.block_n, self.D, (None, 0)))
                     for n in cutlass.range(n_end, unroll=1):
                         pipeline_k.producer_acquire(kv_state)
                         cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
@@ -521,8 +512,7 @@ def _kernel_class():
             tOsO = thr_s2g.partition_S(sO)
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
-            gO = cute.local_tile(cute.domain_offset((out_start + m0, 0), mO[None, None, h]),
-                                 (BLOCK_M, self.D), (0, 0))
+            gO = head_tile(mO, out_start + m0, h, BLOCK_M, self.D)
             tOgO = thr_s2g.partition_D(gO)
             tOcO = thr_s2g.partition_S(cute.make_identity_tensor((BLOCK_M, self.D)))
             for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
