@@ -131,18 +131,26 @@ def _device_inputs(p: Problem):
     return q, k, v, cu_q, cu_k, int(lq.max()), int(lk.max())
 
 
+GEM = dict(batch=1152, heads=4, head_dim=128)
+
+
+def _timing_problems(quick: bool) -> list[Problem]:
+    """gem-jagged (max 256 and 1024 with `quick`, else 256-2048; sparsity 0.1 / 0.5 /
+    0.9) and llm-dense B8 H16 8192, non-causal and causal."""
+    probs = [Problem(max_seqlen_q=n, sparsity=s, suite="gem-jagged", **GEM)
+             for n in ((256, 1024) if quick else (256, 512, 1024, 2048))
+             for s in (0.1, 0.5, 0.9)]
+    return probs + [Problem(batch=8, heads=16, head_dim=128, max_seqlen_q=8192, causal=c,
+                            suite="llm-dense") for c in (False, True)]
+
+
 def bench(quick: bool, variants=("overlap",)):
     import triton
     from kernels_cute import fwd_hopper
 
-    gem = dict(batch=1152, heads=4, head_dim=128)
-    probs = [Problem(max_seqlen_q=n, sparsity=s, suite="gem-jagged", **gem)
-             for n in ((256, 1024) if quick else (256, 512, 1024, 2048))
-             for s in (0.1, 0.5, 0.9)]
-    probs += [Problem(batch=8, heads=16, head_dim=128, max_seqlen_q=8192, causal=c,
-                      suite="llm-dense") for c in (False, True)]
-    probs += [Problem(max_seqlen_q=1024, max_seqlen_k=kv, sparsity=0.5, mode="cross",
-                      suite="gem-cross", **gem) for kv in (64, 256)]
+    probs = _timing_problems(quick) + [
+        Problem(max_seqlen_q=1024, max_seqlen_k=kv, sparsity=0.5, mode="cross",
+                suite="gem-cross", **GEM) for kv in (64, 256)]
     rows = []
     for p in probs:
         try:
@@ -175,14 +183,9 @@ def bench_bwd(quick: bool):
     import triton
     from kernels_cute import bwd_hopper
 
-    gem = dict(batch=1152, heads=4, head_dim=128)
-    probs = [Problem(max_seqlen_q=n, sparsity=s, suite="gem-jagged", **gem)
-             for n in ((256, 1024) if quick else (256, 512, 1024, 2048))
-             for s in (0.1, 0.5, 0.9)]
-    probs += [Problem(batch=8, heads=16, head_dim=128, max_seqlen_q=8192, causal=c,
-                      suite="llm-dense") for c in (False, True)]
-    probs += [Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, mode="broadcast_q",
-                      suite="gem-bcast-q", **gem) for lq in (64, 256)]
+    probs = _timing_problems(quick) + [
+        Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, mode="broadcast_q",
+                suite="gem-bcast-q", **GEM) for lq in (64, 256)]
     rows = []
     for p in probs:
         try:
