@@ -3,12 +3,13 @@
 Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
 tiles with no key still count), ties by pair index; invalid pairs (past a sequence's
-queries) come last. `longest_first_tiles` is the reference each style's
-`schedule.build_tiles` (one small key kernel, then a device sort) is tested against.
+queries) come last. `fwd_tiles` builds it for both styles (their
+`schedule.build_tiles`) with one small key kernel that also sorts;
+`longest_first_tiles` is its torch-op reference.
 
 Backward: a tile is a (sequence, KV block) pair. `kv_tiles` builds the list the
-backward kernels of both styles walk: one Triton kernel up to SORT_MAX pairs, else a
-key kernel, torch.sort and a decode kernel; `kv_tiles_reference` is its torch-op
+backward kernels of both styles walk with the same key kernel (up to SORT_MAX pairs;
+else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torch-op
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
@@ -75,8 +76,7 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
 # tile lists of at most this many pairs are sorted inside their key kernel (tl.sort,
 # one program): no torch.sort, whose host cost (0.1-0.2 ms a call on the H200 node)
 # exceeded the kernels' own time at short sequences (PERF.md, session 3)
-SORT_MAX = 4096
-LAST_KEY = 0x7FFFFFFFFFFFFFFF  # an int64 key that sorts after every real one
+SORT_MAX = 8192
 
 
 def sort_launch(n: int) -> dict:
@@ -84,61 +84,98 @@ def sort_launch(n: int) -> dict:
     n <= SORT_MAX, else a loop of 1024-pair steps (sorted by torch.sort afterwards)."""
     if n <= SORT_MAX:
         block = triton.next_power_of_2(max(n, 128))
-        return dict(BLOCK=block, SORT=True, num_warps=max(4, block // 256))
+        return dict(BLOCK=block, SORT=True, num_warps=min(16, max(4, block // 256)))
     return dict(BLOCK=1024, SORT=False, num_warps=4)
 
 
 @triton.jit
-def _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Forward: (sequence b, query block m) = pair b * NB + m. Its work: KV blocks to
+    visit, plus one for the Q load and the epilogue; 0 when the block holds no query."""
+    b = pair // NB
+    m0 = (pair % NB) * BLOCK_M
+    len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
+    if CAUSAL:  # bottom-right: row i sees keys j <= i + len_k - len_q
+        kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + len_k - len_q, 0), len_k)
+    else:
+        kv_end = len_k
+    return tl.where(inb & (m0 < len_q), (kv_end + BLOCK_N - 1) // BLOCK_N + 1, 0)
+
+
+@triton.jit
+def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    """Sort key of (sequence b, KV block n) pairs: -(work + 1) in the high 32 bits (0 for
-    blocks past the sequence), the pair b * NB + n in the low; LAST_KEY past n_pairs.
-    And whether the pair is a real tile."""
+    """Backward: (sequence b, KV block n) = pair b * NB + n. Its work: query blocks that
+    see the block, plus one (so blocks no query sees still come before padding); 0 past
+    the sequence's keys."""
     b = pair // NB
     n0 = (pair % NB) * BLOCK_N
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
-    real = inb & (n0 < len_k)
     if CAUSAL:
         m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
         work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
     else:
         work = (len_q + BLOCK_M - 1) // BLOCK_M
-    work = tl.where(real, work + 1, 0)
-    key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
-    return tl.where(inb, key, 0x7FFFFFFFFFFFFFFF), real
+    return tl.where(inb & (n0 < len_k), work + 1, 0)
 
 
 @triton.jit
-def _store_tiles(key, out_ptr, i, m, n_stride, NB):
-    """Sorted keys -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
-    pair = (key & 0xFFFFFFFF).to(tl.int32)
+def _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr):
+    if KV_TILES:
+        return _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                             BROADCAST_Q)
+    else:
+        return _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                            BROADCAST_Q)
+
+
+@triton.jit
+def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
+    """Sorted pairs -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
     tl.store(out_ptr + i, pair // NB, mask=m)
     tl.store(out_ptr + n_stride + i, pair % NB, mask=m)
 
 
 @triton.jit
-def _kv_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                    BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr, SORT: tl.constexpr):
-    """One program. SORT (n_pairs <= BLOCK): keys, sort and decode in place, into
-    tiles_ptr. Else the unsorted keys of every pair, 1024 at a time, into keys_ptr. Both
-    store the count of real tiles (no zeroed buffer, no atomics)."""
+def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                      BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
+                      BLOCK: tl.constexpr, SORT: tl.constexpr):
+    """One program, for both tile lists (KV_TILES: the backward's). Both store the count
+    of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
+    host time per call on the H200 node).
+
+    SORT (n_pairs <= BLOCK): sorted here, by the int32 key work << log2(BLOCK) | ~pair
+    descending (longest first, ties by pair), then the pairs go to keys_ptr (forward) or
+    decoded to tiles_ptr (backward). Else the int64 key -work << 32 | pair of every pair,
+    1024 at a time, into keys_ptr (ascending = the same order)."""
     if SORT:
+        BITS: tl.constexpr = BLOCK.bit_length() - 1
         pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
-        key, real = _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                                  BROADCAST_Q)
-        _store_tiles(tl.sort(key), tiles_ptr, pair, inb, n_stride, NB)
-        total = tl.sum(real.to(tl.int32), 0)
+        work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                          BROADCAST_Q, KV_TILES)
+        # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
+        work_key = tl.minimum(work, (1 << (31 - BITS)) - 1)
+        key = tl.sort((work_key << BITS) | (BLOCK - 1 - pair), descending=True)
+        sorted_pair = BLOCK - 1 - (key & (BLOCK - 1))
+        if KV_TILES:
+            _store_tiles(sorted_pair, tiles_ptr, pair, inb, n_stride, NB)
+        else:
+            tl.store(keys_ptr + pair, sorted_pair.to(tl.int64), mask=inb)
+        total = tl.sum((work > 0).to(tl.int32), 0)
     else:
         total = 0
         for start in range(0, n_pairs, BLOCK):
             pair = start + tl.arange(0, BLOCK)
             inb = pair < n_pairs
-            key, real = _kv_pair_keys(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                                      BROADCAST_Q)
+            work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                              BROADCAST_Q, KV_TILES)
+            key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
             tl.store(keys_ptr + pair, key, mask=inb)
-            total += tl.sum(real.to(tl.int32), 0)
+            total += tl.sum((work > 0).to(tl.int32), 0)
     tl.store(count_ptr, total)
 
 
@@ -146,7 +183,33 @@ def _kv_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_strid
 def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_pairs
-    _store_tiles(tl.load(keys_ptr + i, mask=m, other=0), out_ptr, i, m, n_stride, NB)
+    pair = (tl.load(keys_ptr + i, mask=m, other=0) & 0xFFFFFFFF).to(tl.int32)
+    _store_tiles(pair, out_ptr, i, m, n_stride, NB)
+
+
+def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
+              block_m: int, block_n: int, causal: bool):
+    """Forward tile list, the `build_tiles` of both styles' schedule.
+
+    -> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
+    bits; count int32 [1] of valid pairs; nblk). One key kernel makes and sorts the keys
+    (torch.sort sorts them past SORT_MAX pairs): no host sync, two host operations. Same
+    order and count as `longest_first_tiles`.
+
+    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
+    nblk = max(1, -(-max_seqlen_q // block_m))
+    n_pairs = batch * nblk
+    # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
+    # pointer alignment: a shifting one would recompile them)
+    n2 = n_pairs + n_pairs % 2
+    buf = torch.empty(n2 + 2, dtype=torch.int64, device=cu_k.device)
+    keys, count = buf[:n_pairs], buf[n2:n2 + 1].view(torch.int32)[:1]
+    opts = sort_launch(n_pairs)
+    _tile_keys_kernel[(1,)](
+        cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
+        len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
+        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, **opts)
+    return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
@@ -162,16 +225,15 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
-    # one buffer: tile_b, tile_n, count, each starting 16-byte aligned (Triton
-    # specializes kernels on pointer alignment: a shifting one would recompile them)
+    # one buffer: tile_b, tile_n, count, each starting 16-byte aligned (as above)
     n4 = -(-n // 4) * 4
     tiles = torch.empty(2 * n4 + 4, dtype=torch.int32, device=cu_k.device)
     count = tiles[2 * n4:2 * n4 + 1]
     opts = sort_launch(n)
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
-    _kv_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4, NB,
-                          L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                          BROADCAST_Q=cu_q is None, **opts)
+    _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
+                            NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
+                            BROADCAST_Q=cu_q is None, KV_TILES=True, **opts)
     if keys is not None:
         _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                    BLOCK=1024)

@@ -13,80 +13,12 @@ the others' (list scheduling, longest processing time first).
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from harness.tiles import seq_lens, sort_launch
+from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-
-@triton.jit
-def _pair_keys(pair, inb, cu_q, cu_k, NBLK, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    """Sort key of (sequence, query block) pairs: -work in the high 32 bits, the pair in
-    the low (ascending order = longest first); LAST_KEY for invalid pairs and past
-    n_pairs. And whether the pair is valid."""
-    b = pair // NBLK
-    m0 = (pair % NBLK) * BLOCK_M
-    len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
-    valid = inb & (m0 < len_q)
-    if CAUSAL:
-        kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + len_k - len_q, 0), len_k)
-    else:
-        kv_end = len_k
-    work = (kv_end + BLOCK_N - 1) // BLOCK_N + 1
-    key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
-    return tl.where(valid, key, 0x7FFFFFFFFFFFFFFF), valid
-
-
-@triton.jit
-def _tile_keys_kernel(cu_q, cu_k, keys_ptr, count_ptr, n_pairs, NBLK, L_q,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      BROADCAST_Q: tl.constexpr, BLOCK: tl.constexpr, SORT: tl.constexpr):
-    """One program. SORT (n_pairs <= BLOCK): the keys, sorted here. Else the unsorted
-    keys of every pair, 1024 at a time. Both store the count of valid pairs (no zeroed
-    buffer, no atomics: a torch.zeros cost ~0.1 ms of host time per call on the H200
-    node)."""
-    if SORT:
-        pair = tl.arange(0, BLOCK)
-        inb = pair < n_pairs
-        key, valid = _pair_keys(pair, inb, cu_q, cu_k, NBLK, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                                BROADCAST_Q)
-        tl.store(keys_ptr + pair, tl.sort(key), mask=inb)
-        total = tl.sum(valid.to(tl.int32), 0)
-    else:
-        total = 0
-        for start in range(0, n_pairs, BLOCK):
-            pair = start + tl.arange(0, BLOCK)
-            inb = pair < n_pairs
-            key, valid = _pair_keys(pair, inb, cu_q, cu_k, NBLK, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                                    BROADCAST_Q)
-            tl.store(keys_ptr + pair, key, mask=inb)
-            total += tl.sum(valid.to(tl.int32), 0)
-    tl.store(count_ptr, total)
-
-
-def build_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
-                block_m: int, block_n: int, causal: bool):
-    """-> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
-    bits; count int32 [1] of valid pairs; nblk). One small Triton kernel makes and sorts
-    the keys (torch.sort sorts them past harness.tiles.SORT_MAX pairs): no host sync, two
-    host operations.
-
-    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
-    nblk = max(1, triton.cdiv(max_seqlen_q, block_m))
-    n_pairs = batch * nblk
-    # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
-    # pointer alignment: a shifting one would recompile them)
-    n2 = n_pairs + n_pairs % 2
-    buf = torch.empty(n2 + 2, dtype=torch.int64, device=cu_k.device)
-    keys, count = buf[:n_pairs], buf[n2:n2 + 1].view(torch.int32)[:1]
-    opts = sort_launch(n_pairs)
-    _tile_keys_kernel[(1,)](
-        cu_k if cu_q is None else cu_q, cu_k, keys, count, n_pairs, nblk,
-        len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-        BROADCAST_Q=len_q_dense is not None, **opts)
-    return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
+__all__ = ["build_tiles", "tile_coords"]
 
 
 @triton.jit

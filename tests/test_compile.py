@@ -75,24 +75,19 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q):
 
 
 @pytest.mark.parametrize("causal,bq", [(False, False), (True, True)])
-@pytest.mark.parametrize("n_pairs", [100, 3000, 5000])  # sorted in-kernel (2 sizes), looped
+@pytest.mark.parametrize("n_pairs", [100, 3000, 8192, 9000])  # sorted in-kernel (3 sizes), looped
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_schedule_kernels_sm90(which, n_pairs, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
     not spill (the interpreter accepts more, e.g. non-constexpr globals, so the CPU
     schedule tests alone do not prove this)."""
-    from harness.tiles import _kv_keys_kernel, sort_launch
-    from kernels_tlx.schedule import _tile_keys_kernel
+    from harness.tiles import _tile_keys_kernel, sort_launch
     opts = sort_launch(n_pairs)
-    sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", count_ptr="*i32", n_pairs="i32",
-               L_q="i32")
-    if which == "fwd":
-        fn, sig = _tile_keys_kernel, dict(sig, NBLK="i32")
-    else:
-        fn, sig = _kv_keys_kernel, dict(sig, tiles_ptr="*i32", n_stride="i32", NB="i32")
+    sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", tiles_ptr="*i32", count_ptr="*i32",
+               n_pairs="i32", n_stride="i32", NB="i32", L_q="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
-                 BLOCK=opts["BLOCK"], SORT=opts["SORT"])
+                 KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"])
     sig.update({k: "constexpr" for k in const})
-    rep = compile_kernel(fn, sig, const, arch=90, num_warps=opts["num_warps"],
+    rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
                          name=f"{which} tile keys n={n_pairs}")
     assert not rep.spills and not rep.stack_bytes, rep.row()
