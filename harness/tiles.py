@@ -15,6 +15,7 @@ reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 import torch
 import triton
@@ -44,17 +45,24 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
     return pairs, count, nblk
 
 
-def fwd_bucket(max_seqlen_k: int) -> str:
-    """The forward's length bucket, shared by both styles' `pick_config`: "short" when
-    every sequence's KV fits in one 64-key block, else "long". JAGGED_FWD_BUCKET (short
-    or long, read per call) overrides it, for A/B runs such as 64-key blocks on gem-jagged
-    256 / 0.1 (`python -m harness profile --ab JAGGED_FWD_BUCKET=short`)."""
+# the forward's 64-key blocks win up to this mean length: kernel time at gem-jagged
+# sparsity 0.1, means 26 / 52 / 102 / 209 keys: -30 / -11 / -10 / +2 % (PERF.md, session 4)
+FWD_SHORT_MEAN_K = 128
+
+
+def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None) -> str:
+    """The forward's length bucket, shared by both styles' `pick_config`: "short" (64-key
+    blocks) when every sequence's KV fits in one 64-key block or the mean KV length
+    (total keys / batch, known without a sync) is at most FWD_SHORT_MEAN_K, else "long".
+    JAGGED_FWD_BUCKET (short or long, read per call) overrides it, for A/B runs
+    (`python -m harness profile --ab JAGGED_FWD_BUCKET=short`)."""
     env = os.environ.get("JAGGED_FWD_BUCKET")
     if env:
         if env not in ("short", "long"):
             raise ValueError(f"JAGGED_FWD_BUCKET={env!r}: expected 'short' or 'long'")
         return env
-    return "short" if max_seqlen_k <= 64 else "long"
+    short = max_seqlen_k <= 64 or (mean_k is not None and mean_k <= FWD_SHORT_MEAN_K)
+    return "short" if short else "long"
 
 
 # broadcast-Q: per-program dQ slots are capped at this many bytes in all
@@ -187,9 +195,38 @@ def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.conste
     _store_tiles(pair, out_ptr, i, m, n_stride, NB)
 
 
+# Tile lists are reused while their offsets are unchanged (the same tensor objects at the
+# same version counter), as across a model's layers: the key kernel's launch was a large
+# part of a short call's host time. Off under CUDA-graph capture (a replay must rebuild)
+# and with JAGGED_TILE_CACHE=0. Offsets rewritten behind torch's back (a raw pointer
+# write that does not bump the version counter) need JAGGED_TILE_CACHE=0.
+TILE_CACHE_SIZE = 16
+_TILE_CACHE: OrderedDict = OrderedDict()
+
+
+def _cached(build, cu_q, cu_k, *params):
+    try:
+        key = (build, id(cu_q), id(cu_k), cu_k._version,
+               None if cu_q is None else cu_q._version, params)
+    except RuntimeError:  # inference-mode tensors have no version counter
+        return build(cu_q, cu_k, *params)
+    if (os.environ.get("JAGGED_TILE_CACHE") == "0" or
+            (cu_k.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return build(cu_q, cu_k, *params)
+    hit = _TILE_CACHE.get(key)
+    if hit is not None:
+        _TILE_CACHE.move_to_end(key)
+        return hit[2]
+    out = build(cu_q, cu_k, *params)
+    _TILE_CACHE[key] = (cu_q, cu_k, out)  # holding the tensors keeps their ids unique
+    if len(_TILE_CACHE) > TILE_CACHE_SIZE:
+        _TILE_CACHE.popitem(last=False)
+    return out
+
+
 def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
               block_m: int, block_n: int, causal: bool):
-    """Forward tile list, the `build_tiles` of both styles' schedule.
+    """Forward tile list, the `build_tiles` of both styles' schedule (cached, above).
 
     -> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
     bits; count int32 [1] of valid pairs; nblk). One key kernel makes and sorts the keys
@@ -197,6 +234,11 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None
     order and count as `longest_first_tiles`.
 
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
+    return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m,
+                   block_n, bool(causal))
+
+
+def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal):
     nblk = max(1, -(-max_seqlen_q // block_m))
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
@@ -221,7 +263,12 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     Returns (tile_b, tile_n, n_tiles): int32 [>= B * NB] batch index and KV-block index of
     every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
     tensor with the number of real tiles (KV blocks inside their sequence; they come
-    first, including those no query sees, which still store dK = dV = 0)."""
+    first, including those no query sees, which still store dK = dV = 0). Cached like
+    `fwd_tiles`."""
+    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
+
+
+def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB

@@ -66,8 +66,8 @@ class Config:
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
 
 
-# keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
-# in one 64-key block, else "long" (harness.tiles.fwd_bucket; the same table as TLX)
+# keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
+# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket; the same table as TLX)
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
@@ -76,9 +76,12 @@ CONFIGS = {
 }
 
 
-def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
-    cfg = CONFIGS[(head_dim, fwd_bucket(max_seqlen_k))]
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
+                mean_k: float | None = None) -> Config:
+    cfg = CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))]
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
+
+
 _COMPILED = {}
 _SM_COUNT = {}
 
@@ -594,7 +597,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
-    cfg = pick_config(D, max_k, causal, broadcast_q)
+    cfg = pick_config(D, max_k, causal, broadcast_q, k.shape[0] / B)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, BLOCK_M, cfg.block_n, causal)
     num_programs = max(1, min(_sm_count(q.device), B * nblk * H))

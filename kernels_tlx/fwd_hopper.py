@@ -52,8 +52,9 @@ class Config:
     producer_regs: int = 24
 
 
-# keyed by (head_dim, length bucket); the bucket is "short" when every sequence's KV fits
-# in one 64-key block, else "long" (harness.tiles.fwd_bucket). Modes share configs.
+# keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
+# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket). Modes
+# share configs.
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
@@ -62,8 +63,9 @@ CONFIGS = {
 }
 
 
-def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool) -> Config:
-    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k))]
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
+                mean_k: float | None = None) -> Config:
+    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -323,7 +325,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    cfg = pick_config(D, max_k, causal, broadcast_q)
+    cfg = pick_config(D, max_k, causal, broadcast_q, Nk / batch)
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)

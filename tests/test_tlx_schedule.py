@@ -82,6 +82,7 @@ def test_fwd_bucket(monkeypatch):
     from harness.tiles import fwd_bucket
     monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
     assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
+    assert fwd_bucket(256, mean_k=26.5) == "short" and fwd_bucket(2048, mean_k=209) == "long"
     monkeypatch.setenv("JAGGED_FWD_BUCKET", "short")
     assert fwd_bucket(8192) == "short"
     monkeypatch.setenv("JAGGED_FWD_BUCKET", "tiny")
@@ -121,3 +122,28 @@ def test_long_lists_take_the_torch_sort_path(causal):
     m = int(want[2])
     assert int(got[2]) == m and torch.equal(got[0][:m], want[0][:m])
     assert torch.equal(got[1][:m], want[1][:m])
+
+
+def test_tile_lists_are_cached_per_offsets(monkeypatch):
+    """Same offsets objects, unchanged: the same lists, no rebuild. An in-place change
+    (version counter), other offsets, or JAGGED_TILE_CACHE=0: built again, right."""
+    from harness.tiles import kv_tiles, kv_tiles_reference
+    monkeypatch.delenv("JAGGED_TILE_CACHE", raising=False)
+    cu = offsets(torch.tensor([70, 3, 129]))
+    args = (cu, cu, 3, 129, None, 64, 64, False)
+    kargs = (cu, cu, 0, 129, False, 64, 64)
+    first = build_tiles(*args)
+    assert build_tiles(*args)[0] is first[0]
+    assert kv_tiles(*kargs)[0] is kv_tiles(*kargs)[0]
+    assert build_tiles(*args[:-1], True)[0] is not first[0]  # other parameters
+    cu[1:] = offsets(torch.tensor([1, 129, 70]))[1:]          # in place: same object
+    again = build_tiles(*args)
+    ref, ref_count, _ = longest_first_tiles(*args)
+    n = int(ref_count)
+    assert again[0] is not first[0] and int(again[1]) == n
+    assert torch.equal((again[0] & 0xFFFFFFFF)[:n], ref[:n].long())
+    got, want = kv_tiles(*kargs), kv_tiles_reference(*kargs)
+    m = int(want[2])
+    assert int(got[2]) == m and torch.equal(got[0][:m], want[0][:m])
+    monkeypatch.setenv("JAGGED_TILE_CACHE", "0")
+    assert build_tiles(*args)[0] is not build_tiles(*args)[0]
