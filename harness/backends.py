@@ -132,7 +132,7 @@ for _name, _mod, _cuda_only, _note in (
         ("triton", "kernels_tlx.portable", False, "plain-Triton portable kernel (also runs on CPU under TRITON_INTERPRET=1)"),
         ("tlx", "kernels_tlx", True, "Triton + TLX, Hopper warp-specialized; its tile lists "
          "are built on the GPU once per offsets tensor and reused while it is unchanged (as "
-         "across a model's layers; from revision 8cbd1d0 on, not timed after the first call)"),
+         "across a model's layers; from revision 78c8a59 on, not timed after the first call)"),
         ("cute", "kernels_cute", True, "CuteDSL, same algorithm and roles as tlx (same tile "
          "lists and reuse)")):
     _make, _avail = _ours(_mod, _cuda_only)
