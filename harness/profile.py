@@ -103,9 +103,9 @@ def _env(var: str | None):
 
 def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None,
         host: bool = False) -> list[str]:
-    """`ab` ("NAME=value"): each pass is profiled as is and again with that variable set
-    (read per call by the code under test), in one process. `host`: also print a
-    cProfile of the calls."""
+    """`ab` ("NAME=value"): each problem is gated and profiled as is, then gated and
+    profiled again with that variable set (read per call by the code under test), in one
+    process. `host`: also print a cProfile of the calls."""
     from . import backends
     lines = []
     for name in backend_names:
@@ -115,20 +115,22 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = N
             lines.append(f"{name}: unavailable ({why})")
             continue
         fn = b.fn()
-        for p in problems:  # the sweep's own gate first
-            bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch, timing=False)
-                   if r["status"] != "ok"]
-            if bad:
-                lines.append(f"{name} {p.label()}: not profiled: {bad[0]['status']} {bad[0]['error']}")
-                continue
-            for ps in passes:
-                for var in (None, ab) if ab else (None,):
-                    with _env(var) as tag:
+        for p in problems:
+            for var in (None, ab) if ab else (None,):
+                with _env(var) as tag:  # the sweep's own gate first, for each variant
+                    bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch,
+                                                  timing=False) if r["status"] != "ok"]
+                    if bad:
+                        lines.append(f"{name} {p.label()}{tag}: not profiled: "
+                                     f"{bad[0]['status']} {bad[0]['error']}")
+                        print(lines[-1], flush=True)
+                        continue
+                    for ps in passes:
                         r = profile_one(fn, p, ps, n, host)
-                    top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
-                    lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
-                                 f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
-                    print(lines[-1], flush=True)
-                    if r["cprofile"]:
-                        print(r["cprofile"], flush=True)
+                        top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
+                        lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
+                                     f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
+                        print(lines[-1], flush=True)
+                        if r["cprofile"]:
+                            print(r["cprofile"], flush=True)
     return lines

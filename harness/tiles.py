@@ -14,6 +14,7 @@ reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict
 
@@ -63,6 +64,24 @@ def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None) -> str:
         return env
     short = max_seqlen_k <= 64 or (mean_k is not None and mean_k <= FWD_SHORT_MEAN_K)
     return "short" if short else "long"
+
+
+def fwd_config_override(cfg):
+    """`cfg` (a style's forward Config dataclass) with JAGGED_FWD_CONFIG applied, read per
+    call: comma-separated integer fields, e.g. "num_buffers_kv=3,num_buffers_q=1", for
+    A/B runs (`python -m harness profile --ab JAGGED_FWD_CONFIG=...`)."""
+    env = os.environ.get("JAGGED_FWD_CONFIG")
+    if not env:
+        return cfg
+    names = {f.name for f in dataclasses.fields(cfg)}
+    over = {}
+    for item in env.split(","):
+        key, _, val = item.partition("=")
+        if key not in names or not val.lstrip("-").isdigit():
+            raise ValueError(f"JAGGED_FWD_CONFIG={env!r}: expected name=int pairs of "
+                             f"{sorted(names)}")
+        over[key] = type(getattr(cfg, key))(int(val))
+    return dataclasses.replace(cfg, **over)
 
 
 # broadcast-Q: per-program dQ slots are capped at this many bytes in all

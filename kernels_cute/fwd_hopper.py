@@ -43,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from harness.tiles import fwd_bucket
+from harness.tiles import fwd_bucket, fwd_config_override
 
 from .schedule import build_tiles, tile_coords
 
@@ -78,7 +78,7 @@ CONFIGS = {
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
-    cfg = CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))]
+    cfg = fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))])
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 
 

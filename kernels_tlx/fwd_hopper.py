@@ -30,7 +30,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.tiles import fwd_bucket
+from harness.tiles import fwd_bucket, fwd_config_override
 
 from .schedule import build_tiles, tile_coords
 
@@ -65,7 +65,7 @@ CONFIGS = {
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
-    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))]
+    return fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))])
 
 
 # ----------------------------------------------------------------------------- helpers

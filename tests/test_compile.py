@@ -44,6 +44,18 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt, group):
     assert len(rep.setmaxnreg) >= 2, rep.row()
 
 
+def test_fwd_kv3_variant_fits_sm90():
+    """The A/B variant of PERF.md's forward plan (JAGGED_FWD_CONFIG=num_buffers_kv=3,
+    num_buffers_q=1) fits in shared memory and does not spill, so a GPU run can time it."""
+    from dataclasses import replace
+    cfg = replace(fh.CONFIGS[(128, "long")], num_buffers_kv=3, num_buffers_q=1)
+    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 128, "bf16"),
+                         fh.kernel_args(cfg, 128, False, False), arch=90, num_warps=4,
+                         num_stages=1, name="fwd D128 long kv3 q1")
+    print(rep.row())
+    assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):

@@ -90,6 +90,25 @@ def test_fwd_bucket(monkeypatch):
         fwd_bucket(64)
 
 
+def test_fwd_config_override(monkeypatch):
+    """JAGGED_FWD_CONFIG overrides integer fields of either style's forward Config."""
+    from dataclasses import dataclass
+
+    from harness.tiles import fwd_config_override
+
+    @dataclass(frozen=True)
+    class Cfg:
+        num_buffers_kv: int = 2
+        overlap: bool = True
+    monkeypatch.delenv("JAGGED_FWD_CONFIG", raising=False)
+    assert fwd_config_override(Cfg()) == Cfg()
+    monkeypatch.setenv("JAGGED_FWD_CONFIG", "num_buffers_kv=3,overlap=0")
+    assert fwd_config_override(Cfg()) == Cfg(num_buffers_kv=3, overlap=False)
+    monkeypatch.setenv("JAGGED_FWD_CONFIG", "num_buffers=3")
+    with pytest.raises(ValueError, match="num_buffers_kv"):
+        fwd_config_override(Cfg())
+
+
 @pytest.mark.parametrize("B", [1, 2, 3, 5])
 def test_tile_buffers_are_16_byte_aligned(B):
     """Every array the kernels receive starts 16-byte aligned whatever the size, so
