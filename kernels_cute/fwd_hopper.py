@@ -64,6 +64,7 @@ class Config:
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
+    head_chunk: int = 1         # tile order (schedule.tile_coords); compiled in
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -115,6 +116,7 @@ def _kernel_class():
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
+            self.head_chunk = cfg.head_chunk
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -250,8 +252,9 @@ def _kernel_class():
         @cute.jit
         def schedule(self, tile: Int32, sched):
             mPairs, mCount, mCuQ, mCuK, L_q, H, group, nblk = sched
-            return tile_coords(tile, mPairs, mCuQ, mCuK, L_q, H, group, nblk,
-                                        BLOCK_M, self.block_n, self.causal, self.broadcast_q)
+            return tile_coords(tile, mPairs, mCount[0], self.head_chunk, mCuQ, mCuK, L_q, H,
+                               group, nblk, BLOCK_M, self.block_n, self.causal,
+                               self.broadcast_q)
 
         # ------------------------------------------------------------------ load
         @cute.jit

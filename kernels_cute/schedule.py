@@ -22,16 +22,21 @@ from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 __all__ = ["build_tiles", "tile_coords"]
 
 
-def tile_coords(tile, mPairs, mCuQ, mCuK, L_q, H, group, nblk,
+def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
                 BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
     """Tile id -> where it lives (device side, traced inside a @cute.jit role):
     head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
     the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
-    [n_bulk, n_end) are masked."""
+    [n_bulk, n_end) are masked. Tiles walk the list in chunks of `head_chunk` pairs,
+    pairs fastest, then heads (1: tile t = (pair t // H, head t % H)), as in TLX."""
     import cutlass
 
-    pair = cutlass.Int32(mPairs[tile // H] & 0xFFFFFFFF)
-    h = tile % H
+    span = head_chunk * H
+    first = tile // span * head_chunk
+    chunk_len = cutlass.min(head_chunk, n_pairs - first)  # the last chunk may be short
+    r = tile - tile // span * span
+    h = r // chunk_len
+    pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
     k_start = mCuK[b]

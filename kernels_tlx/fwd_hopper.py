@@ -50,6 +50,7 @@ class Config:
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
     consumer_regs: int = 240
     producer_regs: int = 24
+    head_chunk: int = 1         # tile order (schedule.tile_coords); a runtime argument
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -142,8 +143,8 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-         k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK,
-         n_tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+         k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H,
+         GROUP, NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """Producer: for each of this program's tiles, Q (two halves) then its K/V blocks."""
@@ -152,10 +153,10 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
     kv_cnt = 0
     i = 0
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
         h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-            tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL,
-            BROADCAST_Q)
+            tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M,
+            BLOCK_N, CAUSAL, BROADCAST_Q)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
@@ -239,9 +240,9 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
 
 # ----------------------------------------------------------------------------- kernel
 # runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
-@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
+@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out", "head_chunk"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
-               L_q, H, GROUP, NBLK, n_out, qk_scale,
+               L_q, H, GROUP, NBLK, n_out, qk_scale, head_chunk,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
@@ -258,13 +259,13 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
-    n_tiles = tl.load(count_ptr) * H
+    n_pairs = tl.load(count_ptr)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
             load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-                 k_empties, v_fulls, v_empties, pairs_ptr, cu_q, cu_k, L_q, H, GROUP,
-                 NBLK, n_tiles, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
+                 k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k,
+                 L_q, H, GROUP, NBLK, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
                  CAUSAL, BROADCAST_Q)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
@@ -272,10 +273,10 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
             kv_cnt = 0
             i = 0
-            for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+            for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-                    tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N,
-                    CAUSAL, BROADCAST_Q)
+                    tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
+                    BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
                 rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
@@ -338,7 +339,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     grid = (min(_num_sms(q.device), batch * nblk * H),)
     fwd_kernel[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E,
+        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, cfg.head_chunk,
         **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)
     return out, lse
 
@@ -351,4 +352,4 @@ def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
             "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32", "NBLK": "i32",
-            "n_out": "i32", "qk_scale": "fp32"}
+            "n_out": "i32", "qk_scale": "fp32", "head_chunk": "i32"}

@@ -22,15 +22,24 @@ __all__ = ["build_tiles", "tile_coords"]
 
 
 @triton.jit
-def tile_coords(tile, pairs_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK,
+def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 BROADCAST_Q: tl.constexpr):
     """Tile id -> where it lives: head h, kv head, first query row m0 (in-sequence),
     packed row bases of q / k / out, the lengths, and the KV block split:
     blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused)."""
-    pair = (tl.load(pairs_ptr + tile // H) & 0xFFFFFFFF).to(tl.int32)
-    h = tile % H
+    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused).
+
+    Tiles walk the list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1
+    gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
+    head's K/V at a time (an L2 experiment, Config.head_chunk; PERF.md session 4) and
+    keeps longest-first across chunks."""
+    span = head_chunk * H
+    first = tile // span * head_chunk
+    chunk_len = tl.minimum(head_chunk, n_pairs - first)  # the last chunk may be short
+    r = tile - tile // span * span
+    h = r // chunk_len
+    pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
     b = pair // NBLK
     m0 = (pair % NBLK) * BLOCK_M
     k_start = tl.load(cu_k + b)

@@ -3,10 +3,12 @@ the one-kernel key build + sort gives the same longest-first order and count as 
 plain torch reference, in every mode."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from harness.problems import offsets
 from harness.tiles import longest_first_tiles
-from kernels_tlx.schedule import build_tiles
+from kernels_tlx.schedule import build_tiles, tile_coords
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -166,3 +168,33 @@ def test_tile_lists_are_cached_per_offsets(monkeypatch):
     assert int(got[2]) == m and torch.equal(got[0][:m], want[0][:m])
     monkeypatch.setenv("JAGGED_TILE_CACHE", "0")
     assert build_tiles(*args)[0] is not build_tiles(*args)[0]
+
+
+@triton.jit
+def _decode_tiles(pairs, n_pairs, head_chunk, cu, out, H, NBLK):
+    for t in range(0, n_pairs * H):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+            t, pairs, n_pairs, head_chunk, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
+        tl.store(out + 2 * t, q_start + m0)
+        tl.store(out + 2 * t + 1, h)
+
+
+@pytest.mark.parametrize("head_chunk", [1, 2, 4, 7])
+def test_tile_coords_head_chunks(head_chunk):
+    """Every (valid pair, head) tile exactly once; head_chunk = 1 is pair t // H, head
+    t % H; chunks keep the list's longest-first order of pairs."""
+    H = 3
+    cu = offsets(torch.tensor([130, 0, 64, 1, 200]))
+    pairs, count, nblk = build_tiles(cu, cu, 5, 200, None, 64, 64, False)
+    n = int(count)
+    out = torch.full((2 * n * H,), -1, dtype=torch.int32)
+    _decode_tiles[(1,)](pairs, n, head_chunk, cu, out, H, nblk)
+    got = [tuple(x) for x in out.view(-1, 2).tolist()]
+    starts = cu[:-1].tolist()
+    pair_id = [starts[int(p) // nblk] + int(p) % nblk * 64 for p in (pairs[:n] & 0xFFFFFFFF)]
+    assert sorted(got) == sorted((p, h) for p in pair_id for h in range(H))
+    if head_chunk == 1:
+        assert got == [(pair_id[t // H], t % H) for t in range(n * H)]
+    rank = {p: i for i, p in enumerate(pair_id)}
+    chunks = [rank[p] // head_chunk for p, _ in got]
+    assert chunks == sorted(chunks)
