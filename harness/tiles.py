@@ -11,6 +11,10 @@ Backward: a tile is a (sequence, KV block) pair. `kv_tiles` builds the list the
 backward kernels of both styles walk with the same key kernel (up to SORT_MAX pairs;
 else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torch-op
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
+
+Both lists are reused while their offsets tensors are unchanged (`_cached`). The
+forward's length bucket and Config overrides for A/B runs (`fwd_bucket`,
+`fwd_config_override`) live here too, since both styles share them.
 """
 from __future__ import annotations
 
