@@ -107,6 +107,8 @@ class Config:
 CONFIGS = {
     # v1 (the kernel measured in PERF.md, session 1); spills at D=128 (255 regs)
     "base": Config(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    # base with the next Q block's loads a whole iteration ahead (A/B, PERF.md session 4)
+    "base_s3": Config(block_m=64, block_n=128, num_warps=8, num_stages=3),
     # 128-key tiles, 16-row Q steps: K/V reuse and dQ/Q/dO traffic of v1, thin wgmmas (N=16)
     "m16n128": Config(block_m=16, block_n=128, num_warps=8, num_stages=2, dq_t=True),
     # 64-key tiles: half the accumulator registers; 2x the Q/dO loads and dQ reduce-adds
@@ -117,7 +119,7 @@ CONFIGS = {
 }
 # the configs that compile with no spills, per head dim (tests/test_bwd_compile.py)
 SPILL_FREE = {
-    64: ("base", "m16n128", "m64n64", "m32n64", "m32n64w4"),
+    64: ("base", "base_s3", "m16n128", "m64n64", "m32n64", "m32n64w4"),
     128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
 }
 # default per (head_dim, bucket), chosen by measurement on the H200 (PERF.md, session 2:
