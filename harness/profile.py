@@ -101,6 +101,27 @@ def _env(var: str | None):
             os.environ[name] = old
 
 
+def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag) -> list[str]:
+    """Gate one problem (the sweep's own gate), then one line per pass; under the caller's
+    environment, so an A/B variant is gated before it is timed."""
+    bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch, timing=False)
+           if r["status"] != "ok"]
+    if bad:
+        print(line := f"{name} {p.label()}{tag}: not profiled: {bad[0]['status']} "
+                      f"{bad[0]['error']}", flush=True)
+        return [line]
+    lines = []
+    for ps in passes:
+        r = profile_one(fn, p, ps, n, host)
+        top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
+        lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
+                     f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
+        print(lines[-1], flush=True)
+        if r["cprofile"]:
+            print(r["cprofile"], flush=True)
+    return lines
+
+
 def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None,
         host: bool = False) -> list[str]:
     """`ab` ("NAME=value"): each problem is gated and profiled as is, then gated and
@@ -117,20 +138,6 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = N
         fn = b.fn()
         for p in problems:
             for var in (None, ab) if ab else (None,):
-                with _env(var) as tag:  # the sweep's own gate first, for each variant
-                    bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch,
-                                                  timing=False) if r["status"] != "ok"]
-                    if bad:
-                        lines.append(f"{name} {p.label()}{tag}: not profiled: "
-                                     f"{bad[0]['status']} {bad[0]['error']}")
-                        print(lines[-1], flush=True)
-                        continue
-                    for ps in passes:
-                        r = profile_one(fn, p, ps, n, host)
-                        top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
-                        lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
-                                     f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
-                        print(lines[-1], flush=True)
-                        if r["cprofile"]:
-                            print(r["cprofile"], flush=True)
+                with _env(var) as tag:
+                    lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag)
     return lines

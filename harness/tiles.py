@@ -55,10 +55,12 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
 FWD_SHORT_MEAN_K = 128
 
 
-def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None) -> str:
+def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None, causal: bool = False) -> str:
     """The forward's length bucket, shared by both styles' `pick_config`: "short" (64-key
-    blocks) when every sequence's KV fits in one 64-key block or the mean KV length
-    (total keys / batch, known without a sync) is at most FWD_SHORT_MEAN_K, else "long".
+    blocks) when every sequence's KV fits in one 64-key block or, without causal masking,
+    the mean KV length (total keys / batch, known without a sync) is at most
+    FWD_SHORT_MEAN_K, else "long". (64-key blocks over several blocks per sequence have
+    passed the GPU oracle non-causal only: the bench gate, PERF.md session 4.)
     JAGGED_FWD_BUCKET (short or long, read per call) overrides it, for A/B runs
     (`python -m harness profile --ab JAGGED_FWD_BUCKET=short`)."""
     env = os.environ.get("JAGGED_FWD_BUCKET")
@@ -66,8 +68,8 @@ def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None) -> str:
         if env not in ("short", "long"):
             raise ValueError(f"JAGGED_FWD_BUCKET={env!r}: expected 'short' or 'long'")
         return env
-    short = max_seqlen_k <= 64 or (mean_k is not None and mean_k <= FWD_SHORT_MEAN_K)
-    return "short" if short else "long"
+    by_mean = mean_k is not None and not causal and mean_k <= FWD_SHORT_MEAN_K
+    return "short" if max_seqlen_k <= 64 or by_mean else "long"
 
 
 def fwd_config_override(cfg):

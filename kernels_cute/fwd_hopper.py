@@ -68,7 +68,8 @@ class Config:
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
-# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket; the same table as TLX)
+# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket; the same
+# table as TLX)
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
@@ -79,7 +80,7 @@ CONFIGS = {
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
-    cfg = fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))])
+    cfg = fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal))])
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 
 
@@ -233,7 +234,7 @@ def _kernel_class():
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
-            sched = (mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
+            sched = (mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -251,8 +252,8 @@ def _kernel_class():
         # ------------------------------------------------------------------ schedule
         @cute.jit
         def schedule(self, tile: Int32, sched):
-            mPairs, mCount, mCuQ, mCuK, L_q, H, group, nblk = sched
-            return tile_coords(tile, mPairs, mCount[0], self.head_chunk, mCuQ, mCuK, L_q, H,
+            mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
+            return tile_coords(tile, mPairs, n_pairs, self.head_chunk, mCuQ, mCuK, L_q, H,
                                group, nblk, BLOCK_M, self.block_n, self.causal,
                                self.broadcast_q)
 
@@ -264,7 +265,7 @@ def _kernel_class():
                                                    self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.stages)
-            num_tiles = sched[1][0] * sched[5]
+            num_tiles = sched[1] * sched[5]
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
@@ -323,7 +324,7 @@ def _kernel_class():
                 # consumer 0 issues first: pre-arrive on its own scheduling barrier
                 if wg == 0:
                     cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
-            num_tiles = sched[1][0] * sched[5]
+            num_tiles = sched[1] * sched[5]
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \

@@ -66,7 +66,7 @@ CONFIGS = {
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
-    return fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k))])
+    return fwd_config_override(CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal))])
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -326,9 +326,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    # by mean length only without causal masking: 64-key blocks over several blocks per
-    # sequence have passed the GPU oracle non-causal only (bench gate, PERF.md session 4)
-    cfg = pick_config(D, max_k, causal, broadcast_q, None if causal else Nk / batch)
+    cfg = pick_config(D, max_k, causal, broadcast_q, Nk / batch)
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)

@@ -85,6 +85,7 @@ def test_fwd_bucket(monkeypatch):
     monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
     assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
     assert fwd_bucket(256, mean_k=26.5) == "short" and fwd_bucket(2048, mean_k=209) == "long"
+    assert fwd_bucket(256, mean_k=26.5, causal=True) == "long"
     monkeypatch.setenv("JAGGED_FWD_BUCKET", "short")
     assert fwd_bucket(8192) == "short"
     monkeypatch.setenv("JAGGED_FWD_BUCKET", "tiny")
