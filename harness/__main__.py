@@ -117,7 +117,8 @@ def main(argv=None):
     s.add_argument("--passes", default="fwd,bwd")
     s.add_argument("--match", default="", help="only problems whose label contains this")
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
-    s.add_argument("--ab", help="NAME=value: profile each pass again with this env var set")
+    s.add_argument("--ab", action="append", default=[],
+                   help="NAME=value: profile each pass again with this env var set (repeatable)")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")

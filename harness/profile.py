@@ -122,11 +122,11 @@ def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag) 
     return lines
 
 
-def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = None,
+def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = (),
         host: bool = False) -> list[str]:
-    """`ab` ("NAME=value"): each problem is gated and profiled as is, then gated and
-    profiled again with that variable set (read per call by the code under test), in one
-    process. `host`: also print a cProfile of the calls."""
+    """`ab` (["NAME=value", ...]): each problem is gated and profiled as is, then gated and
+    profiled again with each variable set in turn (read per call by the code under test),
+    in one process. `host`: also print a cProfile of the calls."""
     from . import backends
     lines = []
     for name in backend_names:
@@ -137,7 +137,7 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: str | None = N
             continue
         fn = b.fn()
         for p in problems:
-            for var in (None, ab) if ab else (None,):
+            for var in (None, *ab):
                 with _env(var) as tag:
                     lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag)
     return lines

@@ -298,7 +298,7 @@ def test_profile_runs_gate_then_reports(capsys):
     pass (the GPU columns are empty here), so a GPU session spends no time on its bugs."""
     from harness.profile import run
     p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=20, sparsity=0.5, dtype="fp16")
-    lines = run(["triton"], [p], ["fwd", "bwd"], n=1, ab="JAGGED_BWD_IMPL=triton", host=True)
+    lines = run(["triton"], [p], ["fwd", "bwd"], n=1, ab=["JAGGED_BWD_IMPL=triton"], host=True)
     assert len(lines) == 4 and all("host" in l and "do_bench" in l for l in lines), lines
     assert sum("[JAGGED_BWD_IMPL=triton]" in l for l in lines) == 2
     assert "JAGGED_BWD_IMPL" not in os.environ
