@@ -28,12 +28,13 @@ def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nb
     head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
     the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
     [n_bulk, n_end) are masked. Tiles walk the list in chunks of `head_chunk` pairs,
-    pairs fastest, then heads (1: tile t = (pair t // H, head t % H)), as in TLX."""
+    pairs fastest, then heads (1: tile t = (pair t // H, head t % H); 0: nblk), as in TLX."""
     import cutlass
 
-    span = head_chunk * H
-    first = tile // span * head_chunk
-    chunk_len = cutlass.min(head_chunk, n_pairs - first)  # the last chunk may be short
+    chunk = nblk if head_chunk == 0 else head_chunk  # head_chunk is compiled in
+    span = chunk * H
+    first = tile // span * chunk
+    chunk_len = cutlass.min(chunk, n_pairs - first)  # the last chunk may be short
     r = tile - tile // span * span
     h = r // chunk_len
     pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)

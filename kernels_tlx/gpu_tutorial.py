@@ -21,8 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--seqlen", type=int, default=8192)
     a = ap.parse_args(argv)
-    from triton.language.extra.tlx.tutorials.hopper_fa_ws_pipelined_pingpong_persistent import (
-        attention as tutorial)
+    from tlx.tutorials.hopper_fa_ws_pipelined_pingpong_persistent import attention as tutorial
     from kernels_tlx import jagged_attention
     B, H, N, D = a.batch, a.heads, a.seqlen, 128
     g = torch.Generator(device="cuda").manual_seed(0)

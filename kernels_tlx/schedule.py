@@ -33,10 +33,11 @@ def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP,
     Tiles walk the list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1
     gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
     head's K/V at a time (an L2 experiment, Config.head_chunk; PERF.md session 4) and
-    keeps longest-first across chunks."""
-    span = head_chunk * H
-    first = tile // span * head_chunk
-    chunk_len = tl.minimum(head_chunk, n_pairs - first)  # the last chunk may be short
+    keeps longest-first across chunks. 0 means NBLK (one sequence's query blocks)."""
+    chunk = tl.where(head_chunk == 0, NBLK, head_chunk)
+    span = chunk * H
+    first = tile // span * chunk
+    chunk_len = tl.minimum(chunk, n_pairs - first)  # the last chunk may be short
     r = tile - tile // span * span
     h = r // chunk_len
     pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)

@@ -180,10 +180,10 @@ def _decode_tiles(pairs, n_pairs, head_chunk, cu, out, H, NBLK):
         tl.store(out + 2 * t + 1, h)
 
 
-@pytest.mark.parametrize("head_chunk", [1, 2, 4, 7])
+@pytest.mark.parametrize("head_chunk", [1, 2, 4, 7, 0])
 def test_tile_coords_head_chunks(head_chunk):
     """Every (valid pair, head) tile exactly once; head_chunk = 1 is pair t // H, head
-    t % H; chunks keep the list's longest-first order of pairs."""
+    t % H; chunks (0: NBLK pairs) keep the list's longest-first order of pairs."""
     H = 3
     cu = offsets(torch.tensor([130, 0, 64, 1, 200]))
     pairs, count, nblk = build_tiles(cu, cu, 5, 200, None, 64, 64, False)
@@ -197,5 +197,5 @@ def test_tile_coords_head_chunks(head_chunk):
     if head_chunk == 1:
         assert got == [(pair_id[t // H], t % H) for t in range(n * H)]
     rank = {p: i for i, p in enumerate(pair_id)}
-    chunks = [rank[p] // head_chunk for p, _ in got]
+    chunks = [rank[p] // (head_chunk or nblk) for p, _ in got]
     assert chunks == sorted(chunks)
