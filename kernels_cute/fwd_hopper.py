@@ -64,7 +64,8 @@ class Config:
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
-    head_chunk: int = 1         # tile order (schedule.tile_coords); compiled in
+    head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
+                                # blocks per head chunk, session 5); compiled in
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short

@@ -50,7 +50,8 @@ class Config:
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
     consumer_regs: int = 240
     producer_regs: int = 24
-    head_chunk: int = 1         # tile order (schedule.tile_coords); a runtime argument
+    head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
+                                # blocks per head chunk, session 5); a runtime argument
     p_fp32: int = 0             # 1: carry P as fp32 across the KV step, convert at the PV dot
 
 
