@@ -52,7 +52,8 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    p_fp32: int = 0             # 1: carry P as fp32 across the KV step, convert at the PV dot
+    p_fp32: int = 0             # 1: carry P as fp32, convert at the PV dot: +3.6 % at
+                                # llm-dense, but spills outside the loop (PERF.md session 5)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short

@@ -82,6 +82,10 @@ def test_matrix(impl, idx):
     if idx % 3 == 1:  # a third of the problems also put a gradient on lse
         dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda",
                            generator=torch.Generator("cuda").manual_seed(SEED + idx))
-    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                broadcast_q=p.mode == "broadcast_q", dlse=dlse)
-    assert rep.ok, f"{impl} {p.label()} lengths={lengths} seed={SEED}\n{rep}"
+    what = f"{impl} {p.label()} lengths={lengths} JAGGED_MATRIX_SEED={SEED}"
+    try:
+        rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
+                    broadcast_q=p.mode == "broadcast_q", dlse=dlse)
+    except Exception as e:  # name the problem and the seed that replays it
+        raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
+    assert rep.ok, f"{what}\n{rep}"
