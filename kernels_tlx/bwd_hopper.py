@@ -340,7 +340,10 @@ def store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
     tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# L_q is never specialized: at L_q = 1 with one query head per KV head the broadcast-Q
+# Q loop would have one trip, and the pipeliner would then multi-buffer the tile loop's
+# K/V instead (354 KB of shared memory at D = 128, base_s3; found by the GPU matrix).
+@triton.jit(do_not_specialize=["L_q"])
 def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
               dq_desc, dq_acc_ptr, dk_ptr, dv_ptr,
               cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,

@@ -107,6 +107,22 @@ def test_main_compiles_to_wgmma(reports, case):
     assert not rep.spills, f"spills: {rep.row()}"
 
 
+def test_launch_never_specializes_l_q():
+    """Compiled as the launch would at L_q = 1 (broadcast-Q, one query head per KV head),
+    the Q loop has one trip and the tile loop's K/V get multi-buffered instead: 354 KB
+    of shared memory at D = 128, base_s3, an OutOfResources in the GPU matrix. So the
+    kernel must not specialize L_q; the compile cases above use it unspecialized."""
+    jit = bw._bwd_main  # a JITFunction, or an InterpretedFunction under TRITON_INTERPRET
+    assert list(getattr(jit, "kwargs", {}).get("do_not_specialize",
+                                                getattr(jit, "do_not_specialize", []))) == ["L_q"]
+    job = main_job("base_s3", 128, False, True, H=2, HKV=2)
+    del job["signature"]["L_q"]
+    job["constexprs"]["L_q"] = 1
+    rep = compile_batch([job], procs=1)[0]
+    assert not isinstance(rep, str), rep
+    assert rep.total_smem > 227 * 1024, rep.row()  # the failure this guards against
+
+
 def test_defaults_are_known_configs():
     # The defaults are chosen by measurement (bwd_hopper.DEFAULTS); "base_s3" at D=128
     # spills (the xfail above) and still beats every spill-free config on the H200.
