@@ -98,7 +98,6 @@ class Config:
     num_warps: int = 8
     num_stages: int = 2
     dq_t: bool = False
-    dp_early: bool = False      # issue dP = V dO^T right after S, so it runs under the exp
 
 
 # Per-thread registers are dominated by the dK and dV accumulators, 2 * block_n * D / 
@@ -112,8 +111,6 @@ CONFIGS = {
     "base": Config(block_m=64, block_n=128, num_warps=8, num_stages=2),
     # base with the next Q block's loads a whole iteration ahead (A/B, PERF.md session 4)
     "base_s3": Config(block_m=64, block_n=128, num_warps=8, num_stages=3),
-    # base_s3 with dP issued before the exp (A/B, PERF.md session 5)
-    "base_s3_dp": Config(block_m=64, block_n=128, num_warps=8, num_stages=3, dp_early=True),
     # 128-key tiles, 16-row Q steps: K/V reuse and dQ/Q/dO traffic of v1, thin wgmmas (N=16)
     "m16n128": Config(block_m=16, block_n=128, num_warps=8, num_stages=2, dq_t=True),
     # 64-key tiles: half the accumulator registers; 2x the Q/dO loads and dQ reduce-adds
@@ -124,7 +121,7 @@ CONFIGS = {
 }
 # the configs that compile with no spills, per head dim (tests/test_bwd_compile.py)
 SPILL_FREE = {
-    64: ("base", "base_s3", "base_s3_dp", "m16n128", "m64n64", "m32n64", "m32n64w4"),
+    64: ("base", "base_s3", "m16n128", "m64n64", "m32n64", "m32n64w4"),
     128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
 }
 # default per (head_dim, bucket), chosen by measurement on the H200 (PERF.md, session 2:
@@ -285,16 +282,12 @@ def load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start, m0, len_q, h,
 @triton.jit
 def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale2,
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            DQ_T: tl.constexpr, DP_EARLY: tl.constexpr):
+            DQ_T: tl.constexpr):
     """One (KV tile, Q block) step in the transposed form: returns updated dK, dV
-    (unscaled fp32) and this block's unscaled dQ partial [BLOCK_M, D] (fp32).
-    DP_EARLY: dP is issued right after S, so its wgmma runs under the exp (else it is
-    issued with dV, after the exp)."""
+    (unscaled fp32) and this block's unscaled dQ partial [BLOCK_M, D] (fp32)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     st = tl.dot(kt, tl.trans(qt))                                   # [N, M] = K Q^T
-    if DP_EARLY:
-        dpt = tl.dot(vt, tl.trans(dot))                             # [N, M] = V dO^T
     pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
     keep = (offs_n < len_k)[:, None]
     if CAUSAL:
@@ -302,8 +295,7 @@ def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale
     pt = tl.where(keep, pt, 0.0)
     lp = pt.to(qt.dtype)
     dv = tl.dot(lp, dot, dv)                                        # dV += P^T dO
-    if not DP_EARLY:
-        dpt = tl.dot(vt, tl.trans(dot))
+    dpt = tl.dot(vt, tl.trans(dot))                                 # [N, M] = V dO^T
     dst = (pt * (dpt - delta[None, :])).to(qt.dtype)                # dS^T
     dk = tl.dot(dst, qt, dk)                                        # dK += dS^T Q
     if DQ_T:
@@ -359,7 +351,7 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TMA_REDUCE: tl.constexpr,
-              DQ_T: tl.constexpr, DP_EARLY: tl.constexpr):
+              DQ_T: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -392,7 +384,7 @@ def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             qt, dot, lse2, delta = load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start,
                                           m0, len_q, h, stride_lse_h, D, BLOCK_M)
             dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
-                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N, DQ_T, DP_EARLY)
+                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N, DQ_T)
             reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, len_q, h, H, D, BLOCK_M,
                       TMA_REDUCE)
         # ---- store dK, dV
@@ -503,8 +495,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not (_INTERPRET or deterministic),
-            DQ_T=cfg.dq_t, DP_EARLY=cfg.dp_early, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+            DQ_T=cfg.dq_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     # (c) postprocess
     n_elem = dq.numel()

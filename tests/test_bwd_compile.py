@@ -45,8 +45,7 @@ def main_job(name, d, causal, bq, dt="bf16", H=4, HKV=2):
     cfg = bw.CONFIGS[name]
     return dict(module=bw.__name__, qualname="_bwd_main", signature=main_signature(dt, d, cfg),
                 constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                CAUSAL=causal, BROADCAST_Q=bq, TMA_REDUCE=True, DQ_T=cfg.dq_t,
-                                DP_EARLY=cfg.dp_early),
+                                CAUSAL=causal, BROADCAST_Q=bq, TMA_REDUCE=True, DQ_T=cfg.dq_t),
                 arch=90, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                 name=f"{name} D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
                 opts={})
