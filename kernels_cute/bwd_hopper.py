@@ -65,6 +65,8 @@ Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); on the H2
 matrix problems pass. The default backward of kernels_cute (JAGGED_CUTE_BWD=portable
 runs the portable Triton one instead).
 """
+import os
+
 import torch
 
 from harness.tiles import dq_accumulator, kv_tiles
@@ -85,6 +87,38 @@ PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
+
+# A/B switches of the main kernel, for a GPU session to measure (off by default: "" is the
+# kernel measured in session 5). A comma list in JAGGED_CUTE_BWD_OPTS, read per call
+# ("all": every one). Why each (SASS of the D = 128 step loop, session 5, compile only):
+#   lse    each lane loads 2 rows of lse / delta (4 loads, no branch, rows clamped into the
+#          sequence) one step ahead, under the dQ wgmma; the step spreads them to its
+#          columns with 32 shuffles. Default: 32 loads in 16 branches, each lse load consumed
+#          inside its branch: 16 serialized global round trips per step (D = 128; at D = 64
+#          ptxas if-converts part of them), with no wgmma in flight.
+#   dqord  FA3/FA4 order: dQ wgmma issued before dK, wait for dQ only, store the dQ partial
+#          to smem while dK runs. Default: dK then dQ, wait_group(0), then the store with
+#          no wgmma in flight.
+#   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduce in D / 8 boxes): the
+#          accumulator's STS.64 become conflict-free (row-major: 8 wavefronts, not 2).
+#          (A 128B swizzle works too but needs 16 live STS addresses: spills.)
+#   pds2   dS^T double-buffered in smem (+16 KB): one PDS barrier per step instead of two.
+#   q3     a 3-deep Q / dO ring (+32 KB at D = 128).
+OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
+OPTS = ("lse", "dqord", "dqblk", "pds2", "q3")
+
+
+def bwd_opts(spec=None) -> frozenset:
+    """The set of A/B switches in `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now)."""
+    spec = os.environ.get(OPTS_ENV, "") if spec is None else spec
+    opts = {o.strip() for o in spec.split(",") if o.strip()}
+    if "all" in opts:
+        opts = set(OPTS)
+    bad = opts - set(OPTS)
+    if bad:
+        raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}, all")
+    return frozenset(opts)
+
 
 _COMPILED = {}
 _SM_COUNT = {}
@@ -175,9 +209,12 @@ def _kernel_classes():
     # (b) main kernel, one method per role
     # ================================================================================
     class BwdMain:
-        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool):
+        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                     opts=frozenset()):
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
+            self.opts = opts                                  # A/B switches (see OPTS)
+            self.q_stages = 3 if "q3" in opts else Q_STAGES
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -199,12 +236,22 @@ def _kernel_classes():
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, BLOCK_M), dt)
             sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
             sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
-            sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, Q_STAGES), (0, 1, 2))
-            sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, Q_STAGES), (0, 1, 2))
+            QS = self.q_stages
+            sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
+            sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
-            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
+            if const_expr("pds2" in self.opts):   # two buffers, by step parity
+                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M, 2), (0, 1, 2))
+            else:
+                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
             # dQ partial, fp32 (BLOCK_M, D) row-major: the TMA reduce box
-            sdQ_layout = cute.make_layout((BLOCK_M, D), stride=(D, 1))
+            if const_expr("dqblk" in self.opts):
+                # blocks of 8 columns (32 B rows): a warp's STS.64 (8 rows x 4 lanes) covers
+                # 256 contiguous bytes, no bank conflict; TMA reduces D / 8 boxes of 64 x 8
+                sdQ_layout = cute.make_layout((BLOCK_M, (8, D // 8)),
+                                              stride=(8, (1, 8 * BLOCK_M)))
+            else:
+                sdQ_layout = cute.make_layout((BLOCK_M, D), stride=(D, 1))
 
             # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
             # N = queries, K = D; both operands K-major from smem
@@ -239,7 +286,7 @@ def _kernel_classes():
             @cute.struct
             class SharedStorage:
                 mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * Q_STAGES]
+                mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -290,7 +337,7 @@ def _kernel_classes():
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_KV, defer_sync=True)
             pipeline_q = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=Q_STAGES,
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_Q, defer_sync=True)
             pipeline.pipeline_init_arrive()
@@ -377,7 +424,8 @@ def _kernel_classes():
             """The load warp: per tile `load_kv`, then `load_q` for every step."""
             group = sched[8]
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                   self.q_stages)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
@@ -429,10 +477,13 @@ def _kernel_classes():
             scale_log2 = scale * LOG2E
             wg = cute.arch.make_warp_uniform(tidx // 128)
             # transposed (MN-major) operand views
-            sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
-            sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
+            sQt = transposed(sQ, (D, BLOCK_M, self.q_stages), (1, 0, 2))
+            sdOt = transposed(sdO, (D, BLOCK_M, self.q_stages), (1, 0, 2))
             sKt = transposed(sK, (D, BLOCK_N), (1, 0))
-            sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))      # dS (queries, keys)
+            if const_expr("pds2" in self.opts):
+                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N, 2), (1, 0, 2))
+            else:
+                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))      # dS (queries, keys)
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -472,21 +523,37 @@ def _kernel_classes():
                    tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
                    acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
 
+            lane = cute.arch.lane_idx()
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                   self.q_stages)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
+                raw = cute.make_rmem_tensor(4, Float32)   # ("lse") rows prefetched a step ahead
                 pipeline_kv.consumer_wait(kv_state)
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * BLOCK_M
-                    lse2, delta = self.load_lse_delta(mLSE, mDelta, tScS, h, o_start, m0, len_q)
-                    self.compute_step(mma, q_state, pipeline_q, lse2, delta, n0, m0,
-                                      len_k, len_q, scale_log2)
+                    if const_expr("lse" in self.opts):
+                        if j == 0:  # the tile's first step: not prefetched
+                            self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0,
+                                                     len_q)
+                        # the next step's rows, loaded by compute_step under its dQ wgmma (the
+                        # last step reloads its own: no branch)
+                        j1 = cutlass.min(j + 1, group * n_m - 1)
+                        prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
+                                    m_lo + (j1 % n_m) * BLOCK_M, len_q)
+                        self.compute_step(mma, q_state, pipeline_q, None, None, n0, m0,
+                                          len_k, len_q, scale_log2, raw, prefetch)
+                    else:
+                        lse2, delta = self.load_lse_delta(mLSE, mDelta, tScS, h, o_start, m0,
+                                                          len_q)
+                        self.compute_step(mma, q_state, pipeline_q, lse2, delta, n0, m0,
+                                          len_k, len_q, scale_log2)
                     q_state.advance()
                 # sK / sV are free once this step's last wgmma is done (waited above)
                 pipeline_kv.consumer_release(kv_state)
@@ -515,10 +582,49 @@ def _kernel_classes():
             return lse2, delta
 
         @cute.jit
+        def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
+            """("lse") Lane l loads lse, delta of rows m0 + 2l, m0 + 2l + 1 into raw (4
+            registers, no branch: rows past the end read row len_q - 1, n_m > 0 implies
+            len_q > 0; `spread_lse_delta` masks them). Issued a step ahead."""
+            for e in cutlass.range_constexpr(2):
+                row = o_start + cutlass.min(m0 + 2 * lane + e, len_q - 1)
+                raw[e] = mLSE[h, row]
+                raw[2 + e] = mDelta[h, row]
+
+        @cute.jit
+        def spread_lse_delta(self, raw, tScS, m0, len_q):
+            """("lse") `load_lse_delta`'s result from the rows the lanes hold: each lane
+            finishes its 2 rows (lse*log2e, +inf past the sequence or where lse = -inf,
+            delta 0 past the end), then 32 shuffles instead of 32 global loads. Accumulator
+            column c of lane l is col = 8 (c // 2) + 2 (l % 4) + c % 2 (wgmma C layout,
+            N = BLOCK_M = 64), held by lane col // 2 = 4 (c // 2) + l % 4 in raw[c % 2]: a
+            shfl.idx with segment mask 3 (c operand 0x31f) reads lane (l & 3) | 4 (c // 2),
+            an immediate."""
+            assert BLOCK_M == 64, "spread_lse_delta: 2 rows per lane, N = 64 C layout"
+            lane = cute.arch.lane_idx()
+            for e in cutlass.range_constexpr(2):
+                ok = m0 + 2 * lane + e < len_q
+                lse = raw[e]
+                lse = lse * LOG2E if lse != -Float32.inf else Float32.inf
+                raw[e] = lse if ok else Float32.inf
+                raw[2 + e] = raw[2 + e] if ok else Float32(0.0)
+            ncol = cute.size(tScS, mode=[1])
+            lse2 = cute.make_rmem_tensor(ncol, Float32)
+            delta = cute.make_rmem_tensor(ncol, Float32)
+            for c in cutlass.range_constexpr(ncol):
+                src = 4 * (c // 2)
+                lse2[c] = cute.arch.shuffle_sync(raw[c % 2], src, mask_and_clamp=0x31F)
+                delta[c] = cute.arch.shuffle_sync(raw[2 + c % 2], src, mask_and_clamp=0x31F)
+            return lse2, delta
+
+        @cute.jit
         def compute_step(self, mma, q_state, pipeline_q, lse2, delta, n0, m0, len_k, len_q,
-                         scale_log2):
+                         scale_log2, raw=None, prefetch=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
-            registers; the unscaled dQ partial goes to smem for `reduce_dq`."""
+            registers; the unscaled dQ partial goes to smem for `reduce_dq`. "lse": lse2 and
+            delta are None, spread from raw under the S^T / dP^T wgmmas; prefetch: the
+            `load_lse_delta_rows` arguments of the next step, issued after the dQ wgmma (the
+            S^T / dP^T registers are free by then)."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
@@ -530,6 +636,8 @@ def _kernel_classes():
                   zero_init=True, wait=-1)
             wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T = V dO^T
                   zero_init=True, wait=-1)
+            if const_expr(raw is not None):
+                lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
             warpgroup.wait_group(1)
             # P^T = exp2(S^T * scale*log2e - lse*log2e), masked to 0
             St = acc_rows_cols(acc_S)
@@ -551,24 +659,51 @@ def _kernel_classes():
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
             tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
-            wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],        # dK += dS^T Q
-                  zero_init=False, wait=-1)
-            # dS^T -> smem: both warpgroups' previous dQ wgmmas are done reading it
+            dqord = "dqord" in self.opts
+            if const_expr(not dqord):
+                wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
+                      zero_init=False, wait=-1)
+            tdSsdS_s, tdQrdS_s = tdSsdS, tdQrdS
+            if const_expr("pds2" in self.opts):
+                d = q_state.count % 2          # dS^T buffer of this step (step parity)
+                tdSsdS_s = tdSsdS[None, None, None, d]
+                tdQrdS_s = tdQrdS[None, None, None, d]
+            # dS^T -> smem
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
-            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
+            if const_expr("pds2" not in self.opts):
+                # both warpgroups' previous dQ wgmmas are done reading it. (Two buffers: the
+                # last reader of this one, the dQ wgmma two steps back, was waited for
+                # before the other warpgroup reached the last step's second barrier.)
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS_s)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
-            wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=0)      # dQ = dS K
-            pipeline_q.consumer_release(q_state)
+            if const_expr(dqord):
+                # dQ first, then dK: wait for dQ (and dV) only, so dK runs under the store
+                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=-1)  # dQ = dS K
+                if const_expr(prefetch is not None):
+                    self.load_lse_delta_rows(*prefetch)
+                wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
+                      zero_init=False, wait=1)
+            elif const_expr(prefetch is not None):
+                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=-1)  # dQ = dS K
+                self.load_lse_delta_rows(*prefetch)
+                warpgroup.wait_group(0)
+                pipeline_q.consumer_release(q_state)
+            else:
+                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=0)  # dQ = dS K
+                pipeline_q.consumer_release(q_state)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
             tdQsdQ.store(acc_dQ.load())
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
+            if const_expr(dqord):
+                warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
+                pipeline_q.consumer_release(q_state)
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
@@ -701,8 +836,10 @@ def compile_postprocess(dtype, options: str = ""):
                         options=("--enable-tvm-ffi " + options).strip())
 
 
-def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = ""):
-    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a)."""
+def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = "",
+                 opts=None):
+    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
+    switches (a frozenset, see OPTS; None: $JAGGED_CUTE_BWD_OPTS)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -722,7 +859,8 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
     tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
     n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(Main(cdt, head_dim, causal, broadcast_q),
+    opts = bwd_opts() if opts is None else opts
+    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts),
                         q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
                         n_tiles, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
                         cutlass.Int32(1), stream,
@@ -769,7 +907,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q))(
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts())(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
         float(scale), L_q, H // HKV, grid_main)

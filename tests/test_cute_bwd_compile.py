@@ -67,6 +67,31 @@ def test_bwd_main_compiles_sm90a(tmp_path, D):
         assert res[1] == 0, f"register spills: {res}"
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_main_ab_switches_compile(tmp_path, D):
+    """Every A/B switch at once (JAGGED_CUTE_BWD_OPTS=all): compiles, wgmma, no spills at
+    ptxas (compile only; none of them has run on a GPU)."""
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, opts=B.bwd_opts('all'))")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    assert "wgmma.mma_async" in open(path).read()
+    res = _ptxas(path)
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+
+
+def test_bwd_opts_parse(monkeypatch):
+    from kernels_cute.bwd_hopper import OPTS, bwd_opts
+    monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
+    assert bwd_opts() == frozenset()
+    assert bwd_opts("lse, dqord") == {"lse", "dqord"}
+    assert bwd_opts("all") == set(OPTS)
+    monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "q3")
+    assert bwd_opts() == {"q3"}
+    with pytest.raises(ValueError):
+        bwd_opts("nope")
+
+
 @pytest.mark.parametrize("causal,bq,dtype", [(True, False, "bf16"), (False, True, "fp16"),
                                              (True, True, "bf16")])
 def test_bwd_main_compiles_modes(tmp_path, causal, bq, dtype):
