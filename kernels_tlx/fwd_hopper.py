@@ -52,8 +52,9 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    p_fp32: int = 0             # 1: carry P as fp32, convert at the PV dot: +3.6 % at
-                                # llm-dense, but spills outside the loop (PERF.md session 5)
+    p_fp32: int = 0             # 1: carry P as fp32, convert at the PV dot, issued before
+                                # S = Q K^T (_kv_step); spill-free only in that order. The
+                                # +3.6 % of PERF.md session 5 was the other order: re-measure
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -130,12 +131,22 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
              CAUSAL: tl.constexpr, P_FP32: tl.constexpr):
-    """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
-    vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-    tlx.barrier_wait(v_fulls[vb], vph)
-    acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
-    qk = tlx.async_dot_wait(1, qk)
+    """One KV block after the first: S_j = Q K_j^T, then O += P_{j-1} V_{j-1} under the
+    softmax of S_j. P_FP32 issues O += P_{j-1} V_{j-1} first (it then does not overlap
+    that softmax): P's fp32 registers die before S_j's accumulator is live. The other
+    order holds S_j, P in fp32 and P in bf16 at once (224 of 240 registers) and spills."""
+    if P_FP32:
+        vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+        tlx.barrier_wait(v_fulls[vb], vph)
+        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+        qk = tlx.async_dot_wait(0, qk)
+    else:
+        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+        vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+        tlx.barrier_wait(v_fulls[vb], vph)
+        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+        qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
