@@ -109,7 +109,7 @@ class Config:
 CONFIGS = {
     # v1 (the kernel measured in PERF.md, session 1); spills at D=128 (255 regs)
     "base": Config(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    # base with the next Q block's loads a whole iteration ahead (A/B, PERF.md session 4)
+    # base with the next Q block's loads a whole iteration ahead: the default (PERF.md session 5)
     "base_s3": Config(block_m=64, block_n=128, num_warps=8, num_stages=3),
     # 128-key tiles, 16-row Q steps: K/V reuse and dQ/Q/dO traffic of v1, thin wgmmas (N=16)
     "m16n128": Config(block_m=16, block_n=128, num_warps=8, num_stages=2, dq_t=True),

@@ -3,9 +3,10 @@
 A *pair* is (batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it is
 valid when the block holds at least one query row. Valid pairs are ordered by
 descending KV work (KV blocks the block visits, causal-aware), invalid ones go last,
-and the count of valid pairs stays on the device. Heads are folded in by the kernel:
-tile t is (pair t // H, head t % H), so the H tiles of one pair (and the query heads
-sharing a KV head under GQA) run side by side on neighbouring SMs.
+and the count of valid pairs stays on the device. Heads are folded in by the kernel
+(`tile_coords`): by default tiles walk the list in chunks of NBLK pairs, one head at a
+time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % causal
+time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
 
 A persistent program p takes tiles p, p + P, p + 2P, ... of this longest-first list:
 the round-robin over a sorted list keeps every SM's total work within one tile of
@@ -32,8 +33,8 @@ def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP,
 
     Tiles walk the list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1
     gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
-    head's K/V at a time (an L2 experiment, Config.head_chunk; PERF.md session 4) and
-    keeps longest-first across chunks. 0 means NBLK (one sequence's query blocks)."""
+    head's K/V at a time (L2 reuse) and keeps longest-first across chunks. 0 (the
+    default) means NBLK, one sequence's query blocks."""
     chunk = tl.where(head_chunk == 0, NBLK, head_chunk)
     span = chunk * H
     first = tile // span * chunk
