@@ -77,6 +77,8 @@ class Problem:
     dtype: str = "bf16"
     seed: int = 0
     suite: str = ""
+    dense_q: bool = False            # cross: every sequence has max_seqlen_q queries and
+                                     # broadcast_q's key lengths (its unshared twin)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -87,6 +89,8 @@ class Problem:
             raise ValueError(f"heads={self.heads} not a multiple of kv_heads={self.hkv}")
         if self.mode == "self" and self.max_seqlen_k not in (None, self.max_seqlen_q):
             raise ValueError("self attention has max_seqlen_k == max_seqlen_q")
+        if self.dense_q and self.mode != "cross":
+            raise ValueError("dense_q applies to cross attention only")
 
     @property
     def hkv(self) -> int:
@@ -106,12 +110,13 @@ class Problem:
     def label(self) -> str:
         bits = [self.mode, f"B{self.batch}", f"H{self.heads}/{self.hkv}", f"D{self.head_dim}",
                 f"Lq{self.max_seqlen_q}", f"Lk{self.max_k}", f"s{self.sparsity:g}", self.dtype]
+        bits += ["denseq"] if self.dense_q else []
         return " ".join(bits + (["causal"] if self.causal else []))
 
     def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sequence (len_q, len_k), int64 on CPU; deterministic per seed."""
         gen = torch.Generator().manual_seed(self.seed)
-        if self.mode == "broadcast_q":
+        if self.mode == "broadcast_q" or self.dense_q:
             lk = jagged_lengths(self.batch, self.max_k, self.sparsity, gen)
             return torch.full((self.batch,), self.max_seqlen_q, dtype=torch.int64), lk
         lq = jagged_lengths(self.batch, self.max_seqlen_q, self.sparsity, gen)
@@ -170,8 +175,10 @@ def suites() -> dict[str, list[Problem]]:
     cross = [Problem(max_seqlen_q=n, max_seqlen_k=kv, sparsity=s, mode="cross",
                      suite="gem-cross", **gem)
              for n in (512, 1024, 2048) for kv in (64, 256) for s in (0.5, 0.9)]
-    bq = [Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, mode="broadcast_q",
-                  suite="gem-broadcast-q", **gem) for lq in (64, 256)]
+    # each broadcast shape beside its unshared twin (same lengths, a Q per sequence)
+    bq = [Problem(max_seqlen_q=lq, max_seqlen_k=1024, sparsity=0.5, suite="gem-broadcast-q",
+                  **mode, **gem) for lq in (64, 256)
+          for mode in (dict(mode="broadcast_q"), dict(mode="cross", dense_q=True))]
     llm = [Problem(batch=b, heads=h, kv_heads=hkv, head_dim=d, max_seqlen_q=n, causal=c,
                    suite="llm-dense")
            for (b, h, hkv, d, n) in ((8, 16, 16, 128, 8192), (4, 32, 8, 128, 4096),

@@ -5,6 +5,8 @@ of them also put a gradient on the returned lse.
 
 The draw is random per run (the seed is printed in each test id's failure message)
 so the kernels face new inputs every time; set JAGGED_MATRIX_SEED to replay one.
+JAGGED_MATRIX_SHARD=i/n runs problems idx % n == i, so n processes with one seed share
+the draw (the compiles run in parallel).
 """
 import functools
 import os
@@ -50,6 +52,7 @@ def random_problem(rng: random.Random, i: int):
     return p, lengths
 
 
+SHARD, N_SHARDS = map(int, os.environ.get("JAGGED_MATRIX_SHARD", "0/1").split("/"))
 PROBLEMS = [random_problem(random.Random(SEED + i), i) for i in range(N_PROBLEMS)]
 
 
@@ -71,7 +74,7 @@ def implementations():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", list(implementations()))
-@pytest.mark.parametrize("idx", range(N_PROBLEMS))
+@pytest.mark.parametrize("idx", range(SHARD, N_PROBLEMS, N_SHARDS))
 def test_matrix(impl, idx):
     (ok, why), fn = implementations()[impl]()
     if not ok:
