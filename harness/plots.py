@@ -141,6 +141,7 @@ def plot_all(out_dir) -> list[Path]:
                       lambda r: f"B{r.batch} H{r.heads}/{r.kv_heads} D{r.head_dim} "
                                 f"L{r.max_seqlen_q}" + (" causal" if r.causal else "")))
     done.append(_bars(good, "gem-broadcast-q", out_dir / "broadcast_q.png",
-                      "Broadcast Q (dense Q shared by the batch)",
-                      lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"))
+                      "Broadcast Q (dense Q shared by the batch) beside a Q per sequence",
+                      lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"
+                                + (" shared Q" if r["mode"] == "broadcast_q" else " own Q")))
     return [p for p in done if p is not None]
