@@ -455,8 +455,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
     dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
     dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    if k.shape[0] == 0 or B == 0:
-        dk.zero_(); dv.zero_(); dq.zero_()
+    if k.shape[0] == 0 or B == 0 or Nq == 0:  # no pair anywhere (and TMA cannot
+        dk.zero_(); dv.zero_(); dq.zero_()     # describe an empty tensor)
         return dq, dk, dv
 
     # (a) preprocess

@@ -52,9 +52,6 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    p_fp32: int = 0             # 1: carry P as fp32, convert at the PV dot, issued before
-                                # S = Q K^T (_kv_step); spill-free only in that order. The
-                                # +3.6 % of PERF.md session 5 was the other order: re-measure
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -99,8 +96,7 @@ def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV:
 
 @triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-             P_FP32: tl.constexpr):
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax of one KV block in the log2 domain -> (p, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
     rows that have seen no key yet (m = -inf)."""
@@ -121,36 +117,24 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
-    if not P_FP32:
-        p = p.to(dtype)
-    return p, alpha, m_new, l_new
+    return p.to(dtype), alpha, m_new, l_new
 
 
 @triton.jit
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, P_FP32: tl.constexpr):
-    """One KV block after the first: S_j = Q K_j^T, then O += P_{j-1} V_{j-1} under the
-    softmax of S_j. P_FP32 issues O += P_{j-1} V_{j-1} first (it then does not overlap
-    that softmax): P's fp32 registers die before S_j's accumulator is live. The other
-    order holds S_j, P in fp32 and P in bf16 at once (224 of 240 registers) and spills."""
-    if P_FP32:
-        vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-        tlx.barrier_wait(v_fulls[vb], vph)
-        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
-        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
-        qk = tlx.async_dot_wait(0, qk)
-    else:
-        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
-        vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-        tlx.barrier_wait(v_fulls[vb], vph)
-        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
-        qk = tlx.async_dot_wait(1, qk)
+             CAUSAL: tl.constexpr):
+    """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
+    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+    vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
+    tlx.barrier_wait(v_fulls[vb], vph)
+    acc = tlx.async_dot(p, v_bufs[vb], acc)
+    qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL, P_FP32)
+                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
     acc = acc * alpha[:, None]
@@ -198,7 +182,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, P_FP32: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
@@ -210,26 +194,26 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                      v_bufs.dtype, BLOCK_N, True, CAUSAL, P_FP32)
+                                      v_bufs.dtype, BLOCK_N, True, CAUSAL)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in range(1, n_bulk):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, P_FP32)
+                                        NUM_BUFFERS_KV, False, CAUSAL)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in range(tl.maximum(n_bulk, 1), n_end):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, P_FP32)
+                                        NUM_BUFFERS_KV, True, CAUSAL)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
         tlx.barrier_wait(v_fulls[vb], vph)
-        acc = tlx.async_dot(p.to(v_bufs.dtype), v_bufs[vb], acc)
+        acc = tlx.async_dot(p, v_bufs[vb], acc)
         acc = tlx.async_dot_wait(0, acc)
         tlx.barrier_arrive(v_empties[vb], 1)
     return acc, m_i, l_i, kv_cnt
@@ -264,7 +248,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, P_FP32: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -301,7 +285,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, P_FP32)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -325,8 +309,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                P_FP32=bool(cfg.p_fp32))
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

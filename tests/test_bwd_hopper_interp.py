@@ -43,6 +43,10 @@ CASES = [
                               mode="broadcast_q", seed=6, **P), ([1] * 3, [130, 1, 0])),
     ("self-d128-all-empty", Problem(batch=2, heads=2, head_dim=128, max_seqlen_q=8, seed=7, **P),
      ([0, 0],) * 2),
+    # no query anywhere, keys present (the GPU matrix's illegal address, session 6)
+    ("cross-d64-mqa-no-queries", Problem(batch=2, heads=6, kv_heads=1, head_dim=64, max_seqlen_q=8,
+                                         max_seqlen_k=130, mode="cross", seed=8, **P),
+     ([0, 0], [100, 30])),
 ]
 
 

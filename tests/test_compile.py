@@ -56,19 +56,6 @@ def test_fwd_kv3_variant_fits_sm90():
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 
 
-@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, False)])
-def test_fwd_p_fp32_variant_is_spill_free(d, causal):
-    """JAGGED_FWD_CONFIG=p_fp32=1 (P kept fp32 to the PV dot, which is issued before S)
-    compiles without spills, so a GPU run can A/B it as a default candidate."""
-    from dataclasses import replace
-    cfg = replace(fh.CONFIGS[(d, "long")], p_fp32=1)
-    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, "bf16"),
-                         fh.kernel_args(cfg, d, causal, False), arch=90, num_warps=4,
-                         num_stages=1, name=f"fwd D{d} long p_fp32")
-    print(rep.row())
-    assert rep.has_mma and not rep.spills, rep.row()
-
-
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):
