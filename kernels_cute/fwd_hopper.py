@@ -602,9 +602,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
-    # no mean-length bucket yet: 64-key blocks over several blocks per sequence have not
-    # run on the GPU in this style (PERF.md session 4)
-    cfg = pick_config(D, max_k, causal, broadcast_q)
+    cfg = pick_config(D, max_k, causal, broadcast_q, k.shape[0] / B)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, BLOCK_M, cfg.block_n, causal)
     num_programs = max(1, min(_sm_count(q.device), B * nblk * H))
