@@ -125,10 +125,12 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-            DQ_COLS: tl.constexpr):
+            DQ_COLS: tl.constexpr, cid: tl.constexpr):
+    # cid comes in as an argument: a jit helper is traced once per signature, so
+    # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
+    # arrived: the session 3-5 hang)
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
-    cid: tl.constexpr = tlx.async_task_replica_id()
     pid = tl.program_id(0)
     first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
     qk_scale2 = scale * 1.4426950408889634
@@ -311,12 +313,13 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                  H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
         with tlx.async_task(num_warps=4, registers=REGS_COMPUTE, replicate=NC):
+            cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                     kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid)
         with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
             reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                       tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
