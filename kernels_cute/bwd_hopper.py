@@ -33,7 +33,9 @@ Three kernels, named after their roles:
         warpgroups 1 and 2   `compute`   per step, in the transposed form (each warpgroup
                                          owns 64 of the BLOCK_N = 128 keys):
                                          S^T = K Q^T, dP^T = V dO^T (wgmma, smem x smem),
-                                         P^T = exp2(S^T*scale*log2e - lse*log2e),
+                                         P^T = exp2(S^T*scale*log2e - lse*log2e)
+                                         (lse, delta: 2 rows a lane loaded a step
+                                         ahead, spread to the columns by shuffles),
                                          dV += P^T dO, dS^T = P^T (dP^T - delta),
                                          dK += dS^T Q (wgmma, P^T / dS^T from registers),
                                          dS^T -> smem, dQ_part = dS K (wgmma, smem x smem,
@@ -88,35 +90,41 @@ PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 
-# A/B switches of the main kernel, for a GPU session to measure (off by default: "" is the
-# kernel measured in session 5). A comma list in JAGGED_CUTE_BWD_OPTS, read per call
-# ("all": every one). Why each (SASS of the D = 128 step loop, session 5, compile only):
-#   lse    each lane loads 2 rows of lse / delta (4 loads, no branch, rows clamped into the
-#          sequence) one step ahead, under the dQ wgmma; the step spreads them to its
-#          columns with 32 shuffles. Default: 32 loads in 16 branches, each lse load consumed
-#          inside its branch: 16 serialized global round trips per step (D = 128; at D = 64
-#          ptxas if-converts part of them), with no wgmma in flight.
-#   dqord  FA3/FA4 order: dQ wgmma issued before dK, wait for dQ only, store the dQ partial
-#          to smem while dK runs. Default: dK then dQ, wait_group(0), then the store with
-#          no wgmma in flight.
-#   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduce in D / 8 boxes): the
-#          accumulator's STS.64 become conflict-free (row-major: 8 wavefronts, not 2).
-#          (A 128B swizzle works too but needs 16 live STS addresses: spills.)
-#   pds2   dS^T double-buffered in smem (+16 KB): one PDS barrier per step instead of two.
-#   q3     a 3-deep Q / dO ring (+32 KB at D = 128).
+# A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
+# the default for the call's causality (DEFAULT_OPTS), "none", "all", or a comma list.
+#   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
+#          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
+#   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduces D / 8 boxes): the
+#          accumulator's STS.64 are conflict-free (row-major: 8 wavefronts, not 2; a 128B
+#          swizzle needs 16 live STS addresses and spills).
+# Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
+#                                       non-causal  causal
+#   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
+#   none                                   24.48     15.68
+#   dqord,dqblk                            22.81     18.15
+#   dqord,dqblk + pds2,q3                  22.69     18.33   <- within 1 %: both deleted
+# (pds2: dS^T double-buffered, q3: a 3-deep Q / dO ring.) Hence both on for non-causal
+# (-7 %), off for causal (+16 % with them; cause not yet known). dqord,dqblk passed the
+# GPU oracle on 13 problems, all modes.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("lse", "dqord", "dqblk", "pds2", "q3")
+OPTS = ("dqord", "dqblk")
+DEFAULT_OPTS = {False: frozenset(OPTS), True: frozenset()}   # by causal
 
 
-def bwd_opts(spec=None) -> frozenset:
-    """The set of A/B switches in `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now)."""
+def bwd_opts(causal: bool, spec=None) -> frozenset:
+    """The A/B switches of a call: `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now), or
+    the measured default for `causal` when it is empty."""
     spec = os.environ.get(OPTS_ENV, "") if spec is None else spec
     opts = {o.strip() for o in spec.split(",") if o.strip()}
+    if not opts:
+        return DEFAULT_OPTS[bool(causal)]
     if "all" in opts:
         opts = set(OPTS)
+    opts.discard("none")
     bad = opts - set(OPTS)
     if bad:
-        raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}, all")
+        raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}, "
+                         "all, none")
     return frozenset(opts)
 
 
@@ -214,7 +222,6 @@ def _kernel_classes():
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
             self.opts = opts                                  # A/B switches (see OPTS)
-            self.q_stages = 3 if "q3" in opts else Q_STAGES
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -236,14 +243,11 @@ def _kernel_classes():
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, BLOCK_M), dt)
             sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
             sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
-            QS = self.q_stages
+            QS = Q_STAGES
             sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
-            if const_expr("pds2" in self.opts):   # two buffers, by step parity
-                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M, 2), (0, 1, 2))
-            else:
-                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
+            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
             # dQ partial, fp32 (BLOCK_M, D) row-major: the TMA reduce box
             if const_expr("dqblk" in self.opts):
                 # blocks of 8 columns (32 B rows): a warp's STS.64 (8 rows x 4 lanes) covers
@@ -337,7 +341,7 @@ def _kernel_classes():
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_KV, defer_sync=True)
             pipeline_q = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages,
+                barrier_storage=storage.mbar_Q.data_ptr(), num_stages=Q_STAGES,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_Q, defer_sync=True)
             pipeline.pipeline_init_arrive()
@@ -424,8 +428,7 @@ def _kernel_classes():
             """The load warp: per tile `load_kv`, then `load_q` for every step."""
             group = sched[8]
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                   self.q_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
@@ -457,7 +460,7 @@ def _kernel_classes():
         def load_q(self, mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
                    q_row, o_row, h):
             """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. (lse and
-            delta are read by `compute` itself, per column: see `load_lse_delta`.)"""
+            delta are read by `compute` itself: see `load_lse_delta_rows`.)"""
             tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, BLOCK_M, self.D))
             tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO,
                                        head_tile(mdO, o_row, h, BLOCK_M, self.D))
@@ -477,13 +480,10 @@ def _kernel_classes():
             scale_log2 = scale * LOG2E
             wg = cute.arch.make_warp_uniform(tidx // 128)
             # transposed (MN-major) operand views
-            sQt = transposed(sQ, (D, BLOCK_M, self.q_stages), (1, 0, 2))
-            sdOt = transposed(sdO, (D, BLOCK_M, self.q_stages), (1, 0, 2))
+            sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
+            sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
             sKt = transposed(sK, (D, BLOCK_N), (1, 0))
-            if const_expr("pds2" in self.opts):
-                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N, 2), (1, 0, 2))
-            else:
-                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))      # dS (queries, keys)
+            sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))          # dS (queries, keys)
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -525,35 +525,27 @@ def _kernel_classes():
 
             lane = cute.arch.lane_idx()
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                   self.q_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
-                raw = cute.make_rmem_tensor(4, Float32)   # ("lse") rows prefetched a step ahead
+                raw = cute.make_rmem_tensor(4, Float32)   # lse, delta rows, a step ahead
                 pipeline_kv.consumer_wait(kv_state)
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * BLOCK_M
-                    if const_expr("lse" in self.opts):
-                        if j == 0:  # the tile's first step: not prefetched
-                            self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0,
-                                                     len_q)
-                        # the next step's rows, loaded by compute_step under its dQ wgmma (the
-                        # last step reloads its own: no branch)
-                        j1 = cutlass.min(j + 1, group * n_m - 1)
-                        prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
-                                    m_lo + (j1 % n_m) * BLOCK_M, len_q)
-                        self.compute_step(mma, q_state, pipeline_q, None, None, n0, m0,
-                                          len_k, len_q, scale_log2, raw, prefetch)
-                    else:
-                        lse2, delta = self.load_lse_delta(mLSE, mDelta, tScS, h, o_start, m0,
-                                                          len_q)
-                        self.compute_step(mma, q_state, pipeline_q, lse2, delta, n0, m0,
-                                          len_k, len_q, scale_log2)
+                    if j == 0:  # the tile's first step: not prefetched
+                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0, len_q)
+                    # the next step's rows, loaded by compute_step under its dQ wgmma (the
+                    # last step reloads its own: no branch)
+                    j1 = cutlass.min(j + 1, group * n_m - 1)
+                    prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
+                                m_lo + (j1 % n_m) * BLOCK_M, len_q)
+                    self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                                      scale_log2, raw, prefetch)
                     q_state.advance()
                 # sK / sV are free once this step's last wgmma is done (waited above)
                 pipeline_kv.consumer_release(kv_state)
@@ -564,28 +556,12 @@ def _kernel_classes():
                 t += step
 
         @cute.jit
-        def load_lse_delta(self, mLSE, mDelta, tScS, h, o_start, m0, len_q):
-            """lse*log2e and delta of this thread's query columns of a step. Rows past the
-            sequence: lse = +inf (so P = 0), delta = 0; rows that saw no key (lse = -inf)
-            get P = 0 as well."""
-            ncol = cute.size(tScS, mode=[1])
-            lse2 = cute.make_rmem_tensor(ncol, Float32)
-            delta = cute.make_rmem_tensor(ncol, Float32)
-            for c in cutlass.range_constexpr(ncol):
-                i = m0 + tScS[0, c][1]
-                lse2[c] = Float32.inf
-                delta[c] = 0.0
-                if i < len_q:
-                    lse = mLSE[h, o_start + i]
-                    lse2[c] = Float32.inf if lse == -Float32.inf else lse * LOG2E
-                    delta[c] = mDelta[h, o_start + i]
-            return lse2, delta
-
-        @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
-            """("lse") Lane l loads lse, delta of rows m0 + 2l, m0 + 2l + 1 into raw (4
-            registers, no branch: rows past the end read row len_q - 1, n_m > 0 implies
-            len_q > 0; `spread_lse_delta` masks them). Issued a step ahead."""
+            """Lane l loads lse, delta of rows m0 + 2l, m0 + 2l + 1 into raw (4 registers,
+            no branch: rows past the end read row len_q - 1, n_m > 0 implies len_q > 0;
+            `spread_lse_delta` masks them). Issued a step ahead, under the dQ wgmma: loaded
+            per column at their use they were 16 serialized round trips a step with no
+            wgmma in flight, 1.7-1.9x the kernel time (sessions 5, 6)."""
             for e in cutlass.range_constexpr(2):
                 row = o_start + cutlass.min(m0 + 2 * lane + e, len_q - 1)
                 raw[e] = mLSE[h, row]
@@ -593,9 +569,9 @@ def _kernel_classes():
 
         @cute.jit
         def spread_lse_delta(self, raw, tScS, m0, len_q):
-            """("lse") `load_lse_delta`'s result from the rows the lanes hold: each lane
-            finishes its 2 rows (lse*log2e, +inf past the sequence or where lse = -inf,
-            delta 0 past the end), then 32 shuffles instead of 32 global loads. Accumulator
+            """lse*log2e and delta of this thread's query columns, from the rows the lanes
+            hold: each lane finishes its 2 rows (lse*log2e; +inf, so P = 0, past the
+            sequence or where lse = -inf; delta 0 past the end), then 32 shuffles. Accumulator
             column c of lane l is col = 8 (c // 2) + 2 (l % 4) + c % 2 (wgmma C layout,
             N = BLOCK_M = 64), held by lane col // 2 = 4 (c // 2) + l % 4 in raw[c % 2]: a
             shfl.idx with segment mask 3 (c operand 0x31f) reads lane (l & 3) | 4 (c // 2),
@@ -618,11 +594,11 @@ def _kernel_classes():
             return lse2, delta
 
         @cute.jit
-        def compute_step(self, mma, q_state, pipeline_q, lse2, delta, n0, m0, len_k, len_q,
-                         scale_log2, raw=None, prefetch=None):
+        def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
+                         raw, prefetch):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
-            registers; the unscaled dQ partial goes to smem for `reduce_dq`. "lse": lse2 and
-            delta are None, spread from raw under the S^T / dP^T wgmmas; prefetch: the
+            registers; the unscaled dQ partial goes to smem for `reduce_dq`. lse and delta
+            are spread from raw under the S^T / dP^T wgmmas; prefetch: the
             `load_lse_delta_rows` arguments of the next step, issued after the dQ wgmma (the
             S^T / dP^T registers are free by then)."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
@@ -636,8 +612,7 @@ def _kernel_classes():
                   zero_init=True, wait=-1)
             wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T = V dO^T
                   zero_init=True, wait=-1)
-            if const_expr(raw is not None):
-                lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
+            lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
             warpgroup.wait_group(1)
             # P^T = exp2(S^T * scale*log2e - lse*log2e), masked to 0
             St = acc_rows_cols(acc_S)
@@ -663,37 +638,22 @@ def _kernel_classes():
             if const_expr(not dqord):
                 wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
                       zero_init=False, wait=-1)
-            tdSsdS_s, tdQrdS_s = tdSsdS, tdQrdS
-            if const_expr("pds2" in self.opts):
-                d = q_state.count % 2          # dS^T buffer of this step (step parity)
-                tdSsdS_s = tdSsdS[None, None, None, d]
-                tdQrdS_s = tdQrdS[None, None, None, d]
-            # dS^T -> smem
+            # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
-            if const_expr("pds2" not in self.opts):
-                # both warpgroups' previous dQ wgmmas are done reading it. (Two buffers: the
-                # last reader of this one, the dQ wgmma two steps back, was waited for
-                # before the other warpgroup reached the last step's second barrier.)
-                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS_s)
+            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=-1)      # dQ = dS K
+            self.load_lse_delta_rows(*prefetch)
             if const_expr(dqord):
-                # dQ first, then dK: wait for dQ (and dV) only, so dK runs under the store
-                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=-1)  # dQ = dS K
-                if const_expr(prefetch is not None):
-                    self.load_lse_delta_rows(*prefetch)
+                # wait for dQ (and dV) only, so dK runs under the store
                 wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
                       zero_init=False, wait=1)
-            elif const_expr(prefetch is not None):
-                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=-1)  # dQ = dS K
-                self.load_lse_delta_rows(*prefetch)
-                warpgroup.wait_group(0)
-                pipeline_q.consumer_release(q_state)
             else:
-                wgmma(tiled_mma_dq, acc_dQ, tdQrdS_s, tdQrKt, zero_init=True, wait=0)  # dQ = dS K
+                warpgroup.wait_group(0)
                 pipeline_q.consumer_release(q_state)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
@@ -839,7 +799,8 @@ def compile_postprocess(dtype, options: str = ""):
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = "",
                  opts=None):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
-    switches (a frozenset, see OPTS; None: $JAGGED_CUTE_BWD_OPTS)."""
+    switches (a frozenset, see OPTS; None: bwd_opts(causal), $JAGGED_CUTE_BWD_OPTS or the
+    default)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -859,7 +820,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
     tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
     n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = bwd_opts() if opts is None else opts
+    opts = bwd_opts(causal) if opts is None else opts
     return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts),
                         q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
                         n_tiles, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
@@ -907,7 +868,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts())(
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
         float(scale), L_q, H // HKV, grid_main)

@@ -49,9 +49,12 @@ def _ptxas(path):
     return int(regs[0]), sum(int(a) + int(b) for a, b in spills)
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_bwd_main_compiles_sm90a(tmp_path, D):
-    path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False)")
+def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
+    """The default kernel of each causality (JAGGED_CUTE_BWD_OPTS unset)."""
+    monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False)")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -62,20 +65,25 @@ def test_bwd_main_compiles_sm90a(tmp_path, D):
         "no TMA reduce-add (dQ) in the PTX"
     assert re.search(r"setmaxnreg\.inc", ptx) and re.search(r"setmaxnreg\.dec", ptx)
     res = _ptxas(path)
-    print(f"D={D}: {len(mma)} wgmma {sorted(set(mma))}; ptxas (registers, spill bytes): {res}")
+    print(f"D={D} causal={causal}: {len(mma)} wgmma {sorted(set(mma))}; "
+          f"ptxas (registers, spill bytes): {res}")
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_bwd_main_ab_switches_compile(tmp_path, D):
-    """Every A/B switch at once (JAGGED_CUTE_BWD_OPTS=all): compiles, wgmma, no spills at
-    ptxas (compile only; none of them has run on a GPU)."""
-    path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, opts=B.bwd_opts('all'))")
+def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
+    """The other setting of the A/B switches (non-causal: none, causal: all): compiles,
+    wgmma, no spills at ptxas."""
+    spec = "all" if causal else "none"
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
+                              f"opts=B.bwd_opts({causal}, {spec!r}))")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     assert "wgmma.mma_async" in open(path).read()
     res = _ptxas(path)
+    print(f"D={D} causal={causal} {spec}: ptxas (registers, spill bytes): {res}")
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
 
@@ -83,13 +91,22 @@ def test_bwd_main_ab_switches_compile(tmp_path, D):
 def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
-    assert bwd_opts() == frozenset()
-    assert bwd_opts("lse, dqord") == {"lse", "dqord"}
-    assert bwd_opts("all") == set(OPTS)
-    monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "q3")
-    assert bwd_opts() == {"q3"}
-    with pytest.raises(ValueError):
-        bwd_opts("nope")
+    assert bwd_opts(False) == {"dqord", "dqblk"} == set(OPTS)   # measured defaults
+    assert bwd_opts(True) == frozenset()
+    assert bwd_opts(False, "") == set(OPTS) and bwd_opts(True, " ") == frozenset()
+    assert bwd_opts(False, "none") == frozenset()
+    assert bwd_opts(True, "all") == set(OPTS)
+    assert bwd_opts(True, " dqord, ") == {"dqord"}
+    assert bwd_opts(False, "dqblk") == {"dqblk"}
+    monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
+    assert bwd_opts(False) == set(OPTS) and bwd_opts(True) == frozenset()
+    monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "none")
+    assert bwd_opts(False) == frozenset()
+    monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "dqord")
+    assert bwd_opts(True) == bwd_opts(False) == {"dqord"}
+    for bad in ("nope", "lse", "pds2", "q3"):                  # lse: always on; others gone
+        with pytest.raises(ValueError):
+            bwd_opts(False, bad)
 
 
 @pytest.mark.parametrize("causal,bq,dtype", [(True, False, "bf16"), (False, True, "fp16"),
