@@ -432,9 +432,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         impl = "triton"
     if impl not in ("triton", "ws"):
         raise ValueError(f"impl must be 'triton' or 'ws', got {impl!r}")
-    if impl == "ws" and os.environ.get("JAGGED_BWD_WS") != "1":
-        raise RuntimeError("impl='ws' is experimental: its first launch on the H200 never "
-                           "returned (PERF.md, session 3); set JAGGED_BWD_WS=1 to run it anyway")
     dout = dout.contiguous()
     out = out.contiguous()
     lse = lse.contiguous()

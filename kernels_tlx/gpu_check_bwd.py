@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 import time
 import traceback
@@ -174,8 +173,7 @@ def main():
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--only-time", action="store_true")
     ap.add_argument("--impl", default=None,
-                    help="comma list of triton, ws (default: triton; ws is experimental and "
-                         "runs with JAGGED_BWD_WS=1: run it under a timeout)")
+                    help="comma list of triton, ws (default: triton)")
     ap.add_argument("--configs", default=None,
                     help=f"comma list of bwd_hopper.CONFIGS names ({','.join(CONFIGS)}) or 'default'; "
                          "impl triton only")
@@ -184,8 +182,6 @@ def main():
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     impls = (a.impl or "triton").split(",")
-    if "ws" in impls:
-        os.environ["JAGGED_BWD_WS"] = "1"
     runs = [(im, None) for im in impls]
     if a.configs:
         names = a.configs.split(",")

@@ -104,14 +104,3 @@ def test_pick_config(monkeypatch):
     with pytest.raises(ValueError):
         bw.get_config("nope")
     assert bw.get_config(bw.CONFIGS["m64n64"]) is bw.CONFIGS["m64n64"]
-
-
-def test_ws_needs_opt_in(monkeypatch):
-    """The experimental warp-specialized backward refuses to launch unless asked for
-    (its first H200 launch never returned), before touching any tensor."""
-    monkeypatch.delenv("JAGGED_BWD_WS", raising=False)
-    p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=16, seed=3, **P)
-    inp = p.build("cpu")
-    with pytest.raises(RuntimeError, match="JAGGED_BWD_WS=1"):
-        bw.backward(inp.dout, inp.q, inp.k, inp.v, inp.dout, None, inp.cu_seqlens_q,
-                    inp.cu_seqlens_k, 16, 16, False, 0.125, False, impl="ws")
