@@ -138,27 +138,32 @@ def _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SEQ_ORDER: tl.constexpr):
     """Backward: (sequence b, KV block n) = pair b * NB + n. Its work: query blocks that
     see the block, plus one (so blocks no query sees still come before padding); 0 past
-    the sequence's keys."""
+    the sequence's keys. SEQ_ORDER: the work of the sequence's first KV block (its
+    largest) for every block, so a sequence's tiles stay together (see kv_tiles)."""
     b = pair // NB
-    n0 = (pair % NB) * BLOCK_N
+    n = pair % NB
+    n0 = n * BLOCK_N
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
     if CAUSAL:
+        if SEQ_ORDER:
+            n0 = n0 * 0
         m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
         work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
     else:
         work = (len_q + BLOCK_M - 1) // BLOCK_M
-    return tl.where(inb & (n0 < len_k), work + 1, 0)
+    return tl.where(inb & (n * BLOCK_N < len_k), work + 1, 0)
 
 
 @triton.jit
 def _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr):
+               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
+               SEQ_ORDER: tl.constexpr):
     if KV_TILES:
         return _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                             BROADCAST_Q)
+                             BROADCAST_Q, SEQ_ORDER)
     else:
         return _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                             BROADCAST_Q)
@@ -175,7 +180,7 @@ def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
 def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr):
+                      BLOCK: tl.constexpr, SORT: tl.constexpr, SEQ_ORDER: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
@@ -189,7 +194,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
         work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q, KV_TILES)
+                          BROADCAST_Q, KV_TILES, SEQ_ORDER)
         # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
         work_key = tl.minimum(work, (1 << (31 - BITS)) - 1)
         key = tl.sort((work_key << BITS) | (BLOCK - 1 - pair), descending=True)
@@ -205,7 +210,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
             pair = start + tl.arange(0, BLOCK)
             inb = pair < n_pairs
             work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                              BROADCAST_Q, KV_TILES)
+                              BROADCAST_Q, KV_TILES, SEQ_ORDER)
             key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
             tl.store(keys_ptr + pair, key, mask=inb)
             total += tl.sum((work > 0).to(tl.int32), 0)
@@ -289,11 +294,22 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     every tile sorted by work (Q blocks that see it) descending, and an int32 [1]
     tensor with the number of real tiles (KV blocks inside their sequence; they come
     first, including those no query sees, which still store dK = dV = 0). Cached like
-    `fwd_tiles`."""
-    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
+    `fwd_tiles`.
+
+    JAGGED_BWD_TILE_ORDER (read per call, an A/B switch): "tile" (default) as above;
+    "seq" sorts by each sequence's largest tile work instead, so under causal masking a
+    sequence's KV blocks stay together (ties by pair: b, then n ascending) and the
+    programs that run at once share its Q / dO / dQ rows in L2. Longest first by tile
+    scatters them over the batch (one program per (sequence, head) at a time, a
+    helper's model, session 6). Without causal masking the two orders are the same."""
+    order = os.environ.get("JAGGED_BWD_TILE_ORDER", "tile")
+    if order not in ("tile", "seq"):
+        raise ValueError(f"JAGGED_BWD_TILE_ORDER={order!r}: expected 'tile' or 'seq'")
+    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N,
+                   order == "seq" and bool(causal))
 
 
-def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=False):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
@@ -305,15 +321,17 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
     _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
                             NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                            BROADCAST_Q=cu_q is None, KV_TILES=True, **opts)
+                            BROADCAST_Q=cu_q is None, KV_TILES=True, SEQ_ORDER=seq_order,
+                            **opts)
     if keys is not None:
         _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                    BLOCK=1024)
     return tiles[:n], tiles[n4:n4 + n], count
 
 
-def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
-    """`kv_tiles` in plain torch ops (the reference it is tested against)."""
+def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=False):
+    """`kv_tiles` in plain torch ops (the reference it is tested against); seq_order:
+    JAGGED_BWD_TILE_ORDER=seq."""
     dev = cu_k.device
     lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
     lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
@@ -324,6 +342,8 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     if causal:
         m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
         work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
+        if seq_order:
+            work = work[:, :1].expand(B, NB)
     else:
         work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
     # +1 so real tiles with no work still sort ahead of the padding tiles

@@ -64,19 +64,27 @@ def test_kv_tiles_brute_force(causal, bq):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bq", [False, True])
-def test_kv_tiles_match_reference(causal, bq):
-    """The kernel-built backward tile list equals the torch reference, order included."""
+@pytest.mark.parametrize("order", ["tile", "seq"])
+def test_kv_tiles_match_reference(causal, bq, order, monkeypatch):
+    """The kernel-built backward tile list equals the torch reference, order included,
+    in both JAGGED_BWD_TILE_ORDER orders; "seq" keeps a sequence's tiles together."""
     from harness.tiles import kv_tiles, kv_tiles_reference
+    monkeypatch.setenv("JAGGED_BWD_TILE_ORDER", order)
     g = torch.Generator().manual_seed(11 + 2 * causal + bq)
     B = 40
     lk = torch.randint(0, 400, (B,), generator=g)
     lq = torch.full((B,), 90) if bq else torch.randint(0, 400, (B,), generator=g)
     lk[:3] = torch.tensor([0, 1, 128])
     args = (None if bq else offsets(lq), offsets(lk), 90 if bq else 0, int(lk.max()), causal, 64, 128)
-    got, ref = kv_tiles(*args), kv_tiles_reference(*args)
+    got, ref = kv_tiles(*args), kv_tiles_reference(*args, seq_order=order == "seq" and causal)
     n = int(ref[2])
     assert int(got[2]) == n
     assert torch.equal(got[0][:n], ref[0][:n]) and torch.equal(got[1][:n], ref[1][:n])
+    if order == "seq":  # each sequence's tiles in one run, KV blocks ascending
+        b, t = got[0][:n].tolist(), got[1][:n].tolist()
+        runs = [x for i, x in enumerate(b) if i == 0 or b[i - 1] != x]
+        assert len(runs) == len(set(runs))
+        assert all(t[i] == t[i - 1] + 1 for i in range(1, n) if b[i] == b[i - 1])
 
 
 def test_fwd_bucket(monkeypatch):
