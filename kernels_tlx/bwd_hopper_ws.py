@@ -24,8 +24,21 @@ plain kernel. Per program, four roles (tlx.async_task), each its own helper:
              through the consumer's own V smem (no longer read), in 16-row slices, so
              no whole-tile pointer tensor competes with the accumulators for registers.
 
-Registers (compile-only, sm_90a, D = 128): 32-row steps and the sliced store leave no
-spill inside the Q-block loop; 64-row steps spilled the accumulators there (PERF.md).
+Registers (compile-only, sm_90a): no spill at D = 64 or D = 128. At D = 128 the K_c / V_c
+wgmma descriptors (8 k-steps each) are formed per Q block from an opaque copy of the
+stage index (_opaque): hoisted out of the loop they held ~40 registers and the tile loop
+spilled 24-54 instructions; formed per block the Q loop is also shorter (e.g. 424 -> 387
+SASS instructions), with the same memory, barrier and wgmma operations in the same order
+(PTX). 64-row steps spilled the accumulators in the Q-block loop (PERF.md).
+
+Dot schedule: the kernel's own waits keep S^T with dP^T, dV with dS^T and dK with dQ in
+flight, but with this Triton the pipeliner's wgmma pass (asyncLaunchDots; it runs on the
+loops at num_stages=1 too) puts a wgmma wait 0 right after every dot of the Q-block loop
+(none is a pure loop-carried accumulator, and the loop arrives on barriers), so by
+default the five dots of a Q block run one after the other. ASYNC_DOTS=True (a
+constexpr, off until a GPU A/B: env JAGGED_BWD_WS_ASYNC_DOTS=1, read per call) makes the loop tl.range(num_stages=0), which that pass
+skips: only the kernel's own waits remain (dS^T then goes to smem before the dK dot that
+reads it from registers).
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
@@ -56,6 +69,13 @@ def dq_cols(head_dim: int) -> int:
 @triton.jit
 def _buf_phase(cnt, NUM: tl.constexpr):
     return cnt % NUM, (cnt // NUM) & 1
+
+
+@triton.jit
+def _opaque(x):
+    """x through a mov the compiler cannot see through or hoist (volatile inline asm)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -125,7 +145,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-            DQ_COLS: tl.constexpr, cid: tl.constexpr):
+            DQ_COLS: tl.constexpr, cid: tl.constexpr, ASYNC_DOTS: tl.constexpr):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -151,7 +171,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         tlx.barrier_wait(kv_full[kvb], kph)
         kc = k_smem[kvb * NC + cid]
         vc = v_smem[kvb * NC + cid]
-        for j in range(0, G * n_m):
+        for j in tl.range(0, G * n_m, num_stages=0 if ASYNC_DOTS else 1):  # 1 == range()
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
@@ -165,6 +185,10 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             tlx.barrier_wait(q_full[buf], ph)
             qb = q_smem[buf]
             dob = do_smem[buf]
+            if D >= 128:  # K_c / V_c descriptors per Q block, not held across the loop
+                kvq = _opaque(kvb)
+                kc = k_smem[kvq * NC + cid]
+                vc = v_smem[kvq * NC + cid]
             # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
             st = tlx.async_dot(kc, tlx.local_trans(qb))
             dpt = tlx.async_dot(vc, tlx.local_trans(dob))
@@ -178,6 +202,9 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
             dpt = tlx.async_dot_wait(1, dpt)
             dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
+            sb = (qcnt % 2) * NC
+            if ASYNC_DOTS:  # dS^T to smem first: no reads of an in-flight wgmma's A registers
+                tlx.local_store(ds_smem[sb + cid], dst)
             dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
             # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
             # buffered by Q-block parity). At D >= 128 the consumers meet, then each
@@ -185,8 +212,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
             # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
             # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
-            sb = (qcnt % 2) * NC
-            tlx.local_store(ds_smem[sb + cid], dst)
+            if not ASYNC_DOTS:
+                tlx.local_store(ds_smem[sb + cid], dst)
             tlx.fence_async_shared()
             if DQ_COLS < D:
                 tlx.named_barrier_wait(DS_BARRIER, NC * 128)
@@ -285,7 +312,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr):
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
+                 ASYNC_DOTS: tl.constexpr = False):
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -319,7 +347,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid)
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
+                    ASYNC_DOTS)
         with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
             reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                       tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,

@@ -98,7 +98,8 @@ def test_schedule_kernels_sm90(which, n_pairs, causal, bq):
     sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", tiles_ptr="*i32", count_ptr="*i32",
                n_pairs="i32", n_stride="i32", NB="i32", L_q="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
-                 KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"])
+                 KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"],
+                 SEQ_ORDER=which == "bwd" and causal)
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
                          name=f"{which} tile keys n={n_pairs}")
