@@ -39,7 +39,8 @@ class CompileReport:
     num_warps: int
     setmaxnreg: tuple     # the distinct register counts passed to setmaxnreg
     ptx_lines: int
-    mma_wait0: int = 0    # wgmma.wait_group 0 in the PTX (a wait for every wgmma in flight)
+    mma_wait0: int        # wgmma.wait_group 0 in the PTX (a wait for every wgmma in flight)
+    ttgir: str = dataclasses.field(default="", repr=False)  # for tests that read the IR
 
     @property
     def has_mma(self) -> bool:
@@ -132,7 +133,8 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: in
         spill_insts=usage["spill_insts"], mma=MMA_NAMES.get(arch, "mma"),
         mma_count=len(re.findall(MMA_PATTERNS.get(arch, r"\bmma\."), ptx)),
         num_warps=num_warps, setmaxnreg=regs, ptx_lines=ptx.count("\n"),
-        mma_wait0=len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)))
+        mma_wait0=len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)),
+        ttgir=kernel.asm.get("ttgir", ""))
 
 
 def _compile_in_subprocess(fn, signature, constexprs, arch, num_warps, num_stages, name, opts):

@@ -144,17 +144,15 @@ def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N
     the sequence's keys. SEQ_ORDER: the work of the sequence's first KV block (its
     largest) for every block, so a sequence's tiles stay together (see kv_tiles)."""
     b = pair // NB
-    n = pair % NB
-    n0 = n * BLOCK_N
+    n0 = (pair % NB) * BLOCK_N
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
     if CAUSAL:
-        if SEQ_ORDER:
-            n0 = n0 * 0
-        m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+        k0 = 0 if SEQ_ORDER else n0  # the key block whose work counts
+        m_lo = tl.maximum(k0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
         work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
     else:
         work = (len_q + BLOCK_M - 1) // BLOCK_M
-    return tl.where(inb & (n * BLOCK_N < len_k), work + 1, 0)
+    return tl.where(inb & (n0 < len_k), work + 1, 0)
 
 
 @triton.jit

@@ -79,7 +79,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.tiles import dq_accumulator, kv_tiles
 
-LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # upper bound on the broadcast-Q per-program dQ slot buffer
 
@@ -273,10 +272,15 @@ def load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start, m0, len_q, h,
     qt = q_desc.load([(q_start + m0).to(tl.int32), h * D])
     dot = do_desc.load([(o_start + m0).to(tl.int32), h * D])
     lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=float("inf"))
-    # rows that saw no key (lse = -inf) get P = 0 as well
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
     delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=0.0)
-    return qt, dot, lse * 1.4426950408889634, delta
+    return qt, dot, lse_log2(lse), delta
+
+
+@triton.jit
+def lse_log2(lse):
+    """lse * log2(e) for P = exp2(S * scale * log2(e) - lse_log2); rows that saw no key
+    (lse = -inf) get +inf, so P = 0 there as on rows past the sequence."""
+    return tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
 
 
 @triton.jit

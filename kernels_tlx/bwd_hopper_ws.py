@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from .bwd_hopper import schedule
+from .bwd_hopper import lse_log2, schedule
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
 NUM_BUF_KV = tl.constexpr(2)      # K/V stages: the next tile loads during this one
@@ -203,7 +203,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 rmask = offs_m < len_q
                 lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask,
                               other=float("inf"))
-                lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+                lse2 = lse_log2(lse)
                 delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask,
                                 other=0.0)
             tlx.barrier_wait(q_full[buf], ph)
@@ -232,7 +232,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 offs_nx = m0_nx + tl.arange(0, BLOCK_M)
                 rmask_nx = (offs_nx < len_q) & more
                 off_nx = h_nx * stride_lse_h + o_start + offs_nx
-                lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+                lse2 = lse_log2(lse)
                 lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
             st = tlx.async_dot_wait(1, st)
             pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])

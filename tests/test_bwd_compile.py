@@ -184,42 +184,20 @@ def ws_signature(dt, d):
     return sig
 
 
-def ws_job(d, causal, bq, dt="bf16", H=4, HKV=2, **sched):
-    """A harness.compile_check job for the ws kernel, compiled as backward(impl="ws") launches
+def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, **sched):
+    """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it; `sched` overrides its schedule constexprs (ASYNC_DOTS, LSE_AHEAD)."""
     pytest.importorskip("triton.language.extra.tlx")
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
-    return dict(module=ws.__name__, qualname="_bwd_main_ws", signature=ws_signature(dt, d),
-                constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                                CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d),
-                                ASYNC_DOTS=False, LSE_AHEAD=False) | sched,
-                arch=90, num_warps=4, num_stages=1, opts={},
-                name=f"bwd_main_ws D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
-
-
-# one job in a subprocess (interpreter off), triton.compile wrapped to keep the kernel's TTGIR
-_WITH_TTGIR = ("import pickle, sys, triton\n"
-               "from harness.compile_check import _run_job\n"
-               "asm, compile_ = {}, triton.compile\n"
-               "def grab(*a, **k):\n"
-               "    kernel = compile_(*a, **k)\n"
-               "    asm.update(kernel.asm)\n"
-               "    return kernel\n"
-               "triton.compile = grab\n"
-               "rep = _run_job(pickle.loads(sys.stdin.buffer.read()))\n"
-               "sys.stdout.buffer.write(pickle.dumps((rep, asm['ttgir'])))\n")
-
-
-def compile_ws(d, causal, bq, **kw):
-    """(CompileReport, TTGIR text) of the ws kernel."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p])
-    res = subprocess.run([sys.executable, "-c", _WITH_TTGIR], capture_output=True, env=env,
-                         input=pickle.dumps(ws_job(d, causal, bq, **kw)))
-    assert res.returncode == 0, res.stderr.decode(errors="replace")[-4000:]
-    return pickle.loads(res.stdout)
+    rep = compile_kernel(
+        ws._bwd_main_ws, ws_signature(dt, d),
+        constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d),
+                        ASYNC_DOTS=False, LSE_AHEAD=False) | sched,
+        arch=90, num_warps=4, num_stages=1,
+        name=f"bwd_main_ws D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
+    return rep, rep.ttgir
 
 
 @pytest.mark.parametrize("d,causal,bq,async_dots,lse_ahead", [
