@@ -431,7 +431,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     default. deterministic: see the module docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
     "ws" kernel always runs WS_CONFIG. dlse: the gradient on lse (harness.api), or None."""
-    impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton")
+    impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
     if deterministic:
         impl = "triton"
     if impl not in ("triton", "ws"):
@@ -489,7 +489,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
             ASYNC_DOTS=os.environ.get("JAGGED_BWD_WS_ASYNC_DOTS") == "1",  # an A/B switch
-            LSE_AHEAD=os.environ.get("JAGGED_BWD_WS_LSE_AHEAD") == "1",  # an A/B switch
+            LSE_AHEAD=os.environ.get("JAGGED_BWD_WS_LSE_AHEAD", "1") == "1",  # an A/B switch
             num_warps=4, num_stages=1)
     else:
         dq_desc = _desc(dq_acc, BM, D)
