@@ -137,6 +137,22 @@ def poison(*like: torch.Tensor, copies: int = 2) -> None:
     del blocks
 
 
+def _stored_o_delta(inp: Inputs, out, ref, dlse, kw) -> dict[str, torch.Tensor]:
+    """The reference gradients as a flash kernel forms them: delta = rowsum(dO * O) from
+    the O it stored (rounded to the output dtype), not the exact O. That shifts each
+    row's delta by rowsum(dO * (out - O_ref)), so dS = P (dP - delta) by -P times it:
+    exactly what a gradient of minus the shift on lse does. Where P is nearly one-hot dS
+    is small and this rounding is most of it (matrix seed 973477401, problem 129: a
+    query that sees two keys, dq 17 % off by this alone, dv exact)."""
+    r = ref["out"]
+    shift = (inp.dout.to(r.dtype) * (out.detach().to(r.dtype) - r)).sum(-1).T.nan_to_num(0.0)
+    return reference(inp, dlse=-shift if dlse is None else dlse.to(r.dtype) - shift, **kw)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
 def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=False,
           backward=True, ref=None, lowp=None, check_lse=True, dlse=None) -> Report:
     """Run `fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=, softmax_scale=,
@@ -162,7 +178,8 @@ def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=Fals
         # rounding noise at the scale of dP, whose size dV's entries share
         # (sums of dO rows): allow 2^-16 of that in dq and dk
         noise = 2.0 ** -16 * float(ref["dv"].abs().max()) if ref["dv"].numel() else 0.0
+        moved = _stored_o_delta(inp, out, ref, dlse, kw)
         for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-            rep.checks.append(compare(name, g, ref[name], lowp[name], inp.q.dtype,
-                                      extra=noise if name != "dv" else 0.0))
+            extra = 0.0 if name == "dv" else noise + _max_diff(moved[name], ref[name])
+            rep.checks.append(compare(name, g, ref[name], lowp[name], inp.q.dtype, extra=extra))
     return rep
