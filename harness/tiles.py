@@ -294,13 +294,13 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     first, including those no query sees, which still store dK = dV = 0). Cached like
     `fwd_tiles`.
 
-    JAGGED_BWD_TILE_ORDER (read per call, an A/B switch): "tile" (default) as above;
-    "seq" sorts by each sequence's largest tile work instead, so under causal masking a
-    sequence's KV blocks stay together (ties by pair: b, then n ascending) and the
-    programs that run at once share its Q / dO / dQ rows in L2. Longest first by tile
-    scatters them over the batch (one program per (sequence, head) at a time, a
-    helper's model, session 6). Without causal masking the two orders are the same."""
-    order = os.environ.get("JAGGED_BWD_TILE_ORDER", "tile")
+    Causal order: each sequence's tiles together, sorted by the sequence's largest tile
+    work (ties by pair: b, then n ascending), so the programs that run at once share its
+    Q / dO / dQ rows in L2; longest first by tile scatters them over the batch. Measured
+    at llm-dense B8 H16 8192 causal on the H200 (session 7): TLX 15.85 -> 14.64 ms,
+    CuteDSL 15.73 -> 14.36 ms. Without causal masking the two orders are the same.
+    JAGGED_BWD_TILE_ORDER=tile (read per call) selects the by-tile order."""
+    order = os.environ.get("JAGGED_BWD_TILE_ORDER", "seq")
     if order not in ("tile", "seq"):
         raise ValueError(f"JAGGED_BWD_TILE_ORDER={order!r}: expected 'tile' or 'seq'")
     return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N,
