@@ -327,9 +327,9 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=
     return tiles[:n], tiles[n4:n4 + n], count
 
 
-def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=False):
-    """`kv_tiles` in plain torch ops (the reference it is tested against); seq_order:
-    JAGGED_BWD_TILE_ORDER=seq."""
+def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=True):
+    """`kv_tiles` in plain torch ops (the reference it is tested against); seq_order=False:
+    JAGGED_BWD_TILE_ORDER=tile."""
     dev = cu_k.device
     lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
     lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)

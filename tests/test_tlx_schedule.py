@@ -36,7 +36,9 @@ def test_tile_order_matches_reference(causal, bq, block_n):
 @pytest.mark.parametrize("bq", [False, True])
 def test_kv_tiles_brute_force(causal, bq):
     """The backward's KV-tile list: every real (sequence, KV block) tile once, first,
-    ordered by the number of query blocks that see it (counted pair by pair here)."""
+    ordered by the number of query blocks that see it (counted pair by pair here); under
+    causal masking by the sequence's largest such count (its block 0), a sequence's tiles
+    together."""
     from harness.tiles import kv_tiles
     BM, BN = 64, 128
     g = torch.Generator().manual_seed(int(causal) * 2 + int(bq))
@@ -58,8 +60,10 @@ def test_kv_tiles_brute_force(causal, bq):
     real = [(b, n) for b in range(len(lk)) for n in range(-(-int(lk[b]) // BN))]
     got = list(zip(tile_b.tolist(), tile_n.tolist()))[:int(n_tiles)]
     assert int(n_tiles) == len(real) and sorted(got) == sorted(real)
-    works = [work(b, n) for b, n in got]
+    works = [work(b, 0 if causal else n) for b, n in got]
     assert works == sorted(works, reverse=True)
+    seqs = [b for b, _ in got]
+    assert all(b not in seqs[:i] or seqs[i - 1] == b for i, b in enumerate(seqs))
 
 
 @pytest.mark.parametrize("causal", [False, True])
