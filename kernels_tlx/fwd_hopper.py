@@ -52,8 +52,6 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    async_dots: int = 0         # 1: KV loops without the pipeliner's wait-0 after each dot
-                                # (see compute); an A/B switch, not yet run on a GPU
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -184,16 +182,16 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, ASYNC_DOTS: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
     Triton 3.8's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts a
     wait-0 right after each dot of the KV loops, so S_j = Q K_j^T finishes before
     O += P_{j-1} V_{j-1} is issued and that finishes before the softmax: _kv_step's own
-    wait(1) overlap does not happen (TTGIR, session 6). ASYNC_DOTS loops with
-    num_stages=0, which that pass skips: only _kv_step's waits remain."""
-    LOOP_STAGES: tl.constexpr = 0 if ASYNC_DOTS else 1
+    wait(1) overlap does not happen (TTGIR, session 6). Loops at num_stages=0, which that
+    pass skips (only _kv_step's waits remain), were 2-3.5 % faster at llm-dense but 4-39 %
+    slower at gem-jagged s0.9 on the H200, so the loops stay at num_stages=1."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
@@ -206,14 +204,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
                                       v_bufs.dtype, BLOCK_N, True, CAUSAL)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
-        for j in tl.range(1, n_bulk, num_stages=LOOP_STAGES):
+        for j in tl.range(1, n_bulk, num_stages=1):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
                                         NUM_BUFFERS_KV, False, CAUSAL)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
-        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=LOOP_STAGES):
+        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=1):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
@@ -257,7 +255,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, ASYNC_DOTS: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -294,7 +292,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, ASYNC_DOTS)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -318,8 +316,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                ASYNC_DOTS=bool(cfg.async_dots))
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

@@ -56,22 +56,6 @@ def test_fwd_kv3_variant_fits_sm90():
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 
 
-@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, False)])
-def test_fwd_async_dots_variant(d, causal):
-    """JAGGED_FWD_CONFIG=async_dots=1 (KV loops without the pipeliner's wait-0 after each
-    dot, so S_j overlaps P_{j-1} V_{j-1} and the softmax overlaps the PV dot) compiles
-    without spills and with half the full waits, so a GPU run can A/B it."""
-    from dataclasses import replace
-    base = fh.CONFIGS[(d, "long")]
-    reps = [compile_kernel(fh.fwd_kernel, fh.signature(c, d, "bf16"),
-                           fh.kernel_args(c, d, causal, False), arch=90, num_warps=4,
-                           num_stages=1, name=f"fwd D{d} long async_dots={c.async_dots}")
-            for c in (base, replace(base, async_dots=1))]
-    print("\n".join(f"{r.row()}  wait0 {r.mma_wait0}" for r in reps))
-    assert reps[1].has_mma and not reps[1].spills, reps[1].row()
-    assert reps[1].mma_wait0 < reps[0].mma_wait0
-
-
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):
