@@ -488,8 +488,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
-            ASYNC_DOTS=os.environ.get("JAGGED_BWD_WS_ASYNC_DOTS") == "1",  # an A/B switch
-            LSE_AHEAD=os.environ.get("JAGGED_BWD_WS_LSE_AHEAD", "1") == "1",  # an A/B switch
             num_warps=4, num_stages=1)
     else:
         dq_desc = _desc(dq_acc, BM, D)

@@ -10,8 +10,8 @@ plain kernel. Per program, four roles (tlx.async_task), each its own helper:
              NUM_BUF_Q stages (mbarrier full/empty pairs).
   compute    (2 consumer warpgroups, replicate=2): consumer c owns keys
              [n0 + 64c, n0 + 64c + 64) of the tile: S^T = K_c Q^T, dP^T = V_c dO^T
-             (wgmma, smem operands), P^T, dS^T in registers (LSE and delta read per
-             Q block from L2; LSE_AHEAD: one Q block ahead, loop-carried), dV_c += P^T dO,
+             (wgmma, smem operands), P^T, dS^T in registers (LSE and delta from L2,
+             loaded one Q block ahead and loop-carried), dV_c += P^T dO,
              dK_c += dS^T Q (register A operand).
              dQ with the head dim as the wgmma's M: dS^T -> smem; at D = 128 the two
              consumers meet at a named barrier and consumer c forms dQ columns
@@ -35,21 +35,20 @@ SASS instructions), with the same memory, barrier and wgmma operations in the sa
 Dot schedule: the kernel's own waits keep S^T with dP^T, dV with dS^T and dK with dQ in
 flight, but with this Triton the pipeliner's wgmma pass (asyncLaunchDots; it runs on the
 loops at num_stages=1 too) puts a wgmma wait 0 right after every dot of the Q-block loop
-(none is a pure loop-carried accumulator, and the loop arrives on barriers), so by
-default the five dots of a Q block run one after the other. ASYNC_DOTS=True (a
-constexpr, off until a GPU A/B: env JAGGED_BWD_WS_ASYNC_DOTS=1, read per call) makes the loop tl.range(num_stages=0), which that pass
-skips: only the kernel's own waits remain (dS^T then goes to smem before the dK dot that
-reads it from registers).
+(none is a pure loop-carried accumulator, and the loop arrives on barriers), so
+the five dots of a Q block run one after the other. A loop at num_stages=0 (which that
+pass skips) was no faster on the H200 (llm-dense: within noise, causal 1.5 % slower),
+so the loop stays at num_stages=1.
 
-LSE / delta (LSE_AHEAD, a constexpr, off until a GPU A/B: env JAGGED_BWD_WS_LSE_AHEAD=1):
-by default each step loads its own 2 x 8 values a thread (16 masked LDG) just before its
-S^T wgmma, and ptxas puts the first LSE read ~30 instructions later, before the first S^T
-HGMMA: nothing but the Q/dO wait hides the L2 round trip, every step. With LSE_AHEAD the
-next step's values are loaded during this one (step 0's before the Q loop) and carried
-in the accumulator's slice layout. SASS (compile-only, all D / causal / bq / ASYNC_DOTS
-builds): no LDG result is read in the iteration that loads it; 4-9 HGMMAs (the dQ dots),
-the dQ handoff and the next Q/dO wait lie between the LSE loads and the first LSE read
-(default: none), 14-26 HGMMAs for delta (default 10-18); still 16 LDG a step, no spill.
+LSE / delta one Q block ahead: each step's 2 x 8 values a thread (16 masked LDG) are
+loaded during the previous step (step 0's before the Q loop) and carried in the S^T
+accumulator's slice layout. Loaded in their own step, just before the S^T wgmma, ptxas
+put the first LSE read ~30 instructions after the loads, before the first S^T HGMMA, so
+nothing but the Q/dO wait hid the L2 round trip, every step. Now (SASS, compile-only)
+no LDG result is read in the iteration that loads it: 4-9 HGMMAs (the dQ dots), the dQ
+handoff and the next Q/dO wait lie between the LSE loads and the first LSE read, 14-26
+HGMMAs for delta; still 16 LDG a step, no spill. Measured on the H200 at llm-dense
+B8 H16 8192: 30.3 -> 25.4 ms non-causal (+19 %), 18.06 -> 15.85 ms causal (+14 %).
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
@@ -156,8 +155,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-            DQ_COLS: tl.constexpr, cid: tl.constexpr, ASYNC_DOTS: tl.constexpr,
-            LSE_AHEAD: tl.constexpr):
+            DQ_COLS: tl.constexpr, cid: tl.constexpr):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -183,29 +181,20 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         tlx.barrier_wait(kv_full[kvb], kph)
         kc = k_smem[kvb * NC + cid]
         vc = v_smem[kvb * NC + cid]
-        if LSE_AHEAD:  # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all
-            # masked off when n_m == 0: then m_lo >= len_q)
-            offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
-            off_0 = hk * G * stride_lse_h + o_start + offs_0
-            lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
-            delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
-        for j in tl.range(0, G * n_m, num_stages=0 if ASYNC_DOTS else 1):  # 1 == range()
+        # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all masked off when
+        # n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
+        offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
+        off_0 = hk * G * stride_lse_h + o_start + offs_0
+        lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
+        delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
+        for j in tl.range(0, G * n_m, num_stages=1):
             jm = j % n_m
             h = hk * G + j // n_m
             m0 = m_lo + jm * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
             offs_m = m0 + tl.arange(0, BLOCK_M)
-            if LSE_AHEAD:  # loaded during the previous step (or before the loop)
-                lse = lse_nx
-                delta = delta_nx
-            else:
-                # LSE (log2 domain) and delta of the block; rows past the sequence -> P = 0
-                rmask = offs_m < len_q
-                lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask,
-                              other=float("inf"))
-                lse2 = lse_log2(lse)
-                delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask,
-                                other=0.0)
+            lse = lse_nx  # loaded during the previous step (or before the loop)
+            delta = delta_nx
             tlx.barrier_wait(q_full[buf], ph)
             qb = q_smem[buf]
             dob = do_smem[buf]
@@ -216,24 +205,23 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
             st = tlx.async_dot(kc, tlx.local_trans(qb))
             dpt = tlx.async_dot(vc, tlx.local_trans(dob))
-            if LSE_AHEAD:
-                # The next step's LSE / delta, in flight under the rest of this step. Next
-                # step: the next Q block of head h, or block 0 of head h + 1; at the last
-                # step the index stays on this step's block (an address the default loads
-                # form too) and the mask is all false, so nothing is read. Each load comes
-                # after this step's last use of the value it replaces (LSE: lse2, delta:
-                # dS^T), so ptxas keeps one set of registers per value, no copies; it
-                # issues the LSE loads just before the dK wait (ahead of the dQ wgmmas, the
-                # dQ handoff and the next Q/dO wait), the delta loads about as early.
-                more = j + 1 < G * n_m
-                wrap = jm == n_m - 1
-                h_nx = tl.where(more & wrap, h + 1, h)
-                m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
-                offs_nx = m0_nx + tl.arange(0, BLOCK_M)
-                rmask_nx = (offs_nx < len_q) & more
-                off_nx = h_nx * stride_lse_h + o_start + offs_nx
-                lse2 = lse_log2(lse)
-                lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
+            # The next step's LSE / delta, in flight under the rest of this step. Next
+            # step: the next Q block of head h, or block 0 of head h + 1; at the last step
+            # the index stays on this step's block (an in-bounds address) and the mask is
+            # all false, so nothing is read. Each load comes after this step's last use of
+            # the value it replaces (LSE: lse2, delta: dS^T), so ptxas keeps one set of
+            # registers per value, no copies; it issues the LSE loads just before the dK
+            # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
+            # delta loads about as early.
+            more = j + 1 < G * n_m
+            wrap = jm == n_m - 1
+            h_nx = tl.where(more & wrap, h + 1, h)
+            m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
+            offs_nx = m0_nx + tl.arange(0, BLOCK_M)
+            rmask_nx = (offs_nx < len_q) & more
+            off_nx = h_nx * stride_lse_h + o_start + offs_nx
+            lse2 = lse_log2(lse)
+            lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
             st = tlx.async_dot_wait(1, st)
             pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
             keep = (offs_n < len_k)[:, None]
@@ -244,11 +232,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
             dpt = tlx.async_dot_wait(1, dpt)
             dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
-            if LSE_AHEAD:
-                delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
+            delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
             sb = (qcnt % 2) * NC
-            if ASYNC_DOTS:  # dS^T to smem first: no reads of an in-flight wgmma's A registers
-                tlx.local_store(ds_smem[sb + cid], dst)
             dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
             # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
             # buffered by Q-block parity). At D >= 128 the consumers meet, then each
@@ -256,8 +241,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
             # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
             # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
-            if not ASYNC_DOTS:
-                tlx.local_store(ds_smem[sb + cid], dst)
+            tlx.local_store(ds_smem[sb + cid], dst)
             tlx.fence_async_shared()
             if DQ_COLS < D:
                 tlx.named_barrier_wait(DS_BARRIER, NC * 128)
@@ -356,8 +340,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
-                 ASYNC_DOTS: tl.constexpr = False, LSE_AHEAD: tl.constexpr = False):
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr):
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -391,8 +374,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
-                    ASYNC_DOTS, LSE_AHEAD)
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid)
         with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
             reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                       tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,

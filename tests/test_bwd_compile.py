@@ -184,56 +184,44 @@ def ws_signature(dt, d):
     return sig
 
 
-def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, **sched):
+def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
-    it; `sched` overrides its schedule constexprs (ASYNC_DOTS, LSE_AHEAD)."""
+    it."""
     pytest.importorskip("triton.language.extra.tlx")
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     rep = compile_kernel(
         ws._bwd_main_ws, ws_signature(dt, d),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d),
-                        ASYNC_DOTS=False, LSE_AHEAD=False) | sched,
+                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d)),
         arch=90, num_warps=4, num_stages=1,
         name=f"bwd_main_ws D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
 
-@pytest.mark.parametrize("d,causal,bq,async_dots,lse_ahead", [
-    (64, False, False, False, False), (64, True, True, False, False),
-    (128, False, False, False, False), (128, True, True, False, False),
-    (128, True, False, False, False), (128, False, True, False, False),
-    (64, True, True, True, False), (128, False, False, True, False),
-    (128, True, True, True, False),
-    # LSE_AHEAD: the next Q block's LSE / delta loaded during this one, loop-carried
-    (64, False, True, False, True), (64, True, False, False, True),
-    (128, False, False, False, True), (128, True, False, False, True),
-    (128, True, True, False, True), (64, True, True, True, True),
-    (128, True, False, True, True), (128, False, True, True, True)])
-def test_ws_compiles(d, causal, bq, async_dots, lse_ahead):
-    rep, ttgir = compile_ws(d, causal, bq, ASYNC_DOTS=async_dots, LSE_AHEAD=lse_ahead)
-    # wait-0s in the TTGIR: the pipeliner's one after every dot in a loop, or (ASYNC_DOTS)
-    # only the kernel's own
-    print(rep.row(), f" ASYNC_DOTS={int(async_dots)} LSE_AHEAD={int(lse_ahead)} "
-          f"wait0={ttgir.count('pendings = 0')}")
+@pytest.mark.parametrize("bq", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_ws_compiles(d, causal, bq):
+    rep, ttgir = compile_ws(d, causal, bq)
+    print(rep.row(), f" wait0={ttgir.count('pendings = 0')}")
     assert rep.has_mma and rep.setmaxnreg  # setmaxnreg gone: the register budget was exceeded
     assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
     # D=128 spilled 24-54 instructions in the tile loop while the K_c/V_c descriptors
     # were held across the Q-block loop; 64-row steps or whole-tile dK/dV pointer tensors
     # spilled 500+
     assert not rep.spills, f"spills: {rep.row()}"
-    if lse_ahead:  # each consumer's Q loop carries LSE and delta, [BLOCK_M] vectors in a
-        # slice of the S^T accumulator layout (loaded in it: no layout conversion)
-        import re
-        bm = bw.config(d)["BLOCK_M"]
-        vec = rf"tensor<{bm}xf32, #ttg\.slice<\{{dim = 0, parent = #mma\d*\}}>>"
-        loops = [ln for ln in ttgir.splitlines()
-                 if "scf.for" in ln and len(re.findall(vec, ln.split("->")[-1])) == 2]
-        assert len(loops) == 2, f"Q loops carrying LSE / delta: {len(loops)}"
-        loads = re.findall(rf"tt\.load %\S+, %\S+, %\S+ : (tensor<{bm}x!tt\.ptr<f32>, [^>]*>>)",
-                           ttgir)
-        assert loads and all("slice<{dim = 0, parent = #mma" in t for t in loads), loads
+    # each consumer's Q loop carries the next step's LSE and delta, [BLOCK_M] vectors in a
+    # slice of the S^T accumulator layout (loaded in it: no layout conversion)
+    import re
+    bm = bw.config(d)["BLOCK_M"]
+    vec = rf"tensor<{bm}xf32, #ttg\.slice<\{{dim = 0, parent = #mma\d*\}}>>"
+    loops = [ln for ln in ttgir.splitlines()
+             if "scf.for" in ln and len(re.findall(vec, ln.split("->")[-1])) == 2]
+    assert len(loops) == 2, f"Q loops carrying LSE / delta: {len(loops)}"
+    loads = re.findall(rf"tt\.load %\S+, %\S+, %\S+ : (tensor<{bm}x!tt\.ptr<f32>, [^>]*>>)",
+                       ttgir)
+    assert loads and all("slice<{dim = 0, parent = #mma" in t for t in loads), loads
 
 
 def test_ws_replicas_get_their_own_dq_stage():
