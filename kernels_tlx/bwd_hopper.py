@@ -11,7 +11,10 @@ Three kernels, named after their roles:
     tiles, longest first. The tile list is built on the GPU with torch ops from the
     offsets (`harness.tiles.kv_tiles`; no host sync): every (sequence, KV block) is a tile,
     its work is the number of Q blocks that see it, tiles are sorted by work
-    (descending, stable) and dealt round-robin to the programs. Per tile the body is
+    (descending, stable; causal: by their sequence's largest tile, so a sequence's
+    tiles run together and share its Q / dO rows in L2) and dealt round-robin to the
+    programs. On the GPU the default main kernel is the warp-specialized
+    `_bwd_main_ws` (bwd_hopper_ws.py), the same roles as tasks. Per tile the body is
     a table of contents:
         schedule  -> which tile (batch, KV block, KV head), its Q-block range
         load      -> K, V of the tile (once); then Q, dO, LSE, delta per Q block
@@ -426,9 +429,10 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
              impl=None, deterministic=False, config=None, dlse=None):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design.
 
-    impl: "triton" (the plain persistent kernel above, default) or "ws" (the
-    warp-specialized TLX kernel of bwd_hopper_ws.py); env JAGGED_BWD_IMPL sets the
-    default. deterministic: see the module docstring (bitwise for broadcast-Q).
+    impl: "ws" (the warp-specialized TLX kernel of bwd_hopper_ws.py, the default on the
+    GPU: faster on every gem-jagged and llm-dense row of the H200, PERF.md session 7) or
+    "triton" (the plain persistent kernel above: the interpreter's and the deterministic
+    path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
     "ws" kernel always runs WS_CONFIG. dlse: the gradient on lse (harness.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
