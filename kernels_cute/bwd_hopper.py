@@ -10,7 +10,8 @@ reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
 one bulk reduce per step. Differences from the TLX ws kernel (session 2): 64-row steps
 here (TLX: 32, which its register allocation needs at D = 128), one K/V stage (TLX: two),
-dK/dV stored from registers (TLX: through smem in 16-row slices), dQ = dS K with the
+dK/dV stored from registers (TLX: through smem in 16-row slices; here too with the
+`dkvsmem` switch), dQ = dS K with the
 query rows as M (TLX: dQ^T = K^T dS^T with the head dim as M, which needs D / 2 >= 64,
 so at D = 64 each TLX consumer forms a full-D partial over its own keys); no
 `deterministic` option yet.
@@ -85,6 +86,7 @@ PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
+STORE_BARRIER = 4       # + warpgroup (4, 5), dkvsmem: a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
@@ -97,6 +99,9 @@ POST_VEC = 8
 #   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduces D / 8 boxes): the
 #          accumulator's STS.64 are conflict-free (row-major: 8 wavefronts, not 2; a 128B
 #          swizzle needs 16 live STS addresses and spills).
+#   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
+#          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
+#          released after the store. Off by default until measured.
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -107,8 +112,8 @@ POST_VEC = 8
 # (-7 %), off for causal (+16 % with them; cause not yet known). dqord,dqblk passed the
 # GPU oracle on 13 problems, all modes.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk")
-DEFAULT_OPTS = {False: frozenset(OPTS), True: frozenset()}   # by causal
+OPTS = ("dqord", "dqblk", "dkvsmem")
+DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk"}), True: frozenset()}   # by causal
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
@@ -352,6 +357,10 @@ def _kernel_classes():
             sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
             sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            # sV with the swizzle in the layout, for dkvsmem's 16-byte reads: their row
+            # offsets fold into immediates (through the swizzled pointer: an XOR chain per
+            # row, hoisted out of the tile loop, and spills)
+            sVst = storage.sV.get_tensor(sV_layout)
 
             sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
             pipeline.pipeline_init_wait()
@@ -367,7 +376,7 @@ def _kernel_classes():
             else:
                 cute.arch.setmaxregister_increase(MMA_REGS)
                 tidx = cute.arch.thread_idx()[0] - 128
-                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ,
+                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
                              pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv,
                              tiled_mma_dq, tidx, scale, sched)
 
@@ -471,7 +480,7 @@ def _kernel_classes():
 
         # ------------------------------------------------------------------ compute
         @cute.jit
-        def compute(self, mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ,
+        def compute(self, mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
                     pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                     tidx, scale, sched):
             """The two compute warpgroups: every step of every tile, then `store`."""
@@ -489,6 +498,9 @@ def _kernel_classes():
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
             tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
             tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            # one 64-row M block a warpgroup: warpgroup w reads V rows 64w.. only (dkvsmem
+            # stages its dK, dV there)
+            assert cute.size(tPrV, mode=[1]) == 1
             tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
             shape_S = wg_sdp.partition_shape_C((BLOCK_N, BLOCK_M))
             # dV += P^T dO, dK += dS^T Q (A from registers)
@@ -547,12 +559,18 @@ def _kernel_classes():
                     self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
                                       scale_log2, raw, prefetch)
                     q_state.advance()
-                # sK / sV are free once this step's last wgmma is done (waited above)
-                pipeline_kv.consumer_release(kv_state)
-                kv_state.advance()
+                dkvsmem = "dkvsmem" in self.opts
+                if const_expr(not dkvsmem):
+                    # sK / sV are free once this step's last wgmma is done (waited above)
+                    pipeline_kv.consumer_release(kv_state)
                 # ---- store dK, dV
                 self.store(mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
-                           scale)
+                           scale, (sV, sVst), tiled_mma_dkv, tidx)
+                if const_expr(dkvsmem):
+                    # the store wrote sV (generic proxy): order it before the next TMA write
+                    cute.arch.fence_view_async_shared()
+                    pipeline_kv.consumer_release(kv_state)
+                kv_state.advance()
                 t += step
 
         @cute.jit
@@ -699,21 +717,60 @@ def _kernel_classes():
         # ------------------------------------------------------------------ store
         @cute.jit
         def store(self, mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
-                  scale):
+                  scale, stage, tiled_mma_dkv, tidx):
             """dK (times the softmax scale) and dV of the tile, in the input dtype; rows
-            past the sequence end are never written."""
-            gdK = head_tile(mdK, k_start + n0, hk, BLOCK_N, self.D)
-            gdV = head_tile(mdV, k_start + n0, hk, BLOCK_N, self.D)
+            past the sequence end are never written (they belong to the next sequence).
+            Default: straight from the accumulators (per-element STG.U16). dkvsmem: each
+            warpgroup stages them in its own half of sV, then 16-byte stores."""
+            D = self.D
             rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
             rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
             rdK.store((acc_dK.load() * scale).to(self.dtype))
             rdV.store(acc_dV.load().to(self.dtype))
-            tdKgdK, tdVgdV = thr_dkv.partition_C(gdK), thr_dkv.partition_C(gdV)
-            rows_left = len_k - n0
-            for i in cutlass.range_constexpr(cute.size(rdK)):
-                if tdKcdK[i][0] < rows_left:
-                    tdKgdK[i] = rdK[i]
-                    tdVgdV[i] = rdV[i]
+            if const_expr("dkvsmem" not in self.opts):
+                gdK = head_tile(mdK, k_start + n0, hk, BLOCK_N, D)
+                gdV = head_tile(mdV, k_start + n0, hk, BLOCK_N, D)
+                tdKgdK, tdVgdV = thr_dkv.partition_C(gdK), thr_dkv.partition_C(gdV)
+                rows_left = len_k - n0
+                for i in cutlass.range_constexpr(cute.size(rdK)):
+                    if tdKcdK[i][0] < rows_left:
+                        tdKgdK[i] = rdK[i]
+                        tdVgdV[i] = rdV[i]
+            else:
+                # Warpgroup w's dP^T wgmma reads V rows 64w.. only (see tPrV), its dK / dV
+                # rows are the same 64 keys, and its last wgmma was waited for
+                # (wait_group(0) ending compute_step): that half may be overwritten without
+                # syncing with the other warpgroup, which still reads its own half.
+                rows = BLOCK_N // NUM_MMA_WG
+                wg = cute.arch.make_warp_uniform(tidx // 128)
+                r2s = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
+                        transpose=False, num_matrices=4), self.dtype), tiled_mma_dkv)
+                thr_r2s = r2s.get_slice(tidx)
+                sV, sVst = stage          # two views of sV (see kernel)
+                tRsV = thr_r2s.partition_D(sV)
+                # smem -> gmem: D / 8 threads a row, 16 B each (LDS.128, STG.128)
+                tpr = D // 8
+                s2g = cute.make_tiled_copy_tv(
+                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                        num_bits_per_copy=128),
+                    cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0)),
+                    cute.make_layout((1, 8)))
+                thr_s2g = s2g.get_slice(tidx % 128)
+                tOsV = thr_s2g.partition_S(cute.local_tile(sVst, (rows, D), (wg, 0)))
+                tOcV = thr_s2g.partition_S(cute.make_identity_tensor((rows, D)))
+                rows_left = len_k - n0 - wg * rows      # of this warpgroup's 64 keys
+                for x, (r, m) in enumerate(((rdK, mdK), (rdV, mdV))):
+                    tOgX = thr_s2g.partition_D(head_tile(m, k_start + n0, hk, rows, D, (wg, 0)))
+                    if const_expr(x > 0):   # every thread has read dK out of the half
+                        cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
+                    cute.copy(r2s, thr_r2s.retile(r), tRsV)
+                    cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
+                    rX = cute.make_fragment_like(tOsV)
+                    cute.autovec_copy(tOsV, rX)     # all loads first, then the stores
+                    for i in cutlass.range_constexpr(cute.size(tOgX, mode=[1])):
+                        if tOcV[0, i, 0][0] < rows_left:
+                            cute.copy(s2g, rX[None, i, None], tOgX[None, i, None])
 
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast

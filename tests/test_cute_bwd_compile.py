@@ -74,8 +74,8 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
-    """The other setting of the A/B switches (non-causal: none, causal: all): compiles,
-    wgmma, no spills at ptxas."""
+    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem
+    included): compiles, wgmma, no spills at ptxas."""
     spec = "all" if causal else "none"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))")
@@ -88,18 +88,40 @@ def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
         assert res[1] == 0, f"register spills: {res}"
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_main_dkvsmem_compiles(tmp_path, D):
+    """dkvsmem (non-causal, with dqord,dqblk: the A/B candidate): dK, dV leave through sV
+    as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128 threads / 8), and
+    no per-element ones; no spills at ptxas. (Causal: test_bwd_main_ab_switches_compile.)"""
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, "
+                              f"opts=B.bwd_opts(False, 'dqord,dqblk,dkvsmem'))")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert "stmatrix.sync.aligned" in ptx
+    assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == D // 8
+    assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx), "per-element dK/dV stores"
+    res = _ptxas(path)
+    print(f"D={D} dkvsmem: ptxas (registers, spill bytes): {res}")
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+
+
 def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
-    assert bwd_opts(False) == {"dqord", "dqblk"} == set(OPTS)   # measured defaults
+    nc = {"dqord", "dqblk"}                                      # measured defaults
+    assert set(OPTS) == nc | {"dkvsmem"}                         # dkvsmem: opt-in
+    assert bwd_opts(False) == nc
     assert bwd_opts(True) == frozenset()
-    assert bwd_opts(False, "") == set(OPTS) and bwd_opts(True, " ") == frozenset()
+    assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == frozenset()
     assert bwd_opts(False, "none") == frozenset()
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
+    assert bwd_opts(False, "dqord,dqblk,dkvsmem") == set(OPTS)
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
-    assert bwd_opts(False) == set(OPTS) and bwd_opts(True) == frozenset()
+    assert bwd_opts(False) == nc and bwd_opts(True) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "none")
     assert bwd_opts(False) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "dqord")
