@@ -102,6 +102,9 @@ POST_VEC = 8
 #   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
 #          released after the store. Off by default until measured.
+#   qfirst  `load` issues a tile's first Q_STAGES Q / dO loads before its K/V load, so they
+#          do not wait for the previous tile's K/V release (with dkvsmem: after its store).
+#          Off by default until measured.
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -112,7 +115,7 @@ POST_VEC = 8
 # (-7 %), off for causal (+16 % with them; cause not yet known). dqord,dqblk passed the
 # GPU oracle on 13 problems, all modes.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem")
+OPTS = ("dqord", "dqblk", "dkvsmem", "qfirst")
 DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk"}), True: frozenset()}   # by causal
 
 
@@ -434,7 +437,8 @@ def _kernel_classes():
         def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
                  tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
                  pipeline_kv, pipeline_q, sched):
-            """The load warp: per tile `load_kv`, then `load_q` for every step."""
+            """The load warp: per tile `load_kv`, then `load_q` for every step (qfirst: the
+            tile's first Q_STAGES `load_q` before `load_kv`)."""
             group = sched[8]
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
@@ -442,16 +446,42 @@ def _kernel_classes():
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
-                self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
-                             k_start + n0, hk)
-                kv_state.advance()
-                for j in cutlass.range(group * n_m, unroll=1):
-                    h = hk * group + j // n_m
-                    m0 = m_lo + (j % n_m) * BLOCK_M
-                    self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                                q_start + m0, o_start + m0, h)
+                # the states stay out of these tuples: the loops rebind them
+                kv_args = (mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv)
+                q_args = (mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q)
+                rows = (hk, group, n_m, m_lo, q_start, o_start)
+                n_early = 0
+                # (K/V first in the text of both branches: the loop state keeps its order,
+                # and the default build its exact SASS)
+                if const_expr("qfirst" not in self.opts):
+                    self.load_kv(*kv_args, kv_state, k_start + n0, hk)
+                    kv_state.advance()
+                else:
+                    # Only the interleaving of the two producers changes; each pipeline's
+                    # own order (so its phases) is as before. No deadlock: these acquires
+                    # wait for the ring slots of the last Q_STAGES steps before this tile,
+                    # which wait only on loads issued earlier (their tile's K/V and Q),
+                    # never on this tile's K/V acquire (that one waits for the previous
+                    # tile's store, after all its steps). n_m == 0: no Q loads, K/V still
+                    # loaded (compute waits on it, then stores zeros).
+                    n_early = cutlass.min(Q_STAGES, group * n_m)
+                    for j in cutlass.range(n_early, unroll=1):
+                        self.load_q(*q_args, q_state, *self.q_rows(j, *rows))
+                        q_state.advance()
+                    self.load_kv(*kv_args, kv_state, k_start + n0, hk)
+                    kv_state.advance()
+                for j in cutlass.range(n_early, group * n_m, unroll=1):
+                    self.load_q(*q_args, q_state, *self.q_rows(j, *rows))
                     q_state.advance()
                 t += step
+
+        @cute.jit
+        def q_rows(self, j, hk, group, n_m, m_lo, q_start, o_start):
+            """Step j of a tile -> (Q row, dO row, query head): head hk * group + j // n_m,
+            Q block j % n_m."""
+            h = hk * group + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            return q_start + m0, o_start + m0, h
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,

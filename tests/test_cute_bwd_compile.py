@@ -74,8 +74,8 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
-    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem
-    included): compiles, wgmma, no spills at ptxas."""
+    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem and
+    qfirst included): compiles, wgmma, no spills at ptxas."""
     spec = "all" if causal else "none"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))")
@@ -88,21 +88,25 @@ def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
         assert res[1] == 0, f"register spills: {res}"
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_bwd_main_dkvsmem_compiles(tmp_path, D):
-    """dkvsmem (non-causal, with dqord,dqblk: the A/B candidate): dK, dV leave through sV
-    as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128 threads / 8), and
-    no per-element ones; no spills at ptxas. (Causal: test_bwd_main_ab_switches_compile.)"""
+@pytest.mark.parametrize("D,spec", [(64, "dqord,dqblk,dkvsmem"), (128, "dqord,dqblk,dkvsmem"),
+                                    (128, "dqord,dqblk,dkvsmem,qfirst")])
+def test_bwd_main_dkvsmem_compiles(tmp_path, D, spec):
+    """dkvsmem (non-causal, with dqord,dqblk: the A/B candidate; and with qfirst): dK, dV
+    leave through sV as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128
+    threads / 8), and no per-element ones; qfirst: `load` emits the Q / dO acquire twice
+    (the early loads, then the rest), so 3 expect_tx, not 2; no spills at ptxas. (Causal:
+    test_bwd_main_ab_switches_compile.)"""
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, "
-                              f"opts=B.bwd_opts(False, 'dqord,dqblk,dkvsmem'))")
+                              f"opts=B.bwd_opts(False, {spec!r}))")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
     assert "stmatrix.sync.aligned" in ptx
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == D // 8
     assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx), "per-element dK/dV stores"
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2 + ("qfirst" in spec)
     res = _ptxas(path)
-    print(f"D={D} dkvsmem: ptxas (registers, spill bytes): {res}")
+    print(f"D={D} {spec}: ptxas (registers, spill bytes): {res}")
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
 
@@ -111,7 +115,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = {"dqord", "dqblk"}                                      # measured defaults
-    assert set(OPTS) == nc | {"dkvsmem"}                         # dkvsmem: opt-in
+    assert set(OPTS) == nc | {"dkvsmem", "qfirst"}               # opt-in
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == frozenset()
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == frozenset()
@@ -119,7 +123,7 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
-    assert bwd_opts(False, "dqord,dqblk,dkvsmem") == set(OPTS)
+    assert bwd_opts(False, "dqord,dqblk,dkvsmem,qfirst") == set(OPTS)
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
     assert bwd_opts(False) == nc and bwd_opts(True) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "none")
