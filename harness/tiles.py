@@ -307,7 +307,7 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
                    order == "seq" and bool(causal))
 
 
-def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=False):
+def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB

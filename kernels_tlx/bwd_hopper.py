@@ -432,7 +432,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     impl: "ws" (the warp-specialized TLX kernel of bwd_hopper_ws.py, the default on the
     GPU: faster on every gem-jagged and llm-dense row of the H200, PERF.md session 7) or
     "triton" (the plain persistent kernel above: the interpreter's and the deterministic
-    path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module docstring (bitwise for broadcast-Q).
+    path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module
+    docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
     "ws" kernel always runs WS_CONFIG. dlse: the gradient on lse (harness.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
@@ -491,8 +492,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
-            num_warps=4, num_stages=1)
+            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), num_warps=4, num_stages=1)
     else:
         dq_desc = _desc(dq_acc, BM, D)
         _bwd_main[(grid_main,)](
