@@ -362,8 +362,14 @@ def _kernel_classes():
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
             # sV with the swizzle in the layout, for dkvsmem's 16-byte reads: their row
             # offsets fold into immediates (through the swizzled pointer: an XOR chain per
-            # row, hoisted out of the tile loop, and spills)
-            sVst = storage.sV.get_tensor(sV_layout)
+            # row, hoisted out of the tile loop, and spills). The atom's swizzle counts
+            # bytes (a pointer swizzle) but a layout's counts elements: shift its base by
+            # log2 of the element size (S<3,4,3> -> S<3,3,3> for 16 bits; with the atom's
+            # own swizzle, session 7's build, every dK / dV came out permuted).
+            sw, log2_bytes = sV_layout.inner, (self.dtype.width // 8).bit_length() - 1
+            sVst = storage.sV.get_tensor(cute.make_composed_layout(
+                cute.make_swizzle(sw.num_bits, sw.num_base - log2_bytes, sw.num_shift), 0,
+                sV_layout.outer))
 
             sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
             pipeline.pipeline_init_wait()
