@@ -101,10 +101,8 @@ POST_VEC = 8
 #          swizzle needs 16 live STS addresses and spills).
 #   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
-#          released after the store. Off by default until measured.
-#   qfirst  `load` issues a tile's first Q_STAGES Q / dO loads before its K/V load, so they
-#          do not wait for the previous tile's K/V release (with dkvsmem: after its store).
-#          Off by default until measured.
+#          released after the store. Measured a large win (below), still opt-in: its
+#          200-problem GPU matrix has not run (15 oracle problems, all modes, have).
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -114,8 +112,14 @@ POST_VEC = 8
 # (pds2: dS^T double-buffered, q3: a 3-deep Q / dO ring.) Hence both on for non-causal
 # (-7 %), off for causal (+16 % with them; cause not yet known). dqord,dqblk passed the
 # GPU oracle on 13 problems, all modes.
+# Session 8, gem-jagged B1152 H4 D128 bf16 (GPU ms, torch.profiler, one process):
+#                                 256 / s0.5   512 / s0.9
+#   dqord,dqblk (the default)        1.346        5.412
+#   + dkvsmem                        0.964        4.187
+#   + dkvsmem + qfirst               0.969            -   <- qfirst (a tile's first Q/dO
+#   + qfirst                         1.342            -      loads before its K/V): deleted
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem", "qfirst")
+OPTS = ("dqord", "dqblk", "dkvsmem")
 DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk"}), True: frozenset()}   # by causal
 
 
@@ -171,7 +175,8 @@ def _kernel_classes():
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
 
-    from .fragments import acc_as_operand_a, acc_rows_cols, head_tile, tma_tiles, wgmma
+    from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
+                            tma_tiles, wgmma)
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
@@ -362,14 +367,9 @@ def _kernel_classes():
             sdQ = storage.sdQ.get_tensor(sdQ_layout)
             # sV with the swizzle in the layout, for dkvsmem's 16-byte reads: their row
             # offsets fold into immediates (through the swizzled pointer: an XOR chain per
-            # row, hoisted out of the tile loop, and spills). The atom's swizzle counts
-            # bytes (a pointer swizzle) but a layout's counts elements: shift its base by
-            # log2 of the element size (S<3,4,3> -> S<3,3,3> for 16 bits; with the atom's
-            # own swizzle, session 7's build, every dK / dV came out permuted).
-            sw, log2_bytes = sV_layout.inner, (self.dtype.width // 8).bit_length() - 1
-            sVst = storage.sV.get_tensor(cute.make_composed_layout(
-                cute.make_swizzle(sw.num_bits, sw.num_base - log2_bytes, sw.num_shift), 0,
-                sV_layout.outer))
+            # row, hoisted out of the tile loop, and spills). In elements: session 7's view
+            # with the atom's byte swizzle permuted every dK / dV on the GPU.
+            sVst = storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype))
 
             sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
             pipeline.pipeline_init_wait()
@@ -443,8 +443,7 @@ def _kernel_classes():
         def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
                  tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
                  pipeline_kv, pipeline_q, sched):
-            """The load warp: per tile `load_kv`, then `load_q` for every step (qfirst: the
-            tile's first Q_STAGES `load_q` before `load_kv`)."""
+            """The load warp: per tile `load_kv`, then `load_q` for every step."""
             group = sched[8]
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
@@ -456,27 +455,9 @@ def _kernel_classes():
                 kv_args = (mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv)
                 q_args = (mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q)
                 rows = (hk, group, n_m, m_lo, q_start, o_start)
-                n_early = 0
-                # (K/V first in the text of both branches: the loop state keeps its order,
-                # and the default build its exact SASS)
-                if const_expr("qfirst" not in self.opts):
-                    self.load_kv(*kv_args, kv_state, k_start + n0, hk)
-                    kv_state.advance()
-                else:
-                    # Only the interleaving of the two producers changes; each pipeline's
-                    # own order (so its phases) is as before. No deadlock: these acquires
-                    # wait for the ring slots of the last Q_STAGES steps before this tile,
-                    # which wait only on loads issued earlier (their tile's K/V and Q),
-                    # never on this tile's K/V acquire (that one waits for the previous
-                    # tile's store, after all its steps). n_m == 0: no Q loads, K/V still
-                    # loaded (compute waits on it, then stores zeros).
-                    n_early = cutlass.min(Q_STAGES, group * n_m)
-                    for j in cutlass.range(n_early, unroll=1):
-                        self.load_q(*q_args, q_state, *self.q_rows(j, *rows))
-                        q_state.advance()
-                    self.load_kv(*kv_args, kv_state, k_start + n0, hk)
-                    kv_state.advance()
-                for j in cutlass.range(n_early, group * n_m, unroll=1):
+                self.load_kv(*kv_args, kv_state, k_start + n0, hk)
+                kv_state.advance()
+                for j in cutlass.range(group * n_m, unroll=1):
                     self.load_q(*q_args, q_state, *self.q_rows(j, *rows))
                     q_state.advance()
                 t += step

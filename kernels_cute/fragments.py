@@ -10,6 +10,17 @@ def head_tile(m, row, h, rows, cols, coord=(0, 0)):
     return cute.local_tile(cute.domain_offset((row, 0), m[None, None, h]), (rows, cols), coord)
 
 
+def element_swizzled(layout, dtype):
+    """A smem atom layout (swizzle o 0 o outer) with its swizzle in elements: the atom's
+    swizzle counts bytes (it is meant for the pointer, `get_tensor(outer, swizzle=inner)`),
+    but a layout's counts elements. S<3,4,3> -> S<3,3,3> for 16 bits. A view through this
+    layout addresses the same bytes as the pointer-swizzled one, with the swizzle folded
+    into static offsets."""
+    sw, log2_bytes = layout.inner, (dtype.width // 8).bit_length() - 1
+    return cute.make_composed_layout(
+        cute.make_swizzle(sw.num_bits, sw.num_base - log2_bytes, sw.num_shift), 0, layout.outer)
+
+
 def tma_tiles(tma_atom, s, g):
     """(smem, gmem) TMA partitions of an smem buffer and a gmem box, one CTA."""
     return cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),

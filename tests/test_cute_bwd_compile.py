@@ -74,8 +74,8 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
-    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem and
-    qfirst included): compiles, wgmma, no spills at ptxas."""
+    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem
+    included): compiles, wgmma, no spills at ptxas."""
     spec = "all" if causal else "none"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))")
@@ -88,14 +88,12 @@ def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
         assert res[1] == 0, f"register spills: {res}"
 
 
-@pytest.mark.parametrize("D,spec", [(64, "dqord,dqblk,dkvsmem"), (128, "dqord,dqblk,dkvsmem"),
-                                    (128, "dqord,dqblk,dkvsmem,qfirst")])
-def test_bwd_main_dkvsmem_compiles(tmp_path, D, spec):
-    """dkvsmem (non-causal, with dqord,dqblk: the A/B candidate; and with qfirst): dK, dV
-    leave through sV as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128
-    threads / 8), and no per-element ones; qfirst: `load` emits the Q / dO acquire twice
-    (the early loads, then the rest), so 3 expect_tx, not 2; no spills at ptxas. (Causal:
-    test_bwd_main_ab_switches_compile.)"""
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_main_dkvsmem_compiles(tmp_path, D):
+    """dkvsmem (non-causal, with dqord,dqblk: the candidate default): dK, dV leave through
+    sV as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128 threads / 8), and
+    no per-element ones; no spills at ptxas. (Causal: test_bwd_main_ab_switches_compile.)"""
+    spec = "dqord,dqblk,dkvsmem"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, "
                               f"opts=B.bwd_opts(False, {spec!r}))")
     if path is None:
@@ -104,7 +102,7 @@ def test_bwd_main_dkvsmem_compiles(tmp_path, D, spec):
     assert "stmatrix.sync.aligned" in ptx
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == D // 8
     assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx), "per-element dK/dV stores"
-    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2 + ("qfirst" in spec)
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2   # K/V, Q/dO
     res = _ptxas(path)
     print(f"D={D} {spec}: ptxas (registers, spill bytes): {res}")
     if res is not None:
@@ -115,7 +113,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = {"dqord", "dqblk"}                                      # measured defaults
-    assert set(OPTS) == nc | {"dkvsmem", "qfirst"}               # opt-in
+    assert set(OPTS) == nc | {"dkvsmem"}                          # opt-in
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == frozenset()
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == frozenset()
@@ -123,7 +121,9 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
-    assert bwd_opts(False, "dqord,dqblk,dkvsmem,qfirst") == set(OPTS)
+    assert bwd_opts(False, "dqord,dqblk,dkvsmem") == set(OPTS)
+    with pytest.raises(ValueError):
+        bwd_opts(False, "qfirst")                                # measured, deleted
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
     assert bwd_opts(False) == nc and bwd_opts(True) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "none")
@@ -165,3 +165,55 @@ def test_backward_dispatch(monkeypatch):
     assert kernels_cute._backward() == "hopper"
     monkeypatch.setenv("JAGGED_CUTE_BWD", "portable")
     assert kernels_cute._backward() == "portable"
+
+
+def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
+    """`element_swizzled` (dkvsmem's sV read view) addresses the bytes TMA and stmatrix
+    wrote: the 128B swizzle XORs byte-address bits 4-6 with bits 7-9. Session 7's view
+    used the atom's byte swizzle on element offsets: it compiled, and every dK / dV came
+    out permuted on the GPU."""
+    # the DSL compiles from source files only
+    (tmp_path / "swizzle_check.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        import cutlass, cutlass.cute as cute
+        from cutlass.cute.nvgpu import warpgroup
+        from cutlass.utils import LayoutEnum
+        import cutlass.utils.hopper_helpers as sm90
+        from kernels_cute.fragments import element_swizzled
+
+        # (row, col) whose element_swizzled offset is not the hardware's; plain Python,
+        # traced inside `check` (the DSL rewrites control flow in jit functions only)
+        def mismatches(dt, D):
+            atom = warpgroup.make_smem_layout_atom(
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
+            L = cute.tile_to_shape(atom, (128, D), (0, 1))
+            E = element_swizzled(L, dt)
+            bad = []
+            for r in range(16):
+                for c in range(D):
+                    b = 2 * cute.crd2idx((r, c), L.outer)
+                    if cute.crd2idx((r, c), E) != (b ^ (((b >> 7) & 7) << 4)) // 2:
+                        bad.append((r, c))
+            return bad
+
+        FOUND = {{}}
+
+        def run():
+            for dt in (cutlass.BFloat16, cutlass.Float16):
+                for D in (64, 128):
+                    FOUND[(str(dt), D)] = mismatches(dt, D)
+
+        @cute.jit
+        def check():
+            run()
+    """))
+    compile_in_subprocess(tmp_path, textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import cutlass.cute as cute, swizzle_check
+        cute.compile(swizzle_check.check)
+        assert len(swizzle_check.FOUND) == 4, swizzle_check.FOUND
+        assert not any(swizzle_check.FOUND.values()), swizzle_check.FOUND
+        print("COMPILED")
+    """), timeout=300)
