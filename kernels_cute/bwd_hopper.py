@@ -451,24 +451,16 @@ def _kernel_classes():
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
-                # the states stay out of these tuples: the loops rebind them
-                kv_args = (mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv)
-                q_args = (mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q)
-                rows = (hk, group, n_m, m_lo, q_start, o_start)
-                self.load_kv(*kv_args, kv_state, k_start + n0, hk)
+                self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
+                             k_start + n0, hk)
                 kv_state.advance()
                 for j in cutlass.range(group * n_m, unroll=1):
-                    self.load_q(*q_args, q_state, *self.q_rows(j, *rows))
+                    h = hk * group + j // n_m
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
+                                q_start + m0, o_start + m0, h)
                     q_state.advance()
                 t += step
-
-        @cute.jit
-        def q_rows(self, j, hk, group, n_m, m_lo, q_start, o_start):
-            """Step j of a tile -> (Q row, dO row, query head): head hk * group + j // n_m,
-            Q block j % n_m."""
-            h = hk * group + j // n_m
-            m0 = m_lo + (j % n_m) * BLOCK_M
-            return q_start + m0, o_start + m0, h
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
