@@ -53,6 +53,7 @@ NUM_THREADS = 128 * (NUM_MMA_WG + 1)
 LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
 EPILOGUE_BARRIER = 1   # named barrier ids (0 = syncthreads): consumers' epilogue,
 SCHED_BARRIER = 2      # and 2, 3: consumer 0 / 1 may issue its wgmmas (ping-pong)
+WG_EPILOGUE_BARRIER = 4  # and 4, 5: consumer 0 / 1's own epilogue (Config.wg_store)
 
 # CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
 OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
@@ -66,6 +67,10 @@ class Config:
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); compiled in
+    wg_store: bool = False      # opt-in: each consumer stores its own 64 O rows behind a
+                                # 128-thread barrier (as TLX), so the two warpgroups never
+                                # meet at a tile's end; off: one 256-thread epilogue
+                                # barrier (JAGGED_FWD_CONFIG=wg_store=1 for A/B runs)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -119,6 +124,7 @@ def _kernel_class():
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.head_chunk = cfg.head_chunk
+            self.wg_store = cfg.wg_store
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -167,7 +173,8 @@ def _kernel_class():
             cols = atom.outer.shape[1] // vec
             store_tiled_copy_O = cute.make_tiled_copy_tv(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
-                cute.make_ordered_layout((NUM_MMA_WG * 128 // cols, cols), order=(1, 0)),
+                cute.make_ordered_layout(((1 if self.wg_store else NUM_MMA_WG) * 128 // cols,
+                                          cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
 
             @cute.struct
@@ -514,17 +521,41 @@ def _kernel_class():
                 tiled_mma_pv)
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            if const_expr(self.wg_store):
+                # each warpgroup wrote (and now stores) only its own 64 rows
+                self.store_wg(sO, mO, store_tiled_copy_O, tidx, h, m0, out_start, rows_left)
+            else:
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,
+                                  number_of_threads=NUM_MMA_WG * 128)
 
-            thr_s2g = store_tiled_copy_O.get_slice(tidx)
-            tOsO = thr_s2g.partition_S(sO)
+                thr_s2g = store_tiled_copy_O.get_slice(tidx)
+                tOsO = thr_s2g.partition_S(sO)
+                tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+                cute.autovec_copy(tOsO, tOrO)
+                gO = head_tile(mO, out_start + m0, h, BLOCK_M, self.D)
+                tOgO = thr_s2g.partition_D(gO)
+                tOcO = thr_s2g.partition_S(cute.make_identity_tensor((BLOCK_M, self.D)))
+                for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                    if tOcO[0, i, 0][0] < rows_left:
+                        cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
+
+        @cute.jit
+        def store_wg(self, sO, mO, store_tiled_copy_O, tidx, h, m0, out_start, rows_left):
+            """Config.wg_store: O smem -> global for this warpgroup's 64 rows only, after
+            a barrier of its own 128 threads."""
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            rows = BLOCK_M // NUM_MMA_WG
+            cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
+            thr_s2g = store_tiled_copy_O.get_slice(tidx % 128)
+            tOsO = thr_s2g.partition_S(cute.local_tile(sO, (rows, self.D), (wg, 0)))
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
-            gO = head_tile(mO, out_start + m0, h, BLOCK_M, self.D)
+            gO = head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D)
             tOgO = thr_s2g.partition_D(gO)
-            tOcO = thr_s2g.partition_S(cute.make_identity_tensor((BLOCK_M, self.D)))
+            tOcO = thr_s2g.partition_S(cute.make_identity_tensor((rows, self.D)))
+            rows_left_wg = rows_left - wg * rows
             for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if tOcO[0, i, 0][0] < rows_left:
+                if tOcO[0, i, 0][0] < rows_left_wg:
                     cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
 
     return FwdHopper
