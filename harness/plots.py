@@ -14,15 +14,33 @@ import pandas as pd  # noqa: E402
 MARKERS = "osD^v<>pP*Xh"
 ORDER = ["tlx", "cute", "triton", "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-nested",
          "sdpa-nested-cudnn", "flex"]
+COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PERF.md)
 
 
 def load(csv_path) -> pd.DataFrame:
     df = pd.read_csv(csv_path, keep_default_na=False)
     for c in ("tflops", "ms", "sparsity", "max_seqlen_q", "max_seqlen_k", "batch", "heads",
-              "kv_heads", "head_dim"):
+              "kv_heads", "head_dim", "total_q", "total_k"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df["causal"] = df["causal"].astype(str) == "True"
+    df["tbps"] = df.apply(io_bytes, axis=1) / (df["ms"] * 1e-3) / 1e12
     return df
+
+
+def io_bytes(r) -> float:
+    """Bytes a call must move through HBM at the least (a lower bound: each tensor once).
+    fwd: read q, k, v; write out and the fp32 lse. bwd: read q, k, v, out, dout and lse;
+    write dq, dk, dv. Intermediates (delta, an fp32 dq accumulator) are not counted.
+    Broadcast-Q: one dense Q (total_q rows), outputs per batch element."""
+    el = 4 if r["dtype"] == "fp32" else 2
+    rows_q = r["total_q"]
+    rows_o = rows_q * r["batch"] if r["mode"] == "broadcast_q" else rows_q
+    q, o = rows_q * r["heads"] * r["head_dim"], rows_o * r["heads"] * r["head_dim"]
+    kv = 2 * r["total_k"] * r["kv_heads"] * r["head_dim"]
+    lse = 4 * rows_o * r["heads"]
+    if r["pass"] == "fwd":
+        return el * (q + kv + o) + lse
+    return el * (2 * q + 2 * kv + 2 * o) + lse       # + dq, dk, dv; + out, dout
 
 
 def ok(df) -> pd.DataFrame:
@@ -71,6 +89,7 @@ def _panels(df, suite, pass_, y, ylabel, title, path, hline=None):
         ax.grid(True, which="both", alpha=0.35)
         if hline is not None:
             ax.axhline(hline, color="k", linewidth=0.8)
+            ax.set_ylim(top=max(ax.get_ylim()[1], hline * 1.08))  # the line clear of the frame
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=8, loc="best")
     first = d.iloc[0]
@@ -137,6 +156,10 @@ def plot_all(out_dir) -> list[Path]:
         done.append(_panels(sp, "gem-jagged", ps, "speedup", "speedup over FA4 (x)",
                             "Speedup over flash-attn-4", out_dir / f"speedup_fa4_{ps}.png",
                             hline=1.0))
+        done.append(_panels(good, "gem-jagged", ps, "tbps",
+                            f"TB/s (least bytes / time; line: {COPY_TBPS} copy)",
+                            "Memory throughput", out_dir / f"bandwidth_{ps}.png",
+                            hline=COPY_TBPS))
     done.append(_bars(good, "llm-dense", out_dir / "llm_dense.png", "Dense LLM prefill",
                       lambda r: f"B{r.batch} H{r.heads}/{r.kv_heads} D{r.head_dim} "
                                 f"L{r.max_seqlen_q}" + (" causal" if r.causal else "")))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import backends
-from .plots import backends_in, load, ok, plot_all, speedup
+from .plots import COPY_TBPS, backends_in, load, ok, plot_all, speedup
 
 SUITE_ORDER = ["gem-jagged", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
 
@@ -97,8 +97,16 @@ def write_report(out_dir, charts=True) -> Path:
         s = sp[(sp["suite"] == suite) & (sp["backend"] != "fa4")]
         if not s.empty:
             md += ["Speedup over FA4 (x):", "", _table(s, "speedup", "{:.2f}"), ""]
+        short = g[(g["sparsity"] <= 0.1) & (g["mode"] != "broadcast_q")]
+        if suite == "gem-jagged" and not short.empty:
+            md += [f"Memory throughput at sparsity 0.1 (TB/s: the least bytes a call moves, "
+                   f"`plots.io_bytes`, over its time, against the ~{COPY_TBPS} TB/s copy "
+                   f"ceiling). The best cell reaches {short['tbps'].max() / COPY_TBPS:.0%} of "
+                   "it: bandwidth is not what bounds these short sequences (PERF.md: host "
+                   "time per call, per-tile fixed costs).", "",
+                   _table(short, "tbps", "{:.2f}"), ""]
         md += [f"![{p.stem}]({p.name})" for p in pngs if p.stem.startswith(suite)
-               or (suite == "gem-jagged" and p.stem.startswith("speedup"))
+               or (suite == "gem-jagged" and p.stem.startswith(("speedup", "bandwidth")))
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")

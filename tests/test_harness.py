@@ -142,11 +142,25 @@ def test_plots_and_report(tmp_path):
     pngs = plot_all(tmp_path)
     names = {p.name for p in pngs}
     assert {"gem-jagged_fwd.png", "gem-jagged_bwd.png", "speedup_fa4_fwd.png", "llm_dense.png",
-            "broadcast_q.png"} <= names
+            "broadcast_q.png", "bandwidth_fwd.png", "bandwidth_bwd.png"} <= names
     assert all(p.stat().st_size > 10_000 for p in pngs)
     md = write_report(tmp_path, charts=False).read_text()
     assert "## gem-jagged" in md and "Speedup over FA4" in md
+    assert "Memory throughput at sparsity 0.1" in md
     assert "| sdpa-flash | unsupported | fwd gem-jagged " in md and "takes no mask" in md
+
+
+def test_io_bytes_counts_each_tensor_once():
+    """The least bytes of a call, by hand: B2 H4/2 D64 bf16, 30 query rows, 50 key rows."""
+    from harness.plots import io_bytes
+    r = dict(dtype="bf16", total_q=30, total_k=50, heads=4, kv_heads=2, head_dim=64,
+             batch=2, mode="cross")
+    q, kv, lse = 30 * 4 * 64 * 2, 2 * 50 * 2 * 64 * 2, 30 * 4 * 4
+    assert io_bytes(dict(r, **{"pass": "fwd"})) == 2 * q + kv + lse       # q, k, v in; out
+    assert io_bytes(dict(r, **{"pass": "bwd"})) == 4 * q + 2 * kv + lse   # + dout, dq, dk, dv
+    # broadcast-Q: one dense Q, an output (and lse) per batch element
+    b = dict(r, mode="broadcast_q", **{"pass": "fwd"})
+    assert io_bytes(b) == q + kv + 2 * q + 2 * lse
 
 
 def test_line_counts(tmp_path):
