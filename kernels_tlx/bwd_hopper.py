@@ -172,6 +172,20 @@ def get_config(config) -> Config:
 # and the S^T, dP^T, P^T, dS^T and dQ^T tiles of 64 rows on top spill (compile-only,
 # PERF.md); 32 rows halve those.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
+# Opt-in, read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=64 runs the ws kernel's 64-row-step
+# variant at D = 128 (bwd_hopper_ws.py, M64: spill-free at 240 registers and 194 KB of smem
+# in compile-only checks; not yet run on a GPU).
+WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
+
+
+def ws_config(head_dim: int) -> Config:
+    """The ws kernel's tile: WS_CONFIG, or 64-row steps at D = 128 under WS_BLOCK_M_ENV."""
+    bm = int(os.environ.get(WS_BLOCK_M_ENV) or WS_CONFIG.block_m)
+    if bm not in (32, 64):
+        raise ValueError(f"{WS_BLOCK_M_ENV}={bm}: expected 32 or 64")
+    if head_dim != 128 or bm == WS_CONFIG.block_m:
+        return WS_CONFIG
+    return Config(block_m=bm, block_n=WS_CONFIG.block_n, num_warps=4, num_stages=1)
 
 
 def config(head_dim: int) -> dict:
@@ -450,7 +464,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     Nq = out.shape[0]
     dev = q.device
     if impl == "ws":
-        cfg = WS_CONFIG
+        cfg = ws_config(D)
     else:
         cfg = get_config(config if config is not None else
                          pick_config(D, max_k, causal, broadcast_q, k.shape[0] / max(B, 1)))

@@ -50,6 +50,21 @@ handoff and the next Q/dO wait lie between the LSE loads and the first LSE read,
 HGMMAs for delta; still 16 LDG a step, no spill. Measured on the H200 at llm-dense
 B8 H16 8192: 30.3 -> 25.4 ms non-causal (+19 %), 18.06 -> 15.85 ms causal (+14 %).
 
+64-row steps (opt-in, BLOCK_M = 64: JAGGED_BWD_WS_BLOCK_M=64; constexpr M64 below): N = 64
+S^T / dP^T / dQ^T wgmmas read a third less smem per row than N = 32 (a compile-only estimate
+puts most of the 32-row kernel's gap to FA4 there, PERF.md session 8). To fit, three changes
+apply only there (compile-only, sm_90a, D = 128:
+0 spills, 194 KB; measured on the way: 263 KB and 198 spills as is; with the first two
+changes 4 (causal 16) spill instructions at 232 registers, none at 240):
+  * one K/V stage (NKV = 1): 197 KB instead of 263; a tile switch waits for the previous
+    tile's stores (once per ~100 steps at long sequences);
+  * lse2 / delta staged by the load task per Q stage (lse_smem / delta_smem, 512 B), read
+    at use by the consumers instead of 2 x 16 registers carried a step ahead;
+  * reduce_dq folded into the load task (one step behind its loads), so 3 warpgroups
+    (384 threads) and 240 registers a consumer (REGS_COMPUTE_M64).
+The default (32-row) build compiles to the same SASS as before the variant (one
+broadcast-Q build: 4 instructions of the reduce warp in another order).
+
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
 """
@@ -66,6 +81,7 @@ NUM_BUF_KV = tl.constexpr(2)      # K/V stages: the next tile loads during this 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
 # setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
 REGS_COMPUTE = tl.constexpr(232)
+REGS_COMPUTE_M64 = tl.constexpr(240)  # 64-row steps: no reduce warp, 3 warpgroups
 REGS_REDUCE = tl.constexpr(24)
 DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
 
@@ -107,7 +123,11 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
          tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-         BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr):
+         BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+         NKV: tl.constexpr, lse_ptr=None, delta_ptr=None, stride_lse_h=None,
+         lse_smem=None, delta_smem=None,
+         dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
+         REDUCE_DQ: tl.constexpr = False):
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
@@ -115,6 +135,13 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
     first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
     i = 0
     qcnt = 0
+    if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
+        if BROADCAST_Q:
+            slot_row = (pid // HKV) * L_q
+        else:
+            slot_row = 0
+        dq_row = pid * 0  # the previous step's dQ rows and head
+        dq_h = pid * 0
     for t in range(first, n_tiles, step):
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
             t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
@@ -122,7 +149,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
         if BROADCAST_Q:
             hk = pid % HKV
         # K, V of the tile: one stage, freed by both consumers at the end of the tile
-        kvb, kph = _buf_phase(i, NUM_BUF_KV)
+        kvb, kph = _buf_phase(i, NKV)
         tlx.barrier_wait(kv_empty[kvb], kph ^ 1)
         tlx.barrier_expect_bytes(kv_full[kvb], 2 * ELT * BLOCK_N * D)
         krow = (k_start + n0).to(tl.int32)
@@ -136,14 +163,45 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
+            if lse_smem is not None:  # the step's lse2 / delta; LDG before the wait hides L2
+                offs = m0 + tl.arange(0, BLOCK_M)
+                off = h * stride_lse_h + o_start + offs
+                lse2 = lse_log2(tl.load(lse_ptr + off, mask=offs < len_q, other=float("inf")))
+                dl = tl.load(delta_ptr + off, mask=offs < len_q, other=0.0)
             tlx.barrier_wait(q_empty[buf], ph ^ 1)
+            if lse_smem is not None:
+                # plain st.shared, published by the expect-bytes arrive below: it is lowered
+                # as bar.sync over this warpgroup, then one thread's mbarrier.arrive
+                # (.release.cta), and the consumers' q_full wait acquires. So q_full keeps
+                # arrive_count 1 (that arrive + the TMA bytes), and q_empty (both consumers
+                # arrive after their last read of the stage) also guards these two rows.
+                tlx.local_store(lse_smem[buf], lse2)
+                tlx.local_store(delta_smem[buf], dl)
             tlx.barrier_expect_bytes(q_full[buf], 2 * ELT * BLOCK_M * D)
             tlx.async_descriptor_load(q_desc, q_smem[buf], [(q_start + m0).to(tl.int32), h * D],
                                       q_full[buf])
             tlx.async_descriptor_load(do_desc, do_smem[buf], [(o_start + m0).to(tl.int32), h * D],
                                       q_full[buf])
+            if REDUCE_DQ:
+                # reduce_dq folded in (3 warpgroups, so the consumers get 240 registers):
+                # step qcnt - 1's dQ, after step qcnt's loads were issued. No deadlock: the
+                # q_empty wait above needs the consumers past step qcnt - 2, whose dq_empty
+                # wait needed the reduce of step qcnt - 3 (done an iteration ago); this
+                # dq_full wait needs step qcnt - 1 done, whose Q/dO were issued a step ago
+                # and whose dq_empty wait needed the reduce of step qcnt - 2 (done). The
+                # K/V wait at a tile start needs only the previous tile's steps done, and
+                # those wait on reduces up to the one before their last step.
+                if qcnt > 0:
+                    _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
+                                 D, NC, DQ_COLS)
+                dq_row = (slot_row + q_start + m0).to(tl.int32)
+                dq_h = h
             qcnt += 1
         i += 1
+    if REDUCE_DQ:
+        if qcnt > 0:  # the last step's dQ
+            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
+                         D, NC, DQ_COLS)
 
 
 @triton.jit
@@ -155,7 +213,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-            DQ_COLS: tl.constexpr, cid: tl.constexpr):
+            DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
+            lse_smem=None, delta_smem=None):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -177,24 +236,26 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         offs_n = nc0 + tl.arange(0, BNC)
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
-        kvb, kph = _buf_phase(i, NUM_BUF_KV)
+        kvb, kph = _buf_phase(i, NKV)
         tlx.barrier_wait(kv_full[kvb], kph)
         kc = k_smem[kvb * NC + cid]
         vc = v_smem[kvb * NC + cid]
         # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all masked off when
         # n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
-        offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
-        off_0 = hk * G * stride_lse_h + o_start + offs_0
-        lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
-        delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
+        if lse_smem is None:  # (with lse_smem: staged per Q stage by the load task)
+            offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
+            off_0 = hk * G * stride_lse_h + o_start + offs_0
+            lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
+            delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
         for j in tl.range(0, G * n_m, num_stages=1):
             jm = j % n_m
             h = hk * G + j // n_m
             m0 = m_lo + jm * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
             offs_m = m0 + tl.arange(0, BLOCK_M)
-            lse = lse_nx  # loaded during the previous step (or before the loop)
-            delta = delta_nx
+            if lse_smem is None:
+                lse = lse_nx  # loaded during the previous step (or before the loop)
+                delta = delta_nx
             tlx.barrier_wait(q_full[buf], ph)
             qb = q_smem[buf]
             dob = do_smem[buf]
@@ -213,16 +274,19 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             # registers per value, no copies; it issues the LSE loads just before the dK
             # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
             # delta loads about as early.
-            more = j + 1 < G * n_m
-            wrap = jm == n_m - 1
-            h_nx = tl.where(more & wrap, h + 1, h)
-            m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
-            offs_nx = m0_nx + tl.arange(0, BLOCK_M)
-            rmask_nx = (offs_nx < len_q) & more
-            off_nx = h_nx * stride_lse_h + o_start + offs_nx
-            lse2 = lse_log2(lse)
-            lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
+            if lse_smem is None:
+                more = j + 1 < G * n_m
+                wrap = jm == n_m - 1
+                h_nx = tl.where(more & wrap, h + 1, h)
+                m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
+                offs_nx = m0_nx + tl.arange(0, BLOCK_M)
+                rmask_nx = (offs_nx < len_q) & more
+                off_nx = h_nx * stride_lse_h + o_start + offs_nx
+                lse2 = lse_log2(lse)
+                lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
             st = tlx.async_dot_wait(1, st)
+            if lse_smem is not None:  # read at use: no registers held across the step
+                lse2 = tlx.local_load(lse_smem[buf])
             pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
             keep = (offs_n < len_k)[:, None]
             if CAUSAL:
@@ -231,8 +295,11 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             lp = pt.to(dk_ptr.dtype.element_ty)
             dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
             dpt = tlx.async_dot_wait(1, dpt)
+            if lse_smem is not None:
+                delta = tlx.local_load(delta_smem[buf])
             dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
-            delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
+            if lse_smem is None:
+                delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
             sb = (qcnt % 2) * NC
             dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
             # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
@@ -321,16 +388,24 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
         for j in range(0, G * n_m):
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
-            row = (slot_row + q_start + m0).to(tl.int32)
-            for c in tl.static_range(NC):  # consumer c's columns, or all D twice
-                tlx.barrier_wait(dq_full[c], qcnt & 1)
-                col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
-                tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
-            # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
-            tlx.async_descriptor_store_wait(0)
-            for c in tl.static_range(NC):
-                tlx.barrier_arrive(dq_empty[c], 1)
+            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty,
+                         (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS)
             qcnt += 1
+
+
+@triton.jit
+def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
+                 D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr):
+    """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
+    the barrier phase): reduce_dq's body, and the load task's at 64-row steps."""
+    for c in tl.static_range(NC):  # consumer c's columns, or all D twice
+        tlx.barrier_wait(dq_full[c], qcnt & 1)
+        col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
+        tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
+    # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
+    tlx.async_descriptor_store_wait(0)
+    for c in tl.static_range(NC):
+        tlx.barrier_arrive(dq_empty[c], 1)
 
 
 @triton.jit
@@ -345,37 +420,56 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
+    # 64-row steps (opt-in, BLOCK_M = 64; JAGGED_BWD_WS_BLOCK_M=64): one K/V stage (197 KB of
+    # smem instead of 263), and lse2 / delta staged in smem per Q stage by the load task
+    # instead of 2 x 16 registers carried a step ahead in each consumer
+    M64: tl.constexpr = BLOCK_M >= 64
+    NKV: tl.constexpr = 1 if M64 else NUM_BUF_KV
+    # and no reduce_dq warp: the load task reduces dQ, so the kernel is 3 warpgroups (384
+    # threads) and the consumers get 240 registers (128 x 24 + 256 x 240 <= 65,536)
+    REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: as before, the compiler's)
+    REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
     # shared memory: K/V halves (NUM_BUF_KV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
     # dQ column-half staging per consumer
-    k_smem = tlx.local_alloc((BNC, D), dt, NC * NUM_BUF_KV)  # [stage * NC + consumer]
-    v_smem = tlx.local_alloc((BNC, D), dt, NC * NUM_BUF_KV)
+    k_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)  # [stage * NC + consumer]
+    v_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)
     q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
     dq_smem = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, NC)
-    kv_full = tlx.alloc_barriers(num_barriers=NUM_BUF_KV, arrive_count=1)
-    kv_empty = tlx.alloc_barriers(num_barriers=NUM_BUF_KV, arrive_count=NC)
+    if M64:
+        lse_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)  # with the Q/dO ring
+        delta_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)
+    else:
+        lse_smem = None
+        delta_smem = None
+    kv_full = tlx.alloc_barriers(num_barriers=NKV, arrive_count=1)
+    kv_empty = tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC)
     q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
     q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
     dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
     dq_empty = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
 
     with tlx.async_tasks():
-        with tlx.async_task("default"):
+        with tlx.async_task("default", registers=REGS_LOAD):
             load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                  kv_full, kv_empty, q_full, q_empty,
                  tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                 H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC)
-        with tlx.async_task(num_warps=4, registers=REGS_COMPUTE, replicate=NC):
+                 H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
+                 NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
+                 dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64)
+        with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                     kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
                     lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid)
-        with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
-            reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
-                      tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                      H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
+                    NKV, lse_smem, delta_smem)
+        if not M64:
+            with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
+                reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
+                          tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                          H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)

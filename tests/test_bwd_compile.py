@@ -171,10 +171,10 @@ if __name__ == "__main__":  # PYTHONPATH=. python tests/test_bwd_compile.py > ta
 
 
 # ---- warp-specialized TLX kernel (impl="ws")
-def ws_signature(dt, d):
+def ws_signature(dt, d, bm=None):
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
-    bm, bnc = cfg["BLOCK_M"], cfg["BLOCK_N"] // 2
+    bm, bnc = bm or cfg["BLOCK_M"], cfg["BLOCK_N"] // 2
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{ws.dq_cols(d)}]>",
@@ -184,18 +184,18 @@ def ws_signature(dt, d):
     return sig
 
 
-def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2):
+def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
-    it."""
+    it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects)."""
     pytest.importorskip("triton.language.extra.tlx")
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     rep = compile_kernel(
-        ws._bwd_main_ws, ws_signature(dt, d),
-        constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        ws._bwd_main_ws, ws_signature(dt, d, bm),
+        constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                         CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d)),
         arch=90, num_warps=4, num_stages=1,
-        name=f"bwd_main_ws D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
+        name=f"bwd_main_ws{bm or ''} D{d} {'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
 
@@ -237,3 +237,32 @@ def test_ws_replicas_get_their_own_dq_stage():
     idx = sorted(int(m) for p in compute
                  for m in re.findall(r"%dqc = ttg\.memdesc_index %\w+\[%c(\d+)_i32", p))
     assert len(compute) == 2 and idx == [0, 1], f"dq_smem index per consumer replica: {idx}"
+
+
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+@pytest.mark.parametrize("bq", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ws_m64_compiles(causal, bq, dt):
+    """The opt-in 64-row-step variant at D = 128 (JAGGED_BWD_WS_BLOCK_M=64): one K/V stage,
+    lse / delta staged in smem by the load task, dQ reduced by the load task (no reduce warp),
+    so 3 warpgroups and 240 registers a consumer. Compiled as is (two K/V stages, lse / delta
+    carried, 232 registers) it needed 263 KB and spilled 198 instructions."""
+    rep, ttgir = compile_ws(128, causal, bq, dt, bm=64)
+    print(rep.row())
+    assert rep.has_mma, "no wgmma in the PTX"
+    assert 240 in rep.setmaxnreg, rep.setmaxnreg  # gone: the register budget was exceeded
+    assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
+    assert not rep.spills, f"spills: {rep.row()}"
+    assert "num_warps(1)" not in ttgir, "a reduce_dq warp partition: not 384 threads"
+
+
+def test_ws_config_env(monkeypatch):
+    """JAGGED_BWD_WS_BLOCK_M picks the ws tile per call: 64-row steps at D = 128 only."""
+    monkeypatch.delenv(bw.WS_BLOCK_M_ENV, raising=False)
+    assert bw.ws_config(128) is bw.WS_CONFIG and bw.WS_CONFIG.block_m == 32
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "64")
+    assert bw.ws_config(128).block_m == 64 and bw.ws_config(128).block_n == bw.WS_CONFIG.block_n
+    assert bw.ws_config(64) is bw.WS_CONFIG
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "48")
+    with pytest.raises(ValueError):
+        bw.ws_config(128)
