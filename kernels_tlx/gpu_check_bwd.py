@@ -173,7 +173,8 @@ def main():
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--only-time", action="store_true")
     ap.add_argument("--impl", default=None,
-                    help="comma list of triton, ws (default: triton)")
+                    help="comma list of triton, ws (default: ws, the library's default on "
+                         "the GPU; with --configs: triton)")
     ap.add_argument("--configs", default=None,
                     help=f"comma list of bwd_hopper.CONFIGS names ({','.join(CONFIGS)}) or 'default'; "
                          "impl triton only")
@@ -181,7 +182,7 @@ def main():
                     help="comma list of timing suites (gem-jagged, llm-dense, gem-broadcast-q); all if unset")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    impls = (a.impl or "triton").split(",")
+    impls = (a.impl or ("triton" if a.configs else "ws")).split(",")
     runs = [(im, None) for im in impls]
     if a.configs:
         names = a.configs.split(",")
