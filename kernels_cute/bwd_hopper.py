@@ -11,10 +11,9 @@ with D split between the two compute warpgroups after a named barrier (dS^T in s
 one bulk reduce per step. Differences from the TLX ws kernel (session 2): 64-row steps
 here (TLX: 32, which its register allocation needs at D = 128), one K/V stage (TLX: two),
 dK/dV stored from registers (TLX: through smem in 16-row slices; here too with the
-`dkvsmem` switch), dQ = dS K with the
-query rows as M (TLX: dQ^T = K^T dS^T with the head dim as M, which needs D / 2 >= 64,
-so at D = 64 each TLX consumer forms a full-D partial over its own keys); no
-`deterministic` option yet.
+`dkvsmem` switch), dQ = dS K with the query rows as M (TLX: dQ^T = K^T dS^T with the
+head dim as M, which needs D / 2 >= 64, so at D = 64 each TLX consumer forms a full-D
+partial over its own keys); no `deterministic` option yet.
 Three kernels, named after their roles:
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
@@ -176,7 +175,7 @@ def _kernel_classes():
     from cutlass.utils import LayoutEnum
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
-                            tma_tiles, wgmma)
+                            store_rows, tma_tiles, wgmma)
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
@@ -765,21 +764,15 @@ def _kernel_classes():
                                         num_bits_per_copy=128),
                     cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0)),
                     cute.make_layout((1, 8)))
-                thr_s2g = s2g.get_slice(tidx % 128)
-                tOsV = thr_s2g.partition_S(cute.local_tile(sVst, (rows, D), (wg, 0)))
-                tOcV = thr_s2g.partition_S(cute.make_identity_tensor((rows, D)))
-                rows_left = len_k - n0 - wg * rows      # of this warpgroup's 64 keys
+                half = cute.local_tile(sVst, (rows, D), (wg, 0))
                 for x, (r, m) in enumerate(((rdK, mdK), (rdV, mdV))):
-                    tOgX = thr_s2g.partition_D(head_tile(m, k_start + n0, hk, rows, D, (wg, 0)))
                     if const_expr(x > 0):   # every thread has read dK out of the half
                         cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
                     cute.copy(r2s, thr_r2s.retile(r), tRsV)
                     cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
-                    rX = cute.make_fragment_like(tOsV)
-                    cute.autovec_copy(tOsV, rX)     # all loads first, then the stores
-                    for i in cutlass.range_constexpr(cute.size(tOgX, mode=[1])):
-                        if tOcV[0, i, 0][0] < rows_left:
-                            cute.copy(s2g, rX[None, i, None], tOgX[None, i, None])
+                    store_rows(s2g, tidx % 128, half,
+                               head_tile(m, k_start + n0, hk, rows, D, (wg, 0)),
+                               len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast

@@ -1,5 +1,6 @@
 """Tile and wgmma fragment helpers shared by the CuteDSL forward and backward. Imported
 only inside their kernel factories, so importing kernels_cute never loads the DSL."""
+import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
@@ -19,6 +20,22 @@ def element_swizzled(layout, dtype):
     sw, log2_bytes = layout.inner, (dtype.width // 8).bit_length() - 1
     return cute.make_composed_layout(
         cute.make_swizzle(sw.num_bits, sw.num_base - log2_bytes, sw.num_shift), 0, layout.outer)
+
+
+@cute.jit
+def store_rows(tiled_copy, t, s, g, rows_left):
+    """A smem tile s (rows, cols) -> the gmem box g by thread t of `tiled_copy` (16-byte
+    vectors along a row): all loads first, then the stores; rows from rows_left on are
+    never written (they belong to the next sequence)."""
+    thr = tiled_copy.get_slice(t)
+    src = thr.partition_S(s)
+    r = cute.make_fragment_like(src)
+    cute.autovec_copy(src, r)
+    dst = thr.partition_D(g)
+    crd = thr.partition_S(cute.make_identity_tensor(g.shape))
+    for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        if crd[0, i, 0][0] < rows_left:
+            cute.copy(tiled_copy, r[None, i, None], dst[None, i, None])
 
 
 def tma_tiles(tma_atom, s, g):

@@ -115,7 +115,8 @@ def _kernel_class():
 
     LN_2 = math.log(2.0)
 
-    from .fragments import acc_as_operand_a, acc_rows_cols, head_tile, tma_tiles, wgmma
+    from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, store_rows, tma_tiles,
+                            wgmma)
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -522,12 +523,20 @@ def _kernel_class():
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
             if const_expr(self.wg_store):
-                # each warpgroup wrote (and now stores) only its own 64 rows
-                self.store_wg(sO, mO, store_tiled_copy_O, tidx, h, m0, out_start, rows_left)
+                # each warpgroup wrote (and now stores) only its own 64 rows, after a
+                # barrier of its own 128 threads
+                wg = cute.arch.make_warp_uniform(tidx // 128)
+                rows = BLOCK_M // NUM_MMA_WG
+                cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
+                store_rows(store_tiled_copy_O, tidx % 128,
+                           cute.local_tile(sO, (rows, self.D), (wg, 0)),
+                           head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D),
+                           rows_left - wg * rows)
             else:
+                # (inline, not store_rows: the default build keeps the SASS that ran on the
+                # GPU; the branch goes if wg_store wins)
                 cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,
                                   number_of_threads=NUM_MMA_WG * 128)
-
                 thr_s2g = store_tiled_copy_O.get_slice(tidx)
                 tOsO = thr_s2g.partition_S(sO)
                 tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
@@ -538,25 +547,6 @@ def _kernel_class():
                 for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                     if tOcO[0, i, 0][0] < rows_left:
                         cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
-
-        @cute.jit
-        def store_wg(self, sO, mO, store_tiled_copy_O, tidx, h, m0, out_start, rows_left):
-            """Config.wg_store: O smem -> global for this warpgroup's 64 rows only, after
-            a barrier of its own 128 threads."""
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            rows = BLOCK_M // NUM_MMA_WG
-            cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
-            thr_s2g = store_tiled_copy_O.get_slice(tidx % 128)
-            tOsO = thr_s2g.partition_S(cute.local_tile(sO, (rows, self.D), (wg, 0)))
-            tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
-            cute.autovec_copy(tOsO, tOrO)
-            gO = head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D)
-            tOgO = thr_s2g.partition_D(gO)
-            tOcO = thr_s2g.partition_S(cute.make_identity_tensor((rows, self.D)))
-            rows_left_wg = rows_left - wg * rows
-            for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if tOcO[0, i, 0][0] < rows_left_wg:
-                    cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
 
     return FwdHopper
 

@@ -73,7 +73,7 @@ rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -185,7 +185,7 @@ def ws_config(head_dim: int) -> Config:
         raise ValueError(f"{WS_BLOCK_M_ENV}={bm}: expected 32 or 64")
     if head_dim != 128 or bm == WS_CONFIG.block_m:
         return WS_CONFIG
-    return Config(block_m=bm, block_n=WS_CONFIG.block_n, num_warps=4, num_stages=1)
+    return replace(WS_CONFIG, block_m=bm)
 
 
 def config(head_dim: int) -> dict:
@@ -449,7 +449,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module
     docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel always runs WS_CONFIG. dlse: the gradient on lse (harness.api), or None."""
+    "ws" kernel runs ws_config(D). dlse: the gradient on lse (harness.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
     if deterministic:
         impl = "triton"
