@@ -82,6 +82,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.tiles import dq_accumulator, kv_tiles
 
+from .launch import fast
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # upper bound on the broadcast-Q per-program dQ slot buffer
 
@@ -167,30 +169,30 @@ def get_config(config) -> Config:
 
 
 # the warp-specialized kernel's tile (impl="ws", bwd_hopper_ws.py): 128 keys per tile as
-# two 64-key consumer warpgroups, 32 query rows per step. 32, not 64, rows: at D=128 a
-# consumer holds its dK and dV accumulators (128 registers a thread) across the Q loop,
-# and the S^T, dP^T, P^T, dS^T and dQ^T tiles of 64 rows on top spill (compile-only,
-# PERF.md); 32 rows halve those.
+# two 64-key consumer warpgroups. D = 64: 32 query rows per step. D = 128: 64 rows (its M64
+# variant: one K/V stage, lse / delta in smem, dQ reduced by the load task), against 32
+# rows on the H200 (PERF.md session 9): llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4
+# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.8 ms, 512 / 0.5 2.16 -> 2.02 ms.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
-# Opt-in, read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=64 runs the ws kernel's 64-row-step
-# variant at D = 128 (bwd_hopper_ws.py, M64: spill-free at 240 registers and 194 KB of smem
-# in compile-only checks; not yet run on a GPU).
+WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
+# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
 
 
 def ws_config(head_dim: int) -> Config:
-    """The ws kernel's tile: WS_CONFIG, or 64-row steps at D = 128 under WS_BLOCK_M_ENV."""
-    bm = int(os.environ.get(WS_BLOCK_M_ENV) or WS_CONFIG.block_m)
-    if bm not in (32, 64):
-        raise ValueError(f"{WS_BLOCK_M_ENV}={bm}: expected 32 or 64")
-    if head_dim != 128 or bm == WS_CONFIG.block_m:
+    """The ws kernel's tile: WS_CONFIG at D = 64, WS_CONFIG_D128 at D = 128 (or the step
+    WS_BLOCK_M_ENV names)."""
+    env = os.environ.get(WS_BLOCK_M_ENV)
+    if env and env not in ("32", "64"):
+        raise ValueError(f"{WS_BLOCK_M_ENV}={env}: expected 32 or 64")
+    if head_dim != 128:
         return WS_CONFIG
-    return replace(WS_CONFIG, block_m=bm)
+    return WS_CONFIG if env == "32" else WS_CONFIG_D128
 
 
 def config(head_dim: int) -> dict:
     """The warp-specialized kernel's tile shape as a dict (impl="ws")."""
-    c = WS_CONFIG
+    c = ws_config(head_dim)
     return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
                 num_stages=c.num_stages)
 
@@ -485,7 +487,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     ROWS = 32 if D <= 64 else 16
     if Nq > 0:
-        _bwd_preprocess[(triton.cdiv(Nq * H, ROWS),)](
+        fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
             out, dout, delta, dq_acc, Nq * H, out.stride(0), out.stride(1),
             dout.stride(0), dout.stride(1), delta.stride(0),
             H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
@@ -501,7 +503,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws, dq_cols
         kv_rows = BN // NUM_CONSUMERS.value
         dq_desc = _desc(dq_acc, BM, D, cols=dq_cols(D))  # a consumer's columns
-        _bwd_main_ws[(grid_main,)](
+        fast(_bwd_main_ws)[(grid_main,)](
             q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
@@ -509,7 +511,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), num_warps=4, num_stages=1)
     else:
         dq_desc = _desc(dq_acc, BM, D)
-        _bwd_main[(grid_main,)](
+        fast(_bwd_main)[(grid_main,)](
             q_desc, _desc(k, BN, D), _desc(v, BN, D), do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
             cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
@@ -521,6 +523,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     n_elem = dq.numel()
     if n_elem:
         PB = 1024
-        _bwd_postprocess[(triton.cdiv(n_elem, PB),)](
+        fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
             dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
     return dq, dk, dv

@@ -1,6 +1,6 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
-tile WS_CONFIG: 128 keys per tile, 32 query rows per step).
+tile `ws_config`: 128 keys per tile; 32 query rows per step at D = 64, 64 at D = 128).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel. Per program, four roles (tlx.async_task), each its own helper:
@@ -50,7 +50,8 @@ handoff and the next Q/dO wait lie between the LSE loads and the first LSE read,
 HGMMAs for delta; still 16 LDG a step, no spill. Measured on the H200 at llm-dense
 B8 H16 8192: 30.3 -> 25.4 ms non-causal (+19 %), 18.06 -> 15.85 ms causal (+14 %).
 
-64-row steps (opt-in, BLOCK_M = 64: JAGGED_BWD_WS_BLOCK_M=64; constexpr M64 below): N = 64
+64-row steps (BLOCK_M = 64, the D = 128 default; constexpr M64 below; 32-row steps there
+under JAGGED_BWD_WS_BLOCK_M=32): N = 64
 S^T / dP^T / dQ^T wgmmas read a third less smem per row than N = 32 (a compile-only estimate
 puts most of the 32-row kernel's gap to FA4 there, PERF.md session 8). To fit, three changes
 apply only there (compile-only, sm_90a, D = 128:
@@ -62,8 +63,10 @@ changes 4 (causal 16) spill instructions at 232 registers, none at 240):
     at use by the consumers instead of 2 x 16 registers carried a step ahead;
   * reduce_dq folded into the load task (one step behind its loads), so 3 warpgroups
     (384 threads) and 240 registers a consumer (REGS_COMPUTE_M64).
-The default (32-row) build compiles to the same SASS as before the variant (one
-broadcast-Q build: 4 instructions of the reduce warp in another order).
+The 32-row build compiles to the same SASS as before the variant (one broadcast-Q build:
+4 instructions of the reduce warp in another order). Measured on the H200 against 32-row
+steps at D = 128: llm-dense B8 H16 8192 25.3 -> 21.2 ms, causal 14.4 -> 12.6 ms
+(PERF.md session 9).
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
@@ -420,7 +423,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
-    # 64-row steps (opt-in, BLOCK_M = 64; JAGGED_BWD_WS_BLOCK_M=64): one K/V stage (197 KB of
+    # 64-row steps (BLOCK_M = 64, the D = 128 default): one K/V stage (197 KB of
     # smem instead of 263), and lse2 / delta staged in smem per Q stage by the load task
     # instead of 2 x 16 registers carried a step ahead in each consumer
     M64: tl.constexpr = BLOCK_M >= 64

@@ -32,6 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.tiles import fwd_bucket, fwd_config_override
 
+from .launch import fast
 from .schedule import build_tiles, tile_coords
 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
@@ -343,7 +344,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     grid = (min(_num_sms(q.device), batch * nblk * H),)
-    fwd_kernel[grid](
+    fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, cfg.head_chunk,
         **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)

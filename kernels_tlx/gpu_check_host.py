@@ -85,6 +85,41 @@ def launch_parts(fn, args, kw, n):
                 *vals), n))]
 
 
+def line_times(func, call, n: int, top: int = 12):
+    """Host microseconds per call spent on each line of `func` (a Python function) while
+    `call` runs it, by a line tracer: absolute values carry the tracer's own cost (a few
+    tenths of a microsecond per line and nested call); the ranking is what counts."""
+    import linecache
+    import sys
+    code, acc, state = func.__code__, defaultdict(float), {}
+
+    def local(frame, event, arg):
+        now = time.perf_counter()
+        if state.get("line") is not None:
+            acc[state["line"]] += now - state["t"]
+        state["line"] = frame.f_lineno if event == "line" else None
+        state["t"] = time.perf_counter()
+        return local
+
+    def glob(frame, event, arg):
+        if frame.f_code is code:
+            state["line"] = None
+            return local
+        return None
+    call()
+    torch.cuda.synchronize()
+    sys.settrace(glob)
+    try:
+        for _ in range(n):
+            call()
+    finally:
+        sys.settrace(None)
+    torch.cuda.synchronize()
+    rows = sorted(acc.items(), key=lambda kv: -kv[1])[:top]
+    return [(f"    line {ln}: {linecache.getline(code.co_filename, ln).strip()[:60]}",
+             t / n * 1e6) for ln, t in rows]
+
+
 @triton.jit
 def _nop(x_ptr, n, BLOCK: tl.constexpr):
     pass
@@ -96,60 +131,71 @@ def main():
     ap.add_argument("--suite", default="gem-jagged")
     ap.add_argument("--n", type=int, default=200)
     a = ap.parse_args()
-    from kernels_tlx import fwd_hopper, jagged_attention
-    from kernels_tlx import bwd_hopper
+    from kernels_tlx import bwd_hopper, fwd_hopper, jagged_attention, launch
     p = next(p for p in suite(a.suite) if a.match in p.label())
     inp = p.build("cuda")
     q, k, v, cu_q, cu_k, mq, mk = inp.args()
     scale = q.shape[2] ** -0.5
     n = a.n
-    rows = []
+    rows = []  # (what, us with launch.fast, us with Triton's own launch path)
+
+    def both(name, fn):
+        launch.ENABLED = False
+        slow = per_call_us(fn, n)
+        launch.ENABLED = True
+        rows.append((name, per_call_us(fn, n), slow))
+
+    def plain(entries):
+        rows.extend((name, float("nan"), us) for name, us in entries)
+
+    def traced(call):  # Triton's launches timed alone, inside the real calls
+        launch.ENABLED = False
+        with LaunchTimes() as lt:
+            per_call_us(call, n)
+        launch.ENABLED = True
+        plain(lt.rows(n + 1))
+        return lt
 
     def fwd_api():
         with torch.no_grad():
             return jagged_attention(q, k, v, cu_q, cu_k, mq, mk)
-    rows.append(("fwd: API call (no_grad)", per_call_us(fwd_api, n)))
-    rows.append(("  validate", per_call_us(lambda: validate(q, k, v, cu_q, cu_k, mq, mk), n)))
     fwd_args = (q, k, v, cu_q, cu_k, mq, mk, False, scale, False)
-    rows.append(("  fwd_hopper.forward", per_call_us(lambda: fwd_hopper.forward(*fwd_args), n)))
-    rows.append(("  two torch.empty", per_call_us(
-        lambda: (torch.empty_like(q), torch.empty(4, 100, device="cuda")), n)))
+    fwd = lambda: fwd_hopper.forward(*fwd_args)  # noqa: E731
+    both("fwd: API call (no_grad)", fwd_api)
+    both("  fwd_hopper.forward", fwd)
     cfg = fwd_hopper.pick_config(q.shape[2], mk, False, False, k.shape[0] / (cu_k.shape[0] - 1))
-    rows.append(("  pick_config", per_call_us(
-        lambda: fwd_hopper.pick_config(q.shape[2], mk, False, False, 1.0), n)))
-    rows.append(("  build_tiles (cached)", per_call_us(lambda: fwd_hopper.build_tiles(
-        cu_q, cu_k, cu_k.shape[0] - 1, mq, None, cfg.block_m, cfg.block_n, False), n)))
     TD = fwd_hopper.TensorDescriptor
-    rows.append(("  one TensorDescriptor()", per_call_us(
-        lambda: TD(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.shape[1] * k.shape[2], 1],
-                   [cfg.block_n, k.shape[2]]), n)))
-    with LaunchTimes() as lt:
-        per_call_us(lambda: fwd_hopper.forward(*fwd_args), n)
-    rows += lt.rows(n + 1)
-    rows += launch_parts(*lt.last["fwd_kernel"], n)
     x = torch.empty(16, device="cuda")
-    rows.append(("  baseline: a 2-argument Triton launch", per_call_us(
-        lambda: _nop[(1,)](x, 16, BLOCK=16), n)))
+    plain([("  validate", per_call_us(lambda: validate(q, k, v, cu_q, cu_k, mq, mk), n)),
+           ("  two torch.empty", per_call_us(
+               lambda: (torch.empty_like(q), torch.empty(4, 100, device="cuda")), n)),
+           ("  build_tiles (cached)", per_call_us(lambda: fwd_hopper.build_tiles(
+               cu_q, cu_k, cu_k.shape[0] - 1, mq, None, cfg.block_m, cfg.block_n, False), n)),
+           ("  one TensorDescriptor()", per_call_us(
+               lambda: TD(k, [k.shape[0], k.shape[1] * k.shape[2]], [k.shape[1] * k.shape[2], 1],
+                          [cfg.block_n, k.shape[2]]), n)),
+           ("  baseline: a 2-argument Triton launch", per_call_us(
+               lambda: _nop[(1,)](x, 16, BLOCK=16), n))])
+    lt = traced(fwd)
+    plain(launch_parts(*lt.last["fwd_kernel"], n))
+    rows.extend((name, us, float("nan")) for name, us in line_times(fwd_hopper.forward, fwd, n))
 
     call, _ = pass_call(jagged_attention, inp, "bwd", dict(causal=False))
-    rows.append(("bwd: autograd.grad", per_call_us(call, n)))
-    dout = inp.dout
     with torch.no_grad():
-        out, lse = fwd_hopper.forward(*fwd_args)
-    bwd_args = (dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, False, scale, False)
-    rows.append(("  bwd_hopper.backward", per_call_us(lambda: bwd_hopper.backward(*bwd_args), n)))
-    with LaunchTimes() as lt:
-        per_call_us(lambda: bwd_hopper.backward(*bwd_args), n)
-    rows += lt.rows(n + 1)
-    rows += launch_parts(*lt.last["_bwd_main_ws"], n)
-    with LaunchTimes() as lt:
-        per_call_us(call, n)
-    rows += [(r[0] + " (in autograd.grad)", r[1]) for r in lt.rows(n + 1)]
+        out, lse = fwd()
+    bwd_args = (inp.dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, False, scale, False)
+    bwd = lambda: bwd_hopper.backward(*bwd_args)  # noqa: E731
+    both("bwd: autograd.grad", call)
+    both("  bwd_hopper.backward", bwd)
+    lt = traced(bwd)
+    plain(launch_parts(*lt.last["_bwd_main_ws"], n))
+    rows.extend((name, us, float("nan")) for name, us in line_times(bwd_hopper.backward, bwd, n))
 
     print(f"\nhost us per call, {p.label()}, {torch.cuda.get_device_name()}, "
           f"triton {triton.__version__}, torch {torch.__version__}")
-    for name, us in rows:
-        print(f"{name:48s} {us:8.1f}")
+    print(f"{'':48s} {'fast':>8s} {'triton':>8s}")
+    for name, fast_us, slow_us in rows:
+        print(f"{name:48s} {fast_us:8.1f} {slow_us:8.1f}")
 
 
 if __name__ == "__main__":

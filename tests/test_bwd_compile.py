@@ -203,7 +203,8 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_ws_compiles(d, causal, bq):
-    rep, ttgir = compile_ws(d, causal, bq)
+    """The 32-row-step kernel (the D = 64 default; D = 128 under JAGGED_BWD_WS_BLOCK_M=32)."""
+    rep, ttgir = compile_ws(d, causal, bq, bm=32)
     print(rep.row(), f" wait0={ttgir.count('pendings = 0')}")
     assert rep.has_mma and rep.setmaxnreg  # setmaxnreg gone: the register budget was exceeded
     assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
@@ -214,7 +215,7 @@ def test_ws_compiles(d, causal, bq):
     # each consumer's Q loop carries the next step's LSE and delta, [BLOCK_M] vectors in a
     # slice of the S^T accumulator layout (loaded in it: no layout conversion)
     import re
-    bm = bw.config(d)["BLOCK_M"]
+    bm = 32
     vec = rf"tensor<{bm}xf32, #ttg\.slice<\{{dim = 0, parent = #mma\d*\}}>>"
     loops = [ln for ln in ttgir.splitlines()
              if "scf.for" in ln and len(re.findall(vec, ln.split("->")[-1])) == 2]
@@ -243,7 +244,7 @@ def test_ws_replicas_get_their_own_dq_stage():
 @pytest.mark.parametrize("bq", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_m64_compiles(causal, bq, dt):
-    """The opt-in 64-row-step variant at D = 128 (JAGGED_BWD_WS_BLOCK_M=64): one K/V stage,
+    """The 64-row-step variant, the D = 128 default: one K/V stage,
     lse / delta staged in smem by the load task, dQ reduced by the load task (no reduce warp),
     so 3 warpgroups and 240 registers a consumer. Compiled as is (two K/V stages, lse / delta
     carried, 232 registers) it needed 263 KB and spilled 198 instructions."""
@@ -257,12 +258,15 @@ def test_ws_m64_compiles(causal, bq, dt):
 
 
 def test_ws_config_env(monkeypatch):
-    """JAGGED_BWD_WS_BLOCK_M picks the ws tile per call: 64-row steps at D = 128 only."""
+    """The ws tile: 64-row steps at D = 128, 32 at D = 64; JAGGED_BWD_WS_BLOCK_M (read per
+    call) picks 32 or 64 at D = 128 only."""
     monkeypatch.delenv(bw.WS_BLOCK_M_ENV, raising=False)
-    assert bw.ws_config(128) is bw.WS_CONFIG and bw.WS_CONFIG.block_m == 32
+    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 32
+    assert bw.ws_config(128).block_n == bw.ws_config(64).block_n == 128
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "32")
+    assert bw.ws_config(128).block_m == 32 and bw.config(128)["BLOCK_M"] == 32
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "64")
-    assert bw.ws_config(128).block_m == 64 and bw.ws_config(128).block_n == bw.WS_CONFIG.block_n
-    assert bw.ws_config(64) is bw.WS_CONFIG
+    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 32
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "48")
     with pytest.raises(ValueError):
         bw.ws_config(128)
