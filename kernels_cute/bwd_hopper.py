@@ -100,8 +100,8 @@ POST_VEC = 8
 #          swizzle needs 16 live STS addresses and spills).
 #   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
-#          released after the store. Measured a large win (below), still opt-in: its
-#          200-problem GPU matrix has not run (15 oracle problems, all modes, have).
+#          released after the store. On by default since session 9 (the 200-problem GPU
+#          matrix passed with dqord,dqblk,dkvsmem on every problem).
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -117,9 +117,12 @@ POST_VEC = 8
 #   + dkvsmem                        0.964        4.187
 #   + dkvsmem + qfirst               0.969            -   <- qfirst (a tile's first Q/dO
 #   + qfirst                         1.342            -      loads before its K/V): deleted
+# Session 9, B8 H16 N8192 D128 bf16 causal (do_bench ms): none 14.41, dqord 14.44,
+#   dqblk 14.00, dkvsmem 13.88.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
 OPTS = ("dqord", "dqblk", "dkvsmem")
-DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk"}), True: frozenset()}   # by causal
+DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk", "dkvsmem"}),   # by causal
+                True: frozenset({"dkvsmem"})}
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
