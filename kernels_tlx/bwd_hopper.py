@@ -172,22 +172,29 @@ def get_config(config) -> Config:
 # two 64-key consumer warpgroups. D = 64: 32 query rows per step. D = 128: 64 rows (its M64
 # variant: one K/V stage, lse / delta in smem, dQ reduced by the load task), against 32
 # rows on the H200 (PERF.md session 9): llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4
-# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.8 ms, 512 / 0.5 2.16 -> 2.02 ms.
+# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.8 ms, 512 / 0.5 2.16 -> 2.02 ms; but 32 rows
+# stay faster at short mean lengths (kernels, sparsity 0.1: max 256 0.209 against 0.239
+# ms, 512 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
+WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
 
 
-def ws_config(head_dim: int) -> Config:
-    """The ws kernel's tile: WS_CONFIG at D = 64, WS_CONFIG_D128 at D = 128 (or the step
-    WS_BLOCK_M_ENV names)."""
+def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
+    """The ws kernel's tile: WS_CONFIG at D = 64, and at D = 128 when the mean KV length
+    (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K; else WS_CONFIG_D128.
+    WS_BLOCK_M_ENV picks the step at D = 128."""
     env = os.environ.get(WS_BLOCK_M_ENV)
     if env and env not in ("32", "64"):
         raise ValueError(f"{WS_BLOCK_M_ENV}={env}: expected 32 or 64")
     if head_dim != 128:
         return WS_CONFIG
-    return WS_CONFIG if env == "32" else WS_CONFIG_D128
+    if env:
+        return WS_CONFIG if env == "32" else WS_CONFIG_D128
+    short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
+    return WS_CONFIG if short else WS_CONFIG_D128
 
 
 def config(head_dim: int) -> dict:
@@ -451,7 +458,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module
     docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel runs ws_config(D). dlse: the gradient on lse (harness.api), or None."""
+    "ws" kernel runs ws_config(D, mean_k). dlse: the gradient on lse (harness.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
     if deterministic:
         impl = "triton"
@@ -466,7 +473,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     Nq = out.shape[0]
     dev = q.device
     if impl == "ws":
-        cfg = ws_config(D)
+        cfg = ws_config(D, k.shape[0] / max(B, 1))
     else:
         cfg = get_config(config if config is not None else
                          pick_config(D, max_k, causal, broadcast_q, k.shape[0] / max(B, 1)))

@@ -1,6 +1,7 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
-tile `ws_config`: 128 keys per tile; 32 query rows per step at D = 64, 64 at D = 128).
+tile `ws_config`: 128 keys per tile; 32 query rows per step at D = 64, 64 at D = 128 but for
+short mean lengths).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel. Per program, four roles (tlx.async_task), each its own helper:

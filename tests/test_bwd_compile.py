@@ -263,10 +263,12 @@ def test_ws_config_env(monkeypatch):
     monkeypatch.delenv(bw.WS_BLOCK_M_ENV, raising=False)
     assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 32
     assert bw.ws_config(128).block_n == bw.ws_config(64).block_n == 128
+    assert bw.ws_config(128, mean_k=bw.WS_SHORT_MEAN_K).block_m == 32  # short sequences
+    assert bw.ws_config(128, mean_k=bw.WS_SHORT_MEAN_K + 1).block_m == 64
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "32")
     assert bw.ws_config(128).block_m == 32 and bw.config(128)["BLOCK_M"] == 32
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "64")
-    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 32
+    assert bw.ws_config(128, mean_k=1.0).block_m == 64 and bw.ws_config(64).block_m == 32
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "48")
     with pytest.raises(ValueError):
         bw.ws_config(128)
