@@ -180,6 +180,17 @@ WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
 WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
+# read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
+# whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps; compile-only so far)
+WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
+
+
+def ws_diag_mask(causal: bool) -> bool:
+    """The ws kernel's DIAG_MASK constexpr for this call (WS_DIAG_MASK_ENV; causal only)."""
+    env = os.environ.get(WS_DIAG_MASK_ENV, "0")
+    if env not in ("0", "1"):
+        raise ValueError(f"{WS_DIAG_MASK_ENV}={env}: expected 0 or 1")
+    return bool(causal) and env == "1"
 
 
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
@@ -515,7 +526,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), num_warps=4, num_stages=1)
+            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
+            num_warps=4, num_stages=1)
     else:
         dq_desc = _desc(dq_acc, BM, D)
         fast(_bwd_main)[(grid_main,)](

@@ -69,6 +69,16 @@ The 32-row build compiles to the same SASS as before the variant (one broadcast-
 steps at D = 128: llm-dense B8 H16 8192 25.3 -> 21.2 ms, causal 14.4 -> 12.6 ms
 (PERF.md session 9).
 
+Causal mask on the diagonal only (opt-in: JAGGED_BWD_WS_DIAG_MASK=1, constexpr DIAG_MASK,
+64-row steps): in this loop the wgmmas run one after the other (above), so the causal mask
+(~150 SASS instructions a step between the S^T wait and the dV wgmma) sits with the tensor
+cores idle; a consumer's Q loop is 581 instructions causal against 427 non-causal (sm_90a,
+D = 128, bf16). With DIAG_MASK the key-length mask stays on every step and the causal bound
+is applied in a branch taken only when it cuts the step's block (causal_cut: 2 steps a
+tile in self-attention): 438 instructions on the other steps, 520 on those; same registers
+(240, no spill), smem and wgmma schedule; the default build's SASS is unchanged. At 32-row
+steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Compile-only so far.
+
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
 """
@@ -209,6 +219,15 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
 
 
 @triton.jit
+def causal_cut(nc0, m0, off, BNC: tl.constexpr):
+    """Whether the causal bound (key n kept iff n <= row + off, off = len_k - len_q) drops
+    any pair of keys [nc0, nc0 + BNC) x rows [m0, m0 + BLOCK_M): iff the last key passes the
+    first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past len_k get
+    the key-length mask on every step. Plain arithmetic: also callable from Python (tests)."""
+    return nc0 + BNC - 1 > m0 + off
+
+
+@triton.jit
 def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
             lse_ptr, delta_ptr, dk_ptr, dv_ptr,
@@ -218,7 +237,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
-            lse_smem=None, delta_smem=None):
+            lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -294,8 +313,12 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
             keep = (offs_n < len_k)[:, None]
             if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
+                if not DIAG_MASK:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
             pt = tl.where(keep, pt, 0.0)
+            if DIAG_MASK:  # causal bound only where it cuts this step's block (diagonal steps)
+                if causal_cut(nc0, m0, len_k - len_q, BNC):
+                    pt = tl.where(offs_n[:, None] <= offs_m[None, :] + (len_k - len_q), pt, 0.0)
             lp = pt.to(dk_ptr.dtype.element_ty)
             dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
             dpt = tlx.async_dot_wait(1, dpt)
@@ -419,7 +442,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr):
+                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
+                 DIAG_MASK: tl.constexpr = False):  # opt-in, causal 64-row steps (above)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -471,7 +495,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
-                    NKV, lse_smem, delta_smem)
+                    NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
