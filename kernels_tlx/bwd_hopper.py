@@ -178,8 +178,12 @@ def get_config(config) -> Config:
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
 WS_SHORT_MEAN_K = 64
-# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128
+# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128;
+# JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
+# wgmma pass puts a wait 0 after every dot (null at 32-row steps, session 6; at 64-row
+# steps it compiles spill-free and leaves 3 waits of 0 and 2 of 1 a step, not yet run)
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
+WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
 # whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps; compile-only so far)
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
@@ -196,16 +200,21 @@ def ws_diag_mask(causal: bool) -> bool:
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     """The ws kernel's tile: WS_CONFIG at D = 64, and at D = 128 when the mean KV length
     (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K; else WS_CONFIG_D128.
-    WS_BLOCK_M_ENV picks the step at D = 128."""
+    WS_BLOCK_M_ENV picks the step at D = 128, WS_STAGES_ENV the num_stages."""
     env = os.environ.get(WS_BLOCK_M_ENV)
     if env and env not in ("32", "64"):
         raise ValueError(f"{WS_BLOCK_M_ENV}={env}: expected 32 or 64")
+    stages = os.environ.get(WS_STAGES_ENV)
+    if stages and stages not in ("0", "1"):
+        raise ValueError(f"{WS_STAGES_ENV}={stages}: expected 0 or 1")
     if head_dim != 128:
-        return WS_CONFIG
-    if env:
-        return WS_CONFIG if env == "32" else WS_CONFIG_D128
-    short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
-    return WS_CONFIG if short else WS_CONFIG_D128
+        cfg = WS_CONFIG
+    elif env:
+        cfg = WS_CONFIG if env == "32" else WS_CONFIG_D128
+    else:
+        short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
+        cfg = WS_CONFIG if short else WS_CONFIG_D128
+    return replace(cfg, num_stages=int(stages)) if stages else cfg
 
 
 def config(head_dim: int) -> dict:
@@ -527,7 +536,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            num_warps=4, num_stages=1)
+            num_warps=4, num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)
         fast(_bwd_main)[(grid_main,)](

@@ -184,7 +184,7 @@ def ws_signature(dt, d, bm=None):
     return sig
 
 
-def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False):
+def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects; diag: DIAG_MASK, as
     JAGGED_BWD_WS_DIAG_MASK=1 selects)."""
@@ -195,8 +195,8 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False):
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                         CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag),
-        arch=90, num_warps=4, num_stages=1,
-        name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''} D{d} "
+        arch=90, num_warps=4, num_stages=stages,
+        name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
@@ -259,6 +259,16 @@ def test_ws_m64_compiles(causal, bq, dt):
     assert "num_warps(1)" not in ttgir, "a reduce_dq warp partition: not 384 threads"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_ws_m64_stages0_compiles(causal):
+    """JAGGED_BWD_WS_NUM_STAGES=0 at 64-row steps: no pipeliner wgmma pass (fewer wait-0
+    after the dots), still spill-free within the same registers and smem."""
+    rep, _ = compile_ws(128, causal, False, bm=64, stages=0)
+    print(rep.row())
+    assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
+    assert rep.fits() and not rep.spills, rep.row()
+
+
 def test_ws_config_env(monkeypatch):
     """The ws tile: 64-row steps at D = 128, 32 at D = 64; JAGGED_BWD_WS_BLOCK_M (read per
     call) picks 32 or 64 at D = 128 only."""
@@ -271,7 +281,13 @@ def test_ws_config_env(monkeypatch):
     assert bw.ws_config(128).block_m == 32 and bw.config(128)["BLOCK_M"] == 32
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "64")
     assert bw.ws_config(128, mean_k=1.0).block_m == 64 and bw.ws_config(64).block_m == 32
+    monkeypatch.setenv(bw.WS_STAGES_ENV, "0")
+    assert bw.ws_config(128).num_stages == 0 and bw.ws_config(128).block_m == 64
     monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "48")
+    with pytest.raises(ValueError):
+        bw.ws_config(128)
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "64")
+    monkeypatch.setenv(bw.WS_STAGES_ENV, "2")
     with pytest.raises(ValueError):
         bw.ws_config(128)
 
