@@ -6,7 +6,10 @@ kernel). This times each piece of one call alone, as mean microseconds per call 
 many issues (perf_counter, no sync inside the loop), and each Triton launch inside the
 real calls (JITFunction.run wrapped), so a change to the host path can be aimed.
 
-    python -m kernels_tlx.gpu_check_host [--match "Lq256 Lk256 s0.1"] [--n 200]
+    python -m kernels_tlx.gpu_check_host [--match "Lq256 Lk256 s0.1"] [--n 200] [--batch 16]
+
+A piece whose host time is near its kernels' time may read the GPU's time instead (the
+host waits once the launch queue is full): --batch 16 keeps the kernels far shorter.
 """
 from __future__ import annotations
 
@@ -130,9 +133,13 @@ def main():
     ap.add_argument("--match", default="Lq256 Lk256 s0.1")
     ap.add_argument("--suite", default="gem-jagged")
     ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="another batch size (e.g. 16: kernels far shorter than the host's "
+                         "work, so a full launch queue cannot make the host wait)")
     a = ap.parse_args()
     from kernels_tlx import bwd_hopper, fwd_hopper, jagged_attention, launch
     p = next(p for p in suite(a.suite) if a.match in p.label())
+    p = p.replace(batch=a.batch) if a.batch else p
     inp = p.build("cuda")
     q, k, v, cu_q, cu_k, mq, mk = inp.args()
     scale = q.shape[2] ** -0.5
