@@ -35,7 +35,8 @@ Three kernels, named after their roles:
                                          S^T = K Q^T, dP^T = V dO^T (wgmma, smem x smem),
                                          P^T = exp2(S^T*scale*log2e - lse*log2e)
                                          (lse, delta: 2 rows a lane loaded a step
-                                         ahead, spread to the columns by shuffles),
+                                         ahead, spread to the columns by shuffles;
+                                         lsesmem: staged in smem by `load_q`),
                                          dV += P^T dO, dS^T = P^T (dP^T - delta),
                                          dK += dS^T Q (wgmma, P^T / dS^T from registers),
                                          dS^T -> smem, dQ_part = dS K (wgmma, smem x smem,
@@ -102,6 +103,13 @@ POST_VEC = 8
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
 #          released after the store. On by default since session 9 (the 200-problem GPU
 #          matrix passed with dqord,dqblk,dkvsmem on every problem).
+#   lsesmem  lse*log2e and delta staged in smem per Q stage by the load warp (as TLX's
+#          64-row kernel), read at use by compute: no lse/delta loads, shuffles or Q-block
+#          index divisions in the step. Off, the step's 4 LDGs (next step's rows) are
+#          issued just before the dQ handoff's fence, whose MEMBAR.ALL.CTA waits for them
+#          (L2 latency exposed every step), and the loop top computes the next step's
+#          head / block with two integer divisions while no wgmma is in flight.
+#          Compile-only so far (not run on a GPU).
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -120,9 +128,34 @@ POST_VEC = 8
 # Session 9, B8 H16 N8192 D128 bf16 causal (do_bench ms): none 14.41, dqord 14.44,
 #   dqblk 14.00, dkvsmem 13.88.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem")
+OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem")
 DEFAULT_OPTS = {False: frozenset({"dqord", "dqblk", "dkvsmem"}),   # by causal
                 True: frozenset({"dkvsmem"})}
+
+
+# lsesmem's sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major.
+# Written by the load warp at row ld_row(lane, e); a compute thread reads its S^T
+# accumulator column c at byte ld_thread_offset(lane, stage) + 4 (x BLOCK_M + ld_column(c))
+# of sLD (x = 0: lse, 1: delta). tests/test_cute_bwd_compile.py checks these against the
+# wgmma partition and the layout.
+LD_SHAPE = (BLOCK_M, 2, Q_STAGES)
+LD_FLIP = 4 * 2 * BLOCK_M      # XOR of a thread offset with this: the other Q stage's
+
+
+def ld_row(lane, e):
+    """The query row whose lse / delta lane `lane` of the load warp stages (e = 0, 1)."""
+    return 2 * lane + e
+
+
+def ld_thread_offset(lane, stage):
+    """Byte offset in sLD of a compute thread's first query column, 2 (lane % 4) (wgmma C
+    layout, N = BLOCK_M), in Q stage `stage`."""
+    return 4 * (2 * (lane % 4) + 2 * BLOCK_M * stage)
+
+
+def ld_column(c: int) -> int:
+    """The query column of S^T accumulator column c less the thread's first."""
+    return 8 * (c // 2) + c % 2
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
@@ -179,6 +212,17 @@ def _kernel_classes():
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             store_rows, tma_tiles, wgmma)
+
+    def smem_struct(fields, lsesmem):
+        """cute.struct of a plain class's field annotations; lsesmem appends sLD, lse*log2e
+        and delta of each Q stage's rows ((BLOCK_M, 2, Q_STAGES) fp32), last, so every
+        other buffer keeps its offset."""
+        extra = {}
+        if lsesmem:
+            extra["sLD"] = cute.struct.Align[
+                cute.struct.MemRange[Float32, LD_SHAPE[0] * LD_SHAPE[1] * LD_SHAPE[2]], 16]
+        return cute.struct(type(fields.__name__, (),
+                                {"__annotations__": {**fields.__annotations__, **extra}}))
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
@@ -302,7 +346,6 @@ def _kernel_classes():
             self.bytes_KV = cute.size_in_bytes(dt, sK_layout)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
 
-            @cute.struct
             class SharedStorage:
                 mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
@@ -313,6 +356,7 @@ def _kernel_classes():
                 sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
                 sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
+            SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts)
             self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles,
@@ -372,6 +416,9 @@ def _kernel_classes():
             # row, hoisted out of the tile loop, and spills). In elements: session 7's view
             # with the atom's byte swizzle permuted every dK / dV on the GPU.
             sVst = storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype))
+            sLD = None
+            if const_expr("lsesmem" in self.opts):
+                sLD = storage.sLD.get_tensor(cute.make_layout(LD_SHAPE))
 
             sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
             pipeline.pipeline_init_wait()
@@ -381,7 +428,7 @@ def _kernel_classes():
                 if warp_idx == 0:
                     self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO,
                               tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
-                              pipeline_kv, pipeline_q, sched)
+                              pipeline_kv, pipeline_q, sched, (mLSE, mDelta, sLD))
                 if warp_idx == 1:
                     self.reduce_dq(mdQacc, sdQ, tma_atom_dQ, sched)
             else:
@@ -389,7 +436,7 @@ def _kernel_classes():
                 tidx = cute.arch.thread_idx()[0] - 128
                 self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
                              pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv,
-                             tiled_mma_dq, tidx, scale, sched)
+                             tiled_mma_dq, tidx, scale, sched, sLD)
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
@@ -444,15 +491,24 @@ def _kernel_classes():
         @cute.jit
         def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
                  tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
-                 pipeline_kv, pipeline_q, sched):
-            """The load warp: per tile `load_kv`, then `load_q` for every step."""
+                 pipeline_kv, pipeline_q, sched, ld):
+            """The load warp: per tile `load_kv`, then `load_q` for every step. lsesmem
+            (ld = (mLSE, mDelta, sLD), sLD not None): also each step's lse / delta rows,
+            loaded a step ahead (the tile's first before the K/V wait), into sLD."""
             group = sched[8]
+            mLSE, mDelta, sLD = ld
+            lane = cute.arch.lane_idx()
+            raw = cute.make_rmem_tensor(4, Float32)   # lsesmem: the next step's rows
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
+                if const_expr(sLD is not None):
+                    if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
+                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group,
+                                                 o_start, m_lo, len_q)
                 self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
                              k_start + n0, hk)
                 kv_state.advance()
@@ -460,7 +516,13 @@ def _kernel_classes():
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * BLOCK_M
                     self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                                q_start + m0, o_start + m0, h)
+                                q_start + m0, o_start + m0, h, (raw, sLD, lane, m0, len_q))
+                    if const_expr(sLD is not None):
+                        # the next step's rows (the last step reloads its own: no branch)
+                        j1 = cutlass.min(j + 1, group * n_m - 1)
+                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane,
+                                                 hk * group + j1 // n_m, o_start,
+                                                 m_lo + (j1 % n_m) * BLOCK_M, len_q)
                     q_state.advance()
                 t += step
 
@@ -478,13 +540,30 @@ def _kernel_classes():
 
         @cute.jit
         def load_q(self, mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                   q_row, o_row, h):
-            """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. (lse and
-            delta are read by `compute` itself: see `load_lse_delta_rows`.)"""
+                   q_row, o_row, h, ld):
+            """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. lse and
+            delta: by default read by `compute` itself (see `load_lse_delta_rows`); lsesmem
+            (ld = (raw, sLD, lane, m0, len_q), sLD not None): the rows in raw, finished by
+            `mask_lse_delta`, go to the slot's sLD rows before the full barrier's arrive."""
             tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, BLOCK_M, self.D))
             tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO,
                                        head_tile(mdO, o_row, h, BLOCK_M, self.D))
-            pipeline_q.producer_acquire(q_state)
+            raw, sLD, lane, m0, len_q = ld
+            if const_expr(sLD is None):
+                pipeline_q.producer_acquire(q_state)
+            else:
+                # producer_acquire split: wait for the slot, write its lse / delta rows,
+                # then the (elected) arrive.expect_tx. Its release, after the warp's
+                # bar.warp.sync, publishes every lane's st.shared to the consumers, whose
+                # full-barrier wait acquires; their empty-barrier arrive (after the step's
+                # last read) guards the rows like Q and dO.
+                pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
+                self.mask_lse_delta(raw, lane, m0, len_q)
+                for e in cutlass.range_constexpr(2):
+                    sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
+                    sLD[ld_row(lane, e), 1, q_state.index] = raw[2 + e]
+                cute.arch.sync_warp()
+                pipeline_q.sync_object_full.arrive(q_state.index, pipeline_q.producer_mask)
             bar = pipeline_q.producer_get_barrier(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=bar)
             cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, q_state.index], tma_bar_ptr=bar)
@@ -493,8 +572,9 @@ def _kernel_classes():
         @cute.jit
         def compute(self, mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
                     pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-                    tidx, scale, sched):
-            """The two compute warpgroups: every step of every tile, then `store`."""
+                    tidx, scale, sched, sLD):
+            """The two compute warpgroups: every step of every tile, then `store`. sLD:
+            lsesmem's staged lse / delta (None: loaded here, a step ahead)."""
             D = self.D
             group = sched[8]
             scale_log2 = scale * LOG2E
@@ -547,6 +627,14 @@ def _kernel_classes():
                    acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
 
             lane = cute.arch.lane_idx()
+            # lsesmem: byte offset in sLD of this thread's first query column (2 (lane % 4):
+            # wgmma C layout, see spread_lse_delta) in the previous step's Q stage; flipped
+            # to the step's stage as the step begins, so one register is all the step's
+            # reads need (an address formed per step from the stage index and a per-thread
+            # column base, or the flip after the step, keep two through the step's register
+            # peak: 12-32 B of spills, causal / broadcast-Q)
+            assert Q_STAGES == 2
+            ld_off = ld_thread_offset(lane, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
@@ -556,19 +644,28 @@ def _kernel_classes():
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
                 raw = cute.make_rmem_tensor(4, Float32)   # lse, delta rows, a step ahead
+                jm = m_lo * 0     # lsesmem: step j's Q block (j % n_m), carried
                 pipeline_kv.consumer_wait(kv_state)
                 for j in cutlass.range(group * n_m, unroll=1):
-                    h = hk * group + j // n_m
-                    m0 = m_lo + (j % n_m) * BLOCK_M
-                    if j == 0:  # the tile's first step: not prefetched
-                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0, len_q)
-                    # the next step's rows, loaded by compute_step under its dQ wgmma (the
-                    # last step reloads its own: no branch)
-                    j1 = cutlass.min(j + 1, group * n_m - 1)
-                    prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
-                                m_lo + (j1 % n_m) * BLOCK_M, len_q)
-                    self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                      scale_log2, raw, prefetch)
+                    if const_expr(sLD is not None):
+                        # nothing of the step's head: only causal reads m0
+                        ld_off = ld_off ^ LD_FLIP
+                        self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * BLOCK_M,
+                                          len_k, len_q, scale_log2, (sLD, ld_off), None)
+                        jm = Int32(0) if jm + 1 == n_m else jm + 1
+                    else:
+                        h = hk * group + j // n_m
+                        m0 = m_lo + (j % n_m) * BLOCK_M
+                        if j == 0:  # the tile's first step: not prefetched
+                            self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0,
+                                                     len_q)
+                        # the next step's rows, loaded by compute_step under its dQ wgmma
+                        # (the last step reloads its own: no branch)
+                        j1 = cutlass.min(j + 1, group * n_m - 1)
+                        prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
+                                    m_lo + (j1 % n_m) * BLOCK_M, len_q)
+                        self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                                          scale_log2, raw, prefetch)
                     q_state.advance()
                 dkvsmem = "dkvsmem" in self.opts
                 if const_expr(not dkvsmem):
@@ -597,6 +694,17 @@ def _kernel_classes():
                 raw[2 + e] = mDelta[h, row]
 
         @cute.jit
+        def mask_lse_delta(self, raw, lane, m0, len_q):
+            """raw (lane's rows m0 + 2 lane + e: lse e, delta 2 + e) -> lse*log2e (+inf, so
+            P = 0, past the sequence or where lse = -inf) and delta (0 past the end)."""
+            for e in cutlass.range_constexpr(2):
+                ok = m0 + 2 * lane + e < len_q
+                lse = raw[e]
+                lse = lse * LOG2E if lse != -Float32.inf else Float32.inf
+                raw[e] = lse if ok else Float32.inf
+                raw[2 + e] = raw[2 + e] if ok else Float32(0.0)
+
+        @cute.jit
         def spread_lse_delta(self, raw, tScS, m0, len_q):
             """lse*log2e and delta of this thread's query columns, from the rows the lanes
             hold: each lane finishes its 2 rows (lse*log2e; +inf, so P = 0, past the
@@ -607,12 +715,7 @@ def _kernel_classes():
             an immediate."""
             assert BLOCK_M == 64, "spread_lse_delta: 2 rows per lane, N = 64 C layout"
             lane = cute.arch.lane_idx()
-            for e in cutlass.range_constexpr(2):
-                ok = m0 + 2 * lane + e < len_q
-                lse = raw[e]
-                lse = lse * LOG2E if lse != -Float32.inf else Float32.inf
-                raw[e] = lse if ok else Float32.inf
-                raw[2 + e] = raw[2 + e] if ok else Float32(0.0)
+            self.mask_lse_delta(raw, lane, m0, len_q)
             ncol = cute.size(tScS, mode=[1])
             lse2 = cute.make_rmem_tensor(ncol, Float32)
             delta = cute.make_rmem_tensor(ncol, Float32)
@@ -623,13 +726,34 @@ def _kernel_classes():
             return lse2, delta
 
         @cute.jit
+        def read_ld(self, ld, x, ncol):
+            """lsesmem: lse*log2e (x = 0) or delta (x = 1) of this thread's ncol query
+            columns (finished by the load warp: `mask_lse_delta`). ld = (sLD, offset of the
+            thread's first column in this step's stage): column c is 8 (c // 2) + c % 2
+            further (`ld_column`)."""
+            sLD, off = ld
+            # the stage's rows from a byte address (an element index costs a shift and a
+            # register)
+            rows = cute.make_tensor(
+                cute.make_ptr(Float32, sLD.iterator.toint() + off, cute.AddressSpace.smem,
+                              assumed_align=8), cute.make_layout(2 * BLOCK_M))
+            v = cute.make_rmem_tensor(ncol, Float32)
+            for c in cutlass.range_constexpr(ncol):
+                v[c] = rows[x * BLOCK_M + ld_column(c)]
+            return v
+
+        @cute.jit
         def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
                          raw, prefetch):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. lse and delta
             are spread from raw under the S^T / dP^T wgmmas; prefetch: the
             `load_lse_delta_rows` arguments of the next step, issued after the dQ wgmma (the
-            S^T / dP^T registers are free by then)."""
+            S^T / dP^T registers are free by then). lsesmem (prefetch None): raw is
+            (sLD, offset) (`read_ld`); the dP^T wgmma starts from -delta, so it returns
+            dP^T - delta and no delta register lives through the step's peak (dS^T), and
+            lse is read after the S^T wait, at use (read where spread is, or delta after
+            the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q)."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
@@ -639,10 +763,24 @@ def _kernel_classes():
             acc_dP = cute.make_rmem_tensor(shape_S, Float32)
             wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],              # S^T = K Q^T
                   zero_init=True, wait=-1)
+            ncol = cute.size(tScS, mode=[1])
+            if const_expr(prefetch is None):
+                delta = self.read_ld(raw, 1, ncol)
+                dPt = acc_rows_cols(acc_dP)
+                assert cute.size(dPt, mode=[0]) == 2
+                for c in cutlass.range_constexpr(ncol):
+                    # two distinct values (0 - x is not -x at x = +0): one accumulator
+                    # register each, else a copy lands after wgmma.fence and ptxas injects
+                    # a wait for the S^T wgmma before issuing this one (C7517)
+                    dPt[0, c] = -delta[c]
+                    dPt[1, c] = Float32(0.0) - delta[c]
             wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T = V dO^T
-                  zero_init=True, wait=-1)
-            lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
+                  zero_init=prefetch is not None, wait=-1)                          # (- delta)
+            if const_expr(prefetch is not None):
+                lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
             warpgroup.wait_group(1)
+            if const_expr(prefetch is None):
+                lse2 = self.read_ld(raw, 0, ncol)
             # P^T = exp2(S^T * scale*log2e - lse*log2e), masked to 0
             St = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
@@ -661,7 +799,10 @@ def _kernel_classes():
             dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
-                    dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+                    if const_expr(prefetch is None):
+                        dPt[r, c] = St[r, c] * dPt[r, c]
+                    else:
+                        dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
             tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
             dqord = "dqord" in self.opts
             if const_expr(not dqord):
@@ -676,7 +817,8 @@ def _kernel_classes():
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
             wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=-1)      # dQ = dS K
-            self.load_lse_delta_rows(*prefetch)
+            if const_expr(prefetch is not None):
+                self.load_lse_delta_rows(*prefetch)
             if const_expr(dqord):
                 # wait for dQ (and dV) only, so dK runs under the store
                 wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q

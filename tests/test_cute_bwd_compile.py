@@ -112,20 +112,20 @@ def test_bwd_main_dkvsmem_compiles(tmp_path, D):
 def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
-    nc = {"dqord", "dqblk"}                                      # measured defaults
-    assert set(OPTS) == nc | {"dkvsmem"}                          # opt-in
+    nc, c = {"dqord", "dqblk", "dkvsmem"}, {"dkvsmem"}           # measured defaults
+    assert set(OPTS) == nc | {"lsesmem"}                          # opt-in
     assert bwd_opts(False) == nc
-    assert bwd_opts(True) == frozenset()
-    assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == frozenset()
+    assert bwd_opts(True) == c
+    assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
     assert bwd_opts(False, "none") == frozenset()
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
-    assert bwd_opts(False, "dqord,dqblk,dkvsmem") == set(OPTS)
+    assert bwd_opts(False, "dqord,dqblk,dkvsmem,lsesmem") == set(OPTS)
     with pytest.raises(ValueError):
         bwd_opts(False, "qfirst")                                # measured, deleted
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
-    assert bwd_opts(False) == nc and bwd_opts(True) == frozenset()
+    assert bwd_opts(False) == nc and bwd_opts(True) == c
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "none")
     assert bwd_opts(False) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "dqord")
@@ -133,6 +133,111 @@ def test_bwd_opts_parse(monkeypatch):
     for bad in ("nope", "lse", "pds2", "q3"):                  # lse: always on; others gone
         with pytest.raises(ValueError):
             bwd_opts(False, bad)
+
+
+def _ptxas_advisories(path):
+    """ptxas -v lines that say it serialized wgmmas (C7515-C7517: an injected
+    warpgroup.wait), or None without ptxas."""
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    r = subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
+                       capture_output=True, text=True, timeout=120)
+    return [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)]
+
+
+@pytest.mark.parametrize("D,causal,bq,dtype", [(64, False, False, "bf16"),
+                                               (128, False, False, "bf16"),
+                                               (128, True, False, "bf16"),
+                                               (128, False, True, "fp16"),
+                                               (128, True, True, "bf16")])
+def test_bwd_main_lsesmem_compiles(tmp_path, D, causal, bq, dtype):
+    """lsesmem (on top of the causality's default): lse / delta staged in smem by the load
+    warp, so the compute loop has none of the 32 lse / delta shuffles (shfl.idx with
+    c = 0x31f = 799) but 16 ld.shared.v2 (8 lse, 8 delta); the load warp's rows go out
+    before its arrive.expect_tx (bar.warp.sync between); no spills, and no wgmma wait
+    injected by ptxas (the dP^T accumulator starts at -delta: one register per element,
+    see compute_step)."""
+    spec = ",".join(sorted({"dqord", "dqblk", "dkvsmem", "lsesmem"} if not causal
+                           else {"dkvsmem", "lsesmem"}))
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
+                              f"opts=B.bwd_opts({causal}, {spec!r}))", dtype)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16", ptx)
+    assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
+    assert len(re.findall(r"ld\.shared\.v2\.(b32|f32)", ptx)) == 16
+    assert "bar.warp.sync" in ptx
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2   # K/V, Q/dO
+    res, adv = _ptxas(path), _ptxas_advisories(path)
+    print(f"D={D} causal={causal} bq={bq} {dtype} {spec}: ptxas (registers, spill bytes): "
+          f"{res}, advisories {adv}")
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+        assert not adv, adv
+
+
+def test_lsesmem_addresses(tmp_path):
+    """lsesmem's sLD addresses: the load warp's rows (`ld_row`) cover the step's BLOCK_M
+    rows once; every compute thread's read of accumulator column c (`ld_thread_offset` +
+    `ld_column`, bytes) is the sLD element (query column of that accumulator element in
+    the sdp wgmma's C partition, x, stage) of the kernel's layout, for both accumulator
+    rows (the dP^T accumulator starts at -delta[c] in both); XOR with LD_FLIP is the
+    other stage; reads are 8-byte aligned (they are ld.shared.v2)."""
+    (tmp_path / "ld_check.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        import cutlass, cutlass.cute as cute
+        from cutlass.cute.nvgpu import warpgroup
+        import cutlass.utils.hopper_helpers as sm90
+        from kernels_cute.fragments import acc_rows_cols
+        from kernels_cute import bwd_hopper as B
+
+        FOUND = {{}}
+
+        def run():
+            L = cute.make_layout(B.LD_SHAPE)
+            rows = sorted(B.ld_row(l, e) for l in range(32) for e in range(2))
+            FOUND["rows"] = rows == list(range(B.BLOCK_M))
+            tiled = sm90.make_trivial_tiled_mma(
+                cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K,
+                warpgroup.OperandMajorMode.K, cutlass.Float32,
+                atom_layout_mnk=(B.NUM_MMA_WG, 1, 1), tiler_mn=(64, B.BLOCK_M))
+            bad, n = [], 0
+            for t in range(128 * B.NUM_MMA_WG):
+                tScS = acc_rows_cols(tiled.get_slice(t).partition_C(
+                    cute.make_identity_tensor((B.BLOCK_N, B.BLOCK_M))))
+                lane = t % 32
+                for s in range(B.Q_STAGES):
+                    off = B.ld_thread_offset(lane, s)
+                    if off % 8 or off ^ B.LD_FLIP != B.ld_thread_offset(lane, 1 - s):
+                        bad.append(("offset", t, s, off))
+                    for r in range(cute.size(tScS, mode=[0])):
+                        for c in range(cute.size(tScS, mode=[1])):
+                            q = tScS[r, c][1]
+                            for x in range(2):
+                                n += 1
+                                got = off + 4 * (x * B.BLOCK_M + B.ld_column(c))
+                                if got != 4 * cute.crd2idx((q, x, s), L):
+                                    bad.append((t, s, r, c, x, got))
+            FOUND["bad"], FOUND["n"] = bad, n
+
+        @cute.jit
+        def check():
+            run()
+    """))
+    compile_in_subprocess(tmp_path, textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import cutlass.cute as cute, ld_check
+        cute.compile(ld_check.check)
+        F = ld_check.FOUND
+        assert F["rows"], "load-warp rows"
+        assert F["n"] == 256 * 2 * 2 * 16 * 2, F["n"]      # threads, stages, rows, cols, x
+        assert not F["bad"], F["bad"][:10]
+        print("COMPILED")
+    """), timeout=300)
 
 
 @pytest.mark.parametrize("causal,bq,dtype", [(True, False, "bf16"), (False, True, "fp16"),
