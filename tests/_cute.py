@@ -33,3 +33,18 @@ def compile_in_subprocess(tmp_path, script: str, timeout: int):
         raise AssertionError(f"compile failed:\n{tail}")
     ptx = glob.glob(os.path.join(str(tmp_path), "*.ptx"))
     return ptx[0] if ptx else None
+
+
+def traced_check(tmp_path, name: str, module_src: str, asserts: str, timeout: int = 300):
+    """Plain-Python checks of CuteDSL layouts, run at trace time (the DSL evaluates layout
+    algebra inside jit functions only): `module_src` defines FOUND and run() and is written
+    as module `name` (the DSL compiles from source files only) with a @cute.jit `check`
+    calling run(); a fresh sm_90a process compiles it, then runs `asserts` with F = FOUND."""
+    import textwrap
+    (tmp_path / f"{name}.py").write_text(
+        f"import sys\nsys.path.insert(0, {ROOT!r})\n" + textwrap.dedent(module_src) +
+        "\n\n@cute.jit\ndef check():\n    run()\n")
+    compile_in_subprocess(tmp_path, (
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        f"import cutlass.cute as cute, {name}\ncute.compile({name}.check)\n"
+        f"F = {name}.FOUND\n" + textwrap.dedent(asserts) + "\nprint('COMPILED')\n"), timeout)

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl
+from _cute import ROOT, compile_in_subprocess, have_dsl, traced_check
 
 _ok, _why = have_dsl()
 pytestmark = pytest.mark.skipif(not _ok, reason=_why)
@@ -185,16 +185,14 @@ def test_lsesmem_addresses(tmp_path):
     the sdp wgmma's C partition, x, stage) of the kernel's layout, for both accumulator
     rows (the dP^T accumulator starts at -delta[c] in both); XOR with LD_FLIP is the
     other stage; reads are 8-byte aligned (they are ld.shared.v2)."""
-    (tmp_path / "ld_check.py").write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {ROOT!r})
+    traced_check(tmp_path, "ld_check", """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
         import cutlass.utils.hopper_helpers as sm90
         from kernels_cute.fragments import acc_rows_cols
         from kernels_cute import bwd_hopper as B
 
-        FOUND = {{}}
+        FOUND = {}
 
         def run():
             L = cute.make_layout(B.LD_SHAPE)
@@ -222,22 +220,11 @@ def test_lsesmem_addresses(tmp_path):
                                 if got != 4 * cute.crd2idx((q, x, s), L):
                                     bad.append((t, s, r, c, x, got))
             FOUND["bad"], FOUND["n"] = bad, n
-
-        @cute.jit
-        def check():
-            run()
-    """))
-    compile_in_subprocess(tmp_path, textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        import cutlass.cute as cute, ld_check
-        cute.compile(ld_check.check)
-        F = ld_check.FOUND
+    """, """
         assert F["rows"], "load-warp rows"
         assert F["n"] == 256 * 2 * 2 * 16 * 2, F["n"]      # threads, stages, rows, cols, x
         assert not F["bad"], F["bad"][:10]
-        print("COMPILED")
-    """), timeout=300)
+    """)
 
 
 @pytest.mark.parametrize("causal,bq,dtype", [(True, False, "bf16"), (False, True, "fp16"),
@@ -278,9 +265,7 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
     used the atom's byte swizzle on element offsets: it compiled, and every dK / dV came
     out permuted on the GPU."""
     # the DSL compiles from source files only
-    (tmp_path / "swizzle_check.py").write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {ROOT!r})
+    traced_check(tmp_path, "swizzle_check", """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
         from cutlass.utils import LayoutEnum
@@ -302,23 +287,13 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
                         bad.append((r, c))
             return bad
 
-        FOUND = {{}}
+        FOUND = {}
 
         def run():
             for dt in (cutlass.BFloat16, cutlass.Float16):
                 for D in (64, 128):
                     FOUND[(str(dt), D)] = mismatches(dt, D)
-
-        @cute.jit
-        def check():
-            run()
-    """))
-    compile_in_subprocess(tmp_path, textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        import cutlass.cute as cute, swizzle_check
-        cute.compile(swizzle_check.check)
-        assert len(swizzle_check.FOUND) == 4, swizzle_check.FOUND
-        assert not any(swizzle_check.FOUND.values()), swizzle_check.FOUND
-        print("COMPILED")
-    """), timeout=300)
+    """, """
+        assert len(F) == 4, F
+        assert not any(F.values()), F
+    """)
