@@ -4,7 +4,9 @@ Short sequences are host-bound: on the H200 node a `JITFunction.run` of the forw
 kernel took 40.8 us of host time, of which Triton's argument binder (the exact
 specialization) took 7.0 and the compiled kernel's launcher (TMA descriptors and
 cuLaunchKernelEx) 11.2 (`gpu_check_host`, PERF.md session 9). The rest is per-call
-bookkeeping: knob reads, the cache-key string, the global-value check, launch hooks.
+bookkeeping: knob reads, the cache-key string, the global-value check, launch hooks,
+and the timing wrapper's own cost: measured in place, this path saved only 4-5 us a
+launch (forward 119.9 -> 115.8 us a call, backward's three launches 247.9 -> 233.8).
 
 This keeps the binder, so a launch still runs exactly the kernel Triton would pick (the
 key is the binder's specialization and options), and calls the cached compiled kernel's
