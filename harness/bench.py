@@ -45,7 +45,7 @@ from .problems import Problem
 PROBLEM_COLS = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
                 "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "total_q", "total_k"]
 COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
-           ["status", "error", "ms", "tflops", "gpu", "gpu_index", "sm_clock_mhz",
+           ["status", "error", "ms", "tflops", "host_ms", "gpu", "gpu_index", "sm_clock_mhz",
             "sm_clock_max_mhz", "mem_clock_mhz", "torch", "triton", "flash_attn_4",
             "cutlass_dsl", "git_rev", "timestamp"])
 KEY = ["backend", "pass", "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
@@ -179,12 +179,13 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
             rows.append(row(b.name, p, ps, "fail" if bad else "ok", "; ".join(map(str, bad or mine))))
             continue
         try:
-            ms, finite = _bench_pass(fn, inp, ps, kw, quick)
+            ms, host, finite = _bench_pass(fn, inp, ps, kw, quick)
             if not finite:
                 rows.append(row(b.name, p, ps, "fail", f"non-finite {ps} result at full size"))
                 continue
             rows.append(row(b.name, p, ps, "ok", ms=f"{ms:.5f}",
-                            tflops=f"{p.flops(ps) / ms * 1e-9:.4g}"))
+                            tflops=f"{p.flops(ps) / ms * 1e-9:.4g}",
+                            host_ms="" if host is None else f"{host:.5f}"))
         except Exception as e:
             rows.append(row(b.name, p, ps, "error", f"{type(e).__name__}: {e}"))
         finally:
@@ -210,9 +211,25 @@ def pass_call(fn, inp, ps, kw):
     return call, call()
 
 
+def host_ms(call, n: int = 10) -> float | None:
+    """The host's time to issue one call (ms, mean of n, no sync inside): near the row's
+    time, the row times the host, not the kernels (PERF.md, sessions 8-9). None on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    t = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    return t
+
+
 def _bench_pass(fn, inp, ps, kw, quick):
+    """(median ms, host ms a call or None, whether the first outputs were finite)."""
     call, outs = pass_call(fn, inp, ps, kw)
-    return _time(call, quick), all(bool(torch.isfinite(t).all()) for t in outs)
+    ms = _time(call, quick)
+    return ms, host_ms(call), all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _free():

@@ -19,7 +19,9 @@ COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PER
 
 def load(csv_path) -> pd.DataFrame:
     df = pd.read_csv(csv_path, keep_default_na=False)
-    for c in ("tflops", "ms", "sparsity", "max_seqlen_q", "max_seqlen_k", "batch", "heads",
+    if "host_ms" not in df:  # rows from before the column
+        df["host_ms"] = ""
+    for c in ("tflops", "ms", "host_ms", "sparsity", "max_seqlen_q", "max_seqlen_k", "batch", "heads",
               "kv_heads", "head_dim", "total_q", "total_k"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df["causal"] = df["causal"].astype(str) == "True"

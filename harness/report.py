@@ -10,6 +10,7 @@ from . import backends
 from .plots import COPY_TBPS, backends_in, load, ok, plot_all, speedup
 
 SUITE_ORDER = ["gem-jagged", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
+HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
 
 def _shape(r) -> str:
@@ -80,6 +81,9 @@ def write_report(out_dir, charts=True) -> Path:
            "run). `fwd`: the call on inputs that need no grad. `bwd`: the backward alone, "
            "`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)` after one forward.",
            "- TFLOP/s = 4·H·D·(unmasked score pairs) for fwd, 2.5x that for bwd, over the time.",
+           f"- Host-bound: the host's time to issue one call (`host_ms`, mean of 10 issues "
+           f"without a sync) is at least {HOST_BOUND:.0%} of the row's time, so the row "
+           "times the host's work (Python, launches, autograd), not the kernels.",
            "- Each backend runs in its own worker process; a crash or a timeout is an "
            "`error` row and the sweep goes on.", "", "Backends:", ""]
     for name in backends_in(df):
@@ -97,6 +101,13 @@ def write_report(out_dir, charts=True) -> Path:
         s = sp[(sp["suite"] == suite) & (sp["backend"] != "fa4")]
         if not s.empty:
             md += ["Speedup over FA4 (x):", "", _table(s, "speedup", "{:.2f}"), ""]
+        host = g[g["host_ms"] >= HOST_BOUND * g["ms"]]
+        if not host.empty:
+            md += ["Host-bound rows:", "", "| backend | pass | shape | ms | host ms a call |",
+                   "|---|---|---|---:|---:|"]
+            md += [f"| {r['backend']} | {r['pass']} | {_shape(r)} | {r['ms']:.3f} | "
+                   f"{r['host_ms']:.3f} |" for _, r in host.iterrows()]
+            md.append("")
         short = g[(g["sparsity"] <= 0.1) & (g["mode"] != "broadcast_q")]
         if suite == "gem-jagged" and not short.empty:
             md += [f"Memory throughput at sparsity 0.1 (TB/s: the least bytes a call moves, "

@@ -103,6 +103,7 @@ def test_sweep_rows_and_schema(fakes, tmp_path):
         good = status["fake-good", ps]
         assert good["status"] == "ok", good["error"]
         assert float(good["ms"]) > 0 and float(good["tflops"]) > 0
+        assert good["host_ms"] == ""  # measured on a GPU only
         assert good["gpu"] == "cpu" and good["torch"] == torch.__version__
         assert int(good["total_q"]) == int(p.lengths()[0].sum())
 
@@ -129,7 +130,9 @@ def _fixture_csv(path):
         for b, base in (("tlx", 400.0), ("fa4", 350.0), ("flex", 200.0)):
             for ps in ("fwd", "bwd"):
                 t = base * (0.5 + p.sparsity / 2) * (1 if ps == "fwd" else 0.8)
-                rows.append(bench.row(b, p, ps, "ok", ms="1.0", tflops=f"{t:.1f}", gpu="NVIDIA H200"))
+                host = "0.9" if (b, ps, p.max_seqlen_q, p.sparsity) == ("tlx", "bwd", 256, 0.1) else "0.05"
+                rows.append(bench.row(b, p, ps, "ok", ms="1.0", tflops=f"{t:.1f}", host_ms=host,
+                                      gpu="NVIDIA H200"))
     rows.append(bench.row("sdpa-flash", suite("gem-jagged")[0].replace(batch=4), "fwd", "unsupported",
                           "takes no mask", gpu="NVIDIA H200"))
     bench.merge_rows(path, rows)
@@ -147,6 +150,8 @@ def test_plots_and_report(tmp_path):
     md = write_report(tmp_path, charts=False).read_text()
     assert "## gem-jagged" in md and "Speedup over FA4" in md
     assert "Memory throughput at sparsity 0.1" in md
+    host = md[md.index("Host-bound rows:"):].split("\n\n")[1].splitlines()
+    assert len(host) == 3 and host[2].startswith("| tlx | bwd | self B4 H4/4 D128 L256 s0.1 "), host
     assert "| sdpa-flash | unsupported | fwd gem-jagged " in md and "takes no mask" in md
 
 
