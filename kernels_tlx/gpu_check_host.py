@@ -23,19 +23,13 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from harness.api import validate
-from harness.bench import pass_call
+from harness.bench import host_ms, pass_call
 from harness.problems import suite
 
 
 def per_call_us(fn, n: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+    fn()  # warm: first-call work (compiles, caches) is not per-call host time
+    return host_ms(fn, n) * 1e3
 
 
 class LaunchTimes:
