@@ -211,17 +211,19 @@ def pass_call(fn, inp, ps, kw):
     return call, call()
 
 
-def host_ms(call, n: int = 10) -> float | None:
+def host_ms(call, n: int = 10) -> float:
     """The host's time to issue one call (ms, mean of n, no sync inside): near the row's
-    time, the row times the host, not the kernels (PERF.md, sessions 8-9). None on CPU."""
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
+    time, the row times the host, not the kernels (PERF.md, sessions 8-9). On CPU (the
+    interpreter) issuing is running."""
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         call()
     t = (time.perf_counter() - t0) / n * 1e3
-    torch.cuda.synchronize()
+    if gpu:
+        torch.cuda.synchronize()
     return t
 
 
@@ -229,7 +231,8 @@ def _bench_pass(fn, inp, ps, kw, quick):
     """(median ms, host ms a call or None, whether the first outputs were finite)."""
     call, outs = pass_call(fn, inp, ps, kw)
     ms = _time(call, quick)
-    return ms, host_ms(call), all(bool(torch.isfinite(t).all()) for t in outs)
+    host = host_ms(call) if torch.cuda.is_available() else None
+    return ms, host, all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _free():

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections import defaultdict
 
 import torch
 
-from .bench import _time, default_device, pass_call, run_problem
+from .bench import _time, default_device, host_ms, pass_call, run_problem
 from .problems import Problem
 
 
@@ -72,12 +71,7 @@ def host_profile(call, n: int, top: int = 25) -> str:
 def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
     kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
     call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
-    _sync()
-    t0 = time.perf_counter()
-    for _ in range(n):  # issue only: the GPU may still be running when the loop ends
-        call()
-    t_host = (time.perf_counter() - t0) / n * 1e3
-    _sync()
+    t_host = host_ms(call, n)  # issue only: the GPU may still be running when the loop ends
     kernels = kernel_times(call, n)
     return dict(host_ms=t_host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
                 kernels=kernels, cprofile=host_profile(call, n) if host else "")

@@ -189,24 +189,25 @@ WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 
 
+def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
+    """$name read now: one of `choices`, or None when unset or empty."""
+    env = os.environ.get(name)
+    if env and env not in choices:
+        raise ValueError(f"{name}={env}: expected one of {', '.join(choices)}")
+    return env or None
+
+
 def ws_diag_mask(causal: bool) -> bool:
     """The ws kernel's DIAG_MASK constexpr for this call (WS_DIAG_MASK_ENV; causal only)."""
-    env = os.environ.get(WS_DIAG_MASK_ENV, "0")
-    if env not in ("0", "1"):
-        raise ValueError(f"{WS_DIAG_MASK_ENV}={env}: expected 0 or 1")
-    return bool(causal) and env == "1"
+    return bool(causal) and _env_choice(WS_DIAG_MASK_ENV, ("0", "1")) == "1"
 
 
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     """The ws kernel's tile: WS_CONFIG at D = 64, and at D = 128 when the mean KV length
     (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K; else WS_CONFIG_D128.
     WS_BLOCK_M_ENV picks the step at D = 128, WS_STAGES_ENV the num_stages."""
-    env = os.environ.get(WS_BLOCK_M_ENV)
-    if env and env not in ("32", "64"):
-        raise ValueError(f"{WS_BLOCK_M_ENV}={env}: expected 32 or 64")
-    stages = os.environ.get(WS_STAGES_ENV)
-    if stages and stages not in ("0", "1"):
-        raise ValueError(f"{WS_STAGES_ENV}={stages}: expected 0 or 1")
+    env = _env_choice(WS_BLOCK_M_ENV, ("32", "64"))
+    stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
     if head_dim != 128:
         cfg = WS_CONFIG
     elif env:
