@@ -172,7 +172,7 @@ def get_config(config) -> Config:
 # two 64-key consumer warpgroups. D = 64: 32 query rows per step. D = 128: 64 rows (its M64
 # variant: one K/V stage, lse / delta in smem, dQ reduced by the load task), against 32
 # rows on the H200 (PERF.md session 9): llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4
-# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.8 ms, 512 / 0.5 2.16 -> 2.02 ms; but 32 rows
+# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.9 ms, 512 / 0.5 2.16 -> 2.02 ms; but 32 rows
 # stay faster at short mean lengths (kernels, sparsity 0.1: max 256 0.209 against 0.239
 # ms, 512 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
