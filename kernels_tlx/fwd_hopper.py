@@ -33,7 +33,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from harness.tiles import fwd_bucket, fwd_config_override
 
 from .launch import fast
-from .schedule import build_tiles, tile_coords
+from .schedule import (build_tiles, pair_offsets, tile_coords, tile_geometry, tile_pair,
+                       tile_slot)
 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
 PINGPONG_BAR_A = tl.constexpr(9)  # named barriers ordering the consumers' wgmma issue
@@ -53,8 +54,10 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    late_rescale: int = 0       # opt-in: the bulk loop's O *= alpha_j runs in the next step,
-                                # before PV_j is issued, not before QK_{j+1} (see compute)
+    prefetch: int = 0           # opt-in, non-causal: consumers read the next tile's list
+                                # entry and offsets during this tile (schedule.tile_coords'
+                                # two dependent loads); causal has no register to spare
+                                # (2 spill instructions at D = 128)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -125,16 +128,13 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr
 
 @triton.jit
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
-             p, acc, alpha, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
+             p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, LATE_RESCALE: tl.constexpr):
-    """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}.
-    LATE_RESCALE: `alpha` is the previous block's, applied here instead of at its end."""
+             CAUSAL: tl.constexpr):
+    """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[vb], vph)
-    if LATE_RESCALE:  # after the wait: see compute
-        acc = acc * alpha[:, None]
     acc = tlx.async_dot(p, v_bufs[vb], acc)
     qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
@@ -143,9 +143,8 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
                                   v_bufs.dtype, BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
-    if not LATE_RESCALE:
-        acc = acc * alpha[:, None]
-    return p, acc, alpha, m_i, l_i
+    acc = acc * alpha[:, None]
+    return p, acc, m_i, l_i
 
 
 # ----------------------------------------------------------------------------- roles
@@ -189,7 +188,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, LATE_RESCALE: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -199,18 +198,9 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     wait(1) overlap does not happen (TTGIR, session 6). Loops at num_stages=0, which that
     pass skips (only _kv_step's waits remain), were 2-3.5 % faster at llm-dense but 4-39 %
     slower at gem-jagged s0.9 on the H200, so the loops stay at num_stages=1.
-
-    So each consumer's wgmmas reach the tensor core as QK_j(A) QK_j(B) PV_{j-1}(A)
-    PV_{j-1}(B): after its PV completes, a consumer has one PV of the other (~512
-    cycles) to issue its next QK, and by default spends 64 FMUL (O *= alpha) and the 32
-    F2FP of P there (P's bf16 registers are still the in-flight PV's operand).
-    LATE_RESCALE carries alpha (2 registers) and does the bulk loop's FMULs in the next
-    step, after V's mbarrier wait (its branch keeps ptxas from hoisting them back in
-    front of the QK issue): once S_{j+1} is done and before PV_j is issued, while the
-    other consumer still waits on its own QK. SASS, D = 128: 58 fewer instructions from
-    PV done to the next QK, 64 more from QK done to PV issue; same count per block.
-    The masked tail keeps the in-place rescale (late there too, D = 64 causal
-    broadcast-Q spilled one hoisted mask offset)."""
+    Moving the bulk's O *= alpha one step later (after V's wait, shortening the window
+    from PV done to the next QK issue) measured null in session 10 (llm -0.9 %, gem
+    2048 / s0.9 +1.2 %) and was removed."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
@@ -221,22 +211,20 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
                                       v_bufs.dtype, BLOCK_N, True, CAUSAL)
-        kv_cnt += 1  # (alpha is 0 or 1 here, O is 0: scaling it is harmless)
+        kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in tl.range(1, n_bulk, num_stages=1):
-            p, acc, alpha, m_i, l_i = _kv_step(
-                q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, p, acc,
-                alpha, m_i, l_i, qk_scale, rows, j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                NUM_BUFFERS_KV, False, CAUSAL, LATE_RESCALE)
+            p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
+                                        v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
+                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
+                                        NUM_BUFFERS_KV, False, CAUSAL)
             kv_cnt += 1
-        if LATE_RESCALE:  # the bulk's pending alpha; the masked tail rescales in place
-            acc = acc * alpha[:, None]
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=1):
-            p, acc, alpha, m_i, l_i = _kv_step(
-                q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, p, acc,
-                alpha, m_i, l_i, qk_scale, rows, j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                NUM_BUFFERS_KV, True, CAUSAL, False)
+            p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
+                                        v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
+                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
+                                        NUM_BUFFERS_KV, True, CAUSAL)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -276,7 +264,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, LATE_RESCALE: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, PREFETCH: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -302,10 +290,27 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
             kv_cnt = 0
             i = 0
+            if PREFETCH:  # loop-carried: the tile's pair and offsets, read a tile ahead
+                pair = 0
+                offs = (0, 0, 0, 0)
             for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-                    tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
-                    BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                if PREFETCH:
+                    if i == 0:
+                        pair = tile_pair(tile, pairs_ptr, n_pairs, head_chunk, H, NBLK)
+                        offs = pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q)
+                    _, h = tile_slot(tile, n_pairs, head_chunk, H, NBLK)
+                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
+                        tile_geometry(pair, h, offs[0], offs[1], offs[2], offs[3], L_q, GROUP,
+                                      NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                    # the next tile's list entry now, its offsets after this tile's KV loop:
+                    # the two dependent loads run under this tile's work, not in front of
+                    # the next tile's first QK, and only `pair` stays live through the loop
+                    pair = tile_pair(tl.minimum(tile + tl.num_programs(0), n_pairs * H - 1),
+                                     pairs_ptr, n_pairs, head_chunk, H, NBLK)
+                else:
+                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
+                        tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H,
+                                    GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
                 rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
@@ -313,7 +318,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, LATE_RESCALE)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
+                if PREFETCH:
+                    offs = pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -338,7 +345,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                LATE_RESCALE=cfg.late_rescale)
+                PREFETCH=bool(cfg.prefetch) and not causal)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

@@ -56,62 +56,23 @@ def test_fwd_kv3_variant_fits_sm90():
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 
 
-@pytest.mark.parametrize("d,bucket,causal,bq,dt", [
-    (128, "long", False, False, "bf16"), (128, "long", True, False, "bf16"),
-    (128, "long", False, True, "fp16"), (128, "short", True, False, "bf16"),
-    (64, "long", False, False, "bf16"), (64, "long", True, True, "bf16")])
-def test_fwd_late_rescale_sm90(d, bucket, causal, bq, dt):
-    """JAGGED_FWD_CONFIG=late_rescale=1 (the bulk loop's O *= alpha moved to the next KV
-    step) compiles spill-free within shared memory, and is not the default kernel."""
+@pytest.mark.parametrize("d,bucket,bq,dt", [
+    (128, "long", False, "bf16"), (128, "short", False, "bf16"), (128, "long", True, "fp16"),
+    (64, "long", False, "bf16"), (64, "short", True, "fp16")])
+def test_fwd_prefetch_sm90(d, bucket, bq, dt):
+    """JAGGED_FWD_CONFIG=prefetch=1 (the consumers read the next tile's list entry and
+    offsets during this tile) compiles spill-free, non-causal; causal keeps the default
+    kernel (no register to spare)."""
     from dataclasses import replace
-    cfg = replace(fh.CONFIGS[(d, bucket)], late_rescale=1)
+    cfg = replace(fh.CONFIGS[(d, bucket)], prefetch=1)
     rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt),
-                         fh.kernel_args(cfg, d, causal, bq), arch=90, num_warps=4,
-                         num_stages=1, name=f"fwd D{d} {bucket} late_rescale")
+                         fh.kernel_args(cfg, d, False, bq), arch=90, num_warps=4,
+                         num_stages=1, name=f"fwd D{d} {bucket} prefetch")
     print(rep.row())
     assert rep.has_mma and rep.mma == "wgmma", rep.row()
     assert not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
-    assert rep.ttgir != compile_fwd(d, bucket, causal, bq, dt, 1).ttgir
-
-
-def test_late_rescale_order_is_softmax():
-    """A float64 model of compute()'s step order with and without LATE_RESCALE (O scaled
-    by alpha_{j-1} just before PV_{j-1}, the bulk's last alpha before the tail) gives
-    softmax(S) V, for a row whose max rises late and one whose max falls."""
-    import numpy as np
-    rng = np.random.default_rng(0)
-    n_blk, bn = 6, 8
-    s = rng.normal(size=(2, n_blk * bn)) * 3
-    s[0, -3] = 40.0          # row 0: the max arrives in the last block
-    s[1, 0] = 40.0           # row 1: the max is in the first block
-    v = rng.normal(size=(n_blk * bn, 5))
-    blk = [slice(j * bn, (j + 1) * bn) for j in range(n_blk)]
-
-    def softmax_step(j, m):
-        m_new = np.maximum(m, s[:, blk[j]].max(1))
-        return np.exp2(s[:, blk[j]] - m_new[:, None]), np.exp2(m - m_new), m_new
-
-    want = np.exp2(s - s.max(1, keepdims=True))
-    want = want @ v / want.sum(1, keepdims=True)
-    for late in (0, 1):
-        for n_bulk in (1, 3, n_blk):       # blocks [n_bulk, n_blk) take the tail path
-            p, alpha, m = softmax_step(0, np.full(2, -np.inf))
-            l, o = p.sum(1), np.zeros((2, 5))
-            for j in range(1, n_blk):
-                in_bulk = late and j < n_bulk
-                if in_bulk:
-                    o = o * alpha[:, None]
-                o = o + p @ v[blk[j - 1]]
-                p, alpha, m = softmax_step(j, m)
-                l = l * alpha + p.sum(1)
-                if not in_bulk:
-                    o = o * alpha[:, None]
-                if in_bulk and j == n_bulk - 1:   # after the bulk loop
-                    o = o * alpha[:, None]
-            if late and n_bulk == 1:              # empty bulk: O = 0 * block 0's alpha
-                o = o * alpha[:, None]
-            o = o + p @ v[blk[-1]]
-            np.testing.assert_allclose(o / l[:, None], want, rtol=1e-9, atol=1e-12)
+    assert rep.ttgir != compile_fwd(d, bucket, False, bq, dt, 1).ttgir
+    assert fh.kernel_args(cfg, d, True, bq) == fh.kernel_args(fh.CONFIGS[(d, bucket)], d, True, bq)
 
 
 def test_config_table_covers_head_dims():

@@ -74,9 +74,9 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
-    """The other setting of the A/B switches (non-causal: none, causal: all, dkvsmem
-    included): compiles, wgmma, no spills at ptxas."""
-    spec = "all" if causal else "none"
+    """The other setting of the A/B switches (none; the default is all of them):
+    compiles, wgmma, no spills at ptxas."""
+    spec = "none"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))")
     if path is None:
@@ -112,8 +112,8 @@ def test_bwd_main_dkvsmem_compiles(tmp_path, D):
 def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
-    nc, c = {"dqord", "dqblk", "dkvsmem"}, {"dkvsmem"}           # measured defaults
-    assert set(OPTS) == nc | {"lsesmem"}                          # opt-in
+    nc = c = {"dqord", "dqblk", "dkvsmem", "lsesmem"}             # measured defaults
+    assert set(OPTS) == nc
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
@@ -152,14 +152,13 @@ def _ptxas_advisories(path):
                                                (128, False, True, "fp16"),
                                                (128, True, True, "bf16")])
 def test_bwd_main_lsesmem_compiles(tmp_path, D, causal, bq, dtype):
-    """lsesmem (on top of the causality's default): lse / delta staged in smem by the load
+    """lsesmem (a default, as the other switches): lse / delta staged in smem by the load
     warp, so the compute loop has none of the 32 lse / delta shuffles (shfl.idx with
     c = 0x31f = 799) but 16 ld.shared.v2 (8 lse, 8 delta); the load warp's rows go out
     before its arrive.expect_tx (bar.warp.sync between); no spills, and no wgmma wait
     injected by ptxas (the dP^T accumulator starts at -delta: one register per element,
     see compute_step)."""
-    spec = ",".join(sorted({"dqord", "dqblk", "dkvsmem", "lsesmem"} if not causal
-                           else {"dkvsmem", "lsesmem"}))
+    spec = "dqord,dqblk,dkvsmem,lsesmem"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))", dtype)
     if path is None:
