@@ -45,8 +45,7 @@ import torch
 
 from harness.tiles import fwd_bucket, fwd_config_override
 
-from .schedule import (build_tiles, pair_offsets, tile_coords, tile_geometry, tile_pair,
-                       tile_slot)
+from .schedule import build_tiles, tile_coords
 
 BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
@@ -72,9 +71,6 @@ class Config:
                                 # 128-thread barrier (as TLX), so the two warpgroups never
                                 # meet at a tile's end; off: one 256-thread epilogue
                                 # barrier (JAGGED_FWD_CONFIG=wg_store=1 for A/B runs)
-    prefetch: bool = False      # opt-in, non-causal: consumers read the next tile's list
-                                # entry and offsets during this tile (schedule.tile_coords'
-                                # two dependent loads), as TLX
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -130,7 +126,6 @@ def _kernel_class():
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.head_chunk = cfg.head_chunk
             self.wg_store = cfg.wg_store
-            self.prefetch = cfg.prefetch and not causal  # causal: no register to spare
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -271,23 +266,6 @@ def _kernel_class():
                                group, nblk, BLOCK_M, self.block_n, self.causal,
                                self.broadcast_q)
 
-        @cute.jit
-        def pair(self, tile: Int32, sched):
-            mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
-            return tile_pair(tile, mPairs, n_pairs, self.head_chunk, H, nblk)
-
-        @cute.jit
-        def offsets(self, pair: Int32, sched):
-            mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
-            return pair_offsets(pair, mCuQ, mCuK, nblk, self.broadcast_q)
-
-        @cute.jit
-        def geometry(self, tile: Int32, pair: Int32, k_lo, k_hi, q_lo, q_hi, sched):
-            mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
-            _, h = tile_slot(tile, n_pairs, self.head_chunk, H, nblk)
-            return tile_geometry(pair, h, k_lo, k_hi, q_lo, q_hi, L_q, group, nblk,
-                                 BLOCK_M, self.block_n, self.causal, self.broadcast_q)
-
         # ------------------------------------------------------------------ load
         @cute.jit
         def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
@@ -357,23 +335,9 @@ def _kernel_class():
                     cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
             num_tiles = sched[1] * sched[5]
             tile = cute.arch.block_idx()[0]
-            if const_expr(self.prefetch):  # loop-carried: the tile's pair and offsets
-                pair, k_lo, k_hi, q_lo, q_hi = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
             while tile < num_tiles:
-                if const_expr(self.prefetch):
-                    if tile == cute.arch.block_idx()[0]:
-                        pair = self.pair(tile, sched)
-                        k_lo, k_hi, q_lo, q_hi = self.offsets(pair, sched)
-                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                        self.geometry(tile, pair, k_lo, k_hi, q_lo, q_hi, sched)
-                    # the next tile's list entry now, its offsets after this tile's KV
-                    # loop: the two dependent loads run under this tile's work, not in
-                    # front of the next tile's first QK
-                    pair = self.pair(cutlass.min(tile + cute.arch.grid_dim()[0], num_tiles - 1),
-                                     sched)
-                else:
-                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                        self.schedule(tile, sched)
+                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
+                    self.schedule(tile, sched)
                 geom = (m0, len_q, len_k)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
@@ -398,8 +362,6 @@ def _kernel_class():
                             kv_state = self.kv_step_serial(n, False, geom, mma_t, kv_state)
                         for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
                             kv_state = self.kv_step_serial(n, True, geom, mma_t, kv_state)
-                if const_expr(self.prefetch):
-                    k_lo, k_hi, q_lo, q_hi = self.offsets(pair, sched)
                 self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
                            store_tiled_copy_O, tidx, h, m0, out_start, len_q)

@@ -20,14 +20,16 @@ the `compute` warpgroups agree on every tile without talking.
 
 from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "tile_coords", "tile_slot", "tile_pair", "pair_offsets",
-           "tile_geometry"]
+__all__ = ["build_tiles", "tile_coords"]
 
 
-def tile_slot(tile, n_pairs, head_chunk, H, nblk):
-    """Tile id -> (position in the pair list, head h); integer math only. Tiles walk the
-    list in chunks of `head_chunk` pairs, pairs fastest, then heads (1: tile t = (pair
-    t // H, head t % H); 0: nblk), as in TLX."""
+def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
+                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
+    """Tile id -> where it lives (device side, traced inside a @cute.jit role):
+    head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
+    the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
+    [n_bulk, n_end) are masked. Tiles walk the list in chunks of `head_chunk` pairs,
+    pairs fastest, then heads (1: tile t = (pair t // H, head t % H); 0: nblk), as in TLX."""
     import cutlass
 
     chunk = nblk if head_chunk == 0 else head_chunk  # head_chunk is compiled in
@@ -35,42 +37,19 @@ def tile_slot(tile, n_pairs, head_chunk, H, nblk):
     first = tile // span * chunk
     chunk_len = cutlass.min(chunk, n_pairs - first)  # the last chunk may be short
     r = tile - tile // span * span
-    return first + r % chunk_len, r // chunk_len
-
-
-def tile_pair(tile, mPairs, n_pairs, head_chunk, H, nblk):
-    """The tile's pair (b * nblk + query block): the first of tile_coords' two dependent
-    loads."""
-    import cutlass
-
-    slot, _ = tile_slot(tile, n_pairs, head_chunk, H, nblk)
-    return cutlass.Int32(mPairs[slot] & 0xFFFFFFFF)
-
-
-def pair_offsets(pair, mCuQ, mCuK, nblk, BROADCAST_Q: bool):
-    """The pair's sequence offsets (k_start, k_end, q_start, q_end): the second load.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (mCuQ unused, q_* = 0)."""
-    import cutlass
-
-    b = pair // nblk
-    if cutlass.const_expr(BROADCAST_Q):
-        return mCuK[b], mCuK[b + 1], b * 0, b * 0
-    return mCuK[b], mCuK[b + 1], mCuQ[b], mCuQ[b + 1]
-
-
-def tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, group, nblk,
-                  BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
-    """Loaded values -> tile_coords' result (integer math only, no loads)."""
-    import cutlass
-
+    h = r // chunk_len
+    pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
-    len_k = k_end - k_start
+    k_start = mCuK[b]
+    len_k = mCuK[b + 1] - k_start
     if cutlass.const_expr(BROADCAST_Q):
+        q_start = b * 0
         len_q = L_q + b * 0
         out_start = b * L_q
     else:
-        len_q = q_end - q_start
+        q_start = mCuQ[b]
+        len_q = mCuQ[b + 1] - q_start
         out_start = q_start
     if cutlass.const_expr(CAUSAL):
         diag = len_k - len_q
@@ -82,18 +61,3 @@ def tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, group, nblk,
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
     return h, h // group, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
-
-
-def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
-                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
-    """Tile id -> where it lives (device side, traced inside a @cute.jit role):
-    head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
-    the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
-    [n_bulk, n_end) are masked. Two dependent loads (tile_pair, pair_offsets), then
-    tile_geometry: a caller that can issue them a tile ahead hides their latency (fwd
-    Config.prefetch), as in TLX."""
-    pair = tile_pair(tile, mPairs, n_pairs, head_chunk, H, nblk)
-    _, h = tile_slot(tile, n_pairs, head_chunk, H, nblk)
-    k_start, k_end, q_start, q_end = pair_offsets(pair, mCuQ, mCuK, nblk, BROADCAST_Q)
-    return tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, group, nblk,
-                         BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)

@@ -33,8 +33,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from harness.tiles import fwd_bucket, fwd_config_override
 
 from .launch import fast
-from .schedule import (build_tiles, pair_offsets, tile_coords, tile_geometry, tile_pair,
-                       tile_slot)
+from .schedule import build_tiles, tile_coords
 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
 PINGPONG_BAR_A = tl.constexpr(9)  # named barriers ordering the consumers' wgmma issue
@@ -54,10 +53,6 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    prefetch: int = 0           # opt-in, non-causal: consumers read the next tile's list
-                                # entry and offsets during this tile (schedule.tile_coords'
-                                # two dependent loads); causal has no register to spare
-                                # (2 spill instructions at D = 128)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -264,7 +259,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, PREFETCH: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -290,27 +285,10 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
             kv_cnt = 0
             i = 0
-            if PREFETCH:  # loop-carried: the tile's pair and offsets, read a tile ahead
-                pair = 0
-                offs = (0, 0, 0, 0)
             for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-                if PREFETCH:
-                    if i == 0:
-                        pair = tile_pair(tile, pairs_ptr, n_pairs, head_chunk, H, NBLK)
-                        offs = pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q)
-                    _, h = tile_slot(tile, n_pairs, head_chunk, H, NBLK)
-                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                        tile_geometry(pair, h, offs[0], offs[1], offs[2], offs[3], L_q, GROUP,
-                                      NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
-                    # the next tile's list entry now, its offsets after this tile's KV loop:
-                    # the two dependent loads run under this tile's work, not in front of
-                    # the next tile's first QK, and only `pair` stays live through the loop
-                    pair = tile_pair(tl.minimum(tile + tl.num_programs(0), n_pairs * H - 1),
-                                     pairs_ptr, n_pairs, head_chunk, H, NBLK)
-                else:
-                    h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                        tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H,
-                                    GROUP, NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+                    tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
+                    BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
                 rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
@@ -319,8 +297,6 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
                     HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
-                if PREFETCH:
-                    offs = pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -344,8 +320,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                PREFETCH=bool(cfg.prefetch) and not causal)
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

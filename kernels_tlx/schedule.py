@@ -19,61 +19,40 @@ import triton.language as tl
 
 from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "tile_coords", "tile_slot", "tile_pair", "pair_offsets", "tile_geometry"]
+__all__ = ["build_tiles", "tile_coords"]
 
 
 @triton.jit
-def tile_slot(tile, n_pairs, head_chunk, H, NBLK):
-    """Tile id -> (position in the pair list, head h); integer math only. Tiles walk the
-    list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1 gives tile t =
-    (pair t // H, head t % H). A larger chunk puts more programs on one head's K/V at a
-    time (L2 reuse) and keeps longest-first across chunks. 0 (the default) means NBLK,
-    one sequence's query blocks."""
+def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                BROADCAST_Q: tl.constexpr):
+    """Tile id -> where it lives: head h, kv head, first query row m0 (in-sequence),
+    packed row bases of q / k / out, the lengths, and the KV block split:
+    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
+    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused).
+
+    Tiles walk the list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1
+    gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
+    head's K/V at a time (L2 reuse) and keeps longest-first across chunks. 0 (the
+    default) means NBLK, one sequence's query blocks."""
     chunk = tl.where(head_chunk == 0, NBLK, head_chunk)
     span = chunk * H
     first = tile // span * chunk
     chunk_len = tl.minimum(chunk, n_pairs - first)  # the last chunk may be short
     r = tile - tile // span * span
-    return first + r % chunk_len, r // chunk_len
-
-
-@triton.jit
-def tile_pair(tile, pairs_ptr, n_pairs, head_chunk, H, NBLK):
-    """The tile's pair (b * NBLK + query block): the first of tile_coords' two dependent
-    loads."""
-    slot, _ = tile_slot(tile, n_pairs, head_chunk, H, NBLK)
-    return (tl.load(pairs_ptr + slot) & 0xFFFFFFFF).to(tl.int32)
-
-
-@triton.jit
-def pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q: tl.constexpr):
-    """The pair's sequence offsets (k_start, k_end, q_start, q_end): the second load.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused, q_* = 0)."""
-    b = pair // NBLK
-    k_start = tl.load(cu_k + b)
-    k_end = tl.load(cu_k + b + 1)
-    if BROADCAST_Q:
-        q_start = b * 0
-        q_end = b * 0
-    else:
-        q_start = tl.load(cu_q + b)
-        q_end = tl.load(cu_q + b + 1)
-    return k_start, k_end, q_start, q_end
-
-
-@triton.jit
-def tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, GROUP, NBLK,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                  BROADCAST_Q: tl.constexpr):
-    """Loaded values -> tile_coords' result (integer math only, no loads)."""
+    h = r // chunk_len
+    pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
     b = pair // NBLK
     m0 = (pair % NBLK) * BLOCK_M
-    len_k = k_end - k_start
+    k_start = tl.load(cu_k + b)
+    len_k = tl.load(cu_k + b + 1) - k_start
     if BROADCAST_Q:
+        q_start = b * 0
         len_q = L_q + b * 0
         out_start = b * L_q
     else:
-        len_q = q_end - q_start
+        q_start = tl.load(cu_q + b)
+        len_q = tl.load(cu_q + b + 1) - q_start
         out_start = q_start
     if CAUSAL:
         diag = len_k - len_q
@@ -85,19 +64,3 @@ def tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, GROUP, NBLK,
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
     return h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
-
-
-@triton.jit
-def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                BROADCAST_Q: tl.constexpr):
-    """Tile id -> where it lives: head h, kv head, first query row m0 (in-sequence),
-    packed row bases of q / k / out, the lengths, and the KV block split:
-    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
-    Two dependent loads (tile_pair, pair_offsets), then tile_geometry: a caller that
-    can issue them a tile or two ahead hides their latency (fwd Config.prefetch)."""
-    pair = tile_pair(tile, pairs_ptr, n_pairs, head_chunk, H, NBLK)
-    _, h = tile_slot(tile, n_pairs, head_chunk, H, NBLK)
-    k_start, k_end, q_start, q_end = pair_offsets(pair, cu_q, cu_k, NBLK, BROADCAST_Q)
-    return tile_geometry(pair, h, k_start, k_end, q_start, q_end, L_q, GROUP, NBLK,
-                         BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)

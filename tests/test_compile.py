@@ -56,25 +56,6 @@ def test_fwd_kv3_variant_fits_sm90():
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 
 
-@pytest.mark.parametrize("d,bucket,bq,dt", [
-    (128, "long", False, "bf16"), (128, "short", False, "bf16"), (128, "long", True, "fp16"),
-    (64, "long", False, "bf16"), (64, "short", True, "fp16")])
-def test_fwd_prefetch_sm90(d, bucket, bq, dt):
-    """JAGGED_FWD_CONFIG=prefetch=1 (the consumers read the next tile's list entry and
-    offsets during this tile) compiles spill-free, non-causal; causal keeps the default
-    kernel (no register to spare)."""
-    from dataclasses import replace
-    cfg = replace(fh.CONFIGS[(d, bucket)], prefetch=1)
-    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt),
-                         fh.kernel_args(cfg, d, False, bq), arch=90, num_warps=4,
-                         num_stages=1, name=f"fwd D{d} {bucket} prefetch")
-    print(rep.row())
-    assert rep.has_mma and rep.mma == "wgmma", rep.row()
-    assert not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
-    assert rep.ttgir != compile_fwd(d, bucket, False, bq, dt, 1).ttgir
-    assert fh.kernel_args(cfg, d, True, bq) == fh.kernel_args(fh.CONFIGS[(d, bucket)], d, True, bq)
-
-
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):

@@ -80,27 +80,3 @@ def test_forward_wg_store_compiles(tmp_path, D, causal, bucket):
     # the per-warpgroup epilogue barrier, and no 256-thread epilogue barrier (id 1)
     assert any(n == "128" for _, n in syncs), syncs
     assert ("1", "256") not in syncs, syncs
-
-
-# Config.prefetch (opt-in, non-causal): the consumers read the next tile's list entry and
-# offsets during this tile, as TLX's Config.prefetch
-_PREFETCH_SCRIPT = _WG_STORE_SCRIPT.replace("wg_store=True", "prefetch=True")
-
-
-@pytest.mark.parametrize("D,bucket", [(64, "long"), (128, "long"), (128, "short")])
-def test_forward_prefetch_compiles(tmp_path, D, bucket):
-    import shutil
-    import subprocess
-    script = _PREFETCH_SCRIPT.format(root=ROOT, D=D, causal=False, bucket=bucket)
-    path = compile_in_subprocess(tmp_path, script, timeout=900)
-    if path is None:
-        pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    assert "wgmma.mma_async" in open(path).read()
-    exe = shutil.which("ptxas")
-    if exe is not None:
-        r = subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", "/dev/null"],
-                           capture_output=True, text=True, timeout=300)
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-        print(f"D={D} {bucket} prefetch: {spills}")
-        assert r.returncode == 0 and spills, r.stderr[-500:]
-        assert all(a == b == "0" for a, b in spills), spills
