@@ -110,6 +110,11 @@ POST_VEC = 8
 #          (L2 latency exposed every step), and the loop top computes the next step's
 #          head / block with two integer divisions while no wgmma is in flight.
 #          On by default since session 10 (below).
+#   diagmask  causal only (opt-in, TLX's JAGGED_BWD_WS_DIAG_MASK=1): the key-length mask on
+#          every step, the causal bound only in a branch taken when it cuts the warpgroup's
+#          block (`causal_cut`: 1-2 steps a tile in self-attention); the other steps lose
+#          the bound's ISETP / FSEL / VIADD (~85 SASS a step, in the exp window under the
+#          dP^T wgmma). Non-causal builds ignore it.
 # Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
 #                                       non-causal  causal
 #   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
@@ -132,8 +137,9 @@ POST_VEC = 8
 # 4.36 -> 4.09; llm B8 H16 8192 22.96 -> 22.37, causal (default dkvsmem) 14.09 -> 13.85.
 # Hence all four on, both causalities.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem")
-DEFAULT_OPTS = {False: frozenset(OPTS), True: frozenset(OPTS)}   # by causal (session 10)
+OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem", "diagmask")
+_MEASURED = ("dqord", "dqblk", "dkvsmem", "lsesmem")
+DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 10
 
 
 # lsesmem's sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major.
@@ -159,6 +165,15 @@ def ld_thread_offset(lane, stage):
 def ld_column(c: int) -> int:
     """The query column of S^T accumulator column c less the thread's first."""
     return 8 * (c // 2) + c % 2
+
+
+def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG):
+    """Whether the causal bound (key n kept iff n <= row + off, off = len_k - len_q) drops
+    any pair of keys [nc0, nc0 + BNC) x rows [m0, m0 + BLOCK_M): iff the last key passes
+    the first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past
+    len_k get the key-length mask on every step. The TLX twin's `causal_cut`; plain
+    arithmetic, so also callable from Python (tests)."""
+    return nc0 + BNC - 1 > m0 + off
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
@@ -284,6 +299,7 @@ def _kernel_classes():
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
             self.opts = opts                                  # A/B switches (see OPTS)
+            self.diag_mask = causal and "diagmask" in opts    # causal only
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -638,6 +654,8 @@ def _kernel_classes():
             # peak: 12-32 B of spills, causal / broadcast-Q)
             assert Q_STAGES == 2
             ld_off = ld_thread_offset(lane, 1)
+            # diagmask: the warpgroup's first key in the tile, less n0 (its causal_cut)
+            wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
@@ -654,7 +672,8 @@ def _kernel_classes():
                         # nothing of the step's head: only causal reads m0
                         ld_off = ld_off ^ LD_FLIP
                         self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * BLOCK_M,
-                                          len_k, len_q, scale_log2, (sLD, ld_off), None)
+                                          len_k, len_q, scale_log2, (sLD, ld_off), None,
+                                          wg_key0)
                         jm = Int32(0) if jm + 1 == n_m else jm + 1
                     else:
                         h = hk * group + j // n_m
@@ -668,7 +687,7 @@ def _kernel_classes():
                         prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
                                     m_lo + (j1 % n_m) * BLOCK_M, len_q)
                         self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                          scale_log2, raw, prefetch)
+                                          scale_log2, raw, prefetch, wg_key0)
                     q_state.advance()
                 dkvsmem = "dkvsmem" in self.opts
                 if const_expr(not dkvsmem):
@@ -747,7 +766,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
-                         raw, prefetch):
+                         raw, prefetch, wg_key0):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. lse and delta
             are spread from raw under the S^T / dP^T wgmmas; prefetch: the
@@ -756,7 +775,9 @@ def _kernel_classes():
             (sLD, offset) (`read_ld`); the dP^T wgmma starts from -delta, so it returns
             dP^T - delta and no delta register lives through the step's peak (dS^T), and
             lse is read after the S^T wait, at use (read where spread is, or delta after
-            the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q)."""
+            the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q). diagmask
+            (wg_key0: the warpgroup's first key less n0): the causal bound only on the
+            steps whose block it cuts."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
@@ -791,9 +812,18 @@ def _kernel_classes():
                 for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
                     p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
                     keep = key < len_k
-                    if const_expr(self.causal):
+                    if const_expr(self.causal and not self.diag_mask):
                         keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
                     St[r, c] = p if keep else Float32(0.0)
+            if const_expr(self.diag_mask):
+                # causal bound only where it cuts this step's block (diagonal steps), as
+                # the TLX twin's DIAG_MASK; a warp-uniform branch
+                if causal_cut(n0 + wg_key0, m0, len_k - len_q):
+                    for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                        key = n0 + tScS[r, 0][0]
+                        for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                            St[r, c] = St[r, c] if key <= m0 + tScS[0, c][1] + len_k - len_q \
+                                else Float32(0.0)
             tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
                   zero_init=False, wait=-1)

@@ -333,27 +333,10 @@ def test_ws_causal_cut_keeps_the_mask(bm):
     (rows past it get P = 0 from lse = +inf), and only the steps near the diagonal are cut:
     at most BN / bm + 1 per consumer and tile, whatever its length (the band of a consumer's
     64 keys, and for consumer 1 the rows from m_lo that see none of its keys)."""
-    np = pytest.importorskip("numpy")
+    pytest.importorskip("numpy")
+    from _causal import assert_cut_keeps_the_mask
     from kernels_tlx import bwd_hopper_ws as ws
     cut_fn = getattr(ws.causal_cut, "fn", ws.causal_cut)  # the jit function's Python body
-    BN, BNC = 128, 128 // ws.NUM_CONSUMERS.value
-    for len_q in (1, 64, 100, 257):
-        for off in range(-len_q + 1, 140):  # len_k - len_q: every residue of the blocks
-            len_k = len_q + off
-            for n0 in range(0, len_k, BN):  # schedule(): m_lo, n_m of a causal tile
-                m_lo = max(n0 - len_k + len_q, 0) // bm * bm
-                n_m = max(-(-(len_q - m_lo) // bm), 0)
-                for c in range(ws.NUM_CONSUMERS.value):
-                    nc0 = n0 + c * BNC
-                    n = np.arange(nc0, nc0 + BNC)[:, None]
-                    cuts = 0
-                    for jm in range(n_m):
-                        m0 = m_lo + jm * bm
-                        m = np.arange(m0, m0 + bm)[None, :]
-                        full = (n < len_k) & (n <= m + off)
-                        cut = bool(cut_fn(nc0, m0, off, BNC))
-                        diag = (n < len_k) & ((n <= m + off) if cut else True)
-                        rows = (m < len_q) & np.ones_like(n, dtype=bool)
-                        assert (full == diag)[rows].all(), (len_q, len_k, n0, c, m0)
-                        cuts += cut
-                    assert cuts <= BN // bm + 1, (len_q, len_k, n0, c, cuts)
+    n_wg = ws.NUM_CONSUMERS.value
+    assert_cut_keeps_the_mask(lambda nc0, m0, off: cut_fn(nc0, m0, off, 128 // n_wg), bm,
+                              128, n_wg)

@@ -113,7 +113,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dqblk", "dkvsmem", "lsesmem"}             # measured defaults
-    assert set(OPTS) == nc
+    assert set(OPTS) == nc | {"diagmask"}                      # diagmask: opt-in, not run
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
@@ -121,7 +121,8 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
-    assert bwd_opts(False, "dqord,dqblk,dkvsmem,lsesmem") == set(OPTS)
+    assert bwd_opts(False, "dqord,dqblk,dkvsmem,lsesmem") == nc
+    assert bwd_opts(True, "dqord,dqblk,dkvsmem,lsesmem,diagmask") == set(OPTS)
     with pytest.raises(ValueError):
         bwd_opts(False, "qfirst")                                # measured, deleted
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
@@ -133,6 +134,105 @@ def test_bwd_opts_parse(monkeypatch):
     for bad in ("nope", "lse", "pds2", "q3"):                  # lse: always on; others gone
         with pytest.raises(ValueError):
             bwd_opts(False, bad)
+
+
+def _compile_spill_free(tmp_path, D, causal, bq, dtype, spec):
+    """(PTX path, PTX) of the main kernel with switches `spec`: wgmma present and, where
+    ptxas is on PATH, no spills and no ptxas-injected wgmma wait."""
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
+                              f"opts=B.bwd_opts({causal}, {spec!r}))", dtype)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16", ptx)
+    res, adv = _ptxas(path), _ptxas_advisories(path)
+    print(f"D={D} causal={causal} bq={bq} {dtype} {spec}: ptxas (registers, spill bytes): "
+          f"{res}, advisories {adv}")
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+        assert not adv, adv
+    return path, ptx
+
+
+def _loop_sass(path):
+    """The loops (backward branches) holding wgmmas, as lists of (address, SASS
+    instruction), from the cubin of `path` (ptxas, cuobjdump), or None without them."""
+    exe, dump = shutil.which("ptxas"), shutil.which("cuobjdump")
+    if exe is None or dump is None:
+        return None
+    cubin = path + ".cubin"
+    r = subprocess.run([exe, "-arch=sm_90a", path, "-o", cubin], capture_output=True,
+                       text=True, timeout=120)
+    if r.returncode != 0:
+        return None
+    sass = subprocess.run([dump, "-sass", cubin], capture_output=True, text=True,
+                          timeout=120).stdout
+    ins = [(int(a, 16), t.strip()) for a, t in
+           re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in at:
+            body = ins[at[int(m.group(1), 16)]:i + 1]
+            if any("HGMMA" in x for _, x in body):
+                loops.append(body)
+    return loops
+
+
+@pytest.mark.parametrize("D,bq,dtype", [(128, False, "bf16"), (64, False, "bf16"),
+                                        (128, True, "fp16")])
+def test_bwd_main_diagmask_compiles(tmp_path, D, bq, dtype):
+    """diagmask (opt-in, causal; the TLX twin's DIAG_MASK): the key-length mask on every
+    step, the causal bound in a warp-uniform branch taken only on the steps whose block it
+    cuts (`causal_cut`). Spill-free, no ptxas-injected wgmma wait; the Q-step loop (the
+    innermost loop with wgmmas) holds the branch over the bound's 32 ISETP + 32 selects
+    (sm_90a, D = 128 bf16: 500 SASS with both paths, 419 on the steps that skip it, 492
+    with the bound on every step, 407 non-causal). Non-causal ignores the switch
+    (same PTX)."""
+    spec = "dqord,dqblk,dkvsmem,lsesmem,diagmask"
+    path, _ = _compile_spill_free(tmp_path, D, True, bq, dtype, spec)
+    loops = _loop_sass(path)
+    if loops:
+        step = min(loops, key=len)                       # the Q-step loop
+        assert any("HGMMA" in x for _, x in step)
+        # the branch over the bound: a forward branch inside the loop whose skipped
+        # instructions hold the bound's ISETP and selects (32 each: FSEL, or SEL in one
+        # fp16 build) and no wgmma
+        at = {a: i for i, (a, _) in enumerate(step)}
+        skipped = []
+        for i, (a, x) in enumerate(step):
+            m = re.match(r"@!?P\d BRA (0x[0-9a-f]+)", x)
+            tgt = int(m.group(1), 16) if m else -1
+            if tgt > a and tgt in at:
+                skipped.append([y for _, y in step[i + 1:at[tgt]]])
+        sel = lambda b: sum(bool(re.match(r"F?SEL\b", y)) for y in b)
+        body = [b for b in skipped if sel(b) >= 32]
+        assert len(body) == 1, [len(b) for b in skipped]
+        body = body[0]
+        assert sum("ISETP" in y for y in body) >= 32 and not any("HGMMA" in y for y in body)
+        print(f"Q-step loop: {len(step)} SASS, {len(step) - len(body) - 1} on uncut steps")
+    if D == 128 and not bq:
+        # non-causal: the switch changes nothing
+        nc = {}
+        for name, sw in (("nc", spec), ("ref", "dqord,dqblk,dkvsmem,lsesmem")):
+            (tmp_path / name).mkdir()
+            nc[name] = _compile(tmp_path / name, "B.compile_main(dt, 128, False, False, "
+                                 f"opts=B.bwd_opts(False, {sw!r}))", dtype)
+        if all(nc.values()):
+            lines = {k: [ln for ln in open(q).read().splitlines() if not ln.startswith("//")]
+                     for k, q in nc.items()}
+            assert lines["nc"] == lines["ref"], "diagmask changed the non-causal PTX"
+
+
+def test_causal_cut_keeps_the_mask():
+    """Pure Python (no compile), as the TLX twin's test: diagmask's `causal_cut` plus the
+    key-length mask equals the full causal mask over the schedule's steps
+    (tests/_causal.py)."""
+    pytest.importorskip("numpy")
+    from _causal import assert_cut_keeps_the_mask
+    from kernels_cute.bwd_hopper import BLOCK_M, BLOCK_N, NUM_MMA_WG, causal_cut
+    assert_cut_keeps_the_mask(causal_cut, BLOCK_M, BLOCK_N, NUM_MMA_WG)
 
 
 def _ptxas_advisories(path):
@@ -158,23 +258,11 @@ def test_bwd_main_lsesmem_compiles(tmp_path, D, causal, bq, dtype):
     before its arrive.expect_tx (bar.warp.sync between); no spills, and no wgmma wait
     injected by ptxas (the dP^T accumulator starts at -delta: one register per element,
     see compute_step)."""
-    spec = "dqord,dqblk,dkvsmem,lsesmem"
-    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
-                              f"opts=B.bwd_opts({causal}, {spec!r}))", dtype)
-    if path is None:
-        pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    ptx = open(path).read()
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16", ptx)
+    _, ptx = _compile_spill_free(tmp_path, D, causal, bq, dtype, "dqord,dqblk,dkvsmem,lsesmem")
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert len(re.findall(r"ld\.shared\.v2\.(b32|f32)", ptx)) == 16
     assert "bar.warp.sync" in ptx
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2   # K/V, Q/dO
-    res, adv = _ptxas(path), _ptxas_advisories(path)
-    print(f"D={D} causal={causal} bq={bq} {dtype} {spec}: ptxas (registers, spill bytes): "
-          f"{res}, advisories {adv}")
-    if res is not None:
-        assert res[1] == 0, f"register spills: {res}"
-        assert not adv, adv
 
 
 def test_lsesmem_addresses(tmp_path):
