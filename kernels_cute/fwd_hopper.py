@@ -71,6 +71,11 @@ class Config:
                                 # 128-thread barrier (as TLX), so the two warpgroups never
                                 # meet at a tile's end; off: one 256-thread epilogue
                                 # barrier (JAGGED_FWD_CONFIG=wg_store=1 for A/B runs)
+    where_mask: bool = False    # opt-in: the KV mask as one select per element (as TLX's
+                                # tl.where) instead of a dynamic `if` per element, whose
+                                # lowering costs ~1000 (128-key) / ~300 (64-key) extra
+                                # SASS instructions per masked block
+                                # (JAGGED_FWD_CONFIG=where_mask=1 for A/B runs)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -126,6 +131,7 @@ def _kernel_class():
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.head_chunk = cfg.head_chunk
             self.wg_store = cfg.wg_store
+            self.where_mask = cfg.where_mask
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -382,9 +388,14 @@ def _kernel_class():
                 if const_expr(self.causal):
                     limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
                                         - n * self.block_n)
-                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                    if tScS[0, c][1] >= limit:
-                        S[r, c] = -Float32.inf
+                if const_expr(self.where_mask):
+                    # a select per element (TLX's tl.where), not a branch per element
+                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                        S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
+                else:
+                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                        if tScS[0, c][1] >= limit:
+                            S[r, c] = -Float32.inf
 
         @cute.jit
         def softmax(self, acc_S, row_max, row_sum, scale_log2):
