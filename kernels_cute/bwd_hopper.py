@@ -98,7 +98,17 @@ POST_VEC = 8
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
 #   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduces D / 8 boxes): the
 #          accumulator's STS.64 are conflict-free (row-major: 8 wavefronts, not 2; a 128B
-#          swizzle needs 16 live STS addresses and spills).
+#          swizzle through the swizzled pointer needs 16 live STS addresses and spills;
+#          through an element view, dqwide, 4).
+#   dqwide  (opt-in) the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows)
+#          with TMA's 128B swizzle: D / 32 reduce boxes of 64 x 32 a step (4 at D 128, not
+#          dqblk's 16 of 64 x 8 with 32 B rows; TLX: 2 of 64 x 64). The compute threads write
+#          through `dq_store_view` (the swizzle in elements: 4 live STS.64 bases a thread,
+#          one per 8-column group of a block; blocks and the +8 row fold into immediates).
+#          Banks: a warp's STS.64 (8 rows x 4 lanes x 8 B) spreads over all 32 banks twice
+#          (2 wavefronts, the minimum); each half warp (4 rows) reaches 16 banks only, so
+#          where the hardware splits 64-bit stores into half warps it is 4 wavefronts.
+#          Wins over dqblk when both are given. tests: test_dqwide_addresses.
 #   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
 #          released after the store. On by default since session 9 (the 200-problem GPU
@@ -137,7 +147,7 @@ POST_VEC = 8
 # 4.36 -> 4.09; llm B8 H16 8192 22.96 -> 22.37, causal (default dkvsmem) 14.09 -> 13.85.
 # Hence all four on, both causalities.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem", "diagmask")
+OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem", "diagmask", "dqwide")
 _MEASURED = ("dqord", "dqblk", "dkvsmem", "lsesmem")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 10
 
@@ -147,6 +157,7 @@ DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # ses
 # accumulator column c at byte ld_thread_offset(lane, stage) + 4 (x BLOCK_M + ld_column(c))
 # of sLD (x = 0: lse, 1: delta). tests/test_cute_bwd_compile.py checks these against the
 # wgmma partition and the layout.
+DQ_WIDE = 32                   # dqwide: fp32 columns of a dQ reduce box (128 B, the swizzle span)
 LD_SHAPE = (BLOCK_M, 2, Q_STAGES)
 LD_FLIP = 4 * 2 * BLOCK_M      # XOR of a thread offset with this: the other Q stage's
 
@@ -174,6 +185,38 @@ def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG):
     len_k get the key-length mask on every step. The TLX twin's `causal_cut`; plain
     arithmetic, so also callable from Python (tests)."""
     return nc0 + BNC - 1 > m0 + off
+
+
+def dq_smem_layout(D: int, opts):
+    """The fp32 dQ partial in smem, (BLOCK_M, D), as the TMA reduce box reads it.
+    dqwide: D / DQ_WIDE blocks of (BLOCK_M, DQ_WIDE) row-major, 128 B rows, 128B
+    swizzle (a ComposedLayout whose swizzle counts bytes, as sK's: the TMA atom takes
+    its swizzle mode from it; compute writes through `dq_store_view`). dqblk: blocks of
+    8 columns (32 B rows), no swizzle. Otherwise row-major."""
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import warpgroup
+    if "dqwide" in opts:
+        atom = warpgroup.make_smem_layout_atom(
+            warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
+        return cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
+    if "dqblk" in opts:
+        # blocks of 8 columns (32 B rows): a warp's STS.64 (8 rows x 4 lanes) covers
+        # 256 contiguous bytes, no bank conflict; TMA reduces D / 8 boxes of 64 x 8
+        return cute.make_layout((BLOCK_M, (8, D // 8)), stride=(8, (1, 8 * BLOCK_M)))
+    return cute.make_layout((BLOCK_M, D), stride=(D, 1))
+
+
+def dq_store_view(layout):
+    """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
+    offsets), the same bytes the TMA box reads."""
+    import cutlass.cute as cute
+    from cutlass import Float32
+
+    from .fragments import element_swizzled
+    if isinstance(layout, cute.ComposedLayout):
+        return element_swizzled(layout, Float32)
+    return layout
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
@@ -326,14 +369,8 @@ def _kernel_classes():
             sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
             sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
-            # dQ partial, fp32 (BLOCK_M, D) row-major: the TMA reduce box
-            if const_expr("dqblk" in self.opts):
-                # blocks of 8 columns (32 B rows): a warp's STS.64 (8 rows x 4 lanes) covers
-                # 256 contiguous bytes, no bank conflict; TMA reduces D / 8 boxes of 64 x 8
-                sdQ_layout = cute.make_layout((BLOCK_M, (8, D // 8)),
-                                              stride=(8, (1, 8 * BLOCK_M)))
-            else:
-                sdQ_layout = cute.make_layout((BLOCK_M, D), stride=(D, 1))
+            # dQ partial, fp32 (BLOCK_M, D): the TMA reduce box (dq_smem_layout)
+            sdQ_layout = dq_smem_layout(D, self.opts)
 
             # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
             # N = queries, K = D; both operands K-major from smem
@@ -399,7 +436,7 @@ def _kernel_classes():
                    scale: Float32, L_q: Int32, group: Int32,
                    sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                    sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
-                   sdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
+                   sdS_layout: cute.ComposedLayout, sdQ_layout,
                    tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
                    tiled_mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -429,7 +466,12 @@ def _kernel_classes():
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
             sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-            sdQ = storage.sdQ.get_tensor(sdQ_layout)
+            sdQ = sdQst = storage.sdQ.get_tensor(sdQ_layout)
+            if const_expr(isinstance(sdQ_layout, cute.ComposedLayout)):
+                # dqwide: the TMA reads through the swizzled pointer (as sK), the compute
+                # threads write through the element view (static offsets): the same bytes
+                sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+                sdQst = storage.sdQ.get_tensor(dq_store_view(sdQ_layout))
             # sV with the swizzle in the layout, for dkvsmem's 16-byte reads: their row
             # offsets fold into immediates (through the swizzled pointer: an XOR chain per
             # row, hoisted out of the tile loop, and spills). In elements: session 7's view
@@ -453,7 +495,7 @@ def _kernel_classes():
             else:
                 cute.arch.setmaxregister_increase(MMA_REGS)
                 tidx = cute.arch.thread_idx()[0] - 128
-                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
+                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQst, sVst,
                              pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv,
                              tiled_mma_dq, tidx, scale, sched, sLD)
 

@@ -113,7 +113,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dqblk", "dkvsmem", "lsesmem"}             # measured defaults
-    assert set(OPTS) == nc | {"diagmask"}                      # diagmask: opt-in, not run
+    assert set(OPTS) == nc | {"diagmask", "dqwide"}            # opt-in, not run on a GPU
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
@@ -122,7 +122,10 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(True, " dqord, ") == {"dqord"}
     assert bwd_opts(False, "dqblk") == {"dqblk"}
     assert bwd_opts(False, "dqord,dqblk,dkvsmem,lsesmem") == nc
-    assert bwd_opts(True, "dqord,dqblk,dkvsmem,lsesmem,diagmask") == set(OPTS)
+    assert bwd_opts(True, "dqord,dqblk,dkvsmem,lsesmem,diagmask,dqwide") == set(OPTS)
+    assert bwd_opts(False, "dqord,dkvsmem,lsesmem,dqwide") == {"dqord", "dkvsmem",
+                                                                "lsesmem", "dqwide"}
+    assert "dqwide" not in bwd_opts(True) | bwd_opts(False)
     with pytest.raises(ValueError):
         bwd_opts(False, "qfirst")                                # measured, deleted
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
@@ -383,4 +386,102 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
     """, """
         assert len(F) == 4, F
         assert not any(F.values()), F
+    """)
+
+
+@pytest.mark.parametrize("D,causal,bq,dtype,spec", [
+    (128, True, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
+    (128, False, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
+    (64, True, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
+    (64, False, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
+    (128, True, True, "fp16", "dqord,dkvsmem,lsesmem,dqwide"),
+    (128, False, False, "fp16", "dqord,dqblk,dkvsmem,lsesmem,dqwide")])   # dqwide wins
+def test_bwd_main_dqwide_compiles(tmp_path, D, causal, bq, dtype, spec):
+    """dqwide (opt-in): D / 32 TMA reduce-adds of 64 x 32 fp32 a step (dqblk: D / 8 of
+    64 x 8), the dQ partial still D / 8 st.shared.v2 a thread (2 rows x D / 16 column
+    pairs); no spills, no ptxas-injected wgmma wait. Addresses: test_dqwide_addresses."""
+    _, ptx = _compile_spill_free(tmp_path, D, causal, bq, dtype, spec)
+    red = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx)
+    assert len(red) == D // 32, len(red)
+    # dQ's stores plus lsesmem's 2 (the load warp's lse / delta rows), as with dqblk
+    assert len(re.findall(r"st\.shared\.v2\.(b32|f32)", ptx)) == D // 8 + 2
+
+
+def test_dqwide_addresses(tmp_path):
+    """dqwide's fp32 dQ partial in smem: the compute threads (the dQ wgmma's C partition,
+    partition_C of `dq_store_view`, the layout the kernel writes through) put each
+    (row, col) of the 64 x D tile exactly once, at the byte the TMA reduce box reads for
+    it: D / 32 boxes of 64 x 32 fp32, 8 KB each, 128 B rows, hardware 128B swizzle (byte
+    bits 4-6 ^= bits 7-9). The layout the TMA atom is built from (`dq_smem_layout`) carries
+    that swizzle (S<3,4,3>, in bytes) over the same row-major boxes. Each thread's two
+    columns of a pair are adjacent (one STS.64), and every warp store instruction covers
+    each of the 32 banks exactly twice (2 wavefronts, the minimum for 256 bytes). Controls:
+    the unswizzled and the byte-counted (wrong) swizzle views must fail the same check."""
+    traced_check(tmp_path, "dq_check", """
+        import cutlass, cutlass.cute as cute
+        from cutlass.cute.nvgpu import warpgroup
+        import cutlass.utils.hopper_helpers as sm90
+        from kernels_cute import bwd_hopper as B
+
+        FOUND = {}
+
+        def hw_byte(r, c):
+            box, b = c // B.DQ_WIDE, r * 4 * B.DQ_WIDE + (c % B.DQ_WIDE) * 4
+            return box * 4 * B.DQ_WIDE * B.BLOCK_M + (b ^ (((b >> 7) & 7) << 4))
+
+        def run():
+            for D in (64, 128):
+                L = B.dq_smem_layout(D, {"dqwide", "dqblk"})      # dqwide wins
+                sw = L.inner
+                FOUND[(D, "swizzle")] = (sw.num_bits, sw.num_base, sw.num_shift)
+                # the boxes: row-major 64 x 32 fp32, one after the other
+                FOUND[(D, "outer")] = [
+                    (r, c) for r in range(B.BLOCK_M) for c in range(D)
+                    if cute.crd2idx((r, c), L.outer) !=
+                    (c // B.DQ_WIDE) * B.DQ_WIDE * B.BLOCK_M + r * B.DQ_WIDE + c % B.DQ_WIDE]
+                tiled = sm90.make_trivial_tiled_mma(
+                    cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.MN,
+                    warpgroup.OperandMajorMode.MN, cutlass.Float32,
+                    atom_layout_mnk=(1, B.NUM_MMA_WG, 1), tiler_mn=(64, D // B.NUM_MMA_WG))
+                views = {"kernel": B.dq_store_view(L), "plain": L.outer,
+                         "byteswz": cute.make_composed_layout(L.inner, 0, L.outer)}
+                for name, V in views.items():
+                    seen, bad, pairs, insn = {}, [], [], {}
+                    for t in range(128 * B.NUM_MMA_WG):
+                        C = tiled.get_slice(t).partition_C(
+                            cute.make_identity_tensor((B.BLOCK_M, D)))
+                        for i in range(cute.size(C)):
+                            r, c = C[i]
+                            got = 4 * cute.crd2idx((r, c), V)
+                            seen[(r, c)] = seen.get((r, c), 0) + 1
+                            if got != hw_byte(r, c):
+                                bad.append((t, i, r, c, got, hw_byte(r, c)))
+                            if i % 2 == 0:   # register pair i, i + 1: one STS.64
+                                r1, c1 = C[i + 1]
+                                if r1 != r or c1 != c + 1 or got % 8 or \\
+                                        4 * cute.crd2idx((r1, c1), V) != got + 4:
+                                    pairs.append((t, i))
+                                insn.setdefault((t // 32, i), []).append(got)
+                    banks = []    # instructions reaching a bank other than twice
+                    for k, a in insn.items():
+                        words = [w // 4 for x in a for w in (x, x + 4)]
+                        if sorted(w % 32 for w in words) != sorted(list(range(32)) * 2):
+                            banks.append(k)
+                    FOUND[(D, name)] = dict(
+                        once=sorted(seen) == [(r, c) for r in range(B.BLOCK_M)
+                                              for c in range(D)] and
+                        set(seen.values()) == {1},
+                        bad=bad, pairs=pairs, banks=banks, n=len(insn))
+    """, """
+        for D in (64, 128):
+            assert F[(D, "swizzle")] == (3, 4, 3), F[(D, "swizzle")]
+            assert not F[(D, "outer")], F[(D, "outer")][:10]
+            k = F[(D, "kernel")]
+            assert k["once"], "not every (row, col) exactly once"
+            assert not k["bad"], k["bad"][:10]
+            assert not k["pairs"], k["pairs"][:10]
+            assert not k["banks"], k["banks"][:10]
+            assert k["n"] == 8 * (D // 8), k["n"]    # 8 warps x D / 8 STS.64 a thread
+            for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
+                assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
     """)
