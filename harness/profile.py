@@ -95,9 +95,11 @@ def _env(var: str | None):
             os.environ[name] = old
 
 
-def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag) -> list[str]:
+def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag,
+                     records: list) -> list[str]:
     """Gate one problem (the sweep's own gate), then one line per pass; under the caller's
-    environment, so an A/B variant is gated before it is timed."""
+    environment, so an A/B variant is gated before it is timed. Each timed pass is also
+    appended to `records` (for `ab_summary`)."""
     bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch, timing=False)
            if r["status"] != "ok"]
     if bad:
@@ -113,6 +115,37 @@ def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag) 
         print(lines[-1], flush=True)
         if r["cprofile"]:
             print(r["cprofile"], flush=True)
+        records.append(dict(backend=name, problem=p.label(), pass_=ps, variant=tag.strip(" []"),
+                            gpu_ms=r["gpu_ms"], bench_ms=r["bench_ms"]))
+    return lines
+
+
+def ab_summary(records: list[dict]) -> list[str]:
+    """The A/B table printed last: per (backend, pass, problem) and variant ("" = as is),
+    the rounds run and the mean kernel time (torch.profiler) and do_bench, with the
+    change against the run as is. Kernel time is the steadier of the two (do_bench of one
+    variant moved 2-6 % between rounds on the H200, PERF.md session 10)."""
+    groups: dict = {}
+    for r in records:
+        key = (r["backend"], r["pass_"], r["problem"])
+        groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
+    mean = lambda rs, k: sum(x[k] for x in rs) / len(rs)
+
+    def pct(v, base):
+        return f"{100 * (v / base - 1):+6.1f} %" if base and base == base and v == v else " " * 8
+
+    lines = ["A/B summary (means over rounds; % against the run as is):",
+             f"{'backend':8s} {'pass':4s} {'variant':44s} {'rounds':>6s} {'gpu ms':>9s} "
+             f"{'':8s} {'do_bench ms':>11s}"]
+    for (name, ps, label), variants in groups.items():
+        lines.append(f"{name:8s} {ps:4s} {label}")
+        base = variants.get("")
+        for var, rs in variants.items():
+            g, t = mean(rs, "gpu_ms"), mean(rs, "bench_ms")
+            d_g = pct(g, mean(base, "gpu_ms")) if base and var else " " * 8
+            d_t = pct(t, mean(base, "bench_ms")) if base and var else " " * 8
+            lines.append(f"{'':13s} {(var or 'as is')[:44]:44s} {len(rs):6d} {g:9.3f} {d_g} "
+                         f"{t:11.3f} {d_t}".rstrip())
     return lines
 
 
@@ -120,9 +153,11 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = ()
         host: bool = False) -> list[str]:
     """`ab` (["NAME=value", ...]): each problem is gated and profiled as is, then gated and
     profiled again with each variable set in turn (read per call by the code under test),
-    in one process. `host`: also print a cProfile of the calls."""
+    in one process; a variable given twice runs twice (a repeat round), and the A/B
+    summary table (`ab_summary`) is printed last. `host`: also print a cProfile of the
+    calls."""
     from . import backends
-    lines = []
+    lines, records = [], []
     for name in backend_names:
         b = backends.get(name)
         ok, why = b.available()
@@ -133,5 +168,8 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = ()
         for p in problems:
             for var in (None, *ab):
                 with _env(var) as tag:
-                    lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag)
+                    lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag,
+                                              records)
+    if ab and records:
+        print("\n".join(ab_summary(records)), flush=True)
     return lines

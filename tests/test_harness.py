@@ -321,4 +321,18 @@ def test_profile_runs_gate_then_reports(capsys):
     assert len(lines) == 4 and all("host" in l and "do_bench" in l for l in lines), lines
     assert sum("[JAGGED_BWD_IMPL=triton]" in l for l in lines) == 2
     assert "JAGGED_BWD_IMPL" not in os.environ
-    assert capsys.readouterr().out.count("tottime") == 4  # one cProfile table per line
+    out = capsys.readouterr().out
+    assert out.count("tottime") == 4  # one cProfile table per line
+    assert out.rstrip().splitlines()[-1].strip().startswith("JAGGED_BWD_IMPL=triton")  # A/B table last
+
+
+def test_ab_summary_means_rounds_against_the_run_as_is():
+    from harness.profile import ab_summary
+    rec = lambda v, g, t: dict(backend="tlx", problem="P", pass_="fwd", variant=v, gpu_ms=g,
+                               bench_ms=t)
+    lines = ab_summary([rec("", 2.0, 4.0), rec("X=1", 1.0, 3.0), rec("X=0", 2.0, 4.0),
+                        rec("X=1", 2.0, 5.0)])
+    rows = {l.split()[0]: l.split() for l in lines[3:]}
+    assert rows["as"][2:] == ["1", "2.000", "4.000"]
+    assert rows["X=1"][1:] == ["2", "1.500", "-25.0", "%", "4.000", "+0.0", "%"]
+    assert rows["X=0"][1:] == ["1", "2.000", "+0.0", "%", "4.000", "+0.0", "%"]
