@@ -12,6 +12,7 @@ launches and do_bench times the host. Every problem passes the oracle gate first
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections import defaultdict
 
@@ -131,8 +132,9 @@ def ab_summary(records: list[dict]) -> list[str]:
         groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
     mean = lambda rs, k: sum(x[k] for x in rs) / len(rs)
 
-    def pct(v, base):
-        return f"{100 * (v / base - 1):+6.1f} %" if base and base == base and v == v else " " * 8
+    def pct(v, base):  # blank without a usable base (no GPU: kernel time 0)
+        ok = base and math.isfinite(base) and math.isfinite(v)
+        return f"{100 * (v / base - 1):+6.1f} %" if ok else " " * 8
 
     lines = ["A/B summary (means over rounds; % against the run as is):",
              f"{'backend':8s} {'pass':4s} {'variant':44s} {'rounds':>6s} {'gpu ms':>9s} "

@@ -181,11 +181,13 @@ WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128;
 # JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
 # wgmma pass puts a wait 0 after every dot (null at 32-row steps, session 6; at 64-row
-# steps it compiles spill-free and leaves 3 waits of 0 and 2 of 1 a step, not yet run)
+# steps 3 waits of 0 and 2 of 1 remain a step; measured null there too, session 10:
+# llm 21.41 -> 21.12 ms do_bench, kernel time 20.94 -> 21.45; causal 12.80 -> 12.84)
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
 WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
-# whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps; compile-only so far)
+# whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps); session 10, llm causal:
+# do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 
 

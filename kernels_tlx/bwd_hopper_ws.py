@@ -77,7 +77,9 @@ D = 128, bf16). With DIAG_MASK the key-length mask stays on every step and the c
 is applied in a branch taken only when it cuts the step's block (causal_cut: 2 steps a
 tile in self-attention): 438 instructions on the other steps, 520 on those; same registers
 (240, no spill), smem and wgmma schedule; the default build's SASS is unchanged. At 32-row
-steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Compile-only so far.
+steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Measured in
+session 10 at llm causal: do_bench 12.72 / 12.87 -> 12.37 / 12.52 ms, kernel time flat
+(12.19 / 13.15 -> 12.68 / 12.59): the mask was not the limiter it was predicted to be.
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).

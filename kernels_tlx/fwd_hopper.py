@@ -248,9 +248,10 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
     if RCP_STORE:  # one division a row, not one an element
-        tlx.local_store(o_buf, (acc * (1.0 / l_use)[:, None]).to(o_buf.dtype))
+        o = acc * (1.0 / l_use)[:, None]
     else:
-        tlx.local_store(o_buf, (acc / l_use[:, None]).to(o_buf.dtype))
+        o = acc / l_use[:, None]
+    tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
     out_rows = (out_start + rows).to(tl.int64)
