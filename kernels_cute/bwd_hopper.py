@@ -146,10 +146,14 @@ POST_VEC = 8
 # round where shown): gem-jagged 2048 / s0.5 19.42, 19.52 -> 18.60, 18.48; 512 / s0.9
 # 4.36 -> 4.09; llm B8 H16 8192 22.96 -> 22.37, causal (default dkvsmem) 14.09 -> 13.85.
 # Hence all four on, both causalities.
+# Session 11 (760b404), dqwide and diagmask against that default, llm causal: GPU ms
+# 13.95 -> 12.96 (dqwide), 13.05 (both); do_bench 14.16 -> 12.48, 12.25 (diagmask alone
+# 14.13). Non-causal llm 20.64 -> 20.64 / 20.38, gem 1024 / s0.5 5.49 -> 5.50 (do_bench
+# 5.64 -> 5.45). Matrix 200/200 (seed 502382232) with both: on, dqblk superseded.
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
 OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem", "diagmask", "dqwide")
-_MEASURED = ("dqord", "dqblk", "dkvsmem", "lsesmem")
-DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 10
+_MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
+DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
 
 # lsesmem's sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major.
