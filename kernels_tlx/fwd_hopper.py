@@ -53,10 +53,6 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    # opt-in per-tile trims, as the CuteDSL twin does them (compile-only so far):
-    first_bulk: int = 0         # the first block unmasked when the bulk covers it (not
-                                # causal: its second softmax copy spills 5 at D = 128)
-    rcp_store: int = 0          # O = acc * (1 / l): one division a row, not an element
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -187,7 +183,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, FIRST_BULK: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -199,7 +195,9 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     slower at gem-jagged s0.9 on the H200, so the loops stay at num_stages=1.
     Moving the bulk's O *= alpha one step later (after V's wait, shortening the window
     from PV done to the next QK issue) measured null in session 10 (llm -0.9 %, gem
-    2048 / s0.9 +1.2 %) and was removed."""
+    2048 / s0.9 +1.2 %) and was removed; so were the CuteDSL twin's per-tile forms (an
+    unmasked first block when the bulk covers it, one reciprocal a row in the store):
+    session 11, kernel time 1024 / s0.5 -1.1 %, 256 / s0.5 +10.8 %."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
@@ -208,12 +206,8 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
-        if FIRST_BULK and n_bulk > 0:  # every row sees the whole block: no mask
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                          v_bufs.dtype, BLOCK_N, False, CAUSAL)
-        else:
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                          v_bufs.dtype, BLOCK_N, True, CAUSAL)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
+                                      v_bufs.dtype, BLOCK_N, True, CAUSAL)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in tl.range(1, n_bulk, num_stages=1):
@@ -240,17 +234,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 @triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, RCP_STORE: tl.constexpr):
+          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    if RCP_STORE:  # one division a row, not one an element
-        o = acc * (1.0 / l_use)[:, None]
-    else:
-        o = acc / l_use[:, None]
+    o = acc / l_use[:, None]
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
@@ -271,8 +262,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, FIRST_BULK: tl.constexpr,
-               RCP_STORE: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -309,9 +299,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, FIRST_BULK)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM, RCP_STORE)
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -333,8 +323,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                FIRST_BULK=bool(cfg.first_bulk) and not causal, RCP_STORE=cfg.rcp_store)
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

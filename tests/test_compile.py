@@ -56,26 +56,6 @@ def test_fwd_kv3_variant_fits_sm90():
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 
 
-@pytest.mark.parametrize("d,bucket,causal,bq,dt", [
-    (128, "long", False, False, "bf16"), (128, "long", True, False, "bf16"),
-    (128, "short", False, False, "bf16"), (128, "long", False, True, "fp16"),
-    (64, "long", True, True, "fp16"), (64, "short", False, False, "bf16")])
-def test_fwd_tile_trims_sm90(d, bucket, causal, bq, dt):
-    """JAGGED_FWD_CONFIG=first_bulk=1,rcp_store=1 (the CuteDSL twin's per-tile forms: the
-    first block unmasked when the bulk covers it, O scaled by one reciprocal a row)
-    compiles spill-free; first_bulk is off for causal (its second softmax copy spills)."""
-    from dataclasses import replace
-    cfg = replace(fh.CONFIGS[(d, bucket)], first_bulk=1, rcp_store=1)
-    args = fh.kernel_args(cfg, d, causal, bq)
-    assert args["FIRST_BULK"] == (not causal) and args["RCP_STORE"] == 1
-    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt), args, arch=90,
-                         num_warps=4, num_stages=1, name=f"fwd D{d} {bucket} trims")
-    print(rep.row())
-    assert rep.has_mma and rep.mma == "wgmma", rep.row()
-    assert not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
-    assert rep.ttgir != compile_fwd(d, bucket, causal, bq, dt, 1).ttgir
-
-
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):
