@@ -93,65 +93,48 @@ POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 
 # A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
-# the default for the call's causality (DEFAULT_OPTS), "none", "all", or a comma list.
+# the default for the call's causality (DEFAULT_OPTS: all five, both causalities), "none",
+# "all", or a comma list.
 #   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
-#   dqblk  the fp32 dQ staging tile in blocks of 8 columns (TMA reduces D / 8 boxes): the
-#          accumulator's STS.64 are conflict-free (row-major: 8 wavefronts, not 2; a 128B
-#          swizzle through the swizzled pointer needs 16 live STS addresses and spills;
-#          through an element view, dqwide, 4).
-#   dqwide  (opt-in) the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows)
-#          with TMA's 128B swizzle: D / 32 reduce boxes of 64 x 32 a step (4 at D 128, not
-#          dqblk's 16 of 64 x 8 with 32 B rows; TLX: 2 of 64 x 64). The compute threads write
-#          through `dq_store_view` (the swizzle in elements: 4 live STS.64 bases a thread,
-#          one per 8-column group of a block; blocks and the +8 row fold into immediates).
+#   dqwide  the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows) with
+#          TMA's 128B swizzle: D / 32 reduce boxes of 64 x 32 a step (4 at D 128; TLX: 2 of
+#          64 x 64). The compute threads write through `dq_store_view` (the swizzle in
+#          elements: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks
+#          and the +8 row fold into immediates; through the swizzled pointer: 16, spills).
 #          Banks: a warp's STS.64 (8 rows x 4 lanes x 8 B) spreads over all 32 banks twice
 #          (2 wavefronts, the minimum); each half warp (4 rows) reaches 16 banks only, so
 #          where the hardware splits 64-bit stores into half warps it is 4 wavefronts.
-#          Wins over dqblk when both are given. tests: test_dqwide_addresses.
+#          Off: one row-major 64 x D box (8 wavefronts). tests: test_dqwide_addresses.
 #   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
 #          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
-#          released after the store. On by default since session 9 (the 200-problem GPU
-#          matrix passed with dqord,dqblk,dkvsmem on every problem).
+#          released after the store.
 #   lsesmem  lse*log2e and delta staged in smem per Q stage by the load warp (as TLX's
 #          64-row kernel), read at use by compute: no lse/delta loads, shuffles or Q-block
 #          index divisions in the step. Off, the step's 4 LDGs (next step's rows) are
 #          issued just before the dQ handoff's fence, whose MEMBAR.ALL.CTA waits for them
 #          (L2 latency exposed every step), and the loop top computes the next step's
 #          head / block with two integer divisions while no wgmma is in flight.
-#          On by default since session 10 (below).
-#   diagmask  causal only (opt-in, TLX's JAGGED_BWD_WS_DIAG_MASK=1): the key-length mask on
+#   diagmask  causal only (TLX's JAGGED_BWD_WS_DIAG_MASK=1): the key-length mask on
 #          every step, the causal bound only in a branch taken when it cuts the warpgroup's
 #          block (`causal_cut`: 1-2 steps a tile in self-attention); the other steps lose
 #          the bound's ISETP / FSEL / VIADD (~85 SASS a step, in the exp window under the
 #          dP^T wgmma). Non-causal builds ignore it.
-# Backward kernel ms, H200, session 6, B8 H16 N8192 D128 bf16, one process:
-#                                       non-causal  causal
-#   lse / delta loaded per column (old)    45.39     26.91   <- prefetch now unconditional
-#   none                                   24.48     15.68
-#   dqord,dqblk                            22.81     18.15
-#   dqord,dqblk + pds2,q3                  22.69     18.33   <- within 1 %: both deleted
-# (pds2: dS^T double-buffered, q3: a 3-deep Q / dO ring.) Hence both on for non-causal
-# (-7 %), off for causal (+16 % with them; cause not yet known). dqord,dqblk passed the
-# GPU oracle on 13 problems, all modes.
-# Session 8, gem-jagged B1152 H4 D128 bf16 (GPU ms, torch.profiler, one process):
-#                                 256 / s0.5   512 / s0.9
-#   dqord,dqblk (the default)        1.346        5.412
-#   + dkvsmem                        0.964        4.187
-#   + dkvsmem + qfirst               0.969            -   <- qfirst (a tile's first Q/dO
-#   + qfirst                         1.342            -      loads before its K/V): deleted
-# Session 9, B8 H16 N8192 D128 bf16 causal (do_bench ms): none 14.41, dqord 14.44,
-#   dqblk 14.00, dkvsmem 13.88.
-# Session 10, do_bench ms, the default then against dqord,dqblk,dkvsmem,lsesmem (a repeat
-# round where shown): gem-jagged 2048 / s0.5 19.42, 19.52 -> 18.60, 18.48; 512 / s0.9
-# 4.36 -> 4.09; llm B8 H16 8192 22.96 -> 22.37, causal (default dkvsmem) 14.09 -> 13.85.
-# Hence all four on, both causalities.
-# Session 11 (760b404), dqwide and diagmask against that default, llm causal: GPU ms
-# 13.95 -> 12.96 (dqwide), 13.05 (both); do_bench 14.16 -> 12.48, 12.25 (diagmask alone
-# 14.13). Non-causal llm 20.64 -> 20.64 / 20.38, gem 1024 / s0.5 5.49 -> 5.50 (do_bench
-# 5.64 -> 5.45). Matrix 200/200 (seed 502382232) with both: on, dqblk superseded.
+# Why each is on: H200, ms of the main kernel (d: do_bench, else GPU kernel time); llm =
+# B8 H16 N8192 D128 bf16, gem = gem-jagged B1152 H4 D128 bf16; without -> with:
+#   dqord     s6   llm 24.48 -> 22.81 (with dqblk; causal 15.68 -> 18.15, cause unknown:
+#                  on for causal since s10, below)
+#   dkvsmem   s8   gem 256 / s0.5 1.346 -> 0.964, 512 / s0.9 5.412 -> 4.187;
+#             s9   llm causal d 14.41 -> 13.88
+#   lsesmem   s10  d: gem 2048 / s0.5 19.42 -> 18.60, 512 / s0.9 4.36 -> 4.09, llm 22.96 ->
+#                  22.37; llm causal (with dqord, dqblk: all on) 14.09 -> 13.85
+#   dqwide    s11  llm causal d 14.16 -> 12.48 (GPU 13.95 -> 12.96); llm 20.64 -> 20.64
+#   diagmask  s11  with dqwide: llm causal d 12.48 -> 12.25 (alone 14.13); llm 20.64 ->
+#                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
+#   GPU matrix 200/200 (seed 502382232) with all five.
+# Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dqblk", "dkvsmem", "lsesmem", "diagmask", "dqwide")
+OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
@@ -195,8 +178,8 @@ def dq_smem_layout(D: int, opts):
     """The fp32 dQ partial in smem, (BLOCK_M, D), as the TMA reduce box reads it.
     dqwide: D / DQ_WIDE blocks of (BLOCK_M, DQ_WIDE) row-major, 128 B rows, 128B
     swizzle (a ComposedLayout whose swizzle counts bytes, as sK's: the TMA atom takes
-    its swizzle mode from it; compute writes through `dq_store_view`). dqblk: blocks of
-    8 columns (32 B rows), no swizzle. Otherwise row-major."""
+    its swizzle mode from it; compute writes through `dq_store_view`). Otherwise
+    row-major."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.nvgpu import warpgroup
@@ -204,10 +187,6 @@ def dq_smem_layout(D: int, opts):
         atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
         return cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
-    if "dqblk" in opts:
-        # blocks of 8 columns (32 B rows): a warp's STS.64 (8 rows x 4 lanes) covers
-        # 256 contiguous bytes, no bank conflict; TMA reduces D / 8 boxes of 64 x 8
-        return cute.make_layout((BLOCK_M, (8, D // 8)), stride=(8, (1, 8 * BLOCK_M)))
     return cute.make_layout((BLOCK_M, D), stride=(D, 1))
 
 

@@ -51,9 +51,9 @@ BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
 NUM_THREADS = 128 * (NUM_MMA_WG + 1)
 LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
-EPILOGUE_BARRIER = 1   # named barrier ids (0 = syncthreads): consumers' epilogue,
-SCHED_BARRIER = 2      # and 2, 3: consumer 0 / 1 may issue its wgmmas (ping-pong)
-WG_EPILOGUE_BARRIER = 4  # and 4, 5: consumer 0 / 1's own epilogue (Config.wg_store)
+SCHED_BARRIER = 2      # named barrier ids (0 = syncthreads, 1 unused): 2, 3: consumer
+                       # 0 / 1 may issue its wgmmas (ping-pong)
+WG_EPILOGUE_BARRIER = 4  # and 4, 5: consumer 0 / 1's own epilogue (`store`)
 
 # CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
 OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
@@ -67,15 +67,7 @@ class Config:
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); compiled in
-    wg_store: bool = True       # each consumer stores its own 64 O rows behind a
-                                # 128-thread barrier (as TLX), so the two warpgroups never
-                                # meet at a tile's end; off: one 256-thread epilogue
-                                # barrier (JAGGED_FWD_CONFIG=wg_store=0 for A/B runs)
-    where_mask: bool = True     # the KV mask as one select per element (as TLX's
-                                # tl.where) instead of a dynamic `if` per element, whose
-                                # lowering costs ~1000 (128-key) / ~300 (64-key) extra
-                                # SASS instructions per masked block (session 11, H200:
-                                # 256 / 0.5 0.377 -> 0.268 ms, with wg_store 0.241)
+    # deleted, session 11: where_mask, wg_store (their winners are the only paths now)
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -130,8 +122,6 @@ def _kernel_class():
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.head_chunk = cfg.head_chunk
-            self.wg_store = cfg.wg_store
-            self.where_mask = cfg.where_mask
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -175,13 +165,13 @@ def _kernel_class():
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
             self.bytes_KV = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
 
-            # O: smem -> gmem, 16-byte vectors, threads laid out inside a swizzle atom
+            # O: smem -> gmem, 16-byte vectors, one warpgroup's threads laid out inside a
+            # swizzle atom (each consumer stores its own rows, `store`)
             vec = 128 // dt.width
             cols = atom.outer.shape[1] // vec
             store_tiled_copy_O = cute.make_tiled_copy_tv(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
-                cute.make_ordered_layout(((1 if self.wg_store else NUM_MMA_WG) * 128 // cols,
-                                          cols), order=(1, 0)),
+                cute.make_ordered_layout((128 // cols, cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
 
             @cute.struct
@@ -388,14 +378,10 @@ def _kernel_class():
                 if const_expr(self.causal):
                     limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
                                         - n * self.block_n)
-                if const_expr(self.where_mask):
-                    # a select per element (TLX's tl.where), not a branch per element
-                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                        S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
-                else:
-                    for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                        if tScS[0, c][1] >= limit:
-                            S[r, c] = -Float32.inf
+                # one select per element, as TLX's tl.where (an `if` per element: ~1000
+                # more SASS a 128-key masked block; session 11, 256 / 0.5 0.377 -> 0.268 ms)
+                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                    S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
 
         @cute.jit
         def softmax(self, acc_S, row_max, row_sum, scale_log2):
@@ -533,31 +519,15 @@ def _kernel_class():
                 tiled_mma_pv)
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-            if const_expr(self.wg_store):
-                # each warpgroup wrote (and now stores) only its own 64 rows, after a
-                # barrier of its own 128 threads
-                wg = cute.arch.make_warp_uniform(tidx // 128)
-                rows = BLOCK_M // NUM_MMA_WG
-                cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
-                store_rows(store_tiled_copy_O, tidx % 128,
-                           cute.local_tile(sO, (rows, self.D), (wg, 0)),
-                           head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D),
-                           rows_left - wg * rows)
-            else:
-                # (inline, not store_rows: the default build keeps the SASS that ran on the
-                # GPU; the branch goes if wg_store wins)
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,
-                                  number_of_threads=NUM_MMA_WG * 128)
-                thr_s2g = store_tiled_copy_O.get_slice(tidx)
-                tOsO = thr_s2g.partition_S(sO)
-                tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
-                cute.autovec_copy(tOsO, tOrO)
-                gO = head_tile(mO, out_start + m0, h, BLOCK_M, self.D)
-                tOgO = thr_s2g.partition_D(gO)
-                tOcO = thr_s2g.partition_S(cute.make_identity_tensor((BLOCK_M, self.D)))
-                for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                    if tOcO[0, i, 0][0] < rows_left:
-                        cute.copy(store_tiled_copy_O, tOrO[None, i, None], tOgO[None, i, None])
+            # each warpgroup stores its own 64 rows behind its own 128-thread barrier, as TLX
+            # (one 256-thread barrier: session 11, 256 / 0.5 0.268 -> 0.241 ms)
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            rows = BLOCK_M // NUM_MMA_WG
+            cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
+            store_rows(store_tiled_copy_O, tidx % 128,
+                       cute.local_tile(sO, (rows, self.D), (wg, 0)),
+                       head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D),
+                       rows_left - wg * rows)
 
     return FwdHopper
 

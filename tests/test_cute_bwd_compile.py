@@ -75,27 +75,31 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
 @pytest.mark.parametrize("D", [64, 128])
 def test_bwd_main_ab_switches_compile(tmp_path, D, causal):
     """The other setting of the A/B switches (none; the default is all of them):
-    compiles, wgmma, no spills at ptxas."""
+    compiles, wgmma, one row-major 64 x D dQ reduce box a step (dqwide off), no spills at
+    ptxas."""
     spec = "none"
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"opts=B.bwd_opts({causal}, {spec!r}))")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    assert "wgmma.mma_async" in open(path).read()
+    ptx = open(path).read()
+    assert "wgmma.mma_async" in ptx
+    red = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx)
+    assert len(red) == 1, len(red)
     res = _ptxas(path)
     print(f"D={D} causal={causal} {spec}: ptxas (registers, spill bytes): {res}")
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_bwd_main_dkvsmem_compiles(tmp_path, D):
-    """dkvsmem (non-causal, with dqord,dqblk: the candidate default): dK, dV leave through
-    sV as 16-byte stores, D / 8 a thread (64 rows x D x 2 tensors / 128 threads / 8), and
-    no per-element ones; no spills at ptxas. (Causal: test_bwd_main_ab_switches_compile.)"""
-    spec = "dqord,dqblk,dkvsmem"
-    path = _compile(tmp_path, f"B.compile_main(dt, {D}, False, False, "
-                              f"opts=B.bwd_opts(False, {spec!r}))")
+@pytest.mark.parametrize("D,causal", [(64, False), (128, False), (128, True)])
+def test_bwd_main_dkvsmem_compiles(tmp_path, D, causal):
+    """dkvsmem (in the default build): dK, dV leave through sV as 16-byte stores, D / 8 a
+    thread (64 rows x D x 2 tensors / 128 threads / 8), and no per-element ones; no spills
+    at ptxas. (Off: test_bwd_main_ab_switches_compile.)"""
+    spec = ""                                                    # the default
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
+                              f"opts=B.bwd_opts({causal}, {spec!r}))")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -104,28 +108,26 @@ def test_bwd_main_dkvsmem_compiles(tmp_path, D):
     assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx), "per-element dK/dV stores"
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2   # K/V, Q/dO
     res = _ptxas(path)
-    print(f"D={D} {spec}: ptxas (registers, spill bytes): {res}")
+    print(f"D={D} causal={causal} default: ptxas (registers, spill bytes): {res}")
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
 
 
 def test_bwd_opts_parse(monkeypatch):
-    from kernels_cute.bwd_hopper import OPTS, bwd_opts
+    from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
-    nc = c = {"dqord", "dqblk", "dkvsmem", "lsesmem"}             # measured defaults
-    assert set(OPTS) == nc | {"diagmask", "dqwide"}            # opt-in, not run on a GPU
+    nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
+    assert set(OPTS) == nc                                     # every switch is on
+    assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
     assert bwd_opts(False, "none") == frozenset()
     assert bwd_opts(True, "all") == set(OPTS)
     assert bwd_opts(True, " dqord, ") == {"dqord"}
-    assert bwd_opts(False, "dqblk") == {"dqblk"}
-    assert bwd_opts(False, "dqord,dqblk,dkvsmem,lsesmem") == nc
-    assert bwd_opts(True, "dqord,dqblk,dkvsmem,lsesmem,diagmask,dqwide") == set(OPTS)
+    assert bwd_opts(False, "dqord,dkvsmem,lsesmem,dqwide,diagmask") == nc
     assert bwd_opts(False, "dqord,dkvsmem,lsesmem,dqwide") == {"dqord", "dkvsmem",
                                                                 "lsesmem", "dqwide"}
-    assert "dqwide" not in bwd_opts(True) | bwd_opts(False)
     with pytest.raises(ValueError):
         bwd_opts(False, "qfirst")                                # measured, deleted
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "")
@@ -134,8 +136,8 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(False) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "dqord")
     assert bwd_opts(True) == bwd_opts(False) == {"dqord"}
-    for bad in ("nope", "lse", "pds2", "q3"):                  # lse: always on; others gone
-        with pytest.raises(ValueError):
+    for bad in ("nope", "lse", "pds2", "q3", "dqblk", "dqord,dqblk"):   # lse: always on;
+        with pytest.raises(ValueError):                                 # others gone
             bwd_opts(False, bad)
 
 
@@ -186,14 +188,14 @@ def _loop_sass(path):
 @pytest.mark.parametrize("D,bq,dtype", [(128, False, "bf16"), (64, False, "bf16"),
                                         (128, True, "fp16")])
 def test_bwd_main_diagmask_compiles(tmp_path, D, bq, dtype):
-    """diagmask (opt-in, causal; the TLX twin's DIAG_MASK): the key-length mask on every
+    """diagmask (default, causal; the TLX twin's DIAG_MASK): the key-length mask on every
     step, the causal bound in a warp-uniform branch taken only on the steps whose block it
     cuts (`causal_cut`). Spill-free, no ptxas-injected wgmma wait; the Q-step loop (the
     innermost loop with wgmmas) holds the branch over the bound's 32 ISETP + 32 selects
     (sm_90a, D = 128 bf16: 500 SASS with both paths, 419 on the steps that skip it, 492
     with the bound on every step, 407 non-causal). Non-causal ignores the switch
     (same PTX)."""
-    spec = "dqord,dqblk,dkvsmem,lsesmem,diagmask"
+    spec = "dqord,dkvsmem,lsesmem,dqwide,diagmask"                 # the default
     path, _ = _compile_spill_free(tmp_path, D, True, bq, dtype, spec)
     loops = _loop_sass(path)
     if loops:
@@ -218,7 +220,7 @@ def test_bwd_main_diagmask_compiles(tmp_path, D, bq, dtype):
     if D == 128 and not bq:
         # non-causal: the switch changes nothing
         nc = {}
-        for name, sw in (("nc", spec), ("ref", "dqord,dqblk,dkvsmem,lsesmem")):
+        for name, sw in (("nc", spec), ("ref", "dqord,dkvsmem,lsesmem,dqwide")):
             (tmp_path / name).mkdir()
             nc[name] = _compile(tmp_path / name, "B.compile_main(dt, 128, False, False, "
                                  f"opts=B.bwd_opts(False, {sw!r}))", dtype)
@@ -261,7 +263,7 @@ def test_bwd_main_lsesmem_compiles(tmp_path, D, causal, bq, dtype):
     before its arrive.expect_tx (bar.warp.sync between); no spills, and no wgmma wait
     injected by ptxas (the dP^T accumulator starts at -delta: one register per element,
     see compute_step)."""
-    _, ptx = _compile_spill_free(tmp_path, D, causal, bq, dtype, "dqord,dqblk,dkvsmem,lsesmem")
+    _, ptx = _compile_spill_free(tmp_path, D, causal, bq, dtype, "")     # the default
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert len(re.findall(r"ld\.shared\.v2\.(b32|f32)", ptx)) == 16
     assert "bar.warp.sync" in ptx
@@ -389,21 +391,19 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
     """)
 
 
-@pytest.mark.parametrize("D,causal,bq,dtype,spec", [
-    (128, True, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
-    (128, False, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
-    (64, True, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
-    (64, False, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide"),
-    (128, True, True, "fp16", "dqord,dkvsmem,lsesmem,dqwide"),
-    (128, False, False, "fp16", "dqord,dqblk,dkvsmem,lsesmem,dqwide")])   # dqwide wins
+@pytest.mark.parametrize("D,causal,bq,dtype,spec", [                # "": the default
+    (128, True, False, "bf16", ""), (128, False, False, "bf16", ""),
+    (64, True, False, "bf16", ""), (64, False, False, "bf16", ""),
+    (128, True, True, "fp16", ""), (128, False, False, "fp16", ""),
+    (128, True, False, "bf16", "dqord,dkvsmem,lsesmem,dqwide")])       # diagmask off
 def test_bwd_main_dqwide_compiles(tmp_path, D, causal, bq, dtype, spec):
-    """dqwide (opt-in): D / 32 TMA reduce-adds of 64 x 32 fp32 a step (dqblk: D / 8 of
-    64 x 8), the dQ partial still D / 8 st.shared.v2 a thread (2 rows x D / 16 column
-    pairs); no spills, no ptxas-injected wgmma wait. Addresses: test_dqwide_addresses."""
+    """dqwide (a default): D / 32 TMA reduce-adds of 64 x 32 fp32 a step (off: one of
+    64 x D), the dQ partial D / 8 st.shared.v2 a thread (2 rows x D / 16 column pairs); no
+    spills, no ptxas-injected wgmma wait. Addresses: test_dqwide_addresses."""
     _, ptx = _compile_spill_free(tmp_path, D, causal, bq, dtype, spec)
     red = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx)
     assert len(red) == D // 32, len(red)
-    # dQ's stores plus lsesmem's 2 (the load warp's lse / delta rows), as with dqblk
+    # dQ's stores plus lsesmem's 2 (the load warp's lse / delta rows)
     assert len(re.findall(r"st\.shared\.v2\.(b32|f32)", ptx)) == D // 8 + 2
 
 
@@ -431,7 +431,7 @@ def test_dqwide_addresses(tmp_path):
 
         def run():
             for D in (64, 128):
-                L = B.dq_smem_layout(D, {"dqwide", "dqblk"})      # dqwide wins
+                L = B.dq_smem_layout(D, {"dqwide"})
                 sw = L.inner
                 FOUND[(D, "swizzle")] = (sw.num_bits, sw.num_base, sw.num_shift)
                 # the boxes: row-major 64 x 32 fp32, one after the other

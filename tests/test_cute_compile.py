@@ -54,23 +54,30 @@ def test_forward_compiles_modes(tmp_path, causal, bq, dtype):
         assert "wgmma.mma_async" in ptx
 
 
-# Config.wg_store (opt-in): each consumer warpgroup stores its own 64 O rows behind a
-# 128-thread named barrier instead of the shared 256-thread epilogue barrier
-_WG_STORE_SCRIPT = textwrap.dedent("""
-    import sys, dataclasses, torch
+# The default build of each (D, bucket): each consumer warpgroup stores its own 64 O rows
+# behind a 128-thread named barrier (no shared 256-thread epilogue barrier; as TLX), and
+# the KV mask is one select per score (as TLX's tl.where; a dynamic `if` per score lowered
+# to select chains: ~2000 selp in the 128-key build, ~1000 more SASS per masked block).
+# Session 11 made both the only paths (Config.wg_store / where_mask deleted).
+_CONFIG_SCRIPT = textwrap.dedent("""
+    import sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper
-    cfg = dataclasses.replace(fwd_hopper.CONFIGS[({D}, {bucket!r})], wg_store=True)
-    fwd_hopper.compile_forward(torch.bfloat16, {D}, {causal}, False, cfg)
+    cfg = fwd_hopper.CONFIGS[({D}, {bucket!r})]
+    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
+    fwd_hopper.compile_forward(dt, {D}, {causal}, {bq}, cfg)
     print("COMPILED")
 """)
 
 
-@pytest.mark.parametrize("D,causal,bucket", [(64, False, "long"), (64, True, "long"),
-                                             (128, False, "long"), (128, True, "long"),
-                                             (128, False, "short")])
-def test_forward_wg_store_compiles(tmp_path, D, causal, bucket):
-    script = _WG_STORE_SCRIPT.format(root=ROOT, D=D, causal=causal, bucket=bucket)
+@pytest.mark.parametrize("D,causal,bq,bucket,dtype", [
+    (64, False, False, "long", "bf16"), (64, True, False, "long", "bf16"),
+    (64, True, False, "short", "bf16"),
+    (128, False, False, "long", "bf16"), (128, True, False, "long", "bf16"),
+    (128, False, False, "short", "bf16"), (128, True, True, "short", "fp16")])
+def test_forward_store_and_mask(tmp_path, D, causal, bq, bucket, dtype):
+    script = _CONFIG_SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, bucket=bucket,
+                                   dtype=dtype)
     path = compile_in_subprocess(tmp_path, script, timeout=900)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
@@ -80,38 +87,24 @@ def test_forward_wg_store_compiles(tmp_path, D, causal, bucket):
     # the per-warpgroup epilogue barrier, and no 256-thread epilogue barrier (id 1)
     assert any(n == "128" for _, n in syncs), syncs
     assert ("1", "256") not in syncs, syncs
-
-
-# Config.where_mask (opt-in): the KV mask as one select per score (as TLX's tl.where)
-# instead of a dynamic `if` per score; the `if` lowers to select chains (~2000 selp in
-# the 128-key build, ~1000 extra SASS instructions per masked block)
-_WHERE_MASK_SCRIPT = textwrap.dedent("""
-    import sys, dataclasses, torch
-    sys.path.insert(0, {root!r})
-    from kernels_cute import fwd_hopper
-    cfg = dataclasses.replace(fwd_hopper.CONFIGS[({D}, {bucket!r})], where_mask=True)
-    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
-    fwd_hopper.compile_forward(dt, {D}, {causal}, {bq}, cfg)
-    print("COMPILED")
-""")
-
-
-@pytest.mark.parametrize("D,causal,bq,bucket,dtype", [
-    (64, False, False, "long", "bf16"), (64, True, False, "short", "bf16"),
-    (128, False, False, "long", "bf16"), (128, True, False, "long", "bf16"),
-    (128, False, False, "short", "bf16"), (128, True, True, "short", "fp16")])
-def test_forward_where_mask_compiles(tmp_path, D, causal, bq, bucket, dtype):
-    script = _WHERE_MASK_SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, bucket=bucket,
-                                       dtype=dtype)
-    path = compile_in_subprocess(tmp_path, script, timeout=900)
-    if path is None:
-        pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    ptx = open(path).read()
-    assert "wgmma.mma_async" in ptx
     # one select per masked score: S has block_n / 2 scores a thread, masked in two
     # places (the first block and the tail step), so at least block_n (a mask folded away
-    # at trace time would leave ~44: the kernel's other selects); the default build has
-    # ~2000 (128 keys); D = 128 long non-causal: 172
+    # at trace time would leave ~44: the kernel's other selects); the `if` mask had ~2000
+    # (128 keys); D = 128 long non-causal: 172
     block_n = 128 if bucket == "long" else 64
     selp = len(re.findall(r"\bselp\.", ptx))
     assert block_n <= selp <= 2 * block_n + 64, selp
+
+
+def test_forward_config_env(monkeypatch):
+    """JAGGED_FWD_CONFIG sets the remaining integer fields; the deleted switches are
+    unknown names (an error, not silently ignored)."""
+    from kernels_cute import fwd_hopper
+    monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
+    monkeypatch.setenv("JAGGED_FWD_CONFIG", "num_buffers_kv=3,head_chunk=2")
+    cfg = fwd_hopper.pick_config(128, 4096, False, False)
+    assert (cfg.num_buffers_kv, cfg.head_chunk, cfg.block_n) == (3, 2, 128)
+    for old in ("where_mask=1", "wg_store=0"):
+        monkeypatch.setenv("JAGGED_FWD_CONFIG", old)
+        with pytest.raises(ValueError, match="JAGGED_FWD_CONFIG"):
+            fwd_hopper.pick_config(128, 4096, False, False)
