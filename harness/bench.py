@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gc
 import json
 import os
 import queue
@@ -211,20 +212,30 @@ def pass_call(fn, inp, ps, kw):
     return call, call()
 
 
-def host_ms(call, n: int = 10) -> float:
-    """The host's time to issue one call (ms, mean of n, no sync inside): near the row's
-    time, the row times the host, not the kernels (PERF.md, sessions 8-9). On CPU (the
-    interpreter) issuing is running."""
+def host_ms(call, n: int = 10, windows: int = 3) -> float:
+    """The host's time to issue one call (ms; the least over `windows` windows of the mean
+    of n, no sync inside): near the row's time, the row times the host, not the kernels
+    (PERF.md, sessions 8-9). The cyclic GC is off inside a window: one full collection
+    (~0.1 s of a process holding torch and Triton) landing in a window swamps it
+    (PERF.md, session 11). On CPU (the interpreter) issuing is running."""
     gpu = torch.cuda.is_available()
-    if gpu:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        call()
-    t = (time.perf_counter() - t0) / n * 1e3
-    if gpu:
-        torch.cuda.synchronize()
-    return t
+    best = float("inf")
+    for _ in range(windows):
+        if gpu:
+            torch.cuda.synchronize()
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            best = min(best, (time.perf_counter() - t0) / n * 1e3)
+        finally:
+            if was:
+                gc.enable()
+        if gpu:
+            torch.cuda.synchronize()
+    return best
 
 
 def _bench_pass(fn, inp, ps, kw, quick):

@@ -5,14 +5,19 @@ kernel took 40.8 us of host time, of which Triton's argument binder (the exact
 specialization) took 7.0 and the compiled kernel's launcher (TMA descriptors and
 cuLaunchKernelEx) 11.2 (`gpu_check_host`, PERF.md session 9). The rest is per-call
 bookkeeping: knob reads, the cache-key string, the global-value check, launch hooks,
-and the timing wrapper's own cost: measured in place, this path saved only 4-5 us a
-launch (forward 119.9 -> 115.8 us a call, backward's three launches 247.9 -> 233.8).
+and the timing wrapper's own cost.
+
+Until session 11 this path never ran: its guard took Triton 3.8's empty launch-hook
+chain (a `HookChain`, never None) for a profiler and fell back to `JITFunction.run` on
+every call, so session 9's "4-5 us saved" compared one path with itself. With the guard
+fixed a helper measured, on a CPU with the driver stubbed, a launch at 25.5 -> 13.4 us
+(`JITFunction.run` against this); on the GPU it is unmeasured, so it is opt-in until its
+GPU check: JAGGED_FAST_LAUNCH=1 (read at import) or `ENABLED = True`.
 
 This keeps the binder, so a launch still runs exactly the kernel Triton would pick (the
 key is the binder's specialization and options), and calls the cached compiled kernel's
 launcher directly. The first launch of each specialization, and any launch while a
 launch hook (a profiler) or Triton's debug mode is set, goes through `JITFunction.run`.
-JAGGED_FAST_LAUNCH=0 (read at import) or `ENABLED = False` turns it off.
 """
 from __future__ import annotations
 
@@ -22,7 +27,13 @@ from triton import knobs
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
-ENABLED = os.environ.get("JAGGED_FAST_LAUNCH", "1") != "0"
+ENABLED = os.environ.get("JAGGED_FAST_LAUNCH", "0") == "1"
+
+
+def hooked(rt=knobs.runtime) -> bool:
+    """A launch hook is set: None means none up to Triton 3.5, an empty chain from 3.8."""
+    hook = rt.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 class _Fast:
@@ -36,7 +47,7 @@ class _Fast:
     def run(self, grid, args, kw):
         fn = self.fn
         rt = knobs.runtime
-        if not ENABLED or rt.launch_enter_hook is not None or rt.debug:
+        if not ENABLED or hooked(rt) or rt.debug:
             return fn[grid](*args, **kw)
         dev = driver.active.get_current_device()
         binder = fn.device_caches[dev][4]

@@ -19,3 +19,22 @@ def test_fast_is_one_launcher_per_kernel():
         assert f is not _k and f.fn is _k and f.kernels == {}
     else:  # TRITON_INTERPRET=1: no compiled kernel to call directly
         assert f is _k
+
+
+def test_no_hook_by_default_and_a_hook_is_seen():
+    """The fast path's guard: until session 11 it compared Triton 3.8's (empty) hook chain
+    with None, so the fast path never ran."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from kernels_tlx.launch import hooked
+    assert not hooked(knobs.runtime)
+    assert not hooked(SimpleNamespace(launch_enter_hook=None))
+    assert hooked(SimpleNamespace(launch_enter_hook=print))
+    chain = type(knobs.runtime.launch_enter_hook)
+    if chain is not type(None):
+        c = chain()
+        assert not hooked(SimpleNamespace(launch_enter_hook=c))
+        c.add(print)
+        assert hooked(SimpleNamespace(launch_enter_hook=c))
