@@ -22,7 +22,7 @@ def compile_in_subprocess(tmp_path, script: str, timeout: int):
 
     import pytest
 
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx",
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin",
                CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                        text=True, timeout=timeout, cwd=str(tmp_path))
