@@ -8,12 +8,12 @@ postprocess: same names, same order) whose main kernel is the counterpart of the
 warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
 reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
-one bulk reduce per step. Differences from the TLX ws kernel (session 2): 64-row steps
-here (TLX: 32, which its register allocation needs at D = 128), one K/V stage (TLX: two),
-dK/dV stored from registers (TLX: through smem in 16-row slices; here too with the
-`dkvsmem` switch), dQ = dS K with the query rows as M (TLX: dQ^T = K^T dS^T with the
-head dim as M, which needs D / 2 >= 64, so at D = 64 each TLX consumer forms a full-D
-partial over its own keys); no `deterministic` option yet.
+one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and stage
+dK/dV through smem (`dkvsmem`); they differ in the dQ path: here dQ = dS K with the query
+rows as M, reduced by a `reduce_dq` warp in 64 x 32 boxes (`dqwide`); TLX forms dQ^T =
+K^T dS^T with the head dim as M (D / 2 >= 64, so at D = 64 each TLX consumer forms a
+full-D partial over its own keys) and its load task reduces 64 x 64 boxes. No
+`deterministic` option yet.
 Three kernels, named after their roles:
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
