@@ -121,6 +121,25 @@ def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag,
     return lines
 
 
+def _warm(fn, p: Problem, passes, seconds: float = 1.0) -> None:
+    """Run the problem's calls untimed for about `seconds` before its first variant: in
+    session 11 the first variant of a process read up to 9 % lower in kernel time than
+    later rounds of the same code (TLX 2048 / 0.5: 5.690 against 6.220 ms), so an A/B
+    starts on a GPU that has been busy. Nothing to warm without a GPU."""
+    if not torch.cuda.is_available():
+        return
+    import time
+    kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+    inp = p.build(default_device())
+    for ps in passes:
+        call, _ = pass_call(fn, inp, ps, kw)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds / len(passes):
+            for _ in range(10):
+                call()
+            _sync()
+
+
 def ab_summary(records: list[dict]) -> list[str]:
     """The A/B table printed last: per (backend, pass, problem) and variant ("" = as is),
     the rounds run and the mean kernel time (torch.profiler) and do_bench, with the
@@ -168,6 +187,8 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = ()
             continue
         fn = b.fn()
         for p in problems:
+            if ab:
+                _warm(fn, p, passes)
             for var in (None, *ab):
                 with _env(var) as tag:
                     lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag,
