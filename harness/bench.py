@@ -156,11 +156,16 @@ def _outs(res):
     return res if isinstance(res, tuple) else (res,)
 
 
+def call_kw(p: Problem) -> dict:
+    """The keyword arguments every backend is called with for problem `p`."""
+    return dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+
+
 def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing=True) -> list[dict]:
     """Gate, then (with `timing`) time, one problem on one backend (inside the worker)."""
     from .oracle import check
     dev = default_device()
-    kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+    kw = call_kw(p)
     ok, why = b.supports(p)
     if not ok:
         return [row(b.name, p, ps, "unsupported", why) for ps in passes]

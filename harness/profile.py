@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import torch
 
-from .bench import _time, default_device, host_ms, pass_call, run_problem
+from .bench import _time, call_kw, default_device, host_ms, pass_call, run_problem
 from .problems import Problem
 
 
@@ -70,7 +70,7 @@ def host_profile(call, n: int, top: int = 25) -> str:
 
 
 def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
-    kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+    kw = call_kw(p)
     call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
     t_host = host_ms(call, n)  # issue only: the GPU may still be running when the loop ends
     kernels = kernel_times(call, n)
@@ -129,7 +129,7 @@ def _warm(fn, p: Problem, passes, seconds: float = 1.0) -> None:
     if not torch.cuda.is_available():
         return
     import time
-    kw = dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
+    kw = call_kw(p)
     inp = p.build(default_device())
     for ps in passes:
         call, _ = pass_call(fn, inp, ps, kw)

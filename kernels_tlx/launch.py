@@ -143,7 +143,7 @@ class _Fast:
 
     def run(self, grid, args, kw):
         fn = self.fn
-        m = (MODE or 1) if ENABLED else 0
+        m = mode()
         if m == 2:
             return self.run_plan(grid, args, kw)
         rt = knobs.runtime
