@@ -131,18 +131,10 @@ POST_VEC = 8
 #   dqwide    s11  llm causal d 14.16 -> 12.48 (GPU 13.95 -> 12.96); llm 20.64 -> 20.64
 #   diagmask  s11  with dqwide: llm causal d 12.48 -> 12.25 (alone 14.13); llm 20.64 ->
 #                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
-# Opt-in (off by default, in OPTS, not in DEFAULT_OPTS; not measured on a GPU yet):
-#   dsdbl  dS^T in smem double-buffered by Q stage (as TLX's ds_smem, 2 x NC buffers): a
-#          warpgroup writes step j's dS^T into the stage buffer step j - 2's dQ wgmmas
-#          read, which both warpgroups waited for before step j - 1's PDS barrier, so the
-#          barrier before the write ("free again") goes: one cross-warpgroup BAR.SYNC a
-#          step less (2 + the dQ handoff's arrive, TLX: 1 cross + 3 warpgroup-local),
-#          the stmatrix no longer waits for the slower warpgroup. +16 KB smem (D 128:
-#          ~198 KB, TLX 198 KB). tests: test_bwd_main_dsdbl_compiles.
 #   GPU matrix 200/200 (seed 502382232) with all five.
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "dsdbl")
+OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
@@ -359,11 +351,7 @@ def _kernel_classes():
             sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
-            # (dsdbl: one per Q stage)
-            if const_expr("dsdbl" in self.opts):
-                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M, QS), (0, 1, 2))
-            else:
-                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
+            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
             # dQ partial, fp32 (BLOCK_M, D): the TMA reduce box (dq_smem_layout)
             sdQ_layout = dq_smem_layout(D, self.opts)
 
@@ -639,10 +627,7 @@ def _kernel_classes():
             sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
             sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
             sKt = transposed(sK, (D, BLOCK_N), (1, 0))
-            if const_expr("dsdbl" in self.opts):     # one dS^T buffer per Q stage
-                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N, Q_STAGES), (1, 0, 2))
-            else:
-                sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))      # dS (queries, keys)
+            sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))          # dS (queries, keys)
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -882,24 +867,14 @@ def _kernel_classes():
                 wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
                       zero_init=False, wait=-1)
             # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
-            # (dsdbl: the stage's buffer, last read by step j - 2's dQ wgmmas, which both
-            # warpgroups waited for before step j - 1's second PDS barrier: no wait)
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
-            dsdbl = "dsdbl" in self.opts
-            if const_expr(not dsdbl):
-                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-                cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
-            else:
-                cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS[None, None, None, s])
+            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
-            if const_expr(not dsdbl):
-                wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=-1)  # dQ = dS K
-            else:
-                wgmma(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, s], tdQrKt,
-                      zero_init=True, wait=-1)
+            wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=-1)      # dQ = dS K
             if const_expr(prefetch is not None):
                 self.load_lse_delta_rows(*prefetch)
             if const_expr(dqord):

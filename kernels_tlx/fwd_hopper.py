@@ -53,13 +53,6 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    # opt-in trims of the per-tile work the CuteDSL twin does not do (session 11, SASS
-    # comparison; compile-checked only, 0 = today's code): see store, _softmax, compute
-    early_release: int = 0      # store: Q slot released before the global stores, per
-                                # thread; one reciprocal a row
-    mask2: int = 0              # masked softmax: scale folded into the exp2's FFMA
-    warp_bars: int = 0          # K/V slots released per thread (no warpgroup BAR.SYNC);
-                                # a tile's first QK skips the ping-pong wait
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -86,30 +79,25 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
-def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-              PINGPONG: tl.constexpr = True):
-    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing (not when
-    PINGPONG is off: see compute)."""
+def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
+    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing."""
     kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[kb], kph)
-    if PINGPONG:
-        if cid == 0:
-            tlx.named_barrier_wait(PINGPONG_BAR_A, 256)
-        else:
-            tlx.named_barrier_wait(PINGPONG_BAR_B, 256)
+    if cid == 0:
+        tlx.named_barrier_wait(PINGPONG_BAR_A, 256)
+    else:
+        tlx.named_barrier_wait(PINGPONG_BAR_B, 256)
     qk = tlx.async_dot(q_buf, tlx.local_trans(k_bufs[kb]))
-    if PINGPONG:
-        if cid == 0:
-            tlx.named_barrier_arrive(PINGPONG_BAR_B, 256)
-        else:
-            tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
+    if cid == 0:
+        tlx.named_barrier_arrive(PINGPONG_BAR_B, 256)
+    else:
+        tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
     return qk
 
 
 @triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-             MASK2: tl.constexpr = False):
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax of one KV block in the log2 domain -> (p, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
     rows that have seen no key yet (m = -inf)."""
@@ -120,20 +108,10 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr
         else:
             limit = len_k - n0 + rows * 0
         keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
-        if MASK2:
-            # mask the raw scores, scale once a row and inside exp2's FFMA: FSEL + FFMA
-            # an element, not FMUL + FSEL + FADD. Same values as the unmasked branch
-            # (qk_scale > 0, so max(s) * scale = max(s * scale)); a row with no visible
-            # key still gets m = -inf, m_use = 0, p = exp2(-inf) = 0, l = 0.
-            s = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s * qk_scale - m_use[:, None])
-        else:
-            s = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
+        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
@@ -147,7 +125,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, MASK2: tl.constexpr):
+             CAUSAL: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -157,7 +135,7 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL, MASK2)
+                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
     acc = acc * alpha[:, None]
@@ -205,8 +183,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, MASK2: tl.constexpr,
-            WARP_BARS: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -225,31 +202,26 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
     if n_end > 0:
-        # first block (masked: it may be the only one, or cut by the diagonal). WARP_BARS
-        # issues it without the ping-pong turn (as the CuteDSL twin's first QK): both
-        # consumers run the same tiles, so both skip the same wait + arrive pair and
-        # every later turn still pairs one consumer's k-th arrive with the other's k-th
-        # wait (each arrive follows its own wait, so never two arrives outstanding on a
-        # barrier): the alternation resumes at the second block, nothing can hang.
-        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV, not WARP_BARS)
+        # first block (masked: it may be the only one, or cut by the diagonal)
+        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                      v_bufs.dtype, BLOCK_N, True, CAUSAL, MASK2)
+                                      v_bufs.dtype, BLOCK_N, True, CAUSAL)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in tl.range(1, n_bulk, num_stages=1):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, MASK2)
+                                        NUM_BUFFERS_KV, False, CAUSAL)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=1):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, MASK2)
+                                        NUM_BUFFERS_KV, True, CAUSAL)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -261,33 +233,17 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 
 @triton.jit
-def store(acc, m_i, l_i, o_buf, q_empty, out_ptr, lse_ptr, out_start, row0, len_q, h, H,
-          n_out, SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
+          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
-    coalesced rows, so the row bound costs one predicate per 16-byte vector.
-    EARLY_RELEASE: one reciprocal a row, and the slot goes back to the producer (q_empty)
-    before the global stores, not after them (the caller does that otherwise)."""
+    coalesced rows, so the row bound costs one predicate per 16-byte vector."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    if EARLY_RELEASE:
-        o = acc * (1.0 / l_use)[:, None]
-    else:
-        o = acc / l_use[:, None]
+    o = acc / l_use[:, None]
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
-    if EARLY_RELEASE:
-        # The producer's next TMA into this slot may start once q_empty completes, so
-        # every read of O from the slot must be done by then: local_store -> local_load
-        # already has Triton's barrier between them (all writes before any read), and
-        # q_empty is then a warp barrier that all 128 threads arrive on, each after its
-        # own local_load (mbarrier.arrive is a release: the thread's earlier smem reads
-        # are performed before its arrival counts), so the phase completes only after
-        # the last read. The fence orders each thread's generic smem accesses before
-        # the async proxy's (TMA) write.
-        tlx.fence("async_shared")
-        tlx.barrier_arrive(q_empty, 1)
     rows = row0 + tl.arange(0, SPLIT_M)
     out_rows = (out_start + rows).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
@@ -306,31 +262,18 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, EARLY_RELEASE: tl.constexpr = False,
-               MASK2: tl.constexpr = False, WARP_BARS: tl.constexpr = False):
+               PRODUCER_REGS: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
     k_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
     v_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
     q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
-    # a barrier_arrive on an mbarrier from alloc_barriers is a warpgroup BAR.SYNC, then one
-    # thread arrives; on a warp barrier every thread arrives (32 * num_warps expected)
-    if EARLY_RELEASE:
-        q_empties = tlx.alloc_warp_barrier(NUM_BUFFERS_Q * NUM_CONSUMERS, num_warps=4)
-    else:
-        q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS,
-                                       arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
-    if WARP_BARS:
-        k_empties = tlx.alloc_warp_barrier(NUM_BUFFERS_KV, num_warps=4 * NUM_CONSUMERS)
-    else:
-        k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
-    if WARP_BARS:
-        v_empties = tlx.alloc_warp_barrier(NUM_BUFFERS_KV, num_warps=4 * NUM_CONSUMERS)
-    else:
-        v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
     n_pairs = tl.load(count_ptr)
 
     with tlx.async_tasks():
@@ -356,12 +299,11 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, MASK2, WARP_BARS)
-                store(acc, m_i, l_i, q_bufs[slot], q_empties[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM, EARLY_RELEASE)
-                if not EARLY_RELEASE:
-                    tlx.fence("async_shared")  # our generic smem writes before the next TMA write
-                    tlx.barrier_arrive(q_empties[slot], 1)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
+                store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
+                tlx.fence("async_shared")  # our generic smem writes before the next TMA write
+                tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
 
 
@@ -381,9 +323,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                EARLY_RELEASE=bool(cfg.early_release), MASK2=bool(cfg.mask2),
-                WARP_BARS=bool(cfg.warp_bars))
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

@@ -1,9 +1,6 @@
 """Compile-only checks (no GPU): the TLX Hopper forward for sm_90a (wgmma present, no
 spills or local memory, shared memory within 227 KB) over its config table, and the
 portable kernel's forward for sm_100a (Blackwell) when kernels_tlx.portable exists."""
-import functools
-import re
-
 import pytest
 
 pytest.importorskip("triton")
@@ -57,42 +54,6 @@ def test_fwd_kv3_variant_fits_sm90():
                          num_stages=1, name="fwd D128 long kv3 q1")
     print(rep.row())
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
-
-
-# the opt-in trims of fwd_hopper.Config (session 11): all three in every mode, each alone
-# in one D128 long mode (17 compiles in all, the defaults cached)
-_SWITCHES = ("early_release", "mask2", "warp_bars")
-_SWITCH_CASES = ([(_SWITCHES, m) for m in FWD_CONFIGS]
-                 + [((s,), (128, "long", True, False, "bf16", 1)) for s in _SWITCHES])
-
-
-@functools.lru_cache(maxsize=None)
-def _default_ttgir(mode):
-    return _strip_locs(compile_fwd(*mode).ttgir)
-
-
-def _strip_locs(ttgir: str) -> str:
-    return re.sub(r"^#loc.*$", "", re.sub(r" loc\([^)]*\)", "", ttgir), flags=re.M)
-
-
-@pytest.mark.parametrize("switches,mode", _SWITCH_CASES,
-                         ids=[f"{'+'.join(s)}-D{m[0]}-{m[1]}-{'causal' if m[2] else 'full'}"
-                              f"{'-bq' if m[3] else ''}" for s, m in _SWITCH_CASES])
-def test_fwd_switches_sm90(switches, mode):
-    """Each opt-in switch compiles like the default (wgmma, no spills, shared memory
-    within the limit) and changes the kernel (its TTGIR differs from the default's, so
-    a switch cannot silently be a no-op)."""
-    from dataclasses import replace
-    d, bucket, causal, bq, dt, group = mode
-    cfg = replace(fh.CONFIGS[(d, bucket)], **{s: 1 for s in switches})
-    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt),
-                         fh.kernel_args(cfg, d, causal, bq), arch=90, num_warps=4,
-                         num_stages=1, name=f"fwd D{d} {bucket} {'+'.join(switches)}")
-    print(rep.row())
-    assert rep.has_mma and rep.mma == "wgmma", rep.row()
-    assert not rep.spills, f"spills / local memory: {rep.row()}"
-    assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
-    assert _strip_locs(rep.ttgir) != _default_ttgir(mode), f"{switches}: same TTGIR as the default"
 
 
 def test_config_table_covers_head_dims():

@@ -125,8 +125,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
-    assert set(OPTS) == nc | {"dsdbl"}               # every switch but opt-in dsdbl is on
-    assert bwd_opts(False, "dsdbl") == {"dsdbl"}
+    assert set(OPTS) == nc                           # every switch is on by default
     assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
@@ -494,42 +493,3 @@ def test_dqwide_addresses(tmp_path):
             for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
                 assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
     """)
-
-
-def _bar_syncs(step):
-    """BAR.SYNC (named-barrier waits) and BAR.ARV of a SASS loop body."""
-    return (sum(bool(re.search(r"\bBAR\.SYNC", x)) for _, x in step),
-            sum(bool(re.search(r"\bBAR\.ARV", x)) for _, x in step))
-
-
-@pytest.mark.parametrize("D,causal,bq,dtype", [(128, False, False, "bf16"),
-                                               (128, True, False, "bf16"),
-                                               (64, False, False, "bf16"),
-                                               (128, True, True, "fp16")])
-def test_bwd_main_dsdbl_compiles(tmp_path, D, causal, bq, dtype):
-    """dsdbl (opt-in, off by default): dS^T double-buffered by Q stage, so the Q-step loop
-    (the innermost loop with wgmmas) has one cross-warpgroup BAR.SYNC less than the default
-    build (sm_90a, D = 128 bf16 non-causal: 2 BAR.SYNC + 1 BAR.ARV against 3 + 1, 407 SASS
-    both); same wgmma count; spill-free, no ptxas-injected wgmma wait; the switch changes
-    the build. The default build is unchanged (DEFAULT_OPTS lacks it)."""
-    from kernels_cute.bwd_hopper import DEFAULT_OPTS
-    assert "dsdbl" not in DEFAULT_OPTS[False] | DEFAULT_OPTS[True]
-    spec = "dqord,dkvsmem,lsesmem,dqwide,diagmask"                   # the default
-    paths, ptx = {}, {}
-    for name, sw in (("ref", spec), ("dsdbl", spec + ",dsdbl")):
-        (tmp_path / name).mkdir()
-        paths[name], ptx[name] = _compile_spill_free(tmp_path / name, D, causal, bq, dtype, sw)
-    body = lambda t: [ln for ln in t.splitlines() if not ln.startswith("//")]
-    assert body(ptx["ref"]) != body(ptx["dsdbl"]), "dsdbl did not change the build"
-    mma = lambda t: len(re.findall(r"wgmma\.mma_async", t))
-    assert mma(ptx["ref"]) == mma(ptx["dsdbl"])
-    loops = {k: _loop_sass(p) for k, p in paths.items()}
-    if all(loops.values()):
-        step = {k: min(v, key=len) for k, v in loops.items()}        # the Q-step loops
-        bars = {k: _bar_syncs(v) for k, v in step.items()}
-        print(f"D={D} causal={causal} bq={bq} {dtype}: Q-step loop (BAR.SYNC, BAR.ARV), "
-              f"SASS: ref {bars['ref']} {len(step['ref'])}, dsdbl {bars['dsdbl']} "
-              f"{len(step['dsdbl'])}")
-        assert bars["dsdbl"] == (bars["ref"][0] - 1, bars["ref"][1]), bars
-        hg = {k: sum("HGMMA" in x for _, x in v) for k, v in step.items()}
-        assert hg["ref"] == hg["dsdbl"], hg
