@@ -132,7 +132,8 @@ POST_VEC = 8
 #   diagmask  s11  with dqwide: llm causal d 12.48 -> 12.25 (alone 14.13); llm 20.64 ->
 #                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
 #   GPU matrix 200/200 (seed 502382232) with all five.
-# Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8).
+# Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
+#   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
 OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")

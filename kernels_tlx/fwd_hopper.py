@@ -197,7 +197,10 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     from PV done to the next QK issue) measured null in session 10 (llm -0.9 %, gem
     2048 / s0.9 +1.2 %) and was removed; so were the CuteDSL twin's per-tile forms (an
     unmasked first block when the bulk covers it, one reciprocal a row in the store):
-    session 11, kernel time 1024 / s0.5 -1.1 %, 256 / s0.5 +10.8 %."""
+    session 11, kernel time 1024 / s0.5 -1.1 %, 256 / s0.5 +10.8 %. Session 12 removed
+    three more (the Q slot released before the O stores, the scale folded into the
+    masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three, each alone
+    within the default's own spread or worse."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
