@@ -286,3 +286,16 @@ def test_verify_checks_the_plan(stub):
     plan.cache_key = "another"  # as if the key had merged two specializations
     with pytest.raises(AssertionError, match="specialization"):
         _launch(fn, 2, args, kw)
+
+
+def test_default_level_follows_the_verified_triton(monkeypatch):
+    """Level 2 is the default only on the Triton it was checked against on the GPU;
+    JAGGED_FAST_LAUNCH overrides either way, and an unknown value means Triton's path."""
+    monkeypatch.delenv("JAGGED_FAST_LAUNCH", raising=False)
+    monkeypatch.setattr(triton, "__version__", launch.VERIFIED_TRITON + "0")
+    assert launch._env_mode() == 2
+    monkeypatch.setattr(triton, "__version__", "9.9.0")
+    assert launch._env_mode() == 0
+    for v, want in (("2", 2), ("1", 1), ("0", 0), ("yes", 0)):
+        monkeypatch.setenv("JAGGED_FAST_LAUNCH", v)
+        assert launch._env_mode() == want
