@@ -57,6 +57,7 @@ def cmd_sweep(a, timing: bool):
     problems = [p for s in suites for p in suite(s)]
     if a.quick:
         problems = quick_subset(problems)
+    problems = [p for p in problems if a.match in p.label()]
     if a.limit:
         problems = problems[:a.limit]
     out = Path(a.out) if a.out else REPORTS / slug
@@ -111,6 +112,7 @@ def main(argv=None):
         s.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per job (one backend on one problem, all passes)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
+        s.add_argument("--match", default="", help="only problems whose label contains this")
     s = sub.add_parser("profile", help="host time, GPU kernel time and do_bench of one backend per problem")
     s.add_argument("--suite", default="gem-jagged")
     s.add_argument("--backends", default="tlx")
