@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections import defaultdict
 
 import torch
@@ -128,7 +129,6 @@ def _warm(fn, p: Problem, passes, seconds: float = 1.0) -> None:
     starts on a GPU that has been busy. Nothing to warm without a GPU."""
     if not torch.cuda.is_available():
         return
-    import time
     kw = call_kw(p)
     inp = p.build(default_device())
     for ps in passes:

@@ -38,7 +38,7 @@ that the kernel's globals are unchanged. JAGGED_FAST_LAUNCH_VERIFY=1 (read at im
 `VERIFY = True`) also runs the binder on every plan launch and raises if its cache key,
 kernel, globals or bound values disagree with the plan's.
 
-`ENABLED` is the master switch (False: Triton's path); `MODE` picks the level (1 when 0).
+`MODE` is the one switch: 0 Triton's path, 1 or 2 the levels above.
 """
 from __future__ import annotations
 
@@ -65,20 +65,19 @@ def _env_mode() -> int:
 
 
 MODE = _env_mode()  # 0 Triton's path, 1 binder + compiled launcher, 2 cached plan
-ENABLED = MODE > 0  # the master switch (gpu_check_host and older callers toggle it)
 VERIFY = os.environ.get("JAGGED_FAST_LAUNCH_VERIFY", "0") == "1"
 
 
 def set_mode(mode: int) -> None:
     """0: Triton's own path; 1: the binder kept, the compiled launcher called; 2: plans."""
-    global MODE, ENABLED
+    global MODE
     assert mode in (0, 1, 2), mode
-    MODE, ENABLED = mode, mode > 0
+    MODE = mode
 
 
 def mode() -> int:
-    """The level in force: 0 when ENABLED is off, else MODE (1 when MODE is 0)."""
-    return (MODE or 1) if ENABLED else 0
+    """The level in force."""
+    return MODE
 
 
 def hooked(rt=knobs.runtime) -> bool:

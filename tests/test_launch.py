@@ -133,7 +133,7 @@ def stub():
     except Exception as e:  # pragma: no cover
         pytest.skip(f"cannot stub Triton's CUDA driver: {e}")
     names = ("PyKernelArg", "ARG_CONSTEXPR", "ARG_KERNEL", "ARG_TUPLE")
-    saved = (driver._active, {n: getattr(nvd, n) for n in names}, launch.MODE, launch.ENABLED,
+    saved = (driver._active, {n: getattr(nvd, n) for n in names}, launch.MODE,
              launch.VERIFY)
     driver.set_active(_Driver())
     if nvd.PyKernelArg is None:  # no libcuda here: the launcher's argument annotations
@@ -147,7 +147,7 @@ def stub():
         driver._active = saved[0]
         for n, v in saved[1].items():
             setattr(nvd, n, v)
-        launch.MODE, launch.ENABLED, launch.VERIFY = saved[2:]
+        launch.MODE, launch.VERIFY = saved[2:]
 
 
 def _buf(offset_bytes=0, n=4096, dtype=torch.bfloat16):
