@@ -199,8 +199,9 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     unmasked first block when the bulk covers it, one reciprocal a row in the store):
     session 11, kernel time 1024 / s0.5 -1.1 %, 256 / s0.5 +10.8 %. Session 12 removed
     three more (the Q slot released before the O stores, the scale folded into the
-    masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three, each alone
-    within the default's own spread or worse."""
+    masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three; alone
+    each was worse except the mask fold (-3.0 % at 256 / s0.5 in one round, +1.6 % at
+    1024 / s0.5: null)."""
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
