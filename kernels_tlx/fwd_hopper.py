@@ -53,6 +53,9 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
+    overlap: int = 0            # 1: S_j and P_{j-1} V_{j-1} in flight together (KV loops
+                                # outside Triton's pipeliner), as the CuteDSL twin's
+                                # `overlap`; 2: the bulk loop only
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -96,9 +99,9 @@ def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV:
 
 
 @triton.jit
-def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr,
+def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """Online softmax of one KV block in the log2 domain -> (p, alpha, m, l).
+    """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
     rows that have seen no key yet (m = -inf)."""
     if MASKED:
@@ -118,7 +121,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k, dtype: tl.constexpr
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
-    return p.to(dtype), alpha, m_new, l_new
+    return p, alpha, m_new, l_new
 
 
 @triton.jit
@@ -135,9 +138,12 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  v_bufs.dtype, BLOCK_N, MASKED, CAUSAL)
+                                  BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
+    # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
+    # ptxas hoists that wait above the softmax to make room
+    p = p.to(v_bufs.dtype)
     acc = acc * alpha[:, None]
     return p, acc, m_i, l_i
 
@@ -183,7 +189,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -202,6 +208,8 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three; alone
     each was worse except the mask fold (-3.0 % at 256 / s0.5 in one round, +1.6 % at
     1024 / s0.5: null)."""
+    BULK_STAGES: tl.constexpr = 0 if OVERLAP > 0 else 1
+    TAIL_STAGES: tl.constexpr = 0 if OVERLAP == 1 else 1
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
@@ -211,17 +219,18 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                      v_bufs.dtype, BLOCK_N, True, CAUSAL)
+                                      BLOCK_N, True, CAUSAL)
+        p = p.to(v_bufs.dtype)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
-        for j in tl.range(1, n_bulk, num_stages=1):
+        for j in tl.range(1, n_bulk, num_stages=BULK_STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
                                         NUM_BUFFERS_KV, False, CAUSAL)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
-        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=1):
+        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=TAIL_STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
@@ -266,7 +275,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -303,7 +312,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -327,7 +336,8 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     group is a runtime argument, so it costs no extra compile."""
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                OVERLAP=cfg.overlap)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
