@@ -82,8 +82,10 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
-def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
-    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing."""
+def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+              HAND_OVER: tl.constexpr = True):
+    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing. HAND_OVER:
+    pass the turn right after S (else the caller passes it, after its P V)."""
     kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[kb], kph)
     if cid == 0:
@@ -91,11 +93,18 @@ def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV:
     else:
         tlx.named_barrier_wait(PINGPONG_BAR_B, 256)
     qk = tlx.async_dot(q_buf, tlx.local_trans(k_bufs[kb]))
+    if HAND_OVER:
+        _hand_over(cid)
+    return qk
+
+
+@triton.jit
+def _hand_over(cid: tl.constexpr):
+    """Let the other consumer issue its wgmmas next."""
     if cid == 0:
         tlx.named_barrier_arrive(PINGPONG_BAR_B, 256)
     else:
         tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
-    return qk
 
 
 @triton.jit
@@ -128,12 +137,14 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr):
+             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV, not OVERLAP)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[vb], vph)
     acc = tlx.async_dot(p, v_bufs[vb], acc)
+    if OVERLAP:  # both wgmmas of this consumer issue before the other's (QK0 PV0 QK1 PV1)
+        _hand_over(cid)
     qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
@@ -227,14 +238,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL)
+                                        NUM_BUFFERS_KV, False, CAUSAL, BULK_STAGES == 0)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=TAIL_STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL)
+                                        NUM_BUFFERS_KV, True, CAUSAL, TAIL_STAGES == 0)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
