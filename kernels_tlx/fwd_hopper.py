@@ -53,9 +53,8 @@ class Config:
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
-    overlap: int = 0            # 1: S_j and P_{j-1} V_{j-1} in flight together (KV loops
+    overlap: bool = False       # S_j and P_{j-1} V_{j-1} in flight together (KV loops
                                 # outside Triton's pipeliner), as the CuteDSL twin's
-                                # `overlap`; 2: the bulk loop only
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -75,13 +74,15 @@ CONFIGS = {
 OVERLAP_CAUSAL = {(128, "long")}
 
 
+def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
+    cfg = CONFIGS[(head_dim, bucket)]
+    return replace(cfg, overlap=True) if causal and (head_dim, bucket) in OVERLAP_CAUSAL else cfg
+
+
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
-    key = (head_dim, fwd_bucket(max_seqlen_k, mean_k, causal))
-    cfg = CONFIGS[key]
-    if causal and key in OVERLAP_CAUSAL:
-        cfg = replace(cfg, overlap=1)
-    return fwd_config_override(cfg)
+    return fwd_config_override(bucket_config(
+        head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), causal))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -217,9 +218,13 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     Triton 3.8's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts a
     wait-0 right after each dot of the KV loops, so S_j = Q K_j^T finishes before
     O += P_{j-1} V_{j-1} is issued and that finishes before the softmax: _kv_step's own
-    wait(1) overlap does not happen (TTGIR, session 6). Loops at num_stages=0, which that
-    pass skips (only _kv_step's waits remain), were 2-3.5 % faster at llm-dense but 4-39 %
-    slower at gem-jagged s0.9 on the H200, so the loops stay at num_stages=1.
+    wait(1) overlap does not happen (TTGIR, session 6). OVERLAP puts the loops at
+    num_stages=0, which that pass skips, and hands the issue turn to the other consumer
+    after P V rather than after S (session 7's try handed it over after S: the tensor
+    pipe then ran S0 S1 PV0 PV1 and gem-jagged was 4-39 % slower). Session 13, both
+    fixed: causal llm -5..-6 % (on there), gem 1024 / 2048 null, 512 / s0.5 +9 % (off).
+    ptxas places the P V wait before the exp2s in both styles (SASS), so the softmax
+    overlaps the other consumer's wgmmas, not this one's.
     Moving the bulk's O *= alpha one step later (after V's wait, shortening the window
     from PV done to the next QK issue) measured null in session 10 (llm -0.9 %, gem
     2048 / s0.9 +1.2 %) and was removed; so were the CuteDSL twin's per-tile forms (an
@@ -229,8 +234,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three; alone
     each was worse except the mask fold (-3.0 % at 256 / s0.5 in one round, +1.6 % at
     1024 / s0.5: null)."""
-    BULK_STAGES: tl.constexpr = 0 if OVERLAP > 0 else 1
-    TAIL_STAGES: tl.constexpr = 0 if OVERLAP == 1 else 1
+    STAGES: tl.constexpr = 0 if OVERLAP else 1  # 0: the pipeliner leaves the loop alone
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
@@ -244,18 +248,18 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         p = p.to(v_bufs.dtype)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
-        for j in tl.range(1, n_bulk, num_stages=BULK_STAGES):
+        for j in tl.range(1, n_bulk, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, BULK_STAGES == 0)
+                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
-        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=TAIL_STAGES):
+        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, TAIL_STAGES == 0)
+                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)

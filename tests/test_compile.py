@@ -26,7 +26,7 @@ FWD_CONFIGS = [
 
 
 def compile_fwd(d, bucket, causal, bq, dt, group, arch=90):
-    cfg = fh.CONFIGS[(d, bucket)]
+    cfg = fh.bucket_config(d, bucket, causal)
     name = f"fwd D{d} {bucket} {'causal' if causal else 'full'}{' bq' if bq else ''} {dt} g{group}"
     return compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt),
                           fh.kernel_args(cfg, d, causal, bq), arch=arch,
@@ -54,6 +54,23 @@ def test_fwd_kv3_variant_fits_sm90():
                          num_stages=1, name="fwd D128 long kv3 q1")
     print(rep.row())
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
+def test_fwd_overlap_leaves_the_pipeliner():
+    """`overlap` (the default for causal D = 128 long) keeps the KV loops out of Triton's
+    pipeliner, whose wait-0 after every dot serializes S_j and P_{j-1} V_{j-1} (PTX
+    wait-0 16 -> 8, session 13); it must stay spill-free where it is not the default."""
+    from dataclasses import replace
+    for d, bucket, causal in ((128, "long", False), (64, "long", True), (128, "short", False)):
+        cfg = fh.bucket_config(d, bucket, causal)
+        args = (fh.fwd_kernel, fh.signature(cfg, d, "bf16"))
+        kw = dict(arch=90, num_warps=4, num_stages=1)
+        base = compile_kernel(*args, fh.kernel_args(cfg, d, causal, False), **kw)
+        ov = compile_kernel(*args, fh.kernel_args(replace(cfg, overlap=True), d, causal, False), **kw)
+        print(base.row(), "\n", ov.row(), base.mma_wait0, ov.mma_wait0)
+        assert ov.mma_wait0 < base.mma_wait0 and not ov.spills, (d, bucket, causal)
+    assert fh.pick_config(128, 8192, True, False).overlap
+    assert not fh.pick_config(128, 8192, False, False).overlap
 
 
 def test_config_table_covers_head_dims():
