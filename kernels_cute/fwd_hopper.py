@@ -45,7 +45,7 @@ import torch
 
 from harness.tiles import fwd_bucket, fwd_config_override
 
-from .schedule import build_tiles, tile_coords
+from .schedule import build_tiles, kv_block, tile_coords
 
 BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
@@ -65,6 +65,8 @@ class Config:
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
     overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
+    mask_first: bool = False    # the masked last KV block first (schedule.kv_block; with
+                                # overlap)
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); compiled in
     # deleted, session 11: where_mask, wg_store (their winners are the only paths now)
@@ -121,6 +123,7 @@ def _kernel_class():
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
+            self.mask_first = cfg.mask_first and cfg.overlap
             self.head_chunk = cfg.head_chunk
             self.dtype = dtype
             self.D = head_dim
@@ -291,10 +294,11 @@ def _kernel_class():
                         mV, k_start, hk, self.block_n, self.D, (None, 0)))
                     for n in cutlass.range(n_end, unroll=1):
                         pipeline_k.producer_acquire(kv_state)
-                        cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
+                        blk = kv_block(n, n_end, self.mask_first)
+                        cute.copy(tma_atom_K, tKgK[None, blk], tKsK[None, kv_state.index],
                                   tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
                         pipeline_v.producer_acquire(kv_state)
-                        cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
+                        cute.copy(tma_atom_V, tVgV[None, blk], tVsV[None, kv_state.index],
                                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
                         kv_state.advance()
                 tile += cute.arch.grid_dim()[0]
@@ -344,14 +348,23 @@ def _kernel_class():
                     if const_expr(self.overlap):
                         # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
                         # and runs the softmax of S_n under the PV wgmma
-                        if n_bulk > 0:
-                            self.first_qk(False, geom, mma_t, kv_state)
+                        if const_expr(self.mask_first):
+                            # the last block (masked) first, then bulk [0, ..), tail [.., n_end - 1)
+                            bulk_end = cutlass.min(n_bulk, n_end - 1)
+                            self.first_qk(True, n_end - 1, geom, mma_t, kv_state)
+                            for n in cutlass.range(0, bulk_end, unroll=1):           # bulk
+                                kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
+                            for n in cutlass.range(bulk_end, n_end - 1, unroll=1):   # tail
+                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
                         else:
-                            self.first_qk(True, geom, mma_t, kv_state)
-                        for n in cutlass.range(1, n_bulk, unroll=1):          # bulk
-                            kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
-                        for n in cutlass.range(cutlass.max(n_bulk, 1), n_end, unroll=1):  # tail
-                            kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
+                            if n_bulk > 0:
+                                self.first_qk(False, 0, geom, mma_t, kv_state)
+                            else:
+                                self.first_qk(True, 0, geom, mma_t, kv_state)
+                            for n in cutlass.range(1, n_bulk, unroll=1):          # bulk
+                                kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
+                            for n in cutlass.range(cutlass.max(n_bulk, 1), n_end, unroll=1):
+                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)  # tail
                         kv_state = self.last_pv(mma_t, kv_state)
                     else:
                         for n in cutlass.range(n_bulk, unroll=1):             # bulk
@@ -409,8 +422,9 @@ def _kernel_class():
                 O[r, None].store(O[r, None].load() * row_scale[r])
 
         @cute.jit
-        def first_qk(self, masked: cutlass.Constexpr, geom, mma, kv_state):
-            """S_0 = Q K_0, its softmax, P_0 into registers (V_0 is consumed by the next step)."""
+        def first_qk(self, masked: cutlass.Constexpr, n, geom, mma, kv_state):
+            """S = Q K_n of the first step, its softmax, P into registers (its V is consumed
+            by the next step)."""
             (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
              row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
             acc_S = cute.make_rmem_tensor(shape_S, Float32)
@@ -419,7 +433,7 @@ def _kernel_class():
                   zero_init=True, wait=0)
             pipeline_k.consumer_release(kv_state)
             if const_expr(masked):
-                self.mask(acc_S, 0, geom, tScS)
+                self.mask(acc_S, n, geom, tScS)
             self.softmax(acc_S, row_max, row_sum, scale_log2)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 

@@ -20,7 +20,7 @@ the `compute` warpgroups agree on every tile without talking.
 
 from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "tile_coords"]
+__all__ = ["build_tiles", "kv_block", "tile_coords"]
 
 
 def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
@@ -61,3 +61,10 @@ def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nb
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
     return h, h // group, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
+
+
+def kv_block(j, n_end, mask_first: bool):
+    """The KV block a tile's j-th step reads (the load warp loads in this order), as in
+    TLX: with mask_first the last block first (the sequence end, the causal diagonal),
+    then 0, 1, ..."""
+    return (j + n_end - 1) % n_end if mask_first else j

@@ -33,7 +33,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from harness.tiles import fwd_bucket, fwd_config_override
 
 from .launch import fast
-from .schedule import build_tiles, tile_coords
+from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
 PINGPONG_BAR_A = tl.constexpr(9)  # named barriers ordering the consumers' wgmma issue
@@ -55,6 +55,8 @@ class Config:
                                 # blocks per head chunk, session 5); a runtime argument
     overlap: bool = False       # S_j and P_{j-1} V_{j-1} in flight together (KV loops
                                 # outside Triton's pipeliner), as the CuteDSL twin's
+    mask_first: bool = False    # the masked last KV block first (schedule.kv_block)
+    rcp_store: bool = False     # O = acc * (1 / l): one division a row, not an element
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -176,7 +178,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
          k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H,
          GROUP, NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-         CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+         CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr):
     """Producer: for each of this program's tiles, Q (two halves) then its K/V blocks."""
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
@@ -196,7 +198,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
                                       [q_start + m0 + c * SPLIT_M, h * HEAD_DIM], q_fulls[slot])
         for j in range(0, n_end):
             kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
-            row = k_start + j * BLOCK_N
+            row = k_start + kv_block(j, n_end, MASK_FIRST) * BLOCK_N
             tlx.barrier_wait(k_empties[kb], kph ^ 1)
             tlx.barrier_expect_bytes(k_fulls[kb], KV_BYTES)
             tlx.async_descriptor_load(desc_k, k_bufs[kb], [row, hk * HEAD_DIM], k_fulls[kb])
@@ -211,7 +213,8 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
+            NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
+            MASK_FIRST: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -235,27 +238,28 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     each was worse except the mask fold (-3.0 % at 256 / s0.5 in one round, +1.6 % at
     1024 / s0.5: null)."""
     STAGES: tl.constexpr = 0 if OVERLAP else 1  # 0: the pipeliner leaves the loop alone
+    first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end, MASK_FIRST)
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
     if n_end > 0:
-        # first block (masked: it may be the only one, or cut by the diagonal)
+        # first block (masked: it may be the only one, cut by the diagonal or the end)
         qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, 0, len_q, len_k,
-                                      BLOCK_N, True, CAUSAL)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N, len_q,
+                                      len_k, BLOCK_N, True, CAUSAL)
         p = p.to(v_bufs.dtype)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
-        for j in tl.range(1, n_bulk, num_stages=STAGES):
+        for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
                                         NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
-        for j in tl.range(tl.maximum(n_bulk, 1), n_end, num_stages=STAGES):
+        for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
@@ -272,14 +276,17 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 @triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, RCP_STORE: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    o = acc / l_use[:, None]
+    if RCP_STORE:
+        o = acc * (1.0 / l_use)[:, None]
+    else:
+        o = acc / l_use[:, None]
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
@@ -300,7 +307,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
+               RCP_STORE: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -319,7 +327,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
                  k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k,
                  L_q, H, GROUP, NBLK, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                 CAUSAL, BROADCAST_Q)
+                 CAUSAL, BROADCAST_Q, MASK_FIRST)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == 1:  # let consumer 0 issue first
@@ -337,9 +345,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM, RCP_STORE)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -362,7 +370,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, RCP_STORE=cfg.rcp_store)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

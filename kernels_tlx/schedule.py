@@ -19,7 +19,7 @@ import triton.language as tl
 
 from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "tile_coords"]
+__all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
 
 
 @triton.jit
@@ -64,3 +64,27 @@ def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP,
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
     return h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
+
+
+@triton.jit
+def kv_block(j, n_end, MASK_FIRST: tl.constexpr):
+    """The KV block a tile's j-th step reads (the producer loads in this order).
+    MASK_FIRST: the last block first (it holds the sequence end and the causal diagonal),
+    then 0, 1, ...; so the peeled first step is the masked one and, without causal
+    masking, every other block is bulk."""
+    if MASK_FIRST:
+        return (j + n_end - 1) % n_end
+    else:
+        return j
+
+
+@triton.jit
+def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):
+    """A tile's KV steps for n_end > 0: (first, bulk_lo, bulk_end, tail_end). The peeled
+    first step reads block `first` (masked), steps [bulk_lo, bulk_end) read unmasked
+    blocks, steps [max(bulk_end, bulk_lo), tail_end) masked ones; a step's block is its
+    index, except under MASK_FIRST where the first block is the last one (kv_block)."""
+    if MASK_FIRST:
+        return n_end - 1, 0, tl.minimum(n_bulk, n_end - 1), n_end - 1
+    else:
+        return 0, 1, n_bulk, n_end

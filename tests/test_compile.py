@@ -73,6 +73,19 @@ def test_fwd_overlap_leaves_the_pipeliner():
     assert not fh.pick_config(128, 8192, False, False).overlap
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_fwd_mask_first_rcp_store_fit(causal):
+    """The A/B variants of session 13's plan (`mask_first`: the masked last KV block as
+    the peeled first step; `rcp_store`: one division a row) compile spill-free."""
+    from dataclasses import replace
+    cfg = replace(fh.bucket_config(128, "long", causal), mask_first=True, rcp_store=True)
+    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 128, "bf16"),
+                         fh.kernel_args(cfg, 128, causal, False), arch=90, num_warps=4,
+                         num_stages=1, name=f"fwd mask_first rcp_store causal={causal}")
+    print(rep.row())
+    assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
 def test_config_table_covers_head_dims():
     for d in (64, 128):
         for max_k in (1, 64, 65, 8192):

@@ -108,3 +108,23 @@ def test_forward_config_env(monkeypatch):
         monkeypatch.setenv("JAGGED_FWD_CONFIG", old)
         with pytest.raises(ValueError, match="JAGGED_FWD_CONFIG"):
             fwd_hopper.pick_config(128, 4096, False, False)
+
+
+_MASK_FIRST_SCRIPT = textwrap.dedent("""
+    import sys, dataclasses, torch
+    sys.path.insert(0, {root!r})
+    from kernels_cute import fwd_hopper
+    cfg = dataclasses.replace(fwd_hopper.CONFIGS[(128, "long")], mask_first=True)
+    fwd_hopper.compile_forward(torch.bfloat16, 128, {causal}, False, cfg)
+    print("COMPILED")
+""")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_mask_first_compiles(tmp_path, causal):
+    """Config.mask_first (the A/B of session 13's plan, TLX's twin): the masked last KV
+    block as the peeled first step, so the unmasked first-step copy is gone."""
+    path = compile_in_subprocess(tmp_path, _MASK_FIRST_SCRIPT.format(root=ROOT, causal=causal),
+                                 timeout=900)
+    if path is not None:
+        assert "wgmma.mma_async" in open(path).read()

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from harness.problems import offsets
 from harness.tiles import longest_first_tiles
+from kernels_cute.schedule import kv_block as cute_kv_block
 from kernels_tlx.schedule import build_tiles, tile_coords
 
 
@@ -211,3 +212,45 @@ def test_tile_coords_head_chunks(head_chunk):
     rank = {p: i for i, p in enumerate(pair_id)}
     chunks = [rank[p] // (head_chunk or nblk) for p, _ in got]
     assert chunks == sorted(chunks)
+
+
+@triton.jit
+def _kv_walk(out_ptr, n_bulk, n_end, MASK_FIRST: tl.constexpr):
+    """The forward's KV walk as `compute` and `load` run it: per step the block the
+    consumer masks or not (out[2 * s], out[2 * s + 1]) and the block the producer loads
+    (out[64 + s])."""
+    from kernels_tlx.schedule import kv_block, kv_steps
+    first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end, MASK_FIRST)
+    tl.store(out_ptr, first)
+    tl.store(out_ptr + 1, 1)
+    s = 1
+    for j in range(bulk_lo, bulk_end):
+        tl.store(out_ptr + 2 * s, j)
+        tl.store(out_ptr + 2 * s + 1, 0)
+        s += 1
+    for j in range(tl.maximum(bulk_end, bulk_lo), tail_end):
+        tl.store(out_ptr + 2 * s, j)
+        tl.store(out_ptr + 2 * s + 1, 1)
+        s += 1
+    for j in range(0, n_end):
+        tl.store(out_ptr + 64 + j, kv_block(j, n_end, MASK_FIRST))
+
+
+@pytest.mark.parametrize("mask_first", [False, True])
+def test_kv_walk_covers_every_block_once(mask_first):
+    """Every KV block of a tile is read once, every block >= n_bulk through the masked
+    path, and the producer loads them in the consumer's step order (n_bulk <= n_end; a
+    causal tile has n_bulk < n_end - 1, an aligned one n_bulk == n_end)."""
+    for n_end in range(1, 9):
+        for n_bulk in range(0, n_end + 1):
+            out = torch.full((64 + n_end,), -1, dtype=torch.int32)
+            _kv_walk[(1,)](out, n_bulk, n_end, mask_first)
+            steps = out[:2 * n_end].view(-1, 2).tolist()
+            blocks = [b for b, _ in steps]
+            assert sorted(blocks) == list(range(n_end)), (n_bulk, n_end, steps)
+            assert all(m for b, m in steps if b >= n_bulk), (n_bulk, n_end, steps)
+            assert out[64:].tolist() == blocks, (n_bulk, n_end, out[64:].tolist(), blocks)
+            # the CuteDSL load warp walks the same order (plain ints through its formula)
+            assert [cute_kv_block(j, n_end, mask_first) for j in range(n_end)] == blocks
+            if mask_first and n_bulk >= n_end - 1:  # non-causal: one masked step, first
+                assert [m for _, m in steps] == [1] + [0] * (n_end - 1)
