@@ -337,3 +337,22 @@ def test_ab_summary_means_rounds_against_the_run_as_is():
     assert rows["as"][2:] == ["1", "2.000", "4.000"]
     assert rows["X=1"][1:] == ["2", "1.500", "-25.0", "%", "4.000", "+0.0", "%"]
     assert rows["X=0"][1:] == ["1", "2.000", "+0.0", "%", "4.000", "+0.0", "%"]
+
+
+def test_ncu_sass_regions(tmp_path):
+    """harness.ncu_sass splits an ncu SASS page into runs of equal execution count and
+    reports each run's share of the samples and its stall mix per issued instruction."""
+    from harness.ncu_sass import regions
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+           "stall_wait", "stall_selected", "stall_barrier", "stall_wait (Not Issued)"]
+    rows = [["0x0", "  LDC R1, c[0x0][0x28]", "10", "8", "5", "5", "0", "9"],
+            ["0x10", "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", "30", "64", "10", "10", "10", "9"],
+            ["0x20", "  @!P0  BRA 0x0", "60", "64", "0", "20", "40", "9"]]
+    path = tmp_path / "page.csv"
+    path.write_text('"Kernel Name","k",\n' + "\n".join(
+        ",".join(f'"{c}"' for c in r) for r in [hdr] + rows) + "\n")
+    out = regions(str(path), min_pct=0)
+    assert out[0].endswith("3 instructions, 100 samples")
+    loop = out[2]
+    assert "2 instr" in loop and "exec       64" in loop and " 90.0 %" in loop, loop
+    assert "barrier 1.67" in loop and "selected 1.00" in loop and "HGMMA" in loop, loop
