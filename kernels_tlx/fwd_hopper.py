@@ -57,6 +57,7 @@ class Config:
                                 # outside Triton's pipeliner), as the CuteDSL twin's
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block)
     rcp_store: bool = False     # O = acc * (1 / l): one division a row, not an element
+    alpha_first: bool = False   # the rescale factor's exp2 first (_softmax), with overlap
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -122,10 +123,13 @@ def _hand_over(cid: tl.constexpr):
 
 @triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+             ALPHA_FIRST: tl.constexpr = False):
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
-    rows that have seen no key yet (m = -inf)."""
+    rows that have seen no key yet (m = -inf). ALPHA_FIRST makes the exponents wait for
+    alpha (+ alpha * 0, exact: alpha is in [0, 1]) so ptxas issues its exp2 first and
+    the O rescale can run under the others; else it comes last (needed only by l)."""
     if MASKED:
         # keys [n0, n0 + limit) of this block are visible to a row
         if CAUSAL:
@@ -136,12 +140,23 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         s = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
+        if ALPHA_FIRST:
+            alpha = tl.math.exp2(m_i - m_use)
+            m_exp = m_use + alpha * 0.0
+        else:
+            m_exp = m_use
+        p = tl.math.exp2(s - m_exp[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
-        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
+        if ALPHA_FIRST:
+            alpha = tl.math.exp2(m_i - m_use)
+            m_exp = m_use + alpha * 0.0
+        else:
+            m_exp = m_use
+        p = tl.math.exp2(qk * qk_scale - m_exp[:, None])
+    if not ALPHA_FIRST:
+        alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -150,7 +165,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
+             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr, ALPHA_FIRST: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV, not OVERLAP)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -162,7 +177,7 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  BLOCK_N, MASKED, CAUSAL)
+                                  BLOCK_N, MASKED, CAUSAL, ALPHA_FIRST)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
     # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
@@ -214,7 +229,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
-            MASK_FIRST: tl.constexpr):
+            MASK_FIRST: tl.constexpr, ALPHA_FIRST: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -256,14 +271,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
+                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP, ALPHA_FIRST)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP)
+                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP, ALPHA_FIRST)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -308,7 +323,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               RCP_STORE: tl.constexpr):
+               RCP_STORE: tl.constexpr, ALPHA_FIRST: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -345,7 +360,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST, ALPHA_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM, RCP_STORE)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -370,7 +385,8 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, RCP_STORE=cfg.rcp_store)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, RCP_STORE=cfg.rcp_store,
+                ALPHA_FIRST=cfg.alpha_first)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

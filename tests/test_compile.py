@@ -76,9 +76,11 @@ def test_fwd_overlap_leaves_the_pipeliner():
 @pytest.mark.parametrize("causal", [False, True])
 def test_fwd_mask_first_rcp_store_fit(causal):
     """The A/B variants of session 13's plan (`mask_first`: the masked last KV block as
-    the peeled first step; `rcp_store`: one division a row) compile spill-free."""
+    the peeled first step; `rcp_store`: one division a row; `alpha_first` with
+    `overlap`: the rescale factor's exp2 first) compile spill-free together."""
     from dataclasses import replace
-    cfg = replace(fh.bucket_config(128, "long", causal), mask_first=True, rcp_store=True)
+    cfg = replace(fh.bucket_config(128, "long", causal), mask_first=True, rcp_store=True,
+                  overlap=True, alpha_first=True)
     rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 128, "bf16"),
                          fh.kernel_args(cfg, 128, causal, False), arch=90, num_warps=4,
                          num_stages=1, name=f"fwd mask_first rcp_store causal={causal}")
