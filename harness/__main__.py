@@ -57,7 +57,7 @@ def cmd_sweep(a, timing: bool):
     problems = [p for s in suites for p in suite(s)]
     if a.quick:
         problems = quick_subset(problems)
-    problems = [p for p in problems if a.match in p.label()]
+    problems = [p for p in problems if matches(p, a.match)]
     if a.limit:
         problems = problems[:a.limit]
     out = Path(a.out) if a.out else REPORTS / slug
@@ -71,13 +71,21 @@ def cmd_sweep(a, timing: bool):
     print(f"rows in {path}")
 
 
+MATCH_HELP = "only problems whose label contains this (a|b: either)"
+
+
+def matches(p, match: str) -> bool:
+    """`--match`: the problem's label contains the text, or one of its |-separated parts."""
+    return any(m in p.label() for m in match.split("|"))
+
+
 def cmd_profile(a):
     import torch
     from .problems import suite
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
     from .profile import run
-    problems = [p for s in _csv_list(a.suite) for p in suite(s) if a.match in p.label()]
+    problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
     run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab, host=a.host)
 
 
@@ -112,12 +120,12 @@ def main(argv=None):
         s.add_argument("--timeout", type=float, default=600.0,
                        help="seconds per job (one backend on one problem, all passes)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
-        s.add_argument("--match", default="", help="only problems whose label contains this")
+        s.add_argument("--match", default="", help=MATCH_HELP)
     s = sub.add_parser("profile", help="host time, GPU kernel time and do_bench of one backend per problem")
     s.add_argument("--suite", default="gem-jagged")
     s.add_argument("--backends", default="tlx")
     s.add_argument("--passes", default="fwd,bwd")
-    s.add_argument("--match", default="", help="only problems whose label contains this")
+    s.add_argument("--match", default="", help=MATCH_HELP)
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
     s.add_argument("--ab", action="append", default=[],
                    help="NAME=value: profile each pass again with this env var set (repeatable)")

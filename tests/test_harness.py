@@ -356,3 +356,13 @@ def test_ncu_sass_regions(tmp_path):
     loop = out[2]
     assert "2 instr" in loop and "exec       64" in loop and " 90.0 %" in loop, loop
     assert "barrier 1.67" in loop and "selected 1.00" in loop and "HGMMA" in loop, loop
+
+
+def test_match_alternatives():
+    """`--match a|b` keeps problems whose label contains either part; "" keeps all."""
+    from harness.__main__ import matches
+    from harness.problems import suite
+    jag = suite("gem-jagged")
+    picked = [p for p in jag if matches(p, "Lq256 Lk256 s0.5|Lq2048 Lk2048 s0.9")]
+    assert [(p.max_seqlen_q, p.sparsity) for p in picked] == [(256, 0.5), (2048, 0.9)]
+    assert all(matches(p, "") for p in jag) and not any(matches(p, "nope") for p in jag)
