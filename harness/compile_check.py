@@ -41,6 +41,7 @@ class CompileReport:
     ptx_lines: int
     mma_wait0: int        # wgmma.wait_group 0 in the PTX (a wait for every wgmma in flight)
     ttgir: str = dataclasses.field(default="", repr=False)  # for tests that read the IR
+    ptx: str = dataclasses.field(default="", repr=False)
 
     @property
     def has_mma(self) -> bool:
@@ -134,7 +135,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: in
         mma_count=len(re.findall(MMA_PATTERNS.get(arch, r"\bmma\."), ptx)),
         num_warps=num_warps, setmaxnreg=regs, ptx_lines=ptx.count("\n"),
         mma_wait0=len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)),
-        ttgir=kernel.asm.get("ttgir", ""))
+        ttgir=kernel.asm.get("ttgir", ""), ptx=ptx)
 
 
 def _compile_in_subprocess(fn, signature, constexprs, arch, num_warps, num_stages, name, opts):
