@@ -41,17 +41,17 @@ def read(path: str) -> tuple[list[str], list[list[str]]]:
 def regions(path: str, min_pct: float = 0.4) -> list[str]:
     hdr, data = read(path)
     col = {c: i for i, c in enumerate(hdr)}
-    samples = col["Warp Stall Sampling (All Samples)"]
+    samples = "Warp Stall Sampling (All Samples)"
     execs = col["Instructions Executed"]
     stalls = [c for c in hdr if c.startswith("stall_") and "Not Issued" not in c]
     n = lambda r, c: int(r[col[c]] or 0)
-    total = sum(n(r, hdr[samples]) for r in data) or 1
+    total = sum(n(r, samples) for r in data) or 1
     out = [f"{path}: {len(data)} instructions, {total} samples"]
     a = 0
     for b in range(1, len(data) + 1):
         if b < len(data) and data[b][execs] == data[a][execs]:
             continue
-        share = 100 * sum(n(r, hdr[samples]) for r in data[a:b]) / total
+        share = 100 * sum(n(r, samples) for r in data[a:b]) / total
         if share >= min_pct:
             why = Counter({s[6:]: sum(n(r, s) for r in data[a:b]) for s in stalls})
             sel = why["selected"] or 1

@@ -45,7 +45,7 @@ import torch
 
 from harness.tiles import fwd_bucket, fwd_config_override
 
-from .schedule import build_tiles, kv_block, tile_coords
+from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
 BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
 NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
@@ -348,23 +348,18 @@ def _kernel_class():
                     if const_expr(self.overlap):
                         # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
                         # and runs the softmax of S_n under the PV wgmma
-                        if const_expr(self.mask_first):
-                            # the last block (masked) first, then bulk [0, ..), tail [.., n_end - 1)
-                            bulk_end = cutlass.min(n_bulk, n_end - 1)
-                            self.first_qk(True, n_end - 1, geom, mma_t, kv_state)
-                            for n in cutlass.range(0, bulk_end, unroll=1):           # bulk
-                                kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
-                            for n in cutlass.range(bulk_end, n_end - 1, unroll=1):   # tail
-                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
+                        first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end,
+                                                                      self.mask_first)
+                        # unmasked when the bulk covers block 0 (mask_first: always masked)
+                        if const_expr(not self.mask_first) and n_bulk > 0:
+                            self.first_qk(False, first, geom, mma_t, kv_state)
                         else:
-                            if n_bulk > 0:
-                                self.first_qk(False, 0, geom, mma_t, kv_state)
-                            else:
-                                self.first_qk(True, 0, geom, mma_t, kv_state)
-                            for n in cutlass.range(1, n_bulk, unroll=1):          # bulk
-                                kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
-                            for n in cutlass.range(cutlass.max(n_bulk, 1), n_end, unroll=1):
-                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)  # tail
+                            self.first_qk(True, first, geom, mma_t, kv_state)
+                        for n in cutlass.range(bulk_lo, bulk_end, unroll=1):          # bulk
+                            kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
+                        for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
+                                               unroll=1):                              # tail
+                            kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
                         kv_state = self.last_pv(mma_t, kv_state)
                     else:
                         for n in cutlass.range(n_bulk, unroll=1):             # bulk

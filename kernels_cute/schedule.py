@@ -20,7 +20,7 @@ the `compute` warpgroups agree on every tile without talking.
 
 from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "kv_block", "tile_coords"]
+__all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
 
 
 def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
@@ -68,3 +68,14 @@ def kv_block(j, n_end, mask_first: bool):
     TLX: with mask_first the last block first (the sequence end, the causal diagonal),
     then 0, 1, ..."""
     return (j + n_end - 1) % n_end if mask_first else j
+
+
+def kv_steps(n_bulk, n_end, mask_first: bool):
+    """A tile's KV steps for n_end > 0, as TLX's: (first, bulk_lo, bulk_end, tail_end);
+    the first step reads block `first`, steps [bulk_lo, bulk_end) unmasked blocks, steps
+    [max(bulk_end, bulk_lo), tail_end) masked ones (traced inside a @cute.jit role)."""
+    import cutlass
+
+    if mask_first:
+        return n_end - 1, 0, cutlass.min(n_bulk, n_end - 1), n_end - 1
+    return 0, 1, n_bulk, n_end

@@ -122,14 +122,24 @@ def _hand_over(cid: tl.constexpr):
 
 
 @triton.jit
+def _exp_max(m_i, m_use, ALPHA_FIRST: tl.constexpr):
+    """The max the exponents subtract: m_use, or m_use + alpha * 0 (exact: alpha is in
+    [0, 1]), which makes every exponent wait for alpha's exp2 so ptxas issues it first."""
+    if ALPHA_FIRST:
+        return m_use + tl.math.exp2(m_i - m_use) * 0.0
+    else:
+        return m_use
+
+
+@triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
              ALPHA_FIRST: tl.constexpr = False):
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
-    rows that have seen no key yet (m = -inf). ALPHA_FIRST makes the exponents wait for
-    alpha (+ alpha * 0, exact: alpha is in [0, 1]) so ptxas issues its exp2 first and
-    the O rescale can run under the others; else it comes last (needed only by l)."""
+    rows that have seen no key yet (m = -inf). ALPHA_FIRST (_exp_max): alpha's exp2
+    first, so the O rescale can run under the others; else it comes last (only l needs
+    it)."""
     if MASKED:
         # keys [n0, n0 + limit) of this block are visible to a row
         if CAUSAL:
@@ -140,23 +150,14 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         s = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if ALPHA_FIRST:
-            alpha = tl.math.exp2(m_i - m_use)
-            m_exp = m_use + alpha * 0.0
-        else:
-            m_exp = m_use
+        m_exp = _exp_max(m_i, m_use, ALPHA_FIRST)
         p = tl.math.exp2(s - m_exp[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
-        if ALPHA_FIRST:
-            alpha = tl.math.exp2(m_i - m_use)
-            m_exp = m_use + alpha * 0.0
-        else:
-            m_exp = m_use
+        m_exp = _exp_max(m_i, m_use, ALPHA_FIRST)
         p = tl.math.exp2(qk * qk_scale - m_exp[:, None])
-    if not ALPHA_FIRST:
-        alpha = tl.math.exp2(m_i - m_use)
+    alpha = tl.math.exp2(m_i - m_use)  # with ALPHA_FIRST the same exp2 as _exp_max's
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 

@@ -22,9 +22,9 @@ SUITES=${SUITES:-"gem-jagged llm-dense"}
 CHECK=${CHECK:-1}
 have_cute() { [ -n "$CUTE" ] && python3 -c "import cutlass.cute" 2>/dev/null; }
 
-ab() {  # backend, variants -> --ab flags, then a repeat of the default
+ab() {  # variants -> --ab flags, then a repeat of the default
   local flags=""
-  for v in $2; do flags="$flags --ab JAGGED_FWD_CONFIG=$v"; done
+  for v in $1; do flags="$flags --ab JAGGED_FWD_CONFIG=$v"; done
   echo "$flags --ab JAGGED_AB_REPEAT=1"
 }
 last() { echo "${1##* }"; }  # the last (combined) variant is the one checked
@@ -43,12 +43,12 @@ for suite in $SUITES; do
   match=$CELLS; [ $suite = llm-dense ] && match=$LLM
   if [ -n "$TLX" ]; then
     timeout -s ABRT 400 python3 -X faulthandler -m harness profile --backends tlx --passes fwd \
-      --suite $suite --match "$match" --n 10 $(ab tlx "$TLX") > "$OUT/profile_tlx_${suite}_$R.log" 2>&1
+      --suite $suite --match "$match" --n 10 $(ab "$TLX") > "$OUT/profile_tlx_${suite}_$R.log" 2>&1
     echo "tlx $suite rc $?"
   fi
   if have_cute; then
     timeout -s ABRT 300 python3 -X faulthandler -m harness profile --backends cute --passes fwd \
-      --suite $suite --match "$match" --n 10 $(ab cute "$CUTE") > "$OUT/profile_cute_${suite}_$R.log" 2>&1
+      --suite $suite --match "$match" --n 10 $(ab "$CUTE") > "$OUT/profile_cute_${suite}_$R.log" 2>&1
     echo "cute $suite rc $?"
   fi
 done

@@ -9,6 +9,7 @@ import triton.language as tl
 from harness.problems import offsets
 from harness.tiles import longest_first_tiles
 from kernels_cute.schedule import kv_block as cute_kv_block
+from kernels_cute.schedule import kv_steps as cute_kv_steps
 from kernels_tlx.schedule import build_tiles, tile_coords
 
 
@@ -250,7 +251,11 @@ def test_kv_walk_covers_every_block_once(mask_first):
             assert sorted(blocks) == list(range(n_end)), (n_bulk, n_end, steps)
             assert all(m for b, m in steps if b >= n_bulk), (n_bulk, n_end, steps)
             assert out[64:].tolist() == blocks, (n_bulk, n_end, out[64:].tolist(), blocks)
-            # the CuteDSL load warp walks the same order (plain ints through its formula)
+            # the CuteDSL roles walk the same steps (plain ints through their formulas)
             assert [cute_kv_block(j, n_end, mask_first) for j in range(n_end)] == blocks
+            first, lo, end, tail = cute_kv_steps(n_bulk, n_end, mask_first)
+            cute = [(first, 1)] + [(j, 0) for j in range(lo, end)] + \
+                [(j, 1) for j in range(max(end, lo), tail)]
+            assert cute == [tuple(x) for x in steps], (n_bulk, n_end, cute, steps)
             if mask_first and n_bulk >= n_end - 1:  # non-causal: one masked step, first
                 assert [m for _, m in steps] == [1] + [0] * (n_end - 1)
