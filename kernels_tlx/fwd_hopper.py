@@ -55,9 +55,8 @@ class Config:
                                 # blocks per head chunk, session 5); a runtime argument
     overlap: bool = False       # S_j and P_{j-1} V_{j-1} in flight together (KV loops
                                 # outside Triton's pipeliner), as the CuteDSL twin's
-    mask_first: bool = False    # the masked last KV block first (schedule.kv_block)
-    rcp_store: bool = False     # O = acc * (1 / l): one division a row, not an element
-    alpha_first: bool = False   # the rescale factor's exp2 first (_softmax), with overlap
+    mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
+                                # non-causal tile runs one masked softmax, not two
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -71,15 +70,19 @@ CONFIGS = {
 }
 
 
-# `overlap` where it measured faster (session 13, two A/B rounds): causal D = 128 long,
-# llm B8 H16 8192 -5..-6 %. Non-causal it was null at gem 1024 / 2048 and slower at
-# 512 / 0.5 (+9 %), so it stays off there.
-OVERLAP_CAUSAL = {(128, "long")}
+# `overlap` where it measured faster (session 13, two A/B rounds): causal llm B8 H16
+# 8192 -5..-6 % at D = 128, -3.8 % at D = 64. Non-causal it was null at gem 1024 / 2048
+# and slower at 512 / 0.5 (+9 %), so it stays off there.
+OVERLAP_CAUSAL = {(128, "long"), (64, "long")}
 
 
 def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
+    """`mask_first` non-causal (session 14: gem 256..2048 -1.7..-5.7 %; causal +1.5..2.8 %,
+    where the diagonal block is masked either way), `overlap` per OVERLAP_CAUSAL."""
     cfg = CONFIGS[(head_dim, bucket)]
-    return replace(cfg, overlap=True) if causal and (head_dim, bucket) in OVERLAP_CAUSAL else cfg
+    if not causal:
+        return replace(cfg, mask_first=True)
+    return replace(cfg, overlap=True) if (head_dim, bucket) in OVERLAP_CAUSAL else cfg
 
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
@@ -122,24 +125,13 @@ def _hand_over(cid: tl.constexpr):
 
 
 @triton.jit
-def _exp_max(m_i, m_use, ALPHA_FIRST: tl.constexpr):
-    """The max the exponents subtract: m_use, or m_use + alpha * 0 (exact: alpha is in
-    [0, 1]), which makes every exponent wait for alpha's exp2 so ptxas issues it first."""
-    if ALPHA_FIRST:
-        return m_use + tl.math.exp2(m_i - m_use) * 0.0
-    else:
-        return m_use
-
-
-@triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-             ALPHA_FIRST: tl.constexpr = False):
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
-    rows that have seen no key yet (m = -inf). ALPHA_FIRST (_exp_max): alpha's exp2
-    first, so the O rescale can run under the others; else it comes last (only l needs
-    it)."""
+    rows that have seen no key yet (m = -inf). alpha's exp2 comes last; issuing it
+    first (so the O rescale runs under the others) measured null or worse (session 14:
+    gem -0.1..+1.3 %, causal llm +5.8 %) and was removed."""
     if MASKED:
         # keys [n0, n0 + limit) of this block are visible to a row
         if CAUSAL:
@@ -150,14 +142,12 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         s = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        m_exp = _exp_max(m_i, m_use, ALPHA_FIRST)
-        p = tl.math.exp2(s - m_exp[:, None])
+        p = tl.math.exp2(s - m_use[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
-        m_exp = _exp_max(m_i, m_use, ALPHA_FIRST)
-        p = tl.math.exp2(qk * qk_scale - m_exp[:, None])
-    alpha = tl.math.exp2(m_i - m_use)  # with ALPHA_FIRST the same exp2 as _exp_max's
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -166,7 +156,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr, ALPHA_FIRST: tl.constexpr):
+             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV, not OVERLAP)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -178,7 +168,7 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-                                  BLOCK_N, MASKED, CAUSAL, ALPHA_FIRST)
+                                  BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(v_empties[vb], 1)
     # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
@@ -230,7 +220,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
-            MASK_FIRST: tl.constexpr, ALPHA_FIRST: tl.constexpr):
+            MASK_FIRST: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -272,14 +262,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP, ALPHA_FIRST)
+                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP, ALPHA_FIRST)
+                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -292,17 +282,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 @triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, RCP_STORE: tl.constexpr):
+          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    if RCP_STORE:
-        o = acc * (1.0 / l_use)[:, None]
-    else:
-        o = acc / l_use[:, None]
+    o = acc / l_use[:, None]  # one reciprocal a row instead: null (session 14, +-2 %)
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
@@ -323,8 +310,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               RCP_STORE: tl.constexpr, ALPHA_FIRST: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
     SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -361,9 +347,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST, ALPHA_FIRST)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM, RCP_STORE)
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -386,8 +372,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, RCP_STORE=cfg.rcp_store,
-                ALPHA_FIRST=cfg.alpha_first)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

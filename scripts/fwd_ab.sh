@@ -14,8 +14,8 @@ OUT=${OUT:-/tmp/fwd_ab}
 mkdir -p "$OUT"
 R=${HARNESS_GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export HARNESS_GIT_REV=$R JAGGED_ATTN_CHECK_OFFSETS=0 PYTHONUNBUFFERED=1 PYTHONPATH=.
-TLX=${TLX-"mask_first=1 rcp_store=1 overlap=1,alpha_first=1 mask_first=1,rcp_store=1,overlap=1,alpha_first=1"}
-CUTE=${CUTE-"mask_first=1"}
+TLX=${TLX-"mask_first=0 overlap=1"}
+CUTE=${CUTE-"mask_first=0"}
 CELLS=${CELLS:-"Lq256 Lk256 s0.5|Lq1024 Lk1024 s0.5|Lq1024 Lk1024 s0.9|Lq2048 Lk2048 s0.5"}
 LLM=${LLM:-"B8 H16/16"}
 SUITES=${SUITES:-"gem-jagged llm-dense"}

@@ -72,12 +72,12 @@ def _commits_per_turn(ptx: str) -> list[int]:
 
 
 def test_fwd_overlap_leaves_the_pipeliner():
-    """`overlap` (the default for causal D = 128 long) keeps the KV loops out of Triton's
+    """`overlap` (the default for causal long) keeps the KV loops out of Triton's
     pipeliner, whose wait-0 after every dot serializes S_j and P_{j-1} V_{j-1} (PTX
     wait-0 16 -> 8, session 13); it must stay spill-free where it is not the default."""
     from dataclasses import replace
     for d, bucket, causal in ((128, "long", False), (64, "long", True), (128, "short", False)):
-        cfg = fh.bucket_config(d, bucket, causal)
+        cfg = replace(fh.bucket_config(d, bucket, causal), overlap=False)
         args = (fh.fwd_kernel, fh.signature(cfg, d, "bf16"))
         kw = dict(arch=90, num_warps=4, num_stages=1)
         base = compile_kernel(*args, fh.kernel_args(cfg, d, causal, False), **kw)
@@ -88,21 +88,24 @@ def test_fwd_overlap_leaves_the_pipeliner():
         # with overlap (S0 PV0 S1 PV1); handing it over after S cost 12-18 % at gem
         assert max(_commits_per_turn(ov.ptx)) == 2, (d, bucket, causal)
         assert max(_commits_per_turn(base.ptx)) == 1, (d, bucket, causal)
-    assert fh.pick_config(128, 8192, True, False).overlap
-    assert not fh.pick_config(128, 8192, False, False).overlap
+    for d in (64, 128):
+        assert fh.pick_config(d, 8192, True, False).overlap
+        assert not fh.pick_config(d, 8192, False, False).overlap
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_fwd_mask_first_rcp_store_fit(causal):
-    """The A/B variants of session 13's plan (`mask_first`: the masked last KV block as
-    the peeled first step; `rcp_store`: one division a row; `alpha_first` with
-    `overlap`: the rescale factor's exp2 first) compile spill-free together."""
+def test_fwd_defaults_by_causality():
+    """Session 14's defaults: `mask_first` (the masked last KV block as the peeled first
+    step) non-causal only; `overlap` causal long only. Both together (opt-in) compile
+    spill-free, so an A/B can time them."""
     from dataclasses import replace
-    cfg = replace(fh.bucket_config(128, "long", causal), mask_first=True, rcp_store=True,
-                  overlap=True, alpha_first=True)
+    for d in (64, 128):
+        for max_k in (64, 8192):
+            assert fh.pick_config(d, max_k, False, False).mask_first
+            assert not fh.pick_config(d, max_k, True, False).mask_first
+    cfg = replace(fh.bucket_config(128, "long", True), mask_first=True, overlap=True)
     rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 128, "bf16"),
-                         fh.kernel_args(cfg, 128, causal, False), arch=90, num_warps=4,
-                         num_stages=1, name=f"fwd mask_first rcp_store causal={causal}")
+                         fh.kernel_args(cfg, 128, True, False), arch=90, num_warps=4,
+                         num_stages=1, name="fwd causal mask_first overlap")
     print(rep.row())
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
 

@@ -63,7 +63,7 @@ _CONFIG_SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper
-    cfg = fwd_hopper.CONFIGS[({D}, {bucket!r})]
+    cfg = fwd_hopper.bucket_config({D}, {bucket!r}, {causal})
     dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
     fwd_hopper.compile_forward(dt, {D}, {causal}, {bq}, cfg)
     print("COMPILED")
@@ -120,11 +120,14 @@ _MASK_FIRST_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_forward_mask_first_compiles(tmp_path, causal):
-    """Config.mask_first (the A/B of session 13's plan, TLX's twin): the masked last KV
-    block as the peeled first step, so the unmasked first-step copy is gone."""
-    path = compile_in_subprocess(tmp_path, _MASK_FIRST_SCRIPT.format(root=ROOT, causal=causal),
+def test_forward_mask_first_compiles(tmp_path):
+    """Config.mask_first, the non-causal default (TLX's twin), opt-in causal: the masked
+    last KV block as the peeled first step compiles causal too."""
+    from kernels_cute import fwd_hopper
+    for d in (64, 128):
+        assert fwd_hopper.pick_config(d, 8192, False, False).mask_first
+        assert not fwd_hopper.pick_config(d, 8192, True, False).mask_first
+    path = compile_in_subprocess(tmp_path, _MASK_FIRST_SCRIPT.format(root=ROOT, causal=True),
                                  timeout=900)
     if path is not None:
         assert "wgmma.mma_async" in open(path).read()
