@@ -35,9 +35,8 @@ from harness.tiles import fwd_bucket, fwd_config_override
 from .launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
-NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_M // 2 query rows
-PINGPONG_BAR_A = tl.constexpr(9)  # named barriers ordering the consumers' wgmma issue
-PINGPONG_BAR_B = tl.constexpr(10)
+SPLIT_M = tl.constexpr(64)        # query rows of one consumer warpgroup (a wgmma's M)
+PINGPONG_BAR = tl.constexpr(9)    # named barriers 9, 10, (11): consumer c's issue turn
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -45,7 +44,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ----------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class Config:
-    block_m: int = 128          # query rows per tile (two consumer halves of 64)
+    block_m: int = 128          # query rows per tile: BLOCK_M // 64 consumer warpgroups
+                                # (2, or 3 at 192, with consumer_regs <= 160)
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
@@ -99,29 +99,23 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
-def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-              HAND_OVER: tl.constexpr = True):
-    """Wait for K, then issue S = Q K^T; consumer 0 and 1 take turns issuing. HAND_OVER:
-    pass the turn right after S (else the caller passes it, after its P V)."""
+def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr,
+              NUM_BUFFERS_KV: tl.constexpr, HAND_OVER: tl.constexpr = True):
+    """Wait for K, then issue S = Q K^T; the consumers take turns issuing (0, 1, ..).
+    HAND_OVER: pass the turn right after S (else the caller passes it, after its P V)."""
     kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
     tlx.barrier_wait(k_fulls[kb], kph)
-    if cid == 0:
-        tlx.named_barrier_wait(PINGPONG_BAR_A, 256)
-    else:
-        tlx.named_barrier_wait(PINGPONG_BAR_B, 256)
+    tlx.named_barrier_wait(PINGPONG_BAR + cid, 256)
     qk = tlx.async_dot(q_buf, tlx.local_trans(k_bufs[kb]))
     if HAND_OVER:
-        _hand_over(cid)
+        _hand_over(cid, NUM_CONSUMERS)
     return qk
 
 
 @triton.jit
-def _hand_over(cid: tl.constexpr):
-    """Let the other consumer issue its wgmmas next."""
-    if cid == 0:
-        tlx.named_barrier_arrive(PINGPONG_BAR_B, 256)
-    else:
-        tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
+def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):
+    """Let the next consumer issue its wgmmas (each turn barrier joins two warpgroups)."""
+    tlx.named_barrier_arrive(PINGPONG_BAR + (cid + 1) % NUM_CONSUMERS, 256)
 
 
 @triton.jit
@@ -155,15 +149,16 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 @triton.jit
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
-             BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr,
-             CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
+             NUM_CONSUMERS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV, not OVERLAP)
+    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV,
+                   not OVERLAP)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
     tlx.barrier_wait(v_fulls[vb], vph)
     acc = tlx.async_dot(p, v_bufs[vb], acc)
-    if OVERLAP:  # both wgmmas of this consumer issue before the other's (QK0 PV0 QK1 PV1)
-        _hand_over(cid)
+    if OVERLAP:  # both wgmmas of this consumer issue before the next's (QK0 PV0 QK1 PV1)
+        _hand_over(cid, NUM_CONSUMERS)
     qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(k_empties[kb], 1)
@@ -185,8 +180,9 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
          GROUP, NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr):
-    """Producer: for each of this program's tiles, Q (two halves) then its K/V blocks."""
-    SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
+    blocks."""
+    NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
     KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
     kv_cnt = 0
@@ -218,7 +214,7 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
 @triton.jit
 def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
-            SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+            NUM_CONSUMERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
             MASK_FIRST: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
@@ -250,7 +246,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
     if n_end > 0:
         # first block (masked: it may be the only one, cut by the diagonal or the end)
-        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_BUFFERS_KV)
+        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV)
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N, len_q,
@@ -261,15 +257,15 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
-                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
+                                        j * BLOCK_N, len_q, len_k, cid, NUM_CONSUMERS,
+                                        BLOCK_N, NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal
         for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
-                                        j * BLOCK_N, len_q, len_k, cid, BLOCK_N,
-                                        NUM_BUFFERS_KV, True, CAUSAL, OVERLAP)
+                                        j * BLOCK_N, len_q, len_k, cid, NUM_CONSUMERS,
+                                        BLOCK_N, NUM_BUFFERS_KV, True, CAUSAL, OVERLAP)
             kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -282,7 +278,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 @triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          SPLIT_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+          HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
@@ -311,7 +307,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
-    SPLIT_M: tl.constexpr = BLOCK_M // NUM_CONSUMERS
+    NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
     k_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
@@ -332,8 +328,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                  CAUSAL, BROADCAST_Q, MASK_FIRST)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if cid == 1:  # let consumer 0 issue first
-                tlx.named_barrier_arrive(PINGPONG_BAR_A, 256)
+            if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
+                _hand_over(cid, NUM_CONSUMERS)
             kv_cnt = 0
             i = 0
             for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
@@ -346,10 +342,10 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tlx.barrier_wait(q_fulls[slot], qph)
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
-                    kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, SPLIT_M,
+                    kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, NUM_CONSUMERS,
                     HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, SPLIT_M, HEAD_DIM)
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -369,6 +365,14 @@ def _num_sms(device) -> int:
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
+    n = cfg.block_m // SPLIT_M.value
+    # 64K registers an SM: 128 producer threads and n * 128 consumer threads
+    if cfg.block_m % SPLIT_M.value or n not in (2, 3) or \
+            128 * (cfg.producer_regs + n * cfg.consumer_regs) > 65536:
+        raise ValueError(f"forward Config block_m={cfg.block_m}, consumer_regs="
+                         f"{cfg.consumer_regs}: block_m is 128 or 192 (2 or 3 consumer "
+                         f"warpgroups) and 128 * (producer_regs + consumers * "
+                         f"consumer_regs) <= 65536 (192: consumer_regs=160)")
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
@@ -394,8 +398,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)
-    split_m = cfg.block_m // NUM_CONSUMERS.value
-    desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [split_m, D])
+    desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [SPLIT_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     grid = (min(_num_sms(q.device), batch * nblk * H),)
@@ -408,8 +411,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
 
 def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
     """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks)."""
-    split_m = cfg.block_m // NUM_CONSUMERS.value
-    return {"desc_q": f"tensordesc<{dtype}[{split_m},{head_dim}]>",
+    return {"desc_q": f"tensordesc<{dtype}[{SPLIT_M.value},{head_dim}]>",
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",

@@ -61,11 +61,11 @@ def _commits_per_turn(ptx: str) -> list[int]:
     import re
     out, inside = [], None
     for line in ptx.splitlines():
-        if re.search(r"\bbar\.sync\s+(9|10), 256;", line):
+        if re.search(r"\bbar\.sync\s+(9|10|11), 256;", line):
             inside = 0
         elif inside is not None and "wgmma.commit_group" in line:
             inside += 1
-        elif inside is not None and re.search(r"\bbar\.arrive\s+(9|10), 256;", line):
+        elif inside is not None and re.search(r"\bbar\.arrive\s+(9|10|11), 256;", line):
             out.append(inside)
             inside = None
     return out
@@ -108,6 +108,26 @@ def test_fwd_defaults_by_causality():
                          num_stages=1, name="fwd causal mask_first overlap")
     print(rep.row())
     assert rep.has_mma and not rep.spills and rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
+def test_fwd_three_consumers_compile():
+    """`block_m=192` (opt-in; FA4's D = 64 tile): three consumer warpgroups of 64 rows at
+    160 registers take the issue turn in a ring (named barriers 9 -> 10 -> 11 -> 9). The
+    bulk KV step is spill-free; the masked tail step spills ~10 registers (session 14's
+    SASS), which non-causal tiles skip under `mask_first`."""
+    import re
+    from dataclasses import replace
+    for causal in (False, True):
+        cfg = replace(fh.bucket_config(64, "long", causal), block_m=192, consumer_regs=160)
+        rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 64, "bf16"),
+                             fh.kernel_args(cfg, 64, causal, False), arch=90, num_warps=4,
+                             num_stages=1, name=f"fwd D64 192 causal={causal}")
+        print(rep.row())
+        assert rep.has_mma and rep.total_smem <= SMEM_LIMIT[90] and 160 in rep.setmaxnreg
+        assert set(re.findall(r"\bbar\.sync\s+(9|10|11), 256;", rep.ptx)) == {"9", "10", "11"}
+        assert max(_commits_per_turn(rep.ptx)) == (2 if cfg.overlap else 1), causal
+    with pytest.raises(ValueError, match="consumer_regs"):
+        fh.kernel_args(replace(cfg, consumer_regs=240), 64, False, False)
 
 
 def test_config_table_covers_head_dims():
