@@ -77,8 +77,9 @@ OVERLAP_CAUSAL = {(128, "long"), (64, "long")}
 
 
 def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
-    """`mask_first` non-causal (session 14: gem 256..2048 -1.7..-5.7 %; causal +1.5..2.8 %,
-    where the diagonal block is masked either way), `overlap` per OVERLAP_CAUSAL."""
+    """`mask_first` non-causal (session 14: gem 256..2048 / 0.5-0.9 -1.7..-5.7 %; causal
+    llm +2.8 %: a causal tile's diagonal steps are masked either way), `overlap` per
+    OVERLAP_CAUSAL."""
     cfg = CONFIGS[(head_dim, bucket)]
     if not causal:
         return replace(cfg, mask_first=True)
