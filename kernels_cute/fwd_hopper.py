@@ -7,18 +7,19 @@ The CuteDSL twin of `kernels_tlx/fwd_hopper.py`: same roles, same names, same or
 
 A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
 (longest first, tile t = (pair t // H, head t % H), CTA p takes t = p, p + P, ...).
-Each CTA is warp specialized (3 warpgroups, 384 threads):
+Each CTA is warp specialized (1 + Config.block_m // 64 warpgroups: 384 threads, or 512
+at the opt-in block_m = 192):
 
     warpgroup 0, warp 0   `load`    TMA: Q once per tile into one of 2 slots (the next
                                     tile's Q loads during this one), K and V per KV block
                                     into a num_buffers_kv-deep ring (cutlass.pipeline
                                     PipelineTmaAsync: full/empty mbarriers)
-    warpgroups 1 and 2    `compute` S = Q K^T (wgmma, smem x smem), online softmax in
+    warpgroups 1, 2 (, 3) `compute` S = Q K^T (wgmma, smem x smem), online softmax in
                                     exp2, O += P V (wgmma, P from registers); each
-                                    warpgroup owns 64 of the BLOCK_M = 128 query rows.
-                                    Block n's softmax runs under the PV wgmma of block
-                                    n - 1, and the two warpgroups take turns issuing
-                                    (named barriers, ping-pong)
+                                    warpgroup owns 64 of the block_m = 128 (192) query
+                                    rows. Block n's softmax runs under the PV wgmma of
+                                    block n - 1, and the warpgroups take turns issuing
+                                    (a ring of named barriers: ping-pong at 2)
                           `store`   O / rowsum -> the tile's Q slot (stmatrix) -> global,
                                     predicated per row so no row outside the sequence is
                                     written; LSE in fp32 (-inf and O = 0 on rows that see
@@ -47,13 +48,14 @@ from harness.tiles import fwd_bucket, fwd_config_override
 
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
-BLOCK_M = 128          # query rows per tile: 2 consumer warpgroups x 64 rows
-NUM_MMA_WG = 2         # consumer (compute + store) warpgroups
-NUM_THREADS = 128 * (NUM_MMA_WG + 1)
-LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
-SCHED_BARRIER = 2      # named barrier ids (0 = syncthreads, 1 unused): 2, 3: consumer
-                       # 0 / 1 may issue its wgmmas (ping-pong)
-WG_EPILOGUE_BARRIER = 4  # and 4, 5: consumer 0 / 1's own epilogue (`store`)
+SPLIT_M = 64           # query rows of one consumer (compute + store) warpgroup
+LOAD_REGS = 24         # setmaxnreg of the load warpgroup
+# setmaxnreg of a consumer, by consumer count: 64K registers an SM, so 24 * 128 +
+# 240 * 256 and 24 * 128 + 160 * 384 (block_m = 192, as TLX and FA3 / FA4) fit
+MMA_REGS = {2: 240, 3: 160}
+SCHED_BARRIER = 2      # named barrier ids (0 = syncthreads, 1 unused): 2 .. 1 + N:
+                       # consumer wg may issue its wgmmas (a ring of turns); the next N:
+                       # consumer wg's own epilogue (`store`); N = 2: 2, 3 and 4, 5
 
 # CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
 OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
@@ -61,6 +63,9 @@ OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
 
 @dataclass(frozen=True)
 class Config:
+    block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
+                                # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
+                                # registers; as TLX)
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
@@ -91,10 +96,20 @@ def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
     return cfg if causal else dataclasses.replace(cfg, mask_first=True)
 
 
+def num_consumers(cfg: Config) -> int:
+    """Consumer warpgroups of `cfg` (block_m // 64); a clear error on a block_m with no
+    register split (MMA_REGS)."""
+    if cfg.block_m not in (128, 192):
+        raise ValueError(f"forward Config block_m={cfg.block_m}: block_m is 128 or 192 "
+                         f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
+    return cfg.block_m // SPLIT_M
+
+
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
     cfg = fwd_config_override(bucket_config(
         head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), causal))
+    num_consumers(cfg)  # JAGGED_FWD_CONFIG=block_m=.. fails here, before any compile
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 
 
@@ -129,6 +144,12 @@ def _kernel_class():
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: "Config"):
+            # consumer warpgroups, each 64 rows of the tile, and their registers
+            self.num_mma_wg = num_consumers(cfg)
+            self.block_m = cfg.block_m
+            self.num_threads = 128 * (self.num_mma_wg + 1)
+            self.mma_regs = MMA_REGS[self.num_mma_wg]
+            self.epilogue_barrier = SCHED_BARRIER + self.num_mma_wg  # after the ring's ids
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
@@ -153,23 +174,23 @@ def _kernel_class():
             # smem: Q, K, V, O tiles, 128B-swizzled along D (K-major for both GEMMs)
             atom = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
-            sQ_layout = cute.tile_to_shape(atom, (BLOCK_M, D, self.q_stages), (0, 1, 2))
+            sQ_layout = cute.tile_to_shape(atom, (self.block_m, D, self.q_stages), (0, 1, 2))
             sK_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
             sV_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
 
-            # wgmma: each consumer warpgroup owns 64 rows (atom layout 2 x 1 x 1)
+            # wgmma: each consumer warpgroup owns 64 rows (atom layout N x 1 x 1)
             tiled_mma_qk = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, self.block_n))
+                atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, self.block_n))
             tiled_mma_pv = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
+                atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
 
             # TMA atoms for Q, K, V (loads); O goes out through smem + predicated stores
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (BLOCK_M, D))
+                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.block_m, D))
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
                 g2s, mK, cute.select(sK_layout, mode=[0, 1]), (self.block_n, D), 1)
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
@@ -200,7 +221,7 @@ def _kernel_class():
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
                 sQ_layout, sK_layout, sV_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
-            ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
+            ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
                      stream=stream, min_blocks_per_mp=1)
 
         # ------------------------------------------------------------------ the kernel
@@ -225,9 +246,9 @@ def _kernel_class():
             storage = smem.allocate(SharedStorage)
 
             # pipelines: producer = the load warp (TMA bytes complete the phase),
-            # consumer = the 8 compute warps (one elected arrive per warp)
+            # consumer = the 8 (12) compute warps (one elected arrive per warp)
             load_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_WG * 4)
+            mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4)
             pipeline_q = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=self.q_stages,
                 producer_group=load_warp, consumer_group=mma_warps,
@@ -260,7 +281,7 @@ def _kernel_class():
                     self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                               pipeline_q, pipeline_k, pipeline_v, sched)
             else:
-                cute.arch.setmaxregister_increase(MMA_REGS)
+                cute.arch.setmaxregister_increase(self.mma_regs)
                 tidx = cute.arch.thread_idx()[0] - 128
                 self.compute(mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
                              tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx,
@@ -271,7 +292,7 @@ def _kernel_class():
         def schedule(self, tile: Int32, sched):
             mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
             return tile_coords(tile, mPairs, n_pairs, self.head_chunk, mCuQ, mCuK, L_q, H,
-                               group, nblk, BLOCK_M, self.block_n, self.causal,
+                               group, nblk, self.block_m, self.block_n, self.causal,
                                self.broadcast_q)
 
         # ------------------------------------------------------------------ load
@@ -287,10 +308,10 @@ def _kernel_class():
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
                     self.schedule(tile, sched)
-                # Q: one (BLOCK_M, D) box at row q_start + m0 of head h, into the next of
+                # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
                 # q_stages slots (always: the slot also stages this tile's O)
                 tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
-                                       head_tile(mQ, q_start + m0, h, BLOCK_M, self.D))
+                                       head_tile(mQ, q_start + m0, h, self.block_m, self.D))
                 pipeline_q.producer_acquire(q_state)
                 cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
@@ -324,13 +345,14 @@ def _kernel_class():
             tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
             tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
             tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-            acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((BLOCK_M, self.D)), Float32)
-            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((BLOCK_M, self.block_n)))
+            M = self.block_m
+            acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((M, self.D)), Float32)
+            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((M, self.block_n)))
             # (row, col) of every accumulator element, for masks and the LSE store
-            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((BLOCK_M, self.block_n))))
+            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((M, self.block_n))))
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
-            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((BLOCK_M, self.block_n)),
+            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((M, self.block_n)),
                    None, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
                    pipeline_k, pipeline_v, wg)
 
@@ -339,7 +361,8 @@ def _kernel_class():
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                     self.stages)
             if const_expr(self.overlap):
-                # consumer 0 issues first: pre-arrive on its own scheduling barrier
+                # consumer 0 issues first: pre-arrive on its own scheduling barrier (in
+                # place of the last consumer's hand-over, whose arrive completes it later)
                 if wg == 0:
                     cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
             num_tiles = sched[1] * sched[5]
@@ -457,7 +480,13 @@ def _kernel_class():
             pipeline_v.consumer_wait(v_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
                   zero_init=False, wait=-1)
-            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + 1 - wg, number_of_threads=256)
+            # hand the turn to the next consumer in the ring (each turn barrier joins two
+            # warpgroups: the waiter and its predecessor); 1 - wg at 2: no signed modulo
+            if const_expr(self.num_mma_wg == 2):
+                next_wg = 1 - wg
+            else:
+                next_wg = (wg + 1) % self.num_mma_wg
+            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + next_wg, number_of_threads=256)
             warpgroup.wait_group(1)
             pipeline_k.consumer_release(kv_state)
             if const_expr(masked):
@@ -540,12 +569,11 @@ def _kernel_class():
             # each warpgroup stores its own 64 rows behind its own 128-thread barrier, as TLX
             # (one 256-thread barrier: session 11, 256 / 0.5 0.268 -> 0.241 ms)
             wg = cute.arch.make_warp_uniform(tidx // 128)
-            rows = BLOCK_M // NUM_MMA_WG
-            cute.arch.barrier(barrier_id=WG_EPILOGUE_BARRIER + wg, number_of_threads=128)
+            cute.arch.barrier(barrier_id=self.epilogue_barrier + wg, number_of_threads=128)
             store_rows(store_tiled_copy_O, tidx % 128,
-                       cute.local_tile(sO, (rows, self.D), (wg, 0)),
-                       head_tile(mO, out_start + m0 + wg * rows, h, rows, self.D),
-                       rows_left - wg * rows)
+                       cute.local_tile(sO, (SPLIT_M, self.D), (wg, 0)),
+                       head_tile(mO, out_start + m0 + wg * SPLIT_M, h, SPLIT_M, self.D),
+                       rows_left - wg * SPLIT_M)
 
     return FwdHopper
 
@@ -624,7 +652,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         return out.zero_(), lse.fill_(-math.inf)
     cfg = pick_config(D, max_k, causal, broadcast_q, k.shape[0] / B)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                     L_q if broadcast_q else None, BLOCK_M, cfg.block_n, causal)
+                                     L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
+                                     causal)
     num_programs = max(1, min(_sm_count(q.device), B * nblk * H))
     fn = _compiled(q.dtype, D, causal, broadcast_q, cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,

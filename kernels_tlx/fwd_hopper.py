@@ -44,12 +44,13 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ----------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class Config:
-    block_m: int = 128          # query rows per tile: BLOCK_M // 64 consumer warpgroups
-                                # (2, or 3 at 192, with consumer_regs <= 160)
+    block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
+                                # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
+                                # registers; as CuteDSL)
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
-    consumer_regs: int = 240
+    consumer_regs: int = 240    # at most what the register file leaves (kernel_args)
     producer_regs: int = 24
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); a runtime argument
@@ -366,17 +367,16 @@ def _num_sms(device) -> int:
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
+    if cfg.block_m not in (128, 192):
+        raise ValueError(f"forward Config block_m={cfg.block_m}: block_m is 128 or 192 "
+                         f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
+    # 64K registers an SM for 128 producer threads and n * 128 consumer threads, in
+    # steps of 8: 240 for 2 consumers, 160 for 3 (as FA3 / FA4 and the CuteDSL twin)
     n = cfg.block_m // SPLIT_M.value
-    # 64K registers an SM: 128 producer threads and n * 128 consumer threads
-    if cfg.block_m % SPLIT_M.value or n not in (2, 3) or \
-            128 * (cfg.producer_regs + n * cfg.consumer_regs) > 65536:
-        raise ValueError(f"forward Config block_m={cfg.block_m}, consumer_regs="
-                         f"{cfg.consumer_regs}: block_m is 128 or 192 (2 or 3 consumer "
-                         f"warpgroups) and 128 * (producer_regs + consumers * "
-                         f"consumer_regs) <= 65536 (192: consumer_regs=160)")
+    consumer_regs = min(cfg.consumer_regs, (512 - cfg.producer_regs) // n // 8 * 8)
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
-                CAUSAL=causal, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                 OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 

@@ -118,7 +118,7 @@ def test_fwd_three_consumers_compile():
     import re
     from dataclasses import replace
     for causal in (False, True):
-        cfg = replace(fh.bucket_config(64, "long", causal), block_m=192, consumer_regs=160)
+        cfg = replace(fh.bucket_config(64, "long", causal), block_m=192)
         rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 64, "bf16"),
                              fh.kernel_args(cfg, 64, causal, False), arch=90, num_warps=4,
                              num_stages=1, name=f"fwd D64 192 causal={causal}")
@@ -126,8 +126,10 @@ def test_fwd_three_consumers_compile():
         assert rep.has_mma and rep.total_smem <= SMEM_LIMIT[90] and 160 in rep.setmaxnreg
         assert set(re.findall(r"\bbar\.sync\s+(9|10|11), 256;", rep.ptx)) == {"9", "10", "11"}
         assert max(_commits_per_turn(rep.ptx)) == (2 if cfg.overlap else 1), causal
-    with pytest.raises(ValueError, match="consumer_regs"):
-        fh.kernel_args(replace(cfg, consumer_regs=240), 64, False, False)
+    assert fh.kernel_args(fh.bucket_config(128, "long", False), 128, False, False)[
+        "CONSUMER_REGS"] == 240
+    with pytest.raises(ValueError, match="block_m=100"):
+        fh.kernel_args(replace(cfg, block_m=100), 64, False, False)
 
 
 def test_config_table_covers_head_dims():
