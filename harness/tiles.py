@@ -13,8 +13,8 @@ else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torc
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 
 Both lists are reused while their offsets tensors are unchanged (`_cached`). The
-forward's length bucket and Config overrides for A/B runs (`fwd_bucket`,
-`fwd_config_override`) live here too, since both styles share them.
+forward's length bucket, consumer count and Config overrides for A/B runs (`fwd_bucket`,
+`fwd_consumers`, `fwd_config_override`) live here too, since both styles share them.
 """
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None, causal: bool = Fa
         return env
     by_mean = mean_k is not None and not causal and mean_k <= FWD_SHORT_MEAN_K
     return "short" if max_seqlen_k <= 64 or by_mean else "long"
+
+
+def fwd_consumers(block_m: int, producer_regs: int) -> tuple[int, int]:
+    """(consumer warpgroups, their register cap) of a forward tile of block_m query rows,
+    64 a consumer: 2 or 3 (192, FA4's D = 64 tile). 64K registers an SM for 128 producer
+    threads and n * 128 consumer threads, in steps of 8: 240 for 2, 160 for 3."""
+    if block_m not in (128, 192):
+        raise ValueError(f"forward Config block_m={block_m}: block_m is 128 or 192 "
+                         f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
+    n = block_m // 64
+    return n, (512 - producer_regs) // n // 8 * 8
 
 
 def fwd_config_override(cfg):

@@ -44,15 +44,12 @@ from typing import Optional
 
 import torch
 
-from harness.tiles import fwd_bucket, fwd_config_override
+from harness.tiles import fwd_bucket, fwd_config_override, fwd_consumers
 
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
 SPLIT_M = 64           # query rows of one consumer (compute + store) warpgroup
-LOAD_REGS = 24         # setmaxnreg of the load warpgroup
-# setmaxnreg of a consumer, by consumer count: 64K registers an SM, so 24 * 128 +
-# 240 * 256 and 24 * 128 + 160 * 384 (block_m = 192, as TLX and FA3 / FA4) fit
-MMA_REGS = {2: 240, 3: 160}
+LOAD_REGS = 24         # setmaxnreg of the load warpgroup (the consumers': fwd_consumers)
 SCHED_BARRIER = 2      # named barrier ids (0 = syncthreads, 1 unused): 2 .. 1 + N:
                        # consumer wg may issue its wgmmas (a ring of turns); the next N:
                        # consumer wg's own epilogue (`store`); N = 2: 2, 3 and 4, 5
@@ -96,20 +93,11 @@ def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
     return cfg if causal else dataclasses.replace(cfg, mask_first=True)
 
 
-def num_consumers(cfg: Config) -> int:
-    """Consumer warpgroups of `cfg` (block_m // 64); a clear error on a block_m with no
-    register split (MMA_REGS)."""
-    if cfg.block_m not in (128, 192):
-        raise ValueError(f"forward Config block_m={cfg.block_m}: block_m is 128 or 192 "
-                         f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
-    return cfg.block_m // SPLIT_M
-
-
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
                 mean_k: float | None = None) -> Config:
     cfg = fwd_config_override(bucket_config(
         head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), causal))
-    num_consumers(cfg)  # JAGGED_FWD_CONFIG=block_m=.. fails here, before any compile
+    fwd_consumers(cfg.block_m, LOAD_REGS)  # a bad JAGGED_FWD_CONFIG block_m fails here
     return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
 
 
@@ -145,10 +133,9 @@ def _kernel_class():
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: "Config"):
             # consumer warpgroups, each 64 rows of the tile, and their registers
-            self.num_mma_wg = num_consumers(cfg)
+            self.num_mma_wg, self.mma_regs = fwd_consumers(cfg.block_m, LOAD_REGS)
             self.block_m = cfg.block_m
             self.num_threads = 128 * (self.num_mma_wg + 1)
-            self.mma_regs = MMA_REGS[self.num_mma_wg]
             self.epilogue_barrier = SCHED_BARRIER + self.num_mma_wg  # after the ring's ids
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q

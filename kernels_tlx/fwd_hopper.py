@@ -30,7 +30,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.tiles import fwd_bucket, fwd_config_override
+from harness.tiles import fwd_bucket, fwd_config_override, fwd_consumers
 
 from .launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
@@ -367,13 +367,7 @@ def _num_sms(device) -> int:
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
-    if cfg.block_m not in (128, 192):
-        raise ValueError(f"forward Config block_m={cfg.block_m}: block_m is 128 or 192 "
-                         f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
-    # 64K registers an SM for 128 producer threads and n * 128 consumer threads, in
-    # steps of 8: 240 for 2 consumers, 160 for 3 (as FA3 / FA4 and the CuteDSL twin)
-    n = cfg.block_m // SPLIT_M.value
-    consumer_regs = min(cfg.consumer_regs, (512 - cfg.producer_regs) // n // 8 * 8)
+    consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
