@@ -134,17 +134,18 @@ def test_forward_mask_first_compiles(tmp_path):
 
 
 _BLOCK_M_SCRIPT = textwrap.dedent("""
-    import sys, dataclasses, torch
+    import sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper
-    cfg = dataclasses.replace(fwd_hopper.bucket_config(64, "long", True), block_m=192)
+    cfg = fwd_hopper.bucket_config(64, "long", True)
+    assert cfg.block_m == 192
     fwd_hopper.compile_forward(torch.bfloat16, 64, True, False, cfg)
     print("COMPILED")
 """)
 
 
 def test_forward_block_m_192_compiles(tmp_path):
-    """Config.block_m = 192 (opt-in, TLX's twin; FA4's D = 64 tile): three consumer
+    """Config.block_m = 192 (the D = 64 long default; FA4's D = 64 tile): three consumer
     warpgroups at 160 registers (24 * 128 + 160 * 384 <= 64K) take their wgmma turns in
     a ring. The turn and epilogue barrier ids are computed from the warpgroup at run time
     (2 + wg, 2 + (wg + 1) % 3; 5 + wg), so the PTX shows only consumer 0's pre-arrive."""
@@ -159,13 +160,17 @@ def test_forward_block_m_192_compiles(tmp_path):
 
 
 def test_forward_block_m_env(monkeypatch):
-    """JAGGED_FWD_CONFIG=block_m=192 selects the three-consumer tile; any block_m other
-    than 128 or 192 is a ValueError at pick_config, before a compile."""
+    """The three-consumer tile is the D = 64 long default (both causalities, session 15);
+    JAGGED_FWD_CONFIG=block_m=192 selects it elsewhere; any block_m other than 128 or 192
+    is a ValueError at pick_config, before a compile."""
     from kernels_cute import fwd_hopper
     monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
-    assert fwd_hopper.pick_config(64, 8192, True, False).block_m == 128
+    for causal in (False, True):
+        assert fwd_hopper.pick_config(64, 8192, causal, False).block_m == 192
+        assert fwd_hopper.pick_config(64, 64, causal, False).block_m == 128
+        assert fwd_hopper.pick_config(128, 8192, causal, False).block_m == 128
     monkeypatch.setenv("JAGGED_FWD_CONFIG", "block_m=192")
-    assert fwd_hopper.pick_config(64, 8192, True, False).block_m == 192
+    assert fwd_hopper.pick_config(128, 8192, True, False).block_m == 192
     monkeypatch.setenv("JAGGED_FWD_CONFIG", "block_m=100")
     with pytest.raises(ValueError, match="block_m=100"):
         fwd_hopper.pick_config(64, 8192, True, False)
