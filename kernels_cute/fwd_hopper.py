@@ -70,8 +70,6 @@ class Config:
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
                                 # non-causal tile runs one masked softmax, not two (with
                                 # overlap)
-    keep_tail: bool = False     # A/B (session 15): compile the never-run non-causal
-                                # mask_first tail
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); compiled in
     # deleted, session 11: where_mask, wg_store (their winners are the only paths now)
@@ -144,7 +142,6 @@ def _kernel_class():
             self.q_stages = cfg.num_buffers_q
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.mask_first = cfg.mask_first and cfg.overlap
-            self.keep_tail = cfg.keep_tail
             self.head_chunk = cfg.head_chunk
             self.dtype = dtype
             self.D = head_dim
@@ -382,7 +379,7 @@ def _kernel_class():
                             kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
                         # non-causal under mask_first the first step took the one
                         # masked block: no tail, and no code for it
-                        if const_expr(self.causal or not self.mask_first or self.keep_tail):
+                        if const_expr(self.causal or not self.mask_first):
                             for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
                                                    unroll=1):                          # tail
                                 kv_state = self.kv_step(n, True, geom, mma_t, kv_state)

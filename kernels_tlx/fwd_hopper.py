@@ -58,9 +58,6 @@ class Config:
                                 # outside Triton's pipeliner), as the CuteDSL twin's
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
                                 # non-causal tile runs one masked softmax, not two
-    pack_p: bool = True         # A/B (session 15): P packed by cvt.rn.bf16x2 (_pack_p)
-    keep_tail: bool = False     # A/B (session 15): compile the never-run non-causal
-                                # mask_first tail
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -160,8 +157,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
              p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
              NUM_CONSUMERS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-             MASKED: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
-             PACK_P: tl.constexpr):
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV,
                    not OVERLAP)
@@ -179,18 +175,19 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
     tlx.barrier_arrive(v_empties[vb], 1)
     # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
     # ptxas hoists that wait above the softmax to make room
-    p = _pack_p(p, v_bufs.dtype, PACK_P)
+    p = _pack_p(p, v_bufs.dtype)
     acc = acc * alpha[:, None]
     return p, acc, m_i, l_i
 
 
 @triton.jit
-def _pack_p(p, dtype: tl.constexpr, PACK_P: tl.constexpr):
+def _pack_p(p, dtype: tl.constexpr):
     """P fp32 -> the P V operand, two neighbours (one register of the wgmma A fragment)
-    per cvt.rn.{bf16,f16}x2: Triton's per-element cvt left ptxas packing with PRMT in
-    one consumer's copy of the KV step (32 a step) and not in the other's."""
-    if not PACK_P:
-        return p.to(dtype)
+    per cvt.rn.{bf16,f16}x2. Triton's per-element cvt left ptxas packing the halves with
+    PRMT: 32 a bulk step, 64 a masked one (session 15 SASS: D = 128 causal bulk 489 -> 471,
+    masked 722 -> 667; D = 64 192-row non-causal spill-free only this way). Measured with
+    the tail removal below: llm D64 2048 -6.0 % (192 rows) and -4.0 % causal; D = 128
+    gem / llm within +-2 %."""
     if dtype == tl.bfloat16:
         return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p],
                                          dtype=tl.bfloat16, is_pure=True, pack=2)
@@ -242,7 +239,7 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
             qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
             NUM_CONSUMERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
-            MASK_FIRST: tl.constexpr, PACK_P: tl.constexpr, KEEP_TAIL: tl.constexpr):
+            MASK_FIRST: tl.constexpr):
     """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
@@ -277,25 +274,24 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
         tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N, len_q,
                                       len_k, BLOCK_N, True, CAUSAL)
-        p = _pack_p(p, v_bufs.dtype, PACK_P)
+        p = _pack_p(p, v_bufs.dtype)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
             p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
                                         v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
                                         j * BLOCK_N, len_q, len_k, cid, NUM_CONSUMERS,
-                                        BLOCK_N, NUM_BUFFERS_KV, False, CAUSAL, OVERLAP,
-                                        PACK_P)
+                                        BLOCK_N, NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal. Non-causal under MASK_FIRST the
         # first step took the one masked block: no tail, and no code for it
-        if CAUSAL or not MASK_FIRST or KEEP_TAIL:
+        if CAUSAL or not MASK_FIRST:
             for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
                 p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties,
                                             v_fulls, v_empties, kv_cnt, p, acc, m_i, l_i,
                                             qk_scale, rows, j * BLOCK_N, len_q, len_k, cid,
                                             NUM_CONSUMERS, BLOCK_N, NUM_BUFFERS_KV, True,
-                                            CAUSAL, OVERLAP, PACK_P)
+                                            CAUSAL, OVERLAP)
                 kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -336,8 +332,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               PACK_P: tl.constexpr, KEEP_TAIL: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -374,8 +369,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, NUM_CONSUMERS,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST, PACK_P,
-                    KEEP_TAIL)
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
                       m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
@@ -401,8 +395,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, PACK_P=cfg.pack_p,
-                KEEP_TAIL=cfg.keep_tail)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

