@@ -64,17 +64,17 @@ class Config:
 # sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket). Modes
 # share configs.
 CONFIGS = {
-    (64, "long"): Config(block_n=128, num_buffers_kv=3),
+    (64, "long"): Config(block_n=128, num_buffers_kv=3, overlap=True),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),
-    (128, "long"): Config(block_n=128, num_buffers_kv=2),
+    (128, "long"): Config(block_n=128, num_buffers_kv=2, overlap=True),
     (128, "short"): Config(block_n=64, num_buffers_kv=3),
 }
+# `overlap` on the long buckets (as CuteDSL): causal since session 13 (llm B8 H16 8192
+# -5..-6 % at D = 128, -3.8 % at D = 64); non-causal since session 15, once P was packed
+# per pair (_pack_p; bulk step 492 -> 459 SASS at D = 128): gem 2048 / 0.5 -4.3 / -2.5 %,
+# 2048 / 0.9 -5.3 %, llm -3.1 / -2.9 %, GQA -4.2 %, D = 64 -4.9 %, 512 / 0.5 +2.2 / -3.7 %
+# (do_bench, one or two rounds). Session 13 had found it null or slower non-causal.
 
-
-# `overlap` where it measured faster (session 13, two A/B rounds): causal llm B8 H16
-# 8192 -5..-6 % at D = 128, -3.8 % at D = 64. Non-causal it was null at gem 1024 / 2048
-# and slower at 512 / 0.5 (+9 %), so it stays off there.
-OVERLAP_CAUSAL = {(128, "long"), (64, "long")}
 
 # 192-row tiles (three consumers) non-causal (session 15: llm B16 H16 D64 2048 -8.3 %);
 # causal they ran +23 %: their masked steps spill at 160 registers
@@ -84,12 +84,12 @@ WIDE_NONCAUSAL = {(64, "long")}
 def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
     """`mask_first` non-causal (session 14: gem 256..2048 / 0.5-0.9 -1.7..-5.7 %; causal
     llm +2.8 %: a causal tile's diagonal steps are masked either way), `block_m` per
-    WIDE_NONCAUSAL, `overlap` per OVERLAP_CAUSAL."""
+    WIDE_NONCAUSAL."""
     cfg = CONFIGS[(head_dim, bucket)]
     if not causal:
         wide = (head_dim, bucket) in WIDE_NONCAUSAL
         return replace(cfg, mask_first=True, block_m=192 if wide else cfg.block_m)
-    return replace(cfg, overlap=True) if (head_dim, bucket) in OVERLAP_CAUSAL else cfg
+    return cfg
 
 
 def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,

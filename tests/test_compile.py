@@ -76,7 +76,7 @@ def _commits_per_turn(ptx: str) -> list[int]:
 
 
 def test_fwd_overlap_leaves_the_pipeliner():
-    """`overlap` (the default for causal long) keeps the KV loops out of Triton's
+    """`overlap` (the long buckets' default; non-causal since session 15) keeps the KV loops out of Triton's
     pipeliner, whose wait-0 after every dot serializes S_j and P_{j-1} V_{j-1} (PTX
     wait-0 16 -> 8, session 13); it must stay spill-free where it is not the default."""
     from dataclasses import replace
@@ -93,14 +93,15 @@ def test_fwd_overlap_leaves_the_pipeliner():
         assert max(_commits_per_turn(ov.ptx)) == 2, (d, bucket, causal)
         assert max(_commits_per_turn(base.ptx)) == 1, (d, bucket, causal)
     for d in (64, 128):
-        assert fh.pick_config(d, 8192, True, False).overlap
-        assert not fh.pick_config(d, 8192, False, False).overlap
+        for causal in (False, True):
+            assert fh.pick_config(d, 8192, causal, False).overlap
+        assert not fh.pick_config(d, 64, False, False).overlap  # the short bucket
 
 
 def test_fwd_defaults_by_causality():
     """Session 14's defaults: `mask_first` (the masked last KV block as the peeled first
-    step) non-causal only; `overlap` causal long only. Both together (opt-in) compile
-    spill-free, so an A/B can time them."""
+    step) non-causal only; `overlap` on the long buckets (non-causal since session 15).
+    Both together causal (opt-in) compile spill-free, so an A/B can time them."""
     from dataclasses import replace
     for d in (64, 128):
         for max_k in (64, 8192):
