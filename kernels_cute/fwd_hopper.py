@@ -78,7 +78,8 @@ class Config:
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
 # sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket; the same
 # table as TLX, except the 192-row D = 64 tile causal too: session 15, llm B16 H16 D64
-# 2048 -15.9 % non-causal, -4.2 % causal, where TLX's masked steps spill)
+# 2048 -11.5 % non-causal, -5.2 % causal (128 rows then +10.6 / +7.0 % against them),
+# where TLX's masked steps spill)
 CONFIGS = {
     (64, "long"): Config(block_m=192, block_n=128, num_buffers_kv=3),
     (64, "short"): Config(block_n=64, num_buffers_kv=3),

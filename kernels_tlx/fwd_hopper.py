@@ -76,8 +76,9 @@ CONFIGS = {
 # (do_bench, one or two rounds). Session 13 had found it null or slower non-causal.
 
 
-# 192-row tiles (three consumers) non-causal (session 15: llm B16 H16 D64 2048 -8.3 %);
-# causal they ran +23 %: their masked steps spill at 160 registers
+# 192-row tiles (three consumers) non-causal (session 15: llm B16 H16 D64 2048 -7.7 %,
+# and 128 rows +11.2 % against them once P was packed); causal they ran +21.5 %: their
+# masked steps spill at 160 registers
 WIDE_NONCAUSAL = {(64, "long")}
 
 
@@ -250,7 +251,8 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     num_stages=0, which that pass skips, and hands the issue turn to the other consumer
     after P V rather than after S (session 7's try handed it over after S: the tensor
     pipe then ran S0 S1 PV0 PV1 and gem-jagged was 4-39 % slower). Session 13, both
-    fixed: causal llm -5..-6 % (on there), gem 1024 / 2048 null, 512 / s0.5 +9 % (off).
+    fixed: causal llm -5..-6 %, gem 1024 / 2048 null, 512 / s0.5 +9 %; session 15, with
+    P packed per pair, also non-causal -2.5..-5.3 % (on for the long buckets, CONFIGS).
     ptxas places the P V wait before the exp2s in both styles (SASS), so the softmax
     overlaps the other consumer's wgmmas, not this one's.
     Moving the bulk's O *= alpha one step later (after V's wait, shortening the window
