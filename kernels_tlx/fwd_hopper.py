@@ -186,9 +186,9 @@ def _pack_p(p, dtype: tl.constexpr):
     """P fp32 -> the P V operand, two neighbours (one register of the wgmma A fragment)
     per cvt.rn.{bf16,f16}x2. Triton's per-element cvt left ptxas packing the halves with
     PRMT: 32 a bulk step, 64 a masked one (session 15 SASS: D = 128 causal bulk 489 -> 471,
-    masked 722 -> 667; D = 64 192-row non-causal spill-free only this way). Measured with
-    the tail removal below: llm D64 2048 -6.0 % (192 rows) and -4.0 % causal; D = 128
-    gem / llm within +-2 %."""
+    masked 722 -> 667; D = 64 192-row non-causal spill-free only this way). The old form
+    (with the tail code below) against this one, do_bench: llm D64 2048 +6.6 % (192 rows),
+    +2.9 % causal; D = 128 gem / llm within +-2 %, gem 256 / 0.5 -3 %."""
     if dtype == tl.bfloat16:
         return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p],
                                          dtype=tl.bfloat16, is_pure=True, pack=2)
