@@ -8,7 +8,7 @@ The CuteDSL twin of `kernels_tlx/fwd_hopper.py`: same roles, same names, same or
 A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
 (longest first, tile t = (pair t // H, head t % H), CTA p takes t = p, p + P, ...).
 Each CTA is warp specialized (1 + Config.block_m // 64 warpgroups: 384 threads, or 512
-at the opt-in block_m = 192):
+at block_m = 192, the D = 64 long default):
 
     warpgroup 0, warp 0   `load`    TMA: Q once per tile into one of 2 slots (the next
                                     tile's Q loads during this one), K and V per KV block
@@ -62,7 +62,7 @@ OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
 class Config:
     block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
                                 # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
-                                # registers; as TLX)
+                                # registers; CONFIGS picks it at D = 64; as TLX)
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)

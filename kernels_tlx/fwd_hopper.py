@@ -46,7 +46,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 class Config:
     block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
                                 # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
-                                # registers; as CuteDSL)
+                                # registers; WIDE_NONCAUSAL picks it; as CuteDSL)
     block_n: int = 128          # keys per KV block
     num_buffers_kv: int = 2     # depth of the K/V ring
     num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one

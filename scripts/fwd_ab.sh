@@ -13,6 +13,7 @@ set -u
 OUT=${OUT:-/tmp/fwd_ab}
 mkdir -p "$OUT"
 R=${HARNESS_GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+R=${R//[^A-Za-z0-9._-]/_}  # the device returns no file whose name has other characters
 export HARNESS_GIT_REV=$R JAGGED_ATTN_CHECK_OFFSETS=0 PYTHONUNBUFFERED=1 PYTHONPATH=.
 TLX=${TLX-"mask_first=0 overlap=1"}
 CUTE=${CUTE-"mask_first=0"}

@@ -9,6 +9,7 @@ mkdir -p "$OUT"
 K=${K:-tlx}; SHARDS=${SHARDS:-4}; N=${N:-200}
 SEED=${SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(1 << 30))")}
 R=${HARNESS_GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+R=${R//[^A-Za-z0-9._-]/_}  # the device returns no file whose name has other characters
 export HARNESS_GIT_REV=$R JAGGED_ATTN_CHECK_OFFSETS=0 PYTHONUNBUFFERED=1 PYTHONPATH=.
 export JAGGED_MATRIX_SEED=$SEED JAGGED_MATRIX_N=$N
 for i in $(seq 0 $((SHARDS - 1))); do
