@@ -89,6 +89,16 @@ def cmd_profile(a):
     run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab, host=a.host)
 
 
+def cmd_clocks(a):
+    import torch
+    from .problems import suite
+    if not torch.cuda.is_available():
+        sys.exit("clocks needs a CUDA GPU")
+    from .clocks import run
+    problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
+    run(_csv_list(a.backends), problems, a.seconds)
+
+
 def _print_table(rows, timing):
     w = max([len(r["backend"]) for r in rows] + [7])
     for r in rows:
@@ -130,6 +140,11 @@ def main(argv=None):
     s.add_argument("--ab", action="append", default=[],
                    help="NAME=value: profile each pass again with this env var set (repeatable)")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
+    s = sub.add_parser("clocks", help="sustained TFLOP/s, SM clock and power per backend and problem")
+    s.add_argument("--suite", default="llm-dense")
+    s.add_argument("--backends", default="tlx,cute,fa4")
+    s.add_argument("--match", default="", help=MATCH_HELP)
+    s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")
@@ -146,6 +161,8 @@ def main(argv=None):
         cmd_sweep(a, timing=a.cmd == "bench")
     elif a.cmd == "profile":
         cmd_profile(a)
+    elif a.cmd == "clocks":
+        cmd_clocks(a)
     elif a.cmd == "plot":
         from .plots import plot_all
         for d in _report_dirs(a.out):

@@ -1,0 +1,109 @@
+"""Sustained speed, SM clock and power of one backend per problem: is a gap cycles or
+clock? The H200 boosts to 1980 MHz and slows under load (PERF.md: a process's first
+timing reads up to 15 % faster than later ones), so two kernels that need the same
+cycles can differ in speed by how much power they draw. Per (backend, problem): the
+oracle gate, then back-to-back calls for `seconds` while `nvidia-smi` samples the
+clock, power and the active clock-event reasons; reported over the second half (a
+warm GPU): TFLOP/s, median MHz, W, and TFLOP/s scaled to 1980 MHz (the cycle count's
+measure: equal there means equal cycles).
+
+    python -m harness clocks --backends tlx,cute,fa4 --suite llm-dense --match "B8 H16/16 D128"
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+
+import torch
+
+from .bench import call_kw, default_device, pass_call, run_problem
+from .problems import Problem
+
+FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+BOOST_MHZ = 1980.0
+
+
+class Sampler:
+    """`nvidia-smi -lms` in the background: (host time, MHz, W, degrees C, reasons)."""
+
+    def __init__(self, period_ms: int = 100):
+        self.rows: list[tuple] = []
+        query = ["nvidia-smi", "-i", str(torch.cuda.current_device()),
+                 "--format=csv,noheader,nounits"]
+        fields = FIELDS
+        if subprocess.run(query + [f"--query-gpu={fields}"], capture_output=True).returncode:
+            fields = fields.rsplit(",", 1)[0] + ",pstate"  # an older driver's field names
+        self.proc = subprocess.Popen(query + [f"--query-gpu={fields}", "-lms", str(period_ms)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                self.rows.append((time.perf_counter(), float(parts[0]), float(parts[1]),
+                                  float(parts[2]), parts[3]))
+            except (ValueError, IndexError):
+                pass
+
+    def between(self, t0: float, t1: float) -> list[tuple]:
+        return [r for r in self.rows if t0 <= r[0] <= t1]
+
+    def close(self):
+        self.proc.terminate()
+
+
+def sustain(call, seconds: float) -> tuple[list[float], float, float]:
+    """Calls back to back for `seconds`: (ms of each call by CUDA events, host time of the
+    half-way mark, host time at the end)."""
+    ms, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(10)]
+        for a, b in evs:
+            a.record()
+            call()
+            b.record()
+        torch.cuda.synchronize()
+        ms += [a.elapsed_time(b) for a, b in evs]
+    t1 = time.perf_counter()
+    return ms, t0 + (t1 - t0) / 2, t1
+
+
+def one(name, b, fn, p: Problem, seconds: float, sampler: Sampler) -> str:
+    bad = [r for r in run_problem(b, fn, p, ["fwd"], timing=False) if r["status"] != "ok"]
+    if bad:
+        return f"{name:5s} {p.label():55s} not run: {bad[0]['status']} {bad[0]['error'][:80]}"
+    call, _ = pass_call(fn, p.build(default_device()), "fwd", call_kw(p))
+    ms, mid, end = sustain(call, seconds)
+    late = ms[len(ms) // 2:]
+    t = statistics.median(late)
+    tflops = p.flops("fwd") / t / 1e9
+    s = sampler.between(mid, end)
+    if not s:
+        return f"{name:5s} {p.label():55s} {tflops:7.1f} TFLOP/s ({len(late)} calls), no samples"
+    mhz = statistics.median(r[1] for r in s)
+    watts = statistics.median(r[2] for r in s)
+    temp = max(r[3] for r in s)
+    reasons = sorted({r[4] for r in s})
+    return (f"{name:5s} {p.label():55s} {tflops:7.1f} TFLOP/s {mhz:6.0f} MHz {watts:5.0f} W "
+            f"{temp:3.0f} C  at {BOOST_MHZ:.0f} MHz {tflops * BOOST_MHZ / mhz:7.1f}  "
+            f"({len(late)} calls, {len(s)} samples, reasons {' '.join(reasons)})")
+
+
+def run(backend_names, problems, seconds: float = 4.0) -> list[str]:
+    from . import backends
+    sampler, lines = Sampler(), []
+    try:
+        for p in problems:
+            for name in backend_names:
+                b = backends.get(name)
+                ok, why = b.available()
+                line = one(name, b, b.fn(), p, seconds, sampler) if ok else f"{name}: {why}"
+                print(line, flush=True)
+                lines.append(line)
+    finally:
+        sampler.close()
+    return lines
