@@ -96,7 +96,7 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds)
+    run(_csv_list(a.backends), problems, a.seconds, a.ab)
 
 
 def _print_table(rows, timing):
@@ -145,6 +145,8 @@ def main(argv=None):
     s.add_argument("--backends", default="tlx,cute,fa4")
     s.add_argument("--match", default="", help=MATCH_HELP)
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
+    s.add_argument("--ab", action="append", default=[],
+                   help="NAME=value: each row again with this env var set (repeatable)")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

@@ -93,17 +93,22 @@ def one(name, b, fn, p: Problem, seconds: float, sampler: Sampler) -> str:
             f"({len(late)} calls, {len(s)} samples, reasons {' '.join(reasons)})")
 
 
-def run(backend_names, problems, seconds: float = 4.0) -> list[str]:
+def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = ()) -> list[str]:
+    """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`)."""
     from . import backends
+    from .profile import _env
     sampler, lines = Sampler(), []
     try:
         for p in problems:
             for name in backend_names:
                 b = backends.get(name)
                 ok, why = b.available()
-                line = one(name, b, b.fn(), p, seconds, sampler) if ok else f"{name}: {why}"
-                print(line, flush=True)
-                lines.append(line)
+                for var in (None, *ab) if ok else (None,):
+                    with _env(var) as tag:
+                        line = (one(name, b, b.fn(), p, seconds, sampler) + tag if ok
+                                else f"{name}: {why}")
+                    print(line, flush=True)
+                    lines.append(line)
     finally:
         sampler.close()
     return lines

@@ -133,10 +133,14 @@ def sort_launch(n: int) -> dict:
 
 
 @triton.jit
-def _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+def _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                 SEQ_ORDER: tl.constexpr):
     """Forward: (sequence b, query block m) = pair b * NB + m. Its work: KV blocks to
-    visit, plus one for the Q load and the epilogue; 0 when the block holds no query."""
+    visit, plus one for the Q load and the epilogue; 0 when the block holds no query.
+    SEQ_ORDER (causal, int64): by the sequence's largest work (its last block's: all its
+    keys), then the sequence, then m, so a sequence's tiles stay together, its longest
+    first (see fwd_tiles)."""
     b = pair // NB
     m0 = (pair % NB) * BLOCK_M
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
@@ -144,7 +148,12 @@ def _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N:
         kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + len_k - len_q, 0), len_k)
     else:
         kv_end = len_k
-    return tl.where(inb & (m0 < len_q), (kv_end + BLOCK_N - 1) // BLOCK_N + 1, 0)
+    work = (kv_end + BLOCK_N - 1) // BLOCK_N + 1
+    if SEQ_ORDER:
+        seq_work = ((len_k + BLOCK_N - 1) // BLOCK_N + 1).to(tl.int64)
+        n_seq = n_pairs // NB
+        work = (seq_work * n_seq + (n_seq - 1 - b)) * NB + pair % NB
+    return tl.where(inb & (m0 < len_q), work, 0)
 
 
 @triton.jit
@@ -167,15 +176,15 @@ def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-               SEQ_ORDER: tl.constexpr):
+def _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               KV_TILES: tl.constexpr, SEQ_ORDER: tl.constexpr):
     if KV_TILES:
         return _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                              BROADCAST_Q, SEQ_ORDER)
     else:
-        return _q_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                            BROADCAST_Q)
+        return _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                            BROADCAST_Q, SEQ_ORDER)
 
 
 @triton.jit
@@ -202,10 +211,12 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         BITS: tl.constexpr = BLOCK.bit_length() - 1
         pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
-        work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+        work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                           BROADCAST_Q, KV_TILES, SEQ_ORDER)
         # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
-        work_key = tl.minimum(work, (1 << (31 - BITS)) - 1)
+        # (SEQ_ORDER's int64 work: 63 bits)
+        top: tl.constexpr = 63 if SEQ_ORDER else 31
+        work_key = tl.minimum(work, (1 << (top - BITS)) - 1)
         key = tl.sort((work_key << BITS) | (BLOCK - 1 - pair), descending=True)
         sorted_pair = BLOCK - 1 - (key & (BLOCK - 1))
         if KV_TILES:
@@ -218,9 +229,9 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         for start in range(0, n_pairs, BLOCK):
             pair = start + tl.arange(0, BLOCK)
             inb = pair < n_pairs
-            work = _pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+            work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                               BROADCAST_Q, KV_TILES, SEQ_ORDER)
-            key = ((-work).to(tl.int64) << 32) | pair.to(tl.int64)
+            key = ((-tl.minimum(work, 2**31 - 1)).to(tl.int64) << 32) | pair.to(tl.int64)
             tl.store(keys_ptr + pair, key, mask=inb)
             total += tl.sum((work > 0).to(tl.int32), 0)
     tl.store(count_ptr, total)
@@ -272,12 +283,21 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None
     (torch.sort sorts them past SORT_MAX pairs): no host sync, two host operations. Same
     order and count as `longest_first_tiles`.
 
-    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None."""
+    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None.
+
+    JAGGED_FWD_TILE_ORDER=seq (read per call; causal only, A/B of session 16): each
+    sequence's tiles together, sequences by length, a sequence's query blocks last to
+    first, so the programs that run at once share one (sequence, head)'s K/V in L2, as
+    the backward's causal order does (kv_tiles)."""
+    order = os.environ.get("JAGGED_FWD_TILE_ORDER", "tile")
+    if order not in ("tile", "seq"):
+        raise ValueError(f"JAGGED_FWD_TILE_ORDER={order!r}: expected 'tile' or 'seq'")
     return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m,
-                   block_n, bool(causal))
+                   block_n, bool(causal), order == "seq" and bool(causal))
 
 
-def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal):
+def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal,
+                     seq_order=False):
     nblk = max(1, -(-max_seqlen_q // block_m))
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
@@ -289,7 +309,7 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, bloc
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
         len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, **opts)
+        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, SEQ_ORDER=seq_order, **opts)
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
