@@ -31,7 +31,13 @@ def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nb
     [n_bulk, n_end) are masked. Tiles walk the list in chunks of `head_chunk` pairs,
     pairs fastest, then heads (1: tile t = (pair t // H, head t % H); 0: nblk), as in TLX."""
     import cutlass
+    import cutlass.cute as cute
 
+    # boustrophedon round-robin: odd full rounds run right to left, as in TLX
+    P = cute.arch.grid_dim()[0]
+    k = tile // P
+    flip = (k % 2) * cutlass.min(cutlass.max(n_pairs * H // P - k, 0), 1)  # odd and full
+    tile = tile + flip * (P - 1 - 2 * (tile - k * P))
     chunk = nblk if head_chunk == 0 else head_chunk  # head_chunk is compiled in
     span = chunk * H
     first = tile // span * chunk

@@ -35,6 +35,12 @@ def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP,
     gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
     head's K/V at a time (L2 reuse) and keeps longest-first across chunks. 0 (the
     default) means NBLK, one sequence's query blocks."""
+    # boustrophedon round-robin: odd full rounds run right to left, so the program that
+    # took a round's longest tile takes the next round's shortest (session 16)
+    P = tl.num_programs(0)
+    k = tile // P
+    flip = (k % 2) * tl.minimum(tl.maximum(n_pairs * H // P - k, 0), 1)  # odd and full
+    tile = tile + flip * (P - 1 - 2 * (tile - k * P))
     chunk = tl.where(head_chunk == 0, NBLK, head_chunk)
     span = chunk * H
     first = tile // span * chunk
