@@ -8,9 +8,12 @@ and the count of valid pairs stays on the device. Heads are folded in by the ker
 time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % causal
 time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
 
-A persistent program p takes tiles p, p + P, p + 2P, ... of this longest-first list:
-the round-robin over a sorted list keeps every SM's total work within one tile of
-the others' (list scheduling, longest processing time first).
+Causal lists keep each sequence's tiles together (longest first within it, so one
+(sequence, head)'s K/V serves the programs running at once; harness.tiles.fwd_tile_order).
+A persistent program p takes the p-th tile of every round of P tiles, in odd full rounds
+counted from the right (boustrophedon): the program that took a round's longest tile
+takes the next round's shortest, which keeps the per-sequence sawtooth of causal tiles
+balanced.
 """
 from __future__ import annotations
 

@@ -216,6 +216,33 @@ def test_tile_coords_head_chunks(head_chunk):
 
 
 @triton.jit
+def _decode_rounds(pairs, n_pairs, cu, out, H, NBLK):
+    """As a persistent program walks: tiles pid, pid + P, ...; out[t] per loop index."""
+    for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+            t, pairs, n_pairs, 0, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
+        tl.store(out + 2 * t, q_start + m0)
+        tl.store(out + 2 * t + 1, h)
+
+
+def test_tile_coords_boustrophedon():
+    """With P programs, loop index t of round k = t // P takes list tile t, or in odd full
+    rounds k * P + P - 1 - t % P; every tile exactly once (the last round may be short)."""
+    H, P = 3, 4
+    cu = offsets(torch.tensor([130, 0, 64, 1, 200]))
+    pairs, count, nblk = build_tiles(cu, cu, 5, 200, None, 64, 64, False)
+    n = int(count)
+    plain = torch.full((2 * n * H,), -1, dtype=torch.int32)
+    _decode_tiles[(1,)](pairs, n, 0, cu, plain, H, nblk)
+    walked = torch.full((2 * n * H,), -1, dtype=torch.int32)
+    _decode_rounds[(P,)](pairs, n, cu, walked, H, nblk)
+    plain, walked = plain.view(-1, 2).tolist(), walked.view(-1, 2).tolist()
+    want = [t // P * P + P - 1 - t % P if t // P % 2 and (t // P + 1) * P <= n * H else t
+            for t in range(n * H)]
+    assert n * H % P and walked == [plain[i] for i in want]
+
+
+@triton.jit
 def _kv_walk(out_ptr, n_bulk, n_end, MASK_FIRST: tl.constexpr):
     """The forward's KV walk as `compute` and `load` run it: per step the block the
     consumer masks or not (out[2 * s], out[2 * s + 1]) and the block the producer loads
