@@ -58,7 +58,6 @@ class Config:
                                 # outside Triton's pipeliner), as the CuteDSL twin's
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
                                 # non-causal tile runs one masked softmax, not two
-    rcp_store: bool = False     # A/B (session 16): O *= 1 / l, one reciprocal a row
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -307,17 +306,14 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 @triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          HEAD_DIM: tl.constexpr, RCP_STORE: tl.constexpr):
+          HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    if RCP_STORE:
-        o = acc * (1.0 / l_use)[:, None]
-    else:
-        o = acc / l_use[:, None]  # one reciprocal a row instead: null (session 14, +-2 %)
+    o = acc / l_use[:, None]  # one reciprocal a row instead: null (sessions 14 and 16)
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
@@ -338,8 +334,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               RCP_STORE: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -378,7 +373,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                     kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, NUM_CONSUMERS,
                     HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
                 store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM, RCP_STORE)
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -402,7 +397,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, RCP_STORE=cfg.rcp_store)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
