@@ -41,18 +41,25 @@ class Sampler:
 
     def _read(self):
         for line in self.proc.stdout:
-            parts = [x.strip() for x in line.split(",")]
-            try:
-                self.rows.append((time.perf_counter(), float(parts[0]), float(parts[1]),
-                                  float(parts[2]), parts[3]))
-            except (ValueError, IndexError):
-                pass
+            row = parse(line)
+            if row:
+                self.rows.append((time.perf_counter(), *row))
 
     def between(self, t0: float, t1: float) -> list[tuple]:
         return [r for r in self.rows if t0 <= r[0] <= t1]
 
     def close(self):
         self.proc.terminate()
+
+
+def parse(line: str) -> tuple | None:
+    """One `nvidia-smi` csv line -> (MHz, W, degrees C, reasons), None if not a sample
+    (a header, "[N/A]", an error line)."""
+    parts = [x.strip() for x in line.split(",")]
+    try:
+        return float(parts[0]), float(parts[1]), float(parts[2]), parts[3]
+    except (ValueError, IndexError):
+        return None
 
 
 def sustain(call, seconds: float) -> tuple[list[float], float, float]:

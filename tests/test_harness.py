@@ -366,3 +366,17 @@ def test_match_alternatives():
     picked = [p for p in jag if matches(p, "Lq256 Lk256 s0.5|Lq2048 Lk2048 s0.9")]
     assert [(p.max_seqlen_q, p.sparsity) for p in picked] == [(256, 0.5), (2048, 0.9)]
     assert all(matches(p, "") for p in jag) and not any(matches(p, "nope") for p in jag)
+
+
+def test_clocks_parses_samples_and_needs_a_gpu():
+    """`harness clocks` reads nvidia-smi's csv lines (skipping anything else) and, on a
+    machine without a GPU, stops with a message rather than a traceback."""
+    from harness.clocks import parse
+    assert parse("1582, 691.23, 60, 0x0000000000000004\n") == (1582.0, 691.23, 60.0,
+                                                                  "0x0000000000000004")
+    assert parse("[N/A], [N/A], 60, 0x0") is None and parse("") is None
+    if torch.cuda.is_available():
+        return
+    from harness.__main__ import main
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["clocks", "--match", "B8 H16/16 D128"])
