@@ -304,7 +304,7 @@ def fwd_tile_order() -> str:
     (session 16, `harness clocks`, with the boustrophedon round-robin of both styles'
     tile_coords), llm causal: B8 H16 8192 TLX 527.9 -> 569.2 TFLOP/s, CuteDSL 520.2 ->
     563.7; B16 H16 D64 2048 TLX 292.8 -> 338.0, CuteDSL 334.8 -> 358.6; GQA B4 H32/8 4096
-    +1.9 % / null. The SM clock under the 700 W cap rose 1410 -> 1538 MHz at B8 H16: the
+    +1.8 % / null. The SM clock under the 700 W cap rose 1410 -> 1538 MHz at B8 H16: the
     tile order ran ~16 (sequence, head) K/V streams at once (120+ at D64), this one 2-3.
     Without the boustrophedon, a sequence's sawtooth of causal tiles unbalanced the
     static round-robin (cycles +6 %)."""
