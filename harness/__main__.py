@@ -111,6 +111,17 @@ def _print_table(rows, timing):
         print(f"{r['backend']:{w}s} {r['pass']} {shape:55s} {what}{err}")
 
 
+def _diagnostic(sub, name: str, help_: str, suite: str, backends: str):
+    """A per-problem diagnostic's parser: which problems and backends, and A/B variables."""
+    s = sub.add_parser(name, help=help_)
+    s.add_argument("--suite", default=suite)
+    s.add_argument("--backends", default=backends)
+    s.add_argument("--match", default="", help=MATCH_HELP)
+    s.add_argument("--ab", action="append", default=[],
+                   help="NAME=value: each row again with this env var set (repeatable)")
+    return s
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m harness")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -131,22 +142,14 @@ def main(argv=None):
                        help="seconds per job (one backend on one problem, all passes)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
         s.add_argument("--match", default="", help=MATCH_HELP)
-    s = sub.add_parser("profile", help="host time, GPU kernel time and do_bench of one backend per problem")
-    s.add_argument("--suite", default="gem-jagged")
-    s.add_argument("--backends", default="tlx")
+    s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of one backend per "
+                    "problem", "gem-jagged", "tlx")
     s.add_argument("--passes", default="fwd,bwd")
-    s.add_argument("--match", default="", help=MATCH_HELP)
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
-    s.add_argument("--ab", action="append", default=[],
-                   help="NAME=value: profile each pass again with this env var set (repeatable)")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
-    s = sub.add_parser("clocks", help="sustained TFLOP/s, SM clock and power per backend and problem")
-    s.add_argument("--suite", default="llm-dense")
-    s.add_argument("--backends", default="tlx,cute,fa4")
-    s.add_argument("--match", default="", help=MATCH_HELP)
+    s = _diagnostic(sub, "clocks", "sustained TFLOP/s, SM clock and power per backend and "
+                    "problem (forward)", "llm-dense", "tlx,cute,fa4")
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
-    s.add_argument("--ab", action="append", default=[],
-                   help="NAME=value: each row again with this env var set (repeatable)")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

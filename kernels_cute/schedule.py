@@ -10,12 +10,8 @@ and the count of valid pairs stays on the device. Heads are folded in by the ker
 time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % causal
 time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
 
-Causal lists keep each sequence's tiles together (longest first within it, so one
-(sequence, head)'s K/V serves the programs running at once; harness.tiles.fwd_tile_order).
-A persistent program p takes the p-th tile of every round of P tiles, in odd full rounds
-counted from the right (boustrophedon): the program that took a round's longest tile
-takes the next round's shortest, which keeps the per-sequence sawtooth of causal tiles
-balanced.
+Causal lists keep a sequence's tiles together, and the programs walk the list in TLX's
+boustrophedon round-robin (odd full rounds right to left; see its schedule.py).
 
 `build_tiles` (`harness.tiles.fwd_tiles`, shared by both styles) makes the list with
 one small Triton key kernel that also sorts it. `tile_coords` is the device-side
