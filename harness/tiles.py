@@ -2,10 +2,10 @@
 
 Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
-tiles with no key still count), ties by pair index; causal, by sequence first
-(`fwd_tile_order`); invalid pairs (past a sequence's queries) come last. `fwd_tiles` builds it for both styles (their
-`schedule.build_tiles`) with one small key kernel that also sorts;
-`longest_first_tiles` is its torch-op reference.
+tiles with no key still count), ties by pair index; causal lists by sequence first
+(`fwd_tile_order`); invalid pairs (past a sequence's queries) come last. `fwd_tiles`
+builds it for both styles (their `schedule.build_tiles`) with one small key kernel
+that also sorts; `longest_first_tiles` is its torch-op reference.
 
 Backward: a tile is a (sequence, KV block) pair. `kv_tiles` builds the list the
 backward kernels of both styles walk with the same key kernel (up to SORT_MAX pairs;
@@ -188,8 +188,8 @@ def _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
         return _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                              BROADCAST_Q, SEQ_ORDER)
     else:
-        return _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                            BROADCAST_Q, SEQ_ORDER)
+        return _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                            CAUSAL, BROADCAST_Q, SEQ_ORDER)
 
 
 @triton.jit
@@ -216,8 +216,8 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         BITS: tl.constexpr = BLOCK.bit_length() - 1
         pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
-        work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q, KV_TILES, SEQ_ORDER)
+        work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                          CAUSAL, BROADCAST_Q, KV_TILES, SEQ_ORDER)
         # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
         # (SEQ_ORDER's int64 work: 63 bits)
         top: tl.constexpr = 63 if SEQ_ORDER else 31
@@ -234,8 +234,8 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         for start in range(0, n_pairs, BLOCK):
             pair = start + tl.arange(0, BLOCK)
             inb = pair < n_pairs
-            work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                              BROADCAST_Q, KV_TILES, SEQ_ORDER)
+            work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                              CAUSAL, BROADCAST_Q, KV_TILES, SEQ_ORDER)
             key = ((-tl.minimum(work, 2**31 - 1)).to(tl.int64) << 32) | pair.to(tl.int64)
             tl.store(keys_ptr + pair, key, mask=inb)
             total += tl.sum((work > 0).to(tl.int32), 0)
