@@ -96,7 +96,7 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds, a.ab)
+    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out)
 
 
 def _print_table(rows, timing):
@@ -150,6 +150,7 @@ def main(argv=None):
     s = _diagnostic(sub, "clocks", "sustained TFLOP/s, SM clock and power per backend and "
                     "problem (forward)", "llm-dense", "tlx,cute,fa4")
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
+    s.add_argument("--out", help="also append the rows to OUT/clocks.csv (charted by plot)")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

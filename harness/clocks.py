@@ -11,10 +11,13 @@ measure: equal there means equal cycles).
 """
 from __future__ import annotations
 
+import csv
+import re
 import statistics
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -79,32 +82,72 @@ def sustain(call, seconds: float) -> tuple[list[float], float, float]:
     return ms, t0 + (t1 - t0) / 2, t1
 
 
-def one(name, b, fn, p: Problem, seconds: float, sampler: Sampler) -> str:
+def one(name, b, fn, p: Problem, seconds: float, sampler: Sampler) -> dict | str:
+    """The gate, then `seconds` of calls: a row (TFLOP/s, MHz, W, ...) or why not."""
     bad = [r for r in run_problem(b, fn, p, ["fwd"], timing=False) if r["status"] != "ok"]
     if bad:
-        return f"{name:5s} {p.label():55s} not run: {bad[0]['status']} {bad[0]['error'][:80]}"
+        return f"not run: {bad[0]['status']} {bad[0]['error'][:80]}"
     call, _ = pass_call(fn, p.build(default_device()), "fwd", call_kw(p))
     ms, mid, end = sustain(call, seconds)
     late = ms[len(ms) // 2:]
-    t = statistics.median(late)
-    tflops = p.flops("fwd") / t / 1e9
+    tflops = p.flops("fwd") / statistics.median(late) / 1e9
     s = sampler.between(mid, end)
     if not s:
-        return f"{name:5s} {p.label():55s} {tflops:7.1f} TFLOP/s ({len(late)} calls), no samples"
+        return f"{tflops:7.1f} TFLOP/s ({len(late)} calls), no samples"
     mhz = statistics.median(r[1] for r in s)
-    watts = statistics.median(r[2] for r in s)
-    temp = max(r[3] for r in s)
-    reasons = sorted({r[4] for r in s})
-    return (f"{name:5s} {p.label():55s} {tflops:7.1f} TFLOP/s {mhz:6.0f} MHz {watts:5.0f} W "
-            f"{temp:3.0f} C  at {BOOST_MHZ:.0f} MHz {tflops * BOOST_MHZ / mhz:7.1f}  "
-            f"({len(late)} calls, {len(s)} samples, reasons {' '.join(reasons)})")
+    return dict(tflops=round(tflops, 1), mhz=mhz, watts=round(statistics.median(r[2] for r in s)),
+                temp_c=max(r[3] for r in s), at_boost=round(tflops * BOOST_MHZ / mhz, 1),
+                calls=len(late), samples=len(s), reasons=" ".join(sorted({r[4] for r in s})))
 
 
-def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = ()) -> list[str]:
-    """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`)."""
+def line(name: str, label: str, m: dict | str, tag: str = "") -> str:
+    if isinstance(m, str):
+        return f"{name:5s} {label:55s} {m}{tag}"
+    return (f"{name:5s} {label:55s} {m['tflops']:7.1f} TFLOP/s {m['mhz']:6.0f} MHz "
+            f"{m['watts']:5.0f} W {m['temp_c']:3.0f} C  at {BOOST_MHZ:.0f} MHz "
+            f"{m['at_boost']:7.1f}  ({m['calls']} calls, {m['samples']} samples, reasons "
+            f"{m['reasons']}){tag}")
+
+
+LINE = re.compile(r"(\S+)\s+(.+?)\s+([\d.]+) TFLOP/s\s+(\d+) MHz\s+(\d+) W\s+(\d+) C\s+at \d+ MHz"
+                  r"\s+([\d.]+)\s+\((\d+) calls, (\d+) samples, reasons ([^)]*)\)\s*(?:\[(.*)\])?$")
+COLUMNS = ["backend", "problem", "variant", "tflops", "mhz", "watts", "temp_c", "at_boost",
+           "calls", "samples", "reasons", "git_rev"]
+
+
+def read_log(path, git_rev: str) -> list[dict]:
+    """The rows of a `clocks` log (its printed lines), for logs written before --out."""
+    rows = []
+    for text in Path(path).read_text().splitlines():
+        m = LINE.match(text.strip())
+        if m:
+            g = m.groups()
+            rows.append(dict(zip(COLUMNS, [g[0], g[1], g[10] or "", float(g[2]), float(g[3]),
+                                           float(g[4]), float(g[5]), float(g[6]), int(g[7]),
+                                           int(g[8]), g[9], git_rev])))
+    return rows
+
+
+def append_rows(csv_path, rows: list[dict]) -> None:
+    """Add rows to `csv_path` (`clocks.csv` beside results.csv; `plots` charts it)."""
+    csv_path = Path(csv_path)
+    new = not csv_path.exists()
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("a", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
+        out=None) -> list[str]:
+    """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`).
+    `out`: also append the rows to out/clocks.csv."""
     from . import backends
+    from .bench import git_rev
     from .profile import _env
-    sampler, lines = Sampler(), []
+    sampler, lines, rows = Sampler(), [], []
     try:
         for p in problems:
             for name in backend_names:
@@ -112,10 +155,14 @@ def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = ()) -> li
                 ok, why = b.available()
                 for var in (None, *ab) if ok else (None,):
                     with _env(var) as tag:
-                        line = (one(name, b, b.fn(), p, seconds, sampler) + tag if ok
-                                else f"{name}: {why}")
-                    print(line, flush=True)
-                    lines.append(line)
+                        m = one(name, b, b.fn(), p, seconds, sampler) if ok else why
+                    lines.append(line(name, p.label(), m, tag))
+                    print(lines[-1], flush=True)
+                    if isinstance(m, dict):
+                        rows.append(dict(backend=name, problem=p.label(), variant=var or "",
+                                         git_rev=git_rev(), **m))
     finally:
         sampler.close()
+        if out and rows:
+            append_rows(Path(out) / "clocks.csv", rows)
     return lines

@@ -143,6 +143,56 @@ def _bars(df, suite, path, title, label):
     return path
 
 
+def latest_clocks(out_dir) -> pd.DataFrame:
+    """clocks.csv (`harness clocks --out`): the last row of each (backend, problem,
+    variant), repeats left out; empty when there is none."""
+    path = Path(out_dir) / "clocks.csv"
+    if not path.exists():
+        return pd.DataFrame()
+    d = pd.read_csv(path, keep_default_na=False)
+    d = d[~d["variant"].str.contains("REPEAT")]
+    return d.drop_duplicates(["backend", "problem", "variant"], keep="last")
+
+
+def plot_clocks(out_dir, path) -> Path | None:
+    """Sustained TFLOP/s against the SM clock, one panel per problem: under the power cap
+    a kernel's speed is its cycles (the dotted ray through the origin, read at the
+    boost clock) times the clock its power allows."""
+    d = latest_clocks(out_dir)
+    if d.empty:
+        return None
+    problems = list(dict.fromkeys(d["problem"]))
+    cols = min(3, len(problems))
+    rows = -(-len(problems) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(problems):]:
+        ax.axis("off")
+    for ax, prob in zip(axes.flat, problems):
+        dp = d[d["problem"] == prob]
+        for j, (_, r) in enumerate(dp.iterrows()):
+            label = r["backend"] + (f" {r['variant']}" if r["variant"] else "")
+            st = _style(r["backend"], f"{label} ({r['git_rev']})", 1 if r["variant"] else 0)
+            ax.plot([0, 1980], [0, r["at_boost"]], color=st["color"], linestyle=":",
+                    linewidth=0.8, alpha=0.6)
+            st.update(linestyle="none", markersize=8,
+                      markerfacecolor="none" if r["variant"] else st["color"])
+            ax.plot([r["mhz"]], [r["tflops"]], **st)
+        ax.set_xlim(1300, 2000)
+        lo = min(dp["tflops"]) * 0.85
+        ax.set_ylim(lo, max(dp["at_boost"]) * 1.03)
+        ax.set_xlabel("SM clock, MHz (median over the run)")
+        ax.set_ylabel("sustained TFLOP/s")
+        ax.set_title(prob.replace("self ", ""), fontsize=9)
+        ax.grid(True, alpha=0.35)
+        ax.legend(fontsize=6.5, loc="upper left")
+    fig.suptitle("Forward at the 700 W cap: speed = cycles (a dotted ray through the origin, "
+                 "read at 1980 MHz) x the clock the cap allows")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(out_dir) -> list[Path]:
     """Write every chart the CSV has data for; return their paths."""
     out_dir = Path(out_dir)
@@ -169,4 +219,5 @@ def plot_all(out_dir) -> list[Path]:
                       "Broadcast Q (dense Q shared by the batch) beside a Q per sequence",
                       lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"
                                 + (" shared Q" if r["mode"] == "broadcast_q" else " own Q")))
+    done.append(plot_clocks(out_dir, out_dir / "clocks.png"))
     return [p for p in done if p is not None]

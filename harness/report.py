@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import backends
-from .plots import COPY_TBPS, backends_in, load, ok, plot_all, speedup
+from .plots import COPY_TBPS, backends_in, latest_clocks, load, ok, plot_all, speedup
 
 SUITE_ORDER = ["gem-jagged", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
 HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
@@ -51,6 +51,26 @@ def _missing(df: pd.DataFrame) -> pd.DataFrame:
     have = df[prob + ["backend", "pass"]].drop_duplicates()
     m = grid.merge(have, how="left", indicator=True)
     return m[m["_merge"] == "left_only"].drop(columns="_merge")
+
+
+def _clocks_section(out_dir, pngs) -> list[str]:
+    """`harness clocks` rows (clocks.csv), if any: sustained speed, clock and power."""
+    d = latest_clocks(out_dir)
+    if d.empty:
+        return []
+    md = ["## Sustained speed at the power cap", "",
+          "`python -m harness clocks`: per backend and problem the oracle gate, then 4 s of "
+          "forward calls back to back while `nvidia-smi` samples the SM clock and power; the "
+          "second half is reported. \"at 1980\" scales TFLOP/s to the boost clock (equal "
+          "there: equal cycles). A variant is an A/B run with that variable set; each row's "
+          "revision is in parentheses.", "",
+          "| problem | backend | variant | TFLOP/s | MHz | W | at 1980 | revision |",
+          "|---|---|---|---:|---:|---:|---:|---|"]
+    md += [f"| {r['problem']} | {r['backend']} | {r['variant']} | {r['tflops']:.1f} | "
+           f"{r['mhz']:.0f} | {r['watts']:.0f} | {r['at_boost']:.1f} | {r['git_rev']} |"
+           for _, r in d.sort_values(["problem", "backend", "variant"], kind="stable").iterrows()]
+    md += [""] + [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "clocks"] + [""]
+    return md
 
 
 def write_report(out_dir, charts=True) -> Path:
@@ -121,6 +141,7 @@ def write_report(out_dir, charts=True) -> Path:
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")
+    md += _clocks_section(out_dir, pngs)
     bad = df[df["status"] != "ok"]
     missing = _missing(df)
     md += ["## What did not run, and why", ""]

@@ -380,3 +380,28 @@ def test_clocks_parses_samples_and_needs_a_gpu():
     from harness.__main__ import main
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         main(["clocks", "--match", "B8 H16/16 D128"])
+
+
+def test_clocks_rows_round_trip_and_chart(tmp_path):
+    """A printed `clocks` line reads back as its row (logs written before --out), rows
+    append to clocks.csv, and the chart keeps the last row per (backend, problem,
+    variant) without repeat rounds."""
+    from harness.clocks import append_rows, line, read_log
+    from harness.plots import latest_clocks, plot_clocks
+    m = dict(tflops=569.2, mhz=1538.0, watts=692.0, temp_c=64.0, at_boost=733.0, calls=515,
+             samples=20, reasons="0x0000000000000004")
+    label = "self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal"
+    log = tmp_path / "clocks.log"
+    log.write_text("\n".join([line("tlx", label, m), "a warning line",
+                              line("tlx", label, m, " [JAGGED_FWD_TILE_ORDER=seq]"),
+                              line("tlx", label, m, " [JAGGED_AB_REPEAT=1]"),
+                              line("fa4", label, "not run: fail wrong")]))
+    rows = read_log(log, "abc1234")
+    assert [r["variant"] for r in rows] == ["", "JAGGED_FWD_TILE_ORDER=seq",
+                                            "JAGGED_AB_REPEAT=1"]
+    assert all(r[k] == v for r in rows for k, v in m.items())
+    append_rows(tmp_path / "clocks.csv", rows[:2])
+    append_rows(tmp_path / "clocks.csv", [dict(rows[0], tflops=600.0), rows[2]])
+    d = latest_clocks(tmp_path)
+    assert len(d) == 2 and sorted(d["tflops"]) == [569.2, 600.0]
+    assert plot_clocks(tmp_path, tmp_path / "clocks.png").stat().st_size > 0
