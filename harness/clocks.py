@@ -82,7 +82,7 @@ def sustain(call, seconds: float) -> tuple[list[float], float, float]:
     return ms, t0 + (t1 - t0) / 2, t1
 
 
-def one(name, b, fn, p: Problem, seconds: float, sampler: Sampler) -> dict | str:
+def one(b, fn, p: Problem, seconds: float, sampler: Sampler) -> dict | str:
     """The gate, then `seconds` of calls: a row (TFLOP/s, MHz, W, ...) or why not."""
     bad = [r for r in run_problem(b, fn, p, ["fwd"], timing=False) if r["status"] != "ok"]
     if bad:
@@ -147,20 +147,23 @@ def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
     from . import backends
     from .bench import git_rev
     from .profile import _env
+    rev, fns = git_rev(), {}
     sampler, lines, rows = Sampler(), [], []
     try:
         for p in problems:
             for name in backend_names:
                 b = backends.get(name)
                 ok, why = b.available()
+                if ok and name not in fns:
+                    fns[name] = b.fn()
                 for var in (None, *ab) if ok else (None,):
                     with _env(var) as tag:
-                        m = one(name, b, b.fn(), p, seconds, sampler) if ok else why
+                        m = one(b, fns[name], p, seconds, sampler) if ok else why
                     lines.append(line(name, p.label(), m, tag))
                     print(lines[-1], flush=True)
                     if isinstance(m, dict):
                         rows.append(dict(backend=name, problem=p.label(), variant=var or "",
-                                         git_rev=git_rev(), **m))
+                                         git_rev=rev, **m))
     finally:
         sampler.close()
         if out and rows:

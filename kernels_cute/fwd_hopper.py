@@ -6,7 +6,8 @@
 The CuteDSL twin of `kernels_tlx/fwd_hopper.py`: same roles, same names, same order.
 
 A persistent grid (one CTA per SM) walks the jagged tile list of `schedule.py`
-(longest first, tile t = (pair t // H, head t % H), CTA p takes t = p, p + P, ...).
+(longest first, causal lists by sequence; a sequence's query blocks per head; CTA p
+takes the p-th tile of each round of P, odd full rounds counted from the right).
 Each CTA is warp specialized (1 + Config.block_m // 64 warpgroups: 384 threads, or 512
 at block_m = 192, the D = 64 long default):
 

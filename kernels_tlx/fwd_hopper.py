@@ -11,7 +11,8 @@ Persistent (one program per SM) and warp-specialized:
     store    (each consumer)       O / l and LSE with per-row bounds: never a row
                                    outside the sequence
     schedule (everyone)            tile id -> (sequence, query block, head), from a
-                                   longest-first list built on the GPU (schedule.py)
+                                   longest-first list built on the GPU (causal: by
+                                   sequence), walked round by round (schedule.py)
 
 How the jagged layout meets TMA: Q, K and V are viewed as 2-D tensors [tokens, heads*D]
 and described once on the host; a tile's box starts at its sequence's first row
