@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.tiles import dq_accumulator, kv_tiles
+from harness.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 from .launch import fast
 
@@ -243,12 +243,13 @@ def _num_sms(device) -> int:
 # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
 # ---------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, n_rows,
+def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
                     stride_delta_h,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr):
-    """One program per ROWS (token, head) pairs; rows ordered token-major."""
+    """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
+    modes) also zeroes the tile counter sched_ptr[0] (harness.tiles.dq_accumulator)."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     tok = r // H
     h = r % H
@@ -262,6 +263,8 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, n_rows,
     if ZERO_DQ:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
         tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
                  tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+        if tl.program_id(0) == 0:
+            tl.store(sched_ptr, 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -513,12 +516,13 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev), dev)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev),
+                                              dev)
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     ROWS = 32 if D <= 64 else 16
     if Nq > 0:
         fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
-            out, dout, delta, dq_acc, Nq * H, out.stride(0), out.stride(1),
+            out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
             dout.stride(0), dout.stride(1), delta.stride(0),
             H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
         if dlse is not None:  # the gradient on lse (harness.api)
@@ -535,11 +539,11 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         dq_desc = _desc(dq_acc, BM, D, cols=dq_cols(D))  # a consumer's columns
         fast(_bwd_main_ws)[(grid_main,)](
             q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
-            dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
+            dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles, sched,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            num_warps=4, num_stages=cfg.num_stages)
+            DYNAMIC=bwd_dynamic(causal, broadcast_q), num_warps=4, num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)
         fast(_bwd_main)[(grid_main,)](

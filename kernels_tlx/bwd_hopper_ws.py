@@ -134,6 +134,42 @@ def _tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.cons
 
 
 @triton.jit
+def next_tile(t, step, sched_ptr, DYNAMIC: tl.constexpr):
+    """The load task's next tile: from the counter (DYNAMIC; every program's first tile is
+    its program id, so the counter starts past them), else the round-robin's next."""
+    if DYNAMIC:
+        return tl.num_programs(0) + tl.atomic_add(sched_ptr, 1, sem="relaxed")
+    else:
+        return t + step
+
+
+@triton.jit
+def publish_tile(sched_ptr, tile_full, tile_empty, t, i):
+    """DYNAMIC: the load task hands tile t (the program's i-th; past the list: stop) to the
+    other roles through a two-slot ring of this program's in global memory (sched_ptr +
+    4 + 2 * pid; a 1-warp task cannot load a tensor from shared memory with this TLX),
+    published by the arrive (release; the readers' wait acquires, in this CTA)."""
+    s, ph = _buf_phase(i, 2)
+    tlx.barrier_wait(tile_empty[s], ph ^ 1)
+    tl.store(sched_ptr + 4 + 2 * tl.program_id(0) + s, t)
+    tlx.barrier_arrive(tile_full[s], 1)
+
+
+@triton.jit
+def fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC: tl.constexpr):
+    """The program's i-th tile in a role other than load: the one the load task published
+    (DYNAMIC), else the round-robin's next after t."""
+    if DYNAMIC:
+        s, ph = _buf_phase(i, 2)
+        tlx.barrier_wait(tile_full[s], ph)
+        t = tl.load(sched_ptr + 4 + 2 * tl.program_id(0) + s, volatile=True)
+        tlx.barrier_arrive(tile_empty[s], 1)
+    else:
+        t = t + step
+    return t
+
+
+@triton.jit
 def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
          kv_full, kv_empty, q_full, q_empty,
          tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
@@ -143,7 +179,8 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
          NKV: tl.constexpr, lse_ptr=None, delta_ptr=None, stride_lse_h=None,
          lse_smem=None, delta_smem=None,
          dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
-         REDUCE_DQ: tl.constexpr = False):
+         REDUCE_DQ: tl.constexpr = False, sched_ptr=None, tile_full=None,
+         tile_empty=None, DYNAMIC: tl.constexpr = False):
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
@@ -158,7 +195,10 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
             slot_row = 0
         dq_row = pid * 0  # the previous step's dQ rows and head
         dq_h = pid * 0
-    for t in range(first, n_tiles, step):
+    t = first
+    if DYNAMIC:
+        publish_tile(sched_ptr, tile_full, tile_empty, t, 0)
+    while t < n_tiles:
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
             t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
             HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
@@ -214,6 +254,10 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                 dq_h = h
             qcnt += 1
         i += 1
+        # the next tile, taken once this one's loads are issued (two steps before its end)
+        t = next_tile(t, step, sched_ptr, DYNAMIC)
+        if DYNAMIC:
+            publish_tile(sched_ptr, tile_full, tile_empty, t, i)
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
             _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
@@ -239,7 +283,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
-            lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False):
+            lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False,
+            sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -251,7 +296,10 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
     i = 0
     qcnt = 0
     dqc = dq_smem[cid]
-    for t in range(first, n_tiles, step):
+    t = first
+    if DYNAMIC:
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+    while t < n_tiles:
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
             t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
             HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
@@ -365,6 +413,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
         tlx.fence("async_shared")  # our generic smem writes before the next TMA write
         tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
         i += 1
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
@@ -399,7 +448,8 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-              DQ_COLS: tl.constexpr):
+              DQ_COLS: tl.constexpr, sched_ptr=None, tile_full=None, tile_empty=None,
+              DYNAMIC: tl.constexpr = False):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
@@ -408,7 +458,11 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
     else:
         slot_row = 0
     qcnt = 0
-    for t in range(first, n_tiles, step):
+    i = 0
+    t = first
+    if DYNAMIC:
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+    while t < n_tiles:
         b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
             t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
             HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
@@ -420,6 +474,8 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
             _reduce_step(dq_desc, dq_smem, dq_full, dq_empty,
                          (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS)
             qcnt += 1
+        i += 1
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
@@ -440,12 +496,13 @@ def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
 @triton.jit
 def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  dq_desc, dk_ptr, dv_ptr,
-                 cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,
+                 cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
                  scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
-                 DIAG_MASK: tl.constexpr = False):  # opt-in, causal 64-row steps (above)
+                 DIAG_MASK: tl.constexpr = False,  # opt-in, causal 64-row steps (above)
+                 DYNAMIC: tl.constexpr = False):   # tiles from the counter (bwd_dynamic)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -480,6 +537,9 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
     dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
     dq_empty = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
+    # DYNAMIC: the tile handoff (two slots), read by the consumers (and the reduce_dq warp)
+    tile_full = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    tile_empty = tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=REGS_LOAD):
@@ -488,7 +548,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                  H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
                  NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
-                 dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64)
+                 dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64,
+                 sched_ptr, tile_full, tile_empty, DYNAMIC)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
@@ -497,9 +558,11 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
-                    NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64)
+                    NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64,
+                    sched_ptr, tile_full, tile_empty, DYNAMIC)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                           tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                          H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS)
+                          H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS,
+                          sched_ptr, tile_full, tile_empty, DYNAMIC)

@@ -135,7 +135,7 @@ def test_pre_post_compile(d):
     pre = compile_kernel(
         bw._bwd_preprocess,
         {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
-         "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32", "stride_do_tok": "i32",
+         "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32", "stride_do_tok": "i32",
          "stride_do_h": "i32", "stride_delta_h": "i32"},
         constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True), arch=90, num_warps=4)
     post = compile_kernel(
@@ -179,24 +179,30 @@ def ws_signature(dt, d, bm=None):
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{ws.dq_cols(d)}]>",
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
-    sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr")})
+    sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr",
+                                    "sched_ptr")})
     sig.update(scale="fp32", L_q="i32", stride_k_tok="i32", stride_k_h="i32", stride_lse_h="i32")
     return sig
 
 
-def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1):
+def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1,
+               dynamic=None):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects; diag: DIAG_MASK, as
-    JAGGED_BWD_WS_DIAG_MASK=1 selects)."""
+    JAGGED_BWD_WS_DIAG_MASK=1 selects; dynamic: DYNAMIC, by default as bwd_dynamic)."""
     pytest.importorskip("triton.language.extra.tlx")
+    from harness.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
+    dynamic = bwd_dynamic(causal, bq) if dynamic is None else dynamic
     rep = compile_kernel(
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag),
+                        CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag,
+                        DYNAMIC=dynamic),
         arch=90, num_warps=4, num_stages=stages,
-        name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''} D{d} "
+        name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
+             f"{' dyn' if dynamic else ''} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
