@@ -72,7 +72,7 @@ import os
 
 import torch
 
-from harness.tiles import dq_accumulator, kv_tiles
+from harness.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 64            # query rows per step
@@ -282,18 +282,19 @@ def _kernel_classes():
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                     mdQacc: cute.Tensor, n_rows: Int32, H: Int32, stream):
+                     mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32, stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
-            self.kernel(mO, mdO, mDelta, mdQacc, n_rows, H).launch(
+            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H).launch(
                 grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                   mdQacc: cute.Tensor, n_rows: Int32, H: Int32):
+                   mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
-            partial dot products with shuffles."""
+            partial dot products with shuffles. zero_dq (packed modes) also zeroes the
+            tile counter mSched[0] (harness.tiles.dq_accumulator)."""
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
             r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
@@ -316,15 +317,19 @@ def _kernel_classes():
                     rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
                     rA.fill(0.0)
                     cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC), (r, chunk)))
+            if const_expr(self.zero_dq):
+                if r == 0 and chunk == 0:
+                    mSched[0] = Int32(0)
 
     # ================================================================================
     # (b) main kernel, one method per role
     # ================================================================================
     class BwdMain:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     opts=frozenset()):
+                     opts=frozenset(), dynamic: bool = False):
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
+            self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.opts = opts                                  # A/B switches (see OPTS)
             self.diag_mask = causal and "diagmask" in opts    # causal only
 
@@ -334,7 +339,7 @@ def _kernel_classes():
                      mdO: cute.Tensor, mLSE: cute.Tensor, mDelta: cute.Tensor,
                      mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                      mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
-                     mTileN: cute.Tensor, mNTiles: cute.Tensor,
+                     mTileN: cute.Tensor, mNTiles: cute.Tensor, mSched: cute.Tensor,
                      scale: Float32, L_q: Int32, group: Int32, num_programs: Int32, stream):
             D, dt = self.D, self.dtype
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
@@ -389,6 +394,7 @@ def _kernel_classes():
             class SharedStorage:
                 mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
+                mbar_Tile: cute.struct.MemRange[cutlass.Int64, 2 * 2]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -399,7 +405,7 @@ def _kernel_classes():
             SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts)
             self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
-                mCuQ, mCuK, mTileB, mTileN, mNTiles,
+                mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
                 scale, L_q, group,
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
@@ -413,7 +419,7 @@ def _kernel_classes():
                    mdO: cute.Tensor, mdQacc: cute.Tensor, mLSE: cute.Tensor,
                    mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                    mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
-                   mTileN: cute.Tensor, mNTiles: cute.Tensor,
+                   mTileN: cute.Tensor, mNTiles: cute.Tensor, mSched: cute.Tensor,
                    tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
                    tma_atom_V: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
                    tma_atom_dQ: cute.CopyAtom,
@@ -443,6 +449,14 @@ def _kernel_classes():
                 barrier_storage=storage.mbar_Q.data_ptr(), num_stages=Q_STAGES,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_Q, defer_sync=True)
+            # dynamic: the tile handoff, load warp -> compute and reduce_dq (two slots; the
+            # tile ids themselves go through mSched, see publish_tile)
+            pipeline_tile = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_Tile.data_ptr(), num_stages=2,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                         128 * NUM_MMA_WG + 32),
+                defer_sync=True)
             pipeline.pipeline_init_arrive()
 
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -465,7 +479,8 @@ def _kernel_classes():
             if const_expr("lsesmem" in self.opts):
                 sLD = storage.sLD.get_tensor(cute.make_layout(LD_SHAPE))
 
-            sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group)
+            sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group,
+                     mSched, pipeline_tile)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -489,7 +504,7 @@ def _kernel_classes():
             """(first tile, step, tile count, dQ slot row, pinned KV head) of this CTA.
             Packed modes deal the sorted tile list x H_kv heads round-robin; broadcast-Q
             CTAs are pinned to one KV head and deal the tile list only."""
-            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched
+            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched[:9]
             pid = cute.arch.block_idx()[0]
             nprog = cute.arch.grid_dim()[0]
             n_tiles = mNTiles[0]
@@ -508,7 +523,7 @@ def _kernel_classes():
             """Tile t -> (batch b, KV head hk, first key n0, keys/queries of the sequence,
             token offsets of q rows, of dO/O/lse rows and of k rows, first Q row m_lo,
             number of Q blocks n_m)."""
-            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched
+            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched[:9]
             base, hk = t, pinned
             if const_expr(not self.broadcast_q):
                 base = t // HKV
@@ -532,6 +547,48 @@ def _kernel_classes():
             n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
             return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
 
+        @cute.jit
+        def next_tile(self, t: Int32, step: Int32, sched):
+            """The load warp's next tile: from the counter (dynamic; every CTA's first tile
+            is its CTA id, so the counter starts past them), else the round-robin's next."""
+            if const_expr(self.dynamic):
+                ticket = Int32(0)
+                if cute.arch.lane_idx() == 0:
+                    ticket = cute.arch.atomic_add(sched[9].iterator, Int32(1), sem="relaxed",
+                                                  scope="gpu")
+                t = cute.arch.grid_dim()[0] + cute.arch.shuffle_sync(ticket, 0)
+            else:
+                t = t + step
+            return t
+
+        @cute.jit
+        def publish_tile(self, t: Int32, tile_state, sched):
+            """dynamic: the load warp hands tile t (the state's; past the list: stop) to
+            the other roles through a two-slot ring of this CTA's in global memory
+            (mSched[4 + 2 * CTA id + slot], as TLX's), published by the arrive (release;
+            the readers' wait acquires, in this CTA)."""
+            pipeline_tile = sched[10]
+            pipeline_tile.producer_acquire(tile_state)
+            if cute.arch.lane_idx() == 0:
+                sched[9][4 + 2 * cute.arch.block_idx()[0] + tile_state.index] = t
+            pipeline_tile.producer_commit(tile_state)
+            tile_state.advance()
+
+        @cute.jit
+        def fetch_tile(self, t: Int32, step: Int32, tile_state, sched):
+            """The CTA's next tile in a role other than load: the one the load warp
+            published (dynamic), else the round-robin's next after t."""
+            if const_expr(self.dynamic):
+                pipeline_tile = sched[10]
+                pipeline_tile.consumer_wait(tile_state)
+                slot = sched[9].iterator + (4 + 2 * cute.arch.block_idx()[0] + tile_state.index)
+                t = cute.arch.load(slot, Int32, sem="relaxed", scope="gpu")
+                pipeline_tile.consumer_release(tile_state)
+                tile_state.advance()
+            else:
+                t = t + step
+            return t
+
         # ------------------------------------------------------------------ load
         @cute.jit
         def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
@@ -546,7 +603,10 @@ def _kernel_classes():
             raw = cute.make_rmem_tensor(4, Float32)   # lsesmem: the next step's rows
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            if const_expr(self.dynamic):
+                self.publish_tile(t, tile_state, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -569,7 +629,10 @@ def _kernel_classes():
                                                  hk * group + j1 // n_m, o_start,
                                                  m_lo + (j1 % n_m) * BLOCK_M, len_q)
                     q_state.advance()
-                t += step
+                # the next tile, taken once this one's loads are issued
+                t = self.next_tile(t, step, sched)
+                if const_expr(self.dynamic):
+                    self.publish_tile(t, tile_state, sched)
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
@@ -684,7 +747,10 @@ def _kernel_classes():
             wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            if const_expr(self.dynamic):
+                t = self.fetch_tile(t, step, tile_state, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -727,7 +793,7 @@ def _kernel_classes():
                     cute.arch.fence_view_async_shared()
                     pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()
-                t += step
+                t = self.fetch_tile(t, step, tile_state, sched)
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
@@ -906,7 +972,10 @@ def _kernel_classes():
             # the buffer starts empty
             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
+            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            if const_expr(self.dynamic):
+                t = self.fetch_tile(t, step, tile_state, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -923,7 +992,7 @@ def _kernel_classes():
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
-                t += step
+                t = self.fetch_tile(t, step, tile_state, sched)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store
@@ -1038,8 +1107,9 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
     do = _fake(cdt, (rows, head_dim), (head_dim, 1), 16)
     delta = _fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1), 4)
     acc = _fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+    sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, cutlass.Int32(1),
+    return cute.compile(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, sched, cutlass.Int32(1),
                         cutlass.Int32(1), stream,
                         options=("--enable-tvm-ffi " + options).strip())
 
@@ -1060,10 +1130,10 @@ def compile_postprocess(dtype, options: str = ""):
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = "",
-                 opts=None):
+                 opts=None, dynamic=None):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
     switches (a frozenset, see OPTS; None: bwd_opts(causal), $JAGGED_CUTE_BWD_OPTS or the
-    default)."""
+    default). dynamic: tiles from the counter (None: harness.tiles.bwd_dynamic)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -1082,11 +1152,13 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
     tile_b = _fake(cutlass.Int32, (nt,), (1,), 4)
     tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
     n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
+    sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = bwd_opts(causal) if opts is None else opts
-    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts),
+    dynamic = bwd_dynamic(causal, broadcast_q) if dynamic is None else dynamic
+    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts, dynamic),
                         q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
-                        n_tiles, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                        n_tiles, sched, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
                         cutlass.Int32(1), stream,
                         options=("--enable-tvm-ffi " + options).strip())
 
@@ -1122,18 +1194,20 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev), dev)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev),
+                                              dev)
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     _compiled("pre", q.dtype, D, not broadcast_q)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), Nq * H, H)
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
     if dlse is not None:  # the gradient on lse (harness.api)
         delta -= dlse
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal))(
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal),
+              bwd_dynamic(causal, broadcast_q))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
-        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
+        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), L_q, H // HKV, grid_main)
 
     # (c) postprocess

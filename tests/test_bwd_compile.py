@@ -215,6 +215,8 @@ def test_ws_compiles(d, causal, bq):
     rep, ttgir = compile_ws(d, causal, bq, bm=32)
     print(rep.row(), f" wait0={ttgir.count('pendings = 0')}")
     assert rep.has_mma and rep.setmaxnreg  # setmaxnreg gone: the register budget was exceeded
+    # causal packed builds take their tiles from the counter (harness.tiles.bwd_dynamic)
+    assert ("atom.global.gpu.relaxed.add" in rep.ptx) == (causal and not bq)
     assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
     # D=128 spilled 24-54 instructions in the tile loop while the K_c/V_c descriptors
     # were held across the Q-block loop; 64-row steps or whole-tile dK/dV pointer tensors

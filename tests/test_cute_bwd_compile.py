@@ -72,6 +72,8 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx), \
         "no TMA reduce-add (dQ) in the PTX"
     assert re.search(r"setmaxnreg\.inc", ptx) and re.search(r"setmaxnreg\.dec", ptx)
+    # causal packed builds take their tiles from the counter (harness.tiles.bwd_dynamic)
+    assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == causal
     res = _ptxas(path)
     print(f"D={D} causal={causal}: {len(mma)} wgmma {sorted(set(mma))}; "
           f"ptxas (registers, spill bytes): {res}")

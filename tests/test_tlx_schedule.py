@@ -107,6 +107,36 @@ def test_fwd_bucket(monkeypatch):
         fwd_bucket(64)
 
 
+def test_bwd_dynamic(monkeypatch):
+    """The backward takes causal packed tiles from a counter; JAGGED_BWD_SCHED overrides
+    it per call; broadcast-Q (programs pinned to a head) never does."""
+    from harness.tiles import bwd_dynamic
+    monkeypatch.delenv("JAGGED_BWD_SCHED", raising=False)
+    assert bwd_dynamic(True, False) and not bwd_dynamic(False, False)
+    assert not bwd_dynamic(True, True)
+    monkeypatch.setenv("JAGGED_BWD_SCHED", "static")
+    assert not bwd_dynamic(True, False)
+    monkeypatch.setenv("JAGGED_BWD_SCHED", "dynamic")
+    assert bwd_dynamic(False, False) and not bwd_dynamic(False, True)
+    monkeypatch.setenv("JAGGED_BWD_SCHED", "greedy")
+    with pytest.raises(ValueError):
+        bwd_dynamic(True, False)
+
+
+@pytest.mark.parametrize("bq", [False, True])
+def test_dq_accumulator_sched_buffer(bq):
+    """The scheduling buffer follows the dQ accumulator in one allocation (fresh per
+    call): the counter, then two handoff slots a program, 16-byte aligned."""
+    from harness.tiles import dq_accumulator
+    acc, grid, sched = dq_accumulator(10, 7, 4, 2, 64, bq, 132, "cpu")
+    assert acc.dtype == torch.float32 and sched.dtype == torch.int32
+    assert acc.shape == ((10, 4, 64) if not bq else (66, 7, 4, 64)) and acc.is_contiguous()
+    assert grid == 132 and sched.numel() == 4 + 2 * grid
+    assert sched.data_ptr() == acc.data_ptr() + acc.numel() * 4 and sched.data_ptr() % 16 == 0
+    if bq:  # the slots start zeroed (the packed accumulator is zeroed by the preprocess)
+        assert not acc.any()
+
+
 def test_fwd_config_override(monkeypatch):
     """JAGGED_FWD_CONFIG overrides integer fields of either style's forward Config."""
     from dataclasses import dataclass
