@@ -562,29 +562,31 @@ def _kernel_classes():
             return t
 
         @cute.jit
-        def publish_tile(self, t: Int32, tile_state, sched):
-            """dynamic: the load warp hands tile t (the state's; past the list: stop) to
+        def publish_tile(self, t: Int32, i: Int32, sched):
+            """dynamic: the load warp hands tile t (the CTA's i-th; past the list: stop) to
             the other roles through a two-slot ring of this CTA's in global memory
             (mSched[4 + 2 * CTA id + slot], as TLX's), published by the arrive (release;
-            the readers' wait acquires, in this CTA)."""
-            pipeline_tile = sched[10]
-            pipeline_tile.producer_acquire(tile_state)
+            the readers' wait acquires, in this CTA). The slot and phase come from i, a
+            loop-carried count (a pipeline state advanced inside a helper is not carried
+            by the tile loop)."""
+            full, empty = sched[10].sync_object_full, sched[10].sync_object_empty
+            s, ph = i % 2, (i // 2) % 2
+            empty.wait(s, ph ^ 1)
             if cute.arch.lane_idx() == 0:
-                sched[9][4 + 2 * cute.arch.block_idx()[0] + tile_state.index] = t
-            pipeline_tile.producer_commit(tile_state)
-            tile_state.advance()
+                sched[9][4 + 2 * cute.arch.block_idx()[0] + s] = t
+            full.arrive(s, None)
 
         @cute.jit
-        def fetch_tile(self, t: Int32, step: Int32, tile_state, sched):
-            """The CTA's next tile in a role other than load: the one the load warp
+        def fetch_tile(self, t: Int32, step: Int32, i: Int32, sched):
+            """The CTA's i-th tile in a role other than load: the one the load warp
             published (dynamic), else the round-robin's next after t."""
             if const_expr(self.dynamic):
-                pipeline_tile = sched[10]
-                pipeline_tile.consumer_wait(tile_state)
-                slot = sched[9].iterator + (4 + 2 * cute.arch.block_idx()[0] + tile_state.index)
+                full, empty = sched[10].sync_object_full, sched[10].sync_object_empty
+                s, ph = i % 2, (i // 2) % 2
+                full.wait(s, ph)
+                slot = sched[9].iterator + (4 + 2 * cute.arch.block_idx()[0] + s)
                 t = cute.arch.load(slot, Int32, sem="relaxed", scope="gpu")
-                pipeline_tile.consumer_release(tile_state)
-                tile_state.advance()
+                empty.arrive(s, None)
             else:
                 t = t + step
             return t
@@ -603,10 +605,10 @@ def _kernel_classes():
             raw = cute.make_rmem_tensor(4, Float32)   # lsesmem: the next step's rows
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
-            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            i = Int32(0)
             if const_expr(self.dynamic):
-                self.publish_tile(t, tile_state, sched)
+                self.publish_tile(t, i, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -630,9 +632,10 @@ def _kernel_classes():
                                                  m_lo + (j1 % n_m) * BLOCK_M, len_q)
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
+                i += 1
                 t = self.next_tile(t, step, sched)
                 if const_expr(self.dynamic):
-                    self.publish_tile(t, tile_state, sched)
+                    self.publish_tile(t, i, sched)
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
@@ -747,10 +750,10 @@ def _kernel_classes():
             wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
-            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            i = Int32(0)
             if const_expr(self.dynamic):
-                t = self.fetch_tile(t, step, tile_state, sched)
+                t = self.fetch_tile(t, step, i, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -793,7 +796,8 @@ def _kernel_classes():
                     cute.arch.fence_view_async_shared()
                     pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()
-                t = self.fetch_tile(t, step, tile_state, sched)
+                i += 1
+                t = self.fetch_tile(t, step, i, sched)
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
@@ -972,10 +976,10 @@ def _kernel_classes():
             # the buffer starts empty
             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
-            tile_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            i = Int32(0)
             if const_expr(self.dynamic):
-                t = self.fetch_tile(t, step, tile_state, sched)
+                t = self.fetch_tile(t, step, i, sched)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -992,7 +996,8 @@ def _kernel_classes():
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
-                t = self.fetch_tile(t, step, tile_state, sched)
+                i += 1
+                t = self.fetch_tile(t, step, i, sched)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store
