@@ -13,7 +13,8 @@ Three kernels, named after their roles:
     its work is the number of Q blocks that see it, tiles are sorted by work
     (descending, stable; causal: by their sequence's largest tile, so a sequence's
     tiles run together and share its Q / dO rows in L2) and dealt round-robin to the
-    programs. On the GPU the default main kernel is the warp-specialized
+    programs; causal packed lists are taken from a counter instead (the ws kernel:
+    `harness.tiles.bwd_dynamic`). On the GPU the default main kernel is the warp-specialized
     `_bwd_main_ws` (bwd_hopper_ws.py), the same roles as tasks. Per tile the body is
     a table of contents:
         schedule  -> which tile (batch, KV block, KV head), its Q-block range

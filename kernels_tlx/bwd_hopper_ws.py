@@ -4,7 +4,14 @@ tile `ws_config`: 128 keys per tile; 32 query rows per step at D = 64, 64 at D =
 short mean lengths).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
-plain kernel. Per program, four roles (tlx.async_task), each its own helper:
+plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
+in list order from a counter. There a sequence's tiles run longest to shortest, a sawtooth
+the round-robin dealt unevenly: the load task takes each program's next tile with an atomic
+add once the last one's loads are issued (`next_tile`) and hands it to the other roles
+(`publish_tile` / `fetch_tile`). Measured on the H200 (session 17, do_bench, static ->
+counter): llm causal B8 H16 8192 12.46 -> 11.29 ms, GQA B4 H32/8 4096 4.23 -> 2.96 ms,
+D = 64 B16 H16 2048 1.39 -> 1.28 ms. Per program, four roles (tlx.async_task), each its own
+helper:
 
   load       (default task, producer): per KV tile, K and V (two 64-key halves) by TMA
              into a ring of NUM_BUF_KV stages; per Q block, Q and dO by TMA into a ring of
