@@ -179,7 +179,7 @@ def get_config(config) -> Config:
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
 WS_SHORT_MEAN_K = 64
-# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step at D = 128;
+# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128);
 # JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
 # wgmma pass puts a wait 0 after every dot (null at 32-row steps, session 6; at 64-row
 # steps 3 waits of 0 and 2 of 1 remain a step; measured null there too, session 10:
@@ -208,11 +208,12 @@ def ws_diag_mask(causal: bool) -> bool:
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     """The ws kernel's tile: WS_CONFIG at D = 64, and at D = 128 when the mean KV length
     (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K; else WS_CONFIG_D128.
-    WS_BLOCK_M_ENV picks the step at D = 128, WS_STAGES_ENV the num_stages."""
+    WS_BLOCK_M_ENV picks the step (at D = 64 too: 64-row steps there compile spill-free in
+    130 KB, not yet timed), WS_STAGES_ENV the num_stages."""
     env = _env_choice(WS_BLOCK_M_ENV, ("32", "64"))
     stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
     if head_dim != 128:
-        cfg = WS_CONFIG
+        cfg = WS_CONFIG_D128 if env == "64" else WS_CONFIG
     elif env:
         cfg = WS_CONFIG if env == "32" else WS_CONFIG_D128
     else:
