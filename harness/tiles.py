@@ -425,19 +425,25 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device):
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
 
 
+def _sched_env(name: str) -> str | None:
+    env = os.environ.get(name)
+    if env not in (None, "", "static", "dynamic"):
+        raise ValueError(f"{name}={env!r}: expected 'static' or 'dynamic'")
+    return env or None
+
+
 def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the
-    loads of the last one, and hands it to the other roles through shared memory. Causal
-    packed lists only: a sequence's tiles run longest to shortest there, a sawtooth that a
-    static round-robin deals unevenly (host simulation, max program load over the mean:
-    GQA B4 H32/8 4096 1.395, B8 H16 8192 1.027; in list order from a counter 1.001).
-    Without causal masking the list is by sequence length and the round-robin is within
-    1.5 % of the counter at every gem-jagged cell. JAGGED_BWD_SCHED=static|dynamic (read per
-    call) overrides it; broadcast-Q programs are pinned to a head and stay static."""
-    env = os.environ.get("JAGGED_BWD_SCHED")
-    if env not in (None, "", "static", "dynamic"):
-        raise ValueError(f"JAGGED_BWD_SCHED={env!r}: expected 'static' or 'dynamic'")
+    loads of the last one, and hands it to the other roles (kernels_tlx/tile_counter.py).
+    Causal packed lists only: a sequence's tiles run longest to shortest there, a sawtooth
+    that a static round-robin deals unevenly (host simulation, max program load over the
+    mean: GQA B4 H32/8 4096 1.395, B8 H16 8192 1.027; in list order from a counter 1.001;
+    measured, PERF.md session 17: -30 % / -10 % time). Without causal masking the list is
+    by sequence length and the round-robin is within 1.5 % of the counter at every
+    gem-jagged cell. JAGGED_BWD_SCHED=static|dynamic (read per call) overrides it;
+    broadcast-Q programs are pinned to a head and stay static."""
+    env = _sched_env("JAGGED_BWD_SCHED")
     if broadcast_q:
         return False
     return env == "dynamic" if env else bool(causal)

@@ -98,6 +98,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 
 from .bwd_hopper import lse_log2, schedule
+from .tile_counter import fetch_tile, next_tile, publish_tile
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
 NUM_BUF_KV = tl.constexpr(2)      # K/V stages: the next tile loads during this one
@@ -138,42 +139,6 @@ def _tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.cons
         step = nprog
         n_tiles = n_tiles * HKV
     return first, step, n_tiles
-
-
-@triton.jit
-def next_tile(t, step, sched_ptr, DYNAMIC: tl.constexpr):
-    """The load task's next tile: from the counter (DYNAMIC; every program's first tile is
-    its program id, so the counter starts past them), else the round-robin's next."""
-    if DYNAMIC:
-        return tl.num_programs(0) + tl.atomic_add(sched_ptr, 1, sem="relaxed")
-    else:
-        return t + step
-
-
-@triton.jit
-def publish_tile(sched_ptr, tile_full, tile_empty, t, i):
-    """DYNAMIC: the load task hands tile t (the program's i-th; past the list: stop) to the
-    other roles through a two-slot ring of this program's in global memory (sched_ptr +
-    4 + 2 * pid; a 1-warp task cannot load a tensor from shared memory with this TLX),
-    published by the arrive (release; the readers' wait acquires, in this CTA)."""
-    s, ph = _buf_phase(i, 2)
-    tlx.barrier_wait(tile_empty[s], ph ^ 1)
-    tl.store(sched_ptr + 4 + 2 * tl.program_id(0) + s, t)
-    tlx.barrier_arrive(tile_full[s], 1)
-
-
-@triton.jit
-def fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC: tl.constexpr):
-    """The program's i-th tile in a role other than load: the one the load task published
-    (DYNAMIC), else the round-robin's next after t."""
-    if DYNAMIC:
-        s, ph = _buf_phase(i, 2)
-        tlx.barrier_wait(tile_full[s], ph)
-        t = tl.load(sched_ptr + 4 + 2 * tl.program_id(0) + s, volatile=True)
-        tlx.barrier_arrive(tile_empty[s], 1)
-    else:
-        t = t + step
-    return t
 
 
 @triton.jit
