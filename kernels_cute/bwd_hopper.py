@@ -49,9 +49,10 @@ Three kernels, named after their roles:
     packed lists (`harness.tiles.bwd_dynamic`) in list order from a counter, as TLX's: the
     load warp takes the CTA's next tile with an atomic add (`next_tile`) and hands it to
     compute and reduce_dq (`publish_tile` / `fetch_tile`; session 17, do_bench, static ->
-    counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4 H32/8 4.12 -> 2.87 ms). GQA: a tile owns one KV head and loops
-    over the query heads of its group (step j: head hk * G + j // n_m, Q block j % n_m),
-    so dK/dV are summed in registers and stored once (no atomics on dK/dV).
+    counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4 H32/8 4.12 -> 2.87 ms).
+    GQA: a tile owns one KV head and loops over the query heads of its group (step j:
+    head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
+    once (no atomics on dK/dV).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
     accumulator, cast to the input dtype.
 
