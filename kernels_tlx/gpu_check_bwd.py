@@ -63,6 +63,10 @@ def random_problems(seed: int = 0) -> list[tuple[Problem, tuple | None]]:
                  mode="broadcast_q", sparsity=0.5, seed=5), None),
         (Problem(batch=1152, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=32, max_seqlen_k=80,
                  mode="broadcast_q", sparsity=0.9, causal=True, dtype="fp16", seed=6), None),
+        # causal packed with ~3.6 KV tiles a program: the tile counter hands out second and
+        # later tiles (every problem above fits in one round of programs)
+        (Problem(batch=8, heads=8, kv_heads=4, head_dim=128, max_seqlen_q=2048, sparsity=0.9,
+                 causal=True, seed=7), None),
     ]
     return out
 
