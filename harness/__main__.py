@@ -96,7 +96,7 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out)
+    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out, _csv_list(a.passes))
 
 
 def _print_table(rows, timing):
@@ -148,7 +148,8 @@ def main(argv=None):
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
     s = _diagnostic(sub, "clocks", "sustained TFLOP/s, SM clock and power per backend and "
-                    "problem (forward)", "llm-dense", "tlx,cute,fa4")
+                    "problem", "llm-dense", "tlx,cute,fa4")
+    s.add_argument("--passes", default="fwd", help="fwd and / or bwd")
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
     s.add_argument("--out", help="also append the rows to OUT/clocks.csv (charted by plot)")
     for name in ("plot", "report"):

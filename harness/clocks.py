@@ -8,6 +8,9 @@ warm GPU): TFLOP/s, median MHz, W, and TFLOP/s scaled to 1980 MHz (the cycle cou
 measure: equal there means equal cycles).
 
     python -m harness clocks --backends tlx,cute,fa4 --suite llm-dense --match "B8 H16/16 D128"
+
+`--passes bwd` (or fwd,bwd) times the backward the same way (as bench times it: the
+backward alone after one forward).
 """
 from __future__ import annotations
 
@@ -82,15 +85,16 @@ def sustain(call, seconds: float) -> tuple[list[float], float, float]:
     return ms, t0 + (t1 - t0) / 2, t1
 
 
-def one(b, fn, p: Problem, seconds: float, sampler: Sampler) -> dict | str:
-    """The gate, then `seconds` of calls: a row (TFLOP/s, MHz, W, ...) or why not."""
-    bad = [r for r in run_problem(b, fn, p, ["fwd"], timing=False) if r["status"] != "ok"]
+def one(b, fn, p: Problem, seconds: float, sampler: Sampler, ps: str = "fwd") -> dict | str:
+    """The gate, then `seconds` of calls of pass `ps`: a row (TFLOP/s, MHz, W, ...) or why
+    not."""
+    bad = [r for r in run_problem(b, fn, p, [ps], timing=False) if r["status"] != "ok"]
     if bad:
         return f"not run: {bad[0]['status']} {bad[0]['error'][:80]}"
-    call, _ = pass_call(fn, p.build(default_device()), "fwd", call_kw(p))
+    call, _ = pass_call(fn, p.build(default_device()), ps, call_kw(p))
     ms, mid, end = sustain(call, seconds)
     late = ms[len(ms) // 2:]
-    tflops = p.flops("fwd") / statistics.median(late) / 1e9
+    tflops = p.flops(ps) / statistics.median(late) / 1e9
     s = sampler.between(mid, end)
     if not s:
         return f"{tflops:7.1f} TFLOP/s ({len(late)} calls), no samples"
@@ -100,19 +104,20 @@ def one(b, fn, p: Problem, seconds: float, sampler: Sampler) -> dict | str:
                 calls=len(late), samples=len(s), reasons=" ".join(sorted({r[4] for r in s})))
 
 
-def line(name: str, label: str, m: dict | str, tag: str = "") -> str:
+def line(name: str, label: str, m: dict | str, tag: str = "", ps: str = "fwd") -> str:
     if isinstance(m, str):
-        return f"{name:5s} {label:55s} {m}{tag}"
-    return (f"{name:5s} {label:55s} {m['tflops']:7.1f} TFLOP/s {m['mhz']:6.0f} MHz "
+        return f"{name:5s} {ps} {label:55s} {m}{tag}"
+    return (f"{name:5s} {ps} {label:55s} {m['tflops']:7.1f} TFLOP/s {m['mhz']:6.0f} MHz "
             f"{m['watts']:5.0f} W {m['temp_c']:3.0f} C  at {BOOST_MHZ:.0f} MHz "
             f"{m['at_boost']:7.1f}  ({m['calls']} calls, {m['samples']} samples, reasons "
             f"{m['reasons']}){tag}")
 
 
-LINE = re.compile(r"(\S+)\s+(.+?)\s+([\d.]+) TFLOP/s\s+(\d+) MHz\s+(\d+) W\s+(\d+) C\s+at \d+ MHz"
+# (backend, pass (absent before session 17: fwd), problem, ...)
+LINE = re.compile(r"(\S+)\s+(?:(fwd|bwd)\s+)?(.+?)\s+([\d.]+) TFLOP/s\s+(\d+) MHz\s+(\d+) W\s+(\d+) C\s+at \d+ MHz"
                   r"\s+([\d.]+)\s+\((\d+) calls, (\d+) samples, reasons ([^)]*)\)\s*(?:\[(.*)\])?$")
 COLUMNS = ["backend", "problem", "variant", "tflops", "mhz", "watts", "temp_c", "at_boost",
-           "calls", "samples", "reasons", "git_rev"]
+           "calls", "samples", "reasons", "git_rev", "pass"]
 
 
 def read_log(path, git_rev: str) -> list[dict]:
@@ -122,28 +127,35 @@ def read_log(path, git_rev: str) -> list[dict]:
         m = LINE.match(text.strip())
         if m:
             g = m.groups()
-            rows.append(dict(zip(COLUMNS, [g[0], g[1], g[10] or "", float(g[2]), float(g[3]),
-                                           float(g[4]), float(g[5]), float(g[6]), int(g[7]),
-                                           int(g[8]), g[9], git_rev])))
+            rows.append(dict(zip(COLUMNS, [g[0], g[2], g[11] or "", float(g[3]), float(g[4]),
+                                           float(g[5]), float(g[6]), float(g[7]), int(g[8]),
+                                           int(g[9]), g[10], git_rev, g[1] or "fwd"])))
     return rows
 
 
 def append_rows(csv_path, rows: list[dict]) -> None:
-    """Add rows to `csv_path` (`clocks.csv` beside results.csv; `plots` charts it)."""
+    """Add rows to `csv_path` (`clocks.csv` beside results.csv; `plots` charts it). A file
+    written before a column existed is rewritten with it (`pass`: fwd)."""
     csv_path = Path(csv_path)
-    new = not csv_path.exists()
+    old = []
+    if csv_path.exists():
+        with csv_path.open(newline="") as f:
+            r = csv.DictReader(f)
+            if r.fieldnames != COLUMNS:
+                old = [dict({"pass": "fwd"}, **row) for row in r]
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with csv_path.open("a", newline="") as f:
+    new = old or not csv_path.exists()
+    with csv_path.open("w" if old else "a", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         if new:
             w.writeheader()
-        w.writerows(rows)
+        w.writerows(old + rows)
 
 
 def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
-        out=None) -> list[str]:
+        out=None, passes=("fwd",)) -> list[str]:
     """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`).
-    `out`: also append the rows to out/clocks.csv."""
+    `out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd."""
     from . import backends
     from .bench import git_rev
     from .profile import _env
@@ -151,19 +163,20 @@ def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
     sampler, lines, rows = Sampler(), [], []
     try:
         for p in problems:
-            for name in backend_names:
-                b = backends.get(name)
-                ok, why = b.available()
-                if ok and name not in fns:
-                    fns[name] = b.fn()
-                for var in (None, *ab) if ok else (None,):
-                    with _env(var) as tag:
-                        m = one(b, fns[name], p, seconds, sampler) if ok else why
-                    lines.append(line(name, p.label(), m, tag))
-                    print(lines[-1], flush=True)
-                    if isinstance(m, dict):
-                        rows.append(dict(backend=name, problem=p.label(), variant=var or "",
-                                         git_rev=rev, **m))
+            for ps in passes:
+                for name in backend_names:
+                    b = backends.get(name)
+                    ok, why = b.available()
+                    if ok and name not in fns:
+                        fns[name] = b.fn()
+                    for var in (None, *ab) if ok else (None,):
+                        with _env(var) as tag:
+                            m = one(b, fns[name], p, seconds, sampler, ps) if ok else why
+                        lines.append(line(name, p.label(), m, tag, ps))
+                        print(lines[-1], flush=True)
+                        if isinstance(m, dict):
+                            rows.append(dict(backend=name, problem=p.label(), variant=var or "",
+                                             git_rev=rev, **m, **{"pass": ps}))
     finally:
         sampler.close()
         if out and rows:

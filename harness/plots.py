@@ -144,14 +144,17 @@ def _bars(df, suite, path, title, label):
 
 
 def latest_clocks(out_dir) -> pd.DataFrame:
-    """clocks.csv (`harness clocks --out`): the last row of each (backend, problem,
-    variant), repeats left out; empty when there is none."""
+    """clocks.csv (`harness clocks --out`): the last row of each (backend, pass, problem,
+    variant), repeats left out; empty when there is none. Rows without a pass: fwd."""
     path = Path(out_dir) / "clocks.csv"
     if not path.exists():
         return pd.DataFrame()
     d = pd.read_csv(path, keep_default_na=False)
+    if "pass" not in d:
+        d["pass"] = "fwd"
+    d["pass"] = d["pass"].replace("", "fwd")
     d = d[~d["variant"].str.contains("REPEAT")]
-    return d.drop_duplicates(["backend", "problem", "variant"], keep="last")
+    return d.drop_duplicates(["backend", "pass", "problem", "variant"], keep="last")
 
 
 def plot_clocks(out_dir, path) -> Path | None:
@@ -161,14 +164,14 @@ def plot_clocks(out_dir, path) -> Path | None:
     d = latest_clocks(out_dir)
     if d.empty:
         return None
-    problems = list(dict.fromkeys(d["problem"]))
-    cols = min(3, len(problems))
-    rows = -(-len(problems) // cols)
+    panels = list(dict.fromkeys(zip(d["pass"], d["problem"])))
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
-    for ax in axes.flat[len(problems):]:
+    for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, prob in zip(axes.flat, problems):
-        dp = d[d["problem"] == prob]
+    for ax, (ps, prob) in zip(axes.flat, panels):
+        dp = d[(d["pass"] == ps) & (d["problem"] == prob)]
         for j, (_, r) in enumerate(dp.iterrows()):
             label = r["backend"] + (f" {r['variant']}" if r["variant"] else "")
             st = _style(r["backend"], f"{label} ({r['git_rev']})", 1 if r["variant"] else 0)
@@ -182,10 +185,10 @@ def plot_clocks(out_dir, path) -> Path | None:
         ax.set_ylim(lo, max(dp["at_boost"]) * 1.03)
         ax.set_xlabel("SM clock, MHz (median over the run)")
         ax.set_ylabel("sustained TFLOP/s")
-        ax.set_title(prob.replace("self ", ""), fontsize=9)
+        ax.set_title(f"{ps} {prob.replace('self ', '')}", fontsize=9)
         ax.grid(True, alpha=0.35)
         ax.legend(fontsize=6.5, loc="upper left")
-    fig.suptitle("Forward at the 700 W cap: speed = cycles (a dotted ray through the origin, "
+    fig.suptitle("At the 700 W cap: speed = cycles (a dotted ray through the origin, "
                  "read at 1980 MHz) x the clock the cap allows")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

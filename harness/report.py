@@ -59,16 +59,18 @@ def _clocks_section(out_dir, pngs) -> list[str]:
     if d.empty:
         return []
     md = ["## Sustained speed at the power cap", "",
-          "`python -m harness clocks`: per backend and problem the oracle gate, then 4 s of "
-          "forward calls back to back while `nvidia-smi` samples the SM clock and power; the "
+          "`python -m harness clocks`: per backend, pass and problem the oracle gate, then 4 s "
+          "of calls back to back while `nvidia-smi` samples the SM clock and power; the "
           "second half is reported. \"at 1980\" scales TFLOP/s to the boost clock (equal "
           "there: equal cycles). A variant is an A/B run with that variable set; each row's "
           "revision is in parentheses.", "",
-          "| problem | backend | variant | TFLOP/s | MHz | W | at 1980 | revision |",
-          "|---|---|---|---:|---:|---:|---:|---|"]
-    md += [f"| {r['problem']} | {r['backend']} | {r['variant']} | {r['tflops']:.1f} | "
-           f"{r['mhz']:.0f} | {r['watts']:.0f} | {r['at_boost']:.1f} | {r['git_rev']} |"
-           for _, r in d.sort_values(["problem", "backend", "variant"], kind="stable").iterrows()]
+          "| pass | problem | backend | variant | TFLOP/s | MHz | W | at 1980 | revision |",
+          "|---|---|---|---|---:|---:|---:|---:|---|"]
+    md += [f"| {r['pass']} | {r['problem']} | {r['backend']} | {r['variant']} | "
+           f"{r['tflops']:.1f} | {r['mhz']:.0f} | {r['watts']:.0f} | {r['at_boost']:.1f} | "
+           f"{r['git_rev']} |"
+           for _, r in d.sort_values(["pass", "problem", "backend", "variant"],
+                                     kind="stable").iterrows()]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "clocks"] + [""]
     return md
 

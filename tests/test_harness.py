@@ -400,8 +400,21 @@ def test_clocks_rows_round_trip_and_chart(tmp_path):
     assert [r["variant"] for r in rows] == ["", "JAGGED_FWD_TILE_ORDER=seq",
                                             "JAGGED_AB_REPEAT=1"]
     assert all(r[k] == v for r in rows for k, v in m.items())
-    append_rows(tmp_path / "clocks.csv", rows[:2])
-    append_rows(tmp_path / "clocks.csv", [dict(rows[0], tflops=600.0), rows[2]])
+    assert [r["pass"] for r in rows] == ["fwd"] * 3
+    # a file of the columns before `pass` is rewritten with it
+    old = tmp_path / "clocks.csv"
+    old.write_text("backend,problem,variant,tflops,mhz,watts,temp_c,at_boost,calls,samples,"
+                   "reasons,git_rev\n" + ",".join(str(rows[0][c]) for c in
+                                                   list(rows[0])[:12]) + "\n")
+    append_rows(old, rows[1:2])
+    append_rows(old, [dict(rows[0], tflops=600.0), rows[2]])
     d = latest_clocks(tmp_path)
     assert len(d) == 2 and sorted(d["tflops"]) == [569.2, 600.0]
+    # the backward's rows (session 17 on) carry their pass, printed and read back
+    log.write_text(line("tlx", label, m, ps="bwd"))
+    bwd = read_log(log, "abc1234")
+    assert [r["pass"] for r in bwd] == ["bwd"] and bwd[0]["problem"] == label
+    append_rows(old, bwd)
+    d = latest_clocks(tmp_path)
+    assert len(d) == 3 and sorted(d["pass"]) == ["bwd", "fwd", "fwd"]
     assert plot_clocks(tmp_path, tmp_path / "clocks.png").stat().st_size > 0
