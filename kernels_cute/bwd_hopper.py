@@ -48,8 +48,9 @@ Three kernels, named after their roles:
     the roles agree on the work without talking. The ids come round-robin, or for causal
     packed lists (`harness.tiles.bwd_dynamic`) in list order from a counter, as TLX's: the
     load warp takes the CTA's next tile with an atomic add (`next_tile`) and hands it to
-    compute and reduce_dq (`publish_tile` / `fetch_tile`; session 17, do_bench, static ->
-    counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4 H32/8 4.12 -> 2.87 ms).
+    compute and reduce_dq (`publish_tile` / `fetch_tile`, kernels_cute/tile_counter.py;
+    session 17, do_bench, static -> counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4
+    H32/8 4.12 -> 2.87 ms).
     GQA: a tile owns one KV head and loops over the query heads of its group (step j:
     head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
     once (no atomics on dK/dV).
@@ -262,6 +263,7 @@ def _kernel_classes():
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             store_rows, tma_tiles, wgmma)
+    from .tile_counter import fetch_tile, next_tile, publish_tile
 
     def smem_struct(fields, lsesmem):
         """cute.struct of a plain class's field annotations; lsesmem appends sLD, lse*log2e
@@ -455,7 +457,7 @@ def _kernel_classes():
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_Q, defer_sync=True)
             # dynamic: the tile handoff, load warp -> compute and reduce_dq (two slots; the
-            # tile ids themselves go through mSched, see publish_tile)
+            # tile ids themselves go through mSched, see tile_counter)
             pipeline_tile = pipeline.PipelineAsync.create(
                 barrier_storage=storage.mbar_Tile.data_ptr(), num_stages=2,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
@@ -552,50 +554,6 @@ def _kernel_classes():
             n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
             return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
 
-        @cute.jit
-        def next_tile(self, t: Int32, step: Int32, sched):
-            """The load warp's next tile: from the counter (dynamic; every CTA's first tile
-            is its CTA id, so the counter starts past them), else the round-robin's next."""
-            if const_expr(self.dynamic):
-                ticket = Int32(0)
-                if cute.arch.lane_idx() == 0:
-                    ticket = cute.arch.atomic_add(sched[9].iterator, Int32(1), sem="relaxed",
-                                                  scope="gpu")
-                t = cute.arch.grid_dim()[0] + cute.arch.shuffle_sync(ticket, 0)
-            else:
-                t = t + step
-            return t
-
-        @cute.jit
-        def publish_tile(self, t: Int32, i: Int32, sched):
-            """dynamic: the load warp hands tile t (the CTA's i-th; past the list: stop) to
-            the other roles through a two-slot ring of this CTA's in global memory
-            (mSched[4 + 2 * CTA id + slot], as TLX's), published by the arrive (release;
-            the readers' wait acquires, in this CTA). The slot and phase come from i, a
-            loop-carried count (a pipeline state advanced inside a helper is not carried
-            by the tile loop)."""
-            full, empty = sched[10].sync_object_full, sched[10].sync_object_empty
-            s, ph = i % 2, (i // 2) % 2
-            empty.wait(s, ph ^ 1)
-            if cute.arch.lane_idx() == 0:
-                sched[9][4 + 2 * cute.arch.block_idx()[0] + s] = t
-            full.arrive(s, None)
-
-        @cute.jit
-        def fetch_tile(self, t: Int32, step: Int32, i: Int32, sched):
-            """The CTA's i-th tile in a role other than load: the one the load warp
-            published (dynamic), else the round-robin's next after t."""
-            if const_expr(self.dynamic):
-                full, empty = sched[10].sync_object_full, sched[10].sync_object_empty
-                s, ph = i % 2, (i // 2) % 2
-                full.wait(s, ph)
-                slot = sched[9].iterator + (4 + 2 * cute.arch.block_idx()[0] + s)
-                t = cute.arch.load(slot, Int32, sem="relaxed", scope="gpu")
-                empty.arrive(s, None)
-            else:
-                t = t + step
-            return t
-
         # ------------------------------------------------------------------ load
         @cute.jit
         def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
@@ -613,7 +571,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                self.publish_tile(t, i, sched)
+                publish_tile(t, i, sched[9], sched[10])
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -638,9 +596,9 @@ def _kernel_classes():
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
                 i += 1
-                t = self.next_tile(t, step, sched)
+                t = next_tile(t, step, sched[9], self.dynamic)
                 if const_expr(self.dynamic):
-                    self.publish_tile(t, i, sched)
+                    publish_tile(t, i, sched[9], sched[10])
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
@@ -758,7 +716,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                t = self.fetch_tile(t, step, i, sched)
+                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -802,7 +760,7 @@ def _kernel_classes():
                     pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()
                 i += 1
-                t = self.fetch_tile(t, step, i, sched)
+                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
@@ -984,7 +942,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                t = self.fetch_tile(t, step, i, sched)
+                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -1002,7 +960,7 @@ def _kernel_classes():
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
                 i += 1
-                t = self.fetch_tile(t, step, i, sched)
+                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store

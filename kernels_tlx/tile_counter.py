@@ -2,7 +2,7 @@
 `harness.tiles.bwd_dynamic`): the load role takes each program's next tile with an atomic
 add (`next_tile`) and hands it to the other roles through a two-slot ring
 (`publish_tile`, `fetch_tile`); without DYNAMIC every role steps the static round-robin
-itself. The CuteDSL backward has the same three helpers as methods.
+itself. `kernels_cute/tile_counter.py` is its CuteDSL twin.
 
 The ring is in global memory (the scheduling buffer of `harness.tiles.dq_accumulator`:
 [0] the counter, zeroed before the launch; [4 + 2p, 4 + 2p + 2) program p's slots),
