@@ -571,7 +571,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                publish_tile(t, i, sched[9], sched[10])
+                publish_tile(sched[9], sched[10], t, i)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -598,7 +598,7 @@ def _kernel_classes():
                 i += 1
                 t = next_tile(t, step, sched[9], self.dynamic)
                 if const_expr(self.dynamic):
-                    publish_tile(t, i, sched[9], sched[10])
+                    publish_tile(sched[9], sched[10], t, i)
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
@@ -716,7 +716,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
+                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -760,7 +760,7 @@ def _kernel_classes():
                     pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()
                 i += 1
-                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
+                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
@@ -942,7 +942,7 @@ def _kernel_classes():
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
+                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
                     self.schedule(t, pinned, sched)
@@ -960,7 +960,7 @@ def _kernel_classes():
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
                 i += 1
-                t = fetch_tile(t, step, i, sched[9], sched[10], self.dynamic)
+                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store

@@ -30,7 +30,7 @@ def next_tile(t: Int32, step: Int32, mSched: cute.Tensor, dynamic: cutlass.Const
 
 
 @cute.jit
-def publish_tile(t: Int32, i: Int32, mSched: cute.Tensor, pipeline_tile):
+def publish_tile(mSched: cute.Tensor, pipeline_tile, t: Int32, i: Int32):
     """dynamic: the load warp hands tile t (the CTA's i-th; past the list: stop) to the
     other roles through this CTA's two slots, published by the arrive (release; the
     readers' wait acquires, in this CTA)."""
@@ -43,7 +43,7 @@ def publish_tile(t: Int32, i: Int32, mSched: cute.Tensor, pipeline_tile):
 
 
 @cute.jit
-def fetch_tile(t: Int32, step: Int32, i: Int32, mSched: cute.Tensor, pipeline_tile,
+def fetch_tile(mSched: cute.Tensor, pipeline_tile, t: Int32, step: Int32, i: Int32,
                dynamic: cutlass.Constexpr):
     """The CTA's i-th tile in a role other than load: the one the load warp published
     (dynamic), else the round-robin's next after t."""
