@@ -170,14 +170,15 @@ def get_config(config) -> Config:
 
 
 # the warp-specialized kernel's tile (impl="ws", bwd_hopper_ws.py): 128 keys per tile as
-# two 64-key consumer warpgroups. D = 64: 32 query rows per step. D = 128: 64 rows (its M64
-# variant: one K/V stage, lse / delta in smem, dQ reduced by the load task), against 32
-# rows on the H200 (PERF.md session 9): llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4
-# -> 12.6), gem-jagged 2048 / 0.5 20.6 -> 17.9 ms, 512 / 0.5 2.16 -> 2.02 ms; but 32 rows
-# stay faster at short mean lengths (kernels, sparsity 0.1: max 256 0.209 against 0.239
-# ms, 512 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
+# two 64-key consumer warpgroups, 64 query rows per step (its M64 variant: one K/V stage,
+# lse / delta in smem, dQ reduced by the load task), against 32 rows on the H200: D = 128
+# (PERF.md session 9) llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4 -> 12.6),
+# gem-jagged 2048 / 0.5 20.6 -> 17.9 ms, 512 / 0.5 2.16 -> 2.02 ms; D = 64 (session 18)
+# llm-dense B16 H16 2048 2.28 -> 2.08 ms (causal 1.27 -> 1.19). 32 rows stay faster at
+# short mean lengths (D = 128 kernels, sparsity 0.1: max 256 0.209 against 0.239 ms, 512
+# 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
-WS_CONFIG_D128 = replace(WS_CONFIG, block_m=64)
+WS_CONFIG_M64 = replace(WS_CONFIG, block_m=64)
 WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128);
 # JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
@@ -190,6 +191,9 @@ WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps); session 10, llm causal:
 # do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
+# read per call (A/B runs): JAGGED_BWD_WS_KV_STAGES=1|2, the K/V stages of 64-row steps
+# (one by default; two fit only at D = 64: 162 KB, 263 at D = 128)
+WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
@@ -205,20 +209,23 @@ def ws_diag_mask(causal: bool) -> bool:
     return bool(causal) and _env_choice(WS_DIAG_MASK_ENV, ("0", "1")) == "1"
 
 
+def ws_kv_stages() -> int:
+    """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV)."""
+    return int(_env_choice(WS_KV_STAGES_ENV, ("1", "2")) or 1)
+
+
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
-    """The ws kernel's tile: WS_CONFIG at D = 64, and at D = 128 when the mean KV length
-    (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K; else WS_CONFIG_D128.
-    WS_BLOCK_M_ENV picks the step (at D = 64 too: 64-row steps there compile spill-free in
-    130 KB, not yet timed), WS_STAGES_ENV the num_stages."""
+    """The ws kernel's tile: WS_CONFIG_M64 (64-row steps), or WS_CONFIG (32 rows) when the
+    mean KV length (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K.
+    WS_BLOCK_M_ENV picks the step, WS_STAGES_ENV the num_stages."""
+    del head_dim  # the same rule at D = 64 and 128
     env = _env_choice(WS_BLOCK_M_ENV, ("32", "64"))
     stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
-    if head_dim != 128:
-        cfg = WS_CONFIG_D128 if env == "64" else WS_CONFIG
-    elif env:
-        cfg = WS_CONFIG if env == "32" else WS_CONFIG_D128
+    if env:
+        cfg = WS_CONFIG if env == "32" else WS_CONFIG_M64
     else:
         short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
-        cfg = WS_CONFIG if short else WS_CONFIG_D128
+        cfg = WS_CONFIG if short else WS_CONFIG_M64
     return replace(cfg, num_stages=int(stages)) if stages else cfg
 
 
@@ -545,7 +552,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            DYNAMIC=bwd_dynamic(causal, broadcast_q), num_warps=4, num_stages=cfg.num_stages)
+            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(), num_warps=4,
+            num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)
         fast(_bwd_main)[(grid_main,)](

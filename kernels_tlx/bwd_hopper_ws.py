@@ -1,7 +1,7 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
-tile `ws_config`: 128 keys per tile; 32 query rows per step at D = 64, 64 at D = 128 but for
-short mean lengths).
+tile `ws_config`: 128 keys per tile; 64 query rows per step but for short mean lengths,
+32 there).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
@@ -58,7 +58,7 @@ handoff and the next Q/dO wait lie between the LSE loads and the first LSE read,
 HGMMAs for delta; still 16 LDG a step, no spill. Measured on the H200 at llm-dense
 B8 H16 8192: 30.3 -> 25.4 ms non-causal (+19 %), 18.06 -> 15.85 ms causal (+14 %).
 
-64-row steps (BLOCK_M = 64, the D = 128 default; constexpr M64 below; 32-row steps there
+64-row steps (BLOCK_M = 64, the default; constexpr M64 below; 32-row steps
 under JAGGED_BWD_WS_BLOCK_M=32): N = 64
 S^T / dP^T / dQ^T wgmmas read a third less smem per row than N = 32 (a compile-only estimate
 puts most of the 32-row kernel's gap to FA4 there, PERF.md session 8). To fit, three changes
@@ -474,16 +474,17 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
                  DIAG_MASK: tl.constexpr = False,  # opt-in, causal 64-row steps (above)
-                 DYNAMIC: tl.constexpr = False):   # tiles from the counter (bwd_dynamic)
+                 DYNAMIC: tl.constexpr = False,    # tiles from the counter (bwd_dynamic)
+                 KV_STAGES_M64: tl.constexpr = 1):  # K/V stages at 64-row steps (ws_kv_stages)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
-    # 64-row steps (BLOCK_M = 64, the D = 128 default): one K/V stage (197 KB of
+    # 64-row steps (BLOCK_M = 64, the default): one K/V stage at D = 128 (197 KB of
     # smem instead of 263), and lse2 / delta staged in smem per Q stage by the load task
     # instead of 2 x 16 registers carried a step ahead in each consumer
     M64: tl.constexpr = BLOCK_M >= 64
-    NKV: tl.constexpr = 1 if M64 else NUM_BUF_KV
+    NKV: tl.constexpr = KV_STAGES_M64 if M64 else NUM_BUF_KV
     # and no reduce_dq warp: the load task reduces dQ, so the kernel is 3 warpgroups (384
     # threads) and the consumers get 240 registers (128 x 24 + 256 x 240 <= 65,536)
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: as before, the compiler's)

@@ -186,10 +186,11 @@ def ws_signature(dt, d, bm=None):
 
 
 def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1,
-               dynamic=None):
+               dynamic=None, kv_stages=1):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects; diag: DIAG_MASK, as
-    JAGGED_BWD_WS_DIAG_MASK=1 selects; dynamic: DYNAMIC, by default as bwd_dynamic)."""
+    JAGGED_BWD_WS_DIAG_MASK=1 selects; dynamic: DYNAMIC, by default as bwd_dynamic;
+    kv_stages: KV_STAGES_M64, as JAGGED_BWD_WS_KV_STAGES selects)."""
     pytest.importorskip("triton.language.extra.tlx")
     from harness.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper_ws as ws
@@ -199,10 +200,10 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                         CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag,
-                        DYNAMIC=dynamic),
+                        DYNAMIC=dynamic, KV_STAGES_M64=kv_stages),
         arch=90, num_warps=4, num_stages=stages,
         name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
-             f"{' dyn' if dynamic else ''} D{d} "
+             f"{' dyn' if dynamic else ''}{' kv2' if kv_stages == 2 else ''} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
@@ -211,7 +212,7 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_ws_compiles(d, causal, bq):
-    """The 32-row-step kernel (the D = 64 default; D = 128 under JAGGED_BWD_WS_BLOCK_M=32)."""
+    """The 32-row-step kernel (short mean lengths; else under JAGGED_BWD_WS_BLOCK_M=32)."""
     rep, ttgir = compile_ws(d, causal, bq, bm=32)
     print(rep.row(), f" wait0={ttgir.count('pendings = 0')}")
     assert rep.has_mma and rep.setmaxnreg  # setmaxnreg gone: the register budget was exceeded
@@ -242,7 +243,7 @@ def test_ws_replicas_get_their_own_dq_stage():
     In the TTGIR each replica is its own 4-warp partition; `dqc = dq_smem[cid]` indexes the
     staging buffer by a constant, which must be 0 in one and 1 in the other."""
     import re
-    _, ttgir = compile_ws(64, False, False)
+    _, ttgir = compile_ws(64, False, False, bm=32)
     parts = re.split(r"\n\s*partition\d+\(", ttgir)[1:]
     compute = [p for p in parts if re.search(r"\)\s*num_warps\(4\)", p)]
     idx = sorted(int(m) for p in compute
@@ -267,11 +268,12 @@ def test_ws_m64_compiles(causal, bq, dt):
     assert "num_warps(1)" not in ttgir, "a reduce_dq warp partition: not 384 threads"
 
 
+@pytest.mark.parametrize("kv_stages", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ws_m64_d64_compiles(causal):
-    """64-row steps at D = 64 (JAGGED_BWD_WS_BLOCK_M=64; CuteDSL's step there, which runs
-    1.28x TLX's 32-row steps at llm D = 64, session 17): spill-free, 130 KB."""
-    rep, ttgir = compile_ws(64, causal, False, bm=64)
+def test_ws_m64_d64_compiles(causal, kv_stages):
+    """64-row steps at D = 64 (the default since session 18: 2.28 -> 2.08 ms at llm D = 64):
+    spill-free in 130 KB with one K/V stage, 162 KB with two (JAGGED_BWD_WS_KV_STAGES=2)."""
+    rep, ttgir = compile_ws(64, causal, False, bm=64, kv_stages=kv_stages)
     print(rep.row())
     assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
     assert rep.fits() and not rep.spills, rep.row()
@@ -289,10 +291,11 @@ def test_ws_m64_stages0_compiles(causal):
 
 
 def test_ws_config_env(monkeypatch):
-    """The ws tile: 64-row steps at D = 128, 32 at D = 64; JAGGED_BWD_WS_BLOCK_M (read per
-    call) picks 32 or 64 (at D = 64 too, for A/B runs)."""
+    """The ws tile: 64-row steps, 32 at short mean lengths; JAGGED_BWD_WS_BLOCK_M (read per
+    call) picks 32 or 64, JAGGED_BWD_WS_KV_STAGES the K/V stages of 64-row steps."""
     monkeypatch.delenv(bw.WS_BLOCK_M_ENV, raising=False)
-    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 32
+    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 64
+    assert bw.ws_config(64, mean_k=bw.WS_SHORT_MEAN_K).block_m == 32
     assert bw.ws_config(128).block_n == bw.ws_config(64).block_n == 128
     assert bw.ws_config(128, mean_k=bw.WS_SHORT_MEAN_K).block_m == 32  # short sequences
     assert bw.ws_config(128, mean_k=bw.WS_SHORT_MEAN_K + 1).block_m == 64
@@ -309,6 +312,13 @@ def test_ws_config_env(monkeypatch):
     monkeypatch.setenv(bw.WS_STAGES_ENV, "2")
     with pytest.raises(ValueError):
         bw.ws_config(128)
+    monkeypatch.delenv(bw.WS_KV_STAGES_ENV, raising=False)
+    assert bw.ws_kv_stages() == 1
+    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "2")
+    assert bw.ws_kv_stages() == 2
+    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "3")
+    with pytest.raises(ValueError):
+        bw.ws_kv_stages()
 
 
 def _diag_steps(ifs):
