@@ -191,8 +191,9 @@ WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps); session 10, llm causal:
 # do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
-# read per call (A/B runs): JAGGED_BWD_WS_KV_STAGES=1|2, the K/V stages of 64-row steps
-# (one by default; two fit only at D = 64: 162 KB, 263 at D = 128)
+# the K/V stages of 64-row steps: two at D = 64 (162 KB; against one, session 18, llm
+# B16 H16 2048: 2.07 -> 1.95 ms, causal 1.18 -> 1.15), one at D = 128 (two need 263 KB);
+# JAGGED_BWD_WS_KV_STAGES=1|2 overrides it per call (A/B runs; 2 only at D = 64)
 WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
 
 
@@ -209,9 +210,10 @@ def ws_diag_mask(causal: bool) -> bool:
     return bool(causal) and _env_choice(WS_DIAG_MASK_ENV, ("0", "1")) == "1"
 
 
-def ws_kv_stages() -> int:
-    """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV)."""
-    return int(_env_choice(WS_KV_STAGES_ENV, ("1", "2")) or 1)
+def ws_kv_stages(head_dim: int) -> int:
+    """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV above)."""
+    env = _env_choice(WS_KV_STAGES_ENV, ("1", "2") if head_dim <= 64 else ("1",))
+    return int(env) if env else (2 if head_dim <= 64 else 1)
 
 
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
@@ -552,7 +554,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(), num_warps=4,
+            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D), num_warps=4,
             num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)

@@ -186,16 +186,17 @@ def ws_signature(dt, d, bm=None):
 
 
 def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1,
-               dynamic=None, kv_stages=1):
+               dynamic=None, kv_stages=None):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects; diag: DIAG_MASK, as
     JAGGED_BWD_WS_DIAG_MASK=1 selects; dynamic: DYNAMIC, by default as bwd_dynamic;
-    kv_stages: KV_STAGES_M64, as JAGGED_BWD_WS_KV_STAGES selects)."""
+    kv_stages: KV_STAGES_M64, by default as ws_kv_stages)."""
     pytest.importorskip("triton.language.extra.tlx")
     from harness.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     dynamic = bwd_dynamic(causal, bq) if dynamic is None else dynamic
+    kv_stages = kv_stages or bw.ws_kv_stages(d)
     rep = compile_kernel(
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
@@ -203,7 +204,7 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
                         DYNAMIC=dynamic, KV_STAGES_M64=kv_stages),
         arch=90, num_warps=4, num_stages=stages,
         name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
-             f"{' dyn' if dynamic else ''}{' kv2' if kv_stages == 2 else ''} D{d} "
+             f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if bm == 64 and d == 64 else ''} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
@@ -271,8 +272,8 @@ def test_ws_m64_compiles(causal, bq, dt):
 @pytest.mark.parametrize("kv_stages", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_m64_d64_compiles(causal, kv_stages):
-    """64-row steps at D = 64 (the default since session 18: 2.28 -> 2.08 ms at llm D = 64):
-    spill-free in 130 KB with one K/V stage, 162 KB with two (JAGGED_BWD_WS_KV_STAGES=2)."""
+    """64-row steps at D = 64 (the default since session 18): spill-free in 130 KB with one
+    K/V stage, 162 KB with two (the default there; JAGGED_BWD_WS_KV_STAGES=1 for one)."""
     rep, ttgir = compile_ws(64, causal, False, bm=64, kv_stages=kv_stages)
     print(rep.row())
     assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
@@ -313,12 +314,13 @@ def test_ws_config_env(monkeypatch):
     with pytest.raises(ValueError):
         bw.ws_config(128)
     monkeypatch.delenv(bw.WS_KV_STAGES_ENV, raising=False)
-    assert bw.ws_kv_stages() == 1
-    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "2")
-    assert bw.ws_kv_stages() == 2
-    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "3")
+    assert bw.ws_kv_stages(64) == 2 and bw.ws_kv_stages(128) == 1
+    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "1")
+    assert bw.ws_kv_stages(64) == bw.ws_kv_stages(128) == 1
+    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "2")  # 263 KB at D = 128: refused
+    assert bw.ws_kv_stages(64) == 2
     with pytest.raises(ValueError):
-        bw.ws_kv_stages()
+        bw.ws_kv_stages(128)
 
 
 def _diag_steps(ifs):
