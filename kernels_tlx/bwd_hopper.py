@@ -195,6 +195,10 @@ WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 # B16 H16 2048: 2.07 -> 1.95 ms, causal 1.18 -> 1.15), one at D = 128 (two need 263 KB);
 # JAGGED_BWD_WS_KV_STAGES=1|2 overrides it per call (A/B runs; 2 only at D = 64)
 WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
+# D = 64: each consumer forms a full-D dQ partial over its own keys; the last one adds the
+# others' (from their smem staging), so one box a step is reduce-added instead of NC
+# (the ws kernel's DQ_SUM); JAGGED_BWD_WS_DQ_SUM=0|1 overrides it per call (A/B runs)
+WS_DQ_SUM_ENV = "JAGGED_BWD_WS_DQ_SUM"
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
@@ -214,6 +218,11 @@ def ws_kv_stages(head_dim: int) -> int:
     """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV above)."""
     env = _env_choice(WS_KV_STAGES_ENV, ("1", "2") if head_dim <= 64 else ("1",))
     return int(env) if env else (2 if head_dim <= 64 else 1)
+
+
+def ws_dq_sum() -> bool:
+    """The ws kernel's DQ_SUM constexpr for this call (WS_DQ_SUM_ENV; D = 64 only)."""
+    return _env_choice(WS_DQ_SUM_ENV, ("0", "1")) != "0"
 
 
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
@@ -554,7 +563,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D), num_warps=4,
+            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D),
+            DQ_SUM=ws_dq_sum(), num_warps=4,
             num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)

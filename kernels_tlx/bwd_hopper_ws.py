@@ -153,7 +153,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
          lse_smem=None, delta_smem=None,
          dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
          REDUCE_DQ: tl.constexpr = False, sched_ptr=None, tile_full=None,
-         tile_empty=None, DYNAMIC: tl.constexpr = False):
+         tile_empty=None, DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False):
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
@@ -222,7 +222,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
                     _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                                 D, NC, DQ_COLS)
+                                 D, NC, DQ_COLS, DQ_SUM)
                 dq_row = (slot_row + q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
@@ -234,7 +234,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
             _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                         D, NC, DQ_COLS)
+                         D, NC, DQ_COLS, DQ_SUM)
 
 
 @triton.jit
@@ -257,7 +257,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False,
-            sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False):
+            sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False,
+            DQ_SUM: tl.constexpr = False):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -374,7 +375,17 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             dv = tlx.async_dot_wait(0, dv)
             dk = tlx.async_dot_wait(0, dk)
             tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
-            # hand this consumer's dQ columns to the reduce_dq task
+            if DQ_SUM:
+                if cid == NC - 1:
+                    # D = 64: the others' full-D partials added here (their staging, read
+                    # in the accumulator's layout), so one box a step is reduce-added to
+                    # the fp32 dQ in global memory instead of NC (half the traffic)
+                    for c2 in tl.static_range(NC - 1):
+                        tlx.barrier_wait(dq_full[c2], qcnt & 1)
+                        dqt += tlx.local_load(tlx.local_trans(dq_smem[c2]))
+                        tlx.barrier_arrive(dq_empty[c2], 1)
+            # hand this consumer's dQ columns to the reduce_dq task (DQ_SUM: to the last
+            # consumer, but for the last one's)
             tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
@@ -422,7 +433,7 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
               DQ_COLS: tl.constexpr, sched_ptr=None, tile_full=None, tile_empty=None,
-              DYNAMIC: tl.constexpr = False):
+              DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     first, step, n_tiles = _tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
@@ -445,7 +456,8 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
             _reduce_step(dq_desc, dq_smem, dq_full, dq_empty,
-                         (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS)
+                         (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS,
+                         DQ_SUM)
             qcnt += 1
         i += 1
         t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
@@ -453,16 +465,19 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
 
 @triton.jit
 def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
-                 D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr):
+                 D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
+                 DQ_SUM: tl.constexpr = False):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
-    the barrier phase): reduce_dq's body, and the load task's at 64-row steps."""
-    for c in tl.static_range(NC):  # consumer c's columns, or all D twice
+    the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
+    last consumer's box holds the sum of all (compute), the only one added."""
+    C0: tl.constexpr = NC - 1 if DQ_SUM else 0
+    for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
         tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
     # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
     tlx.async_descriptor_store_wait(0)
-    for c in tl.static_range(NC):
+    for c in tl.static_range(C0, NC):
         tlx.barrier_arrive(dq_empty[c], 1)
 
 
@@ -476,7 +491,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
                  DIAG_MASK: tl.constexpr = False,  # opt-in, causal 64-row steps (above)
                  DYNAMIC: tl.constexpr = False,    # tiles from the counter (bwd_dynamic)
-                 KV_STAGES_M64: tl.constexpr = 1):  # K/V stages at 64-row steps (ws_kv_stages)
+                 KV_STAGES_M64: tl.constexpr = 1,  # K/V stages at 64-row steps (ws_kv_stages)
+                 DQ_SUM: tl.constexpr = False):    # D = 64: one dQ box a step (ws_dq_sum)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -490,6 +506,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # threads) and the consumers get 240 registers (128 x 24 + 256 x 240 <= 65,536)
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: as before, the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
+    DQS: tl.constexpr = DQ_SUM and DQ_COLS == D  # each consumer forms all D columns
     # shared memory: K/V halves (NUM_BUF_KV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
     # dQ column-half staging per consumer
@@ -523,7 +540,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
                  NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
                  dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64,
-                 sched_ptr, tile_full, tile_empty, DYNAMIC)
+                 sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
@@ -533,10 +550,10 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
                     NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64,
-                    sched_ptr, tile_full, tile_empty, DYNAMIC)
+                    sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
                           tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                           H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS,
-                          sched_ptr, tile_full, tile_empty, DYNAMIC)
+                          sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)

@@ -186,11 +186,11 @@ def ws_signature(dt, d, bm=None):
 
 
 def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages=1,
-               dynamic=None, kv_stages=None):
+               dynamic=None, kv_stages=None, dq_sum=True):
     """(CompileReport, TTGIR text) of the ws kernel, compiled as backward(impl="ws") launches
     it (bm: another BLOCK_M, e.g. 64 as JAGGED_BWD_WS_BLOCK_M=64 selects; diag: DIAG_MASK, as
     JAGGED_BWD_WS_DIAG_MASK=1 selects; dynamic: DYNAMIC, by default as bwd_dynamic;
-    kv_stages: KV_STAGES_M64, by default as ws_kv_stages)."""
+    kv_stages: KV_STAGES_M64, by default as ws_kv_stages; dq_sum: DQ_SUM)."""
     pytest.importorskip("triton.language.extra.tlx")
     from harness.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper_ws as ws
@@ -201,10 +201,10 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                         CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag,
-                        DYNAMIC=dynamic, KV_STAGES_M64=kv_stages),
+                        DYNAMIC=dynamic, KV_STAGES_M64=kv_stages, DQ_SUM=dq_sum),
         arch=90, num_warps=4, num_stages=stages,
         name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
-             f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if bm == 64 and d == 64 else ''} D{d} "
+             f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if bm == 64 and d == 64 else ''}{'' if dq_sum else ' nosum'} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
@@ -273,12 +273,15 @@ def test_ws_m64_compiles(causal, bq, dt):
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_m64_d64_compiles(causal, kv_stages):
     """64-row steps at D = 64 (the default since session 18): spill-free in 130 KB with one
-    K/V stage, 162 KB with two (the default there; JAGGED_BWD_WS_KV_STAGES=1 for one)."""
+    K/V stage, 162 KB with two (the default there; JAGGED_BWD_WS_KV_STAGES=1 for one), the
+    consumers' dQ partials summed in smem (DQ_SUM)."""
     rep, ttgir = compile_ws(64, causal, False, bm=64, kv_stages=kv_stages)
     print(rep.row())
     assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
     assert rep.fits() and not rep.spills, rep.row()
     assert "num_warps(1)" not in ttgir, "a reduce_dq warp partition: not 384 threads"
+    # DQ_SUM: one dQ box a step at each of the load task's two reduce sites (NC without)
+    assert rep.ptx.count("cp.reduce.async.bulk") == 2
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -321,6 +324,10 @@ def test_ws_config_env(monkeypatch):
     assert bw.ws_kv_stages(64) == 2
     with pytest.raises(ValueError):
         bw.ws_kv_stages(128)
+    monkeypatch.delenv(bw.WS_DQ_SUM_ENV, raising=False)
+    assert bw.ws_dq_sum()
+    monkeypatch.setenv(bw.WS_DQ_SUM_ENV, "0")
+    assert not bw.ws_dq_sum()
 
 
 def _diag_steps(ifs):
