@@ -12,7 +12,8 @@ one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 a
 dK/dV through smem (`dkvsmem`); they differ in the dQ path: here dQ = dS K with the query
 rows as M, reduced by a `reduce_dq` warp in 64 x 32 boxes (`dqwide`); TLX forms dQ^T =
 K^T dS^T with the head dim as M (D / 2 >= 64, so at D = 64 each TLX consumer forms a
-full-D partial over its own keys) and its load task reduces 64 x 64 boxes. No
+full-D partial over its own keys and the last adds the other's from smem, `DQ_SUM`) and
+its load task reduces 64 x 64 boxes. No
 `deterministic` option yet.
 Three kernels, named after their roles:
 

@@ -174,7 +174,7 @@ def get_config(config) -> Config:
 # lse / delta in smem, dQ reduced by the load task), against 32 rows on the H200: D = 128
 # (PERF.md session 9) llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4 -> 12.6),
 # gem-jagged 2048 / 0.5 20.6 -> 17.9 ms, 512 / 0.5 2.16 -> 2.02 ms; D = 64 (session 18)
-# llm-dense B16 H16 2048 2.28 -> 2.08 ms (causal 1.27 -> 1.19). 32 rows stay faster at
+# llm-dense B16 H16 2048 2.29 -> 2.07 ms (causal 1.27 -> 1.19). 32 rows stay faster at
 # short mean lengths (D = 128 kernels, sparsity 0.1: max 256 0.209 against 0.239 ms, 512
 # 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
@@ -197,7 +197,8 @@ WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
 # D = 64: each consumer forms a full-D dQ partial over its own keys; the last one adds the
 # others' (from their smem staging), so one box a step is reduce-added instead of NC
-# (the ws kernel's DQ_SUM); JAGGED_BWD_WS_DQ_SUM=0|1 overrides it per call (A/B runs)
+# (the ws kernel's DQ_SUM; session 18, llm B16 H16 2048: 1.96 -> 1.89 ms, causal 1.15 ->
+# 1.12); JAGGED_BWD_WS_DQ_SUM=0|1 overrides it per call (A/B runs)
 WS_DQ_SUM_ENV = "JAGGED_BWD_WS_DQ_SUM"
 
 
