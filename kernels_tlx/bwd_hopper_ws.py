@@ -384,8 +384,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                         tlx.barrier_wait(dq_full[c2], qcnt & 1)
                         dqt += tlx.local_load(tlx.local_trans(dq_smem[c2]))
                         tlx.barrier_arrive(dq_empty[c2], 1)
-            # hand this consumer's dQ columns to the reduce_dq task (DQ_SUM: to the last
-            # consumer, but for the last one's)
+            # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
+            # for the last consumer, above)
             tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
@@ -498,8 +498,9 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     BNC: tl.constexpr = BLOCK_N // NC
     dt: tl.constexpr = tlx.dtype_of(q_desc)
     # 64-row steps (BLOCK_M = 64, the default): one K/V stage at D = 128 (197 KB of
-    # smem instead of 263; two at D = 64, bwd_hopper.ws_kv_stages), and lse2 / delta staged in smem per Q stage by the load task
-    # instead of 2 x 16 registers carried a step ahead in each consumer
+    # smem instead of 263; two at D = 64, bwd_hopper.ws_kv_stages), and lse2 / delta
+    # staged in smem per Q stage by the load task instead of 2 x 16 registers carried a
+    # step ahead in each consumer
     M64: tl.constexpr = BLOCK_M >= 64
     NKV: tl.constexpr = KV_STAGES_M64 if M64 else NUM_BUF_KV
     # and no reduce_dq warp: the load task reduces dQ, so the kernel is 3 warpgroups (384
