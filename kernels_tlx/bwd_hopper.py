@@ -183,8 +183,8 @@ WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128);
 # JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
 # wgmma pass puts a wait 0 after every dot (null at 32-row steps, session 6; at 64-row
-# steps 3 waits of 0 and 2 of 1 remain a step; measured null there too, session 10:
-# llm 21.41 -> 21.12 ms do_bench, kernel time 20.94 -> 21.45; causal 12.80 -> 12.84)
+# steps 3 waits of 0 a consumer step remain, not 9; not yet timed: session 10's "null"
+# A/B compiled the same PTX, the loop's own num_stages=1 won until session 18)
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
 WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
@@ -565,7 +565,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
             DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D),
-            DQ_SUM=ws_dq_sum(), num_warps=4,
+            DQ_SUM=ws_dq_sum(), Q_LOOP_STAGES=cfg.num_stages, num_warps=4,
             num_stages=cfg.num_stages)
     else:
         dq_desc = _desc(dq_acc, BM, D)

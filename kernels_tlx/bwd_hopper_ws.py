@@ -45,8 +45,11 @@ flight, but with this Triton the pipeliner's wgmma pass (asyncLaunchDots; it run
 loops at num_stages=1 too) puts a wgmma wait 0 right after every dot of the Q-block loop
 (none is a pure loop-carried accumulator, and the loop arrives on barriers), so
 the five dots of a Q block run one after the other. A loop at num_stages=0 (which that
-pass skips) was no faster on the H200 (llm-dense: within noise, causal 1.5 % slower),
-so the loop stays at num_stages=1.
+pass skips) was no faster on the H200 at 32-row steps (llm-dense: within noise, causal
+1.5 % slower), so the loop stays at num_stages=1. At 64-row steps it has never been
+timed: session 10's A/B set the launch's num_stages, which the loop's own overrode (the
+PTX was identical; found in session 18). Q_LOOP_STAGES=0 (JAGGED_BWD_WS_NUM_STAGES=0)
+now reaches the loop: 3 wgmma waits of 0 a consumer step instead of 9, spill-free.
 
 LSE / delta one Q block ahead: each step's 2 x 8 values a thread (16 masked LDG) are
 loaded during the previous step (step 0's before the Q loop) and carried in the S^T
@@ -258,7 +261,7 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False,
             sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False,
-            DQ_SUM: tl.constexpr = False):
+            DQ_SUM: tl.constexpr = False, Q_LOOP_STAGES: tl.constexpr = 1):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -294,7 +297,9 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             off_0 = hk * G * stride_lse_h + o_start + offs_0
             lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
             delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
-        for j in tl.range(0, G * n_m, num_stages=1):
+        # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES carries
+        # JAGGED_BWD_WS_NUM_STAGES here, which until session 18 reached no loop)
+        for j in tl.range(0, G * n_m, num_stages=Q_LOOP_STAGES):
             jm = j % n_m
             h = hk * G + j // n_m
             m0 = m_lo + jm * BLOCK_M
@@ -492,7 +497,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  DIAG_MASK: tl.constexpr = False,  # opt-in, causal 64-row steps (above)
                  DYNAMIC: tl.constexpr = False,    # tiles from the counter (bwd_dynamic)
                  KV_STAGES_M64: tl.constexpr = 1,  # K/V stages at 64-row steps (ws_kv_stages)
-                 DQ_SUM: tl.constexpr = False):    # D = 64: one dQ box a step (ws_dq_sum)
+                 DQ_SUM: tl.constexpr = False,     # D = 64: one dQ box a step (ws_dq_sum)
+                 Q_LOOP_STAGES: tl.constexpr = 1):  # the Q-block loop's num_stages (ws_config)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -551,7 +557,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
                     NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64,
-                    sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
+                    sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, Q_LOOP_STAGES)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,

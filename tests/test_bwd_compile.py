@@ -201,7 +201,8 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
         ws._bwd_main_ws, ws_signature(dt, d, bm),
         constexprs=dict(H=H, HKV=HKV, D=d, BLOCK_M=bm or cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
                         CAUSAL=causal, BROADCAST_Q=bq, DQ_COLS=ws.dq_cols(d), DIAG_MASK=diag,
-                        DYNAMIC=dynamic, KV_STAGES_M64=kv_stages, DQ_SUM=dq_sum),
+                        DYNAMIC=dynamic, KV_STAGES_M64=kv_stages, DQ_SUM=dq_sum,
+                        Q_LOOP_STAGES=stages),
         arch=90, num_warps=4, num_stages=stages,
         name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
              f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if bm == 64 and d == 64 else ''}{'' if dq_sum else ' nosum'} D{d} "
@@ -287,11 +288,17 @@ def test_ws_m64_d64_compiles(causal, kv_stages):
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_m64_stages0_compiles(causal):
     """JAGGED_BWD_WS_NUM_STAGES=0 at 64-row steps: no pipeliner wgmma pass (fewer wait-0
-    after the dots), still spill-free within the same registers and smem."""
+    after the dots), still spill-free within the same registers and smem. It must reach
+    the Q loop (Q_LOOP_STAGES): until session 18 the loop's own num_stages=1 won and the
+    switch compiled the same PTX."""
     rep, _ = compile_ws(128, causal, False, bm=64, stages=0)
+    base, _ = compile_ws(128, causal, False, bm=64, stages=1)
     print(rep.row())
     assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
     assert rep.fits() and not rep.spills, rep.row()
+    wait0 = "wgmma.wait_group.sync.aligned 0;"
+    # two consumers: 9 -> 3 waits of 0 each
+    assert (rep.ptx.count(wait0), base.ptx.count(wait0)) == (6, 18)
 
 
 def test_ws_config_env(monkeypatch):
