@@ -8,12 +8,12 @@ postprocess: same names, same order) whose main kernel is the counterpart of the
 warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
 reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
-one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and stage
-dK/dV through smem (`dkvsmem`); they differ in the dQ path: here dQ = dS K with the query
-rows as M, reduced by a `reduce_dq` warp in 64 x 32 boxes (`dqwide`); TLX forms dQ^T =
-K^T dS^T with the head dim as M (D / 2 >= 64, so at D = 64 each TLX consumer forms a
-full-D partial over its own keys and the last adds the other's from smem, `DQ_SUM`) and
-its load task reduces 64 x 64 boxes. No
+one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 (two at
+D = 64 in TLX; here opt-in, `kv2`) and stage dK/dV through smem (`dkvsmem`); they differ
+in the dQ path: here dQ = dS K with the query rows as M, reduced by a `reduce_dq` warp
+in 64 x 32 boxes (`dqwide`); TLX forms dQ^T = K^T dS^T with the head dim as M (D / 2 >=
+64, so at D = 64 each TLX consumer forms a full-D partial over its own keys and the last
+adds the other's from smem, `DQ_SUM`) and its load task reduces 64 x 64 boxes. No
 `deterministic` option yet.
 Three kernels, named after their roles:
 
@@ -101,7 +101,7 @@ POST_VEC = 8
 
 # A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
 # the default for the call's causality (DEFAULT_OPTS: all five, both causalities), "none",
-# "all", or a comma list.
+# "all" (kv2 included: D = 64 only), or a comma list.
 #   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
 #   dqwide  the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows) with
@@ -127,6 +127,10 @@ POST_VEC = 8
 #          block (`causal_cut`: 1-2 steps a tile in self-attention); the other steps lose
 #          the bound's ISETP / FSEL / VIADD (~85 SASS a step, in the exp window under the
 #          dP^T wgmma). Non-causal builds ignore it.
+#   kv2  K and V in two stages (the TLX twin's KV_STAGES_M64, host ws_kv_stages: two at
+#          D = 64), so the next tile's K/V load overlaps this tile's last steps and store
+#          (one stage: the load waits for the release after the store). D = 64 only
+#          (`kv_stages`: at D = 128 it would need 242 KB of smem, a ValueError). Opt-in.
 # Why each is on: H200, ms of the main kernel (d: do_bench, else GPU kernel time); llm =
 # B8 H16 N8192 D128 bf16, gem = gem-jagged B1152 H4 D128 bf16; without -> with:
 #   dqord     s6   llm 24.48 -> 22.81 (with dqblk; causal 15.68 -> 18.15, cause unknown:
@@ -142,7 +146,7 @@ POST_VEC = 8
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
 #   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide")
+OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
@@ -208,6 +212,39 @@ def dq_store_view(layout):
     if isinstance(layout, cute.ComposedLayout):
         return element_swizzled(layout, Float32)
     return layout
+
+
+SMEM_LIMIT = 227 * 1024       # sm_90: the most dynamic shared memory a CTA may have
+
+
+def smem_bytes(head_dim: int, opts) -> int:
+    """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
+    to sK's 1 KB alignment, then the tiles; lsesmem's sLD last). BwdMain asserts it equals
+    the struct's size at trace time. Default switches: D = 64 98 KB (kv2: 130 KB); D = 128
+    178 KB (kv2: 242 KB, over SMEM_LIMIT)."""
+    D, ks = head_dim, kv_stages_of(opts)
+    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * BLOCK_M * D + BLOCK_N * BLOCK_M)
+    n += 4 * BLOCK_M * D                                   # sdQ, fp32
+    if "lsesmem" in opts:
+        n += 4 * LD_SHAPE[0] * LD_SHAPE[1] * LD_SHAPE[2]
+    return n
+
+
+def kv_stages_of(opts) -> int:
+    """K/V stages asked for: 2 with kv2, else 1."""
+    return 2 if "kv2" in opts else 1
+
+
+def kv_stages(head_dim: int, opts) -> int:
+    """K/V stages of the main kernel (the TLX twin's ws_kv_stages): kv2 where both stages
+    fit in shared memory (D = 64), a ValueError where they do not (D = 128), rather than
+    a silent fallback to one stage."""
+    ks = kv_stages_of(opts)
+    if ks > 1 and smem_bytes(head_dim, opts) > SMEM_LIMIT:
+        raise ValueError(
+            f"{OPTS_ENV}: kv2 at D = {head_dim} needs {smem_bytes(head_dim, opts)} B of "
+            f"shared memory (> {SMEM_LIMIT} B, 227 KB); it is for D = 64")
+    return ks
 
 
 def bwd_opts(causal: bool, spec=None) -> frozenset:
@@ -340,6 +377,7 @@ def _kernel_classes():
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.opts = opts                                  # A/B switches (see OPTS)
             self.diag_mask = causal and "diagmask" in opts    # causal only
+            self.kv_stages = kv_stages(head_dim, opts)        # kv2: 2 (ValueError at D 128)
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -359,8 +397,16 @@ def _kernel_classes():
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
             atom_M = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, BLOCK_M), dt)
+            KS = self.kv_stages
             sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
             sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
+            sK_box, sV_box = sK_layout, sV_layout      # one stage: the TMA box
+            if const_expr(KS > 1):
+                # kv2: a stage mode, as the Q / dO ring
+                sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D, KS), (0, 1, 2))
+                sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D, KS), (0, 1, 2))
+                sK_box = cute.select(sK_layout, mode=[0, 1])
+                sV_box = cute.select(sV_layout, mode=[0, 1])
             QS = Q_STAGES
             sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
             sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
@@ -388,19 +434,19 @@ def _kernel_classes():
 
             # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
             g2s = cpasync.CopyBulkTensorTileG2SOp()
-            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (BLOCK_N, D), 1)
-            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (BLOCK_N, D), 1)
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_box, (BLOCK_N, D), 1)
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_box, (BLOCK_N, D), 1)
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
                 g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (BLOCK_M, D), 1)
             tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
                 g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (BLOCK_M, D), 1)
             tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout, (BLOCK_M, D), 1)
-            self.bytes_KV = cute.size_in_bytes(dt, sK_layout)
+            self.bytes_KV = cute.size_in_bytes(dt, sK_box)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
 
             class SharedStorage:
-                mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_KV: cute.struct.MemRange[cutlass.Int64, 2 * KS]
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
                 mbar_Tile: cute.struct.MemRange[cutlass.Int64, 2 * 2]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
@@ -411,6 +457,9 @@ def _kernel_classes():
                 sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
             SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts)
+            # the host-side model (kv_stages' check) is the struct
+            assert SharedStorage.size_in_bytes() == smem_bytes(D, self.opts), \
+                (SharedStorage.size_in_bytes(), smem_bytes(D, self.opts))
             self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
@@ -450,7 +499,7 @@ def _kernel_classes():
             load_warp = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
             mma_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_MMA_WG * 4)
             pipeline_kv = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_KV.data_ptr(), num_stages=1,
+                barrier_storage=storage.mbar_KV.data_ptr(), num_stages=self.kv_stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=2 * self.bytes_KV, defer_sync=True)
             pipeline_q = pipeline.PipelineTmaAsync.create(
@@ -567,7 +616,8 @@ def _kernel_classes():
             mLSE, mDelta, sLD = ld
             lane = cute.arch.lane_idx()
             raw = cute.make_rmem_tensor(4, Float32)   # lsesmem: the next step's rows
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                    self.kv_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
@@ -608,6 +658,8 @@ def _kernel_classes():
             the next one (or are zero-filled past the tensor); compute masks them."""
             tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(mK, row, hk, BLOCK_N, self.D))
             tVsV, tVgV = tma_tiles(tma_atom_V, sV, head_tile(mV, row, hk, BLOCK_N, self.D))
+            if const_expr(self.kv_stages > 1):
+                tKsK, tVsV = tKsK[None, kv_state.index], tVsV[None, kv_state.index]
             pipeline_kv.producer_acquire(kv_state)
             bar = pipeline_kv.producer_get_barrier(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=bar)
@@ -658,6 +710,8 @@ def _kernel_classes():
             sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
             sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
             sKt = transposed(sK, (D, BLOCK_N), (1, 0))
+            if const_expr(self.kv_stages > 1):
+                sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
             sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))          # dS (queries, keys)
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
@@ -712,7 +766,8 @@ def _kernel_classes():
             ld_off = ld_thread_offset(lane, 1)
             # diagmask: the warpgroup's first key in the tile, less n0 (its causal_cut)
             wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                    self.kv_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             t, step, n_tiles, slot_row, pinned = self.tiles(sched)
             i = Int32(0)
@@ -726,13 +781,17 @@ def _kernel_classes():
                 raw = cute.make_rmem_tensor(4, Float32)   # lse, delta rows, a step ahead
                 jm = m_lo * 0     # lsesmem: step j's Q block (j % n_m), carried
                 pipeline_kv.consumer_wait(kv_state)
+                kv, kv_smem = None, (sV, sVst)     # kv2: the tile's K/V stage, its sV views
+                if const_expr(self.kv_stages > 1):
+                    kv = kv_state.index
+                    kv_smem = (sV[None, None, kv], sVst[None, None, kv])
                 for j in cutlass.range(group * n_m, unroll=1):
                     if const_expr(sLD is not None):
                         # nothing of the step's head: only causal reads m0
                         ld_off = ld_off ^ LD_FLIP
                         self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * BLOCK_M,
                                           len_k, len_q, scale_log2, (sLD, ld_off), None,
-                                          wg_key0)
+                                          wg_key0, kv)
                         jm = Int32(0) if jm + 1 == n_m else jm + 1
                     else:
                         h = hk * group + j // n_m
@@ -746,7 +805,7 @@ def _kernel_classes():
                         prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
                                     m_lo + (j1 % n_m) * BLOCK_M, len_q)
                         self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                          scale_log2, raw, prefetch, wg_key0)
+                                          scale_log2, raw, prefetch, wg_key0, kv)
                     q_state.advance()
                 dkvsmem = "dkvsmem" in self.opts
                 if const_expr(not dkvsmem):
@@ -754,9 +813,11 @@ def _kernel_classes():
                     pipeline_kv.consumer_release(kv_state)
                 # ---- store dK, dV
                 self.store(mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
-                           scale, (sV, sVst), tiled_mma_dkv, tidx)
+                           scale, kv_smem, tiled_mma_dkv, tidx)
                 if const_expr(dkvsmem):
                     # the store wrote sV (generic proxy): order it before the next TMA write
+                    # (kv2: into this stage, two tiles on; the load warp fills the other
+                    # stage meanwhile)
                     cute.arch.fence_view_async_shared()
                     pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()
@@ -826,7 +887,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
-                         raw, prefetch, wg_key0):
+                         raw, prefetch, wg_key0, kv=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. lse and delta
             are spread from raw under the S^T / dP^T wgmmas; prefetch: the
@@ -837,10 +898,14 @@ def _kernel_classes():
             lse is read after the S^T wait, at use (read where spread is, or delta after
             the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q). diagmask
             (wg_key0: the warpgroup's first key less n0): the causal bound only on the
-            steps whose block it cuts."""
+            steps whose block it cuts. kv: kv2's K/V stage of the tile (None: one stage)."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+            if const_expr(kv is not None):
+                tSrK = tSrK[None, None, None, kv]
+                tPrV = tPrV[None, None, None, kv]
+                tdQrKt = tdQrKt[None, None, None, kv]
             s = q_state.index
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(shape_S, Float32)

@@ -123,11 +123,59 @@ def test_bwd_main_dkvsmem_compiles(tmp_path, D, causal):
         assert res[1] == 0, f"register spills: {res}"
 
 
+def _kv_loads(ptx):
+    """(immediate, stage shift) of the K and V TMA loads (the first two bulk-tensor loads:
+    `load_kv` is traced before `load_q`): the smem address is reg + immediate, and where
+    reg = base + (stage << shift) the shift (None: the address is the smem base itself)."""
+    out = []
+    for reg, imm in re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared::cta\.global\S*\s+"
+                               r"\[(%r\d+)\+(\d+)\]", ptx)[:2]:
+        shift = None
+        d = re.search(rf"add\.s32\s+{reg}, %r\d+, (%r\d+);", ptx)
+        if d:
+            m = re.search(rf"shl\.b32\s+{d.group(1)}, %r\d+, (\d+);", ptx)
+            shift = int(m.group(1)) if m else -1
+        out.append((int(imm), shift))
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_main_kv2_compiles(tmp_path, causal):
+    """kv2 (opt-in; the TLX twin's KV_STAGES_M64 = 2 at D = 64): K and V in two stages.
+    Against the default build: the K/V TMA loads go to base + (stage << 14) + 1024 (K) and
+    + 33792 (V), i.e. K stages at 1024 / 17408, V at 33792 / 50176 (16 KB = BLOCK_N x D x
+    2 B a stage; default: K at 1024, V at 17408, no stage term); the K/V expect_tx is still
+    one stage (K + V, 32 KB); two more mbarriers (mbar_KV: 2 x 2); spill-free. Shared
+    memory: 130 KB (the kernel asserts its struct equals `smem_bytes`); at D = 128 it
+    would be 242 KB, a ValueError."""
+    from kernels_cute import bwd_hopper as B
+    default = "dqord,dkvsmem,lsesmem,dqwide,diagmask"
+    spec = default + ",kv2"
+    opts = B.bwd_opts(causal, spec)
+    assert B.kv_stages(64, opts) == 2 and B.smem_bytes(64, opts) == 130 * 1024
+    assert B.smem_bytes(128, opts) == 242 * 1024 > B.SMEM_LIMIT
+    with pytest.raises(ValueError, match="kv2 at D = 128"):
+        B.kv_stages(128, opts)
+    ptx = {}
+    for name, sw in (("kv2", spec), ("ref", default)):
+        (tmp_path / name).mkdir()
+        path, ptx[name] = _compile_spill_free(tmp_path / name, 64, causal, False, "bf16", sw)
+    stage = B.BLOCK_N * 64 * 2
+    assert stage == 1 << 14
+    assert _kv_loads(ptx["ref"]) == [(1024, None), (1024 + stage, None)]
+    assert _kv_loads(ptx["kv2"]) == [(1024, 14), (1024 + 2 * stage, 14)]
+    tx = lambda p: sorted(int(v) for v in re.findall(
+        r"mov\.b32\s+%r\d+, (\d+);\s*mbarrier\.arrive\.expect_tx", p))
+    assert tx(ptx["kv2"]) == tx(ptx["ref"]) == [16384, 32768]     # Q + dO, K + V
+    inits = {k: len(re.findall(r"mbarrier\.init", p)) for k, p in ptx.items()}
+    assert inits["kv2"] == inits["ref"] + 2, inits
+
+
 def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
-    assert set(OPTS) == nc                           # every switch is on by default
+    assert set(OPTS) == nc | {"kv2"}                 # every switch but kv2 (opt-in) is on
     assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
