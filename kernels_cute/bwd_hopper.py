@@ -79,6 +79,7 @@ import os
 
 import torch
 
+from harness.compile_check import SMEM_LIMIT as ARCH_SMEM_LIMIT
 from harness.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 LOG2E = 1.4426950408889634
@@ -214,7 +215,7 @@ def dq_store_view(layout):
     return layout
 
 
-SMEM_LIMIT = 227 * 1024       # sm_90: the most dynamic shared memory a CTA may have
+SMEM_LIMIT = ARCH_SMEM_LIMIT[90]   # the most dynamic shared memory a CTA may have
 
 
 def smem_bytes(head_dim: int, opts) -> int:

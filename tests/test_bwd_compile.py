@@ -205,7 +205,7 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
                         Q_LOOP_STAGES=stages),
         arch=90, num_warps=4, num_stages=stages,
         name=f"bwd_main_ws{bm or ''}{' diag' if diag else ''}{' s0' if not stages else ''}"
-             f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if bm == 64 and d == 64 else ''}{'' if dq_sum else ' nosum'} D{d} "
+             f"{' dyn' if dynamic else ''}{f' kv{kv_stages}' if (bm or cfg['BLOCK_M']) == 64 and d == 64 else ''}{'' if dq_sum else ' nosum'} D{d} "
              f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'}")
     return rep, rep.ttgir
 
