@@ -8,8 +8,8 @@ postprocess: same names, same order) whose main kernel is the counterpart of the
 warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
 reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
-one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 (two at
-D = 64 in TLX; here opt-in, `kv2`) and stage dK/dV through smem (`dkvsmem`); they differ
+one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and two at
+D = 64 (TLX `KV_STAGES_M64`, here `kv2`) and stage dK/dV through smem (`dkvsmem`); they differ
 in the dQ path: here dQ = dS K with the query rows as M, reduced by a `reduce_dq` warp
 in 64 x 32 boxes (`dqwide`); TLX forms dQ^T = K^T dS^T with the head dim as M (D / 2 >=
 64, so at D = 64 each TLX consumer forms a full-D partial over its own keys and the last
@@ -101,7 +101,8 @@ POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 
 # A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
-# the default for the call's causality (DEFAULT_OPTS: all five, both causalities), "none",
+# the default (`default_opts`: the five of DEFAULT_OPTS, both causalities, and kv2 where it
+# fits, D = 64), "none",
 # "all" (kv2 included: D = 64 only), or a comma list.
 #   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
@@ -131,7 +132,8 @@ POST_VEC = 8
 #   kv2  K and V in two stages (the TLX twin's KV_STAGES_M64, host ws_kv_stages: two at
 #          D = 64), so the next tile's K/V load overlaps this tile's last steps and store
 #          (one stage: the load waits for the release after the store). D = 64 only
-#          (`kv_stages`: at D = 128 it would need 242 KB of smem, a ValueError). Opt-in.
+#          (`kv_stages`: at D = 128 it would need 242 KB of smem, a ValueError when asked
+#          for; the default leaves it out there).
 # Why each is on: H200, ms of the main kernel (d: do_bench, else GPU kernel time); llm =
 # B8 H16 N8192 D128 bf16, gem = gem-jagged B1152 H4 D128 bf16; without -> with:
 #   dqord     s6   llm 24.48 -> 22.81 (with dqblk; causal 15.68 -> 18.15, cause unknown:
@@ -143,6 +145,8 @@ POST_VEC = 8
 #   dqwide    s11  llm causal d 14.16 -> 12.48 (GPU 13.95 -> 12.96); llm 20.64 -> 20.64
 #   diagmask  s11  with dqwide: llm causal d 12.48 -> 12.25 (alone 14.13); llm 20.64 ->
 #                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
+#   kv2       s19  llm D = 64 B16 H16 2048 d 1.783 -> 1.758 (repeat 1.788), causal
+#                  1.042 -> 1.025 (1.043)
 #   GPU matrix 200/200 (seed 502382232) with all five.
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
 #   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
@@ -248,13 +252,22 @@ def kv_stages(head_dim: int, opts) -> int:
     return ks
 
 
-def bwd_opts(causal: bool, spec=None) -> frozenset:
+def default_opts(causal: bool, head_dim=None) -> frozenset:
+    """The measured default: DEFAULT_OPTS, plus kv2 where its two K/V stages fit in shared
+    memory (D = 64; the TLX twin's ws_kv_stages; head_dim None: without kv2)."""
+    opts = DEFAULT_OPTS[bool(causal)]
+    if head_dim is not None and smem_bytes(head_dim, opts | {"kv2"}) <= SMEM_LIMIT:
+        return opts | {"kv2"}
+    return opts
+
+
+def bwd_opts(causal: bool, spec=None, head_dim=None) -> frozenset:
     """The A/B switches of a call: `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now), or
-    the measured default for `causal` when it is empty."""
+    the measured default for `causal` and `head_dim` when it is empty."""
     spec = os.environ.get(OPTS_ENV, "") if spec is None else spec
     opts = {o.strip() for o in spec.split(",") if o.strip()}
     if not opts:
-        return DEFAULT_OPTS[bool(causal)]
+        return default_opts(causal, head_dim)
     if "all" in opts:
         opts = set(OPTS)
     opts.discard("none")
@@ -1167,8 +1180,8 @@ def compile_postprocess(dtype, options: str = ""):
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = "",
                  opts=None, dynamic=None):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
-    switches (a frozenset, see OPTS; None: bwd_opts(causal), $JAGGED_CUTE_BWD_OPTS or the
-    default). dynamic: tiles from the counter (None: harness.tiles.bwd_dynamic)."""
+    switches (a frozenset, see OPTS; None: bwd_opts(causal, head_dim=head_dim),
+    $JAGGED_CUTE_BWD_OPTS or the default). dynamic: tiles from the counter (None: harness.tiles.bwd_dynamic)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -1189,7 +1202,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
     n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
     sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = bwd_opts(causal) if opts is None else opts
+    opts = bwd_opts(causal, head_dim=head_dim) if opts is None else opts
     dynamic = bwd_dynamic(causal, broadcast_q) if dynamic is None else dynamic
     return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts, dynamic),
                         q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
@@ -1239,7 +1252,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (b) main
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal),
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal, head_dim=D),
               bwd_dynamic(causal, broadcast_q))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles, sched,

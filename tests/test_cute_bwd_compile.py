@@ -141,7 +141,7 @@ def _kv_loads(ptx):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_main_kv2_compiles(tmp_path, causal):
-    """kv2 (opt-in; the TLX twin's KV_STAGES_M64 = 2 at D = 64): K and V in two stages.
+    """kv2 (default at D = 64; the TLX twin's KV_STAGES_M64 = 2): K and V in two stages.
     Against the default build: the K/V TMA loads go to base + (stage << 14) + 1024 (K) and
     + 33792 (V), i.e. K stages at 1024 / 17408, V at 33792 / 50176 (16 KB = BLOCK_N x D x
     2 B a stage; default: K at 1024, V at 17408, no stage term); the K/V expect_tx is still
@@ -172,13 +172,19 @@ def test_bwd_main_kv2_compiles(tmp_path, causal):
 
 
 def test_bwd_opts_parse(monkeypatch):
-    from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts
+    from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts, kv_stages
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
-    assert set(OPTS) == nc | {"kv2"}                 # every switch but kv2 (opt-in) is on
+    assert set(OPTS) == nc | {"kv2"}                 # kv2: by head dim, below
     assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
+    for causal in (False, True):                     # kv2 where it fits: D = 64
+        assert bwd_opts(causal, head_dim=64) == DEFAULT_OPTS[causal] | {"kv2"}
+        assert bwd_opts(causal, head_dim=128) == DEFAULT_OPTS[causal]
+        assert kv_stages(64, bwd_opts(causal, head_dim=64)) == 2
+        assert kv_stages(128, bwd_opts(causal, head_dim=128)) == 1
+    assert bwd_opts(False, "dqord", head_dim=64) == {"dqord"}   # a spec wins
     assert bwd_opts(False, "") == nc and bwd_opts(True, " ") == c
     assert bwd_opts(False, "none") == frozenset()
     assert bwd_opts(True, "all") == set(OPTS)
