@@ -181,15 +181,22 @@ WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_M64 = replace(WS_CONFIG, block_m=64)
 WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128);
-# JAGGED_BWD_WS_NUM_STAGES=0 compiles the Q loop without Triton's pipeliner passes, whose
-# wgmma pass puts a wait 0 after every dot (null at 32-row steps, session 6; at 64-row
-# steps 3 waits of 0 a consumer step remain, not 9; not yet timed: session 10's "null"
-# A/B compiled the same PTX, the loop's own num_stages=1 won until session 18)
+# JAGGED_BWD_WS_NUM_STAGES=0|1 the Q loop's num_stages. At 0 the loop skips Triton's
+# pipeliner passes, whose wgmma pass puts a wait 0 after every dot: 3 waits of 0 a
+# consumer step instead of 9 at 64-row steps, S^T and dP^T in flight together. The
+# default at 64-row steps, D = 128 (WS_Q_LOOP_STAGES_D128): session 19, harness clocks,
+# TFLOP/s 1 -> 0 (repeat of 1): llm B8 H16 8192 498.8 -> 510.3 (499.2), causal 478.7 ->
+# 490.2 (483.3), GQA B4 H32/8 4096 506.9 -> 521.3 (508.9), causal 456.6 -> 468.4 (452.4).
+# D = 64 stays at 1 (do_bench, B16 H16 2048: 1.900 -> 1.938 (1.893) ms, causal 1.105 ->
+# 1.095); 32-row steps too (null there, session 6). Session 10's "null" 64-row A/B
+# compiled the same PTX: the loop's own num_stages=1 won until session 18.
+WS_Q_LOOP_STAGES_D128 = 0
 WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
 WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 # read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
 # whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps); session 10, llm causal:
-# do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default
+# do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default (with
+# the D = 128 Q loop at num_stages=0, session 19's default, causal spills 4 instructions)
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 # the K/V stages of 64-row steps: two at D = 64 (162 KB; against one, session 18, llm
 # B16 H16 2048: 2.07 -> 1.95 ms, causal 1.18 -> 1.15), one at D = 128 (two need 263 KB);
@@ -229,8 +236,8 @@ def ws_dq_sum() -> bool:
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     """The ws kernel's tile: WS_CONFIG_M64 (64-row steps), or WS_CONFIG (32 rows) when the
     mean KV length (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K.
-    WS_BLOCK_M_ENV picks the step, WS_STAGES_ENV the num_stages."""
-    del head_dim  # the same rule at D = 64 and 128
+    WS_BLOCK_M_ENV picks the step, WS_STAGES_ENV the Q loop's num_stages (default: 1, but
+    WS_Q_LOOP_STAGES_D128 at 64-row steps and D = 128)."""
     env = _env_choice(WS_BLOCK_M_ENV, ("32", "64"))
     stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
     if env:
@@ -238,7 +245,11 @@ def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     else:
         short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
         cfg = WS_CONFIG if short else WS_CONFIG_M64
-    return replace(cfg, num_stages=int(stages)) if stages else cfg
+    if stages:
+        return replace(cfg, num_stages=int(stages))
+    if cfg.block_m == 64 and head_dim > 64:
+        return replace(cfg, num_stages=WS_Q_LOOP_STAGES_D128)
+    return cfg
 
 
 def config(head_dim: int) -> dict:
