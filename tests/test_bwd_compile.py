@@ -177,7 +177,7 @@ def ws_signature(dt, d, bm=None):
     bm, bnc = bm or cfg["BLOCK_M"], cfg["BLOCK_N"] // 2
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{ws.dq_cols(d)}]>",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{ws.dq_rows(bm)},{ws.dq_cols(d)}]>",
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr",
                                     "sched_ptr")})
