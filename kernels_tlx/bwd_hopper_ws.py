@@ -1,7 +1,7 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
 tile `ws_config`: 128 keys per tile; 64 query rows per step but for short mean lengths,
-32 there).
+32 there; 128 at D = 64 as an opt-in, below).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
@@ -91,6 +91,27 @@ tile in self-attention): 438 instructions on the other steps, 520 on those; same
 steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Measured in
 session 10 at llm causal: do_bench 12.72 / 12.87 -> 12.37 / 12.52 ms, kernel time flat
 (12.19 / 13.15 -> 12.68 / 12.59): the mask was not the limiter it was predicted to be.
+
+128-row steps at D = 64 (opt-in: JAGGED_BWD_WS_BLOCK_M=128, constexpr M128, compute's
+ROW_SPLIT; D = 128 is refused on the host and by a static_assert; compile-only so far):
+twice the rows a step for the same per-step overhead (barriers, handoffs), and K_c / V_c
+read once per 128 rows by the N = 128 S^T / dP^T wgmmas. M64's changes apply (3 warpgroups,
+240 registers, lse2 / delta staged by the load task, which also reduces dQ); on top:
+  * dQ split by query rows (_step_rows): after the dS^T barrier consumer c forms dQ of rows
+    [64c, 64c + 64) over all 128 keys, sum_c2 dS_c2[rows_c] K_c2, its A operand consumer
+    c2's dS^T tile sliced at those 64 columns (one 128-byte swizzle atom) and read
+    transposed; staged not transposed (16 STS.64 instead of 32 STS), one [64, D] box per
+    consumer a step, reduce-added at row m0 + 64c (no DQ_SUM);
+  * the dots one after the other: S^T, P^T, dV, then dP^T, dS^T, dK, dQ. S^T and dP^T are
+    [64, 128] fp32, 64 registers each, so P^T + dP^T + dK + dV is already 192; issued
+    together as at 64 rows (the exp under the dP^T dot) the consumers spilled 34-75
+    instructions, also with S^T / dP^T accumulated onto -lse / scale and -delta starts.
+    The math is the 64-row step's (same exp2 argument, masks and dS^T = P^T (dP^T - delta)).
+  * one K/V stage (KV_STAGES_M64 ignored; the host refuses JAGGED_BWD_WS_KV_STAGES=2): 195 KB
+    of smem (K/V 32, Q/dO ring 64, dS^T 64, dQ staging 32, lse / delta 2); no DIAG_MASK.
+Compile-only (sm_90a, tests/test_bwd_compile.py): spill-free at 240 registers causal and
+not, packed and broadcast-Q, DYNAMIC on and off, Q_LOOP_STAGES 0 and 1, bf16 and fp16;
+the 64- and 32-row builds compile to the same PTX as without it.
 
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
@@ -265,7 +286,7 @@ def _step_rows(kc, vc, qb, dob, lse_s, delta_s, k_smem, ds_smem, kvb, qcnt, dk, 
     [BNC, 128] here (64 registers each), so the dots run one after the other and P^T, dP^T
     are consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers,
     live at once). Issued together as at 64 rows (the exp under the dP^T dot) the build
-    spilled 27-75 instructions, also with S^T / dP^T started from -lse / scale and -delta."""
+    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta."""
     dt: tl.constexpr = qb.dtype
     RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
     st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
