@@ -179,8 +179,12 @@ def get_config(config) -> Config:
 # 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_M64 = replace(WS_CONFIG, block_m=64)
+# opt-in, D = 64 only (JAGGED_BWD_WS_BLOCK_M=128): 128-row steps, the ws kernel's M128
+# (bwd_hopper_ws.py); compile-only so far
+WS_CONFIG_M128 = replace(WS_CONFIG, block_m=128)
 WS_SHORT_MEAN_K = 64
-# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128);
+# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128),
+# 128 the 128-row step (D = 64 only: a ValueError at D = 128);
 # JAGGED_BWD_WS_NUM_STAGES=0|1 the Q loop's num_stages. At 0 the loop skips Triton's
 # pipeliner passes, whose wgmma pass puts a wait 0 after every dot: 3 waits of 0 a
 # consumer step instead of 9 at 64-row steps, S^T and dP^T in flight together. The
@@ -200,7 +204,8 @@ WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
 WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
 # the K/V stages of 64-row steps: two at D = 64 (162 KB; against one, session 18, llm
 # B16 H16 2048: 2.07 -> 1.95 ms, causal 1.18 -> 1.15), one at D = 128 (two need 263 KB);
-# JAGGED_BWD_WS_KV_STAGES=1|2 overrides it per call (A/B runs; 2 only at D = 64)
+# JAGGED_BWD_WS_KV_STAGES=1|2 overrides it per call (A/B runs; 2 only at D = 64 with
+# 64-row steps: 128-row steps have one, two spilled in causal)
 WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
 # D = 64: each consumer forms a full-D dQ partial over its own keys; the last one adds the
 # others' (from their smem staging), so one box a step is reduce-added instead of NC
@@ -222,10 +227,11 @@ def ws_diag_mask(causal: bool) -> bool:
     return bool(causal) and _env_choice(WS_DIAG_MASK_ENV, ("0", "1")) == "1"
 
 
-def ws_kv_stages(head_dim: int) -> int:
+def ws_kv_stages(head_dim: int, block_m: int = 64) -> int:
     """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV above)."""
-    env = _env_choice(WS_KV_STAGES_ENV, ("1", "2") if head_dim <= 64 else ("1",))
-    return int(env) if env else (2 if head_dim <= 64 else 1)
+    two = head_dim <= 64 and block_m < 128
+    env = _env_choice(WS_KV_STAGES_ENV, ("1", "2") if two else ("1",))
+    return int(env) if env else (2 if two else 1)
 
 
 def ws_dq_sum() -> bool:
@@ -236,12 +242,15 @@ def ws_dq_sum() -> bool:
 def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
     """The ws kernel's tile: WS_CONFIG_M64 (64-row steps), or WS_CONFIG (32 rows) when the
     mean KV length (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K.
-    WS_BLOCK_M_ENV picks the step, WS_STAGES_ENV the Q loop's num_stages (default: 1, but
-    WS_Q_LOOP_STAGES_D128 at 64-row steps and D = 128)."""
-    env = _env_choice(WS_BLOCK_M_ENV, ("32", "64"))
+    WS_BLOCK_M_ENV picks the step (128: WS_CONFIG_M128, D = 64 only), WS_STAGES_ENV the
+    Q loop's num_stages (default: 1, but WS_Q_LOOP_STAGES_D128 at 64-row steps and
+    D = 128)."""
+    env = _env_choice(WS_BLOCK_M_ENV, ("32", "64", "128"))
     stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
+    if env == "128" and head_dim != 64:
+        raise ValueError(f"{WS_BLOCK_M_ENV}=128 is built for head dim 64 only, got {head_dim}")
     if env:
-        cfg = WS_CONFIG if env == "32" else WS_CONFIG_M64
+        cfg = {"32": WS_CONFIG, "64": WS_CONFIG_M64, "128": WS_CONFIG_M128}[env]
     else:
         short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
         cfg = WS_CONFIG if short else WS_CONFIG_M64
@@ -566,16 +575,16 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     q_desc = _desc(q, BM, D)
     do_desc = _desc(dout, BM, D)
     if impl == "ws":
-        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws, dq_cols
+        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws, dq_cols, dq_rows
         kv_rows = BN // NUM_CONSUMERS.value
-        dq_desc = _desc(dq_acc, BM, D, cols=dq_cols(D))  # a consumer's columns
+        dq_desc = _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D))  # a consumer's box
         fast(_bwd_main_ws)[(grid_main,)](
             q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
             dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles, sched,
             float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
             H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
             BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D),
+            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D, BM),
             DQ_SUM=ws_dq_sum(), Q_LOOP_STAGES=cfg.num_stages, num_warps=4,
             num_stages=cfg.num_stages)
     else:

@@ -1,7 +1,7 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
 tile `ws_config`: 128 keys per tile; 64 query rows per step but for short mean lengths,
-32 there).
+32 there; 128 at D = 64 as an opt-in, below).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
@@ -45,11 +45,10 @@ flight, but with this Triton the pipeliner's wgmma pass (asyncLaunchDots; it run
 loops at num_stages=1 too) puts a wgmma wait 0 right after every dot of the Q-block loop
 (none is a pure loop-carried accumulator, and the loop arrives on barriers), so
 the five dots of a Q block run one after the other. A loop at num_stages=0 (which that
-pass skips) was no faster on the H200 at 32-row steps (llm-dense: within noise, causal
-1.5 % slower), so the loop stays at num_stages=1. At 64-row steps it has never been
-timed: session 10's A/B set the launch's num_stages, which the loop's own overrode (the
-PTX was identical; found in session 18). Q_LOOP_STAGES=0 (JAGGED_BWD_WS_NUM_STAGES=0)
-now reaches the loop: 3 wgmma waits of 0 a consumer step instead of 9, spill-free.
+pass skips; Q_LOOP_STAGES, host ws_config) keeps 3 wgmma waits of 0 a consumer step
+instead of 9, spill-free. It is the default at 64-row steps and D = 128: +2..+3 % TFLOP/s
+at llm-dense and gem 2048 (session 19, harness clocks). At D = 64 it lost (+2 % time,
+session 19) and at 32-row steps it was within noise (session 6), so those keep 1.
 
 LSE / delta one Q block ahead: each step's 2 x 8 values a thread (16 masked LDG) are
 loaded during the previous step (step 0's before the Q loop) and carried in the S^T
@@ -92,6 +91,27 @@ steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Measured 
 session 10 at llm causal: do_bench 12.72 / 12.87 -> 12.37 / 12.52 ms, kernel time flat
 (12.19 / 13.15 -> 12.68 / 12.59): the mask was not the limiter it was predicted to be.
 
+128-row steps at D = 64 (opt-in: JAGGED_BWD_WS_BLOCK_M=128, constexpr M128, compute's
+ROW_SPLIT; D = 128 is refused on the host and by a static_assert; compile-only so far):
+twice the rows a step for the same per-step overhead (barriers, handoffs), and K_c / V_c
+read once per 128 rows by the N = 128 S^T / dP^T wgmmas. M64's changes apply (3 warpgroups,
+240 registers, lse2 / delta staged by the load task, which also reduces dQ); on top:
+  * dQ split by query rows (_step_rows): after the dS^T barrier consumer c forms dQ of rows
+    [64c, 64c + 64) over all 128 keys, sum_c2 dS_c2[rows_c] K_c2, its A operand consumer
+    c2's dS^T tile sliced at those 64 columns (one 128-byte swizzle atom) and read
+    transposed; staged not transposed (16 STS.64 instead of 32 STS), one [64, D] box per
+    consumer a step, reduce-added at row m0 + 64c (no DQ_SUM);
+  * the dots one after the other: S^T, P^T, dV, then dP^T, dS^T, dK, dQ. S^T and dP^T are
+    [64, 128] fp32, 64 registers each, so P^T + dP^T + dK + dV is already 192; issued
+    together as at 64 rows (the exp under the dP^T dot) the consumers spilled 34-75
+    instructions, also with S^T / dP^T accumulated onto -lse / scale and -delta starts.
+    The math is the 64-row step's (same exp2 argument, masks and dS^T = P^T (dP^T - delta)).
+  * one K/V stage (KV_STAGES_M64 ignored; the host refuses JAGGED_BWD_WS_KV_STAGES=2): 195 KB
+    of smem (K/V 32, Q/dO ring 64, dS^T 64, dQ staging 32, lse / delta 2); no DIAG_MASK.
+Compile-only (sm_90a, tests/test_bwd_compile.py): spill-free at 240 registers causal and
+not, packed and broadcast-Q, DYNAMIC on and off, Q_LOOP_STAGES 0 and 1, bf16 and fp16;
+the 64- and 32-row builds compile to the same PTX as without it.
+
 Determinism: the same as the plain kernel (bulk reduce-adds from several programs into
 one dQ row are unordered in the packed modes; broadcast-Q slots are per program).
 """
@@ -118,6 +138,11 @@ def dq_cols(head_dim: int) -> int:
     """dQ columns per consumer (the DQ_COLS constexpr and the dQ TMA box width)."""
     half = head_dim // NUM_CONSUMERS.value
     return half if half >= 64 else head_dim
+
+
+def dq_rows(block_m: int) -> int:
+    """dQ rows per consumer (the dQ TMA box height): 128-row steps split the rows."""
+    return block_m // NUM_CONSUMERS.value if block_m >= 128 else block_m
 
 
 @triton.jit
@@ -156,7 +181,8 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
          lse_smem=None, delta_smem=None,
          dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
          REDUCE_DQ: tl.constexpr = False, sched_ptr=None, tile_full=None,
-         tile_empty=None, DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False):
+         tile_empty=None, DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False,
+         DQ_ROWS: tl.constexpr = 0):
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
@@ -225,7 +251,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
                     _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                                 D, NC, DQ_COLS, DQ_SUM)
+                                 D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
                 dq_row = (slot_row + q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
@@ -237,7 +263,7 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
             _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                         D, NC, DQ_COLS, DQ_SUM)
+                         D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
 
 
 @triton.jit
@@ -247,6 +273,52 @@ def causal_cut(nc0, m0, off, BNC: tl.constexpr):
     first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past len_k get
     the key-length mask on every step. Plain arithmetic: also callable from Python (tests)."""
     return nc0 + BNC - 1 > m0 + off
+
+
+@triton.jit
+def _step_rows(kc, vc, qb, dob, lse_s, delta_s, k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n,
+               offs_m, len_k, len_q, qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BNC: tl.constexpr, NC: tl.constexpr, cid: tl.constexpr):
+    """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
+    dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
+    transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
+    [BNC, 128] here (64 registers each), so the dots run one after the other and P^T, dP^T
+    are consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers,
+    live at once). Issued together as at 64 rows (the exp under the dP^T dot) the build
+    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta."""
+    dt: tl.constexpr = qb.dtype
+    RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
+    st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
+    st = tlx.async_dot_wait(0, st)
+    pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(lse_s)[None, :])
+    keep = (offs_n < len_k)[:, None]
+    if CAUSAL:
+        keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
+    pt = tl.where(keep, pt, 0.0)
+    dv = tlx.async_dot(pt.to(dt), dob, dv)                           # dV_c += P^T dO
+    dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
+    dpt = tlx.async_dot(vc, tlx.local_trans(dob))                    # dP^T = V_c dO^T
+    dpt = tlx.async_dot_wait(0, dpt)
+    dst = (pt * (dpt - tlx.local_load(delta_s)[None, :])).to(dt)
+    dk = tlx.async_dot(dst, qb, dk)                                  # dK_c += dS^T Q
+    # dQ of this consumer's RC query rows over all BLOCK_N keys, split by rows (no
+    # DQ_SUM): dQ[rows_c] = sum_c2 dS_c2[rows_c] K_c2, A = consumer c2's dS^T columns
+    # rows_c read transposed from smem (a whole 128-byte swizzle atom of its rows)
+    sb = (qcnt % 2) * NC  # dS^T double-buffered by step parity, as in compute
+    tlx.local_store(ds_smem[sb + cid], dst)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(DS_BARRIER, NC * 128)
+    dq = tlx.async_dot(_ds_rows(ds_smem, sb, cid, BNC, RC), k_smem[kvb * NC])
+    for c2 in tl.static_range(1, NC):
+        dq = tlx.async_dot(_ds_rows(ds_smem, sb + c2, cid, BNC, RC), k_smem[kvb * NC + c2], dq)
+    dq = tlx.async_dot_wait(0, dq)
+    return dk, dv, dq
+
+
+@triton.jit
+def _ds_rows(ds_smem, idx, cid: tl.constexpr, BNC: tl.constexpr, RC: tl.constexpr):
+    """dS (query rows x keys) of consumer cid's RC rows, from the dS^T tile ds_smem[idx]."""
+    return tlx.local_trans(tlx.local_slice(ds_smem[idx], [0, cid * RC], [BNC, RC]))
 
 
 @triton.jit
@@ -261,7 +333,8 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             lse_smem=None, delta_smem=None, DIAG_MASK: tl.constexpr = False,
             sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False,
-            DQ_SUM: tl.constexpr = False, Q_LOOP_STAGES: tl.constexpr = 1):
+            DQ_SUM: tl.constexpr = False, Q_LOOP_STAGES: tl.constexpr = 1,
+            ROW_SPLIT: tl.constexpr = False):
     # cid comes in as an argument: a jit helper is traced once per signature, so
     # async_task_replica_id() read here gave both replicas cid = 0 (dq_full[1] never
     # arrived: the session 3-5 hang)
@@ -315,68 +388,75 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 kvq = _opaque(kvb)
                 kc = k_smem[kvq * NC + cid]
                 vc = v_smem[kvq * NC + cid]
-            # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
-            st = tlx.async_dot(kc, tlx.local_trans(qb))
-            dpt = tlx.async_dot(vc, tlx.local_trans(dob))
-            # The next step's LSE / delta, in flight under the rest of this step. Next
-            # step: the next Q block of head h, or block 0 of head h + 1; at the last step
-            # the index stays on this step's block (an in-bounds address) and the mask is
-            # all false, so nothing is read. Each load comes after this step's last use of
-            # the value it replaces (LSE: lse2, delta: dS^T), so ptxas keeps one set of
-            # registers per value, no copies; it issues the LSE loads just before the dK
-            # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
-            # delta loads about as early.
-            if lse_smem is None:
-                more = j + 1 < G * n_m
-                wrap = jm == n_m - 1
-                h_nx = tl.where(more & wrap, h + 1, h)
-                m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
-                offs_nx = m0_nx + tl.arange(0, BLOCK_M)
-                rmask_nx = (offs_nx < len_q) & more
-                off_nx = h_nx * stride_lse_h + o_start + offs_nx
-                lse2 = lse_log2(lse)
-                lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
-            st = tlx.async_dot_wait(1, st)
-            if lse_smem is not None:  # read at use: no registers held across the step
-                lse2 = tlx.local_load(lse_smem[buf])
-            pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-            keep = (offs_n < len_k)[:, None]
-            if CAUSAL:
-                if not DIAG_MASK:
-                    keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
-            pt = tl.where(keep, pt, 0.0)
-            if DIAG_MASK:  # causal bound only where it cuts this step's block (diagonal steps)
-                if causal_cut(nc0, m0, len_k - len_q, BNC):
-                    pt = tl.where(offs_n[:, None] <= offs_m[None, :] + (len_k - len_q), pt, 0.0)
-            lp = pt.to(dk_ptr.dtype.element_ty)
-            dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
-            dpt = tlx.async_dot_wait(1, dpt)
-            if lse_smem is not None:
-                delta = tlx.local_load(delta_smem[buf])
-            dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
-            if lse_smem is None:
-                delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
-            sb = (qcnt % 2) * NC
-            dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
-            # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
-            # buffered by Q-block parity). At D >= 128 the consumers meet, then each
-            # forms its DQ_COLS columns over all BLOCK_N keys:
-            #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
-            # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
-            # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
-            tlx.local_store(ds_smem[sb + cid], dst)
-            tlx.fence_async_shared()
-            if DQ_COLS < D:
-                tlx.named_barrier_wait(DS_BARRIER, NC * 128)
-                dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
-                for c2 in tl.static_range(NC):
-                    kt = tlx.local_trans(tlx.local_slice(k_smem[kvb * NC + c2],
-                                                         [0, cid * DQ_COLS],
-                                                         [BNC, DQ_COLS]))
-                    dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
+            if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
+                dk, dv, dqt = _step_rows(kc, vc, qb, dob, lse_smem[buf], delta_smem[buf],
+                                         k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n, offs_m,
+                                         len_k, len_q, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
+                                         cid)
             else:
-                dqt = tlx.async_dot(tlx.local_trans(kc), ds_smem[sb + cid])
-            dqt = tlx.async_dot_wait(0, dqt)
+                # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
+                st = tlx.async_dot(kc, tlx.local_trans(qb))
+                dpt = tlx.async_dot(vc, tlx.local_trans(dob))
+                # The next step's LSE / delta, in flight under the rest of this step. Next
+                # step: the next Q block of head h, or block 0 of head h + 1; at the last step
+                # the index stays on this step's block (an in-bounds address) and the mask is
+                # all false, so nothing is read. Each load comes after this step's last use of
+                # the value it replaces (LSE: lse2, delta: dS^T), so ptxas keeps one set of
+                # registers per value, no copies; it issues the LSE loads just before the dK
+                # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
+                # delta loads about as early.
+                if lse_smem is None:
+                    more = j + 1 < G * n_m
+                    wrap = jm == n_m - 1
+                    h_nx = tl.where(more & wrap, h + 1, h)
+                    m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
+                    offs_nx = m0_nx + tl.arange(0, BLOCK_M)
+                    rmask_nx = (offs_nx < len_q) & more
+                    off_nx = h_nx * stride_lse_h + o_start + offs_nx
+                    lse2 = lse_log2(lse)
+                    lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
+                st = tlx.async_dot_wait(1, st)
+                if lse_smem is not None:  # read at use: no registers held across the step
+                    lse2 = tlx.local_load(lse_smem[buf])
+                pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+                keep = (offs_n < len_k)[:, None]
+                if CAUSAL:
+                    if not DIAG_MASK:
+                        keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
+                pt = tl.where(keep, pt, 0.0)
+                if DIAG_MASK:  # causal bound only where it cuts this step's block (diagonal steps)
+                    if causal_cut(nc0, m0, len_k - len_q, BNC):
+                        pt = tl.where(offs_n[:, None] <= offs_m[None, :] + (len_k - len_q),
+                                      pt, 0.0)
+                lp = pt.to(dk_ptr.dtype.element_ty)
+                dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
+                dpt = tlx.async_dot_wait(1, dpt)
+                if lse_smem is not None:
+                    delta = tlx.local_load(delta_smem[buf])
+                dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
+                if lse_smem is None:
+                    delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
+                sb = (qcnt % 2) * NC
+                dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
+                # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
+                # buffered by Q-block parity). At D >= 128 the consumers meet, then each
+                # forms its DQ_COLS columns over all BLOCK_N keys:
+                #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
+                # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
+                # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
+                tlx.local_store(ds_smem[sb + cid], dst)
+                tlx.fence_async_shared()
+                if DQ_COLS < D:
+                    tlx.named_barrier_wait(DS_BARRIER, NC * 128)
+                    dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
+                    for c2 in tl.static_range(NC):
+                        kt = tlx.local_trans(tlx.local_slice(k_smem[kvb * NC + c2],
+                                                             [0, cid * DQ_COLS],
+                                                             [BNC, DQ_COLS]))
+                        dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
+                else:
+                    dqt = tlx.async_dot(tlx.local_trans(kc), ds_smem[sb + cid])
+                dqt = tlx.async_dot_wait(0, dqt)
             dv = tlx.async_dot_wait(0, dv)
             dk = tlx.async_dot_wait(0, dk)
             tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
@@ -392,7 +472,10 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
             # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
             # for the last consumer, above)
             tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
-            tlx.local_store(tlx.local_trans(dqc), dqt)
+            if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
+                tlx.local_store(dqc, dqt)
+            else:
+                tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
             tlx.barrier_arrive(dq_full[cid], 1)
             qcnt += 1
@@ -471,15 +554,20 @@ def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
 @triton.jit
 def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
                  D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
-                 DQ_SUM: tl.constexpr = False):
+                 DQ_SUM: tl.constexpr = False, DQ_ROWS: tl.constexpr = 0):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
-    last consumer's box holds the sum of all (compute), the only one added."""
+    last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
+    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
-        tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
+        if DQ_ROWS:
+            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row + c * DQ_ROWS, col],
+                                       store_reduce="add")
+        else:
+            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
     # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
     tlx.async_descriptor_store_wait(0)
     for c in tl.static_range(C0, NC):
@@ -508,21 +596,26 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # staged in smem per Q stage by the load task instead of 2 x 16 registers carried a
     # step ahead in each consumer
     M64: tl.constexpr = BLOCK_M >= 64
-    NKV: tl.constexpr = KV_STAGES_M64 if M64 else NUM_BUF_KV
+    # 128-row steps (opt-in, D = 64 only; M64's changes apply too): the consumers split
+    # dQ by query rows (ROW_SPLIT in compute), one K/V stage (two spilled in causal)
+    M128: tl.constexpr = BLOCK_M >= 128
+    tl.static_assert(D == 64 or not M128, "128-row steps are built for D = 64 only")
+    NKV: tl.constexpr = 1 if M128 else (KV_STAGES_M64 if M64 else NUM_BUF_KV)
     # and no reduce_dq warp: the load task reduces dQ, so the kernel is 3 warpgroups (384
     # threads) and the consumers get 240 registers (128 x 24 + 256 x 240 <= 65,536)
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: as before, the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
-    DQS: tl.constexpr = DQ_SUM and DQ_COLS == D  # each consumer forms all D columns
+    DQS: tl.constexpr = DQ_SUM and DQ_COLS == D and not M128  # each forms all D columns
+    DQ_ROWS: tl.constexpr = BLOCK_M // NC if M128 else 0  # M128: a consumer's dQ box rows
     # shared memory: K/V halves (NUM_BUF_KV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
-    # dQ column-half staging per consumer
+    # dQ column-half (M128: row-half) staging per consumer
     k_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)  # [stage * NC + consumer]
     v_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)
     q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
     ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
-    dq_smem = tlx.local_alloc((BLOCK_M, DQ_COLS), tl.float32, NC)
+    dq_smem = tlx.local_alloc((DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC)
     if M64:
         lse_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)  # with the Q/dO ring
         delta_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)
@@ -547,7 +640,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                  H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
                  NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
                  dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64,
-                 sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
+                 sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, DQ_ROWS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
@@ -556,8 +649,8 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                     tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
                     scale, stride_k_tok, stride_k_h, stride_lse_h,
                     H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
-                    NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64,
-                    sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, Q_LOOP_STAGES)
+                    NKV, lse_smem, delta_smem, DIAG_MASK and CAUSAL and M64 and not M128,
+                    sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, Q_LOOP_STAGES, M128)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,

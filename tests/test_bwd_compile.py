@@ -177,7 +177,7 @@ def ws_signature(dt, d, bm=None):
     bm, bnc = bm or cfg["BLOCK_M"], cfg["BLOCK_N"] // 2
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{bm},{ws.dq_cols(d)}]>",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_desc": f"tensordesc<fp32[{ws.dq_rows(bm)},{ws.dq_cols(d)}]>",
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr", "n_tiles_ptr",
                                     "sched_ptr")})
@@ -197,7 +197,7 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     dynamic = bwd_dynamic(causal, bq) if dynamic is None else dynamic
-    kv_stages = kv_stages or bw.ws_kv_stages(d)
+    kv_stages = kv_stages or bw.ws_kv_stages(d, bm or cfg["BLOCK_M"])
     if stages is None:
         stages = bw.ws_config(d, mean_k=None if (bm or 64) == 64 else 0).num_stages
     rep = compile_kernel(
@@ -397,3 +397,57 @@ def test_ws_causal_cut_keeps_the_mask(bm):
     n_wg = ws.NUM_CONSUMERS.value
     assert_cut_keeps_the_mask(lambda nc0, m0, off: cut_fn(nc0, m0, off, 128 // n_wg), bm,
                               128, n_wg)
+
+
+# ---- 128-row steps at D = 64 (opt-in, JAGGED_BWD_WS_BLOCK_M=128)
+M128_CASES = [(c, bq, None, 1, "bf16") for c in (False, True) for bq in (False, True)]
+M128_CASES += [(True, False, False, 1, "bf16"),   # causal packed from the static list
+               (False, False, None, 0, "bf16"),   # JAGGED_BWD_WS_NUM_STAGES=0
+               (True, False, None, 0, "bf16"),
+               (True, False, None, 1, "fp16")]
+
+
+@pytest.mark.parametrize("causal,bq,dynamic,stages,dt", M128_CASES,
+                         ids=["-".join(map(str, c)) for c in M128_CASES])
+def test_ws_m128_compiles(causal, bq, dynamic, stages, dt):
+    """128-row steps at D = 64: 195 KB with one K/V stage, spill-free at 240 registers in
+    every mode; the dQ rows split between the consumers, so each reduce-adds its own box
+    (two boxes at each of the load task's two reduce sites, no DQ_SUM)."""
+    rep, ttgir = compile_ws(64, causal, bq, dt, bm=128, dynamic=dynamic, stages=stages)
+    print(rep.row())
+    assert rep.has_mma and 240 in rep.setmaxnreg, rep.setmaxnreg
+    assert rep.fits() and not rep.spills, rep.row()
+    assert "num_warps(1)" not in ttgir, "a reduce_dq warp partition: not 384 threads"
+    assert rep.ptx.count("cp.reduce.async.bulk") == 4
+    # S^T / dP^T at 128 rows: N = 128 wgmmas (m64n128k16)
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in rep.ptx
+
+
+def test_ws_m128_config(monkeypatch):
+    """JAGGED_BWD_WS_BLOCK_M=128 selects 128-row steps at D = 64 only; they have one K/V
+    stage (JAGGED_BWD_WS_KV_STAGES=2 is refused there)."""
+    monkeypatch.delenv(bw.WS_KV_STAGES_ENV, raising=False)
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "128")
+    assert bw.ws_config(64).block_m == 128 and bw.ws_config(64, mean_k=1.0).block_m == 128
+    assert bw.config(64)["BLOCK_M"] == 128 and bw.config(64)["BLOCK_N"] == 128
+    with pytest.raises(ValueError, match="head dim 64"):
+        bw.ws_config(128)
+    assert bw.ws_kv_stages(64, 128) == 1 and bw.ws_kv_stages(64, 64) == 2
+    monkeypatch.setenv(bw.WS_KV_STAGES_ENV, "2")
+    with pytest.raises(ValueError):
+        bw.ws_kv_stages(64, 128)
+    from kernels_tlx import bwd_hopper_ws as ws
+    assert ws.dq_rows(128) == 64 and ws.dq_rows(64) == 64 and ws.dq_rows(32) == 32
+
+
+def test_ws_m128_refused_at_d128(monkeypatch):
+    """backward(impl="ws") at D = 128 under JAGGED_BWD_WS_BLOCK_M=128: a ValueError on the
+    host, before any kernel runs (CPU tensors suffice)."""
+    import torch
+    monkeypatch.setenv(bw.WS_BLOCK_M_ENV, "128")
+    n, H, D = 8, 2, 128
+    q, k, v, out, dout = (torch.zeros(n, H, D, dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.zeros(H, n)
+    cu = torch.tensor([0, n], dtype=torch.int32)
+    with pytest.raises(ValueError, match="head dim 64"):
+        bw.backward(dout, q, k, v, out, lse, cu, cu, n, n, False, D ** -0.5, False, impl="ws")
