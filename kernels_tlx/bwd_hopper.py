@@ -179,8 +179,9 @@ def get_config(config) -> Config:
 # 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
 WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
 WS_CONFIG_M64 = replace(WS_CONFIG, block_m=64)
-# opt-in, D = 64 only (JAGGED_BWD_WS_BLOCK_M=128): 128-row steps, the ws kernel's M128
-# (bwd_hopper_ws.py); compile-only so far
+# D = 64 only: 128-row steps, the ws kernel's M128 (bwd_hopper_ws.py), the default there
+# past WS_SHORT_MEAN_K since session 20 (llm B16 H16 2048, do_bench against 64-row steps:
+# 1.904 -> 1.608 ms, -15.6 %; causal 1.125 -> 1.019, -9.4 %)
 WS_CONFIG_M128 = replace(WS_CONFIG, block_m=128)
 WS_SHORT_MEAN_K = 64
 # read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128),
@@ -253,7 +254,7 @@ def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
         cfg = {"32": WS_CONFIG, "64": WS_CONFIG_M64, "128": WS_CONFIG_M128}[env]
     else:
         short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
-        cfg = WS_CONFIG if short else WS_CONFIG_M64
+        cfg = WS_CONFIG if short else WS_CONFIG_M128 if head_dim == 64 else WS_CONFIG_M64
     if stages:
         return replace(cfg, num_stages=int(stages))
     if cfg.block_m == 64 and head_dim > 64:
