@@ -71,8 +71,6 @@ class Config:
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
                                 # non-causal tile runs one masked softmax, not two (with
                                 # overlap)
-    skip_empty: bool = True     # a consumer whose rows all lie past the sequence end
-                                # runs no math (follow_kv): a jagged tile's padding
     head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
                                 # blocks per head chunk, session 5); compiled in
     # deleted, session 11: where_mask, wg_store (their winners are the only paths now)
@@ -147,7 +145,6 @@ def _kernel_class():
             self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
             self.mask_first = cfg.mask_first and cfg.overlap
             self.head_chunk = cfg.head_chunk
-            self.skip_empty = cfg.skip_empty
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -369,37 +366,34 @@ def _kernel_class():
                 acc_O.fill(0.0)
                 pipeline_q.consumer_wait(q_state)
                 mma_t = mma[:3] + (tSrQ[None, None, None, q_state.index],) + mma[4:]
-                if const_expr(self.skip_empty) and m0 + wg * SPLIT_M >= len_q:
-                    kv_state = self.follow_kv(n_end, mma_t, kv_state)
-                else:
-                    if n_end > 0:
-                        if const_expr(self.overlap):
-                            # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
-                            # and runs the softmax of S_n under the PV wgmma
-                            first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end,
-                                                                          self.mask_first)
-                            # unmasked when the bulk covers block 0 (mask_first: always masked)
-                            if const_expr(not self.mask_first) and n_bulk > 0:
-                                self.first_qk(False, first, geom, mma_t, kv_state)
-                            else:
-                                self.first_qk(True, first, geom, mma_t, kv_state)
-                            for n in cutlass.range(bulk_lo, bulk_end, unroll=1):          # bulk
-                                kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
-                            # non-causal under mask_first the first step took the one
-                            # masked block: no tail, and no code for it
-                            if const_expr(self.causal or not self.mask_first):
-                                for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
-                                                       unroll=1):                          # tail
-                                    kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
-                            kv_state = self.last_pv(mma_t, kv_state)
+                if n_end > 0:
+                    if const_expr(self.overlap):
+                        # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
+                        # and runs the softmax of S_n under the PV wgmma
+                        first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end,
+                                                                      self.mask_first)
+                        # unmasked when the bulk covers block 0 (mask_first: always masked)
+                        if const_expr(not self.mask_first) and n_bulk > 0:
+                            self.first_qk(False, first, geom, mma_t, kv_state)
                         else:
-                            for n in cutlass.range(n_bulk, unroll=1):             # bulk
-                                kv_state = self.kv_step_serial(n, False, geom, mma_t, kv_state)
-                            for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
-                                kv_state = self.kv_step_serial(n, True, geom, mma_t, kv_state)
-                    self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
-                               sO[None, None, q_state.index], tScS, tiled_mma_pv,
-                               store_tiled_copy_O, tidx, h, m0, out_start, len_q)
+                            self.first_qk(True, first, geom, mma_t, kv_state)
+                        for n in cutlass.range(bulk_lo, bulk_end, unroll=1):          # bulk
+                            kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
+                        # non-causal under mask_first the first step took the one
+                        # masked block: no tail, and no code for it
+                        if const_expr(self.causal or not self.mask_first):
+                            for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
+                                                   unroll=1):                          # tail
+                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
+                        kv_state = self.last_pv(mma_t, kv_state)
+                    else:
+                        for n in cutlass.range(n_bulk, unroll=1):             # bulk
+                            kv_state = self.kv_step_serial(n, False, geom, mma_t, kv_state)
+                        for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
+                            kv_state = self.kv_step_serial(n, True, geom, mma_t, kv_state)
+                self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
+                           sO[None, None, q_state.index], tScS, tiled_mma_pv,
+                           store_tiled_copy_O, tidx, h, m0, out_start, len_q)
                 # the slot is free once this warp's reads of O are done; order our generic
                 # smem accesses before the next TMA write into it
                 cute.arch.fence_view_async_shared()
@@ -479,7 +473,13 @@ def _kernel_class():
             pipeline_v.consumer_wait(v_state)
             wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
                   zero_init=False, wait=-1)
-            self.hand_over(wg)
+            # hand the turn to the next consumer in the ring (each turn barrier joins two
+            # warpgroups: the waiter and its predecessor); 1 - wg at 2: no signed modulo
+            if const_expr(self.num_mma_wg == 2):
+                next_wg = 1 - wg
+            else:
+                next_wg = (wg + 1) % self.num_mma_wg
+            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + next_wg, number_of_threads=256)
             warpgroup.wait_group(1)
             pipeline_k.consumer_release(kv_state)
             if const_expr(masked):
@@ -489,45 +489,6 @@ def _kernel_class():
             pipeline_v.consumer_release(v_state)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             self.rescale(acc_O, row_scale)
-            return kv_state
-
-        @cute.jit
-        def hand_over(self, wg):
-            """Let the next consumer in the ring issue its wgmmas (each turn barrier joins
-            two warpgroups: the waiter and its predecessor); 1 - wg at 2: no signed modulo."""
-            if const_expr(self.num_mma_wg == 2):
-                next_wg = 1 - wg
-            else:
-                next_wg = (wg + 1) % self.num_mma_wg
-            cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + next_wg, number_of_threads=256)
-
-        @cute.jit
-        def follow_step(self, turn: cutlass.Constexpr, mma, kv_state):
-            """One block of follow_kv: K and V waited for and released; with `turn`, the
-            issue turn a kv_step takes is taken and handed on."""
-            pipeline_k, pipeline_v, wg = mma[12], mma[13], mma[14]
-            pipeline_k.consumer_wait(kv_state)
-            if const_expr(turn):
-                cute.arch.barrier(barrier_id=SCHED_BARRIER + wg, number_of_threads=256)
-                self.hand_over(wg)
-            pipeline_k.consumer_release(kv_state)
-            pipeline_v.consumer_wait(kv_state)
-            pipeline_v.consumer_release(kv_state)
-            kv_state.advance()
-            return kv_state
-
-        @cute.jit
-        def follow_kv(self, n_end, mma, kv_state):
-            """compute's place-keeper for a consumer whose 64 rows all lie past the sequence
-            end (the last query block of a short or ragged sequence): no wgmma, no softmax,
-            no store, but the same K/V releases and issue turns as the KV loop (first_qk
-            takes none, each kv_step one), so the other consumers and the producer see one
-            protocol. A release waits for its block's arrival: an early arrive would count
-            toward the slot's previous phase."""
-            if n_end > 0:
-                kv_state = self.follow_step(False, mma, kv_state)
-                for n in cutlass.range(1, n_end, unroll=1):
-                    kv_state = self.follow_step(self.overlap, mma, kv_state)
             return kv_state
 
         @cute.jit

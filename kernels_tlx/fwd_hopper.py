@@ -59,8 +59,6 @@ class Config:
                                 # outside Triton's pipeliner), as the CuteDSL twin's
     mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
                                 # non-causal tile runs one masked softmax, not two
-    skip_empty: bool = True     # a consumer whose rows all lie past the sequence end
-                                # runs no math (follow_kv): a jagged tile's padding
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
@@ -308,26 +306,6 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
 
 
 @triton.jit
-def follow_kv(k_fulls, k_empties, v_fulls, v_empties, kv_cnt, n_end, cid: tl.constexpr,
-              NUM_CONSUMERS: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):
-    """compute's place-keeper for a consumer whose 64 rows all lie past the sequence end
-    (the last query block of a short or ragged sequence): no wgmma, no softmax, no store,
-    but the same K/V releases and issue turns as compute, so the other consumers and the
-    producer see one protocol. A release waits for its block's arrival: an early arrive
-    would count toward the slot's previous phase."""
-    for j in range(0, n_end):
-        kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
-        tlx.barrier_wait(k_fulls[kb], kph)
-        tlx.named_barrier_wait(PINGPONG_BAR + cid, 256)
-        _hand_over(cid, NUM_CONSUMERS)
-        tlx.barrier_arrive(k_empties[kb], 1)
-        tlx.barrier_wait(v_fulls[kb], kph)
-        tlx.barrier_arrive(v_empties[kb], 1)
-        kv_cnt += 1
-    return kv_cnt
-
-
-@triton.jit
 def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
           HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
@@ -357,8 +335,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               SKIP_EMPTY: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
@@ -392,17 +369,12 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
                 tlx.barrier_wait(q_fulls[slot], qph)
-                if SKIP_EMPTY and m0 + cid * SPLIT_M >= len_q:
-                    kv_cnt = follow_kv(k_fulls, k_empties, v_fulls, v_empties, kv_cnt, n_end,
-                                       cid, NUM_CONSUMERS, NUM_BUFFERS_KV)
-                else:
-                    acc, m_i, l_i, kv_cnt = compute(
-                        q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
-                        kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid,
-                        NUM_CONSUMERS, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP,
-                        MASK_FIRST)
-                    store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                          m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
+                acc, m_i, l_i, kv_cnt = compute(
+                    q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
+                    kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, NUM_CONSUMERS,
+                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
+                store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
+                      m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(q_empties[slot], 1)
                 i += 1
@@ -426,7 +398,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, SKIP_EMPTY=cfg.skip_empty)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
