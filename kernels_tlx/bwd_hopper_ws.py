@@ -1,7 +1,7 @@
 """Warp-specialized TLX main kernel of the Hopper backward (see bwd_hopper.py for the
 preprocess / postprocess, the schedule and the host wrapper; `backward(..., impl="ws")`,
 tile `ws_config`: 128 keys per tile; 64 query rows per step but for short mean lengths,
-32 there; 128 at D = 64 as an opt-in, below).
+32 there; 128 at D = 64 since session 20, below).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
 plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
@@ -91,8 +91,10 @@ steps it is off (D = 128 broadcast-Q spilled 16 instructions with it). Measured 
 session 10 at llm causal: do_bench 12.72 / 12.87 -> 12.37 / 12.52 ms, kernel time flat
 (12.19 / 13.15 -> 12.68 / 12.59): the mask was not the limiter it was predicted to be.
 
-128-row steps at D = 64 (opt-in: JAGGED_BWD_WS_BLOCK_M=128, constexpr M128, compute's
-ROW_SPLIT; D = 128 is refused on the host and by a static_assert; compile-only so far):
+128-row steps at D = 64 (the default there since session 20: llm B16 H16 2048 1.904 ->
+1.608 ms, causal 1.125 -> 1.019; constexpr M128, compute's ROW_SPLIT;
+JAGGED_BWD_WS_BLOCK_M=64 for the old step; D = 128 is refused on the host and by a
+static_assert):
 twice the rows a step for the same per-step overhead (barriers, handoffs), and K_c / V_c
 read once per 128 rows by the N = 128 S^T / dP^T wgmmas. M64's changes apply (3 warpgroups,
 240 registers, lse2 / delta staged by the load task, which also reduces dQ); on top:
@@ -596,7 +598,7 @@ def _bwd_main_ws(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # staged in smem per Q stage by the load task instead of 2 x 16 registers carried a
     # step ahead in each consumer
     M64: tl.constexpr = BLOCK_M >= 64
-    # 128-row steps (opt-in, D = 64 only; M64's changes apply too): the consumers split
+    # 128-row steps (D = 64 only, its default; M64's changes apply too): the consumers split
     # dQ by query rows (ROW_SPLIT in compute), one K/V stage (two spilled in causal)
     M128: tl.constexpr = BLOCK_M >= 128
     tl.static_assert(D == 64 or not M128, "128-row steps are built for D = 64 only")

@@ -305,11 +305,12 @@ def test_ws_m64_stages0_compiles(causal):
 
 
 def test_ws_config_env(monkeypatch):
-    """The ws tile: 64-row steps, 32 at short mean lengths; JAGGED_BWD_WS_BLOCK_M (read per
-    call) picks 32 or 64, JAGGED_BWD_WS_KV_STAGES the K/V stages of 64-row steps."""
+    """The ws tile: 64-row steps (128 at D = 64), 32 at short mean lengths;
+    JAGGED_BWD_WS_BLOCK_M (read per call) picks 32, 64 or 128, JAGGED_BWD_WS_KV_STAGES the
+    K/V stages of 64-row steps."""
     monkeypatch.delenv(bw.WS_BLOCK_M_ENV, raising=False)
     monkeypatch.delenv(bw.WS_STAGES_ENV, raising=False)
-    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 64
+    assert bw.ws_config(128).block_m == 64 and bw.ws_config(64).block_m == 128
     # the Q loop at num_stages=0 only at 64-row steps and D = 128
     assert bw.ws_config(128).num_stages == bw.WS_Q_LOOP_STAGES_D128 == 0
     assert bw.ws_config(64).num_stages == 1
@@ -399,7 +400,7 @@ def test_ws_causal_cut_keeps_the_mask(bm):
                               128, n_wg)
 
 
-# ---- 128-row steps at D = 64 (opt-in, JAGGED_BWD_WS_BLOCK_M=128)
+# ---- 128-row steps at D = 64 (the default there since session 20)
 M128_CASES = [(c, bq, None, 1, "bf16") for c in (False, True) for bq in (False, True)]
 M128_CASES += [(True, False, False, 1, "bf16"),   # causal packed from the static list
                (False, False, None, 0, "bf16"),   # JAGGED_BWD_WS_NUM_STAGES=0
