@@ -96,7 +96,8 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out, _csv_list(a.passes))
+    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out, _csv_list(a.passes),
+        with_gemm=a.gemm)
 
 
 def _print_table(rows, timing):
@@ -152,6 +153,8 @@ def main(argv=None):
     s.add_argument("--passes", default="fwd", help="fwd and / or bwd")
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
     s.add_argument("--out", help="also append the rows to OUT/clocks.csv (charted by plot)")
+    s.add_argument("--gemm", action="store_true",
+                   help="first the sustained bf16 GEMM ceiling (a row of backend gemm)")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

@@ -10,7 +10,9 @@ measure: equal there means equal cycles).
     python -m harness clocks --backends tlx,cute,fa4 --suite llm-dense --match "B8 H16/16 D128"
 
 `--passes bwd` (or fwd,bwd) times the backward the same way (as bench times it: the
-backward alone after one forward).
+backward alone after one forward). `--gemm` first measures the ceiling the same way: a
+plain bf16 matmul (torch, GEMM_N^3) back to back, a row of backend `gemm` (the charts draw
+it as the sustained ceiling; session 20: 681 TFLOP/s at 1485 MHz against a ~790 burst).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from .problems import Problem
 
 FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 BOOST_MHZ = 1980.0
+GEMM_N = 8192
+GEMM_PROBLEM = f"bf16 {GEMM_N}^3 matmul (torch)"
 
 
 class Sampler:
@@ -92,9 +96,24 @@ def one(b, fn, p: Problem, seconds: float, sampler: Sampler, ps: str = "fwd") ->
     if bad:
         return f"not run: {bad[0]['status']} {bad[0]['error'][:80]}"
     call, _ = pass_call(fn, p.build(default_device()), ps, call_kw(p))
+    return sustained(call, p.flops(ps), seconds, sampler)
+
+
+def gemm(seconds: float, sampler: Sampler, n: int = GEMM_N) -> dict | str:
+    """The ceiling measured as the kernels are: a bf16 n^3 matmul on random inputs, back to
+    back for `seconds` after a warm-up (one call's cuBLAS choice, then the power cap)."""
+    a, b = (torch.randn(n, n, device=default_device(), dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(10):
+        torch.mm(a, b)
+    return sustained(lambda: torch.mm(a, b), 2.0 * n ** 3, seconds, sampler)
+
+
+def sustained(call, flops: float, seconds: float, sampler: Sampler) -> dict | str:
+    """`seconds` of calls: TFLOP/s (median call of the second half), the clock, power and
+    clock-event reasons sampled meanwhile."""
     ms, mid, end = sustain(call, seconds)
     late = ms[len(ms) // 2:]
-    tflops = p.flops(ps) / statistics.median(late) / 1e9
+    tflops = flops / statistics.median(late) / 1e9
     s = sampler.between(mid, end)
     if not s:
         return f"{tflops:7.1f} TFLOP/s ({len(late)} calls), no samples"
@@ -153,15 +172,23 @@ def append_rows(csv_path, rows: list[dict]) -> None:
 
 
 def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
-        out=None, passes=("fwd",)) -> list[str]:
+        out=None, passes=("fwd",), with_gemm: bool = False) -> list[str]:
     """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`).
-    `out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd."""
+    `out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd.
+    `with_gemm`: the sustained GEMM row (`gemm`) first."""
     from . import backends
     from .bench import git_rev
     from .profile import _env
     rev, fns = git_rev(), {}
     sampler, lines, rows = Sampler(), [], []
     try:
+        if with_gemm:
+            m = gemm(seconds, sampler)
+            lines.append(line("gemm", GEMM_PROBLEM, m))
+            print(lines[-1], flush=True)
+            if isinstance(m, dict):
+                rows.append(dict(backend="gemm", problem=GEMM_PROBLEM, variant="",
+                                 git_rev=rev, **m, **{"pass": "fwd"}))
         for p in problems:
             for ps in passes:
                 for name in backend_names:

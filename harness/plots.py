@@ -68,7 +68,7 @@ def _series(d, name):
         yield (name if k is None else f"{name} Lk{int(k)}"), (d if k is None else d[d["max_seqlen_k"] == k])
 
 
-def _panels(df, suite, pass_, y, ylabel, title, path, hline=None):
+def _panels(df, suite, pass_, y, ylabel, title, path, hline=None, hline_label=None):
     d = df[(df["suite"] == suite) & (df["pass"] == pass_)]
     if d.empty:
         return None
@@ -90,7 +90,8 @@ def _panels(df, suite, pass_, y, ylabel, title, path, hline=None):
         ax.set_xlabel("max sequence length")
         ax.grid(True, which="both", alpha=0.35)
         if hline is not None:
-            ax.axhline(hline, color="k", linewidth=0.8)
+            ax.axhline(hline, color="k", linewidth=0.8, label=hline_label,
+                       linestyle="--" if hline_label else "-")
             ax.set_ylim(top=max(ax.get_ylim()[1], hline * 1.08))  # the line clear of the frame
     axes[0][0].set_ylabel(ylabel)
     axes[0][-1].legend(fontsize=8, loc="best")
@@ -114,7 +115,7 @@ def speedup(df, base="fa4") -> pd.DataFrame:
     return m
 
 
-def _bars(df, suite, path, title, label):
+def _bars(df, suite, path, title, label, ceiling=None):
     d = df[df["suite"] == suite]
     if d.empty:
         return None
@@ -132,6 +133,9 @@ def _bars(df, suite, path, title, label):
                    width=w, label=name, color=_style(name, name)["color"])
         ax.set_xticks([x + w * (len(names) - 1) / 2 for x in range(len(shapes))])
         ax.set_xticklabels(shapes, fontsize=7, rotation=20, ha="right")
+        if ceiling is not None:
+            ax.axhline(ceiling, color="k", linewidth=0.9, linestyle="--",
+                       label=ceiling_label(ceiling))
         ax.set_ylabel("TFLOP/s")
         ax.set_title(ps)
         ax.grid(True, axis="y", alpha=0.35)
@@ -155,6 +159,20 @@ def latest_clocks(out_dir) -> pd.DataFrame:
     d["pass"] = d["pass"].replace("", "fwd")
     d = d[~d["variant"].str.contains("REPEAT")]
     return d.drop_duplicates(["backend", "pass", "problem", "variant"], keep="last")
+
+
+def gemm_ceiling(out_dir) -> float | None:
+    """The latest sustained bf16 GEMM TFLOP/s of clocks.csv (`harness clocks --gemm`), the
+    ceiling the TFLOP/s charts draw; None when it was not measured."""
+    d = latest_clocks(out_dir)
+    if d.empty:
+        return None
+    g = d[d["backend"] == "gemm"]
+    return float(g["tflops"].iloc[-1]) if len(g) else None
+
+
+def ceiling_label(tflops: float) -> str:
+    return f"sustained bf16 GEMM ({tflops:.0f})"
 
 
 def plot_clocks(out_dir, path) -> Path | None:
@@ -202,10 +220,12 @@ def plot_all(out_dir) -> list[Path]:
     df = load(out_dir / "results.csv")
     good = ok(df)
     done = []
+    top = gemm_ceiling(out_dir)
     for ps in ("fwd", "bwd"):
         for suite in ("gem-jagged", "gem-cross"):
             done.append(_panels(good, suite, ps, "tflops", "TFLOP/s", "Jagged attention",
-                                out_dir / f"{suite}_{ps}.png"))
+                                out_dir / f"{suite}_{ps}.png", hline=top,
+                                hline_label=top and ceiling_label(top)))
         sp = speedup(df)
         sp = sp[sp["backend"] != "fa4"]
         done.append(_panels(sp, "gem-jagged", ps, "speedup", "speedup over FA4 (x)",
@@ -217,7 +237,8 @@ def plot_all(out_dir) -> list[Path]:
                             hline=COPY_TBPS))
     done.append(_bars(good, "llm-dense", out_dir / "llm_dense.png", "Dense LLM prefill",
                       lambda r: f"B{r.batch} H{r.heads}/{r.kv_heads} D{r.head_dim} "
-                                f"L{r.max_seqlen_q}" + (" causal" if r.causal else "")))
+                                f"L{r.max_seqlen_q}" + (" causal" if r.causal else ""),
+                      ceiling=top))
     done.append(_bars(good, "gem-broadcast-q", out_dir / "broadcast_q.png",
                       "Broadcast Q (dense Q shared by the batch) beside a Q per sequence",
                       lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"

@@ -63,7 +63,8 @@ def _clocks_section(out_dir, pngs) -> list[str]:
           "of calls back to back while `nvidia-smi` samples the SM clock and power; the "
           "second half is reported. \"at 1980\" scales TFLOP/s to the boost clock (equal "
           "there: equal cycles). A variant is an A/B run with that variable set; each row's "
-          "revision is in parentheses.", "",
+          "revision is in parentheses. Backend `gemm` (`--gemm`) is the ceiling measured the "
+          "same way: a plain bf16 matmul, drawn as the dashed line of the TFLOP/s charts.", "",
           "| pass | problem | backend | variant | TFLOP/s | MHz | W | at 1980 | revision |",
           "|---|---|---|---|---:|---:|---:|---:|---|"]
     md += [f"| {r['pass']} | {r['problem']} | {r['backend']} | {r['variant']} | "

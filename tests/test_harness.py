@@ -418,3 +418,24 @@ def test_clocks_rows_round_trip_and_chart(tmp_path):
     d = latest_clocks(tmp_path)
     assert len(d) == 3 and sorted(d["pass"]) == ["bwd", "fwd", "fwd"]
     assert plot_clocks(tmp_path, tmp_path / "clocks.png").stat().st_size > 0
+
+
+def test_gemm_ceiling_row_reads_back_for_the_charts(tmp_path):
+    """`harness clocks --gemm` prints its row like any other; read back from the log into
+    clocks.csv, its TFLOP/s is the ceiling the TFLOP/s charts draw (the latest gemm row;
+    None before one was measured)."""
+    from harness.clocks import GEMM_PROBLEM, append_rows, line, read_log
+    from harness.plots import ceiling_label, gemm_ceiling
+    assert gemm_ceiling(tmp_path) is None
+    m = dict(tflops=681.3, mhz=1485.0, watts=685.0, temp_c=60.0, at_boost=908.4, calls=1400,
+             samples=20, reasons="0x0000000000000004")
+    log = tmp_path / "clocks.log"
+    log.write_text("\n".join([line("gemm", GEMM_PROBLEM, m),
+                              line("tlx", "self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16",
+                                   dict(m, tflops=645.7))]))
+    rows = read_log(log, "abc1234")
+    assert [(r["backend"], r["problem"]) for r in rows][0] == ("gemm", GEMM_PROBLEM)
+    append_rows(tmp_path / "clocks.csv", rows)
+    assert gemm_ceiling(tmp_path) == 681.3
+    append_rows(tmp_path / "clocks.csv", [dict(rows[0], tflops=690.0)])
+    assert gemm_ceiling(tmp_path) == 690.0 and ceiling_label(690.0).endswith("(690)")
