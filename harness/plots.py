@@ -139,7 +139,8 @@ def _bars(df, suite, path, title, label, ceiling=None):
         ax.set_ylabel("TFLOP/s")
         ax.set_title(ps)
         ax.grid(True, axis="y", alpha=0.35)
-        ax.legend(fontsize=8)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=4, loc="upper left")
     fig.suptitle(f"{title} on {d.iloc[0]['gpu']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
