@@ -69,6 +69,10 @@ def cmd_sweep(a, timing: bool):
             and r["suite"] in suites]
     _print_table(rows, timing)
     print(f"rows in {path}")
+    if timing and gpus and not fake:  # the charts' ceiling line, measured as the rows were
+        from .clocks import run as clocks
+        with torch.cuda.device(gpus[0]):
+            clocks([], [], out=out, with_gemm=True)
 
 
 MATCH_HELP = "only problems whose label contains this (a|b: either)"
