@@ -103,7 +103,8 @@ POST_VEC = 8
 # A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
 # the default (`default_opts`: the five of DEFAULT_OPTS, both causalities, and kv2 where it
 # fits, D = 64), "none",
-# "all" (kv2 included: D = 64 only), or a comma list.
+# "all" (kv2 and m128 included: D = 64 only), a comma list, or "+" and a comma list (the
+# default and those).
 #   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
 #   dqwide  the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows) with
@@ -129,6 +130,13 @@ POST_VEC = 8
 #          block (`causal_cut`: 1-2 steps a tile in self-attention); the other steps lose
 #          the bound's ISETP / FSEL / VIADD (~85 SASS a step, in the exp window under the
 #          dP^T wgmma). Non-causal builds ignore it.
+#   m128  128 query rows a step at D = 64 (TLX's default there since session 20): the
+#          S^T / dP^T wgmmas N = 128, the dots one after the other (S^T, P^T, dV, then
+#          dP^T, dS^T, dK, dQ: issued together at 128 rows the step's registers would hold
+#          both 64-register accumulators beside dK, dV and P^T), dQ split by query rows
+#          between the warpgroups (each forms its 64 rows over all 128 keys: M = 64, N = D),
+#          lse / delta staged for 128 rows (lsesmem: needed), one K/V stage or kv2 where
+#          they fit (the smem model). Opt-in, compile-only (session 20).
 #   kv2  K and V in two stages (the TLX twin's KV_STAGES_M64, host ws_kv_stages: two at
 #          D = 64), so the next tile's K/V load overlaps this tile's last steps and store
 #          (one stage: the load waits for the release after the store). D = 64 only
@@ -151,7 +159,7 @@ POST_VEC = 8
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
 #   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2")
+OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2", "m128")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
@@ -166,15 +174,29 @@ LD_SHAPE = (BLOCK_M, 2, Q_STAGES)
 LD_FLIP = 4 * 2 * BLOCK_M      # XOR of a thread offset with this: the other Q stage's
 
 
+def block_m(opts) -> int:
+    """Query rows a step: 128 with m128, else BLOCK_M."""
+    return 128 if "m128" in opts else BLOCK_M
+
+
+def ld_shape(bm: int = BLOCK_M):
+    return (bm, 2, Q_STAGES)
+
+
+def ld_flip(bm: int = BLOCK_M) -> int:
+    return 4 * 2 * bm
+
+
 def ld_row(lane, e):
-    """The query row whose lse / delta lane `lane` of the load warp stages (e = 0, 1)."""
-    return 2 * lane + e
+    """The query row whose lse / delta lane `lane` of the load warp stages (e = 0 ..
+    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on)."""
+    return 2 * lane + e % 2 + 64 * (e // 2)
 
 
-def ld_thread_offset(lane, stage):
+def ld_thread_offset(lane, stage, bm: int = BLOCK_M):
     """Byte offset in sLD of a compute thread's first query column, 2 (lane % 4) (wgmma C
-    layout, N = BLOCK_M), in Q stage `stage`."""
-    return 4 * (2 * (lane % 4) + 2 * BLOCK_M * stage)
+    layout, N = bm), in Q stage `stage`."""
+    return 4 * (2 * (lane % 4) + 2 * bm * stage)
 
 
 def ld_column(c: int) -> int:
@@ -192,7 +214,7 @@ def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG):
 
 
 def dq_smem_layout(D: int, opts):
-    """The fp32 dQ partial in smem, (BLOCK_M, D), as the TMA reduce box reads it.
+    """The fp32 dQ partial in smem, (block_m(opts), D), as the TMA reduce box reads it.
     dqwide: D / DQ_WIDE blocks of (BLOCK_M, DQ_WIDE) row-major, 128 B rows, 128B
     swizzle (a ComposedLayout whose swizzle counts bytes, as sK's: the TMA atom takes
     its swizzle mode from it; compute writes through `dq_store_view`). Otherwise
@@ -200,11 +222,12 @@ def dq_smem_layout(D: int, opts):
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.nvgpu import warpgroup
+    bm = block_m(opts)
     if "dqwide" in opts:
         atom = warpgroup.make_smem_layout_atom(
             warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
-        return cute.tile_to_shape(atom, (BLOCK_M, D), (0, 1))
-    return cute.make_layout((BLOCK_M, D), stride=(D, 1))
+        return cute.tile_to_shape(atom, (bm, D), (0, 1))
+    return cute.make_layout((bm, D), stride=(D, 1))
 
 
 def dq_store_view(layout):
@@ -227,12 +250,23 @@ def smem_bytes(head_dim: int, opts) -> int:
     to sK's 1 KB alignment, then the tiles; lsesmem's sLD last). BwdMain asserts it equals
     the struct's size at trace time. Default switches: D = 64 98 KB (kv2: 130 KB); D = 128
     178 KB (kv2: 242 KB, over SMEM_LIMIT)."""
-    D, ks = head_dim, kv_stages_of(opts)
-    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * BLOCK_M * D + BLOCK_N * BLOCK_M)
-    n += 4 * BLOCK_M * D                                   # sdQ, fp32
+    D, ks, bm = head_dim, kv_stages_of(opts), block_m(opts)
+    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
+    n += 4 * bm * D                                        # sdQ, fp32
     if "lsesmem" in opts:
-        n += 4 * LD_SHAPE[0] * LD_SHAPE[1] * LD_SHAPE[2]
+        n += 4 * bm * 2 * Q_STAGES
     return n
+
+
+def step_rows(head_dim: int, opts) -> int:
+    """Query rows a step of the main kernel (block_m), a ValueError where m128 is asked for
+    but not built: it is for D = 64 (its registers) with lsesmem (lse / delta staged for
+    128 rows; the shuffle path spreads 64)."""
+    bm = block_m(opts)
+    if bm != BLOCK_M and (head_dim != 64 or "lsesmem" not in opts):
+        raise ValueError(f"{OPTS_ENV}: m128 is built for D = 64 with lsesmem, got D = "
+                         f"{head_dim}, {sorted(opts)}")
+    return bm
 
 
 def kv_stages_of(opts) -> int:
@@ -263,11 +297,15 @@ def default_opts(causal: bool, head_dim=None) -> frozenset:
 
 def bwd_opts(causal: bool, spec=None, head_dim=None) -> frozenset:
     """The A/B switches of a call: `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now), or
-    the measured default for `causal` and `head_dim` when it is empty."""
+    the measured default for `causal` and `head_dim` when it is empty; "+a,b": the default
+    and a, b (e.g. `profile --ab JAGGED_CUTE_BWD_OPTS=+m128`)."""
     spec = os.environ.get(OPTS_ENV, "") if spec is None else spec
-    opts = {o.strip() for o in spec.split(",") if o.strip()}
+    plus = spec.strip().startswith("+")
+    opts = {o.strip() for o in spec.strip().lstrip("+").split(",") if o.strip()}
     if not opts:
         return default_opts(causal, head_dim)
+    if plus:
+        opts |= default_opts(causal, head_dim)
     if "all" in opts:
         opts = set(OPTS)
     opts.discard("none")
@@ -317,14 +355,14 @@ def _kernel_classes():
                             store_rows, tma_tiles, wgmma)
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
-    def smem_struct(fields, lsesmem):
+    def smem_struct(fields, lsesmem, bm=BLOCK_M):
         """cute.struct of a plain class's field annotations; lsesmem appends sLD, lse*log2e
-        and delta of each Q stage's rows ((BLOCK_M, 2, Q_STAGES) fp32), last, so every
-        other buffer keeps its offset."""
+        and delta of each Q stage's rows ((bm, 2, Q_STAGES) fp32), last, so every other
+        buffer keeps its offset."""
         extra = {}
         if lsesmem:
             extra["sLD"] = cute.struct.Align[
-                cute.struct.MemRange[Float32, LD_SHAPE[0] * LD_SHAPE[1] * LD_SHAPE[2]], 16]
+                cute.struct.MemRange[Float32, bm * 2 * Q_STAGES], 16]
         return cute.struct(type(fields.__name__, (),
                                 {"__annotations__": {**fields.__annotations__, **extra}}))
 
@@ -392,6 +430,8 @@ def _kernel_classes():
             self.opts = opts                                  # A/B switches (see OPTS)
             self.diag_mask = causal and "diagmask" in opts    # causal only
             self.kv_stages = kv_stages(head_dim, opts)        # kv2: 2 (ValueError at D 128)
+            self.bm = step_rows(head_dim, opts)               # query rows a step (m128: 128)
+            self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -410,7 +450,7 @@ def _kernel_classes():
             atom_D = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
             atom_M = warpgroup.make_smem_layout_atom(
-                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, BLOCK_M), dt)
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, self.bm), dt)
             KS = self.kv_stages
             sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
             sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
@@ -422,40 +462,42 @@ def _kernel_classes():
                 sK_box = cute.select(sK_layout, mode=[0, 1])
                 sV_box = cute.select(sV_layout, mode=[0, 1])
             QS = Q_STAGES
-            sQ_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
-            sdO_layout = cute.tile_to_shape(atom_D, (BLOCK_M, D, QS), (0, 1, 2))
+            sQ_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
+            sdO_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
-            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, BLOCK_M), (0, 1))
-            # dQ partial, fp32 (BLOCK_M, D): the TMA reduce box (dq_smem_layout)
+            sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm), (0, 1))
+            # dQ partial, fp32 (bm, D): the TMA reduce box (dq_smem_layout)
             sdQ_layout = dq_smem_layout(D, self.opts)
 
             # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
             # N = queries, K = D; both operands K-major from smem
             tiled_mma_sdp = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, BLOCK_M))
+                atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, self.bm))
             # dV += P^T dO and dK += dS^T Q: M = keys, N = D, K = queries; A from
             # registers (the S^T / dP^T accumulators), B = dO^T / Q^T (MN-major smem)
             tiled_mma_dkv = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
-            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..), K = keys;
-            # A = dS (the dS^T tile read M-major), B = K^T (MN-major)
+            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; m128: rows
+            # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major)
+            dq_split = (NUM_MMA_WG, 1, 1) if self.bm > 64 else (1, NUM_MMA_WG, 1)
             tiled_mma_dq = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=(1, NUM_MMA_WG, 1), tiler_mn=(64, D // NUM_MMA_WG))
+                atom_layout_mnk=dq_split,
+                tiler_mn=(64, D) if self.bm > 64 else (64, D // NUM_MMA_WG))
 
             # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
             g2s = cpasync.CopyBulkTensorTileG2SOp()
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(g2s, mK, sK_box, (BLOCK_N, D), 1)
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(g2s, mV, sV_box, (BLOCK_N, D), 1)
             tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
-                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (BLOCK_M, D), 1)
+                g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (self.bm, D), 1)
             tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
-                g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (BLOCK_M, D), 1)
+                g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.bm, D), 1)
             tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout, (BLOCK_M, D), 1)
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout, (self.bm, D), 1)
             self.bytes_KV = cute.size_in_bytes(dt, sK_box)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
 
@@ -470,7 +512,7 @@ def _kernel_classes():
                 sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
                 sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
 
-            SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts)
+            SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts, self.bm)
             # the host-side model (kv_stages' check) is the struct
             assert SharedStorage.size_in_bytes() == smem_bytes(D, self.opts), \
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.opts))
@@ -548,7 +590,7 @@ def _kernel_classes():
             sVst = storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype))
             sLD = None
             if const_expr("lsesmem" in self.opts):
-                sLD = storage.sLD.get_tensor(cute.make_layout(LD_SHAPE))
+                sLD = storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm)))
 
             sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group,
                      mSched, pipeline_tile)
@@ -614,8 +656,8 @@ def _kernel_classes():
             m_lo = b * 0
             if const_expr(self.causal):
                 # first row that sees key n0: i >= n0 - (len_k - len_q)
-                m_lo = cutlass.max(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
-            n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
+                m_lo = cutlass.max(n0 - len_k + len_q, 0) // self.bm * self.bm
+            n_m = cutlass.max((len_q - m_lo + self.bm - 1) // self.bm, 0)
             return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
 
         # ------------------------------------------------------------------ load
@@ -629,7 +671,7 @@ def _kernel_classes():
             group = sched[8]
             mLSE, mDelta, sLD = ld
             lane = cute.arch.lane_idx()
-            raw = cute.make_rmem_tensor(4, Float32)   # lsesmem: the next step's rows
+            raw = cute.make_rmem_tensor(2 * self.ld_rows, Float32)   # lsesmem: next step's rows
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.kv_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
@@ -649,7 +691,7 @@ def _kernel_classes():
                 kv_state.advance()
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
-                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    m0 = m_lo + (j % n_m) * self.bm
                     self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
                                 q_start + m0, o_start + m0, h, (raw, sLD, lane, m0, len_q))
                     if const_expr(sLD is not None):
@@ -657,7 +699,7 @@ def _kernel_classes():
                         j1 = cutlass.min(j + 1, group * n_m - 1)
                         self.load_lse_delta_rows(raw, mLSE, mDelta, lane,
                                                  hk * group + j1 // n_m, o_start,
-                                                 m_lo + (j1 % n_m) * BLOCK_M, len_q)
+                                                 m_lo + (j1 % n_m) * self.bm, len_q)
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
                 i += 1
@@ -682,13 +724,13 @@ def _kernel_classes():
         @cute.jit
         def load_q(self, mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
                    q_row, o_row, h, ld):
-            """Q and dO ([BLOCK_M, D], TMA) of one step into the ring's next slot. lse and
+            """Q and dO ([bm, D], TMA) of one step into the ring's next slot. lse and
             delta: by default read by `compute` itself (see `load_lse_delta_rows`); lsesmem
             (ld = (raw, sLD, lane, m0, len_q), sLD not None): the rows in raw, finished by
             `mask_lse_delta`, go to the slot's sLD rows before the full barrier's arrive."""
-            tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, BLOCK_M, self.D))
+            tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, self.bm, self.D))
             tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO,
-                                       head_tile(mdO, o_row, h, BLOCK_M, self.D))
+                                       head_tile(mdO, o_row, h, self.bm, self.D))
             raw, sLD, lane, m0, len_q = ld
             if const_expr(sLD is None):
                 pipeline_q.producer_acquire(q_state)
@@ -700,9 +742,9 @@ def _kernel_classes():
                 # last read) guards the rows like Q and dO.
                 pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
                 self.mask_lse_delta(raw, lane, m0, len_q)
-                for e in cutlass.range_constexpr(2):
+                for e in cutlass.range_constexpr(self.ld_rows):
                     sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
-                    sLD[ld_row(lane, e), 1, q_state.index] = raw[2 + e]
+                    sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
                 cute.arch.sync_warp()
                 pipeline_q.sync_object_full.arrive(q_state.index, pipeline_q.producer_mask)
             bar = pipeline_q.producer_get_barrier(q_state)
@@ -721,12 +763,12 @@ def _kernel_classes():
             scale_log2 = scale * LOG2E
             wg = cute.arch.make_warp_uniform(tidx // 128)
             # transposed (MN-major) operand views
-            sQt = transposed(sQ, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
-            sdOt = transposed(sdO, (D, BLOCK_M, Q_STAGES), (1, 0, 2))
+            sQt = transposed(sQ, (D, self.bm, Q_STAGES), (1, 0, 2))
+            sdOt = transposed(sdO, (D, self.bm, Q_STAGES), (1, 0, 2))
             sKt = transposed(sK, (D, BLOCK_N), (1, 0))
             if const_expr(self.kv_stages > 1):
                 sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
-            sdSt = transposed(sdS, (BLOCK_M, BLOCK_N), (1, 0))          # dS (queries, keys)
+            sdSt = transposed(sdS, (self.bm, BLOCK_N), (1, 0))          # dS (queries, keys)
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -736,20 +778,20 @@ def _kernel_classes():
             # stages its dK, dV there)
             assert cute.size(tPrV, mode=[1]) == 1
             tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-            shape_S = wg_sdp.partition_shape_C((BLOCK_N, BLOCK_M))
+            shape_S = wg_sdp.partition_shape_C((BLOCK_N, self.bm))
             # dV += P^T dO, dK += dS^T Q (A from registers)
             wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
             tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt))
             tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt))
-            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, BLOCK_M)))
-            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, BLOCK_M)))
+            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
+            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
             acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
             acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
             # dQ = dS K
             wg_dq = tiled_mma_dq.get_slice(wg * 128)
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
             tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
-            shape_dQ = wg_dq.partition_shape_C((BLOCK_M, D))
+            shape_dQ = wg_dq.partition_shape_C((self.bm, D))
             tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ)
             # dS^T registers -> smem (stmatrix)
             r2s_dS = cute.make_tiled_copy_C(
@@ -761,7 +803,7 @@ def _kernel_classes():
             tdSsdS = thr_r2s_dS.partition_D(sdS)
             # (key, query) of every S^T accumulator element; (key, d) of every dK element
             tScS = acc_rows_cols(tiled_mma_sdp.get_slice(tidx).partition_C(
-                cute.make_identity_tensor((BLOCK_N, BLOCK_M))))
+                cute.make_identity_tensor((BLOCK_N, self.bm))))
             thr_dkv = tiled_mma_dkv.get_slice(tidx)
             tdKcdK = thr_dkv.partition_C(
                 cute.make_identity_tensor((BLOCK_N, D)))
@@ -777,7 +819,7 @@ def _kernel_classes():
             # column base, or the flip after the step, keep two through the step's register
             # peak: 12-32 B of spills, causal / broadcast-Q)
             assert Q_STAGES == 2
-            ld_off = ld_thread_offset(lane, 1)
+            ld_off = ld_thread_offset(lane, 1, self.bm)
             # diagmask: the warpgroup's first key in the tile, less n0 (its causal_cut)
             wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -792,7 +834,7 @@ def _kernel_classes():
                     self.schedule(t, pinned, sched)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
-                raw = cute.make_rmem_tensor(4, Float32)   # lse, delta rows, a step ahead
+                raw = cute.make_rmem_tensor(2 * self.ld_rows, Float32)   # a step ahead
                 jm = m_lo * 0     # lsesmem: step j's Q block (j % n_m), carried
                 pipeline_kv.consumer_wait(kv_state)
                 kv, kv_smem = None, (sV, sVst)     # kv2: the tile's K/V stage, its sV views
@@ -802,14 +844,14 @@ def _kernel_classes():
                 for j in cutlass.range(group * n_m, unroll=1):
                     if const_expr(sLD is not None):
                         # nothing of the step's head: only causal reads m0
-                        ld_off = ld_off ^ LD_FLIP
-                        self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * BLOCK_M,
+                        ld_off = ld_off ^ ld_flip(self.bm)
+                        self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
                                           len_k, len_q, scale_log2, (sLD, ld_off), None,
                                           wg_key0, kv)
                         jm = Int32(0) if jm + 1 == n_m else jm + 1
                     else:
                         h = hk * group + j // n_m
-                        m0 = m_lo + (j % n_m) * BLOCK_M
+                        m0 = m_lo + (j % n_m) * self.bm
                         if j == 0:  # the tile's first step: not prefetched
                             self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0,
                                                      len_q)
@@ -817,7 +859,7 @@ def _kernel_classes():
                         # (the last step reloads its own: no branch)
                         j1 = cutlass.min(j + 1, group * n_m - 1)
                         prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
-                                    m_lo + (j1 % n_m) * BLOCK_M, len_q)
+                                    m_lo + (j1 % n_m) * self.bm, len_q)
                         self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
                                           scale_log2, raw, prefetch, wg_key0, kv)
                     q_state.advance()
@@ -840,26 +882,29 @@ def _kernel_classes():
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
-            """Lane l loads lse, delta of rows m0 + 2l, m0 + 2l + 1 into raw (4 registers,
-            no branch: rows past the end read row len_q - 1, n_m > 0 implies len_q > 0;
+            """Lane l loads lse, delta of rows m0 + ld_row(l, e) into raw (lse e, delta
+            ld_rows + e; rows 2l, 2l + 1 (m128: and 64 on): 4 (8) registers, no branch: rows
+            past the end read row len_q - 1, n_m > 0 implies len_q > 0;
             `spread_lse_delta` masks them). Issued a step ahead, under the dQ wgmma: loaded
             per column at their use they were 16 serialized round trips a step with no
             wgmma in flight, 1.7-1.9x the kernel time (sessions 5, 6)."""
-            for e in cutlass.range_constexpr(2):
-                row = o_start + cutlass.min(m0 + 2 * lane + e, len_q - 1)
+            for e in cutlass.range_constexpr(self.ld_rows):
+                row = o_start + cutlass.min(m0 + 2 * lane + e % 2 + 64 * (e // 2), len_q - 1)
                 raw[e] = mLSE[h, row]
-                raw[2 + e] = mDelta[h, row]
+                raw[self.ld_rows + e] = mDelta[h, row]
 
         @cute.jit
         def mask_lse_delta(self, raw, lane, m0, len_q):
-            """raw (lane's rows m0 + 2 lane + e: lse e, delta 2 + e) -> lse*log2e (+inf, so
-            P = 0, past the sequence or where lse = -inf) and delta (0 past the end)."""
-            for e in cutlass.range_constexpr(2):
-                ok = m0 + 2 * lane + e < len_q
+            """raw (lane's rows m0 + ld_row(lane, e): lse e, delta ld_rows + e) ->
+            lse*log2e (+inf, so P = 0, past the sequence or where lse = -inf) and delta
+            (0 past the end)."""
+            E = self.ld_rows
+            for e in cutlass.range_constexpr(E):
+                ok = m0 + 2 * lane + e % 2 + 64 * (e // 2) < len_q   # m0 + ld_row(lane, e)
                 lse = raw[e]
                 lse = lse * LOG2E if lse != -Float32.inf else Float32.inf
                 raw[e] = lse if ok else Float32.inf
-                raw[2 + e] = raw[2 + e] if ok else Float32(0.0)
+                raw[E + e] = raw[E + e] if ok else Float32(0.0)
 
         @cute.jit
         def spread_lse_delta(self, raw, tScS, m0, len_q):
@@ -870,7 +915,7 @@ def _kernel_classes():
             N = BLOCK_M = 64), held by lane col // 2 = 4 (c // 2) + l % 4 in raw[c % 2]: a
             shfl.idx with segment mask 3 (c operand 0x31f) reads lane (l & 3) | 4 (c // 2),
             an immediate."""
-            assert BLOCK_M == 64, "spread_lse_delta: 2 rows per lane, N = 64 C layout"
+            assert self.bm == 64, "spread_lse_delta: 2 rows per lane, N = 64 C layout"
             lane = cute.arch.lane_idx()
             self.mask_lse_delta(raw, lane, m0, len_q)
             ncol = cute.size(tScS, mode=[1])
@@ -893,10 +938,10 @@ def _kernel_classes():
             # register)
             rows = cute.make_tensor(
                 cute.make_ptr(Float32, sLD.iterator.toint() + off, cute.AddressSpace.smem,
-                              assumed_align=8), cute.make_layout(2 * BLOCK_M))
+                              assumed_align=8), cute.make_layout(2 * self.bm))
             v = cute.make_rmem_tensor(ncol, Float32)
             for c in cutlass.range_constexpr(ncol):
-                v[c] = rows[x * BLOCK_M + ld_column(c)]
+                v[c] = rows[x * self.bm + ld_column(c)]
             return v
 
         @cute.jit
@@ -913,6 +958,64 @@ def _kernel_classes():
             the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q). diagmask
             (wg_key0: the warpgroup's first key less n0): the causal bound only on the
             steps whose block it cuts. kv: kv2's K/V stage of the tile (None: one stage)."""
+            if const_expr(self.bm > BLOCK_M):
+                self.compute_step_m128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                                       scale_log2, raw, wg_key0, kv)
+            else:
+                (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
+                 tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
+                 acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+                if const_expr(kv is not None):
+                    tSrK = tSrK[None, None, None, kv]
+                    tPrV = tPrV[None, None, None, kv]
+                    tdQrKt = tdQrKt[None, None, None, kv]
+                s = q_state.index
+                pipeline_q.consumer_wait(q_state)
+                acc_S = cute.make_rmem_tensor(shape_S, Float32)
+                acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+                wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],          # S^T = K Q^T
+                      zero_init=True, wait=-1)
+                ncol = cute.size(tScS, mode=[1])
+                if const_expr(prefetch is None):
+                    delta = self.read_ld(raw, 1, ncol)
+                    dPt = acc_rows_cols(acc_dP)
+                    assert cute.size(dPt, mode=[0]) == 2
+                    for c in cutlass.range_constexpr(ncol):
+                        # two distinct values (0 - x is not -x at x = +0): one accumulator
+                        # register each, else a copy lands after wgmma.fence and ptxas injects
+                        # a wait for the S^T wgmma before issuing this one (C7517)
+                        dPt[0, c] = -delta[c]
+                        dPt[1, c] = Float32(0.0) - delta[c]
+                wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],      # dP^T = V dO^T
+                      zero_init=prefetch is not None, wait=-1)                          # (- delta)
+                if const_expr(prefetch is not None):
+                    lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
+                warpgroup.wait_group(1)
+                if const_expr(prefetch is None):
+                    lse2 = self.read_ld(raw, 0, ncol)
+                St = self.probs(acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0)
+                tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],   # dV += P^T dO
+                      zero_init=False, wait=-1)
+                warpgroup.wait_group(1)
+                # dS^T = P^T (dP^T - delta)
+                dPt = acc_rows_cols(acc_dP)
+                for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
+                        if const_expr(prefetch is None):
+                            dPt[r, c] = St[r, c] * dPt[r, c]
+                        else:
+                            dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+                self.dk_dq(mma, acc_dP, q_state, pipeline_q, prefetch, tdKrQt, tdQrKt)
+
+        @cute.jit
+        def compute_step_m128(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                              scale_log2, ld, wg_key0, kv=None):
+            """compute_step at 128 query rows (m128, lsesmem: ld = (sLD, offset)), the dots
+            one after the other, as the TLX twin's M128: S^T, P^T, dV, then dP^T (from
+            -delta), dS^T, dK, dQ. S^T / dP^T are [64, 128] fp32 (64 registers each) beside
+            dK, dV (32 each at D = 64): the P^T V-operand copy is dead (dV waited for) before
+            dP^T is issued, and lse / delta are read at their use."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
@@ -921,30 +1024,34 @@ def _kernel_classes():
                 tPrV = tPrV[None, None, None, kv]
                 tdQrKt = tdQrKt[None, None, None, kv]
             s = q_state.index
+            ncol = cute.size(tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            acc_dP = cute.make_rmem_tensor(shape_S, Float32)
             wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],              # S^T = K Q^T
-                  zero_init=True, wait=-1)
-            ncol = cute.size(tScS, mode=[1])
-            if const_expr(prefetch is None):
-                delta = self.read_ld(raw, 1, ncol)
-                dPt = acc_rows_cols(acc_dP)
-                assert cute.size(dPt, mode=[0]) == 2
-                for c in cutlass.range_constexpr(ncol):
-                    # two distinct values (0 - x is not -x at x = +0): one accumulator
-                    # register each, else a copy lands after wgmma.fence and ptxas injects
-                    # a wait for the S^T wgmma before issuing this one (C7517)
-                    dPt[0, c] = -delta[c]
-                    dPt[1, c] = Float32(0.0) - delta[c]
-            wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T = V dO^T
-                  zero_init=prefetch is not None, wait=-1)                          # (- delta)
-            if const_expr(prefetch is not None):
-                lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
-            warpgroup.wait_group(1)
-            if const_expr(prefetch is None):
-                lse2 = self.read_ld(raw, 0, ncol)
-            # P^T = exp2(S^T * scale*log2e - lse*log2e), masked to 0
+                  zero_init=True, wait=0)
+            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), tScS, n0, m0, len_k, len_q,
+                            scale_log2, wg_key0)
+            tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
+                  zero_init=False, wait=0)
+            acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+            delta = self.read_ld(ld, 1, ncol)
+            dPt = acc_rows_cols(acc_dP)
+            for c in cutlass.range_constexpr(ncol):
+                dPt[0, c] = -delta[c]              # two distinct values: see compute_step
+                dPt[1, c] = Float32(0.0) - delta[c]
+            wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T - delta
+                  zero_init=False, wait=0)
+            for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
+                for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
+                    dPt[r, c] = St[r, c] * dPt[r, c]
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q, None, tdKrQt, tdQrKt)
+
+        @cute.jit
+        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0):
+            """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past the
+            sequence; causal: right of the diagonal, with diagmask only on the steps whose
+            block it cuts); returns the (key, query) view."""
             St = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                 key = n0 + tScS[r, 0][0]
@@ -963,18 +1070,17 @@ def _kernel_classes():
                         for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
                             St[r, c] = St[r, c] if key <= m0 + tScS[0, c][1] + len_k - len_q \
                                 else Float32(0.0)
-            tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
-                  zero_init=False, wait=-1)
-            warpgroup.wait_group(1)
-            # dS^T = P^T (dP^T - delta)
-            dPt = acc_rows_cols(acc_dP)
-            for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
-                    if const_expr(prefetch is None):
-                        dPt[r, c] = St[r, c] * dPt[r, c]
-                    else:
-                        dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
+            return St
+
+        @cute.jit
+        def dk_dq(self, mma, acc_dP, q_state, pipeline_q, prefetch, tdKrQt, tdQrKt):
+            """The step's end, from dS^T in acc_dP: dK += dS^T Q, dS^T -> smem, dQ = dS K,
+            the dQ partial handed to reduce_dq (dqord: dK under its store); prefetch: the
+            next step's lse / delta loads, issued under the dQ wgmma."""
+            (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
+             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, _, tdVrPt, tdKrdSt, tdQrdS, _,
+             acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+            s = q_state.index
             tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
             dqord = "dqord" in self.opts
             if const_expr(not dqord):
@@ -1011,7 +1117,7 @@ def _kernel_classes():
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
         def reduce_dq(self, mdQacc, sdQ, tma_atom_dQ, sched):
-            """Reduce-add each step's dQ partial ([BLOCK_M, D] fp32, smem) into the fp32
+            """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
             accumulator with a TMA bulk reduce (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
             be added; TMA clips rows past the tensor."""
@@ -1028,9 +1134,9 @@ def _kernel_classes():
                     self.schedule(t, pinned, sched)
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
-                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    m0 = m_lo + (j % n_m) * self.bm
                     tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
-                        mdQacc, slot_row + q_start + m0, h, BLOCK_M, self.D))
+                        mdQacc, slot_row + q_start + m0, h, self.bm, self.D))
                     cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
                                       number_of_threads=DQ_BARRIER_THREADS)
                     # the whole warp calls: the TMA op elects one issuing lane itself
@@ -1251,8 +1357,10 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         delta -= dlse
 
     # (b) main
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", bwd_opts(causal, head_dim=D),
+    opts = bwd_opts(causal, head_dim=D)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, step_rows(D, opts),
+                                       BLOCK_N)
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", opts,
               bwd_dynamic(causal, broadcast_q))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles, sched,

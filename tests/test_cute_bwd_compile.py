@@ -175,7 +175,7 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts, kv_stages
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
-    assert set(OPTS) == nc | {"kv2"}                 # kv2: by head dim, below
+    assert set(OPTS) == nc | {"kv2", "m128"}         # kv2: by head dim, below; m128 opt-in
     assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
@@ -334,14 +334,16 @@ def test_bwd_main_lsesmem_compiles(tmp_path, D, causal, bq, dtype):
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 2   # K/V, Q/dO
 
 
-def test_lsesmem_addresses(tmp_path):
-    """lsesmem's sLD addresses: the load warp's rows (`ld_row`) cover the step's BLOCK_M
-    rows once; every compute thread's read of accumulator column c (`ld_thread_offset` +
+@pytest.mark.parametrize("bm", [64, 128])
+def test_lsesmem_addresses(tmp_path, bm):
+    """lsesmem's sLD addresses, at 64 and (m128) 128 query rows a step: the load warp's
+    rows (`ld_row`) cover the step's rows once; every compute thread's read of accumulator column c (`ld_thread_offset` +
     `ld_column`, bytes) is the sLD element (query column of that accumulator element in
     the sdp wgmma's C partition, x, stage) of the kernel's layout, for both accumulator
     rows (the dP^T accumulator starts at -delta[c] in both); XOR with LD_FLIP is the
     other stage; reads are 8-byte aligned (they are ld.shared.v2)."""
-    traced_check(tmp_path, "ld_check", """
+    traced_check(tmp_path, "ld_check", f"""
+        BM = {bm}""" + """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
         import cutlass.utils.hopper_helpers as sm90
@@ -351,34 +353,34 @@ def test_lsesmem_addresses(tmp_path):
         FOUND = {}
 
         def run():
-            L = cute.make_layout(B.LD_SHAPE)
-            rows = sorted(B.ld_row(l, e) for l in range(32) for e in range(2))
-            FOUND["rows"] = rows == list(range(B.BLOCK_M))
+            L = cute.make_layout(B.ld_shape(BM))
+            rows = sorted(B.ld_row(l, e) for l in range(32) for e in range(BM // 32))
+            FOUND["rows"] = rows == list(range(BM))
             tiled = sm90.make_trivial_tiled_mma(
                 cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K,
                 warpgroup.OperandMajorMode.K, cutlass.Float32,
-                atom_layout_mnk=(B.NUM_MMA_WG, 1, 1), tiler_mn=(64, B.BLOCK_M))
+                atom_layout_mnk=(B.NUM_MMA_WG, 1, 1), tiler_mn=(64, BM))
             bad, n = [], 0
             for t in range(128 * B.NUM_MMA_WG):
                 tScS = acc_rows_cols(tiled.get_slice(t).partition_C(
-                    cute.make_identity_tensor((B.BLOCK_N, B.BLOCK_M))))
+                    cute.make_identity_tensor((B.BLOCK_N, BM))))
                 lane = t % 32
                 for s in range(B.Q_STAGES):
-                    off = B.ld_thread_offset(lane, s)
-                    if off % 8 or off ^ B.LD_FLIP != B.ld_thread_offset(lane, 1 - s):
+                    off = B.ld_thread_offset(lane, s, BM)
+                    if off % 8 or off ^ B.ld_flip(BM) != B.ld_thread_offset(lane, 1 - s, BM):
                         bad.append(("offset", t, s, off))
                     for r in range(cute.size(tScS, mode=[0])):
                         for c in range(cute.size(tScS, mode=[1])):
                             q = tScS[r, c][1]
                             for x in range(2):
                                 n += 1
-                                got = off + 4 * (x * B.BLOCK_M + B.ld_column(c))
+                                got = off + 4 * (x * BM + B.ld_column(c))
                                 if got != 4 * cute.crd2idx((q, x, s), L):
                                     bad.append((t, s, r, c, x, got))
             FOUND["bad"], FOUND["n"] = bad, n
-    """, """
+    """, f"""
         assert F["rows"], "load-warp rows"
-        assert F["n"] == 256 * 2 * 2 * 16 * 2, F["n"]      # threads, stages, rows, cols, x
+        assert F["n"] == 256 * 2 * 2 * {bm // 4} * 2, F["n"]      # threads, stages, rows, cols, x
         assert not F["bad"], F["bad"][:10]
     """)
 
@@ -549,3 +551,43 @@ def test_dqwide_addresses(tmp_path):
             for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
                 assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
     """)
+
+
+def test_bwd_opts_plus_and_step_rows():
+    """"+a,b" is the default and a, b; m128 (128 query rows a step) is built for D = 64
+    with lsesmem only (a ValueError elsewhere, on the host); its smem model: 163 KB with one
+    K/V stage, 195 KB with kv2 (the struct equals it: the kernel asserts so)."""
+    from kernels_cute import bwd_hopper as B
+    for causal in (False, True):
+        assert B.bwd_opts(causal, "+m128", head_dim=64) == B.default_opts(causal, 64) | {"m128"}
+        assert B.bwd_opts(causal, "+m128", head_dim=128) == B.default_opts(causal, 128) | {
+            "m128"}
+    opts = B.bwd_opts(False, "+m128", head_dim=64)
+    assert B.step_rows(64, opts) == 128 and B.step_rows(64, B.default_opts(False, 64)) == 64
+    assert B.smem_bytes(64, opts) == 195 * 1024 <= B.SMEM_LIMIT            # with kv2
+    assert B.smem_bytes(64, opts - {"kv2"}) == 163 * 1024
+    with pytest.raises(ValueError, match="m128 is built for D = 64"):
+        B.step_rows(128, B.bwd_opts(False, "+m128", head_dim=128))
+    with pytest.raises(ValueError, match="with lsesmem"):
+        B.step_rows(64, opts - {"lsesmem"})
+    # the load warp's lse / delta rows cover the 128 rows once (4 a lane)
+    assert sorted(B.ld_row(l, e) for l in range(32) for e in range(4)) == list(range(128))
+    assert [B.ld_row(3, e) for e in range(2)] == [6, 7]                   # 64 rows: as before
+
+
+@pytest.mark.parametrize("causal,bq,dtype,spec", [
+    (False, False, "bf16", "+m128"), (True, False, "bf16", "+m128"),
+    (False, True, "bf16", "+m128"), (True, True, "fp16", "+m128"),
+    (False, False, "bf16", "+m128,kv2"), (True, False, "bf16", "+m128,kv2")])
+def test_bwd_main_m128_compiles(tmp_path, causal, bq, dtype, spec):
+    """m128 (opt-in, D = 64; the TLX twin's M128, its default there): spill-free with no
+    ptxas-injected wgmma wait in every mode, one K/V stage or kv2; S^T / dP^T at N = 128
+    (4 + 4 m64n128k16), dV / dK / dQ at N = D = 64 (K = 128: 8 each, dQ split by query
+    rows); the dQ partial still reduced in D / 32 = 2 boxes a step; lse / delta read from
+    sLD as 2 x 16 ld.shared.v2 (32 query columns a thread). Compile-only: not yet run."""
+    _, ptx = _compile_spill_free(tmp_path, 64, causal, bq, dtype, spec)
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) == 8
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 24
+    red = re.findall(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx)
+    assert len(red) == 2, len(red)
+    assert len(re.findall(r"ld\.shared\.v2\.(b32|f32)", ptx)) == 32
