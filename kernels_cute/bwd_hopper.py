@@ -9,7 +9,9 @@ warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroup
 reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
 one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and two at
-D = 64 (TLX `KV_STAGES_M64`, here `kv2`) and stage dK/dV through smem (`dkvsmem`); they differ
+D = 64 (TLX `KV_STAGES_M64`, here `kv2`) and stage dK/dV through smem (`dkvsmem`); at
+D = 64 TLX takes 128-row steps by default since session 20 (its M128), here the opt-in
+`m128` (compile-only so far: dots in sequence, dQ split by query rows); they differ
 in the dQ path: here dQ = dS K with the query rows as M, reduced by a `reduce_dq` warp
 in 64 x 32 boxes (`dqwide`); TLX forms dQ^T = K^T dS^T with the head dim as M (D / 2 >=
 64, so at D = 64 each TLX consumer forms a full-D partial over its own keys and the last
