@@ -960,17 +960,14 @@ def _kernel_classes():
             the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q). diagmask
             (wg_key0: the warpgroup's first key less n0): the causal bound only on the
             steps whose block it cuts. kv: kv2's K/V stage of the tile (None: one stage)."""
+            mma = self.at_kv_stage(mma, kv)
             if const_expr(self.bm > BLOCK_M):
                 self.compute_step_m128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                       scale_log2, raw, wg_key0, kv)
+                                       scale_log2, raw, wg_key0)
             else:
                 (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
                  tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
                  acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
-                if const_expr(kv is not None):
-                    tSrK = tSrK[None, None, None, kv]
-                    tPrV = tPrV[None, None, None, kv]
-                    tdQrKt = tdQrKt[None, None, None, kv]
                 s = q_state.index
                 pipeline_q.consumer_wait(q_state)
                 acc_S = cute.make_rmem_tensor(shape_S, Float32)
@@ -1011,8 +1008,17 @@ def _kernel_classes():
                 self.dk_dq(mma, acc_dP, q_state, pipeline_q, prefetch, tdKrQt, tdQrKt)
 
         @cute.jit
+        def at_kv_stage(self, mma, kv):
+            """mma with its K / V operand views (tSrK, tPrV, tdQrKt) at kv2's K/V stage `kv`
+            of the tile (None, one stage: as is)."""
+            if const_expr(kv is None):
+                return mma
+            tSrK, tPrV, tdQrKt = (mma[i][None, None, None, kv] for i in (5, 7, 14))
+            return mma[:5] + (tSrK, mma[6], tPrV) + mma[8:14] + (tdQrKt,) + mma[15:]
+
+        @cute.jit
         def compute_step_m128(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                              scale_log2, ld, wg_key0, kv=None):
+                              scale_log2, ld, wg_key0):
             """compute_step at 128 query rows (m128, lsesmem: ld = (sLD, offset)), the dots
             one after the other, as the TLX twin's M128: S^T, P^T, dV, then dP^T (from
             -delta), dS^T, dK, dQ. S^T / dP^T are [64, 128] fp32 (64 registers each) beside
@@ -1021,10 +1027,6 @@ def _kernel_classes():
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
              tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
-            if const_expr(kv is not None):
-                tSrK = tSrK[None, None, None, kv]
-                tPrV = tPrV[None, None, None, kv]
-                tdQrKt = tdQrKt[None, None, None, kv]
             s = q_state.index
             ncol = cute.size(tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)
