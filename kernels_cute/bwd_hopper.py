@@ -77,6 +77,7 @@ Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); on the H2
 matrix problems pass. The default backward of kernels_cute (JAGGED_CUTE_BWD=portable
 runs the portable Triton one instead).
 """
+import math
 import os
 
 import torch
@@ -172,27 +173,29 @@ DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # ses
 # of sLD (x = 0: lse, 1: delta). tests/test_cute_bwd_compile.py checks these against the
 # wgmma partition and the layout.
 DQ_WIDE = 32                   # dqwide: fp32 columns of a dQ reduce box (128 B, the swizzle span)
-LD_SHAPE = (BLOCK_M, 2, Q_STAGES)
-LD_FLIP = 4 * 2 * BLOCK_M      # XOR of a thread offset with this: the other Q stage's
-
-
 def block_m(opts) -> int:
     """Query rows a step: 128 with m128, else BLOCK_M."""
     return 128 if "m128" in opts else BLOCK_M
 
 
 def ld_shape(bm: int = BLOCK_M):
+    """sLD's shape at bm query rows a step."""
     return (bm, 2, Q_STAGES)
 
 
 def ld_flip(bm: int = BLOCK_M) -> int:
+    """XOR of a thread offset with this: the other Q stage's."""
     return 4 * 2 * bm
 
 
-def ld_row(lane, e):
-    """The query row whose lse / delta lane `lane` of the load warp stages (e = 0 ..
-    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on)."""
-    return 2 * lane + e % 2 + 64 * (e // 2)
+LD_SHAPE, LD_FLIP = ld_shape(), ld_flip()
+
+
+def ld_row(lane, e, base=0):
+    """base + the query row whose lse / delta lane `lane` of the load warp stages (e = 0 ..
+    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on); base first, so the
+    device sums associate as they did before m128 (the 64-row PTX is unchanged)."""
+    return base + 2 * lane + e % 2 + 64 * (e // 2)
 
 
 def ld_thread_offset(lane, stage, bm: int = BLOCK_M):
@@ -256,7 +259,7 @@ def smem_bytes(head_dim: int, opts) -> int:
     n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
     n += 4 * bm * D                                        # sdQ, fp32
     if "lsesmem" in opts:
-        n += 4 * bm * 2 * Q_STAGES
+        n += 4 * math.prod(ld_shape(bm))
     return n
 
 
@@ -364,7 +367,7 @@ def _kernel_classes():
         extra = {}
         if lsesmem:
             extra["sLD"] = cute.struct.Align[
-                cute.struct.MemRange[Float32, bm * 2 * Q_STAGES], 16]
+                cute.struct.MemRange[Float32, math.prod(ld_shape(bm))], 16]
         return cute.struct(type(fields.__name__, (),
                                 {"__annotations__": {**fields.__annotations__, **extra}}))
 
@@ -891,7 +894,7 @@ def _kernel_classes():
             per column at their use they were 16 serialized round trips a step with no
             wgmma in flight, 1.7-1.9x the kernel time (sessions 5, 6)."""
             for e in cutlass.range_constexpr(self.ld_rows):
-                row = o_start + cutlass.min(m0 + 2 * lane + e % 2 + 64 * (e // 2), len_q - 1)
+                row = o_start + cutlass.min(ld_row(lane, e, m0), len_q - 1)
                 raw[e] = mLSE[h, row]
                 raw[self.ld_rows + e] = mDelta[h, row]
 
@@ -902,7 +905,7 @@ def _kernel_classes():
             (0 past the end)."""
             E = self.ld_rows
             for e in cutlass.range_constexpr(E):
-                ok = m0 + 2 * lane + e % 2 + 64 * (e // 2) < len_q   # m0 + ld_row(lane, e)
+                ok = ld_row(lane, e, m0) < len_q
                 lse = raw[e]
                 lse = lse * LOG2E if lse != -Float32.inf else Float32.inf
                 raw[e] = lse if ok else Float32.inf
@@ -976,15 +979,7 @@ def _kernel_classes():
                       zero_init=True, wait=-1)
                 ncol = cute.size(tScS, mode=[1])
                 if const_expr(prefetch is None):
-                    delta = self.read_ld(raw, 1, ncol)
-                    dPt = acc_rows_cols(acc_dP)
-                    assert cute.size(dPt, mode=[0]) == 2
-                    for c in cutlass.range_constexpr(ncol):
-                        # two distinct values (0 - x is not -x at x = +0): one accumulator
-                        # register each, else a copy lands after wgmma.fence and ptxas injects
-                        # a wait for the S^T wgmma before issuing this one (C7517)
-                        dPt[0, c] = -delta[c]
-                        dPt[1, c] = Float32(0.0) - delta[c]
+                    self.minus_delta(acc_dP, raw, ncol)
                 wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],      # dP^T = V dO^T
                       zero_init=prefetch is not None, wait=-1)                          # (- delta)
                 if const_expr(prefetch is not None):
@@ -1005,7 +1000,7 @@ def _kernel_classes():
                             dPt[r, c] = St[r, c] * dPt[r, c]
                         else:
                             dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
-                self.dk_dq(mma, acc_dP, q_state, pipeline_q, prefetch, tdKrQt, tdQrKt)
+                self.dk_dq(mma, acc_dP, q_state, pipeline_q, prefetch)
 
         @cute.jit
         def at_kv_stage(self, mma, kv):
@@ -1039,17 +1034,28 @@ def _kernel_classes():
             wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
                   zero_init=False, wait=0)
             acc_dP = cute.make_rmem_tensor(shape_S, Float32)
-            delta = self.read_ld(ld, 1, ncol)
-            dPt = acc_rows_cols(acc_dP)
-            for c in cutlass.range_constexpr(ncol):
-                dPt[0, c] = -delta[c]              # two distinct values: see compute_step
-                dPt[1, c] = Float32(0.0) - delta[c]
+            self.minus_delta(acc_dP, ld, ncol)
             wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T - delta
                   zero_init=False, wait=0)
+            dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
-            self.dk_dq(mma, acc_dP, q_state, pipeline_q, None, tdKrQt, tdQrKt)
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q, None)
+
+        @cute.jit
+        def minus_delta(self, acc_dP, ld, ncol):
+            """lsesmem: the dP^T accumulator set to -delta of its query columns (read from
+            sLD, `read_ld`), so its wgmma returns dP^T - delta. Two distinct values (0 - x
+            is not -x at x = +0): one accumulator register each, else a copy lands after
+            wgmma.fence and ptxas injects a wait for the S^T wgmma before issuing the dP^T
+            one (C7517)."""
+            delta = self.read_ld(ld, 1, ncol)
+            dPt = acc_rows_cols(acc_dP)
+            assert cute.size(dPt, mode=[0]) == 2
+            for c in cutlass.range_constexpr(ncol):
+                dPt[0, c] = -delta[c]
+                dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
         def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0):
@@ -1077,12 +1083,12 @@ def _kernel_classes():
             return St
 
         @cute.jit
-        def dk_dq(self, mma, acc_dP, q_state, pipeline_q, prefetch, tdKrQt, tdQrKt):
+        def dk_dq(self, mma, acc_dP, q_state, pipeline_q, prefetch):
             """The step's end, from dS^T in acc_dP: dK += dS^T Q, dS^T -> smem, dQ = dS K,
             the dQ partial handed to reduce_dq (dqord: dK under its store); prefetch: the
             next step's lse / delta loads, issued under the dQ wgmma."""
             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
-             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, _, tdVrPt, tdKrdSt, tdQrdS, _,
+             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
              acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
             s = q_state.index
             tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
