@@ -104,10 +104,9 @@ POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 
 # A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
-# the default (`default_opts`: the five of DEFAULT_OPTS, both causalities, and kv2 where it
-# fits, D = 64), "none",
-# "all" (kv2 and m128 included: D = 64 only), a comma list, or "+" and a comma list (the
-# default and those).
+# the default (`default_opts`: the five of DEFAULT_OPTS, both causalities, and kv2 and
+# m128 at D = 64), "none", "all" (kv2 and m128 included: D = 64 only), a comma list, or
+# "+" / "-" and a comma list (the default with / without those).
 #   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
 #          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
 #   dqwide  the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows) with
@@ -139,7 +138,7 @@ POST_VEC = 8
 #          both 64-register accumulators beside dK, dV and P^T), dQ split by query rows
 #          between the warpgroups (each forms its 64 rows over all 128 keys: M = 64, N = D),
 #          lse / delta staged for 128 rows (lsesmem: needed), one K/V stage or kv2 where
-#          they fit (the smem model). Opt-in, compile-only (session 20).
+#          they fit (the smem model). Default at D = 64 (session 21; built in 20).
 #   kv2  K and V in two stages (the TLX twin's KV_STAGES_M64, host ws_kv_stages: two at
 #          D = 64), so the next tile's K/V load overlaps this tile's last steps and store
 #          (one stage: the load waits for the release after the store). D = 64 only
@@ -293,24 +292,33 @@ def kv_stages(head_dim: int, opts) -> int:
 
 def default_opts(causal: bool, head_dim=None) -> frozenset:
     """The measured default: DEFAULT_OPTS, plus kv2 where its two K/V stages fit in shared
-    memory (D = 64; the TLX twin's ws_kv_stages; head_dim None: without kv2)."""
+    memory (D = 64; the TLX twin's ws_kv_stages) and m128 where it is built (D = 64, as
+    TLX's block_m); head_dim None: neither."""
     opts = DEFAULT_OPTS[bool(causal)]
     if head_dim is not None and smem_bytes(head_dim, opts | {"kv2"}) <= SMEM_LIMIT:
-        return opts | {"kv2"}
+        opts = opts | {"kv2"}
+    if head_dim == 64 and "lsesmem" in opts:
+        opts = opts | {"m128"}
     return opts
 
 
 def bwd_opts(causal: bool, spec=None, head_dim=None) -> frozenset:
     """The A/B switches of a call: `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now), or
     the measured default for `causal` and `head_dim` when it is empty; "+a,b": the default
-    and a, b (e.g. `profile --ab JAGGED_CUTE_BWD_OPTS=+m128`)."""
-    spec = os.environ.get(OPTS_ENV, "") if spec is None else spec
-    plus = spec.strip().startswith("+")
-    opts = {o.strip() for o in spec.strip().lstrip("+").split(",") if o.strip()}
+    and a, b; "-a,b": the default without a, b (e.g. `profile --ab
+    JAGGED_CUTE_BWD_OPTS=-m128`)."""
+    spec = (os.environ.get(OPTS_ENV, "") if spec is None else spec).strip()
+    sign = spec[:1] if spec[:1] in "+-" else ""
+    opts = {o.strip() for o in spec[len(sign):].split(",") if o.strip()}
     if not opts:
         return default_opts(causal, head_dim)
-    if plus:
+    if sign == "+":
         opts |= default_opts(causal, head_dim)
+    elif sign == "-":
+        bad = opts - set(OPTS)
+        if bad:
+            raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}")
+        return default_opts(causal, head_dim) - opts
     if "all" in opts:
         opts = set(OPTS)
     opts.discard("none")

@@ -175,12 +175,14 @@ def test_bwd_opts_parse(monkeypatch):
     from kernels_cute.bwd_hopper import DEFAULT_OPTS, OPTS, bwd_opts, kv_stages
     monkeypatch.delenv("JAGGED_CUTE_BWD_OPTS", raising=False)
     nc = c = {"dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask"}   # measured defaults
-    assert set(OPTS) == nc | {"kv2", "m128"}         # kv2: by head dim, below; m128 opt-in
+    assert set(OPTS) == nc | {"kv2", "m128"}         # kv2, m128: by head dim, below
     assert DEFAULT_OPTS[False] == nc and DEFAULT_OPTS[True] == c
     assert bwd_opts(False) == nc
     assert bwd_opts(True) == c
-    for causal in (False, True):                     # kv2 where it fits: D = 64
-        assert bwd_opts(causal, head_dim=64) == DEFAULT_OPTS[causal] | {"kv2"}
+    for causal in (False, True):                     # kv2 where it fits, m128: D = 64
+        assert bwd_opts(causal, head_dim=64) == DEFAULT_OPTS[causal] | {"kv2", "m128"}
+        assert bwd_opts(causal, "-m128", head_dim=64) == DEFAULT_OPTS[causal] | {"kv2"}
+        assert bwd_opts(causal, "-m128", head_dim=128) == DEFAULT_OPTS[causal]
         assert bwd_opts(causal, head_dim=128) == DEFAULT_OPTS[causal]
         assert kv_stages(64, bwd_opts(causal, head_dim=64)) == 2
         assert kv_stages(128, bwd_opts(causal, head_dim=128)) == 1
@@ -200,7 +202,7 @@ def test_bwd_opts_parse(monkeypatch):
     assert bwd_opts(False) == frozenset()
     monkeypatch.setenv("JAGGED_CUTE_BWD_OPTS", "dqord")
     assert bwd_opts(True) == bwd_opts(False) == {"dqord"}
-    for bad in ("nope", "lse", "pds2", "q3", "dqblk", "dqord,dqblk"):   # lse: always on;
+    for bad in ("nope", "lse", "pds2", "q3", "dqblk", "dqord,dqblk", "-nope"):  # lse: on;
         with pytest.raises(ValueError):                                 # others gone
             bwd_opts(False, bad)
 
@@ -554,16 +556,17 @@ def test_dqwide_addresses(tmp_path):
 
 
 def test_bwd_opts_plus_and_step_rows():
-    """"+a,b" is the default and a, b; m128 (128 query rows a step) is built for D = 64
+    """"+a,b" is the default and a, b; m128 (128 query rows a step, the default at D = 64)
+    is built for D = 64
     with lsesmem only (a ValueError elsewhere, on the host); its smem model: 163 KB with one
     K/V stage, 195 KB with kv2 (the struct equals it: the kernel asserts so)."""
     from kernels_cute import bwd_hopper as B
     for causal in (False, True):
-        assert B.bwd_opts(causal, "+m128", head_dim=64) == B.default_opts(causal, 64) | {"m128"}
+        assert B.bwd_opts(causal, "+m128", head_dim=64) == B.default_opts(causal, 64)
         assert B.bwd_opts(causal, "+m128", head_dim=128) == B.default_opts(causal, 128) | {
             "m128"}
     opts = B.bwd_opts(False, "+m128", head_dim=64)
-    assert B.step_rows(64, opts) == 128 and B.step_rows(64, B.default_opts(False, 64)) == 64
+    assert B.step_rows(64, opts) == 128 and B.step_rows(64, opts - {"m128"}) == 64
     assert B.smem_bytes(64, opts) == 195 * 1024 <= B.SMEM_LIMIT            # with kv2
     assert B.smem_bytes(64, opts - {"kv2"}) == 163 * 1024
     with pytest.raises(ValueError, match="m128 is built for D = 64"):
