@@ -8,10 +8,10 @@ postprocess: same names, same order) whose main kernel is the counterpart of the
 warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
 reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
 with D split between the two compute warpgroups after a named barrier (dS^T in smem),
-one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and two at
-D = 64 (TLX `KV_STAGES_M64`, here `kv2`) and stage dK/dV through smem (`dkvsmem`); at
-D = 64 TLX takes 128-row steps by default since session 20 (its M128), here the opt-in
-`m128` (compile-only so far: dots in sequence, dQ split by query rows); they differ
+one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and stage
+dK/dV through smem (`dkvsmem`); at D = 64 both take 128-row steps by default (TLX's M128
+since session 20, here `m128` since 21: dots in sequence, dQ split by query rows; with
+two K/V stages here, `kv2`, one in TLX); they differ
 in the dQ path: here dQ = dS K with the query rows as M, reduced by a `reduce_dq` warp
 in 64 x 32 boxes (`dqwide`); TLX forms dQ^T = K^T dS^T with the head dim as M (D / 2 >=
 64, so at D = 64 each TLX consumer forms a full-D partial over its own keys and the last
@@ -157,6 +157,8 @@ POST_VEC = 8
 #                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
 #   kv2       s19  llm D = 64 B16 H16 2048 d 1.783 -> 1.758 (repeat 1.788), causal
 #                  1.042 -> 1.025 (1.043)
+#   m128      s21  with kv2, same shape: d 1.756 -> 1.621 (repeat 1.661), causal 1.025 ->
+#                  0.964 (0.966); CuteDSL matrix 200/200 (seed 1047164628)
 #   GPU matrix 200/200 (seed 502382232) with all five.
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
 #   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
