@@ -161,7 +161,9 @@ POST_VEC = 8
 #                  0.964 (0.966); CuteDSL matrix 200/200 (seed 1047164628)
 #   GPU matrix 200/200 (seed 502382232) with all five.
 # Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
-#   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null).
+#   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null), m128ov
+#   (s21: m128 with S^T and dP^T issued together as at 64 rows, dS^T from the 16-bit
+#   P^T: llm D = 64 d 1.634 -> 1.908 ms, causal 0.963 -> 1.097: +14..17 %).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
 OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2", "m128", "m128ov")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
