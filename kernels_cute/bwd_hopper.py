@@ -165,7 +165,7 @@ POST_VEC = 8
 #   (s21: m128 with S^T and dP^T issued together as at 64 rows, dS^T from the 16-bit
 #   P^T: llm D = 64 d 1.634 -> 1.908 ms, causal 0.963 -> 1.097: +14..17 %).
 OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2", "m128", "m128ov")
+OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2", "m128")
 _MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
 DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
 
@@ -950,22 +950,16 @@ def _kernel_classes():
             columns (finished by the load warp: `mask_lse_delta`). ld = (sLD, offset of the
             thread's first column in this step's stage): column c is 8 (c // 2) + c % 2
             further (`ld_column`)."""
-            rows = self.ld_view(ld)
+            sLD, off = ld
+            # the stage's rows from a byte address (an element index costs a shift and a
+            # register)
+            rows = cute.make_tensor(
+                cute.make_ptr(Float32, sLD.iterator.toint() + off, cute.AddressSpace.smem,
+                              assumed_align=8), cute.make_layout(2 * self.bm))
             v = cute.make_rmem_tensor(ncol, Float32)
             for c in cutlass.range_constexpr(ncol):
                 v[c] = rows[x * self.bm + ld_column(c)]
             return v
-
-        @cute.jit
-        def ld_view(self, ld):
-            """lsesmem: this thread's view of the step's sLD stage (lse*log2e at 0 +
-            ld_column(c), delta at bm + ld_column(c))."""
-            sLD, off = ld
-            # the stage's rows from a byte address (an element index costs a shift and a
-            # register)
-            return cute.make_tensor(
-                cute.make_ptr(Float32, sLD.iterator.toint() + off, cute.AddressSpace.smem,
-                              assumed_align=8), cute.make_layout(2 * self.bm))
 
         @cute.jit
         def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
@@ -1044,26 +1038,6 @@ def _kernel_classes():
             ncol = cute.size(tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            if const_expr("m128ov" in self.opts):
-                acc_dP = cute.make_rmem_tensor(shape_S, Float32)
-                wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],          # S^T = K Q^T
-                      zero_init=True, wait=-1)
-                self.minus_delta(acc_dP, ld, ncol)
-                wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],        # dP^T - delta
-                      zero_init=False, wait=-1)
-                warpgroup.wait_group(1)
-                self.probs(acc_S, self.ld_view(ld), tScS, n0, m0, len_k, len_q,
-                           scale_log2, wg_key0, at_use=True)
-                tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],   # dV += P^T dO
-                      zero_init=False, wait=-1)
-                warpgroup.wait_group(1)
-                dSt = acc_as_operand_a(acc_dP)      # dS^T from the 16-bit P^T: S^T is dead
-                for i in cutlass.range_constexpr(cute.size(dSt)):
-                    dSt[i] = dSt[i] * Float32(tdVrPt[i])
-                warpgroup.wait_group(0)             # dV: P^T's registers free for dS^T's
-                self.dk_dq(mma, acc_dP, q_state, pipeline_q, None)
-                return
             wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],              # S^T = K Q^T
                   zero_init=True, wait=0)
             St = self.probs(acc_S, self.read_ld(ld, 0, ncol), tScS, n0, m0, len_k, len_q,
@@ -1096,8 +1070,7 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0,
-                  at_use=False):
+        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0):
             """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past the
             sequence; causal: right of the diagonal, with diagmask only on the steps whose
             block it cuts); returns the (key, query) view."""
@@ -1105,8 +1078,7 @@ def _kernel_classes():
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                 key = n0 + tScS[r, 0][0]
                 for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
-                    l = lse2[ld_column(c)] if const_expr(at_use) else lse2[c]
-                    p = cute.math.exp2(St[r, c] * scale_log2 - l, fastmath=True)
+                    p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
                     keep = key < len_k
                     if const_expr(self.causal and not self.diag_mask):
                         keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
