@@ -314,22 +314,19 @@ def bwd_opts(causal: bool, spec=None, head_dim=None) -> frozenset:
     spec = (os.environ.get(OPTS_ENV, "") if spec is None else spec).strip()
     sign = spec[:1] if spec[:1] in "+-" else ""
     opts = {o.strip() for o in spec[len(sign):].split(",") if o.strip()}
-    if not opts:
-        return default_opts(causal, head_dim)
-    if sign == "+":
-        opts |= default_opts(causal, head_dim)
-    elif sign == "-":
-        bad = opts - set(OPTS)
-        if bad:
-            raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}")
-        return default_opts(causal, head_dim) - opts
-    if "all" in opts:
-        opts = set(OPTS)
-    opts.discard("none")
-    bad = opts - set(OPTS)
+    bad = opts - set(OPTS) - {"all", "none"}
     if bad:
         raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}, "
                          "all, none")
+    if not opts:
+        return default_opts(causal, head_dim)
+    if sign == "-":
+        return default_opts(causal, head_dim) - opts
+    if sign == "+":
+        opts |= default_opts(causal, head_dim)
+    if "all" in opts:
+        opts = set(OPTS)
+    opts.discard("none")
     return frozenset(opts)
 
 
