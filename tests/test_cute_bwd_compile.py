@@ -583,11 +583,11 @@ def test_bwd_opts_plus_and_step_rows():
     (False, True, "bf16", "+m128"), (True, True, "fp16", "+m128"),
     (False, False, "bf16", "+m128,kv2"), (True, False, "bf16", "+m128,kv2")])
 def test_bwd_main_m128_compiles(tmp_path, causal, bq, dtype, spec):
-    """m128 (opt-in, D = 64; the TLX twin's M128, its default there): spill-free with no
+    """m128 (the D = 64 default since session 21; the TLX twin's M128): spill-free with no
     ptxas-injected wgmma wait in every mode, one K/V stage or kv2; S^T / dP^T at N = 128
     (4 + 4 m64n128k16), dV / dK / dQ at N = D = 64 (K = 128: 8 each, dQ split by query
     rows); the dQ partial still reduced in D / 32 = 2 boxes a step; lse / delta read from
-    sLD as 2 x 16 ld.shared.v2 (32 query columns a thread). Compile-only: not yet run."""
+    sLD as 2 x 16 ld.shared.v2 (32 query columns a thread)."""
     _, ptx = _compile_spill_free(tmp_path, 64, causal, bq, dtype, spec)
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx)) == 8
     assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)) == 24
