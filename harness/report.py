@@ -9,7 +9,7 @@ import pandas as pd
 from . import backends
 from .plots import COPY_TBPS, backends_in, latest_clocks, load, ok, plot_all, speedup
 
-SUITE_ORDER = ["gem-jagged", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
+SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
 HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
 

@@ -62,6 +62,9 @@ def test_offsets_and_suites():
     assert {"gem-jagged", "gem-cross", "llm-dense", "smoke"} <= set(suites())
     gem = suite("gem-jagged")
     assert {p.sparsity for p in gem} == {0.1, 0.5, 0.9} and all(p.batch == 1152 for p in gem)
+    gem64 = suite("gem-jagged-d64")                  # the same grid at D = 64
+    assert [p.replace(head_dim=128, suite="gem-jagged") for p in gem64] == gem
+    assert {p.head_dim for p in gem64} == {64}
     with pytest.raises(ValueError, match="unknown suite"):
         suite("nope")
     with pytest.raises(ValueError, match="mode"):
