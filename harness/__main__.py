@@ -11,8 +11,8 @@ REPORTS = REPO / "reports"
 
 def quick_subset(problems):
     """bench-quick: a few shapes per suite (the long and short ends of each)."""
-    keep = {"gem-jagged": lambda p: p.max_seqlen_q in (512, 2048),
-            "gem-jagged-d64": lambda p: p.max_seqlen_q in (512, 2048),
+    ends = lambda p: p.max_seqlen_q in (512, 2048)
+    keep = {"gem-jagged": ends, "gem-jagged-d64": ends,
             "gem-cross": lambda p: p.max_seqlen_q == 1024,
             "gem-broadcast-q": lambda p: p.max_seqlen_q == 64,
             "llm-dense": lambda p: p.heads == 32}

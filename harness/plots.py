@@ -223,7 +223,7 @@ def plot_all(out_dir) -> list[Path]:
     done = []
     top = gemm_ceiling(out_dir)
     for ps in ("fwd", "bwd"):
-        for suite in ("gem-jagged", "gem-cross"):
+        for suite in ("gem-jagged", "gem-jagged-d64", "gem-cross"):
             done.append(_panels(good, suite, ps, "tflops", "TFLOP/s", "Jagged attention",
                                 out_dir / f"{suite}_{ps}.png", hline=top,
                                 hline_label=top and ceiling_label(top)))

@@ -9,7 +9,8 @@ import pandas as pd
 from . import backends
 from .plots import COPY_TBPS, backends_in, latest_clocks, load, ok, plot_all, speedup
 
-SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense", "smoke"]
+SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense",
+               "smoke"]
 HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
 
@@ -139,7 +140,7 @@ def write_report(out_dir, charts=True) -> Path:
                    "it: bandwidth is not what bounds these short sequences (PERF.md: host "
                    "time per call, per-tile fixed costs).", "",
                    _table(short, "tbps", "{:.2f}"), ""]
-        md += [f"![{p.stem}]({p.name})" for p in pngs if p.stem.startswith(suite)
+        md += [f"![{p.stem}]({p.name})" for p in pngs if p.stem.startswith(suite + "_")
                or (suite == "gem-jagged" and p.stem.startswith(("speedup", "bandwidth")))
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
