@@ -71,7 +71,7 @@ def cmd_sweep(a, timing: bool):
     _print_table(rows, timing)
     print(f"rows in {path}")
     if timing and gpus and not fake:  # the charts' ceiling line, measured as the rows were
-        from .clocks import run as clocks
+        from .gpu.clocks import run as clocks
         with torch.cuda.device(gpus[0]):
             clocks([], [], out=out, with_gemm=True)
 
@@ -89,7 +89,7 @@ def cmd_profile(a):
     from .problems import suite
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
-    from .profile import run
+    from .gpu.profile import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
     run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab, host=a.host)
 
@@ -99,7 +99,7 @@ def cmd_clocks(a):
     from .problems import suite
     if not torch.cuda.is_available():
         sys.exit("clocks needs a CUDA GPU")
-    from .clocks import run
+    from .gpu.clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
     run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out, _csv_list(a.passes),
         with_gemm=a.gemm)

@@ -129,7 +129,7 @@ def _ours(mod: str, need_cuda: bool):
 
 
 for _name, _mod, _cuda_only, _note in (
-        ("triton", "kernels_tlx.portable", False, "plain-Triton portable kernel (also runs on CPU under TRITON_INTERPRET=1)"),
+        ("triton", "jagged.portable", False, "plain-Triton portable kernel (also runs on CPU under TRITON_INTERPRET=1)"),
         ("tlx", "kernels_tlx", True, "Triton + TLX, Hopper warp-specialized; its tile lists "
          "are built on the GPU once per offsets tensor and reused while it is unchanged (as "
          "across a model's layers; from revision 78c8a59 on, not timed after the first call)"),

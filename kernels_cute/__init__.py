@@ -1,6 +1,6 @@
 """CuteDSL jagged flash attention.
 
-`jagged_attention` (see harness.api for the signature) runs the warp-specialized
+`jagged_attention` (see jagged.api for the signature) runs the warp-specialized
 persistent Hopper forward (`fwd_hopper`) and backward (`bwd_hopper`), both CuteDSL
 (H200, session 3: 100/100 matrix problems forward and backward).
 JAGGED_CUTE_BWD=portable runs the portable Triton kernel's backward instead (faster on
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from harness.api import hopper_available, make_jagged_attention
+from jagged.api import hopper_available, make_jagged_attention
 
 
 def _forward(*args):
@@ -21,7 +21,7 @@ def _forward(*args):
 
 def _backward(*args, **kw):
     if os.environ.get("JAGGED_CUTE_BWD", "hopper") == "portable":  # opt-out, read per call
-        from kernels_tlx import portable
+        from jagged import portable
         return portable.bwd(*args, **kw)
     from . import bwd_hopper
     return bwd_hopper.backward(*args, **kw)

@@ -23,7 +23,7 @@ Three kernels, named after their roles:
     lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
 (b) `BwdMain` (`_bwd_main`): a persistent grid (one CTA per SM) walking a jagged list of
     KV tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`harness.tiles.kv_tiles`, shared with the TLX backward; no host sync).
+    offsets (`jagged.tiles.kv_tiles`, shared with the TLX backward; no host sync).
     Each CTA is warp specialized (3 warpgroups, 384 threads):
 
         warpgroup 0, warp 0  `load_kv`   K, V of the tile (TMA, once per tile)
@@ -49,7 +49,7 @@ Three kernels, named after their roles:
 
     `schedule` decodes a tile id on the device; every role calls it with the same ids, so
     the roles agree on the work without talking. The ids come round-robin, or for causal
-    packed lists (`harness.tiles.bwd_dynamic`) in list order from a counter, as TLX's: the
+    packed lists (`jagged.tiles.bwd_dynamic`) in list order from a counter, as TLX's: the
     load warp takes the CTA's next tile with an atomic add (`next_tile`) and hands it to
     compute and reduce_dq (`publish_tile` / `fetch_tile`, kernels_cute/tile_counter.py;
     session 17, do_bench, static -> counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4
@@ -73,7 +73,7 @@ Determinism: as TLX's default (TMA bulk reduce): dK/dV are (each row written onc
 dQ is not bitwise deterministic.
 
 Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); on the H200
-(session 3) 9/9 `python -m kernels_cute.gpu_check --bwd --quick` problems and 100/100
+(session 3) 9/9 `python -m harness.gpu.cute_check --bwd --quick` problems and 100/100
 matrix problems pass. The default backward of kernels_cute (JAGGED_CUTE_BWD=portable
 runs the portable Triton one instead).
 """
@@ -82,8 +82,8 @@ import os
 
 import torch
 
-from harness.compile_check import SMEM_LIMIT as ARCH_SMEM_LIMIT
-from harness.tiles import bwd_dynamic, dq_accumulator, kv_tiles
+from jagged.arch import SMEM_LIMIT as ARCH_SMEM_LIMIT
+from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 64            # query rows per step
@@ -405,7 +405,7 @@ def _kernel_classes():
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (harness.tiles.dq_accumulator)."""
+            tile counter mSched[0] (jagged.tiles.dq_accumulator)."""
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
             r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
@@ -1306,7 +1306,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
                  opts=None, dynamic=None):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
     switches (a frozenset, see OPTS; None: bwd_opts(causal, head_dim=head_dim),
-    $JAGGED_CUTE_BWD_OPTS or the default). dynamic: tiles from the counter (None: harness.tiles.bwd_dynamic)."""
+    $JAGGED_CUTE_BWD_OPTS or the default). dynamic: tiles from the counter (None: jagged.tiles.bwd_dynamic)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -1347,7 +1347,7 @@ def _compiled(kind, *key):
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design. dlse: the
-    gradient on lse (harness.api), or None."""
+    gradient on lse (jagged.api), or None."""
     dout = dout.contiguous()
     out = out.contiguous()
     lse = lse.contiguous()
@@ -1372,7 +1372,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     _compiled("pre", q.dtype, D, not broadcast_q)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
-    if dlse is not None:  # the gradient on lse (harness.api)
+    if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
 
     # (b) main

@@ -45,7 +45,7 @@ from typing import Optional
 
 import torch
 
-from harness.tiles import fwd_bucket, fwd_config_override, fwd_consumers
+from jagged.tiles import fwd_bucket, fwd_config_override, fwd_consumers
 
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
@@ -77,7 +77,7 @@ class Config:
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
-# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket; the same
+# sequences, by max or mean KV length, else "long" (jagged.tiles.fwd_bucket; the same
 # table as TLX, except the 192-row D = 64 tile causal too: session 15, llm B16 H16 D64
 # 2048 -11.5 % non-causal, -5.2 % causal (128 rows then +10.6 / +7.0 % against them),
 # where TLX's masked steps spill)

@@ -13,13 +13,13 @@ time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t 
 Causal lists keep a sequence's tiles together, and the programs walk the list in TLX's
 boustrophedon round-robin (odd full rounds right to left; see its schedule.py).
 
-`build_tiles` (`harness.tiles.fwd_tiles`, shared by both styles) makes the list with
+`build_tiles` (`jagged.tiles.fwd_tiles`, shared by both styles) makes the list with
 one small Triton key kernel that also sorts it. `tile_coords` is the device-side
 decode every role of the kernel calls with the same tile id, so the `load` warp and
 the `compute` warpgroups agree on every tile without talking.
 """
 
-from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
+from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 __all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
 

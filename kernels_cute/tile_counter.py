@@ -1,11 +1,11 @@
 """Tiles from a counter for the roles of a CuteDSL kernel, the twin of
 `kernels_tlx/tile_counter.py` (the backward's causal packed lists,
-`harness.tiles.bwd_dynamic`): the load warp takes each CTA's next tile with an atomic add
+`jagged.tiles.bwd_dynamic`): the load warp takes each CTA's next tile with an atomic add
 (`next_tile`) and hands it to the other roles through a two-slot ring (`publish_tile`,
 `fetch_tile`); without `dynamic` every role steps the static round-robin itself.
 
 The ring is in global memory, as TLX's (the scheduling buffer of
-`harness.tiles.dq_accumulator`: [0] the counter, zeroed before the launch; [4 + 2p,
+`jagged.tiles.dq_accumulator`: [0] the counter, zeroed before the launch; [4 + 2p,
 4 + 2p + 2) CTA p's slots), guarded by a two-stage `PipelineAsync` whose barriers the
 helpers drive with a slot and phase derived from a loop-carried count i: a pipeline state
 advanced inside a called helper is not carried by the caller's tile loop (PERF.md,

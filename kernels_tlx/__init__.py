@@ -1,6 +1,6 @@
 """Triton + TLX jagged flash attention.
 
-`jagged_attention` (see harness.api for the signature) runs the warp-specialized
+`jagged_attention` (see jagged.api for the signature) runs the warp-specialized
 persistent Hopper forward (`fwd_hopper`) and the persistent Hopper backward
 (`bwd_hopper`).
 `available()` says whether this machine can run it. Importing this package makes no
@@ -8,7 +8,7 @@ driver call.
 """
 from __future__ import annotations
 
-from harness.api import hopper_available, make_jagged_attention
+from jagged.api import hopper_available, make_jagged_attention
 
 
 def _forward(*args):

@@ -9,12 +9,12 @@ Three kernels, named after their roles:
     and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
 (b) `_bwd_main`: a persistent grid (one program per SM) walking a jagged list of KV
     tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`harness.tiles.kv_tiles`; no host sync): every (sequence, KV block) is a tile,
+    offsets (`jagged.tiles.kv_tiles`; no host sync): every (sequence, KV block) is a tile,
     its work is the number of Q blocks that see it, tiles are sorted by work
     (descending, stable; causal: by their sequence's largest tile, so a sequence's
     tiles run together and share its Q / dO rows in L2) and dealt round-robin to the
     programs; causal packed lists are taken from a counter instead (the ws kernel:
-    `harness.tiles.bwd_dynamic`). On the GPU the default main kernel is the warp-specialized
+    `jagged.tiles.bwd_dynamic`). On the GPU the default main kernel is the warp-specialized
     `_bwd_main_ws` (bwd_hopper_ws.py), the same roles as tasks. Per tile the body is
     a table of contents:
         schedule  -> which tile (batch, KV block, KV head), its Q-block range
@@ -56,7 +56,7 @@ Determinism
   deterministic, at some cost in issue slots. The default TMA bulk reduce
   (cp.reduce.async.bulk) does not promise that two in-flight bulk reduces to the same
   rows apply in issue order, so it is not guaranteed bitwise deterministic. (If the
-  slot buffer would exceed `harness.tiles.MAX_SLOT_BYTES`, slots are shared by programs and nothing
+  slot buffer would exceed `jagged.tiles.MAX_SLOT_BYTES`, slots are shared by programs and nothing
   is deterministic; this does not happen at GEM shapes.)
 * packed modes (self / cross): dQ rows of a sequence longer than one KV tile receive
   reduce-adds from several programs in a run-dependent order -> NOT bitwise
@@ -81,7 +81,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.tiles import bwd_dynamic, dq_accumulator, kv_tiles
+from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 from .launch import fast
 
@@ -291,7 +291,7 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the tile counter sched_ptr[0] (harness.tiles.dq_accumulator)."""
+    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator)."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     tok = r // H
     h = r % H
@@ -526,7 +526,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module
     docstring (bitwise for broadcast-Q).
     config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel runs ws_config(D, mean_k). dlse: the gradient on lse (harness.api), or None."""
+    "ws" kernel runs ws_config(D, mean_k). dlse: the gradient on lse (jagged.api), or None."""
     impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
     if deterministic:
         impl = "triton"
@@ -567,7 +567,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
             out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
             dout.stride(0), dout.stride(1), delta.stride(0),
             H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
-        if dlse is not None:  # the gradient on lse (harness.api)
+        if dlse is not None:  # the gradient on lse (jagged.api)
             delta -= dlse
 
     # (b) main

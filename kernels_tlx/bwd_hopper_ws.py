@@ -4,7 +4,7 @@ tile `ws_config`: 128 keys per tile; 64 query rows per step but for short mean l
 32 there; 128 at D = 64 since session 20, below).
 
 One persistent program per SM walks the same jagged, longest-first KV-tile list as the
-plain kernel: round-robin, or for causal packed lists (DYNAMIC, `harness.tiles.bwd_dynamic`)
+plain kernel: round-robin, or for causal packed lists (DYNAMIC, `jagged.tiles.bwd_dynamic`)
 in list order from a counter. There a sequence's tiles run longest to shortest, a sawtooth
 the round-robin dealt unevenly: the load task takes each program's next tile with an atomic
 add once the last one's loads are issued (`next_tile`) and hands it to the other roles

@@ -31,7 +31,7 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from harness.tiles import fwd_bucket, fwd_config_override, fwd_consumers
+from jagged.tiles import fwd_bucket, fwd_config_override, fwd_consumers
 
 from .launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
@@ -62,7 +62,7 @@ class Config:
 
 
 # keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
-# sequences, by max or mean KV length, else "long" (harness.tiles.fwd_bucket). Modes
+# sequences, by max or mean KV length, else "long" (jagged.tiles.fwd_bucket). Modes
 # share configs.
 CONFIGS = {
     (64, "long"): Config(block_n=128, num_buffers_kv=3, overlap=True),
@@ -402,7 +402,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
-    """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of harness.api.make_jagged_attention."""
+    """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of jagged.api.make_jagged_attention."""
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1

@@ -9,7 +9,7 @@ time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % c
 time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
 
 Causal lists keep each sequence's tiles together (longest first within it, so one
-(sequence, head)'s K/V serves the programs running at once; harness.tiles.fwd_tile_order).
+(sequence, head)'s K/V serves the programs running at once; jagged.tiles.fwd_tile_order).
 A persistent program p takes the p-th tile of every round of P tiles, in odd full rounds
 counted from the right (boustrophedon): the program that took a round's longest tile
 takes the next round's shortest, which keeps the per-sequence sawtooth of causal tiles
@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from harness.tiles import fwd_tiles as build_tiles  # shared by both styles
+from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 __all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
 

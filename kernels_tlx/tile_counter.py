@@ -1,10 +1,10 @@
 """Tiles from a counter for the roles of a TLX kernel (the backward's causal packed lists,
-`harness.tiles.bwd_dynamic`): the load role takes each program's next tile with an atomic
+`jagged.tiles.bwd_dynamic`): the load role takes each program's next tile with an atomic
 add (`next_tile`) and hands it to the other roles through a two-slot ring
 (`publish_tile`, `fetch_tile`); without DYNAMIC every role steps the static round-robin
 itself. `kernels_cute/tile_counter.py` is its CuteDSL twin.
 
-The ring is in global memory (the scheduling buffer of `harness.tiles.dq_accumulator`:
+The ring is in global memory (the scheduling buffer of `jagged.tiles.dq_accumulator`:
 [0] the counter, zeroed before the launch; [4 + 2p, 4 + 2p + 2) program p's slots),
 guarded by two full / two empty mbarriers: a 1-warp TLX task (the backward's reduce_dq)
 cannot load a tensor from shared memory with this TLX (its layout is built for 4 warps:

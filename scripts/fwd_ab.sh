@@ -32,12 +32,12 @@ last() { echo "${1##* }"; }  # the last (combined) variant is the one checked
 
 if [ "$CHECK" = 1 ] && [ -n "$TLX" ]; then
   JAGGED_FWD_CONFIG=$(last "$TLX") timeout -s ABRT 200 python3 -X faulthandler \
-    -m kernels_tlx.gpu_check_fwd --no-bench > "$OUT/tlx_check_$R.log" 2>&1
+    -m harness.gpu.tlx_fwd --no-bench > "$OUT/tlx_check_$R.log" 2>&1
   echo "tlx check rc $? ($(grep -c '^PASS' "$OUT/tlx_check_$R.log") PASS, $(grep -c '^FAIL' "$OUT/tlx_check_$R.log") FAIL)"
 fi
 if [ "$CHECK" = 1 ] && have_cute; then
   JAGGED_FWD_CONFIG=$(last "$CUTE") timeout -s ABRT 200 python3 -X faulthandler \
-    -m kernels_cute.gpu_check --quick --no-bench > "$OUT/cute_check_$R.log" 2>&1
+    -m harness.gpu.cute_check --quick --no-bench > "$OUT/cute_check_$R.log" 2>&1
   echo "cute check rc $?"; tail -2 "$OUT/cute_check_$R.log"
 fi
 for suite in $SUITES; do

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from harness.problems import Problem
-from kernels_tlx.portable import jagged_attention
+from jagged.portable import jagged_attention
 
 
 @pytest.fixture

@@ -193,7 +193,7 @@ def compile_ws(d, causal, bq, dt="bf16", H=4, HKV=2, bm=None, diag=False, stages
     kv_stages: KV_STAGES_M64, by default as ws_kv_stages; dq_sum: DQ_SUM; stages: the Q
     loop's num_stages, by default as ws_config picks it for the step)."""
     pytest.importorskip("triton.language.extra.tlx")
-    from harness.tiles import bwd_dynamic
+    from jagged.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper_ws as ws
     cfg = bw.config(d)
     dynamic = bwd_dynamic(causal, bq) if dynamic is None else dynamic
@@ -221,7 +221,7 @@ def test_ws_compiles(d, causal, bq):
     rep, ttgir = compile_ws(d, causal, bq, bm=32)
     print(rep.row(), f" wait0={ttgir.count('pendings = 0')}")
     assert rep.has_mma and rep.setmaxnreg  # setmaxnreg gone: the register budget was exceeded
-    # causal packed builds take their tiles from the counter (harness.tiles.bwd_dynamic)
+    # causal packed builds take their tiles from the counter (jagged.tiles.bwd_dynamic)
     assert ("atom.global.gpu.relaxed.add" in rep.ptx) == (causal and not bq)
     assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
     # D=128 spilled 24-54 instructions in the tile loop while the K_c/V_c descriptors

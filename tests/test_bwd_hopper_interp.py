@@ -54,7 +54,7 @@ def run_backward(p: Problem, lengths, config, with_dlse=False):
     inp = p.build("cpu", lengths=lengths)
     bq = p.mode == "broadcast_q"
     dlse = None
-    if with_dlse:  # a gradient on lse too (harness.api)
+    if with_dlse:  # a gradient on lse too (jagged.api)
         dlse = torch.randn(p.heads, inp.dout.shape[0], generator=torch.Generator().manual_seed(1))
     kw = dict(causal=p.causal, broadcast_q=bq, dlse=dlse)
     ref = reference(inp, **kw)

@@ -1,6 +1,6 @@
 """Compile-only checks (no GPU): the TLX Hopper forward for sm_90a (wgmma present, no
 spills or local memory, shared memory within 227 KB) over its config table, and the
-portable kernel's forward for sm_100a (Blackwell) when kernels_tlx.portable exists."""
+portable kernel's forward for sm_100a (Blackwell) when jagged.portable exists."""
 import pytest
 
 pytest.importorskip("triton")
@@ -155,7 +155,7 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q):
     """The portable forward compiles to the tensor-core MMA of each target (wgmma on
     sm_90a, tcgen05 on sm_100a); on Blackwell it is the kernel that must at least
     compile, since the TLX Hopper kernels are wgmma-only."""
-    from kernels_tlx import portable
+    from jagged import portable
     sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
            "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "n_out": "i32",
            "dense_len_q": "i32"}
@@ -177,7 +177,7 @@ def test_schedule_kernels_sm90(which, n_pairs, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
     not spill (the interpreter accepts more, e.g. non-constexpr globals, so the CPU
     schedule tests alone do not prove this)."""
-    from harness.tiles import _tile_keys_kernel, sort_launch
+    from jagged.tiles import _tile_keys_kernel, sort_launch
     opts = sort_launch(n_pairs)
     sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", tiles_ptr="*i32", count_ptr="*i32",
                n_pairs="i32", n_stride="i32", NB="i32", L_q="i32")

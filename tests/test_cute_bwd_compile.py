@@ -72,7 +72,7 @@ def test_bwd_main_compiles_sm90a(tmp_path, monkeypatch, D, causal):
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add", ptx), \
         "no TMA reduce-add (dQ) in the PTX"
     assert re.search(r"setmaxnreg\.inc", ptx) and re.search(r"setmaxnreg\.dec", ptx)
-    # causal packed builds take their tiles from the counter (harness.tiles.bwd_dynamic)
+    # causal packed builds take their tiles from the counter (jagged.tiles.bwd_dynamic)
     assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == causal
     res = _ptxas(path)
     print(f"D={D} causal={causal}: {len(mma)} wgmma {sorted(set(mma))}; "
@@ -407,7 +407,7 @@ def test_backward_dispatch(monkeypatch):
     import sys
     import types
     import kernels_cute
-    from kernels_tlx import portable
+    from jagged import portable
     fake = types.ModuleType("kernels_cute.bwd_hopper")
     fake.backward = lambda *a: "hopper"
     monkeypatch.setitem(sys.modules, "kernels_cute.bwd_hopper", fake)

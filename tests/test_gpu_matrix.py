@@ -66,7 +66,7 @@ def implementations():
         return available(), jagged_attention
 
     def portable():
-        from kernels_tlx.portable import jagged_attention
+        from jagged.portable import jagged_attention
         return (True, ""), jagged_attention
 
     return {"tlx": tlx, "cute": cute, "triton": portable}

@@ -237,8 +237,8 @@ def bench_offsets(lengths):
     return [0] + torch.cumsum(lengths, 0).tolist()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kernels_tlx.portable") is None,
-                    reason="kernels_tlx.portable not written yet")
+@pytest.mark.skipif(importlib.util.find_spec("jagged.portable") is None,
+                    reason="jagged.portable not written yet")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback path is what is tested")
 def test_cli_bench_smoke_on_cpu(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -308,15 +308,15 @@ def test_flex_block_mask_is_reused_while_offsets_stay(monkeypatch):
 def test_sanitize_problems_pass_the_portable_kernel_on_cpu():
     """The sanitizer script's problems (each mode, zero-length and length-1 sequences)
     run and pass the oracle through the portable kernel in the interpreter."""
-    from harness.sanitize import main
+    from harness.gpu.sanitize import main
     assert main(["--impl", "triton", "--device", "cpu"]) == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the same code")
 def test_profile_runs_gate_then_reports(capsys):
-    """harness.profile on the portable kernel in the interpreter: gate, then one line per
+    """harness.gpu.profile on the portable kernel in the interpreter: gate, then one line per
     pass (the GPU columns are empty here), so a GPU session spends no time on its bugs."""
-    from harness.profile import run
+    from harness.gpu.profile import run
     p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=20, sparsity=0.5, dtype="fp16")
     lines = run(["triton"], [p], ["fwd", "bwd"], n=1, ab=["JAGGED_BWD_IMPL=triton"], host=True)
     assert len(lines) == 4 and all("host" in l and "do_bench" in l for l in lines), lines
@@ -328,7 +328,7 @@ def test_profile_runs_gate_then_reports(capsys):
 
 
 def test_ab_summary_means_rounds_against_the_run_as_is():
-    from harness.profile import ab_summary
+    from harness.gpu.profile import ab_summary
     rec = lambda v, g, t: dict(backend="tlx", problem="P", pass_="fwd", variant=v, gpu_ms=g,
                                bench_ms=t)
     lines = ab_summary([rec("", 2.0, 4.0), rec("X=1", 1.0, 3.0), rec("X=0", 2.0, 4.0),
@@ -340,9 +340,9 @@ def test_ab_summary_means_rounds_against_the_run_as_is():
 
 
 def test_ncu_sass_regions(tmp_path):
-    """harness.ncu_sass splits an ncu SASS page into runs of equal execution count and
+    """harness.gpu.ncu_sass splits an ncu SASS page into runs of equal execution count and
     reports each run's share of the samples and its stall mix per issued instruction."""
-    from harness.ncu_sass import regions
+    from harness.gpu.ncu_sass import regions
     hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
            "stall_wait", "stall_selected", "stall_barrier", "stall_wait (Not Issued)"]
     rows = [["0x0", "  LDC R1, c[0x0][0x28]", "10", "8", "5", "5", "0", "9"],
@@ -371,7 +371,7 @@ def test_match_alternatives():
 def test_clocks_parses_samples_and_needs_a_gpu():
     """`harness clocks` reads nvidia-smi's csv lines (skipping anything else) and, on a
     machine without a GPU, stops with a message rather than a traceback."""
-    from harness.clocks import parse
+    from harness.gpu.clocks import parse
     assert parse("1582, 691.23, 60, 0x0000000000000004\n") == (1582.0, 691.23, 60.0,
                                                                   "0x0000000000000004")
     assert parse("[N/A], [N/A], 60, 0x0") is None and parse("") is None
@@ -386,7 +386,7 @@ def test_clocks_rows_round_trip_and_chart(tmp_path):
     """A printed `clocks` line reads back as its row (logs written before --out), rows
     append to clocks.csv, and the chart keeps the last row per (backend, problem,
     variant) without repeat rounds."""
-    from harness.clocks import append_rows, line, read_log
+    from harness.gpu.clocks import append_rows, line, read_log
     from harness.plots import latest_clocks, plot_clocks
     m = dict(tflops=569.2, mhz=1538.0, watts=692.0, temp_c=64.0, at_boost=733.0, calls=515,
              samples=20, reasons="0x0000000000000004")
@@ -424,7 +424,7 @@ def test_gemm_ceiling_row_reads_back_for_the_charts(tmp_path):
     """`harness clocks --gemm` prints its row like any other; read back from the log into
     clocks.csv, its TFLOP/s is the ceiling the TFLOP/s charts draw (the latest gemm row;
     None before one was measured)."""
-    from harness.clocks import GEMM_PROBLEM, append_rows, line, read_log
+    from harness.gpu.clocks import GEMM_PROBLEM, append_rows, line, read_log
     from harness.plots import ceiling_label, gemm_ceiling
     assert gemm_ceiling(tmp_path) is None
     m = dict(tflops=681.3, mhz=1485.0, watts=685.0, temp_c=60.0, at_boost=908.4, calls=1400,

@@ -1,4 +1,4 @@
-"""kernels_tlx.portable against the oracle: forward and backward, every mode.
+"""jagged.portable against the oracle: forward and backward, every mode.
 
 CPU tests run in the Triton interpreter (tests/conftest.py) on small problems whose
 lengths are given explicitly, to hit zero-length, length-1 and odd lengths, causal
@@ -9,7 +9,7 @@ import torch
 
 from harness.oracle import check
 from harness.problems import Problem
-from kernels_tlx.portable import jagged_attention
+from jagged.portable import jagged_attention
 
 
 def run_check(p: Problem, lengths=None, device="cpu", softmax_scale=None):

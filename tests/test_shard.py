@@ -171,8 +171,8 @@ def test_lane_env_pins_the_gpu():
     assert fake["CUDA_VISIBLE_DEVICES"] == "" and fake["HARNESS_GPU_INDEX"] == "1"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kernels_tlx.portable") is None,
-                    reason="kernels_tlx.portable not written yet")
+@pytest.mark.skipif(importlib.util.find_spec("jagged.portable") is None,
+                    reason="jagged.portable not written yet")
 def test_cli_fake_gpus(tmp_path):
     """`python -m harness bench` with HARNESS_FAKE_GPUS=3 and `--gpus 2`: two lanes."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "HARNESS_FAKE_GPUS": "3"}

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from harness.problems import offsets
-from harness.tiles import longest_first_tiles
+from jagged.tiles import longest_first_tiles
 from kernels_cute.schedule import kv_block as cute_kv_block
 from kernels_cute.schedule import kv_steps as cute_kv_steps
 from kernels_tlx.schedule import build_tiles, tile_coords
@@ -41,7 +41,7 @@ def test_kv_tiles_brute_force(causal, bq):
     ordered by the number of query blocks that see it (counted pair by pair here); under
     causal masking by the sequence's largest such count (its block 0), a sequence's tiles
     together."""
-    from harness.tiles import kv_tiles
+    from jagged.tiles import kv_tiles
     BM, BN = 64, 128
     g = torch.Generator().manual_seed(int(causal) * 2 + int(bq))
     lk = torch.randint(0, 400, (23,), generator=g)
@@ -74,7 +74,7 @@ def test_kv_tiles_brute_force(causal, bq):
 def test_kv_tiles_match_reference(causal, bq, order, monkeypatch):
     """The kernel-built backward tile list equals the torch reference, order included,
     in both JAGGED_BWD_TILE_ORDER orders; "seq" keeps a sequence's tiles together."""
-    from harness.tiles import kv_tiles, kv_tiles_reference
+    from jagged.tiles import kv_tiles, kv_tiles_reference
     monkeypatch.setenv("JAGGED_BWD_TILE_ORDER", order)
     g = torch.Generator().manual_seed(11 + 2 * causal + bq)
     B = 40
@@ -95,7 +95,7 @@ def test_kv_tiles_match_reference(causal, bq, order, monkeypatch):
 
 def test_fwd_bucket(monkeypatch):
     """The forward's length bucket, and its per-call override for A/B runs."""
-    from harness.tiles import fwd_bucket
+    from jagged.tiles import fwd_bucket
     monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
     assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
     assert fwd_bucket(256, mean_k=26.5) == "short" and fwd_bucket(2048, mean_k=209) == "long"
@@ -110,7 +110,7 @@ def test_fwd_bucket(monkeypatch):
 def test_bwd_dynamic(monkeypatch):
     """The backward takes causal packed tiles from a counter; JAGGED_BWD_SCHED overrides
     it per call; broadcast-Q (programs pinned to a head) never does."""
-    from harness.tiles import bwd_dynamic
+    from jagged.tiles import bwd_dynamic
     monkeypatch.delenv("JAGGED_BWD_SCHED", raising=False)
     assert bwd_dynamic(True, False) and not bwd_dynamic(False, False)
     assert not bwd_dynamic(True, True)
@@ -127,7 +127,7 @@ def test_bwd_dynamic(monkeypatch):
 def test_dq_accumulator_sched_buffer(bq):
     """The scheduling buffer follows the dQ accumulator in one allocation (fresh per
     call): the counter, then two handoff slots a program, 16-byte aligned."""
-    from harness.tiles import dq_accumulator
+    from jagged.tiles import dq_accumulator
     acc, grid, sched = dq_accumulator(10, 7, 4, 2, 64, bq, 132, "cpu")
     assert acc.dtype == torch.float32 and sched.dtype == torch.int32
     assert acc.shape == ((10, 4, 64) if not bq else (66, 7, 4, 64)) and acc.is_contiguous()
@@ -141,7 +141,7 @@ def test_fwd_config_override(monkeypatch):
     """JAGGED_FWD_CONFIG overrides integer fields of either style's forward Config."""
     from dataclasses import dataclass
 
-    from harness.tiles import fwd_config_override
+    from jagged.tiles import fwd_config_override
 
     @dataclass(frozen=True)
     class Cfg:
@@ -160,7 +160,7 @@ def test_fwd_config_override(monkeypatch):
 def test_tile_buffers_are_16_byte_aligned(B):
     """Every array the kernels receive starts 16-byte aligned whatever the size, so
     Triton's alignment specialization never compiles a second kernel variant."""
-    from harness.tiles import kv_tiles
+    from jagged.tiles import kv_tiles
     cu = offsets(torch.full((B,), 70))
     tb, tn, nt = kv_tiles(cu, cu, 0, 70, False, 64, 64)
     pairs, count, _ = build_tiles(cu, cu, B, 70, None, 64, 64, False)
@@ -172,7 +172,7 @@ def test_tile_buffers_are_16_byte_aligned(B):
 def test_long_lists_take_the_torch_sort_path(causal):
     """Past SORT_MAX pairs the key kernels loop and torch.sort orders the keys: the same
     lists as the references."""
-    from harness.tiles import SORT_MAX, kv_tiles, kv_tiles_reference
+    from jagged.tiles import SORT_MAX, kv_tiles, kv_tiles_reference
     g = torch.Generator().manual_seed(5 + causal)
     B = 1700
     lq = torch.randint(0, 300, (B,), generator=g)
@@ -193,7 +193,7 @@ def test_long_lists_take_the_torch_sort_path(causal):
 def test_tile_lists_are_cached_per_offsets(monkeypatch):
     """Same offsets objects, unchanged: the same lists, no rebuild. An in-place change
     (version counter), other offsets, or JAGGED_TILE_CACHE=0: built again, right."""
-    from harness.tiles import kv_tiles, kv_tiles_reference
+    from jagged.tiles import kv_tiles, kv_tiles_reference
     monkeypatch.delenv("JAGGED_TILE_CACHE", raising=False)
     cu = offsets(torch.tensor([70, 3, 129]))
     args = (cu, cu, 3, 129, None, 64, 64, False)

@@ -1,8 +1,8 @@
 """GPU check of kernels_tlx.bwd_hopper.backward: correctness on ~30 random problems
 (every mode, zero-length and length-1 sequences, broadcast-Q at B=1152), then timing.
 
-    python -m kernels_tlx.gpu_check_bwd [--impl triton,ws] [--no-time] [--only-time] [--seed N]
-    python -m kernels_tlx.gpu_check_bwd --impl triton --configs base,m16n128,m64n64 [--suites gem-jagged,llm-dense]
+    python -m harness.gpu.tlx_bwd [--impl triton,ws] [--no-time] [--only-time] [--seed N]
+    python -m harness.gpu.tlx_bwd --impl triton --configs base,m16n128,m64n64 [--suites gem-jagged,llm-dense]
 
 --configs: bwd_hopper.CONFIGS names (impl "triton" only; "default" = pick_config's
 choice per problem): each config is checked on the random problems first and timed only

@@ -1,7 +1,7 @@
 """The forward's dense baseline: the uTLX Hopper ping-pong persistent tutorial kernel and
 ours on the same dense problem (bf16, D = 128, non-causal), timed in one process.
 
-    python -m kernels_tlx.gpu_check_tutorial [--batch 8 --heads 16 --seqlen 8192]
+    python -m harness.gpu.tlx_tutorial [--batch 8 --heads 16 --seqlen 8192]
 
 The tutorial takes [B, H, N, D] (each head's rows contiguous); ours takes the packed
 [B * N, H, D] of the jagged API, and also runs on the tutorial's layout as B * H

@@ -1,6 +1,6 @@
 """GPU check of the TLX Hopper forward: correctness against the oracle, then speed.
 
-    python -m kernels_tlx.gpu_check_fwd [--quick] [--no-bench] [--no-fa4]
+    python -m harness.gpu.tlx_fwd [--quick] [--no-bench] [--no-fa4]
 
 Part 1 runs harness.oracle.check (backward=False, with LSE) on ~30 problems across
 every mode (self / cross / broadcast_q, causal, GQA, D 64/128, bf16/fp16, zero-length
@@ -23,7 +23,7 @@ import torch
 from harness.oracle import check
 from harness.problems import Problem
 
-from . import fwd_hopper
+from kernels_tlx import fwd_hopper
 
 
 def jagged_attention():

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .bench import call_kw, default_device, pass_call, run_problem
-from .problems import Problem
+from ..bench import call_kw, default_device, pass_call, run_problem
+from ..problems import Problem
 
 FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 BOOST_MHZ = 1980.0
@@ -176,8 +176,8 @@ def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
     """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`).
     `out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd.
     `with_gemm`: the sustained GEMM row (`gemm`) first."""
-    from . import backends
-    from .bench import git_rev
+    from .. import backends
+    from ..bench import git_rev
     from .profile import _env
     rev, fns = git_rev(), {}
     sampler, lines, rows = Sampler(), [], []

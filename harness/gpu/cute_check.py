@@ -1,4 +1,4 @@
-"""GPU check of the CuteDSL Hopper forward:  python -m kernels_cute.gpu_check [--quick]
+"""GPU check of the CuteDSL Hopper forward:  python -m harness.gpu.cute_check [--quick]
 
 1. correctness: ~20 random problems across modes (self / cross / broadcast_q, causal,
    GQA, D 64 / 128, bf16 / fp16, empty and length-1 sequences) against
@@ -74,7 +74,7 @@ def edge_cases():
 
 def check_schedule() -> int:
     """The key kernel + device sort gives the torch reference's order and count."""
-    from harness.tiles import longest_first_tiles
+    from jagged.tiles import longest_first_tiles
     from kernels_cute.schedule import build_tiles
     bad = 0
     for i, (B, mq, causal, bq) in enumerate([(7, 300, False, False), (50, 700, True, False),

@@ -19,8 +19,8 @@ from collections import defaultdict
 
 import torch
 
-from .bench import _time, call_kw, default_device, host_ms, pass_call, run_problem
-from .problems import Problem
+from ..bench import _time, call_kw, default_device, host_ms, pass_call, run_problem
+from ..problems import Problem
 
 
 def _sync():
@@ -177,7 +177,7 @@ def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = ()
     in one process; a variable given twice runs twice (a repeat round), and the A/B
     summary table (`ab_summary`) is printed last. `host`: also print a cProfile of the
     calls."""
-    from . import backends
+    from .. import backends
     lines, records = [], []
     for name in backend_names:
         b = backends.get(name)

@@ -10,7 +10,7 @@ On the GPU node (session 13, PERF.md):
         python -m harness profile --backends tlx --passes fwd --match "Lq1024 Lk1024 s0.5"
     ncu -i rep.ncu-rep --page source --csv --print-source sass > rep_sass.csv
 
-then anywhere:  python -m harness.ncu_sass rep_sass.csv [--min 0.4]
+then anywhere:  python -m harness.gpu.ncu_sass rep_sass.csv [--min 0.4]
 
 Samples are per warp, so compare kernels by the stall mix and by samples per issued
 instruction ("selected") within a region, not by raw counts: a kernel with more
@@ -65,7 +65,7 @@ def regions(path: str, min_pct: float = 0.4) -> list[str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m harness.ncu_sass")
+    ap = argparse.ArgumentParser(prog="python -m harness.gpu.ncu_sass")
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--min", type=float, default=0.4, help="smallest region shown (%% of samples)")
     a = ap.parse_args(argv)

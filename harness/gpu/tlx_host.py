@@ -6,7 +6,7 @@ kernel). This times each piece of one call alone, as mean microseconds per call 
 many issues (perf_counter, no sync inside the loop), and each Triton launch inside the
 real calls (JITFunction.run wrapped), so a change to the host path can be aimed.
 
-    python -m kernels_tlx.gpu_check_host [--match "Lq256 Lk256 s0.1"] [--n 200] [--batch 16]
+    python -m harness.gpu.tlx_host [--match "Lq256 Lk256 s0.1"] [--n 200] [--batch 16]
 
 Rows timed both ways show three columns: launch mode 2 (cached launch plans), 1
 (launch.fast with the binder), 0 (Triton's JITFunction.run); each the least of two GC-off
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from harness.api import validate
+from jagged.api import validate
 from harness.bench import host_ms, pass_call
 from harness.problems import suite
 

@@ -1,7 +1,7 @@
 """One small problem of each mode, forward and backward, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python3 -m harness.sanitize --impl tlx
-    compute-sanitizer --tool racecheck python3 -m harness.sanitize --impl tlx
+    compute-sanitizer --tool memcheck  python3 -m harness.gpu.sanitize --impl tlx
+    compute-sanitizer --tool racecheck python3 -m harness.gpu.sanitize --impl tlx
 
 Small on purpose (the sanitizers slow kernels down by orders of magnitude), but each
 has several query blocks and KV tiles, a zero-length and a length-1 sequence, so the
@@ -15,10 +15,10 @@ import argparse
 import importlib
 import sys
 
-from .oracle import check
-from .problems import Problem
+from ..oracle import check
+from ..problems import Problem
 
-IMPLS = {"tlx": "kernels_tlx", "cute": "kernels_cute", "triton": "kernels_tlx.portable"}
+IMPLS = {"tlx": "kernels_tlx", "cute": "kernels_cute", "triton": "jagged.portable"}
 
 
 def problems() -> list[tuple[str, Problem, tuple]]:
@@ -45,7 +45,7 @@ def problems() -> list[tuple[str, Problem, tuple]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.sanitize")
+    ap = argparse.ArgumentParser(prog="python -m harness.gpu.sanitize")
     ap.add_argument("--impl", choices=sorted(IMPLS), default="tlx")
     ap.add_argument("--only", default="", help="run the modes whose name contains this")
     ap.add_argument("--device", default="cuda", help="cpu: the portable kernel in the interpreter")

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.api import make_jagged_attention
+from jagged.api import make_jagged_attention
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -286,7 +286,7 @@ def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadc
         BM = _config("fwd", D, q.device)[0]
         preprocess_kernel[(triton.cdiv(n_out, BM), H)](
             out, dout, delta, n_out, H * D, D, D=D, BLOCK_M=BM)
-        if dlse is not None:  # the gradient on lse (harness.api)
+        if dlse is not None:  # the gradient on lse (jagged.api)
             delta -= dlse
     if max_k:
         BM, BN, warps, stages = _config("dkdv", D, q.device)
