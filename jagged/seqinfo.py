@@ -1,0 +1,81 @@
+"""Sequence ranges and the bottom-right causal range, written once for every kernel.
+
+Sequence b of a packed operand holds tokens [cu[b], cu[b + 1]) (the FA varlen offsets);
+a DENSE operand (broadcast-Q's query) is shared by every sequence: tokens [0, dense_len).
+
+Causal masking is bottom-right aligned, as FA's: within a sequence of len_q queries and
+len_k keys, query row i sees key j iff j <= i + len_k - len_q (the last query row sees
+every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
+
+- the rows [0, row_end) (row_end >= 1) see keys [0, causal_kv_end(row_end, len_q, len_k)),
+  so a block of
+rows [m0, m0 + BLOCK_M) needs the keys below causal_kv_end(m0 + BLOCK_M, ...), and
+  the keys below causal_kv_end(m0 + 1, ...) are seen by every row of it (no mask needed);
+- key n0 is seen by the rows [causal_q_start(n0, len_q, len_k), len_q) (the backward's
+  view: a KV block starting at n0 meets no query row before it).
+
+Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
+helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`
+functions are their torch references (the tile lists' and the tests').
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def seq_range(cu, b, dense_len, DENSE: tl.constexpr):
+    """(first token, length) of sequence b; a DENSE operand (length dense_len, first
+    token 0) is shared by every b and cu is not read."""
+    if DENSE:
+        return 0, dense_len
+    start = tl.load(cu + b)
+    return start, tl.load(cu + b + 1) - start
+
+
+@triton.jit
+def causal_visible(i, j, len_q, len_k):
+    """Whether query row i sees key j (bottom-right; i and j broadcast). The sequence's
+    bounds (i < len_q, j < len_k) are the caller's."""
+    return j <= i + (len_k - len_q)
+
+
+@triton.jit
+def causal_kv_end(row_end, len_q, len_k):
+    """Keys [0, result) are those the query rows below row_end (>= 1) see, clamped to
+    [0, len_k]: row_end + len_k - len_q."""
+    return tl.minimum(tl.maximum(row_end + (len_k - len_q), 0), len_k)
+
+
+@triton.jit
+def causal_q_start(n0, len_q, len_k):
+    """The first query row that sees key n0, clamped to [0, len_q]."""
+    return tl.minimum(tl.maximum(n0 - (len_k - len_q), 0), len_q)
+
+
+# ----------------------------------------------------------------------------- torch references
+
+def seq_range_ref(cu, dense_len: int | None = None, batch: int | None = None):
+    """(first tokens, lengths) int64 [B] of every sequence; dense_len: a dense operand
+    shared by `batch` sequences (cu unused)."""
+    if dense_len is not None:
+        return (torch.zeros(batch, dtype=torch.int64),
+                torch.full((batch,), dense_len, dtype=torch.int64))
+    cu = cu.to(torch.int64)
+    return cu[:-1], cu[1:] - cu[:-1]
+
+
+def causal_visible_ref(i, j, len_q, len_k):
+    return torch.as_tensor(j) <= torch.as_tensor(i) + (torch.as_tensor(len_k) - len_q)
+
+
+def causal_kv_end_ref(row_end, len_q, len_k):
+    len_k = torch.as_tensor(len_k)
+    return torch.minimum(torch.clamp(torch.as_tensor(row_end) + (len_k - len_q), min=0), len_k)
+
+
+def causal_q_start_ref(n0, len_q, len_k):
+    len_q = torch.as_tensor(len_q)
+    return torch.minimum(torch.clamp(torch.as_tensor(n0) - (len_k - len_q), min=0), len_q)
