@@ -7,10 +7,10 @@ Causal masking is bottom-right aligned, as FA's: within a sequence of len_q quer
 len_k keys, query row i sees key j iff j <= i + len_k - len_q (the last query row sees
 every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
 
-- the rows [0, row_end) (row_end >= 1) see keys [0, causal_kv_end(row_end, len_q, len_k)),
-  so a block of
-rows [m0, m0 + BLOCK_M) needs the keys below causal_kv_end(m0 + BLOCK_M, ...), and
-  the keys below causal_kv_end(m0 + 1, ...) are seen by every row of it (no mask needed);
+- the rows [0, row_end) (row_end >= 1) see the keys [0, causal_kv_end(row_end, len_q,
+  len_k)), so a block of rows [m0, m0 + BLOCK_M) needs the keys below
+  causal_kv_end(m0 + BLOCK_M, ...), and every row of it sees the keys below
+  causal_kv_end(m0 + 1, ...) (no mask needed there);
 - key n0 is seen by the rows [causal_q_start(n0, len_q, len_k), len_q) (the backward's
   view: a KV block starting at n0 meets no query row before it).
 
