@@ -1,14 +1,14 @@
 """Triton + TLX jagged flash attention.
 
-`jagged_attention` (see jagged.api for the signature) runs the warp-specialized
-persistent Hopper forward (`fwd_hopper`) and the persistent Hopper backward
-(`bwd_hopper`).
-`available()` says whether this machine can run it. Importing this package makes no
-driver call.
+`jagged_attention` (the signature is `jagged.jagged_attention`'s, without `backend`)
+runs the warp-specialized persistent Hopper forward (`fwd_hopper`) and backward
+(`bwd_hopper`). `available()` says whether this machine can run it. Importing this
+package makes no driver call.
 """
 from __future__ import annotations
 
-from jagged.api import hopper_available, make_jagged_attention
+from jagged.api import make_jagged_attention
+from jagged.dispatch import style_available
 
 
 def _forward(*args):
@@ -23,7 +23,7 @@ def _backward(*args, **kw):
 
 def available() -> tuple[bool, str]:
     """(True, "") when the TLX Hopper kernels can run here, else (False, why not)."""
-    return hopper_available("triton.language.extra.tlx", "TLX (triton-utlx)")
+    return style_available("tlx")
 
 
 jagged_attention = make_jagged_attention("tlx", _forward, _backward)

@@ -1,5 +1,10 @@
-"""Input validation of the public op (each bad input names its argument) and
-tracing through it with torch.library.opcheck / torch.compile."""
+"""Input validation of the public op (each bad input names its argument), the two
+levels of the offsets check, backend dispatch, and tracing through the op with
+torch.library.opcheck / torch.compile."""
+import contextlib
+import dataclasses
+import warnings
+
 import pytest
 import torch
 
@@ -22,7 +27,7 @@ def call(inp, **over):
     a = dict(q=inp.q, k=inp.k, v=inp.v, cu_seqlens_q=inp.cu_seqlens_q,
              cu_seqlens_k=inp.cu_seqlens_k, max_seqlen_q=inp.max_seqlen_q,
              max_seqlen_k=inp.max_seqlen_k)
-    kw = {k: over.pop(k) for k in ("causal", "broadcast_q") if k in over}
+    kw = {k: over.pop(k) for k in ("causal", "broadcast_q", "check_offsets") if k in over}
     a.update(over)
     return jagged_attention(*a.values(), **kw)
 
@@ -31,13 +36,75 @@ def test_valid_input_runs(inp):
     assert call(inp).shape == inp.q.shape
 
 
+# offsets with bad values: (override, the synchronous check's message, the device check's)
+BAD_OFFSETS = [
+    (dict(cu_seqlens_k=[0, 5, 3, 13]), "cu_seqlens_k is not monotonic", "cu_seqlens_k must not decrease"),
+    (dict(cu_seqlens_q=[0, 5, 5, 12]), "cu_seqlens_q ends at 12", "cu_seqlens_q must end at q.shape[0]"),
+    (dict(cu_seqlens_q=[1, 5, 5, 13]), "cu_seqlens_q must start at 0", "cu_seqlens_q must start at 0"),
+    (dict(max_seqlen_q=7), "max_seqlen_q=7 is smaller", "max_seqlen_q is smaller than a length in cu_seqlens_q"),
+    (dict(max_seqlen_k=4), "max_seqlen_k=4 is smaller", "max_seqlen_k is smaller than a length in cu_seqlens_k"),
+]
+
+
+def offsets_override(over):
+    return {k: torch.tensor(v, dtype=torch.int32) if isinstance(v, list) else v
+            for k, v in over.items()}
+
+
+@pytest.mark.parametrize("over, host_msg, _", BAD_OFFSETS)
+def test_bad_offsets_checked_on_host(inp, over, host_msg, _):
+    """check_offsets=True: a ValueError naming the argument, before any launch."""
+    with pytest.raises(ValueError, match=host_msg.replace("(", r"\(")):
+        call(inp, check_offsets=True, **offsets_override(over))
+
+
+@contextlib.contextmanager
+def interpreter_asserts():
+    """The interpreter compiles no device_assert unless its options ask for debug (the
+    GPU build of the check kernel sets debug=True itself)."""
+    from triton.runtime import interpreter
+    b = interpreter.interpreter_builder
+    old = b.options
+    b.options = dataclasses.replace(old, debug=True)
+    try:
+        yield
+    finally:
+        b.options = old
+
+
+@pytest.mark.parametrize("over, _, device_msg", BAD_OFFSETS)
+def test_bad_offsets_checked_on_device(inp, over, _, device_msg):
+    """The default path: the device-side assertion names the argument (the interpreter
+    raises it as an InterpreterError; on a GPU it is a device-side assert)."""
+    from triton.runtime.errors import InterpreterError
+    with interpreter_asserts(), pytest.raises(InterpreterError, match=device_msg.replace("[", r"\[")):
+        call(inp, **offsets_override(over))
+
+
+def test_good_offsets_pass_the_device_check(inp, bq):
+    with interpreter_asserts():
+        assert call(inp, causal=True).shape == inp.q.shape
+        assert call(bq, broadcast_q=True).shape == (8, 2, 64)
+
+
+def test_device_check_is_not_repeated(inp, monkeypatch):
+    """Offsets already checked (same tensors, same version) are not checked again; a
+    write through torch bumps the version, so they are."""
+    from jagged import validate
+    calls = []
+    real = validate._offsets_check_kernel
+    monkeypatch.setattr(validate, "_offsets_check_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: (lambda *a, **k: calls.append(1) or real[grid](*a, **k))})())
+    cu_q = inp.cu_seqlens_q.clone()
+    call(inp, cu_seqlens_q=cu_q)
+    call(inp, cu_seqlens_q=cu_q)
+    assert len(calls) == 1
+    cu_q.add_(0)
+    call(inp, cu_seqlens_q=cu_q)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("make, exc, name", [
-    (lambda i: dict(cu_seqlens_k=torch.tensor([0, 5, 3, 13], dtype=torch.int32)), ValueError,
-     "cu_seqlens_k is not monotonic"),
-    (lambda i: dict(cu_seqlens_q=torch.tensor([0, 5, 5, 12], dtype=torch.int32)), ValueError,
-     "cu_seqlens_q ends at 12"),
-    (lambda i: dict(cu_seqlens_q=torch.tensor([1, 5, 5, 13], dtype=torch.int32)), ValueError,
-     "cu_seqlens_q must start at 0"),
     (lambda i: dict(q=i.q.float()), TypeError, "q must be bfloat16 or float16"),
     (lambda i: dict(v=i.v.half()), TypeError, "share one dtype"),
     (lambda i: dict(cu_seqlens_q=i.cu_seqlens_q.long()), TypeError, "cu_seqlens_q must be int32"),
@@ -45,14 +112,38 @@ def test_valid_input_runs(inp):
     (lambda i: dict(q=i.q[..., :48].repeat(1, 1, 2).contiguous()), ValueError, "head_dim 96"),
     (lambda i: dict(q=i.q.transpose(0, 1).contiguous().transpose(0, 1)), ValueError,
      "q must be contiguous"),
-    (lambda i: dict(max_seqlen_q=7), ValueError, "max_seqlen_q=7 is smaller"),
     (lambda i: dict(max_seqlen_k=2.0), TypeError, "max_seqlen_k must be a non-negative int"),
     (lambda i: dict(q=i.q[:, :1].repeat(1, 3, 1)), ValueError,
      "q heads (3) must be a multiple of k heads (2)"),
+    (lambda i: dict(cu_seqlens_k=i.cu_seqlens_k[:3]), ValueError, "the same batch"),
 ])
 def test_bad_input(inp, make, exc, name):
+    """Checked on the host with no device access, whatever check_offsets says."""
     with pytest.raises(exc, match=name.replace("(", r"\(").replace(")", r"\)")):
         call(inp, **make(inp))
+
+
+def test_dispatch(inp):
+    """"auto" on CPU tensors runs the portable kernel and warns once, naming why; a named
+    style that cannot run raises; an unknown name is an error."""
+    import jagged
+    from jagged import dispatch
+    dispatch._CHOSEN.clear()
+    with pytest.warns(RuntimeWarning, match="portable Triton kernel: cute: CPU tensors"):
+        assert jagged.which(inp.q) == "portable"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert jagged.which(inp.q) == "portable"  # once
+        out = jagged.jagged_attention(inp.q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                                      inp.max_seqlen_q, inp.max_seqlen_k, backend="portable")
+    torch.testing.assert_close(out, call(inp))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="backend='tlx' cannot run here: needs a CUDA GPU"):
+            dispatch.resolve("tlx", 0)
+    with pytest.raises(ValueError, match="backend='nope'"):
+        dispatch.resolve("nope", -1)
+    ok = jagged.available()
+    assert set(ok) == {"cute", "tlx", "portable"} and ok["portable"] == (True, "")
 
 
 def test_broadcast_q_rejects_cu_seqlens_q(bq):

@@ -1,0 +1,41 @@
+"""Jagged (variable-length, packed) flash attention for NVIDIA GPUs.
+
+    out = jagged.jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, *, causal=False, softmax_scale=None,
+                                  broadcast_q=False, return_lse=False, backend="auto",
+                                  check_offsets=False)
+
+q [total_q, H, D], k / v [total_k, H_kv, D] (H a multiple of H_kv), cu_seqlens_* int32
+[B + 1] prefix sums from 0; bf16 or fp16, D 64 or 128; causal is bottom-right aligned
+(query i of a sequence sees key j iff j <= i + len_k - len_q). broadcast_q=True: q is one
+dense [L_q, H, D] shared by every sequence, cu_seqlens_q is None, out is [B * L_q, H, D].
+lse is [H, total_q] fp32 (natural log; -inf on rows that see no key). Gradients flow to
+q, k, v through out and lse.
+
+`backend`: "auto" (the fastest style that runs on q's device, see jagged.dispatch),
+"cute", "tlx" or "portable". `which(q)` says which one "auto" takes. The call never
+synchronizes the host; `check_offsets=True` adds a synchronous check of the offsets'
+values (jagged.validate says which error appears when).
+"""
+from __future__ import annotations
+
+from .dispatch import available, resolve, style_fn
+
+__all__ = ["jagged_attention", "available", "which"]
+
+
+def which(q, backend: str = "auto") -> str:
+    """The style `jagged_attention(q, ..., backend=backend)` runs."""
+    return resolve(backend, q.device.index if q.is_cuda else -1)
+
+
+def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, softmax_scale=None, broadcast_q=False, return_lse=False,
+                     backend="auto", check_offsets=False):
+    fn = style_fn(which(q, backend))
+    return fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+              softmax_scale=softmax_scale, broadcast_q=broadcast_q, return_lse=return_lse,
+              check_offsets=check_offsets)
+
+
+jagged_attention.__doc__ = __doc__

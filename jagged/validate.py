@@ -1,0 +1,145 @@
+"""Input checks of the public API.
+
+Three levels, so that the default call never waits on the GPU:
+- `validate` (every call, on the host, no device access): types, dtypes, shapes,
+  devices, contiguity, the batch sizes of the offsets; a TypeError or ValueError that
+  names the argument.
+- `check_offsets_async` (every call, on the device, no host sync): one small kernel
+  checks that each `cu_seqlens_*` starts at 0, never decreases, ends at its tensor's
+  token count and holds no length above its `max_seqlen_*`. A bad value fails a
+  device-side assertion whose message names the argument; CUDA reports it at the next
+  synchronization, and the attention kernels queued behind it never run. As with every
+  device-side assertion, the process's CUDA context is unusable afterwards. A check of
+  unchanged offsets is not repeated (the tile lists' cache, keyed by tensor identity and
+  version).
+- `check_offsets_host` (`check_offsets=True`): the same conditions, read on the host
+  (one device-to-host copy), raising a ValueError with the offending entry before
+  anything is launched.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .tiles import _cached
+
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+
+
+def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+             broadcast_q=False, head_dims=HEAD_DIMS) -> int:
+    """Raise TypeError/ValueError naming the bad argument; return the batch size.
+    Reads no tensor value (no device access)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be [tokens, heads, head_dim], got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("k", k), ("v", v), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    D = q.shape[2]
+    if D not in head_dims:
+        raise ValueError(f"head_dim {D} (q.shape[2]) not supported; supported: {head_dims}")
+    if k.shape[2] != D or v.shape != k.shape:
+        raise ValueError(f"k and v must be [total_k, H_kv, {D}], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k heads ({k.shape[1]})")
+    _check_offsets_tensor("cu_seqlens_k", cu_seqlens_k)
+    batch = cu_seqlens_k.shape[0] - 1
+    if broadcast_q:
+        if cu_seqlens_q is not None:
+            raise ValueError("cu_seqlens_q must be None with broadcast_q=True (q is one dense [L_q, H, D])")
+    else:
+        if not isinstance(cu_seqlens_q, torch.Tensor):
+            raise TypeError("cu_seqlens_q must be a torch.Tensor (None only with broadcast_q=True)")
+        if cu_seqlens_q.device != q.device:
+            raise ValueError(f"cu_seqlens_q is on {cu_seqlens_q.device} but q is on {q.device}")
+        _check_offsets_tensor("cu_seqlens_q", cu_seqlens_q)
+        if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cu_seqlens_k "
+                             f"{cu_seqlens_k.shape[0]}: they must describe the same batch")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise TypeError(f"{name} must be a non-negative int, got {m!r}")
+    if broadcast_q and max_seqlen_q < q.shape[0]:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} is smaller than L_q={q.shape[0]}")
+    return batch
+
+
+def _check_offsets_tensor(name, cu):
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D [batch + 1], got shape {tuple(cu.shape)}")
+    if not cu.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+# ------------------------------------------------------------------ host (opt-in)
+def check_offsets_host(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k):
+    """The full synchronous check (`check_offsets=True`): a ValueError naming the argument
+    and the offending entry. cu_seqlens_q None: broadcast-Q, nothing to check for q."""
+    _host_check("cu_seqlens_k", cu_seqlens_k, n_k, max_seqlen_k)
+    if cu_seqlens_q is not None:
+        _host_check("cu_seqlens_q", cu_seqlens_q, n_q, max_seqlen_q)
+
+
+def _host_check(name, cu, total, max_len):
+    c = cu.cpu().to(torch.int64)
+    if c[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {int(c[0])}")
+    lens = c[1:] - c[:-1]
+    if (lens < 0).any():
+        b = int(torch.nonzero(lens < 0)[0])
+        raise ValueError(f"{name} is not monotonic: entry {b + 1} ({int(c[b + 1])}) < entry {b} ({int(c[b])})")
+    if c[-1] != total:
+        raise ValueError(f"{name} ends at {int(c[-1])} but the tensor has {total} tokens")
+    if len(lens) and int(lens.max()) > max_len:
+        which = name.replace("cu_seqlens", "max_seqlen")
+        raise ValueError(f"{which}={max_len} is smaller than a real length ({int(lens.max())}, "
+                         f"sequence {int(lens.argmax())})")
+
+
+# ------------------------------------------------------------------ device (default)
+@triton.jit
+def _check_one(cu, batch, total, max_len, BLOCK: tl.constexpr, NAME: tl.constexpr,
+               MAX_NAME: tl.constexpr, TOTAL_NAME: tl.constexpr):
+    tl.device_assert(tl.load(cu) == 0, NAME + " must start at 0")
+    tl.device_assert(tl.load(cu + batch) == total, NAME + " must end at " + TOTAL_NAME)
+    for start in range(0, batch, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        inb = b < batch
+        n = tl.load(cu + b + 1, mask=inb, other=0) - tl.load(cu + b, mask=inb, other=0)
+        tl.device_assert(n >= 0, NAME + " must not decrease")
+        tl.device_assert(n <= max_len, MAX_NAME + " is smaller than a length in " + NAME)
+
+
+@triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
+def _offsets_check_kernel(cu_q, cu_k, batch, n_q, n_k, max_q, max_k,
+                          CHECK_Q: tl.constexpr, BLOCK: tl.constexpr):
+    _check_one(cu_k, batch, n_k, max_k, BLOCK, "cu_seqlens_k", "max_seqlen_k", "k.shape[0]")
+    if CHECK_Q:
+        _check_one(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q", "q.shape[0]")
+
+
+def _launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k):
+    batch = cu_k.shape[0] - 1
+    _offsets_check_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k, max_q,
+                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, num_warps=4)
+
+
+def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k):
+    """Queue the device-side offsets check (no host sync); skipped for offsets already
+    checked with the same token counts and maxima (and never skipped under CUDA-graph
+    capture, so a replay checks the values it finds)."""
+    _cached(_launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k)
