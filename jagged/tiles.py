@@ -3,7 +3,7 @@
 Forward: a tile is a (sequence, query block) pair `b * nblk + m`, ordered by
 descending work (KV blocks to visit, plus one for the Q load and the epilogue, so
 tiles with no key still count), ties by pair index; causal lists by sequence first
-(`fwd_tile_order`); invalid pairs (past a sequence's queries) come last. `fwd_tiles`
+(see `fwd_tiles`); invalid pairs (past a sequence's queries) come last. `fwd_tiles`
 builds it for both styles (their `schedule.build_tiles`) with one small key kernel
 that also sorts; `longest_first_tiles` is its torch-op reference.
 
@@ -13,19 +13,19 @@ else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torc
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 
 Both lists are reused while their offsets tensors are unchanged (`_cached`). The
-forward's length bucket, consumer count and Config overrides for A/B runs (`fwd_bucket`,
-`fwd_consumers`, `fwd_config_override`) live here too, since both styles share them.
+forward's length bucket and consumer count (`fwd_bucket`, `fwd_consumers`) and the
+backward's scheduling mode (`bwd_dynamic`) live here too, since both styles share them.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 from collections import OrderedDict
 
 import torch
 import triton
 import triton.language as tl
+
+from .seqinfo import causal_q_start, causal_q_start_ref
 
 
 def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
@@ -41,23 +41,19 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: 
     m0 = torch.arange(0, nblk * block_m, block_m, device=dev, dtype=torch.int32)[None, :]
     lq, lk = len_q[:, None], len_k[:, None]
     valid = m0 < lq
-    if causal:  # bottom-right: row i sees keys j <= i + lk - lq
-        kv_end = torch.clamp(torch.minimum(m0 + block_m + lk - lq, lk), min=0)
-    else:
-        kv_end = lk.expand(-1, nblk)
-    work = torch.where(valid, (kv_end + block_n - 1) // block_n + 1, -1)
-    if causal and fwd_tile_order() == "seq":  # sequences by their keys, then their blocks
-        seq_work = (lk + block_n - 1) // block_n + 1
+    work = (lk + block_n - 1) // block_n + 1  # every block of a sequence: all its keys
+    if causal:  # sequences by their keys, then their blocks, last (longest) first
         b = torch.arange(batch, device=dev)[:, None]
         mi = torch.arange(nblk, device=dev)[None, :]
-        work = torch.where(valid, (seq_work * batch + batch - 1 - b) * nblk + mi, -1)
+        work = (work * batch + batch - 1 - b) * nblk + mi
+    work = torch.where(valid, work, -1)
     pairs = torch.argsort(work.reshape(-1), descending=True, stable=True).to(torch.int32)
     count = valid.sum(dtype=torch.int32).reshape(1)
     return pairs, count, nblk
 
 
 # the forward's 64-key blocks win up to this mean length: kernel time at gem-jagged
-# sparsity 0.1, means 26 / 52 / 102 / 209 keys: -30 / -11 / -10 / +2 % (PERF.md, session 4)
+# sparsity 0.1, means 26 / 52 / 102 / 209 keys: -30 / -11 / -10 / +2 % (PERF.md)
 FWD_SHORT_MEAN_K = 128
 
 
@@ -66,14 +62,7 @@ def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None, causal: bool = Fa
     blocks) when every sequence's KV fits in one 64-key block or, without causal masking,
     the mean KV length (total keys / batch, known without a sync) is at most
     FWD_SHORT_MEAN_K, else "long". (64-key blocks over several blocks per sequence have
-    passed the GPU oracle non-causal only: the bench gate, PERF.md session 4.)
-    JAGGED_FWD_BUCKET (short or long, read per call) overrides it, for A/B runs
-    (`python -m harness profile --ab JAGGED_FWD_BUCKET=short`)."""
-    env = os.environ.get("JAGGED_FWD_BUCKET")
-    if env:
-        if env not in ("short", "long"):
-            raise ValueError(f"JAGGED_FWD_BUCKET={env!r}: expected 'short' or 'long'")
-        return env
+    passed the GPU oracle non-causal only: the bench gate.)"""
     by_mean = mean_k is not None and not causal and mean_k <= FWD_SHORT_MEAN_K
     return "short" if max_seqlen_k <= 64 or by_mean else "long"
 
@@ -87,24 +76,6 @@ def fwd_consumers(block_m: int, producer_regs: int) -> tuple[int, int]:
                          f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
     n = block_m // 64
     return n, (512 - producer_regs) // n // 8 * 8
-
-
-def fwd_config_override(cfg):
-    """`cfg` (a style's forward Config dataclass) with JAGGED_FWD_CONFIG applied, read per
-    call: comma-separated integer fields, e.g. "num_buffers_kv=3,num_buffers_q=1", for
-    A/B runs (`python -m harness profile --ab JAGGED_FWD_CONFIG=...`)."""
-    env = os.environ.get("JAGGED_FWD_CONFIG")
-    if not env:
-        return cfg
-    names = {f.name for f in dataclasses.fields(cfg)}
-    over = {}
-    for item in env.split(","):
-        key, _, val = item.partition("=")
-        if key not in names or not val.lstrip("-").isdigit():
-            raise ValueError(f"JAGGED_FWD_CONFIG={env!r}: expected name=int pairs of "
-                             f"{sorted(names)}")
-        over[key] = type(getattr(cfg, key))(int(val))
-    return dataclasses.replace(cfg, **over)
 
 
 # broadcast-Q: per-program dQ slots are capped at this many bytes in all
@@ -125,7 +96,7 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
 
 # tile lists of at most this many pairs are sorted inside their key kernel (tl.sort,
 # one program): no torch.sort, whose host cost (0.1-0.2 ms a call on the H200 node)
-# exceeded the kernels' own time at short sequences (PERF.md, session 3)
+# exceeded the kernels' own time at short sequences (PERF.md)
 SORT_MAX = 8192
 
 
@@ -140,42 +111,35 @@ def sort_launch(n: int) -> dict:
 
 @triton.jit
 def _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-                 SEQ_ORDER: tl.constexpr):
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """Forward: (sequence b, query block m) = pair b * NB + m. Its work: KV blocks to
     visit, plus one for the Q load and the epilogue; 0 when the block holds no query.
-    SEQ_ORDER (causal, int64): by the sequence's largest work (its last block's: all its
-    keys), then the sequence, then m, so a sequence's tiles stay together, its longest
-    first (see fwd_tiles)."""
+    CAUSAL (int64): by the sequence's largest work (its last block's: all its keys), then
+    the sequence, then m, so a sequence's tiles stay together, its longest first (see
+    fwd_tiles)."""
     b = pair // NB
     m0 = (pair % NB) * BLOCK_M
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
-    if CAUSAL:  # bottom-right: row i sees keys j <= i + len_k - len_q
-        kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + len_k - len_q, 0), len_k)
-    else:
-        kv_end = len_k
-    work = (kv_end + BLOCK_N - 1) // BLOCK_N + 1
-    if SEQ_ORDER:
-        seq_work = ((len_k + BLOCK_N - 1) // BLOCK_N + 1).to(tl.int64)
+    work = (len_k + BLOCK_N - 1) // BLOCK_N + 1
+    if CAUSAL:
         n_seq = n_pairs // NB
-        work = (seq_work * n_seq + (n_seq - 1 - b)) * NB + pair % NB
+        work = (work.to(tl.int64) * n_seq + (n_seq - 1 - b)) * NB + pair % NB
     return tl.where(inb & (m0 < len_q), work, 0)
 
 
 @triton.jit
 def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, SEQ_ORDER: tl.constexpr):
+                  CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """Backward: (sequence b, KV block n) = pair b * NB + n. Its work: query blocks that
     see the block, plus one (so blocks no query sees still come before padding); 0 past
-    the sequence's keys. SEQ_ORDER: the work of the sequence's first KV block (its
-    largest) for every block, so a sequence's tiles stay together (see kv_tiles)."""
+    the sequence's keys. CAUSAL: the work of the sequence's first KV block (its largest)
+    for every block, so a sequence's tiles stay together (see kv_tiles)."""
     b = pair // NB
     n0 = (pair % NB) * BLOCK_N
     len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
-    if CAUSAL:
-        k0 = 0 if SEQ_ORDER else n0  # the key block whose work counts
-        m_lo = tl.maximum(k0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
-        work = tl.maximum(len_q - m_lo + BLOCK_M - 1, 0) // BLOCK_M
+    if CAUSAL:  # the query blocks from the one holding the first row that sees key 0
+        m_lo = causal_q_start(0, len_q, len_k) // BLOCK_M * BLOCK_M
+        work = (len_q - m_lo + BLOCK_M - 1) // BLOCK_M
     else:
         work = (len_q + BLOCK_M - 1) // BLOCK_M
     return tl.where(inb & (n0 < len_k), work + 1, 0)
@@ -184,13 +148,13 @@ def _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M: tl.constexpr, BLOCK_N
 @triton.jit
 def _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-               KV_TILES: tl.constexpr, SEQ_ORDER: tl.constexpr):
+               KV_TILES: tl.constexpr):
     if KV_TILES:
         return _kv_pair_work(pair, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                             BROADCAST_Q, SEQ_ORDER)
+                             BROADCAST_Q)
     else:
         return _q_pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                            CAUSAL, BROADCAST_Q, SEQ_ORDER)
+                            CAUSAL, BROADCAST_Q)
 
 
 @triton.jit
@@ -204,7 +168,7 @@ def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
 def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr, SEQ_ORDER: tl.constexpr = False):
+                      BLOCK: tl.constexpr, SORT: tl.constexpr):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
@@ -218,10 +182,10 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         pair = tl.arange(0, BLOCK)
         inb = pair < n_pairs
         work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                          CAUSAL, BROADCAST_Q, KV_TILES, SEQ_ORDER)
+                          CAUSAL, BROADCAST_Q, KV_TILES)
         # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
-        # (SEQ_ORDER's int64 work: 63 bits)
-        top: tl.constexpr = 63 if SEQ_ORDER else 31
+        # (the forward's causal int64 work: 63 bits)
+        top: tl.constexpr = 63 if CAUSAL and not KV_TILES else 31
         work_key = tl.minimum(work, (1 << (top - BITS)) - 1)
         key = tl.sort((work_key << BITS) | (BLOCK - 1 - pair), descending=True)
         sorted_pair = BLOCK - 1 - (key & (BLOCK - 1))
@@ -236,7 +200,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
             pair = start + tl.arange(0, BLOCK)
             inb = pair < n_pairs
             work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                              CAUSAL, BROADCAST_Q, KV_TILES, SEQ_ORDER)
+                              CAUSAL, BROADCAST_Q, KV_TILES)
             key = ((-tl.minimum(work, 2**31 - 1)).to(tl.int64) << 32) | pair.to(tl.int64)
             tl.store(keys_ptr + pair, key, mask=inb)
             total += tl.sum((work > 0).to(tl.int32), 0)
@@ -251,12 +215,15 @@ def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.conste
     _store_tiles(pair, out_ptr, i, m, n_stride, NB)
 
 
-# Tile lists are reused while their offsets are unchanged (the same tensor objects at the
-# same version counter), as across a model's layers: the key kernel's launch was a large
-# part of a short call's host time. Off under CUDA-graph capture (a replay must rebuild)
-# and with JAGGED_TILE_CACHE=0. Offsets rewritten behind torch's back (a raw pointer
-# write that does not bump the version counter) need JAGGED_TILE_CACHE=0.
-TILE_CACHE_SIZE = 16
+# Tile lists (and the offsets checks, jagged.validate) are reused while their offsets are
+# unchanged: the same tensor objects at the same version counter, as across a model's
+# layers. The key kernel's launch was a large part of a short call's host time (forward
+# at gem 256 / 0.1: 0.185 against 0.270 ms a call without reuse, PERF.md). Off under
+# CUDA-graph capture (a replay must rebuild). Offsets changed behind torch's back (a raw
+# pointer write, e.g. by another library's kernel or a DLPack alias, that does not bump
+# the version counter) are not seen: write new offsets through torch ops (cu.copy_(new),
+# cu[1:] = ...), which bump it, or pass a new tensor.
+TILE_CACHE_SIZE = 32
 _TILE_CACHE: OrderedDict = OrderedDict()
 
 
@@ -266,8 +233,7 @@ def _cached(build, cu_q, cu_k, *params):
                None if cu_q is None else cu_q._version, params)
     except RuntimeError:  # inference-mode tensors have no version counter
         return build(cu_q, cu_k, *params)
-    if (os.environ.get("JAGGED_TILE_CACHE") == "0" or
-            (cu_k.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if cu_k.is_cuda and torch.cuda.is_current_stream_capturing():
         return build(cu_q, cu_k, *params)
     hit = _TILE_CACHE.get(key)
     if hit is not None:
@@ -291,32 +257,21 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None
 
     `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None.
 
-    Causal order (`fwd_tile_order`): each sequence's tiles together, sequences by their
-    KV length, a sequence's query blocks last (longest) to first, so the programs that
-    run at once share one (sequence, head)'s K/V in L2, as the backward's causal order
-    does (kv_tiles). Without causal masking the two orders are the same."""
+    Causal order: each sequence's tiles together, sequences by their KV length, a
+    sequence's query blocks last (longest) to first, so the programs that run at once
+    share one (sequence, head)'s K/V in L2, as the backward's causal order does
+    (kv_tiles). Against longest tile first over the batch, sustained on the H200 with the
+    boustrophedon round-robin of both styles' tile_coords, llm causal: B8 H16 8192 TLX
+    527.9 -> 569.2 TFLOP/s, CuteDSL 520.2 -> 563.7; B16 H16 D64 2048 TLX 292.8 -> 338.0,
+    CuteDSL 334.8 -> 358.6; GQA B4 H32/8 4096 +1.8 % / null. The SM clock under the 700 W
+    cap rose 1410 -> 1538 MHz at B8: longest tile first ran ~16 (sequence, head) K/V
+    streams at once (120+ at D64), this order 2-3. Without the boustrophedon, a sequence's
+    sawtooth of causal tiles unbalanced the static round-robin (cycles +6 %)."""
     return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m,
-                   block_n, bool(causal), fwd_tile_order() == "seq" and bool(causal))
+                   block_n, bool(causal))
 
 
-def fwd_tile_order() -> str:
-    """The forward's causal tile order: "seq" (default) or "tile" (longest tile first
-    over the batch), by JAGGED_FWD_TILE_ORDER, read per call. Sustained on the H200
-    (session 16, `harness clocks`, with the boustrophedon round-robin of both styles'
-    tile_coords), llm causal: B8 H16 8192 TLX 527.9 -> 569.2 TFLOP/s, CuteDSL 520.2 ->
-    563.7; B16 H16 D64 2048 TLX 292.8 -> 338.0, CuteDSL 334.8 -> 358.6; GQA B4 H32/8 4096
-    +1.8 % / null. The SM clock under the 700 W cap rose 1410 -> 1538 MHz at B8 H16: the
-    tile order ran ~16 (sequence, head) K/V streams at once (120+ at D64), this one 2-3.
-    Without the boustrophedon, a sequence's sawtooth of causal tiles unbalanced the
-    static round-robin (cycles +6 %)."""
-    order = os.environ.get("JAGGED_FWD_TILE_ORDER", "seq")
-    if order not in ("tile", "seq"):
-        raise ValueError(f"JAGGED_FWD_TILE_ORDER={order!r}: expected 'tile' or 'seq'")
-    return order
-
-
-def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal,
-                     seq_order=False):
+def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal):
     nblk = max(1, -(-max_seqlen_q // block_m))
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
@@ -328,7 +283,7 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, bloc
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
         len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, SEQ_ORDER=seq_order, **opts)
+        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, **opts)
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
@@ -346,18 +301,14 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
 
     Causal order: each sequence's tiles together, sorted by the sequence's largest tile
     work (ties by pair: b, then n ascending), so the programs that run at once share its
-    Q / dO / dQ rows in L2; longest first by tile scatters them over the batch. Measured
-    at llm-dense B8 H16 8192 causal on the H200 (session 7): TLX 15.85 -> 14.64 ms,
-    CuteDSL 15.73 -> 14.36 ms. Without causal masking the two orders are the same.
-    JAGGED_BWD_TILE_ORDER=tile (read per call) selects the by-tile order."""
-    order = os.environ.get("JAGGED_BWD_TILE_ORDER", "seq")
-    if order not in ("tile", "seq"):
-        raise ValueError(f"JAGGED_BWD_TILE_ORDER={order!r}: expected 'tile' or 'seq'")
-    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N,
-                   order == "seq" and bool(causal))
+    Q / dO / dQ rows in L2; longest first by tile scattered them over the batch. Measured
+    at llm-dense B8 H16 8192 causal on the H200: TLX 15.85 -> 14.64 ms, CuteDSL 15.73 ->
+    14.36 ms. Without causal masking every tile of a sequence has the same work, so the
+    two orders are the same."""
+    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
 
 
-def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order):
+def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     B = cu_k.shape[0] - 1
     NB = max(1, -(-max_k // BLOCK_N))
     n = B * NB
@@ -369,17 +320,15 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order)
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
     _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
                             NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                            BROADCAST_Q=cu_q is None, KV_TILES=True, SEQ_ORDER=seq_order,
-                            **opts)
+                            BROADCAST_Q=cu_q is None, KV_TILES=True, **opts)
     if keys is not None:
         _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                    BLOCK=1024)
     return tiles[:n], tiles[n4:n4 + n], count
 
 
-def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_order=True):
-    """`kv_tiles` in plain torch ops (the reference it is tested against); seq_order=False:
-    JAGGED_BWD_TILE_ORDER=tile."""
+def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
+    """`kv_tiles` in plain torch ops (the reference it is tested against)."""
     dev = cu_k.device
     lk = (cu_k[1:] - cu_k[:-1]).to(torch.int64)
     lq = (cu_q[1:] - cu_q[:-1]).to(torch.int64) if cu_q is not None else torch.full_like(lk, L_q)
@@ -387,11 +336,9 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N, seq_ord
     NB = max(1, -(-max_k // BLOCK_N))
     n0 = torch.arange(NB, device=dev, dtype=torch.int64) * BLOCK_N
     real = n0[None, :] < lk[:, None]
-    if causal:
-        m_lo = torch.clamp(n0[None, :] - lk[:, None] + lq[:, None], min=0) // BLOCK_M * BLOCK_M
-        work = torch.clamp(lq[:, None] - m_lo + BLOCK_M - 1, min=0) // BLOCK_M
-        if seq_order:
-            work = work[:, :1].expand(B, NB)
+    if causal:  # every tile of a sequence: the work of its first KV block
+        m_lo = causal_q_start_ref(0, lq, lk) // BLOCK_M * BLOCK_M
+        work = ((lq - m_lo + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
     else:
         work = ((lq + BLOCK_M - 1) // BLOCK_M)[:, None].expand(B, NB)
     # +1 so real tiles with no work still sort ahead of the padding tiles
@@ -425,13 +372,6 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device):
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
 
 
-def _sched_env(name: str) -> str | None:
-    env = os.environ.get(name)
-    if env not in (None, "", "static", "dynamic"):
-        raise ValueError(f"{name}={env!r}: expected 'static' or 'dynamic'")
-    return env or None
-
-
 def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the
@@ -439,11 +379,7 @@ def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:
     Causal packed lists only: a sequence's tiles run longest to shortest there, a sawtooth
     that a static round-robin deals unevenly (host simulation, max program load over the
     mean: GQA B4 H32/8 4096 1.395, B8 H16 8192 1.027; in list order from a counter 1.001;
-    measured, PERF.md session 17: -30 % / -10 % time). Without causal masking the list is
-    by sequence length and the round-robin is within 1.5 % of the counter at every
-    gem-jagged cell. JAGGED_BWD_SCHED=static|dynamic (read per call) overrides it;
-    broadcast-Q programs are pinned to a head and stay static."""
-    env = _sched_env("JAGGED_BWD_SCHED")
-    if broadcast_q:
-        return False
-    return env == "dynamic" if env else bool(causal)
+    measured on the H200: -30 % / -10 % time, both styles). Without causal masking the
+    list is by sequence length and the round-robin is within 1.5 % of the counter at
+    every gem-jagged cell. Broadcast-Q programs are pinned to a head and stay static."""
+    return bool(causal) and not broadcast_q

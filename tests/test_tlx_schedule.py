@@ -1,6 +1,6 @@
-"""The TLX forward's jagged tile scheduler (runs in the Triton interpreter on CPU):
-the one-kernel key build + sort gives the same longest-first order and count as the
-plain torch reference, in every mode."""
+"""The jagged tile lists of jagged.tiles and both styles' schedules (in the Triton
+interpreter on CPU): the one-kernel key build + sort gives the same order and count as
+the plain torch references, in every mode."""
 import pytest
 import torch
 import triton
@@ -70,57 +70,57 @@ def test_kv_tiles_brute_force(causal, bq):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bq", [False, True])
-@pytest.mark.parametrize("order", ["tile", "seq"])
-def test_kv_tiles_match_reference(causal, bq, order, monkeypatch):
-    """The kernel-built backward tile list equals the torch reference, order included,
-    in both JAGGED_BWD_TILE_ORDER orders; "seq" keeps a sequence's tiles together."""
+def test_kv_tiles_match_reference(causal, bq):
+    """The kernel-built backward tile list equals the torch reference, order included;
+    each sequence's tiles in one run, KV blocks ascending."""
     from jagged.tiles import kv_tiles, kv_tiles_reference
-    monkeypatch.setenv("JAGGED_BWD_TILE_ORDER", order)
     g = torch.Generator().manual_seed(11 + 2 * causal + bq)
     B = 40
     lk = torch.randint(0, 400, (B,), generator=g)
     lq = torch.full((B,), 90) if bq else torch.randint(0, 400, (B,), generator=g)
     lk[:3] = torch.tensor([0, 1, 128])
     args = (None if bq else offsets(lq), offsets(lk), 90 if bq else 0, int(lk.max()), causal, 64, 128)
-    got, ref = kv_tiles(*args), kv_tiles_reference(*args, seq_order=order == "seq" and causal)
+    got, ref = kv_tiles(*args), kv_tiles_reference(*args)
     n = int(ref[2])
     assert int(got[2]) == n
     assert torch.equal(got[0][:n], ref[0][:n]) and torch.equal(got[1][:n], ref[1][:n])
-    if order == "seq":  # each sequence's tiles in one run, KV blocks ascending
-        b, t = got[0][:n].tolist(), got[1][:n].tolist()
-        runs = [x for i, x in enumerate(b) if i == 0 or b[i - 1] != x]
-        assert len(runs) == len(set(runs))
-        assert all(t[i] == t[i - 1] + 1 for i in range(1, n) if b[i] == b[i - 1])
+    b, t = got[0][:n].tolist(), got[1][:n].tolist()
+    runs = [x for i, x in enumerate(b) if i == 0 or b[i - 1] != x]
+    assert len(runs) == len(set(runs))
+    assert all(t[i] == t[i - 1] + 1 for i in range(1, n) if b[i] == b[i - 1])
 
 
-def test_fwd_bucket(monkeypatch):
-    """The forward's length bucket, and its per-call override for A/B runs."""
-    from jagged.tiles import fwd_bucket
-    monkeypatch.delenv("JAGGED_FWD_BUCKET", raising=False)
+def test_fwd_tiles_causal_order_by_sequence():
+    """Causal forward lists keep a sequence's query blocks together, last (longest)
+    first, sequences by their KV length; without causal masking, longest first."""
+    cu = offsets(torch.tensor([130, 0, 300, 64, 300, 1]))
+    nblk = 5
+    for causal in (False, True):
+        pairs, count, _ = build_tiles(cu, cu, 6, 300, None, 64, 64, causal)
+        p = (pairs & 0xFFFFFFFF)[:int(count)].tolist()
+        b, m = [x // nblk for x in p], [x % nblk for x in p]
+        if causal:
+            assert b == [2] * 5 + [4] * 5 + [0] * 3 + [3, 5] and m[:5] == [4, 3, 2, 1, 0]
+        else:
+            assert b[:10] == [2] * 5 + [4] * 5 and m[:5] == [0, 1, 2, 3, 4]
+
+
+def test_fwd_bucket():
+    """The forward's length bucket: 64-key blocks when every sequence fits one, or by
+    the mean KV length without causal masking."""
+    from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket
     assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
     assert fwd_bucket(256, mean_k=26.5) == "short" and fwd_bucket(2048, mean_k=209) == "long"
+    assert fwd_bucket(8192, mean_k=FWD_SHORT_MEAN_K) == "short"
     assert fwd_bucket(256, mean_k=26.5, causal=True) == "long"
-    monkeypatch.setenv("JAGGED_FWD_BUCKET", "short")
-    assert fwd_bucket(8192) == "short"
-    monkeypatch.setenv("JAGGED_FWD_BUCKET", "tiny")
-    with pytest.raises(ValueError):
-        fwd_bucket(64)
 
 
-def test_bwd_dynamic(monkeypatch):
-    """The backward takes causal packed tiles from a counter; JAGGED_BWD_SCHED overrides
-    it per call; broadcast-Q (programs pinned to a head) never does."""
+def test_bwd_dynamic():
+    """The backward takes causal packed tiles from a counter; broadcast-Q (programs
+    pinned to a head) and non-causal lists never do."""
     from jagged.tiles import bwd_dynamic
-    monkeypatch.delenv("JAGGED_BWD_SCHED", raising=False)
     assert bwd_dynamic(True, False) and not bwd_dynamic(False, False)
-    assert not bwd_dynamic(True, True)
-    monkeypatch.setenv("JAGGED_BWD_SCHED", "static")
-    assert not bwd_dynamic(True, False)
-    monkeypatch.setenv("JAGGED_BWD_SCHED", "dynamic")
-    assert bwd_dynamic(False, False) and not bwd_dynamic(False, True)
-    monkeypatch.setenv("JAGGED_BWD_SCHED", "greedy")
-    with pytest.raises(ValueError):
-        bwd_dynamic(True, False)
+    assert not bwd_dynamic(True, True) and not bwd_dynamic(False, True)
 
 
 @pytest.mark.parametrize("bq", [False, True])
@@ -135,25 +135,6 @@ def test_dq_accumulator_sched_buffer(bq):
     assert sched.data_ptr() == acc.data_ptr() + acc.numel() * 4 and sched.data_ptr() % 16 == 0
     if bq:  # the slots start zeroed (the packed accumulator is zeroed by the preprocess)
         assert not acc.any()
-
-
-def test_fwd_config_override(monkeypatch):
-    """JAGGED_FWD_CONFIG overrides integer fields of either style's forward Config."""
-    from dataclasses import dataclass
-
-    from jagged.tiles import fwd_config_override
-
-    @dataclass(frozen=True)
-    class Cfg:
-        num_buffers_kv: int = 2
-        overlap: bool = True
-    monkeypatch.delenv("JAGGED_FWD_CONFIG", raising=False)
-    assert fwd_config_override(Cfg()) == Cfg()
-    monkeypatch.setenv("JAGGED_FWD_CONFIG", "num_buffers_kv=3,overlap=0")
-    assert fwd_config_override(Cfg()) == Cfg(num_buffers_kv=3, overlap=False)
-    monkeypatch.setenv("JAGGED_FWD_CONFIG", "num_buffers=3")
-    with pytest.raises(ValueError, match="num_buffers_kv"):
-        fwd_config_override(Cfg())
 
 
 @pytest.mark.parametrize("B", [1, 2, 3, 5])
@@ -190,11 +171,10 @@ def test_long_lists_take_the_torch_sort_path(causal):
     assert torch.equal(got[1][:m], want[1][:m])
 
 
-def test_tile_lists_are_cached_per_offsets(monkeypatch):
+def test_tile_lists_are_cached_per_offsets():
     """Same offsets objects, unchanged: the same lists, no rebuild. An in-place change
-    (version counter), other offsets, or JAGGED_TILE_CACHE=0: built again, right."""
+    through torch (version counter) or other offsets: built again, right."""
     from jagged.tiles import kv_tiles, kv_tiles_reference
-    monkeypatch.delenv("JAGGED_TILE_CACHE", raising=False)
     cu = offsets(torch.tensor([70, 3, 129]))
     args = (cu, cu, 3, 129, None, 64, 64, False)
     kargs = (cu, cu, 0, 129, False, 64, 64)
@@ -211,8 +191,19 @@ def test_tile_lists_are_cached_per_offsets(monkeypatch):
     got, want = kv_tiles(*kargs), kv_tiles_reference(*kargs)
     m = int(want[2])
     assert int(got[2]) == m and torch.equal(got[0][:m], want[0][:m])
-    monkeypatch.setenv("JAGGED_TILE_CACHE", "0")
-    assert build_tiles(*args)[0] is not build_tiles(*args)[0]
+    other = cu.clone()                                        # equal values, new tensor
+    assert build_tiles(other, other, *args[2:])[0] is not again[0]
+
+
+def test_tile_cache_is_bounded():
+    """At most TILE_CACHE_SIZE entries, least recently used out first."""
+    from jagged.tiles import _TILE_CACHE, TILE_CACHE_SIZE, kv_tiles
+    cus = [offsets(torch.tensor([i + 1])) for i in range(TILE_CACHE_SIZE + 1)]
+    first = kv_tiles(cus[0], cus[0], 0, 1, False, 64, 64)[0]
+    for cu in cus[1:]:
+        kv_tiles(cu, cu, 0, cu[-1].item(), False, 64, 64)
+    assert len(_TILE_CACHE) <= TILE_CACHE_SIZE
+    assert kv_tiles(cus[0], cus[0], 0, 1, False, 64, 64)[0] is not first
 
 
 @triton.jit
