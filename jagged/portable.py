@@ -16,7 +16,7 @@ Backward  `preprocess`: delta = rowsum(dO * O);
           [B, L_q, H, D] partials to hold, at the price of a nondeterministic sum order.
 
 Layouts: q/out/dout [tokens, H, D], k/v [tokens, H_kv, D], lse/delta [H, Nq] fp32.
-Causal is bottom-right aligned: query i of a sequence sees key j iff
+Causal is bottom-right aligned (jagged.seqinfo): query i of a sequence sees key j iff
 j <= i + len_k - len_q. Rows that see no key get out = 0, lse = -inf, dq = 0.
 Limits: batch <= 65535 (a grid axis), head_dim a power of two (64, 128).
 """
@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from jagged.api import make_jagged_attention
+from jagged.seqinfo import causal_kv_end, causal_q_start, causal_visible, seq_range
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -38,15 +39,6 @@ INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") =
 
 
 # ----------------------------------------------------------------------------- helpers
-
-@triton.jit
-def seq_bounds(cu, b, dense_len, DENSE: tl.constexpr):
-    """(first token, length) of sequence b; a DENSE operand is shared by all b."""
-    if DENSE:
-        return 0, dense_len
-    start = tl.load(cu + b)
-    return start, tl.load(cu + b + 1) - start
-
 
 @triton.jit
 def out_start(b, q_start, dense_len_q, DENSE_Q: tl.constexpr):
@@ -86,7 +78,7 @@ def visible(i, j, len_q, len_k, CAUSAL: tl.constexpr):
     """Which (query i, key j) pairs exist; i and j broadcast against each other."""
     ok = (i < len_q) & (j < len_k)
     if CAUSAL:
-        ok = ok & (j <= i + (len_k - len_q))
+        ok = ok & causal_visible(i, j, len_q, len_k)
     return ok
 
 
@@ -94,7 +86,7 @@ def visible(i, j, len_q, len_k, CAUSAL: tl.constexpr):
 def kv_end(m_start, len_q, len_k, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """One past the last key any query of [m_start, m_start + BLOCK_M) sees."""
     if CAUSAL:
-        return tl.minimum(len_k, m_start + BLOCK_M + len_k - len_q)
+        return causal_kv_end(m_start + BLOCK_M, len_q, len_k)
     return len_k
 
 
@@ -114,8 +106,8 @@ def fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, qk_scale, n_out, dense_len_q,
                GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     m_start, b, h = tl.program_id(0) * BLOCK_M, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_bounds(CU_Q, b, dense_len_q, DENSE_Q)
-    k_start, len_k = seq_bounds(CU_K, b, 0, False)
+    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    k_start, len_k = seq_range(CU_K, b, 0, False)
     if m_start >= len_q:
         return
     o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
@@ -167,8 +159,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, scale, qk_scale, n_
                 GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     n_start, b, hkv = tl.program_id(0) * BLOCK_N, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_bounds(CU_Q, b, dense_len_q, DENSE_Q)
-    k_start, len_k = seq_bounds(CU_K, b, 0, False)
+    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    k_start, len_k = seq_range(CU_K, b, 0, False)
     if n_start >= len_k:
         return
     o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
@@ -181,7 +173,7 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, scale, qk_scale, n_
     # causal: the first query that sees key n_start, rounded down to a q block
     m_lo = 0
     if CAUSAL:
-        m_lo = tl.maximum(n_start + len_q - len_k, 0) // BLOCK_M * BLOCK_M
+        m_lo = causal_q_start(n_start, len_q, len_k) // BLOCK_M * BLOCK_M
     for g in range(GROUP):  # the query heads sharing this kv head: dK/dV sum in registers
         h = hkv * GROUP + g
         Qh, DOh = Q + h * stride_qh + q_start * stride_qt, DO + h * stride_oh + o_start * stride_ot
@@ -208,8 +200,8 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, scale, qk_scale, n_out, d
               GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     m_start, b, h = tl.program_id(0) * BLOCK_M, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_bounds(CU_Q, b, dense_len_q, DENSE_Q)
-    k_start, len_k = seq_bounds(CU_K, b, 0, False)
+    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    k_start, len_k = seq_range(CU_K, b, 0, False)
     if m_start >= len_q:
         return
     o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
