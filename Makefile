@@ -6,13 +6,18 @@ SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense
 GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
 GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
 
-.PHONY: setup test test-gpu bench bench-quick report lines clean
+.PHONY: setup setup-bench test test-gpu bench bench-quick report lines clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# the library and the CPU tests' packages
 setup: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
+
+# the library and the benchmark's packages (the FA4 baseline, pandas, matplotlib, tqdm)
+setup-bench: $(BIN)/python
+	$(BIN)/pip install -q -e '.[bench]'
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -21,25 +26,25 @@ test-gpu:
 	python3 -m pytest -q -m gpu
 
 # `bench` runs every available backend over the full suites (fwd and bwd), then
-# regenerates charts and the report. Without a GPU it says so and runs `smoke` on CPU.
-bench: setup
+# regenerates charts, line counts, the side-by-side page and the report. Without a GPU
+# it says so and runs `smoke` on the CPU.
+bench: setup-bench
 	$(BIN)/python -m harness bench --suite $(SUITES) --passes fwd,bwd $(GPU_ARG)
-	$(BIN)/python -m harness plot
-	$(BIN)/python -m harness lines
-	$(BIN)/python -m harness report
+	$(MAKE) report
 
-bench-quick: setup
+bench-quick: setup-bench
 	$(BIN)/python -m harness bench --quick --passes fwd,bwd $(GPU_ARG)
-	$(BIN)/python -m harness plot
-	$(BIN)/python -m harness report
+	$(MAKE) report
 
-report:
+report: setup-bench
 	$(BIN)/python -m harness plot
 	$(BIN)/python -m harness lines
+	$(BIN)/python -m harness sidebyside
 	$(BIN)/python -m harness report
 
-lines:
+lines: setup-bench
 	$(BIN)/python -m harness lines
+	$(BIN)/python -m harness sidebyside
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,4 +1,4 @@
-"""python -m harness {bench,check,plot,lines,report} ...   (see --help of each)."""
+"""python -m harness {bench,check,profile,clocks,plot,report,lines,sidebyside} ...   (see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +37,16 @@ def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
     from .problems import suite
-    suites, names = _csv_list(a.suite), _csv_list(a.backends)
+    from .problems import suites as known_suites
+    suites, names, passes = _csv_list(a.suite), _csv_list(a.backends), _csv_list(a.passes)
+    if names == ["all"]:
+        names = backends.names()
+    for what, asked, known in (("suite", suites, list(known_suites())),
+                               ("backend", names, backends.names()),
+                               ("pass", passes, list(bench.PASSES))):
+        unknown = [x for x in asked if x not in known]
+        if unknown or not asked:
+            sys.exit(f"unknown {what}(s) {unknown}; known: {', '.join(known)}")
     visible, fake = bench.visible_gpus()  # HARNESS_FAKE_GPUS=N: N lanes on the CPU
     try:
         gpus = bench.select_gpus(a.gpus, visible) if visible else []
@@ -50,11 +59,6 @@ def cmd_sweep(a, timing: bool):
               "backend on the CPU (Triton interpreter, TRITON_INTERPRET=1) instead; "
               "its times are not GPU numbers.", file=sys.stderr)
         suites, names, slug = ["smoke"], ["triton"], "cpu"
-    if names == ["all"]:
-        names = backends.names()
-    unknown = [n for n in names if n not in backends.REGISTRY]
-    if unknown:
-        sys.exit(f"unknown backend(s) {unknown}; known: {', '.join(backends.names())}")
     problems = [p for s in suites for p in suite(s)]
     if a.quick:
         problems = quick_subset(problems)
@@ -62,18 +66,25 @@ def cmd_sweep(a, timing: bool):
     if a.limit:
         problems = problems[:a.limit]
     out = Path(a.out) if a.out else REPORTS / slug
-    path = bench.sweep([backends.get(n) for n in names], problems, _csv_list(a.passes),
+    path = bench.sweep([backends.get(n) for n in names], problems, passes,
                        out_dir=out, gpus=gpus or None, fake_gpus=fake,
                        gate_batch=a.gate_batch, quick=a.quick,
                        timeout=a.timeout, timing=timing)
-    rows = [r for r in bench.read_rows(path) if r["backend"] in names
-            and r["suite"] in suites]
+    ran = {_problem_key(bench.problem_cols(p)) for p in problems}
+    rows = [r for r in bench.read_rows(path) if r["backend"] in names and r["pass"] in passes
+            and _problem_key(r) in ran]  # this run's rows, not the whole file's
     _print_table(rows, timing)
     print(f"rows in {path}")
     if timing and gpus and not fake:  # the charts' ceiling line, measured as the rows were
         from .gpu.clocks import run as clocks
         with torch.cuda.device(gpus[0]):
             clocks([], [], out=out, with_gemm=True)
+
+
+def _problem_key(r: dict) -> tuple:
+    return tuple(str(r[c]) for c in ("suite", "mode", "causal", "dtype", "batch", "heads",
+                                      "kv_heads", "head_dim", "max_seqlen_q", "max_seqlen_k",
+                                      "sparsity", "seed"))
 
 
 MATCH_HELP = "only problems whose label contains this (a|b: either)"
@@ -91,7 +102,8 @@ def cmd_profile(a):
         sys.exit("profile needs a CUDA GPU")
     from .gpu.profile import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, ab=a.ab, host=a.host)
+    run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, rounds=a.rounds,
+        host=a.host)
 
 
 def cmd_clocks(a):
@@ -101,7 +113,7 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .gpu.clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds, a.ab, a.out, _csv_list(a.passes),
+    run(_csv_list(a.backends), problems, a.seconds, a.out, _csv_list(a.passes),
         with_gemm=a.gemm)
 
 
@@ -118,40 +130,46 @@ def _print_table(rows, timing):
 
 
 def _diagnostic(sub, name: str, help_: str, suite: str, backends: str):
-    """A per-problem diagnostic's parser: which problems and backends, and A/B variables."""
+    """A per-problem diagnostic's parser: which problems and backends."""
     s = sub.add_parser(name, help=help_)
     s.add_argument("--suite", default=suite)
     s.add_argument("--backends", default=backends)
     s.add_argument("--match", default="", help=MATCH_HELP)
-    s.add_argument("--ab", action="append", default=[],
-                   help="NAME=value: each row again with this env var set (repeatable)")
     return s
 
 
 def main(argv=None):
+    from . import backends
+    from .problems import suites
     ap = argparse.ArgumentParser(prog="python -m harness")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
     for name, help_ in (("bench", "gate then time backends over suites"),
                         ("check", "oracle gate only; prints a pass/fail table")):
         s = sub.add_parser(name, help=help_)
-        s.add_argument("--suite", default="gem-jagged,gem-cross,llm-dense")
-        s.add_argument("--backends", default="all", help="comma list, or all")
-        s.add_argument("--passes", default="fwd,bwd")
+        s.add_argument("--suite", default="gem-jagged,gem-cross,llm-dense",
+                       help=f"comma list of: {', '.join(suites())} (default: %(default)s)")
+        s.add_argument("--backends", default="all", help=(
+            f"comma list of: {', '.join(backends.names())}; or all (default: %(default)s)"))
+        s.add_argument("--passes", default="fwd,bwd", help="fwd and / or bwd (default: %(default)s)")
         s.add_argument("--quick", action="store_true", help="a subset of shapes, shorter timing")
         s.add_argument("--out", help="results folder (default reports/<gpu>)")
         s.add_argument("--gpus", help=("N: the first N visible GPUs; a comma list (0,2 or 3,): "
                                        "those GPUs; default: every visible GPU. One lane "
                                        "per GPU, jobs (backend, problem) longest first"))
         s.add_argument("--gate-batch", type=int, default=64,
-                       help="sequences in the correctness gate's problem (0: the whole problem)")
+                       help="sequences in the correctness gate's problem (0: the whole "
+                            "problem; default: %(default)s)")
         s.add_argument("--timeout", type=float, default=600.0,
-                       help="seconds per job (one backend on one problem, all passes)")
+                       help="seconds per job (one backend on one problem, all passes; "
+                            "default: %(default)s)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
         s.add_argument("--match", default="", help=MATCH_HELP)
-    s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of one backend per "
-                    "problem", "gem-jagged", "tlx")
+    s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of each backend per "
+                    "problem; several backends: an A/B", "gem-jagged", "tlx")
     s.add_argument("--passes", default="fwd,bwd")
     s.add_argument("--n", type=int, default=10, help="calls per measurement")
+    s.add_argument("--rounds", type=int, default=1,
+                   help="measure every backend this many times in turn (an A/B of backends)")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
     s = _diagnostic(sub, "clocks", "sustained TFLOP/s, SM clock and power per backend and "
                     "problem", "llm-dense", "tlx,cute,fa4")
@@ -164,7 +182,10 @@ def main(argv=None):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")
     s.add_argument("--out", help="folder for lines.md / lines.png (default reports/)")
-    s = sub.add_parser("worker", help=argparse.SUPPRESS)
+    s = sub.add_parser("sidebyside", help="the TLX and CuteDSL kernels next to each other, "
+                       "role by role (HTML)")
+    s.add_argument("--out", help="the page (default reports/side_by_side.html)")
+    s = sub.add_parser("worker")  # the sweep's worker process (not listed)
     s.add_argument("--backend", required=True)
     s.add_argument("--module", default="harness.backends")
     a = ap.parse_args(argv)
@@ -191,6 +212,9 @@ def main(argv=None):
         from .lines import write_lines
         for f in write_lines(Path(a.out) if a.out else REPORTS):
             print(f)
+    elif a.cmd == "sidebyside":
+        from .sidebyside import write_side_by_side
+        print(write_side_by_side(a.out or REPORTS / "side_by_side.html"))
 
 
 if __name__ == "__main__":

@@ -102,40 +102,37 @@ def _expand_kv(q, k, v):
 
 # -------------------------------------------------------------- our own kernels
 
-def _ours(mod: str, need_cuda: bool):
+def _ours(style: str):
+    """One of our styles through the public entry, `jagged.jagged_attention(...,
+    backend=style)`: the default call path, as a user makes it."""
     def make():
-        f = importlib.import_module(mod).jagged_attention
+        import jagged
 
         def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
                broadcast_q=False):
-            return f(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
-                     softmax_scale=softmax_scale, broadcast_q=broadcast_q, return_lse=True)
+            return jagged.jagged_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                           softmax_scale=softmax_scale, broadcast_q=broadcast_q,
+                                           return_lse=True, backend=style)
         return fn
 
     def available():
-        ok, why = _importable(mod)
+        ok, why = _importable("jagged")
         if not ok:
             return ok, why
-        m = importlib.import_module(mod)
-        if not hasattr(m, "jagged_attention"):
-            return False, f"{mod} has no jagged_attention yet"
-        if callable(getattr(m, "available", None)):
-            res = m.available()
-            ok, why = res if isinstance(res, tuple) else (bool(res), "")
-            if not ok:
-                return False, why or f"{mod}.available() is False"
-        return _cuda() if need_cuda else (True, "")
+        import jagged
+        return jagged.available().get(style, (False, f"jagged has no backend {style!r}"))
     return make, available
 
 
-for _name, _mod, _cuda_only, _note in (
-        ("triton", "jagged.portable", False, "plain-Triton portable kernel (also runs on CPU under TRITON_INTERPRET=1)"),
-        ("tlx", "kernels_tlx", True, "Triton + TLX, Hopper warp-specialized; its tile lists "
-         "are built on the GPU once per offsets tensor and reused while it is unchanged (as "
-         "across a model's layers; from revision 78c8a59 on, not timed after the first call)"),
-        ("cute", "kernels_cute", True, "CuteDSL, same algorithm and roles as tlx (same tile "
-         "lists and reuse)")):
-    _make, _avail = _ours(_mod, _cuda_only)
+for _name, _style, _note in (
+        ("triton", "portable", "`jagged_attention(backend=\"portable\")`: the plain-Triton "
+         "portable kernel (also runs on the CPU under TRITON_INTERPRET=1)"),
+        ("tlx", "tlx", "`jagged_attention(backend=\"tlx\")`: Triton + TLX, Hopper "
+         "warp-specialized; its tile lists are built on the GPU once per offsets tensor and "
+         "reused while it is unchanged (as across a model's layers)"),
+        ("cute", "cute", "`jagged_attention(backend=\"cute\")`: CuteDSL, the same algorithm, "
+         "roles and tile lists as tlx")):
+    _make, _avail = _ours(_style)
     register(Backend(_name, _make, _avail, own=True, note=_note))
 
 

@@ -219,10 +219,10 @@ def pass_call(fn, inp, ps, kw):
 
 def host_ms(call, n: int = 10, windows: int = 3) -> float:
     """The host's time to issue one call (ms; the least over `windows` windows of the mean
-    of n, no sync inside): near the row's time, the row times the host, not the kernels
-    (PERF.md, sessions 8-9). The cyclic GC is off inside a window: one full collection
-    (~0.1 s of a process holding torch and Triton) landing in a window swamps it
-    (PERF.md, session 11). On CPU (the interpreter) issuing is running."""
+    of n, no sync inside): near the row's time, the row times the host, not the kernels.
+    The cyclic GC is off inside a window: one full collection (~0.1 s of a process
+    holding torch and Triton) landing in a window swamps it. On CPU (the interpreter)
+    issuing is running."""
     gpu = torch.cuda.is_available()
     best = float("inf")
     for _ in range(windows):

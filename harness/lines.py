@@ -1,10 +1,20 @@
-"""Code lines of each kernel style, by file and by role.
+"""Code lines of each kernel style and of the core, by file and by role.
 
 A code line is a line holding a Python token other than a comment, a docstring or
-layout (blank lines, indentation): counted with `tokenize`. Each line's role comes
-from the name of the innermost function or method around it that has a role
-(ROLES, first match wins), else from the file's name, else `other` (imports,
-constants, kernel entry bodies that only dispatch roles, barriers).
+layout (blank lines, indentation): counted with `tokenize`.
+
+A line's role is that of the innermost function, method or class around it that has
+one, else the role of its file's name, else `other` (imports, constants, kernel entry
+bodies that only dispatch roles, barriers). A definition has a role when
+
+- a comment `# role: <name>` (a name of ROLE_NAMES) sits in the comment block directly
+  above it (above its decorators) or on its `def` / `class` line: the explicit marker,
+  which wins; or
+- it is a function or method whose name matches ROLES (first match wins).
+
+The comment block directly above a definition belongs to it. `attribute` gives every
+line's role; `count_file`, the `lines` report and the side-by-side page
+(harness/sidebyside.py) all read it.
 """
 from __future__ import annotations
 
@@ -12,10 +22,12 @@ import ast
 import io
 import re
 import tokenize
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROLE_NAMES = ("schedule", "load", "compute", "reduce_dq", "store", "host", "other")
+ROLE_NAMES = ("schedule", "load", "compute", "correction", "reduce_dq", "store", "host",
+              "other")
 ROLES = [  # (role, regex on the lower-cased function name), first match wins
     ("reduce_dq", r"reduce_dq|dq_reduce|dqaccum|dq_accum|reduce|postprocess"),
     ("host", r"^__init__$|^__call__$|^_?forward$|^_?backward$|^_?fwd$|^_?bwd$|launch|host|"
@@ -25,10 +37,12 @@ ROLES = [  # (role, regex on the lower-cased function name), first match wins
     ("schedule", r"schedul|tile|persistent|work|grid|order"),
     ("load", r"load|(^|_)tma|producer|prefetch|gather"),
     ("store", r"store|epilogue|write|save"),
+    ("correction", r"correction"),
     ("compute", r"compute|mma|gemm|softmax|attend|qk|pv|mask|rescale|correct|preprocess|"
                 r"prob|visible|exp|scale|score|(^|_)d[spqkv](_|$)|dkdv|dq|row|kv_end|step|"
                 r"overlap|finalize"),
 ]
+MARKER = re.compile(r"#\s*role:\s*([A-Za-z_]\w*)")
 # FA4's Hopper path: the two kernels and the modules they build on (whole files;
 # the shared ones also serve other architectures). interface.py (host code for every
 # architecture) and quack's helpers are not counted.
@@ -45,12 +59,16 @@ def role_of(name: str) -> str:
     return "other"
 
 
-def code_lines(src: str) -> set[int]:
+def _tokens(src: str) -> list:
+    return list(tokenize.generate_tokens(io.StringIO(src).readline))
+
+
+def code_lines(src: str, toks=None) -> set[int]:
     """Line numbers holding code (no blanks, comments or docstrings)."""
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENCODING, tokenize.ENDMARKER}
     lines: set[int] = set()
-    toks = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    toks = _tokens(src) if toks is None else toks
     prev = tokenize.NEWLINE  # kind of the previous significant token
     for i, t in enumerate(toks):
         if t.type in skip:
@@ -66,59 +84,111 @@ def code_lines(src: str) -> set[int]:
     return lines
 
 
-def _spans(tree) -> list[tuple[int, int, str]]:
-    """(first, last, name) of every function or method, outer before inner; a
-    function's decorators belong to it."""
+@dataclass(frozen=True)
+class FileRoles:
+    """One file's lines (1-based: `text[n - 1]` is line n), each line's role and the
+    lines holding code."""
+    path: Path
+    text: list[str]
+    owner: dict[int, str]
+    code: frozenset[int]
+
+    def counts(self) -> dict[str, int]:
+        """{role: code lines} over ROLE_NAMES, plus 'total'."""
+        c = dict.fromkeys(ROLE_NAMES, 0)
+        for ln in self.code:
+            c[self.owner[ln]] += 1
+        c["total"] = len(self.code)
+        return c
+
+
+def _markers(path: Path, toks) -> tuple[dict[int, str], set[int]]:
+    """({line: role} of the `# role:` comments, the lines holding only a comment)."""
+    marks, comment_only, last_line_code = {}, set(), {}
+    for t in toks:
+        if t.type == tokenize.COMMENT:
+            m = MARKER.search(t.string)
+            if m:
+                if m.group(1) not in ROLE_NAMES:
+                    raise ValueError(f"{path}:{t.start[0]}: unknown role {m.group(1)!r} "
+                                     f"(roles: {', '.join(ROLE_NAMES)})")
+                marks[t.start[0]] = m.group(1)
+            if not last_line_code.get(t.start[0]):
+                comment_only.add(t.start[0])
+        elif t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                            tokenize.ENCODING, tokenize.ENDMARKER):
+            for ln in range(t.start[0], t.end[0] + 1):
+                last_line_code[ln] = True
+    return marks, comment_only
+
+
+def _spans(tree, marks: dict[int, str], comment_only: set[int]):
+    """(first, last, role) of every definition that has a role, outer before inner. A
+    definition's span starts at the comment block directly above its decorators."""
     out = []
-    for node in ast.walk(tree):  # breadth first: outer functions come first
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            out.append((first, node.end_lineno, node.name))
+    for node in ast.walk(tree):  # breadth first: outer definitions come first
+        func = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if not func and not isinstance(node, ast.ClassDef):
+            continue
+        first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        while first - 1 in comment_only:
+            first -= 1
+        marked = [marks[ln] for ln in range(first, node.lineno + 1) if ln in marks]
+        role = marked[-1] if marked else role_of(node.name) if func else "other"
+        if marked or role != "other":
+            out.append((first, node.end_lineno, role))
     return out
 
 
-def count_file(path) -> dict[str, int]:
-    """{role: code lines} for one file, plus 'total'. A line takes the role of the
-    innermost function around it whose name has one, else the file name's role
-    (e.g. tile_scheduler.py: schedule), else `other`."""
+def attribute(path) -> FileRoles:
+    """Every line's role in one file (see the module's docstring)."""
     path = Path(path)
     src = path.read_text()
-    owner = dict.fromkeys(range(1, src.count("\n") + 2), role_of(path.stem))
-    for a, b, name in _spans(ast.parse(src)):
-        role = role_of(name)
-        if role != "other":
-            owner.update(dict.fromkeys(range(a, b + 1), role))
-    counts = dict.fromkeys(ROLE_NAMES, 0)
-    lines = code_lines(src)
-    for ln in lines:
-        counts[owner.get(ln, "other")] += 1
-    counts["total"] = len(lines)
-    return counts
+    toks = _tokens(src)
+    text = src.splitlines()
+    owner = dict.fromkeys(range(1, len(text) + 2), role_of(path.stem))
+    marks, comment_only = _markers(path, toks)
+    for a, b, role in _spans(ast.parse(src), marks, comment_only):
+        owner.update(dict.fromkeys(range(a, b + 1), role))
+    return FileRoles(path, text, owner, frozenset(code_lines(src, toks)))
 
 
-def styles() -> dict[str, tuple[Path, list[str]]]:
-    """style -> (folder, files). Missing folders still appear (reported as missing)."""
-    tlx = REPO / "kernels_tlx"
-    own = lambda d: sorted(p.name for p in d.glob("*.py")
-                           if not p.name.startswith(("gpu_check", "test", "_gpu")))
-    tlx_files = [f for f in own(tlx) if f != "portable.py"] if tlx.is_dir() else []
-    cute = REPO / "kernels_cute"
+def count_file(path) -> dict[str, int]:
+    """{role: code lines} for one file, plus 'total'."""
+    return attribute(path).counts()
+
+
+def _fa4_dir() -> Path | None:
+    """flash-attn-4's `flash_attn/cute` folder, found without importing it."""
+    import importlib.util
     try:
-        import importlib.util
-        spec = importlib.util.find_spec("flash_attn.cute")
-        fa4 = Path(spec.origin).parent if spec and spec.origin else None
-    except Exception:
-        fa4 = None
-    return {"tlx": (tlx, tlx_files),
-            "triton-portable": (tlx, ["portable.py"]),
-            "cute": (cute, own(cute) if cute.is_dir() else []),
+        spec = importlib.util.find_spec("flash_attn")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(loc) / "cute").is_dir():
+            return Path(loc) / "cute"
+    return None
+
+
+def styles(repo: Path = REPO) -> dict[str, tuple[Path, list[str]]]:
+    """style -> (folder, files): the two kernel styles, the core (without the portable
+    kernel), the portable kernel and FA4's Hopper path. Missing folders still appear
+    (reported as missing)."""
+    own = lambda d: sorted(p.name for p in d.glob("*.py")) if d.is_dir() else []
+    core = repo / "jagged"
+    fa4 = _fa4_dir()
+    return {"tlx": (repo / "kernels_tlx", own(repo / "kernels_tlx")),
+            "cute": (repo / "kernels_cute", own(repo / "kernels_cute")),
+            "core": (core, [f for f in own(core) if f != "portable.py"]),
+            "portable": (core, ["portable.py"] if (core / "portable.py").is_file() else []),
             "fa4-sm90": (fa4 or Path("flash_attn/cute (not installed)"), FA4_SM90)}
 
 
-def count_all() -> tuple[list[dict], list[str]]:
+def count_all(repo: Path = REPO) -> tuple[list[dict], list[str]]:
     """Rows {style, file, role counts..., total}, and the files that were missing."""
     rows, missing = [], []
-    for style, (folder, files) in styles().items():
+    for style, (folder, files) in styles(repo).items():
         if not files:
             missing.append(f"{style}: no files in {folder}")
         for f in files:
@@ -131,10 +201,6 @@ def count_all() -> tuple[list[dict], list[str]]:
             except (SyntaxError, tokenize.TokenError, UnicodeDecodeError) as e:
                 missing.append(f"{style}: {p} ({type(e).__name__})")
     return rows, missing
-
-
-def _shared_lines() -> int:
-    return len(code_lines((Path(__file__).parent / "tiles.py").read_text()))
 
 
 def markdown(rows, missing) -> str:
@@ -152,12 +218,15 @@ def markdown(rows, missing) -> str:
     out += ["| " + " | ".join([st] + [str(s[c]) for c in ROLE_NAMES + ("total",)]) + " |"
             for st, s in by_style.items()]
     out += ["", "Code lines: no blank lines, comments or docstrings (Python `tokenize`). "
-            "Role: from the name of the innermost function or method holding the line "
-            "(harness/lines.py ROLES), else the file name, else `other` (imports, "
-            "constants, kernel entry bodies, barriers). FA4 files counted: "
-            + ", ".join(FA4_SM90) + " (whole files; interface.py and quack's helpers not counted). "
-            "Counted in neither of our styles: the code both share, `harness/tiles.py` "
-            f"(the tile-list key kernels, {_shared_lines()} lines)."]
+            "Role: an explicit `# role: <name>` comment above a definition, else the name of "
+            "the innermost function or method holding the line (harness/lines.py ROLES), else "
+            "the file name, else `other` (imports, constants, kernel entry bodies, barriers). "
+            "`tlx`: kernels_tlx/, `cute`: kernels_cute/; `core`: jagged/ without the portable "
+            "kernel (the API, validation, dispatch, tile lists, sequence ranges: what both "
+            "styles share, counted in neither); `portable`: jagged/portable.py. FA4 files "
+            "counted: " + ", ".join(FA4_SM90) + " (whole files; interface.py and quack's "
+            "helpers not counted). The two styles role by role: "
+            "[side_by_side.html](side_by_side.html)."]
     if missing:
         out += ["", "Missing: " + "; ".join(missing)]
     return "\n".join(out) + "\n"
@@ -183,7 +252,7 @@ def chart(rows, path) -> Path:
     ax.set_xlabel("code lines (no blanks, comments, docstrings)")
     ax.legend(ncol=4, fontsize=8, loc="lower right")
     ax.grid(True, axis="x", alpha=0.35)
-    ax.set_title("Kernel code by role")
+    ax.set_title("Code by role")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -195,5 +264,5 @@ def write_lines(out_dir) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, missing = count_all()
     md = out_dir / "lines.md"
-    md.write_text("# Kernel code lines by role\n\n" + markdown(rows, missing))
+    md.write_text("# Code lines by role\n\n" + markdown(rows, missing))
     return [md, chart(rows, out_dir / "lines.png")]

@@ -19,8 +19,6 @@ COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PER
 
 def load(csv_path) -> pd.DataFrame:
     df = pd.read_csv(csv_path, keep_default_na=False)
-    if "host_ms" not in df:  # rows from before the column
-        df["host_ms"] = ""
     for c in ("tflops", "ms", "host_ms", "sparsity", "max_seqlen_q", "max_seqlen_k", "batch", "heads",
               "kv_heads", "head_dim", "total_q", "total_k"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
@@ -149,17 +147,14 @@ def _bars(df, suite, path, title, label, ceiling=None):
 
 
 def latest_clocks(out_dir) -> pd.DataFrame:
-    """clocks.csv (`harness clocks --out`): the last row of each (backend, pass, problem,
-    variant), repeats left out; empty when there is none. Rows without a pass: fwd."""
+    """clocks.csv (`harness clocks --out`): the last row of each (backend, pass, problem)
+    of the default build (rows of an A/B variant left out); empty when there is none."""
     path = Path(out_dir) / "clocks.csv"
     if not path.exists():
         return pd.DataFrame()
     d = pd.read_csv(path, keep_default_na=False)
-    if "pass" not in d:
-        d["pass"] = "fwd"
-    d["pass"] = d["pass"].replace("", "fwd")
-    d = d[~d["variant"].str.contains("REPEAT")]
-    return d.drop_duplicates(["backend", "pass", "problem", "variant"], keep="last")
+    d = d[d["variant"] == ""]
+    return d.drop_duplicates(["backend", "pass", "problem"], keep="last")
 
 
 def gemm_ceiling(out_dir) -> float | None:
@@ -191,13 +186,11 @@ def plot_clocks(out_dir, path) -> Path | None:
         ax.axis("off")
     for ax, (ps, prob) in zip(axes.flat, panels):
         dp = d[(d["pass"] == ps) & (d["problem"] == prob)]
-        for j, (_, r) in enumerate(dp.iterrows()):
-            label = r["backend"] + (f" {r['variant']}" if r["variant"] else "")
-            st = _style(r["backend"], f"{label} ({r['git_rev']})", 1 if r["variant"] else 0)
+        for _, r in dp.iterrows():
+            st = _style(r["backend"], f"{r['backend']} ({r['git_rev']})")
             ax.plot([0, 1980], [0, r["at_boost"]], color=st["color"], linestyle=":",
                     linewidth=0.8, alpha=0.6)
-            st.update(linestyle="none", markersize=8,
-                      markerfacecolor="none" if r["variant"] else st["color"])
+            st.update(linestyle="none", markersize=8)
             ax.plot([r["mhz"]], [r["tflops"]], **st)
         ax.set_xlim(1300, 2000)
         lo = min(dp["tflops"]) * 0.85

@@ -63,16 +63,15 @@ def _clocks_section(out_dir, pngs) -> list[str]:
           "`python -m harness clocks`: per backend, pass and problem the oracle gate, then 4 s "
           "of calls back to back while `nvidia-smi` samples the SM clock and power; the "
           "second half is reported. \"at 1980\" scales TFLOP/s to the boost clock (equal "
-          "there: equal cycles). A variant is an A/B run with that variable set; each row's "
-          "revision is in parentheses. Backend `gemm` (`--gemm`) is the ceiling measured the "
-          "same way: a plain bf16 matmul, drawn as the dashed line of the TFLOP/s charts.", "",
-          "| pass | problem | backend | variant | TFLOP/s | MHz | W | at 1980 | revision |",
-          "|---|---|---|---|---:|---:|---:|---:|---|"]
-    md += [f"| {r['pass']} | {r['problem']} | {r['backend']} | {r['variant']} | "
+          "there: equal cycles); the latest row of each backend, pass and problem, with "
+          "its revision. Backend `gemm` (`--gemm`) is the ceiling measured the same way: a "
+          "plain bf16 matmul, drawn as the dashed line of the TFLOP/s charts.", "",
+          "| pass | problem | backend | TFLOP/s | MHz | W | at 1980 | revision |",
+          "|---|---|---|---:|---:|---:|---:|---|"]
+    md += [f"| {r['pass']} | {r['problem']} | {r['backend']} | "
            f"{r['tflops']:.1f} | {r['mhz']:.0f} | {r['watts']:.0f} | {r['at_boost']:.1f} | "
            f"{r['git_rev']} |"
-           for _, r in d.sort_values(["pass", "problem", "backend", "variant"],
-                                     kind="stable").iterrows()]
+           for _, r in d.sort_values(["pass", "problem", "backend"], kind="stable").iterrows()]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "clocks"] + [""]
     return md
 
@@ -172,9 +171,10 @@ def write_report(out_dir, charts=True) -> Path:
                      f"{len(g)} rows: {'+'.join(g['pass'].unique())} on {len(g.drop_duplicates(_PROBLEM))} "
                      f"shapes of {', '.join(g['suite'].unique())}")
             md.append(f"| {b} | {st} | {where} | {why} |")
-    lines_md = out_dir.parent / "lines.md"
-    if lines_md.exists():
-        md += ["", "Code size by role: [lines.md](../lines.md)."]
+    code = [f"[{f}](../{f})" for f in ("lines.md", "side_by_side.html")
+            if (out_dir.parent / f).exists()]
+    if code:
+        md += ["", "Code size by role, and the two styles side by side: " + ", ".join(code) + "."]
     path = out_dir / "report.md"
     path.write_text("\n".join(md) + "\n")
     return path

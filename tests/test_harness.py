@@ -1,10 +1,10 @@
 """The benchmark harness on the CPU: CSV schema, worker isolation (crash, raise,
-wrong numbers), plots, report, line counts, flex's block mask, and an end-to-end
-`python -m harness bench` through the portable kernel when it exists."""
+wrong numbers), plots, report, line counts, the side-by-side page, flex's block mask,
+and an end-to-end `python -m harness bench` through the portable kernel."""
 import contextlib
 import csv
-import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -192,14 +192,81 @@ def test_line_counts(tmp_path):
 
             def store(self):
                 pass
+
+            # the marker wins over the name, and holds for what the method defines
+            # role: correction
+            @staticmethod
+            def rescale(o):
+                def helper(x):
+                    return x
+                return helper(o)
         '''))
     c = lines.count_file(f)
-    # code: import, X, def+return(2), class, def compute+2, def store+pass
-    assert c["total"] == 11
-    assert (c["load"], c["compute"], c["store"], c["other"]) == (3, 3, 2, 3)
+    # code: import, X, def+return(2), class, def compute+2, def store+pass, the marked 5
+    assert c["total"] == 16
+    assert (c["load"], c["compute"], c["store"], c["correction"], c["other"]) == (3, 3, 2, 5, 3)
+    fr = lines.attribute(f)
+    assert fr.owner[25] == fr.owner[26] == "correction"  # its comment block belongs to it
+    assert fr.counts() == c
+    bad = tmp_path / "bad.py"
+    bad.write_text("# role: loading\ndef f():\n    pass\n")
+    with pytest.raises(ValueError, match="bad.py:1: unknown role 'loading'"):
+        lines.count_file(bad)
     rows, missing = lines.count_all()
-    assert {r["style"] for r in rows} >= {"fa4-sm90"} or missing  # missing files are reported
+    assert {r["style"] for r in rows} >= {"tlx", "cute", "core", "portable"}
+    assert {r["file"] for r in rows if r["style"] == "core"} >= {"api.py", "tiles.py"}
     assert "| style |" in lines.markdown(rows, missing + ["x: gone.py"])
+
+
+def _sbs_cells(page):
+    """{(style, file, role): count} of the side-by-side page's count tables."""
+    cells = re.findall(r'data-style="(\w+)" data-file="([\w.]+)" data-role="(\w+)">([^<]*)<', page)
+    return {(st, f, r): n for st, f, r, n in cells}
+
+
+def test_side_by_side_page(tmp_path):
+    """The page of the real kernel files: every common file in two columns, a section per
+    role, counts equal to `lines`'s; a file of one style in one column."""
+    from harness.sidebyside import pairs, write_side_by_side
+    page = write_side_by_side(tmp_path / "side_by_side.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and '<nav class="toc">' in page
+    common = [n for n, t, c in pairs() if t and c]
+    assert {"fwd_hopper", "bwd_hopper", "schedule", "tile_counter"} <= set(common)
+    assert common[:2] == ["fwd_hopper", "bwd_hopper"]
+    cells = _sbs_cells(page)
+    for name in common:
+        assert f'id="{name}"' in page and f'href="#{name}"' in page
+        for style, folder, label in (("tlx", "kernels_tlx", "Triton + TLX"),
+                                     ("cute", "kernels_cute", "CuteDSL")):
+            assert f"{label}: {folder}/{name}.py" in page  # its column
+            counts = lines.count_file(REPO / folder / f"{name}.py")
+            assert cells[style, f"{name}.py", "total"] == str(counts["total"])
+            for role in lines.ROLE_NAMES:
+                if counts[role]:
+                    assert cells[style, f"{name}.py", role] == str(counts[role])
+                    assert f'id="{name}-{role}"' in page
+
+
+def test_side_by_side_markers_and_one_sided_files(tmp_path):
+    """A small tree: roles from markers and names, each run with its line numbers, a
+    role one side lacks, and a file only one style has."""
+    from harness.sidebyside import page
+    (tmp_path / "kernels_tlx").mkdir()
+    (tmp_path / "kernels_cute").mkdir()
+    (tmp_path / "kernels_tlx" / "fwd_hopper.py").write_text(
+        "import x\n\n\ndef load(a):\n    return a\n\n\n# role: compute\ndef f(a):\n"
+        "    return a < 1\n")
+    (tmp_path / "kernels_cute" / "fwd_hopper.py").write_text(
+        "class K:\n    def load(self):\n        pass\n")
+    (tmp_path / "kernels_cute" / "fragments.py").write_text("def store(t):\n    pass\n")
+    html = page(tmp_path)
+    cells = _sbs_cells(html)
+    assert cells["tlx", "fwd_hopper.py", "load"] == "2" and cells["cute", "fwd_hopper.py", "load"] == "2"
+    assert cells["tlx", "fwd_hopper.py", "compute"] == "2" and cells["cute", "fwd_hopper.py", "compute"] == "0"
+    assert cells["tlx", "fwd_hopper.py", "total"] == "5" and cells["cute", "fwd_hopper.py", "total"] == "3"
+    assert cells["tlx", "fragments.py", "total"] == "–" and cells["cute", "fragments.py", "store"] == "2"
+    assert "lines 8–10" in html and "no lines of this role" in html
+    assert "(only CuteDSL)" in html and "no such file" not in html
 
 
 def test_flex_block_mask_covers_documents():
@@ -237,8 +304,6 @@ def bench_offsets(lengths):
     return [0] + torch.cumsum(lengths, 0).tolist()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jagged.portable") is None,
-                    reason="jagged.portable not written yet")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback path is what is tested")
 def test_cli_bench_smoke_on_cpu(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -271,8 +336,9 @@ def test_flex_forward_on_cpu():
     from harness.backends import _flex_make
     from harness.oracle import check
     fn = _flex_make()
-    for p in (Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.5, dtype="fp16", seed=3),
-              Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
+    # one compile each: a causal document mask, and Q shared by jagged keys (the block
+    # mask's non-causal path is checked against a dense mask above)
+    for p in (Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
                       seed=4, causal=True),
               Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=150,
                       mode="broadcast_q", sparsity=0.5, dtype="fp16", seed=6)):
@@ -306,37 +372,35 @@ def test_flex_block_mask_is_reused_while_offsets_stay(monkeypatch):
 
 
 def test_sanitize_problems_pass_the_portable_kernel_on_cpu():
-    """The sanitizer script's problems (each mode, zero-length and length-1 sequences)
-    run and pass the oracle through the portable kernel in the interpreter."""
+    """The sanitizer script's causal problems (self, cross and broadcast-Q; zero-length
+    and length-1 sequences) run and pass the oracle through the portable kernel in the
+    interpreter; the non-causal ones share their lengths."""
     from harness.gpu.sanitize import main
-    assert main(["--impl", "triton", "--device", "cpu"]) == 0
+    assert main(["--impl", "triton", "--device", "cpu", "--only", "causal"]) == 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the same code")
 def test_profile_runs_gate_then_reports(capsys):
     """harness.gpu.profile on the portable kernel in the interpreter: gate, then one line per
-    pass (the GPU columns are empty here), so a GPU session spends no time on its bugs."""
+    pass and round (the GPU columns are empty here), and the A/B table last."""
     from harness.gpu.profile import run
     p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=20, sparsity=0.5, dtype="fp16")
-    lines = run(["triton"], [p], ["fwd", "bwd"], n=1, ab=["JAGGED_BWD_IMPL=triton"], host=True)
+    lines = run(["triton"], [p], ["fwd", "bwd"], n=1, rounds=2, host=True)
     assert len(lines) == 4 and all("host" in l and "do_bench" in l for l in lines), lines
-    assert sum("[JAGGED_BWD_IMPL=triton]" in l for l in lines) == 2
-    assert "JAGGED_BWD_IMPL" not in os.environ
     out = capsys.readouterr().out
     assert out.count("tottime") == 4  # one cProfile table per line
-    assert out.rstrip().splitlines()[-1].strip().startswith("JAGGED_BWD_IMPL=triton")  # A/B table last
+    assert out.rstrip().splitlines()[-1].split()[:2] == ["triton", "2"]  # A/B table last
 
 
-def test_ab_summary_means_rounds_against_the_run_as_is():
+def test_ab_summary_means_rounds_against_the_first_backend():
     from harness.gpu.profile import ab_summary
-    rec = lambda v, g, t: dict(backend="tlx", problem="P", pass_="fwd", variant=v, gpu_ms=g,
-                               bench_ms=t)
-    lines = ab_summary([rec("", 2.0, 4.0), rec("X=1", 1.0, 3.0), rec("X=0", 2.0, 4.0),
-                        rec("X=1", 2.0, 5.0)])
+    rec = lambda b, g, t: dict(backend=b, problem="P", pass_="fwd", gpu_ms=g, bench_ms=t)
+    lines = ab_summary([rec("tlx", 2.0, 4.0), rec("cute", 1.0, 3.0), rec("triton", 2.0, 4.0),
+                        rec("cute", 2.0, 5.0)])
     rows = {l.split()[0]: l.split() for l in lines[3:]}
-    assert rows["as"][2:] == ["1", "2.000", "4.000"]
-    assert rows["X=1"][1:] == ["2", "1.500", "-25.0", "%", "4.000", "+0.0", "%"]
-    assert rows["X=0"][1:] == ["1", "2.000", "+0.0", "%", "4.000", "+0.0", "%"]
+    assert rows["tlx"][1:] == ["1", "2.000", "4.000"]
+    assert rows["cute"][1:] == ["2", "1.500", "-25.0", "%", "4.000", "+0.0", "%"]
+    assert rows["triton"][1:] == ["1", "2.000", "+0.0", "%", "4.000", "+0.0", "%"]
 
 
 def test_ncu_sass_regions(tmp_path):
@@ -383,9 +447,9 @@ def test_clocks_parses_samples_and_needs_a_gpu():
 
 
 def test_clocks_rows_round_trip_and_chart(tmp_path):
-    """A printed `clocks` line reads back as its row (logs written before --out), rows
-    append to clocks.csv, and the chart keeps the last row per (backend, problem,
-    variant) without repeat rounds."""
+    """A printed `clocks` line reads back as its row (a run made without --out), rows
+    append to clocks.csv, and the chart keeps the last row per (backend, pass, problem)
+    of the default build."""
     from harness.gpu.clocks import append_rows, line, read_log
     from harness.plots import latest_clocks, plot_clocks
     m = dict(tflops=569.2, mhz=1538.0, watts=692.0, temp_c=64.0, at_boost=733.0, calls=515,
@@ -393,28 +457,22 @@ def test_clocks_rows_round_trip_and_chart(tmp_path):
     label = "self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal"
     log = tmp_path / "clocks.log"
     log.write_text("\n".join([line("tlx", label, m), "a warning line",
-                              line("tlx", label, m, " [JAGGED_FWD_TILE_ORDER=seq]"),
-                              line("tlx", label, m, " [JAGGED_AB_REPEAT=1]"),
+                              line("cute", label, m), line("tlx", label, m) + " [an A/B variant]",
                               line("fa4", label, "not run: fail wrong")]))
     rows = read_log(log, "abc1234")
-    assert [r["variant"] for r in rows] == ["", "JAGGED_FWD_TILE_ORDER=seq",
-                                            "JAGGED_AB_REPEAT=1"]
+    assert [(r["backend"], r["variant"]) for r in rows] == [("tlx", ""), ("cute", ""),
+                                                            ("tlx", "an A/B variant")]
     assert all(r[k] == v for r in rows for k, v in m.items())
     assert [r["pass"] for r in rows] == ["fwd"] * 3
-    # a file of the columns before `pass` is rewritten with it
-    old = tmp_path / "clocks.csv"
-    old.write_text("backend,problem,variant,tflops,mhz,watts,temp_c,at_boost,calls,samples,"
-                   "reasons,git_rev\n" + ",".join(str(rows[0][c]) for c in
-                                                   list(rows[0])[:12]) + "\n")
-    append_rows(old, rows[1:2])
-    append_rows(old, [dict(rows[0], tflops=600.0), rows[2]])
+    csv_path = tmp_path / "clocks.csv"
+    append_rows(csv_path, rows[:2])
+    append_rows(csv_path, [dict(rows[0], tflops=600.0), rows[2]])
     d = latest_clocks(tmp_path)
     assert len(d) == 2 and sorted(d["tflops"]) == [569.2, 600.0]
-    # the backward's rows (session 17 on) carry their pass, printed and read back
     log.write_text(line("tlx", label, m, ps="bwd"))
     bwd = read_log(log, "abc1234")
     assert [r["pass"] for r in bwd] == ["bwd"] and bwd[0]["problem"] == label
-    append_rows(old, bwd)
+    append_rows(csv_path, bwd)
     d = latest_clocks(tmp_path)
     assert len(d) == 3 and sorted(d["pass"]) == ["bwd", "fwd", "fwd"]
     assert plot_clocks(tmp_path, tmp_path / "clocks.png").stat().st_size > 0

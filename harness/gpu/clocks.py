@@ -1,6 +1,6 @@
 """Sustained speed, SM clock and power of one backend per problem: is a gap cycles or
-clock? The H200 boosts to 1980 MHz and slows under load (PERF.md: a process's first
-timing reads up to 15 % faster than later ones), so two kernels that need the same
+clock? The H200 boosts to 1980 MHz and slows under load (a process's first timing reads
+up to 15 % faster than later ones), so two kernels that need the same
 cycles can differ in speed by how much power they draw. Per (backend, problem): the
 oracle gate, then back-to-back calls for `seconds` while `nvidia-smi` samples the
 clock, power and the active clock-event reasons; reported over the second half (a
@@ -12,7 +12,7 @@ measure: equal there means equal cycles).
 `--passes bwd` (or fwd,bwd) times the backward the same way (as bench times it: the
 backward alone after one forward). `--gemm` first measures the ceiling the same way: a
 plain bf16 matmul (torch, GEMM_N^3) back to back, a row of backend `gemm` (the charts draw
-it as the sustained ceiling; session 20: 681 TFLOP/s at 1485 MHz against a ~790 burst).
+it as the sustained ceiling: 681 TFLOP/s at 1485 MHz on the H200, against a ~790 burst).
 """
 from __future__ import annotations
 
@@ -123,24 +123,24 @@ def sustained(call, flops: float, seconds: float, sampler: Sampler) -> dict | st
                 calls=len(late), samples=len(s), reasons=" ".join(sorted({r[4] for r in s})))
 
 
-def line(name: str, label: str, m: dict | str, tag: str = "", ps: str = "fwd") -> str:
+def line(name: str, label: str, m: dict | str, ps: str = "fwd") -> str:
     if isinstance(m, str):
-        return f"{name:5s} {ps} {label:55s} {m}{tag}"
+        return f"{name:5s} {ps} {label:55s} {m}"
     return (f"{name:5s} {ps} {label:55s} {m['tflops']:7.1f} TFLOP/s {m['mhz']:6.0f} MHz "
             f"{m['watts']:5.0f} W {m['temp_c']:3.0f} C  at {BOOST_MHZ:.0f} MHz "
             f"{m['at_boost']:7.1f}  ({m['calls']} calls, {m['samples']} samples, reasons "
-            f"{m['reasons']}){tag}")
+            f"{m['reasons']})")
 
 
-# (backend, pass (absent before session 17: fwd), problem, ...)
-LINE = re.compile(r"(\S+)\s+(?:(fwd|bwd)\s+)?(.+?)\s+([\d.]+) TFLOP/s\s+(\d+) MHz\s+(\d+) W\s+(\d+) C\s+at \d+ MHz"
+# (backend, pass, problem, ..., [variant] (a row of an A/B))
+LINE = re.compile(r"(\S+)\s+(fwd|bwd)\s+(.+?)\s+([\d.]+) TFLOP/s\s+(\d+) MHz\s+(\d+) W\s+(\d+) C\s+at \d+ MHz"
                   r"\s+([\d.]+)\s+\((\d+) calls, (\d+) samples, reasons ([^)]*)\)\s*(?:\[(.*)\])?$")
 COLUMNS = ["backend", "problem", "variant", "tflops", "mhz", "watts", "temp_c", "at_boost",
            "calls", "samples", "reasons", "git_rev", "pass"]
 
 
 def read_log(path, git_rev: str) -> list[dict]:
-    """The rows of a `clocks` log (its printed lines), for logs written before --out."""
+    """The rows of a `clocks` log (its printed lines), for runs made without --out."""
     rows = []
     for text in Path(path).read_text().splitlines():
         m = LINE.match(text.strip())
@@ -148,37 +148,28 @@ def read_log(path, git_rev: str) -> list[dict]:
             g = m.groups()
             rows.append(dict(zip(COLUMNS, [g[0], g[2], g[11] or "", float(g[3]), float(g[4]),
                                            float(g[5]), float(g[6]), float(g[7]), int(g[8]),
-                                           int(g[9]), g[10], git_rev, g[1] or "fwd"])))
+                                           int(g[9]), g[10], git_rev, g[1]])))
     return rows
 
 
 def append_rows(csv_path, rows: list[dict]) -> None:
-    """Add rows to `csv_path` (`clocks.csv` beside results.csv; `plots` charts it). A file
-    written before a column existed is rewritten with it (`pass`: fwd)."""
+    """Add rows to `csv_path` (`clocks.csv` beside results.csv; `plots` charts it)."""
     csv_path = Path(csv_path)
-    old = []
-    if csv_path.exists():
-        with csv_path.open(newline="") as f:
-            r = csv.DictReader(f)
-            if r.fieldnames != COLUMNS:
-                old = [dict({"pass": "fwd"}, **row) for row in r]
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    new = old or not csv_path.exists()
-    with csv_path.open("w" if old else "a", newline="") as f:
+    new = not csv_path.exists()
+    with csv_path.open("a", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
         if new:
             w.writeheader()
-        w.writerows(old + rows)
+        w.writerows(rows)
 
 
-def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
-        out=None, passes=("fwd",), with_gemm: bool = False) -> list[str]:
-    """`ab` ("NAME=value", ...): each row again with each variable set (as `profile`).
-    `out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd.
+def run(backend_names, problems, seconds: float = 4.0, out=None, passes=("fwd",),
+        with_gemm: bool = False) -> list[str]:
+    """`out`: also append the rows to out/clocks.csv. `passes`: fwd and / or bwd.
     `with_gemm`: the sustained GEMM row (`gemm`) first."""
     from .. import backends
     from ..bench import git_rev
-    from .profile import _env
     rev, fns = git_rev(), {}
     sampler, lines, rows = Sampler(), [], []
     try:
@@ -196,14 +187,12 @@ def run(backend_names, problems, seconds: float = 4.0, ab: list[str] = (),
                     ok, why = b.available()
                     if ok and name not in fns:
                         fns[name] = b.fn()
-                    for var in (None, *ab) if ok else (None,):
-                        with _env(var) as tag:
-                            m = one(b, fns[name], p, seconds, sampler, ps) if ok else why
-                        lines.append(line(name, p.label(), m, tag, ps))
-                        print(lines[-1], flush=True)
-                        if isinstance(m, dict):
-                            rows.append(dict(backend=name, problem=p.label(), variant=var or "",
-                                             git_rev=rev, **m, **{"pass": ps}))
+                    m = one(b, fns[name], p, seconds, sampler, ps) if ok else why
+                    lines.append(line(name, p.label(), m, ps))
+                    print(lines[-1], flush=True)
+                    if isinstance(m, dict):
+                        rows.append(dict(backend=name, problem=p.label(), variant="",
+                                         git_rev=rev, **m, **{"pass": ps}))
     finally:
         sampler.close()
         if out and rows:

@@ -3,7 +3,7 @@ report (per-instruction warp-state samples) and prints one line per run of instr
 with the same execution count (a loop body, a per-tile prologue, the store, ...), with
 its share of all samples, its top stall reasons and the instructions that name it.
 
-On the GPU node (session 13, PERF.md):
+On the GPU node:
 
     ncu --clock-control none --kernel-name regex:'^fwd_kernel$' --launch-skip 12 \\
         --launch-count 1 --section WarpStateStats --section SourceCounters -o rep \\

@@ -1,19 +1,17 @@
 """Where one backend's time goes on one problem: the host's time to issue a call, the
 GPU kernels' time per call (torch.profiler), and the sweep's do_bench median.
 
-A diagnostic for cells whose time does not follow their work (on the H200 in session
-2, tlx at gem-jagged 256 took 0.42-0.52 ms forward at every sparsity, and its
-backward never went under 1.6 ms in the sweep although the kernel alone took
-0.45 ms): when the host time per call is above the kernels' time, the GPU waits for
-launches and do_bench times the host. Every problem passes the oracle gate first.
+A diagnostic for cells whose time does not follow their work: when the host's time per
+call is above the kernels' time, the GPU waits for launches and do_bench times the host.
+Every problem passes the oracle gate first. Several backends (and `--rounds`) make an
+A/B: per problem the backends run in turn, round after round, and a summary table gives
+each one's mean against the first backend's.
 
-    python -m harness profile --backends tlx,triton --suite gem-jagged --match "Lq256 Lk256 s0.1"
+    python -m harness profile --backends tlx,cute --suite gem-jagged --match "Lq256 Lk256 s0.1"
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
 from collections import defaultdict
 
@@ -79,54 +77,35 @@ def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> 
                 kernels=kernels, cprofile=host_profile(call, n) if host else "")
 
 
-@contextlib.contextmanager
-def _env(var: str | None):
-    """With `var` ("NAME=value") set in os.environ, restored afterwards."""
-    if not var:
-        yield ""
-        return
-    name, _, value = var.partition("=")
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield f" [{var}]"
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
-def _profile_variant(name, b, fn, p: Problem, passes, n, gate_batch, host, tag,
+def _profile_backend(name, b, fn, p: Problem, passes, n, gate_batch, host,
                      records: list) -> list[str]:
-    """Gate one problem (the sweep's own gate), then one line per pass; under the caller's
-    environment, so an A/B variant is gated before it is timed. Each timed pass is also
-    appended to `records` (for `ab_summary`)."""
+    """Gate one problem (the sweep's own gate), then one line per pass; each timed pass is
+    also appended to `records` (for `ab_summary`)."""
     bad = [r for r in run_problem(b, fn, p, passes, gate_batch=gate_batch, timing=False)
            if r["status"] != "ok"]
     if bad:
-        print(line := f"{name} {p.label()}{tag}: not profiled: {bad[0]['status']} "
+        print(line := f"{name} {p.label()}: not profiled: {bad[0]['status']} "
                       f"{bad[0]['error']}", flush=True)
         return [line]
     lines = []
     for ps in passes:
         r = profile_one(fn, p, ps, n, host)
         top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
-        lines.append(f"{name:8s} {ps} {p.label():55s}{tag} host {r['host_ms']:7.3f} ms  "
+        lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms  "
                      f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
         print(lines[-1], flush=True)
         if r["cprofile"]:
             print(r["cprofile"], flush=True)
-        records.append(dict(backend=name, problem=p.label(), pass_=ps, variant=tag.strip(" []"),
-                            gpu_ms=r["gpu_ms"], bench_ms=r["bench_ms"]))
+        records.append(dict(backend=name, problem=p.label(), pass_=ps, gpu_ms=r["gpu_ms"],
+                            bench_ms=r["bench_ms"]))
     return lines
 
 
 def _warm(fn, p: Problem, passes, seconds: float = 1.0) -> None:
-    """Run the problem's calls untimed for about `seconds` before its first variant: in
-    session 11 the first variant of a process read up to 9 % lower in kernel time than
-    later rounds of the same code (TLX 2048 / 0.5: 5.690 against 6.220 ms), so an A/B
-    starts on a GPU that has been busy. Nothing to warm without a GPU."""
+    """Run the problem's calls untimed for about `seconds` before its first measurement:
+    a process's first measurement reads up to 9 % lower in kernel time than later rounds
+    of the same code (TLX 2048 / 0.5: 5.690 against 6.220 ms), so an A/B starts on a GPU
+    that has been busy. Nothing to warm without a GPU."""
     if not torch.cuda.is_available():
         return
     kw = call_kw(p)
@@ -141,58 +120,58 @@ def _warm(fn, p: Problem, passes, seconds: float = 1.0) -> None:
 
 
 def ab_summary(records: list[dict]) -> list[str]:
-    """The A/B table printed last: per (backend, pass, problem) and variant ("" = as is),
-    the rounds run and the mean kernel time (torch.profiler) and do_bench, with the
-    change against the run as is. Kernel time is the steadier of the two (do_bench of one
-    variant moved 2-6 % between rounds on the H200, PERF.md session 10)."""
+    """The A/B table printed last: per (pass, problem) and backend, the rounds run and the
+    mean kernel time (torch.profiler) and do_bench, with the change against the first
+    backend. Kernel time is the steadier of the two (do_bench of one build moves 2-6 %
+    between rounds on the H200)."""
     groups: dict = {}
     for r in records:
-        key = (r["backend"], r["pass_"], r["problem"])
-        groups.setdefault(key, {}).setdefault(r["variant"], []).append(r)
+        groups.setdefault((r["pass_"], r["problem"]), {}).setdefault(r["backend"], []).append(r)
     mean = lambda rs, k: sum(x[k] for x in rs) / len(rs)
 
     def pct(v, base):  # blank without a usable base (no GPU: kernel time 0)
         ok = base and math.isfinite(base) and math.isfinite(v)
         return f"{100 * (v / base - 1):+6.1f} %" if ok else " " * 8
 
-    lines = ["A/B summary (means over rounds; % against the run as is):",
-             f"{'backend':8s} {'pass':4s} {'variant':44s} {'rounds':>6s} {'gpu ms':>9s} "
-             f"{'':8s} {'do_bench ms':>11s}"]
-    for (name, ps, label), variants in groups.items():
-        lines.append(f"{name:8s} {ps:4s} {label}")
-        base = variants.get("")
-        for var, rs in variants.items():
+    lines = ["A/B summary (means over rounds; % against the first backend):",
+             f"{'pass':4s} {'backend':20s} {'rounds':>6s} {'gpu ms':>9s} {'':8s} "
+             f"{'do_bench ms':>11s}"]
+    for (ps, label), by_backend in groups.items():
+        lines.append(f"{ps:4s} {label}")
+        first = next(iter(by_backend))
+        base = by_backend[first]
+        for name, rs in by_backend.items():
             g, t = mean(rs, "gpu_ms"), mean(rs, "bench_ms")
-            d_g = pct(g, mean(base, "gpu_ms")) if base and var else " " * 8
-            d_t = pct(t, mean(base, "bench_ms")) if base and var else " " * 8
-            lines.append(f"{'':13s} {(var or 'as is')[:44]:44s} {len(rs):6d} {g:9.3f} {d_g} "
+            d_g = pct(g, mean(base, "gpu_ms")) if name != first else " " * 8
+            d_t = pct(t, mean(base, "bench_ms")) if name != first else " " * 8
+            lines.append(f"{'':4s} {name[:20]:20s} {len(rs):6d} {g:9.3f} {d_g} "
                          f"{t:11.3f} {d_t}".rstrip())
     return lines
 
 
-def run(backend_names, problems, passes, n=10, gate_batch=64, ab: list[str] = (),
+def run(backend_names, problems, passes, n=10, gate_batch=64, rounds: int = 1,
         host: bool = False) -> list[str]:
-    """`ab` (["NAME=value", ...]): each problem is gated and profiled as is, then gated and
-    profiled again with each variable set in turn (read per call by the code under test),
-    in one process; a variable given twice runs twice (a repeat round), and the A/B
-    summary table (`ab_summary`) is printed last. `host`: also print a cProfile of the
-    calls."""
+    """Per problem, every backend gated and profiled, `rounds` times in turn (backend
+    after backend, round after round, in one process); with more than one backend or
+    round the A/B summary table (`ab_summary`) is printed last. `host`: also print a
+    cProfile of the calls."""
     from .. import backends
-    lines, records = [], []
+    lines, records, fns = [], [], {}
     for name in backend_names:
         b = backends.get(name)
         ok, why = b.available()
-        if not ok:
+        if ok:
+            fns[name] = (b, b.fn())
+        else:
             lines.append(f"{name}: unavailable ({why})")
-            continue
-        fn = b.fn()
-        for p in problems:
-            if ab:
-                _warm(fn, p, passes)
-            for var in (None, *ab):
-                with _env(var) as tag:
-                    lines += _profile_variant(name, b, fn, p, passes, n, gate_batch, host, tag,
-                                              records)
+            print(lines[-1], flush=True)
+    ab = len(fns) > 1 or rounds > 1
+    for p in problems:
+        if ab and fns:
+            _warm(next(iter(fns.values()))[1], p, passes)
+        for _ in range(rounds):
+            for name, (b, fn) in fns.items():
+                lines += _profile_backend(name, b, fn, p, passes, n, gate_batch, host, records)
     if ab and records:
         print("\n".join(ab_summary(records)), flush=True)
     return lines
