@@ -207,33 +207,61 @@ def test_tile_cache_is_bounded():
 
 
 @triton.jit
-def _decode_tiles(pairs, n_pairs, head_chunk, cu, out, H, NBLK):
+def _decode_tiles(pairs, n_pairs, cu, out, H, NBLK):
     for t in range(0, n_pairs * H):
         h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-            t, pairs, n_pairs, head_chunk, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
+            t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)
 
 
-@pytest.mark.parametrize("head_chunk", [1, 2, 4, 7, 0])
-def test_tile_coords_head_chunks(head_chunk):
-    """Every (valid pair, head) tile exactly once; head_chunk = 1 is pair t // H, head
-    t % H; chunks (0: NBLK pairs) keep the list's longest-first order of pairs."""
+def test_tile_coords_chunks():
+    """Every (valid pair, head) tile exactly once; chunks of NBLK pairs, pairs fastest,
+    then heads, keep the list's longest-first order of pairs."""
     H = 3
     cu = offsets(torch.tensor([130, 0, 64, 1, 200]))
     pairs, count, nblk = build_tiles(cu, cu, 5, 200, None, 64, 64, False)
     n = int(count)
     out = torch.full((2 * n * H,), -1, dtype=torch.int32)
-    _decode_tiles[(1,)](pairs, n, head_chunk, cu, out, H, nblk)
+    _decode_tiles[(1,)](pairs, n, cu, out, H, nblk)
     got = [tuple(x) for x in out.view(-1, 2).tolist()]
     starts = cu[:-1].tolist()
     pair_id = [starts[int(p) // nblk] + int(p) % nblk * 64 for p in (pairs[:n] & 0xFFFFFFFF)]
     assert sorted(got) == sorted((p, h) for p in pair_id for h in range(H))
-    if head_chunk == 1:
-        assert got == [(pair_id[t // H], t % H) for t in range(n * H)]
     rank = {p: i for i, p in enumerate(pair_id)}
-    chunks = [rank[p] // (head_chunk or nblk) for p, _ in got]
+    chunks = [rank[p] // nblk for p, _ in got]
     assert chunks == sorted(chunks)
+
+
+@triton.jit
+def _kv_split(pairs, n_pairs, cu_q, cu_k, out, NBLK):
+    for t in range(0, n_pairs):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+            t, pairs, n_pairs, cu_q, cu_k, 0, 1, 1, NBLK, 64, 64, True, False)
+        tl.store(out + 3 * t, q_start + m0)
+        tl.store(out + 3 * t + 1, n_bulk)
+        tl.store(out + 3 * t + 2, n_end)
+
+
+def test_tile_coords_causal_kv_split():
+    """A causal tile's KV walk: blocks below n_end hold every key a row sees, blocks
+    below n_bulk only keys every row sees (jagged.seqinfo's ranges), len_q > len_k and
+    len_q < len_k."""
+    from jagged.seqinfo import causal_kv_end_ref
+    lq, lk = torch.tensor([130, 1, 64, 200, 70, 5]), torch.tensor([40, 90, 64, 1, 300, 0])
+    cq, ck = offsets(lq), offsets(lk)
+    pairs, count, nblk = build_tiles(cq, ck, 6, 200, None, 64, 64, True)
+    n = int(count)
+    out = torch.full((3 * n,), -1, dtype=torch.int32)
+    _kv_split[(1,)](pairs, n, cq, ck, out, nblk)
+    got = {r[0]: (r[1], r[2]) for r in out.view(-1, 3).tolist()}
+    want = {}
+    for b in range(6):
+        for m0 in range(0, int(lq[b]), 64):
+            end = int(causal_kv_end_ref(m0 + 64, lq[b], lk[b]))
+            full = int(causal_kv_end_ref(m0 + 1, lq[b], lk[b]))
+            want[int(cq[b]) + m0] = (full // 64, -(-end // 64))
+    assert got == want
 
 
 @triton.jit
@@ -241,7 +269,7 @@ def _decode_rounds(pairs, n_pairs, cu, out, H, NBLK):
     """As a persistent program walks: tiles pid, pid + P, ...; out[t] per loop index."""
     for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
         h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-            t, pairs, n_pairs, 0, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
+            t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)
 
@@ -254,7 +282,7 @@ def test_tile_coords_boustrophedon():
     pairs, count, nblk = build_tiles(cu, cu, 5, 200, None, 64, 64, False)
     n = int(count)
     plain = torch.full((2 * n * H,), -1, dtype=torch.int32)
-    _decode_tiles[(1,)](pairs, n, 0, cu, plain, H, nblk)
+    _decode_tiles[(1,)](pairs, n, cu, plain, H, nblk)
     walked = torch.full((2 * n * H,), -1, dtype=torch.int32)
     _decode_rounds[(P,)](pairs, n, cu, walked, H, nblk)
     plain, walked = plain.view(-1, 2).tolist(), walked.view(-1, 2).tolist()
