@@ -3,6 +3,7 @@
     compute-sanitizer --tool memcheck  python3 -m harness.gpu.sanitize --impl tlx
     compute-sanitizer --tool racecheck python3 -m harness.gpu.sanitize --impl tlx
 
+Each runs through `jagged.jagged_attention(..., backend=...)`, the default call path.
 Small on purpose (the sanitizers slow kernels down by orders of magnitude), but each
 has several query blocks and KV tiles, a zero-length and a length-1 sequence, so the
 tile loops, the masked tails and the dQ reduction all run. Every result also goes
@@ -12,13 +13,13 @@ Exit status 1 when any problem fails the oracle.
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 import sys
 
 from ..oracle import check
 from ..problems import Problem
 
-IMPLS = {"tlx": "kernels_tlx", "cute": "kernels_cute", "triton": "jagged.portable"}
+IMPLS = {"tlx": "tlx", "cute": "cute", "triton": "portable"}  # harness name -> jagged backend
 
 
 def problems() -> list[tuple[str, Problem, tuple]]:
@@ -47,20 +48,21 @@ def problems() -> list[tuple[str, Problem, tuple]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.gpu.sanitize")
     ap.add_argument("--impl", choices=sorted(IMPLS), default="tlx")
-    ap.add_argument("--only", default="", help="run the modes whose name contains this")
+    ap.add_argument("--only", default="", help="run the modes whose name contains this "
+                    "(a|b: either)")
     ap.add_argument("--device", default="cuda", help="cpu: the portable kernel in the interpreter")
     a = ap.parse_args(argv)
-    mod = importlib.import_module(IMPLS[a.impl])
-    if callable(getattr(mod, "available", None)):
-        ok, why = mod.available()
-        if not ok:
-            sys.exit(f"{a.impl} unavailable: {why}")
+    import jagged
+    ok, why = jagged.available()[IMPLS[a.impl]]
+    if not ok:
+        sys.exit(f"{a.impl} unavailable: {why}")
+    fn = functools.partial(jagged.jagged_attention, backend=IMPLS[a.impl])
     bad = 0
     for name, p, (lq, lk) in problems():
-        if a.only not in name:
+        if not any(o in name for o in a.only.split("|")):
             continue
         inp = p.build(a.device, lengths=(lq, lk))
-        rep = check(inp, mod.jagged_attention, causal=p.causal, broadcast_q=p.mode == "broadcast_q")
+        rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q")
         bad += not rep.ok
         print(f"{'PASS' if rep.ok else 'FAIL'} {a.impl} {name}: {p.label()} q={lq} k={lk}", flush=True)
         if not rep.ok:
