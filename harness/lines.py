@@ -182,7 +182,7 @@ def styles(repo: Path = REPO) -> dict[str, tuple[Path, list[str]]]:
             "cute": (repo / "kernels_cute", own(repo / "kernels_cute")),
             "core": (core, [f for f in own(core) if f != "portable.py"]),
             "portable": (core, ["portable.py"] if (core / "portable.py").is_file() else []),
-            "fa4-sm90": (fa4 or Path("flash_attn/cute (not installed)"), FA4_SM90)}
+            "fa4-sm90": (fa4 or Path("flash_attn/cute"), FA4_SM90 if fa4 else [])}
 
 
 def count_all(repo: Path = REPO) -> tuple[list[dict], list[str]]:
@@ -190,7 +190,8 @@ def count_all(repo: Path = REPO) -> tuple[list[dict], list[str]]:
     rows, missing = [], []
     for style, (folder, files) in styles(repo).items():
         if not files:
-            missing.append(f"{style}: no files in {folder}")
+            missing.append(f"{style}: no files in {folder}" if folder.is_dir() else
+                           f"{style}: {folder} not found")
         for f in files:
             p = folder / f
             if not p.is_file():
