@@ -1,64 +1,58 @@
 """Jagged (varlen, packed) flash-attention backward for Hopper (sm_90a), in CuteDSL.
 
     backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-             broadcast_q) -> (dq, dk, dv)          # in q's dtype
+             broadcast_q, dlse=None) -> (dq, dk, dv)          # in q's dtype
 
-The CuteDSL twin of `kernels_tlx/bwd_hopper.py` (host wrapper, preprocess, schedule,
-postprocess: same names, same order) whose main kernel is the counterpart of the TLX
-warp-specialized one (`kernels_tlx/bwd_hopper_ws.py`: load / 2 compute warpgroups /
-reduce_dq warp / store in the compute warpgroups). Both form dQ over all BLOCK_N keys
-with D split between the two compute warpgroups after a named barrier (dS^T in smem),
-one bulk reduce per step. Both take 64-row steps with one K/V stage at D = 128 and stage
-dK/dV through smem (`dkvsmem`); at D = 64 both take 128-row steps by default (TLX's M128
-since session 20, here `m128` since 21: dots in sequence, dQ split by query rows; with
-two K/V stages here, `kv2`, one in TLX); they differ
-in the dQ path: here dQ = dS K with the query rows as M, reduced by a `reduce_dq` warp
-in 64 x 32 boxes (`dqwide`); TLX forms dQ^T = K^T dS^T with the head dim as M (D / 2 >=
-64, so at D = 64 each TLX consumer forms a full-D partial over its own keys and the last
-adds the other's from smem, `DQ_SUM`) and its load task reduces 64 x 64 boxes. No
-`deterministic` option yet.
-Three kernels, named after their roles:
+The CuteDSL twin of `kernels_tlx/bwd_hopper.py`: the same three kernels, the same roles
+(load, compute, reduce_dq, store) and the same tile schedule (schedule.py). Both form
+dQ over all BLOCK_N keys of a tile after a named barrier (dS^T in smem), one bulk
+reduce per step. Where they differ: here dQ = dS K with the query rows as M, reduced by
+a `reduce_dq` warp in 64 x 32 boxes; TLX forms dQ^T = K^T dS^T with the head dim as M
+and its load task reduces 64 x 64 boxes.
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
     lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
 (b) `BwdMain` (`_bwd_main`): a persistent grid (one CTA per SM) walking a jagged list of
-    KV tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`jagged.tiles.kv_tiles`, shared with the TLX backward; no host sync).
+    KV tiles, longest first. The tile list is built on the GPU from the offsets
+    (`jagged.tiles.kv_tiles`, shared with the TLX backward; no host sync).
     Each CTA is warp specialized (3 warpgroups, 384 threads):
 
-        warpgroup 0, warp 0  `load_kv`   K, V of the tile (TMA, once per tile)
+        warpgroup 0, warp 0  `load_kv`   K, V of the tile (TMA, once per tile, into
+                                         Config.kv_stages stages)
                              `load_q`    Q, dO of each (query head, Q block) step into a
-                                         Q_STAGES-deep ring (TMA, full/empty mbarriers)
+                                         Q_STAGES-deep ring (TMA, full/empty mbarriers),
+                                         and the step's lse*log2e / delta rows into smem
         warpgroup 0, warp 1  `reduce_dq` the step's fp32 dQ partial (staged in smem by
                                          compute) reduce-added into the fp32 accumulator
-                                         with one TMA bulk tensor reduce
+                                         with TMA bulk tensor reduces
                                          (cp.reduce.async.bulk.tensor.add.f32)
         warpgroups 1 and 2   `compute`   per step, in the transposed form (each warpgroup
                                          owns 64 of the BLOCK_N = 128 keys):
                                          S^T = K Q^T, dP^T = V dO^T (wgmma, smem x smem),
-                                         P^T = exp2(S^T*scale*log2e - lse*log2e)
-                                         (lse, delta: 2 rows a lane loaded a step
-                                         ahead, spread to the columns by shuffles;
-                                         lsesmem: staged in smem by `load_q`),
+                                         P^T = exp2(S^T*scale*log2e - lse*log2e),
                                          dV += P^T dO, dS^T = P^T (dP^T - delta),
                                          dK += dS^T Q (wgmma, P^T / dS^T from registers),
-                                         dS^T -> smem, dQ_part = dS K (wgmma, smem x smem,
-                                         each warpgroup D/2 columns) -> smem for reduce_dq
-                             `store`     dK (times scale), dV in the input dtype, rows
-                                         predicated to the tile
+                                         dS^T -> smem, dQ_part = dS K (wgmma, smem x smem)
+                                         -> smem for reduce_dq
+                             `store`     dK (times scale), dV in the input dtype through
+                                         the warpgroup's half of sV, rows predicated to
+                                         the tile
 
-    `schedule` decodes a tile id on the device; every role calls it with the same ids, so
-    the roles agree on the work without talking. The ids come round-robin, or for causal
-    packed lists (`jagged.tiles.bwd_dynamic`) in list order from a counter, as TLX's: the
-    load warp takes the CTA's next tile with an atomic add (`next_tile`) and hands it to
-    compute and reduce_dq (`publish_tile` / `fetch_tile`, kernels_cute/tile_counter.py;
-    session 17, do_bench, static -> counter: llm causal B8 H16 12.05 -> 10.82 ms, GQA B4
-    H32/8 4.12 -> 2.87 ms).
+    The tile ids come round-robin, or for causal packed lists (`jagged.tiles.bwd_dynamic`)
+    in list order from a counter, as TLX's: the load warp takes the CTA's next tile with
+    an atomic add (`next_tile`) and hands it to compute and reduce_dq (`publish_tile` /
+    `fetch_tile`, tile_counter.py; llm causal B8 H16 8192 -11.5 %, GQA B4 H32/8 -30 %).
     GQA: a tile owns one KV head and loops over the query heads of its group (step j:
     head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
     once (no atomics on dK/dV).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
     accumulator, cast to the input dtype.
+
+Steps (CONFIGS, by head dim): 64 query rows at D = 128 with one K/V stage (two need
+242 KB of smem), S^T and dP^T issued together; 128 rows at D = 64 with two K/V stages,
+the dots one after the other (S^T, P^T, dV, then dP^T, dS^T, dK, dQ: at 128 rows the
+step's registers would not hold both 64-register accumulators beside dK, dV and P^T),
+dQ split by query rows between the warpgroups.
 
 Broadcast-Q (dQ is a sum over the whole batch): CTAs are pinned to a KV head (CTA p owns
 head p % H_kv) and each accumulates into its own fp32 slot dq_acc[p // H_kv]
@@ -69,24 +63,19 @@ causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) tri
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
-Determinism: as TLX's default (TMA bulk reduce): dK/dV are (each row written once),
-dQ is not bitwise deterministic.
-
-Status: compiles for sm_90a on a CPU (tests/test_cute_bwd_compile.py); on the H200
-(session 3) 9/9 `python -m harness.gpu.cute_check --bwd --quick` problems and 100/100
-matrix problems pass. The default backward of kernels_cute (JAGGED_CUTE_BWD=portable
-runs the portable Triton one instead).
+Determinism: as TLX's (TMA bulk reduce): dK/dV are (each row written once), dQ is not
+bitwise deterministic.
 """
 import math
-import os
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
-from jagged.arch import SMEM_LIMIT as ARCH_SMEM_LIMIT
+from jagged.arch import SMEM_LIMIT, num_sms
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 LOG2E = 1.4426950408889634
-BLOCK_M = 64            # query rows per step
 BLOCK_N = 128           # keys per KV tile: 2 compute warpgroups x 64
 Q_STAGES = 2            # depth of the Q / dO ring
 NUM_MMA_WG = 2          # compute warpgroups
@@ -97,111 +86,82 @@ PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
-STORE_BARRIER = 4       # + warpgroup (4, 5), dkvsmem: a warpgroup's sV half written / read
+STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
-
-# A/B switches of the main kernel. JAGGED_CUTE_BWD_OPTS, read per call: unset or empty =
-# the default (`default_opts`: the five of DEFAULT_OPTS, both causalities, and kv2 and
-# m128 at D = 64), "none", "all" (kv2 and m128 included: D = 64 only), a comma list, or
-# "+" / "-" and a comma list (the default with / without those).
-#   dqord  FA3/FA4 order: the dQ wgmma before dK, wait for dQ only, so dK runs under the
-#          store of the dQ partial to smem (off: dK, dQ, wait for both, store).
-#   dqwide  the fp32 dQ staging tile in blocks of DQ_WIDE = 32 columns (128 B rows) with
-#          TMA's 128B swizzle: D / 32 reduce boxes of 64 x 32 a step (4 at D 128; TLX: 2 of
-#          64 x 64). The compute threads write through `dq_store_view` (the swizzle in
-#          elements: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks
-#          and the +8 row fold into immediates; through the swizzled pointer: 16, spills).
-#          Banks: a warp's STS.64 (8 rows x 4 lanes x 8 B) spreads over all 32 banks twice
-#          (2 wavefronts, the minimum); each half warp (4 rows) reaches 16 banks only, so
-#          where the hardware splits 64-bit stores into half warps it is 4 wavefronts.
-#          Off: one row-major 64 x D box (8 wavefronts). tests: test_dqwide_addresses.
-#   dkvsmem  `store` stages dK, dV through the warpgroup's own half of sV (stmatrix), then
-#          16-byte stores (STG.128, not 128 predicated STG.U16 a thread); the K/V stage is
-#          released after the store.
-#   lsesmem  lse*log2e and delta staged in smem per Q stage by the load warp (as TLX's
-#          64-row kernel), read at use by compute: no lse/delta loads, shuffles or Q-block
-#          index divisions in the step. Off, the step's 4 LDGs (next step's rows) are
-#          issued just before the dQ handoff's fence, whose MEMBAR.ALL.CTA waits for them
-#          (L2 latency exposed every step), and the loop top computes the next step's
-#          head / block with two integer divisions while no wgmma is in flight.
-#   diagmask  causal only (TLX's JAGGED_BWD_WS_DIAG_MASK=1): the key-length mask on
-#          every step, the causal bound only in a branch taken when it cuts the warpgroup's
-#          block (`causal_cut`: 1-2 steps a tile in self-attention); the other steps lose
-#          the bound's ISETP / FSEL / VIADD (~85 SASS a step, in the exp window under the
-#          dP^T wgmma). Non-causal builds ignore it.
-#   m128  128 query rows a step at D = 64 (TLX's default there since session 20): the
-#          S^T / dP^T wgmmas N = 128, the dots one after the other (S^T, P^T, dV, then
-#          dP^T, dS^T, dK, dQ: issued together at 128 rows the step's registers would hold
-#          both 64-register accumulators beside dK, dV and P^T), dQ split by query rows
-#          between the warpgroups (each forms its 64 rows over all 128 keys: M = 64, N = D),
-#          lse / delta staged for 128 rows (lsesmem: needed), one K/V stage or kv2 where
-#          they fit (the smem model). Default at D = 64 (session 21; built in 20).
-#   kv2  K and V in two stages (the TLX twin's KV_STAGES_M64, host ws_kv_stages: two at
-#          D = 64), so the next tile's K/V load overlaps this tile's last steps and store
-#          (one stage: the load waits for the release after the store). D = 64 only
-#          (`kv_stages`: at D = 128 it would need 242 KB of smem, a ValueError when asked
-#          for; the default leaves it out there).
-# Why each is on: H200, ms of the main kernel (d: do_bench, else GPU kernel time); llm =
-# B8 H16 N8192 D128 bf16, gem = gem-jagged B1152 H4 D128 bf16; without -> with:
-#   dqord     s6   llm 24.48 -> 22.81 (with dqblk; causal 15.68 -> 18.15, cause unknown:
-#                  on for causal since s10, below)
-#   dkvsmem   s8   gem 256 / s0.5 1.346 -> 0.964, 512 / s0.9 5.412 -> 4.187;
-#             s9   llm causal d 14.41 -> 13.88
-#   lsesmem   s10  d: gem 2048 / s0.5 19.42 -> 18.60, 512 / s0.9 4.36 -> 4.09, llm 22.96 ->
-#                  22.37; llm causal (with dqord, dqblk: all on) 14.09 -> 13.85
-#   dqwide    s11  llm causal d 14.16 -> 12.48 (GPU 13.95 -> 12.96); llm 20.64 -> 20.64
-#   diagmask  s11  with dqwide: llm causal d 12.48 -> 12.25 (alone 14.13); llm 20.64 ->
-#                  20.38, gem 1024 / s0.5 5.49 -> 5.50 (d 5.64 -> 5.45)
-#   kv2       s19  llm D = 64 B16 H16 2048 d 1.783 -> 1.758 (repeat 1.788), causal
-#                  1.042 -> 1.025 (1.043)
-#   m128      s21  with kv2, same shape: d 1.756 -> 1.621 (repeat 1.661), causal 1.025 ->
-#                  0.964 (0.966); CuteDSL matrix 200/200 (seed 1047164628)
-#   GPU matrix 200/200 (seed 502382232) with all five.
-# Deleted: dqblk (superseded by dqwide, session 11), pds2, q3 (s6: within 1 %), qfirst (s8),
-#   dsdbl (s12: dS^T per Q stage, 2048 / s0.9 +1.4 %, 512 / s0.5 +0.4 %: null), m128ov
-#   (s21: m128 with S^T and dP^T issued together as at 64 rows, dS^T from the 16-bit
-#   P^T: llm D = 64 d 1.634 -> 1.908 ms, causal 0.963 -> 1.097: +14..17 %).
-OPTS_ENV = "JAGGED_CUTE_BWD_OPTS"
-OPTS = ("dqord", "dkvsmem", "lsesmem", "diagmask", "dqwide", "kv2", "m128")
-_MEASURED = ("dqord", "dkvsmem", "lsesmem", "dqwide", "diagmask")
-DEFAULT_OPTS = {False: frozenset(_MEASURED), True: frozenset(_MEASURED)}   # session 11
+DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
 
-# lsesmem's sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major.
-# Written by the load warp at row ld_row(lane, e); a compute thread reads its S^T
-# accumulator column c at byte ld_thread_offset(lane, stage) + 4 (x BLOCK_M + ld_column(c))
-# of sLD (x = 0: lse, 1: delta). tests/test_cute_bwd_compile.py checks these against the
-# wgmma partition and the layout.
-DQ_WIDE = 32                   # dqwide: fp32 columns of a dQ reduce box (128 B, the swizzle span)
-def block_m(opts) -> int:
-    """Query rows a step: 128 with m128, else BLOCK_M."""
-    return 128 if "m128" in opts else BLOCK_M
+@dataclass(frozen=True)
+class Config:
+    block_m: int     # query rows a step: 64, or 128 at D = 64 (the dots one after another)
+    kv_stages: int   # K/V stages (2: the next tile's K/V load overlaps this tile's end)
 
 
-def ld_shape(bm: int = BLOCK_M):
+# The measured defaults, keyed by head dim.
+#   D = 64, 128 rows against 64 (both with two K/V stages): llm B16 H16 2048 1.756 ->
+#     1.621 ms, causal 1.025 -> 0.964; two K/V stages against one: 64 rows -1.4 %,
+#     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %.
+#   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem).
+CONFIGS = {
+    64: Config(block_m=128, kv_stages=2),
+    128: Config(block_m=64, kv_stages=1),
+}
+
+
+def pick_config(head_dim: int) -> Config:
+    """The measured default for a head dim."""
+    return CONFIGS[head_dim]
+
+
+def check_config(head_dim: int, cfg: Config) -> None:
+    """A ValueError for a step the kernel does not build: 128 rows are for D = 64 (their
+    registers), and the smem model must fit in SMEM_LIMIT."""
+    if cfg.block_m not in (64, 128) or (cfg.block_m == 128 and head_dim != 64):
+        raise ValueError(f"block_m = {cfg.block_m} at D = {head_dim}: 64, or 128 at D = 64")
+    if cfg.kv_stages not in (1, 2):
+        raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
+    if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
+        raise ValueError(f"{cfg} at D = {head_dim} needs {smem_bytes(head_dim, cfg)} B of "
+                         f"shared memory (> {SMEM_LIMIT[90]} B)")
+
+
+def smem_bytes(head_dim: int, cfg: Config) -> int:
+    """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
+    to sK's 1 KB alignment, then the tiles; sLD last). BwdMain asserts it equals the
+    struct's size at trace time. D = 64, 128 rows: 195 KB (one K/V stage: 163 KB);
+    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT)."""
+    D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
+    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
+    n += 4 * bm * D                                        # sdQ, fp32
+    n += 4 * math.prod(ld_shape(bm))                       # sLD
+    return n
+
+
+# sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major, written
+# by the load warp at row ld_row(lane, e); a compute thread reads its S^T accumulator
+# column c at byte ld_thread_offset(lane, stage, bm) + 4 (x bm + ld_column(c)) of sLD
+# (x = 0: lse, 1: delta). tests/test_cute_bwd_compile.py checks these against the wgmma
+# partition and the layout.
+def ld_shape(bm: int):
     """sLD's shape at bm query rows a step."""
     return (bm, 2, Q_STAGES)
 
 
-def ld_flip(bm: int = BLOCK_M) -> int:
+def ld_flip(bm: int) -> int:
     """XOR of a thread offset with this: the other Q stage's."""
     return 4 * 2 * bm
 
 
-LD_SHAPE, LD_FLIP = ld_shape(), ld_flip()
-
-
 def ld_row(lane, e, base=0):
     """base + the query row whose lse / delta lane `lane` of the load warp stages (e = 0 ..
-    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on); base first, so the
-    device sums associate as they did before m128 (the 64-row PTX is unchanged)."""
+    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on)."""
     return base + 2 * lane + e % 2 + 64 * (e // 2)
 
 
-def ld_thread_offset(lane, stage, bm: int = BLOCK_M):
+def ld_thread_offset(lane, stage, bm: int):
     """Byte offset in sLD of a compute thread's first query column, 2 (lane % 4) (wgmma C
     layout, N = bm), in Q stage `stage`."""
     return 4 * (2 * (lane % 4) + 2 * bm * stage)
@@ -212,138 +172,97 @@ def ld_column(c: int) -> int:
     return 8 * (c // 2) + c % 2
 
 
-def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG):
+def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG, BM: int = 64):
     """Whether the causal bound (key n kept iff n <= row + off, off = len_k - len_q) drops
-    any pair of keys [nc0, nc0 + BNC) x rows [m0, m0 + BLOCK_M): iff the last key passes
-    the first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past
-    len_k get the key-length mask on every step. The TLX twin's `causal_cut`; plain
-    arithmetic, so also callable from Python (tests)."""
+    any pair of keys [nc0, nc0 + BNC) x rows [m0, m0 + BM): iff the last key passes the
+    first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past len_k
+    get the key-length mask on every step. The TLX twin's `causal_cut`; plain arithmetic,
+    so also callable from Python (tests)."""
     return nc0 + BNC - 1 > m0 + off
 
 
-def dq_smem_layout(D: int, opts):
-    """The fp32 dQ partial in smem, (block_m(opts), D), as the TMA reduce box reads it.
-    dqwide: D / DQ_WIDE blocks of (BLOCK_M, DQ_WIDE) row-major, 128 B rows, 128B
-    swizzle (a ComposedLayout whose swizzle counts bytes, as sK's: the TMA atom takes
-    its swizzle mode from it; compute writes through `dq_store_view`). Otherwise
-    row-major."""
+def dq_smem_layout(D: int, bm: int):
+    """The fp32 dQ partial in smem, (bm, D), as the TMA reduce boxes read it: D / DQ_WIDE
+    blocks of (bm, DQ_WIDE) row-major, 128 B rows, 128B swizzle (a ComposedLayout whose
+    swizzle counts bytes, as sK's: the TMA atom takes its swizzle mode from it; compute
+    writes through `dq_store_view`). Against one row-major box: llm causal -11.9 %."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.nvgpu import warpgroup
-    bm = block_m(opts)
-    if "dqwide" in opts:
-        atom = warpgroup.make_smem_layout_atom(
-            warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
-        return cute.tile_to_shape(atom, (bm, D), (0, 1))
-    return cute.make_layout((bm, D), stride=(D, 1))
+    atom = warpgroup.make_smem_layout_atom(
+        warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
+    return cute.tile_to_shape(atom, (bm, D), (0, 1))
 
 
 def dq_store_view(layout):
     """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
-    offsets), the same bytes the TMA box reads."""
-    import cutlass.cute as cute
+    offsets: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks and
+    the +8 row fold into immediates; through the swizzled pointer it took 16, and spilled),
+    the same bytes the TMA box reads. A warp's STS.64 (8 rows x 4 lanes x 8 B) covers all
+    32 banks twice (2 wavefronts, the minimum). tests: test_dq_smem_addresses."""
     from cutlass import Float32
 
     from .fragments import element_swizzled
-    if isinstance(layout, cute.ComposedLayout):
-        return element_swizzled(layout, Float32)
-    return layout
+    return element_swizzled(layout, Float32)
 
 
-SMEM_LIMIT = ARCH_SMEM_LIMIT[90]   # the most dynamic shared memory a CTA may have
+class Sched(NamedTuple):
+    """What every role of BwdMain needs to walk the tile list (schedule.tile_range,
+    schedule.kv_tile_coords, tile_counter)."""
+    mTileB: Any          # the list: batch element of each tile
+    mTileN: Any          # and its KV block
+    mNTiles: Any         # the list's length (on the device)
+    mCuQ: Any
+    mCuK: Any
+    L_q: Any             # broadcast-Q: the dense query length
+    H: Any
+    HKV: Any
+    group: Any           # query heads per KV head
+    mSched: Any          # the counter and the tile hand-over slots (tile_counter)
+    pipeline_tile: Any   # the hand-over's barriers
 
 
-def smem_bytes(head_dim: int, opts) -> int:
-    """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
-    to sK's 1 KB alignment, then the tiles; lsesmem's sLD last). BwdMain asserts it equals
-    the struct's size at trace time. Default switches: D = 64 98 KB (kv2: 130 KB); D = 128
-    178 KB (kv2: 242 KB, over SMEM_LIMIT)."""
-    D, ks, bm = head_dim, kv_stages_of(opts), block_m(opts)
-    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
-    n += 4 * bm * D                                        # sdQ, fp32
-    if "lsesmem" in opts:
-        n += 4 * math.prod(ld_shape(bm))
-    return n
+class Smem(NamedTuple):
+    """The main kernel's shared-memory tiles (and views of them)."""
+    sK: Any
+    sV: Any
+    sQ: Any              # (bm, D, Q_STAGES), as sdO
+    sdO: Any
+    sdS: Any             # dS^T (keys, queries)
+    sdQ: Any             # the fp32 dQ partial as the TMA reduce reads it
+    sdQst: Any           # the same bytes as the compute threads write them
+    sVst: Any            # sV with the swizzle in the layout: `store`'s 16-byte reads
+    sLD: Any             # lse*log2e and delta of each Q stage's rows
 
 
-def step_rows(head_dim: int, opts) -> int:
-    """Query rows a step of the main kernel (block_m), a ValueError where m128 is asked for
-    but not built: it is for D = 64 (its registers) with lsesmem (lse / delta staged for
-    128 rows; the shuffle path spreads 64)."""
-    bm = block_m(opts)
-    if bm != BLOCK_M and (head_dim != 64 or "lsesmem" not in opts):
-        raise ValueError(f"{OPTS_ENV}: m128 is built for D = 64 with lsesmem, got D = "
-                         f"{head_dim}, {sorted(opts)}")
-    return bm
-
-
-def kv_stages_of(opts) -> int:
-    """K/V stages asked for: 2 with kv2, else 1."""
-    return 2 if "kv2" in opts else 1
-
-
-def kv_stages(head_dim: int, opts) -> int:
-    """K/V stages of the main kernel (the TLX twin's ws_kv_stages): kv2 where both stages
-    fit in shared memory (D = 64), a ValueError where they do not (D = 128), rather than
-    a silent fallback to one stage."""
-    ks = kv_stages_of(opts)
-    if ks > 1 and smem_bytes(head_dim, opts) > SMEM_LIMIT:
-        raise ValueError(
-            f"{OPTS_ENV}: kv2 at D = {head_dim} needs {smem_bytes(head_dim, opts)} B of "
-            f"shared memory (> {SMEM_LIMIT} B, 227 KB); it is for D = 64")
-    return ks
-
-
-def default_opts(causal: bool, head_dim=None) -> frozenset:
-    """The measured default: DEFAULT_OPTS, plus kv2 where its two K/V stages fit in shared
-    memory (D = 64; the TLX twin's ws_kv_stages) and m128 where it is built (D = 64, as
-    TLX's block_m); head_dim None: neither."""
-    opts = DEFAULT_OPTS[bool(causal)]
-    if head_dim is not None and smem_bytes(head_dim, opts | {"kv2"}) <= SMEM_LIMIT:
-        opts = opts | {"kv2"}
-    if head_dim == 64 and "lsesmem" in opts:
-        opts = opts | {"m128"}
-    return opts
-
-
-def bwd_opts(causal: bool, spec=None, head_dim=None) -> frozenset:
-    """The A/B switches of a call: `spec` (default: $JAGGED_CUTE_BWD_OPTS, read now), or
-    the measured default for `causal` and `head_dim` when it is empty; "+a,b": the default
-    and a, b; "-a,b": the default without a, b (e.g. `profile --ab
-    JAGGED_CUTE_BWD_OPTS=-m128`)."""
-    spec = (os.environ.get(OPTS_ENV, "") if spec is None else spec).strip()
-    sign = spec[:1] if spec[:1] in "+-" else ""
-    opts = {o.strip() for o in spec[len(sign):].split(",") if o.strip()}
-    bad = opts - set(OPTS) - {"all", "none"}
-    if bad:
-        raise ValueError(f"{OPTS_ENV}: unknown {sorted(bad)}; known: {', '.join(OPTS)}, "
-                         "all, none")
-    if not opts:
-        return default_opts(causal, head_dim)
-    if sign == "-":
-        return default_opts(causal, head_dim) - opts
-    if sign == "+":
-        opts |= default_opts(causal, head_dim)
-    if "all" in opts:
-        opts = set(OPTS)
-    opts.discard("none")
-    return frozenset(opts)
+class Operands(NamedTuple):
+    """A compute warpgroup's wgmmas, their operand fragments and accumulators, and the
+    copies and coordinates of a step."""
+    tiled_mma_sdp: Any   # S^T = K Q^T, dP^T = V dO^T
+    tiled_mma_dkv: Any   # dV += P^T dO, dK += dS^T Q
+    tiled_mma_dq: Any    # dQ = dS K
+    shape_S: Any
+    shape_dQ: Any
+    tSrK: Any
+    tSrQ: Any
+    tPrV: Any
+    tPrdO: Any
+    tdVrdOt: Any
+    tdKrQt: Any
+    tdVrPt: Any
+    tdKrdSt: Any
+    tdQrdS: Any
+    tdQrKt: Any
+    acc_dK: Any
+    acc_dV: Any
+    tdQsdQ: Any          # this thread's part of the smem dQ partial
+    r2s_dS: Any          # dS^T registers -> smem (stmatrix)
+    thr_r2s_dS: Any
+    tdSsdS: Any
+    tScS: Any            # (key, query) of every S^T accumulator element
 
 
 _COMPILED = {}
-_SM_COUNT = {}
-
-
-def config(head_dim: int) -> dict:
-    """Tile shape per head dim (the TLX table: BLOCK_M=64, BLOCK_N=128 for both)."""
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, Q_STAGES=Q_STAGES)
-
-
-def _num_sms(device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def _cute_dtype(torch_dtype):
@@ -366,19 +285,9 @@ def _kernel_classes():
     from cutlass.utils import LayoutEnum
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
-                            store_rows, tma_tiles, wgmma)
+                            replaced, store_rows, tma_tiles, wgmma)
+    from .schedule import kv_tile_coords, tile_range
     from .tile_counter import fetch_tile, next_tile, publish_tile
-
-    def smem_struct(fields, lsesmem, bm=BLOCK_M):
-        """cute.struct of a plain class's field annotations; lsesmem appends sLD, lse*log2e
-        and delta of each Q stage's rows ((bm, 2, Q_STAGES) fp32), last, so every other
-        buffer keeps its offset."""
-        extra = {}
-        if lsesmem:
-            extra["sLD"] = cute.struct.Align[
-                cute.struct.MemRange[Float32, math.prod(ld_shape(bm))], 16]
-        return cute.struct(type(fields.__name__, (),
-                                {"__annotations__": {**fields.__annotations__, **extra}}))
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
@@ -437,14 +346,15 @@ def _kernel_classes():
     # ================================================================================
     class BwdMain:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     opts=frozenset(), dynamic: bool = False):
+                     cfg: Config, dynamic: bool = False):
+            check_config(head_dim, cfg)
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
-            self.opts = opts                                  # A/B switches (see OPTS)
-            self.diag_mask = causal and "diagmask" in opts    # causal only
-            self.kv_stages = kv_stages(head_dim, opts)        # kv2: 2 (ValueError at D 128)
-            self.bm = step_rows(head_dim, opts)               # query rows a step (m128: 128)
+            self.cfg = cfg
+            self.diag_mask = causal
+            self.kv_stages = cfg.kv_stages
+            self.bm = cfg.block_m                             # query rows a step
             self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
@@ -470,7 +380,7 @@ def _kernel_classes():
             sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D), (0, 1))
             sK_box, sV_box = sK_layout, sV_layout      # one stage: the TMA box
             if const_expr(KS > 1):
-                # kv2: a stage mode, as the Q / dO ring
+                # a stage mode, as the Q / dO ring
                 sK_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D, KS), (0, 1, 2))
                 sV_layout = cute.tile_to_shape(atom_D, (BLOCK_N, D, KS), (0, 1, 2))
                 sK_box = cute.select(sK_layout, mode=[0, 1])
@@ -480,8 +390,8 @@ def _kernel_classes():
             sdO_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
             sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm), (0, 1))
-            # dQ partial, fp32 (bm, D): the TMA reduce box (dq_smem_layout)
-            sdQ_layout = dq_smem_layout(D, self.opts)
+            # dQ partial, fp32 (bm, D): the TMA reduce boxes (dq_smem_layout)
+            sdQ_layout = dq_smem_layout(D, self.bm)
 
             # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
             # N = queries, K = D; both operands K-major from smem
@@ -494,7 +404,7 @@ def _kernel_classes():
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
-            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; m128: rows
+            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
             # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major)
             dq_split = (NUM_MMA_WG, 1, 1) if self.bm > 64 else (1, NUM_MMA_WG, 1)
             tiled_mma_dq = sm90.make_trivial_tiled_mma(
@@ -515,6 +425,7 @@ def _kernel_classes():
             self.bytes_KV = cute.size_in_bytes(dt, sK_box)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
 
+            @cute.struct
             class SharedStorage:
                 mbar_KV: cute.struct.MemRange[cutlass.Int64, 2 * KS]
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
@@ -525,11 +436,12 @@ def _kernel_classes():
                 sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
                 sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
                 sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+                sLD: cute.struct.Align[
+                    cute.struct.MemRange[Float32, math.prod(ld_shape(self.bm))], 16]
 
-            SharedStorage = smem_struct(SharedStorage, "lsesmem" in self.opts, self.bm)
-            # the host-side model (kv_stages' check) is the struct
-            assert SharedStorage.size_in_bytes() == smem_bytes(D, self.opts), \
-                (SharedStorage.size_in_bytes(), smem_bytes(D, self.opts))
+            # the host-side model (check_config) is the struct
+            assert SharedStorage.size_in_bytes() == smem_bytes(D, self.cfg), \
+                (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg))
             self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
@@ -586,140 +498,96 @@ def _kernel_classes():
                 defer_sync=True)
             pipeline.pipeline_init_arrive()
 
-            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-            sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
-            sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-            sdQ = sdQst = storage.sdQ.get_tensor(sdQ_layout)
-            if const_expr(isinstance(sdQ_layout, cute.ComposedLayout)):
-                # dqwide: the TMA reads through the swizzled pointer (as sK), the compute
-                # threads write through the element view (static offsets): the same bytes
-                sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-                sdQst = storage.sdQ.get_tensor(dq_store_view(sdQ_layout))
-            # sV with the swizzle in the layout, for dkvsmem's 16-byte reads: their row
-            # offsets fold into immediates (through the swizzled pointer: an XOR chain per
-            # row, hoisted out of the tile loop, and spills). In elements: session 7's view
-            # with the atom's byte swizzle permuted every dK / dV on the GPU.
-            sVst = storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype))
-            sLD = None
-            if const_expr("lsesmem" in self.opts):
-                sLD = storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm)))
+            # sdQ: the TMA reads through the swizzled pointer (as sK), the compute threads
+            # write through the element view (static offsets): the same bytes.
+            # sVst: sV with the swizzle in the layout, for the store's 16-byte reads: their
+            # row offsets fold into immediates (through the swizzled pointer: an XOR chain
+            # per row, hoisted out of the tile loop, and spills).
+            s = Smem(
+                sK=storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+                sV=storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner),
+                sQ=storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+                sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
+                sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
+                sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
+                sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout)),
+                sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
+                sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
-            sched = (mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2], group,
-                     mSched, pipeline_tile)
+            sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
+                          group, mSched, pipeline_tile)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(LOAD_REGS)
                 if warp_idx == 0:
-                    self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO,
-                              tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
-                              pipeline_kv, pipeline_q, sched, (mLSE, mDelta, sLD))
+                    self.load(mQ, mK, mV, mdO, mLSE, mDelta, s,
+                              (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO),
+                              pipeline_kv, pipeline_q, sched)
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, sdQ, tma_atom_dQ, sched)
+                    self.reduce_dq(mdQacc, s.sdQ, tma_atom_dQ, sched)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGS)
                 tidx = cute.arch.thread_idx()[0] - 128
-                self.compute(mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQst, sVst,
-                             pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv,
-                             tiled_mma_dq, tidx, scale, sched, sLD)
+                self.compute(mdK, mdV, s, pipeline_kv, pipeline_q,
+                             (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq), tidx, scale,
+                             sched)
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
-        def tiles(self, sched):
-            """(first tile, step, tile count, dQ slot row, pinned KV head) of this CTA.
-            Packed modes deal the sorted tile list x H_kv heads round-robin; broadcast-Q
-            CTAs are pinned to one KV head and deal the tile list only."""
-            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched[:9]
-            pid = cute.arch.block_idx()[0]
-            nprog = cute.arch.grid_dim()[0]
-            n_tiles = mNTiles[0]
-            first, step, slot_row, pinned = pid, nprog, pid * 0, pid * 0
-            if const_expr(self.broadcast_q):
-                first = pid // HKV
-                step = nprog // HKV
-                slot_row = (pid // HKV) * L_q
-                pinned = pid % HKV
-            else:
-                n_tiles = n_tiles * HKV
-            return first, step, n_tiles, slot_row, pinned
+        def tile_range(self, sched):
+            """(first tile, step, tile count, dQ slot row, pinned KV head) of this CTA."""
+            return tile_range(sched, self.broadcast_q)
 
         @cute.jit
-        def schedule(self, t: Int32, pinned: Int32, sched):
-            """Tile t -> (batch b, KV head hk, first key n0, keys/queries of the sequence,
-            token offsets of q rows, of dO/O/lse rows and of k rows, first Q row m_lo,
-            number of Q blocks n_m)."""
-            mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, H, HKV, group = sched[:9]
-            base, hk = t, pinned
-            if const_expr(not self.broadcast_q):
-                base = t // HKV
-                hk = t % HKV
-            b = mTileB[base]
-            n0 = mTileN[base] * BLOCK_N
-            k_start = mCuK[b]
-            len_k = mCuK[b + 1] - k_start
-            if const_expr(self.broadcast_q):
-                q_start = b * 0
-                o_start = b * L_q
-                len_q = L_q + b * 0
-            else:
-                q_start = mCuQ[b]
-                o_start = q_start
-                len_q = mCuQ[b + 1] - q_start
-            m_lo = b * 0
-            if const_expr(self.causal):
-                # first row that sees key n0: i >= n0 - (len_k - len_q)
-                m_lo = cutlass.max(n0 - len_k + len_q, 0) // self.bm * self.bm
-            n_m = cutlass.max((len_q - m_lo + self.bm - 1) // self.bm, 0)
-            return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+        def kv_tile_coords(self, t: Int32, pinned: Int32, sched):
+            """Tile t -> where it lives (schedule.kv_tile_coords)."""
+            return kv_tile_coords(t, pinned, sched, self.bm, BLOCK_N, self.causal,
+                                  self.broadcast_q)
 
         # ------------------------------------------------------------------ load
         @cute.jit
-        def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO,
-                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
-                 pipeline_kv, pipeline_q, sched, ld):
-            """The load warp: per tile `load_kv`, then `load_q` for every step. lsesmem
-            (ld = (mLSE, mDelta, sLD), sLD not None): also each step's lse / delta rows,
-            loaded a step ahead (the tile's first before the K/V wait), into sLD."""
-            group = sched[8]
-            mLSE, mDelta, sLD = ld
+        def load(self, mQ, mK, mV, mdO, mLSE, mDelta, s: Smem, atoms, pipeline_kv,
+                 pipeline_q, sched):
+            """The load warp: per tile `load_kv`, then `load_q` for every step, with each
+            step's lse / delta rows loaded a step ahead (the tile's first before the K/V
+            wait)."""
+            group = sched.group
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO = atoms
             lane = cute.arch.lane_idx()
-            raw = cute.make_rmem_tensor(2 * self.ld_rows, Float32)   # lsesmem: next step's rows
+            raw = cute.make_rmem_tensor(2 * self.ld_rows, Float32)   # the next step's rows
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.kv_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
-            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                publish_tile(sched[9], sched[10], t, i)
+                publish_tile(sched.mSched, sched.pipeline_tile, t, i)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.schedule(t, pinned, sched)
-                if const_expr(sLD is not None):
-                    if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
-                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group,
-                                                 o_start, m_lo, len_q)
-                self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
-                             k_start + n0, hk)
+                    self.kv_tile_coords(t, pinned, sched)
+                if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group,
+                                             o_start, m_lo, len_q)
+                self.load_kv(mK, mV, s.sK, s.sV, tma_atom_K, tma_atom_V, pipeline_kv,
+                             kv_state, k_start + n0, hk)
                 kv_state.advance()
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
-                    self.load_q(mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                                q_start + m0, o_start + m0, h, (raw, sLD, lane, m0, len_q))
-                    if const_expr(sLD is not None):
-                        # the next step's rows (the last step reloads its own: no branch)
-                        j1 = cutlass.min(j + 1, group * n_m - 1)
-                        self.load_lse_delta_rows(raw, mLSE, mDelta, lane,
-                                                 hk * group + j1 // n_m, o_start,
-                                                 m_lo + (j1 % n_m) * self.bm, len_q)
+                    self.load_q(mQ, mdO, s, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
+                                q_start + m0, o_start + m0, h, raw, lane, m0, len_q)
+                    # the next step's rows (the last step reloads its own: no branch)
+                    j1 = cutlass.min(j + 1, group * n_m - 1)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane,
+                                             hk * group + j1 // n_m, o_start,
+                                             m_lo + (j1 % n_m) * self.bm, len_q)
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
                 i += 1
-                t = next_tile(t, step, sched[9], self.dynamic)
+                t = next_tile(t, step, sched.mSched, self.dynamic)
                 if const_expr(self.dynamic):
-                    publish_tile(sched[9], sched[10], t, i)
+                    publish_tile(sched.mSched, sched.pipeline_tile, t, i)
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipeline_kv, kv_state,
@@ -736,172 +604,38 @@ def _kernel_classes():
             cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=bar)
 
         @cute.jit
-        def load_q(self, mQ, mdO, sQ, sdO, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                   q_row, o_row, h, ld):
-            """Q and dO ([bm, D], TMA) of one step into the ring's next slot. lse and
-            delta: by default read by `compute` itself (see `load_lse_delta_rows`); lsesmem
-            (ld = (raw, sLD, lane, m0, len_q), sLD not None): the rows in raw, finished by
-            `mask_lse_delta`, go to the slot's sLD rows before the full barrier's arrive."""
-            tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(mQ, q_row, h, self.bm, self.D))
-            tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, sdO,
+        def load_q(self, mQ, mdO, s: Smem, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
+                   q_row, o_row, h, raw, lane, m0, len_q):
+            """Q and dO ([bm, D], TMA) of one step into the ring's next slot; the step's
+            lse / delta rows in raw, finished by `mask_lse_delta`, go to the slot's sLD
+            rows before the full barrier's arrive."""
+            tQsQ, tQgQ = tma_tiles(tma_atom_Q, s.sQ, head_tile(mQ, q_row, h, self.bm, self.D))
+            tdOsdO, tdOgdO = tma_tiles(tma_atom_dO, s.sdO,
                                        head_tile(mdO, o_row, h, self.bm, self.D))
-            raw, sLD, lane, m0, len_q = ld
-            if const_expr(sLD is None):
-                pipeline_q.producer_acquire(q_state)
-            else:
-                # producer_acquire split: wait for the slot, write its lse / delta rows,
-                # then the (elected) arrive.expect_tx. Its release, after the warp's
-                # bar.warp.sync, publishes every lane's st.shared to the consumers, whose
-                # full-barrier wait acquires; their empty-barrier arrive (after the step's
-                # last read) guards the rows like Q and dO.
-                pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
-                self.mask_lse_delta(raw, lane, m0, len_q)
-                for e in cutlass.range_constexpr(self.ld_rows):
-                    sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
-                    sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
-                cute.arch.sync_warp()
-                pipeline_q.sync_object_full.arrive(q_state.index, pipeline_q.producer_mask)
+            sLD = s.sLD
+            # producer_acquire split: wait for the slot, write its lse / delta rows, then
+            # the (elected) arrive.expect_tx. Its release, after the warp's bar.warp.sync,
+            # publishes every lane's st.shared to the consumers, whose full-barrier wait
+            # acquires; their empty-barrier arrive (after the step's last read) guards the
+            # rows like Q and dO.
+            pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
+            self.mask_lse_delta(raw, lane, m0, len_q)
+            for e in cutlass.range_constexpr(self.ld_rows):
+                sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
+                sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
+            cute.arch.sync_warp()
+            pipeline_q.sync_object_full.arrive(q_state.index, pipeline_q.producer_mask)
             bar = pipeline_q.producer_get_barrier(q_state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=bar)
             cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, q_state.index], tma_bar_ptr=bar)
 
-        # ------------------------------------------------------------------ compute
-        @cute.jit
-        def compute(self, mLSE, mDelta, mdK, mdV, sQ, sK, sV, sdO, sdS, sdQ, sVst,
-                    pipeline_kv, pipeline_q, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-                    tidx, scale, sched, sLD):
-            """The two compute warpgroups: every step of every tile, then `store`. sLD:
-            lsesmem's staged lse / delta (None: loaded here, a step ahead)."""
-            D = self.D
-            group = sched[8]
-            scale_log2 = scale * LOG2E
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            # transposed (MN-major) operand views
-            sQt = transposed(sQ, (D, self.bm, Q_STAGES), (1, 0, 2))
-            sdOt = transposed(sdO, (D, self.bm, Q_STAGES), (1, 0, 2))
-            sKt = transposed(sK, (D, BLOCK_N), (1, 0))
-            if const_expr(self.kv_stages > 1):
-                sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
-            sdSt = transposed(sdS, (self.bm, BLOCK_N), (1, 0))          # dS (queries, keys)
-            # S^T = K Q^T, dP^T = V dO^T
-            wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
-            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
-            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
-            tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
-            # one 64-row M block a warpgroup: warpgroup w reads V rows 64w.. only (dkvsmem
-            # stages its dK, dV there)
-            assert cute.size(tPrV, mode=[1]) == 1
-            tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-            shape_S = wg_sdp.partition_shape_C((BLOCK_N, self.bm))
-            # dV += P^T dO, dK += dS^T Q (A from registers)
-            wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
-            tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt))
-            tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt))
-            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
-            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
-            acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
-            acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
-            # dQ = dS K
-            wg_dq = tiled_mma_dq.get_slice(wg * 128)
-            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
-            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
-            shape_dQ = wg_dq.partition_shape_C((self.bm, D))
-            tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(sdQ)
-            # dS^T registers -> smem (stmatrix)
-            r2s_dS = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
-                                                                     num_matrices=4),
-                                    self.dtype),
-                tiled_mma_sdp)
-            thr_r2s_dS = r2s_dS.get_slice(tidx)
-            tdSsdS = thr_r2s_dS.partition_D(sdS)
-            # (key, query) of every S^T accumulator element; (key, d) of every dK element
-            tScS = acc_rows_cols(tiled_mma_sdp.get_slice(tidx).partition_C(
-                cute.make_identity_tensor((BLOCK_N, self.bm))))
-            thr_dkv = tiled_mma_dkv.get_slice(tidx)
-            tdKcdK = thr_dkv.partition_C(
-                cute.make_identity_tensor((BLOCK_N, D)))
-            mma = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
-                   tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
-                   acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
-
-            lane = cute.arch.lane_idx()
-            # lsesmem: byte offset in sLD of this thread's first query column (2 (lane % 4):
-            # wgmma C layout, see spread_lse_delta) in the previous step's Q stage; flipped
-            # to the step's stage as the step begins, so one register is all the step's
-            # reads need (an address formed per step from the stage index and a per-thread
-            # column base, or the flip after the step, keep two through the step's register
-            # peak: 12-32 B of spills, causal / broadcast-Q)
-            assert Q_STAGES == 2
-            ld_off = ld_thread_offset(lane, 1, self.bm)
-            # diagmask: the warpgroup's first key in the tile, less n0 (its causal_cut)
-            wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                    self.kv_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
-            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
-            i = Int32(0)
-            if const_expr(self.dynamic):
-                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
-            while t < n_tiles:
-                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.schedule(t, pinned, sched)
-                acc_dK.fill(0.0)
-                acc_dV.fill(0.0)
-                raw = cute.make_rmem_tensor(2 * self.ld_rows, Float32)   # a step ahead
-                jm = m_lo * 0     # lsesmem: step j's Q block (j % n_m), carried
-                pipeline_kv.consumer_wait(kv_state)
-                kv, kv_smem = None, (sV, sVst)     # kv2: the tile's K/V stage, its sV views
-                if const_expr(self.kv_stages > 1):
-                    kv = kv_state.index
-                    kv_smem = (sV[None, None, kv], sVst[None, None, kv])
-                for j in cutlass.range(group * n_m, unroll=1):
-                    if const_expr(sLD is not None):
-                        # nothing of the step's head: only causal reads m0
-                        ld_off = ld_off ^ ld_flip(self.bm)
-                        self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                          len_k, len_q, scale_log2, (sLD, ld_off), None,
-                                          wg_key0, kv)
-                        jm = Int32(0) if jm + 1 == n_m else jm + 1
-                    else:
-                        h = hk * group + j // n_m
-                        m0 = m_lo + (j % n_m) * self.bm
-                        if j == 0:  # the tile's first step: not prefetched
-                            self.load_lse_delta_rows(raw, mLSE, mDelta, lane, h, o_start, m0,
-                                                     len_q)
-                        # the next step's rows, loaded by compute_step under its dQ wgmma
-                        # (the last step reloads its own: no branch)
-                        j1 = cutlass.min(j + 1, group * n_m - 1)
-                        prefetch = (raw, mLSE, mDelta, lane, hk * group + j1 // n_m, o_start,
-                                    m_lo + (j1 % n_m) * self.bm, len_q)
-                        self.compute_step(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                          scale_log2, raw, prefetch, wg_key0, kv)
-                    q_state.advance()
-                dkvsmem = "dkvsmem" in self.opts
-                if const_expr(not dkvsmem):
-                    # sK / sV are free once this step's last wgmma is done (waited above)
-                    pipeline_kv.consumer_release(kv_state)
-                # ---- store dK, dV
-                self.store(mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
-                           scale, kv_smem, tiled_mma_dkv, tidx)
-                if const_expr(dkvsmem):
-                    # the store wrote sV (generic proxy): order it before the next TMA write
-                    # (kv2: into this stage, two tiles on; the load warp fills the other
-                    # stage meanwhile)
-                    cute.arch.fence_view_async_shared()
-                    pipeline_kv.consumer_release(kv_state)
-                kv_state.advance()
-                i += 1
-                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
-
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
             """Lane l loads lse, delta of rows m0 + ld_row(l, e) into raw (lse e, delta
-            ld_rows + e; rows 2l, 2l + 1 (m128: and 64 on): 4 (8) registers, no branch: rows
-            past the end read row len_q - 1, n_m > 0 implies len_q > 0;
-            `spread_lse_delta` masks them). Issued a step ahead, under the dQ wgmma: loaded
-            per column at their use they were 16 serialized round trips a step with no
-            wgmma in flight, 1.7-1.9x the kernel time (sessions 5, 6)."""
+            ld_rows + e; rows 2l, 2l + 1 (128 rows: and 64 on), no branch: rows past the
+            end read row len_q - 1, n_m > 0 implies len_q > 0; `mask_lse_delta` masks
+            them). Staged in smem by the load warp a step ahead: loaded by compute at their
+            use they were 46 % of the kernel's time at llm."""
             for e in cutlass.range_constexpr(self.ld_rows):
                 row = o_start + cutlass.min(ld_row(lane, e, m0), len_q - 1)
                 raw[e] = mLSE[h, row]
@@ -920,31 +654,114 @@ def _kernel_classes():
                 raw[e] = lse if ok else Float32.inf
                 raw[E + e] = raw[E + e] if ok else Float32(0.0)
 
+        # ------------------------------------------------------------------ compute
         @cute.jit
-        def spread_lse_delta(self, raw, tScS, m0, len_q):
-            """lse*log2e and delta of this thread's query columns, from the rows the lanes
-            hold: each lane finishes its 2 rows (lse*log2e; +inf, so P = 0, past the
-            sequence or where lse = -inf; delta 0 past the end), then 32 shuffles. Accumulator
-            column c of lane l is col = 8 (c // 2) + 2 (l % 4) + c % 2 (wgmma C layout,
-            N = BLOCK_M = 64), held by lane col // 2 = 4 (c // 2) + l % 4 in raw[c % 2]: a
-            shfl.idx with segment mask 3 (c operand 0x31f) reads lane (l & 3) | 4 (c // 2),
-            an immediate."""
-            assert self.bm == 64, "spread_lse_delta: 2 rows per lane, N = 64 C layout"
+        def compute(self, mdK, mdV, s: Smem, pipeline_kv, pipeline_q, mmas, tidx, scale,
+                    sched):
+            """The two compute warpgroups: every step of every tile, then `store`."""
+            D = self.D
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = mmas
+            group = sched.group
+            scale_log2 = scale * LOG2E
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            sQ, sK, sV, sdO, sdS = s.sQ, s.sK, s.sV, s.sdO, s.sdS
+            # transposed (MN-major) operand views
+            sQt = transposed(sQ, (D, self.bm, Q_STAGES), (1, 0, 2))
+            sdOt = transposed(sdO, (D, self.bm, Q_STAGES), (1, 0, 2))
+            sKt = transposed(sK, (D, BLOCK_N), (1, 0))
+            if const_expr(self.kv_stages > 1):
+                sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
+            sdSt = transposed(sdS, (self.bm, BLOCK_N), (1, 0))          # dS (queries, keys)
+            # S^T = K Q^T, dP^T = V dO^T
+            wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
+            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+            tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            # one 64-row M block a warpgroup: warpgroup w reads V rows 64w.. only (`store`
+            # stages its dK, dV there)
+            assert cute.size(tPrV, mode=[1]) == 1
+            tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+            shape_S = wg_sdp.partition_shape_C((BLOCK_N, self.bm))
+            # dV += P^T dO, dK += dS^T Q (A from registers)
+            wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
+            tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sdOt))
+            tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(sQt))
+            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
+            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_shape_A((BLOCK_N, self.bm)))
+            acc_dK = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
+            acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
+            # dQ = dS K
+            wg_dq = tiled_mma_dq.get_slice(wg * 128)
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
+            shape_dQ = wg_dq.partition_shape_C((self.bm, D))
+            tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
+            # dS^T registers -> smem (stmatrix)
+            r2s_dS = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
+                                                                     num_matrices=4),
+                                    self.dtype),
+                tiled_mma_sdp)
+            thr_r2s_dS = r2s_dS.get_slice(tidx)
+            tdSsdS = thr_r2s_dS.partition_D(sdS)
+            # (key, query) of every S^T accumulator element
+            tScS = acc_rows_cols(tiled_mma_sdp.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((BLOCK_N, self.bm))))
+            mma = Operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
+                           tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS,
+                           tdQrKt, acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
+
             lane = cute.arch.lane_idx()
-            self.mask_lse_delta(raw, lane, m0, len_q)
-            ncol = cute.size(tScS, mode=[1])
-            lse2 = cute.make_rmem_tensor(ncol, Float32)
-            delta = cute.make_rmem_tensor(ncol, Float32)
-            for c in cutlass.range_constexpr(ncol):
-                src = 4 * (c // 2)
-                lse2[c] = cute.arch.shuffle_sync(raw[c % 2], src, mask_and_clamp=0x31F)
-                delta[c] = cute.arch.shuffle_sync(raw[2 + c % 2], src, mask_and_clamp=0x31F)
-            return lse2, delta
+            # byte offset in sLD of this thread's first query column (2 (lane % 4): wgmma
+            # C layout) in the previous step's Q stage; flipped to the step's stage as the
+            # step begins, so one register is all the step's reads need (an address formed
+            # per step from the stage index and a per-thread column base, or the flip after
+            # the step, keep two through the step's register peak: 12-32 B of spills,
+            # causal / broadcast-Q)
+            assert Q_STAGES == 2
+            ld_off = ld_thread_offset(lane, 1, self.bm)
+            # the warpgroup's first key in the tile, less n0 (its causal_cut)
+            wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                    self.kv_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
+            t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
+            i = Int32(0)
+            if const_expr(self.dynamic):
+                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
+            while t < n_tiles:
+                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
+                    self.kv_tile_coords(t, pinned, sched)
+                acc_dK.fill(0.0)
+                acc_dV.fill(0.0)
+                jm = m_lo * 0     # step j's Q block (j % n_m), carried; the head is not read
+                pipeline_kv.consumer_wait(kv_state)
+                kv, kv_smem = None, (sV, s.sVst)   # the tile's K/V stage, its sV views
+                if const_expr(self.kv_stages > 1):
+                    kv = kv_state.index
+                    kv_smem = (sV[None, None, kv], s.sVst[None, None, kv])
+                for j in cutlass.range(group * n_m, unroll=1):
+                    ld_off = ld_off ^ ld_flip(self.bm)
+                    self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
+                                      len_k, len_q, scale_log2, (s.sLD, ld_off), wg_key0, kv)
+                    jm = Int32(0) if jm + 1 == n_m else jm + 1
+                    q_state.advance()
+                # ---- store dK, dV
+                self.store(mdK, mdV, acc_dK, acc_dV, k_start, n0, len_k, hk, scale, kv_smem,
+                           tiled_mma_dkv, tidx)
+                # the store wrote sV (generic proxy): order it before the next TMA write
+                # into this stage (two stages: two tiles on; the load warp fills the other
+                # stage meanwhile)
+                cute.arch.fence_view_async_shared()
+                pipeline_kv.consumer_release(kv_state)
+                kv_state.advance()
+                i += 1
+                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
 
         @cute.jit
         def read_ld(self, ld, x, ncol):
-            """lsesmem: lse*log2e (x = 0) or delta (x = 1) of this thread's ncol query
-            columns (finished by the load warp: `mask_lse_delta`). ld = (sLD, offset of the
+            """lse*log2e (x = 0) or delta (x = 1) of this thread's ncol query columns
+            (finished by the load warp: `mask_lse_delta`). ld = (sLD, offset of the
             thread's first column in this step's stage): column c is 8 (c // 2) + c % 2
             further (`ld_column`)."""
             sLD, off = ld
@@ -959,104 +776,88 @@ def _kernel_classes():
             return v
 
         @cute.jit
-        def compute_step(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q, scale_log2,
-                         raw, prefetch, wg_key0, kv=None):
+        def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
+                         scale_log2, ld, wg_key0, kv=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
-            registers; the unscaled dQ partial goes to smem for `reduce_dq`. lse and delta
-            are spread from raw under the S^T / dP^T wgmmas; prefetch: the
-            `load_lse_delta_rows` arguments of the next step, issued after the dQ wgmma (the
-            S^T / dP^T registers are free by then). lsesmem (prefetch None): raw is
-            (sLD, offset) (`read_ld`); the dP^T wgmma starts from -delta, so it returns
-            dP^T - delta and no delta register lives through the step's peak (dS^T), and
-            lse is read after the S^T wait, at use (read where spread is, or delta after
-            the dP^T wait: 8-64 B of spills at D = 128, causal / broadcast-Q). diagmask
-            (wg_key0: the warpgroup's first key less n0): the causal bound only on the
-            steps whose block it cuts. kv: kv2's K/V stage of the tile (None: one stage)."""
-            mma = self.at_kv_stage(mma, kv)
-            if const_expr(self.bm > BLOCK_M):
-                self.compute_step_m128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                       scale_log2, raw, wg_key0)
+            registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
+            offset), `read_ld`. kv: the tile's K/V stage (None: one stage)."""
+            if const_expr(kv is not None):
+                mma = replaced(mma, tSrK=mma.tSrK[None, None, None, kv],
+                               tPrV=mma.tPrV[None, None, None, kv],
+                               tdQrKt=mma.tdQrKt[None, None, None, kv])
+            if const_expr(self.bm > 64):
+                self.compute_step_128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                                      scale_log2, ld, wg_key0)
             else:
-                (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
-                 tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
-                 acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
-                s = q_state.index
-                pipeline_q.consumer_wait(q_state)
-                acc_S = cute.make_rmem_tensor(shape_S, Float32)
-                acc_dP = cute.make_rmem_tensor(shape_S, Float32)
-                wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],          # S^T = K Q^T
-                      zero_init=True, wait=-1)
-                ncol = cute.size(tScS, mode=[1])
-                if const_expr(prefetch is None):
-                    self.minus_delta(acc_dP, raw, ncol)
-                wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],      # dP^T = V dO^T
-                      zero_init=prefetch is not None, wait=-1)                          # (- delta)
-                if const_expr(prefetch is not None):
-                    lse2, delta = self.spread_lse_delta(raw, tScS, m0, len_q)
-                warpgroup.wait_group(1)
-                if const_expr(prefetch is None):
-                    lse2 = self.read_ld(raw, 0, ncol)
-                St = self.probs(acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0)
-                tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],   # dV += P^T dO
-                      zero_init=False, wait=-1)
-                warpgroup.wait_group(1)
-                # dS^T = P^T (dP^T - delta)
-                dPt = acc_rows_cols(acc_dP)
-                for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
-                    for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
-                        if const_expr(prefetch is None):
-                            dPt[r, c] = St[r, c] * dPt[r, c]
-                        else:
-                            dPt[r, c] = St[r, c] * (dPt[r, c] - delta[c])
-                self.dk_dq(mma, acc_dP, q_state, pipeline_q, prefetch)
+                self.compute_step_64(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
+                                     scale_log2, ld, wg_key0)
 
         @cute.jit
-        def at_kv_stage(self, mma, kv):
-            """mma with its K / V operand views (tSrK, tPrV, tdQrKt) at kv2's K/V stage `kv`
-            of the tile (None, one stage: as is)."""
-            if const_expr(kv is None):
-                return mma
-            tSrK, tPrV, tdQrKt = (mma[i][None, None, None, kv] for i in (5, 7, 14))
-            return mma[:5] + (tSrK, mma[6], tPrV) + mma[8:14] + (tdQrKt,) + mma[15:]
-
-        @cute.jit
-        def compute_step_m128(self, mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                              scale_log2, ld, wg_key0):
-            """compute_step at 128 query rows (m128, lsesmem: ld = (sLD, offset)), the dots
-            one after the other, as the TLX twin's M128: S^T, P^T, dV, then dP^T (from
-            -delta), dS^T, dK, dQ. S^T / dP^T are [64, 128] fp32 (64 registers each) beside
-            dK, dV (32 each at D = 64): the P^T V-operand copy is dead (dV waited for) before
-            dP^T is issued, and lse / delta are read at their use."""
-            (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
-             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
-             acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+        def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
+                            scale_log2, ld, wg_key0):
+            """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
+            starts from -delta, so it returns dP^T - delta and no delta register lives
+            through the step's peak (dS^T); lse is read after the S^T wait, at use (read
+            earlier, or delta after the dP^T wait: 8-64 B of spills at D = 128, causal /
+            broadcast-Q)."""
             s = q_state.index
-            ncol = cute.size(tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)
-            acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            wgmma(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, s],              # S^T = K Q^T
-                  zero_init=True, wait=0)
-            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), tScS, n0, m0, len_k, len_q,
-                            scale_log2, wg_key0)
-            tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, s],       # dV += P^T dO
-                  zero_init=False, wait=0)
-            acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+            acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
+            acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
+            wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
+                  zero_init=True, wait=-1)
+            ncol = cute.size(mma.tScS, mode=[1])
             self.minus_delta(acc_dP, ld, ncol)
-            wgmma(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, s],            # dP^T - delta
-                  zero_init=False, wait=0)
+            wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],  # dP^T
+                  zero_init=False, wait=-1)                                               # - delta
+            warpgroup.wait_group(1)
+            lse2 = self.read_ld(ld, 0, ncol)
+            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, len_k, len_q, scale_log2, wg_key0)
+            mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
+                  mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
+            warpgroup.wait_group(1)
+            # dS^T = P^T (dP^T - delta)
+            dPt = acc_rows_cols(acc_dP)
+            for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
+                    dPt[r, c] = St[r, c] * dPt[r, c]
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q)
+
+        @cute.jit
+        def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
+                             scale_log2, ld, wg_key0):
+            """compute_step at 128 query rows, the dots one after the other, as the TLX
+            twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
+            [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
+            V-operand copy is dead (dV waited for) before dP^T is issued, and lse / delta
+            are read at their use."""
+            s = q_state.index
+            ncol = cute.size(mma.tScS, mode=[1])
+            pipeline_q.consumer_wait(q_state)
+            acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
+            wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
+                  zero_init=True, wait=0)
+            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, len_k, len_q,
+                            scale_log2, wg_key0)
+            mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
+                  mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
+            acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
+            self.minus_delta(acc_dP, ld, ncol)
+            wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],  # dP^T
+                  zero_init=False, wait=0)                                                # - delta
             dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
-            self.dk_dq(mma, acc_dP, q_state, pipeline_q, None)
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q)
 
         @cute.jit
         def minus_delta(self, acc_dP, ld, ncol):
-            """lsesmem: the dP^T accumulator set to -delta of its query columns (read from
-            sLD, `read_ld`), so its wgmma returns dP^T - delta. Two distinct values (0 - x
-            is not -x at x = +0): one accumulator register each, else a copy lands after
+            """The dP^T accumulator set to -delta of its query columns (read from sLD,
+            `read_ld`), so its wgmma returns dP^T - delta. Two distinct values (0 - x is
+            not -x at x = +0): one accumulator register each, else a copy lands after
             wgmma.fence and ptxas injects a wait for the S^T wgmma before issuing the dP^T
             one (C7517)."""
             delta = self.read_ld(ld, 1, ncol)
@@ -1069,8 +870,8 @@ def _kernel_classes():
         @cute.jit
         def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0):
             """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past the
-            sequence; causal: right of the diagonal, with diagmask only on the steps whose
-            block it cuts); returns the (key, query) view."""
+            sequence; causal: right of the diagonal, only on the steps whose block it
+            cuts); returns the (key, query) view."""
             St = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                 key = n0 + tScS[r, 0][0]
@@ -1081,8 +882,8 @@ def _kernel_classes():
                         keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
                     St[r, c] = p if keep else Float32(0.0)
             if const_expr(self.diag_mask):
-                # causal bound only where it cuts this step's block (diagonal steps), as
-                # the TLX twin's DIAG_MASK; a warp-uniform branch
+                # causal bound only where it cuts this step's block (diagonal steps); a
+                # warp-uniform branch
                 if causal_cut(n0 + wg_key0, m0, len_k - len_q):
                     for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                         key = n0 + tScS[r, 0][0]
@@ -1092,65 +893,52 @@ def _kernel_classes():
             return St
 
         @cute.jit
-        def dk_dq(self, mma, acc_dP, q_state, pipeline_q, prefetch):
-            """The step's end, from dS^T in acc_dP: dK += dS^T Q, dS^T -> smem, dQ = dS K,
-            the dQ partial handed to reduce_dq (dqord: dK under its store); prefetch: the
-            next step's lse / delta loads, issued under the dQ wgmma."""
-            (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
-             tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS, tdQrKt,
-             acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS) = mma
+        def dk_dq(self, mma: Operands, acc_dP, q_state, pipeline_q):
+            """The step's end, from dS^T in acc_dP: dS^T -> smem, dQ = dS K, then dK +=
+            dS^T Q under the dQ partial's hand-over to reduce_dq (the FA3/FA4 order: wait
+            for dQ only; llm 24.48 -> 22.81 ms against dK first and a wait for both)."""
             s = q_state.index
-            tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
-            dqord = "dqord" in self.opts
-            if const_expr(not dqord):
-                wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
-                      zero_init=False, wait=-1)
+            mma.tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
             # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            cute.copy(r2s_dS, thr_r2s_dS.retile(rdS), tdSsdS)
+            cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rdS), mma.tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            acc_dQ = cute.make_rmem_tensor(shape_dQ, Float32)
-            wgmma(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True, wait=-1)      # dQ = dS K
-            if const_expr(prefetch is not None):
-                self.load_lse_delta_rows(*prefetch)
-            if const_expr(dqord):
-                # wait for dQ (and dV) only, so dK runs under the store
-                wgmma(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, s],    # dK += dS^T Q
-                      zero_init=False, wait=1)
-            else:
-                warpgroup.wait_group(0)
-                pipeline_q.consumer_release(q_state)
+            acc_dQ = cute.make_rmem_tensor(mma.shape_dQ, Float32)
+            wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,   # dQ = dS K
+                  wait=-1)
+            # wait for dQ (and dV) only, so dK runs under the store
+            wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                          # dK += dS^T Q
+                  mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            tdQsdQ.store(acc_dQ.load())
+            mma.tdQsdQ.store(acc_dQ.load())
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
-            if const_expr(dqord):
-                warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
-                pipeline_q.consumer_release(q_state)
+            warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
+            pipeline_q.consumer_release(q_state)
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
         def reduce_dq(self, mdQacc, sdQ, tma_atom_dQ, sched):
             """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
-            accumulator with a TMA bulk reduce (smem -> cp.reduce.async.bulk.tensor.add).
+            accumulator with TMA bulk reduces (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
             be added; TMA clips rows past the tensor."""
-            group = sched[8]
+            group = sched.group
             # the buffer starts empty
             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
-            t, step, n_tiles, slot_row, pinned = self.tiles(sched)
+            t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
-                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
+                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
                 b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.schedule(t, pinned, sched)
+                    self.kv_tile_coords(t, pinned, sched)
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
@@ -1165,60 +953,51 @@ def _kernel_classes():
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
                 i += 1
-                t = fetch_tile(sched[9], sched[10], t, step, i, self.dynamic)
+                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
 
         # ------------------------------------------------------------------ store
         @cute.jit
-        def store(self, mdK, mdV, acc_dK, acc_dV, thr_dkv, tdKcdK, k_start, n0, len_k, hk,
-                  scale, stage, tiled_mma_dkv, tidx):
+        def store(self, mdK, mdV, acc_dK, acc_dV, k_start, n0, len_k, hk, scale, stage,
+                  tiled_mma_dkv, tidx):
             """dK (times the softmax scale) and dV of the tile, in the input dtype; rows
             past the sequence end are never written (they belong to the next sequence).
-            Default: straight from the accumulators (per-element STG.U16). dkvsmem: each
-            warpgroup stages them in its own half of sV, then 16-byte stores."""
+            Each warpgroup stages them in its own half of sV (stmatrix), then 16-byte
+            stores (STG.128, not 128 predicated STG.U16 a thread: gem 256 / 0.5 1.346 ->
+            0.964 ms)."""
             D = self.D
             rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
             rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
             rdK.store((acc_dK.load() * scale).to(self.dtype))
             rdV.store(acc_dV.load().to(self.dtype))
-            if const_expr("dkvsmem" not in self.opts):
-                gdK = head_tile(mdK, k_start + n0, hk, BLOCK_N, D)
-                gdV = head_tile(mdV, k_start + n0, hk, BLOCK_N, D)
-                tdKgdK, tdVgdV = thr_dkv.partition_C(gdK), thr_dkv.partition_C(gdV)
-                rows_left = len_k - n0
-                for i in cutlass.range_constexpr(cute.size(rdK)):
-                    if tdKcdK[i][0] < rows_left:
-                        tdKgdK[i] = rdK[i]
-                        tdVgdV[i] = rdV[i]
-            else:
-                # Warpgroup w's dP^T wgmma reads V rows 64w.. only (see tPrV), its dK / dV
-                # rows are the same 64 keys, and its last wgmma was waited for
-                # (wait_group(0) ending compute_step): that half may be overwritten without
-                # syncing with the other warpgroup, which still reads its own half.
-                rows = BLOCK_N // NUM_MMA_WG
-                wg = cute.arch.make_warp_uniform(tidx // 128)
-                r2s = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
-                        transpose=False, num_matrices=4), self.dtype), tiled_mma_dkv)
-                thr_r2s = r2s.get_slice(tidx)
-                sV, sVst = stage          # two views of sV (see kernel)
-                tRsV = thr_r2s.partition_D(sV)
-                # smem -> gmem: D / 8 threads a row, 16 B each (LDS.128, STG.128)
-                tpr = D // 8
-                s2g = cute.make_tiled_copy_tv(
-                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
-                                        num_bits_per_copy=128),
-                    cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0)),
-                    cute.make_layout((1, 8)))
-                half = cute.local_tile(sVst, (rows, D), (wg, 0))
-                for x, (r, m) in enumerate(((rdK, mdK), (rdV, mdV))):
-                    if const_expr(x > 0):   # every thread has read dK out of the half
-                        cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
-                    cute.copy(r2s, thr_r2s.retile(r), tRsV)
+            # Warpgroup w's dP^T wgmma reads V rows 64w.. only (see tPrV), its dK / dV
+            # rows are the same 64 keys, and its last wgmma was waited for (wait_group(0)
+            # ending the step): that half may be overwritten without syncing with the
+            # other warpgroup, which still reads its own half.
+            rows = BLOCK_N // NUM_MMA_WG
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
+                    transpose=False, num_matrices=4), self.dtype), tiled_mma_dkv)
+            thr_r2s = r2s.get_slice(tidx)
+            sV, sVst = stage          # two views of sV (see kernel)
+            tRsV = thr_r2s.partition_D(sV)
+            # smem -> gmem: D / 8 threads a row, 16 B each (LDS.128, STG.128)
+            tpr = D // 8
+            s2g = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                    num_bits_per_copy=128),
+                cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0)),
+                cute.make_layout((1, 8)))
+            half = cute.local_tile(sVst, (rows, D), (wg, 0))
+            for x, (r, m) in enumerate(((rdK, mdK), (rdV, mdV))):
+                if const_expr(x > 0):   # every thread has read dK out of the half
                     cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
-                    store_rows(s2g, tidx % 128, half,
-                               head_tile(m, k_start + n0, hk, rows, D, (wg, 0)),
-                               len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
+                cute.copy(r2s, thr_r2s.retile(r), tRsV)
+                cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
+                store_rows(s2g, tidx % 128, half,
+                           head_tile(m, k_start + n0, hk, rows, D, (wg, 0)),
+                           len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
@@ -1302,11 +1081,11 @@ def compile_postprocess(dtype, options: str = ""):
                         options=("--enable-tvm-ffi " + options).strip())
 
 
-def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options: str = "",
-                 opts=None, dynamic=None):
-    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). opts: the A/B
-    switches (a frozenset, see OPTS; None: bwd_opts(causal, head_dim=head_dim),
-    $JAGGED_CUTE_BWD_OPTS or the default). dynamic: tiles from the counter (None: jagged.tiles.bwd_dynamic)."""
+def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                 cfg: Config | None = None, dynamic: bool | None = None, options: str = ""):
+    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). cfg: None, the
+    default for head_dim (pick_config). dynamic: tiles from the counter (None:
+    jagged.tiles.bwd_dynamic)."""
     import cutlass
     import cutlass.cute as cute
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
@@ -1327,9 +1106,9 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool, options:
     n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
     sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = bwd_opts(causal, head_dim=head_dim) if opts is None else opts
+    cfg = pick_config(head_dim) if cfg is None else cfg
     dynamic = bwd_dynamic(causal, broadcast_q) if dynamic is None else dynamic
-    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, opts, dynamic),
+    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
                         q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
                         n_tiles, sched, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
                         cutlass.Int32(1), stream,
@@ -1367,7 +1146,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev),
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
                                               dev)
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     _compiled("pre", q.dtype, D, not broadcast_q)(
@@ -1376,10 +1155,9 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         delta -= dlse
 
     # (b) main
-    opts = bwd_opts(causal, head_dim=D)
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, step_rows(D, opts),
-                                       BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), "", opts,
+    cfg = pick_config(D)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, cfg.block_m, BLOCK_N)
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), cfg,
               bwd_dynamic(causal, broadcast_q))(
         q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
         cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles, sched,

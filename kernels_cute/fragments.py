@@ -5,6 +5,13 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 
+def replaced(bundle, **fields):
+    """A NamedTuple bundle with some fields replaced, rebuilt field by field (traced code:
+    `_replace`'s lazy rebuild from an iterator loses the fragments' layouts under the
+    DSL's loop tracing)."""
+    return type(bundle)(*(fields.get(f, getattr(bundle, f)) for f in bundle._fields))
+
+
 def head_tile(m, row, h, rows, cols, coord=(0, 0)):
     """The (rows, cols) box of head h of a packed [tokens, heads, D] tensor whose first
     row is token `row`; coord (None, 0): every such box from there on, indexed by block."""

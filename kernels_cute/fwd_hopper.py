@@ -37,15 +37,14 @@ by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
 """
 
-import dataclasses
 import math
-import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
-from jagged.tiles import fwd_bucket, fwd_config_override, fwd_consumers
+from jagged.arch import num_sms
+from jagged.tiles import fwd_bucket, fwd_consumers
 
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
@@ -55,57 +54,77 @@ SCHED_BARRIER = 2      # named barrier ids (0 = syncthreads, 1 unused): 2 .. 1 +
                        # consumer wg may issue its wgmmas (a ring of turns); the next N:
                        # consumer wg's own epilogue (`store`); N = 2: 2, 3 and 4, 5
 
-# CUTE_FWD_OVERLAP=0 selects the serial KV step (no softmax / PV overlap, no ping-pong)
-OVERLAP = os.environ.get("CUTE_FWD_OVERLAP", "1") != "0"
-
 
 @dataclass(frozen=True)
 class Config:
-    block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
-                                # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
-                                # registers; CONFIGS picks it at D = 64; as TLX)
-    block_n: int = 128          # keys per KV block
-    num_buffers_kv: int = 2     # depth of the K/V ring
-    num_buffers_q: int = 2      # Q double buffer (a slot also stages its tile's O)
-    overlap: bool = True        # softmax under the PV wgmma, consumers ping-pong
-    mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
-                                # non-causal tile runs one masked softmax, not two (with
-                                # overlap)
-    head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
-                                # blocks per head chunk, session 5); compiled in
-    # deleted, session 11: where_mask, wg_store (their winners are the only paths now)
+    block_m: int          # query rows per tile: block_m // 64 consumer warpgroups (2, or 3
+                          # at 192, FA4's D = 64 tile, consumers at 160 registers)
+    block_n: int          # keys per KV block
+    num_buffers_kv: int   # depth of the K/V ring
+    mask_first: bool      # the masked last KV block first (schedule.kv_block): a
+                          # non-causal tile runs one masked softmax, not two
+    num_buffers_q: int = 2    # Q double buffer (a slot also stages its tile's O)
 
 
-# keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
-# sequences, by max or mean KV length, else "long" (jagged.tiles.fwd_bucket; the same
-# table as TLX, except the 192-row D = 64 tile causal too: session 15, llm B16 H16 D64
-# 2048 -11.5 % non-causal, -5.2 % causal (128 rows then +10.6 / +7.0 % against them),
-# where TLX's masked steps spill)
+# The measured defaults, keyed by (head_dim, length bucket, causal); the bucket is
+# "short" (64-key blocks) for short sequences, by max or mean KV length, else "long"
+# (jagged.tiles.fwd_bucket). Broadcast-Q and packed share them. TLX's table, except:
+#   192-row tiles at D = 64, long, causal too: llm B16 H16 D64 2048 -11.5 % non-causal,
+#     -5.2 % causal against 128 rows (TLX's causal masked steps spill at 160 registers);
+#   the softmax of block n under the PV wgmma of block n - 1 and the consumers'
+#     ping-pong on every bucket (TLX: the long ones).
+#   mask_first non-causal: gem 256 / 0.5 -4.5 % (elsewhere within +-1 %); causal +2.8 %
+#     in TLX (a causal tile's diagonal steps are masked either way).
 CONFIGS = {
-    (64, "long"): Config(block_m=192, block_n=128, num_buffers_kv=3),
-    (64, "short"): Config(block_n=64, num_buffers_kv=3),
-    (128, "long"): Config(block_n=128, num_buffers_kv=2),
-    (128, "short"): Config(block_n=64, num_buffers_kv=3),
+    (64, "long", False): Config(block_m=192, block_n=128, num_buffers_kv=3, mask_first=True),
+    (64, "long", True): Config(block_m=192, block_n=128, num_buffers_kv=3, mask_first=False),
+    (64, "short", False): Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=True),
+    (64, "short", True): Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=False),
+    (128, "long", False): Config(block_m=128, block_n=128, num_buffers_kv=2, mask_first=True),
+    (128, "long", True): Config(block_m=128, block_n=128, num_buffers_kv=2, mask_first=False),
+    (128, "short", False): Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=True),
+    (128, "short", True): Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=False),
 }
 
 
-def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
-    """`mask_first` non-causal, as TLX (session 14: gem 256 / 0.5 -4.5 %, llm -1.8 %,
-    elsewhere within +-1 %)."""
-    cfg = CONFIGS[(head_dim, bucket)]
-    return cfg if causal else dataclasses.replace(cfg, mask_first=True)
-
-
-def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
                 mean_k: float | None = None) -> Config:
-    cfg = fwd_config_override(bucket_config(
-        head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), causal))
-    fwd_consumers(cfg.block_m, LOAD_REGS)  # a bad JAGGED_FWD_CONFIG block_m fails here
-    return cfg if OVERLAP else dataclasses.replace(cfg, overlap=False)
+    """The measured default for a call (mean_k: total keys / batch, None if unknown)."""
+    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
+
+
+class Sched(NamedTuple):
+    """What every role needs to decode a tile id (schedule.tile_coords)."""
+    mPairs: Any          # the tile list: (batch element, query block) pairs
+    n_pairs: Any         # valid pairs (on the device)
+    mCuQ: Any
+    mCuK: Any
+    L_q: Any             # broadcast-Q: the dense query length
+    H: Any
+    group: Any           # query heads per KV head
+    nblk: Any            # query blocks per sequence (the pair encoding's stride)
+
+
+class Operands(NamedTuple):
+    """A consumer warpgroup's wgmmas, operand fragments, accumulators and softmax state."""
+    tiled_mma_qk: Any
+    tiled_mma_pv: Any
+    shape_S: Any
+    tSrQ: Any            # the tile's Q slot
+    tSrK: Any
+    tOrVt: Any
+    tOrP: Any
+    acc_O: Any
+    tScS: Any            # (row, col) of every S accumulator element
+    row_max: Any
+    row_sum: Any
+    scale_log2: Any
+    pipeline_k: Any
+    pipeline_v: Any
+    wg: Any              # this consumer warpgroup
 
 
 _COMPILED = {}
-_SM_COUNT = {}
 
 
 def _cute_dtype(torch_dtype):
@@ -129,12 +148,12 @@ def _kernel_class():
 
     LN_2 = math.log(2.0)
 
-    from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, store_rows, tma_tiles,
-                            wgmma)
+    from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, replaced, store_rows,
+                            tma_tiles, wgmma)
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     cfg: "Config"):
+                     cfg: Config):
             # consumer warpgroups, each 64 rows of the tile, and their registers
             self.num_mma_wg, self.mma_regs = fwd_consumers(cfg.block_m, LOAD_REGS)
             self.block_m = cfg.block_m
@@ -142,9 +161,7 @@ def _kernel_class():
             self.epilogue_barrier = SCHED_BARRIER + self.num_mma_wg  # after the ring's ids
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q
-            self.overlap = cfg.overlap  # softmax of block n under the PV wgmma of block n-1
-            self.mask_first = cfg.mask_first and cfg.overlap
-            self.head_chunk = cfg.head_chunk
+            self.mask_first = cfg.mask_first
             self.dtype = dtype
             self.D = head_dim
             self.causal = causal
@@ -262,7 +279,7 @@ def _kernel_class():
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
-            sched = (mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
+            sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -279,11 +296,11 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
-        def schedule(self, tile: Int32, sched):
-            mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk = sched
-            return tile_coords(tile, mPairs, n_pairs, self.head_chunk, mCuQ, mCuK, L_q, H,
-                               group, nblk, self.block_m, self.block_n, self.causal,
-                               self.broadcast_q)
+        def schedule(self, tile: Int32, sched: Sched):
+            """Tile id -> where it lives (schedule.tile_coords)."""
+            return tile_coords(tile, sched.mPairs, sched.n_pairs, sched.mCuQ, sched.mCuK,
+                               sched.L_q, sched.H, sched.group, sched.nblk, self.block_m,
+                               self.block_n, self.causal, self.broadcast_q)
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -293,7 +310,7 @@ def _kernel_class():
                                                    self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.stages)
-            num_tiles = sched[1] * sched[5]
+            num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
@@ -342,20 +359,20 @@ def _kernel_class():
             tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((M, self.block_n))))
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
-            mma = (tiled_mma_qk, tiled_mma_pv, wg_mma_qk.partition_shape_C((M, self.block_n)),
-                   None, tSrK, tOrVt, tOrP, acc_O, tScS, row_max, row_sum, scale_log2,
-                   pipeline_k, pipeline_v, wg)
+            mma = Operands(tiled_mma_qk, tiled_mma_pv,
+                           wg_mma_qk.partition_shape_C((M, self.block_n)), None, tSrK, tOrVt,
+                           tOrP, acc_O, tScS, row_max, row_sum, scale_log2, pipeline_k,
+                           pipeline_v, wg)
 
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                    self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                     self.stages)
-            if const_expr(self.overlap):
-                # consumer 0 issues first: pre-arrive on its own scheduling barrier (in
-                # place of the last consumer's hand-over, whose arrive completes it later)
-                if wg == 0:
-                    cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
-            num_tiles = sched[1] * sched[5]
+            # consumer 0 issues first: pre-arrive on its own scheduling barrier (in place
+            # of the last consumer's hand-over, whose arrive completes it later)
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
+            num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
@@ -365,32 +382,26 @@ def _kernel_class():
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
                 pipeline_q.consumer_wait(q_state)
-                mma_t = mma[:3] + (tSrQ[None, None, None, q_state.index],) + mma[4:]
+                mma_t = replaced(mma, tSrQ=tSrQ[None, None, None, q_state.index])
                 if n_end > 0:
-                    if const_expr(self.overlap):
-                        # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
-                        # and runs the softmax of S_n under the PV wgmma
-                        first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end,
-                                                                      self.mask_first)
-                        # unmasked when the bulk covers block 0 (mask_first: always masked)
-                        if const_expr(not self.mask_first) and n_bulk > 0:
-                            self.first_qk(False, first, geom, mma_t, kv_state)
-                        else:
-                            self.first_qk(True, first, geom, mma_t, kv_state)
-                        for n in cutlass.range(bulk_lo, bulk_end, unroll=1):          # bulk
-                            kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
-                        # non-causal under mask_first the first step took the one
-                        # masked block: no tail, and no code for it
-                        if const_expr(self.causal or not self.mask_first):
-                            for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
-                                                   unroll=1):                          # tail
-                                kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
-                        kv_state = self.last_pv(mma_t, kv_state)
+                    # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
+                    # and runs the softmax of S_n under the PV wgmma
+                    first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end,
+                                                                  self.mask_first)
+                    # unmasked when the bulk covers block 0 (mask_first: always masked)
+                    if const_expr(not self.mask_first) and n_bulk > 0:
+                        self.first_qk(False, first, geom, mma_t, kv_state)
                     else:
-                        for n in cutlass.range(n_bulk, unroll=1):             # bulk
-                            kv_state = self.kv_step_serial(n, False, geom, mma_t, kv_state)
-                        for n in cutlass.range(n_bulk, n_end, unroll=1):      # tail
-                            kv_state = self.kv_step_serial(n, True, geom, mma_t, kv_state)
+                        self.first_qk(True, first, geom, mma_t, kv_state)
+                    for n in cutlass.range(bulk_lo, bulk_end, unroll=1):              # bulk
+                        kv_state = self.kv_step(n, False, geom, mma_t, kv_state)
+                    # non-causal under mask_first the first step took the one masked
+                    # block: no tail, and no code for it
+                    if const_expr(self.causal or not self.mask_first):
+                        for n in cutlass.range(cutlass.max(bulk_end, bulk_lo), tail_end,
+                                               unroll=1):                              # tail
+                            kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
+                    kv_state = self.last_pv(mma_t, kv_state)
                 self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
                            store_tiled_copy_O, tidx, h, m0, out_start, len_q)
@@ -412,7 +423,7 @@ def _kernel_class():
                     limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
                                         - n * self.block_n)
                 # one select per element, as TLX's tl.where (an `if` per element: ~1000
-                # more SASS a 128-key masked block; session 11, 256 / 0.5 0.377 -> 0.268 ms)
+                # more SASS a 128-key masked block; 256 / 0.5 0.380 -> 0.272 ms)
                 for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
                     S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
 
@@ -442,37 +453,34 @@ def _kernel_class():
                 O[r, None].store(O[r, None].load() * row_scale[r])
 
         @cute.jit
-        def first_qk(self, masked: cutlass.Constexpr, n, geom, mma, kv_state):
+        def first_qk(self, masked: cutlass.Constexpr, n, geom, mma: Operands, kv_state):
             """S = Q K_n of the first step, its softmax, P into registers (its V is consumed
             by the next step)."""
-            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
-             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
-            acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            pipeline_k.consumer_wait(kv_state)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+            acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
+            mma.pipeline_k.consumer_wait(kv_state)
+            wgmma(mma.tiled_mma_qk, acc_S, mma.tSrQ, mma.tSrK[None, None, None, kv_state.index],
                   zero_init=True, wait=0)
-            pipeline_k.consumer_release(kv_state)
+            mma.pipeline_k.consumer_release(kv_state)
             if const_expr(masked):
-                self.mask(acc_S, n, geom, tScS)
-            self.softmax(acc_S, row_max, row_sum, scale_log2)
-            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                self.mask(acc_S, n, geom, mma.tScS)
+            self.softmax(acc_S, mma.row_max, mma.row_sum, mma.scale_log2)
+            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
         @cute.jit
-        def kv_step(self, n, masked: cutlass.Constexpr, geom, mma, kv_state):
+        def kv_step(self, n, masked: cutlass.Constexpr, geom, mma: Operands, kv_state):
             """Block n: issue S_n = Q K_n and O += P_(n-1) V_(n-1), softmax S_n while the
             PV wgmma runs, then rescale O and keep P_n. Consumers take turns issuing."""
-            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
-             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
+            wg = mma.wg
             v_state = kv_state.clone()
             kv_state.advance()
-            acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            pipeline_k.consumer_wait(kv_state)
+            acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
+            mma.pipeline_k.consumer_wait(kv_state)
             cute.arch.barrier(barrier_id=SCHED_BARRIER + wg, number_of_threads=256)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
+            wgmma(mma.tiled_mma_qk, acc_S, mma.tSrQ, mma.tSrK[None, None, None, kv_state.index],
                   zero_init=True, wait=-1)
-            pipeline_v.consumer_wait(v_state)
-            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index],
-                  zero_init=False, wait=-1)
+            mma.pipeline_v.consumer_wait(v_state)
+            wgmma(mma.tiled_mma_pv, mma.acc_O, mma.tOrP,
+                  mma.tOrVt[None, None, None, v_state.index], zero_init=False, wait=-1)
             # hand the turn to the next consumer in the ring (each turn barrier joins two
             # warpgroups: the waiter and its predecessor); 1 - wg at 2: no signed modulo
             if const_expr(self.num_mma_wg == 2):
@@ -481,47 +489,23 @@ def _kernel_class():
                 next_wg = (wg + 1) % self.num_mma_wg
             cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER + next_wg, number_of_threads=256)
             warpgroup.wait_group(1)
-            pipeline_k.consumer_release(kv_state)
+            mma.pipeline_k.consumer_release(kv_state)
             if const_expr(masked):
-                self.mask(acc_S, n, geom, tScS)
-            row_scale = self.softmax(acc_S, row_max, row_sum, scale_log2)
+                self.mask(acc_S, n, geom, mma.tScS)
+            row_scale = self.softmax(acc_S, mma.row_max, mma.row_sum, mma.scale_log2)
             warpgroup.wait_group(0)
-            pipeline_v.consumer_release(v_state)
-            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            self.rescale(acc_O, row_scale)
+            mma.pipeline_v.consumer_release(v_state)
+            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            self.rescale(mma.acc_O, row_scale)
             return kv_state
 
         @cute.jit
-        def last_pv(self, mma, kv_state):
+        def last_pv(self, mma: Operands, kv_state):
             """O += P_last V_last."""
-            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
-             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
-            pipeline_v.consumer_wait(kv_state)
-            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
-                  zero_init=False, wait=0)
-            pipeline_v.consumer_release(kv_state)
-            kv_state.advance()
-            return kv_state
-
-        @cute.jit
-        def kv_step_serial(self, n, masked: cutlass.Constexpr, geom, mma, kv_state):
-            """Block n without overlap: S = Q K^T, mask, softmax, O = O * scale + P V."""
-            (tiled_mma_qk, tiled_mma_pv, shape_S, tSrQ, tSrK, tOrVt, tOrP, acc_O, tScS,
-             row_max, row_sum, scale_log2, pipeline_k, pipeline_v, wg) = mma
-            acc_S = cute.make_rmem_tensor(shape_S, Float32)
-            pipeline_k.consumer_wait(kv_state)
-            wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index],
-                  zero_init=True, wait=0)
-            pipeline_k.consumer_release(kv_state)
-            if const_expr(masked):
-                self.mask(acc_S, n, geom, tScS)
-            row_scale = self.softmax(acc_S, row_max, row_sum, scale_log2)
-            self.rescale(acc_O, row_scale)
-            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            pipeline_v.consumer_wait(kv_state)
-            wgmma(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index],
-                  zero_init=False, wait=0)
-            pipeline_v.consumer_release(kv_state)
+            mma.pipeline_v.consumer_wait(kv_state)
+            wgmma(mma.tiled_mma_pv, mma.acc_O, mma.tOrP,
+                  mma.tOrVt[None, None, None, kv_state.index], zero_init=False, wait=0)
+            mma.pipeline_v.consumer_release(kv_state)
             kv_state.advance()
             return kv_state
 
@@ -560,7 +544,7 @@ def _kernel_class():
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
             # each warpgroup stores its own 64 rows behind its own 128-thread barrier, as TLX
-            # (one 256-thread barrier: session 11, 256 / 0.5 0.268 -> 0.241 ms)
+            # (against one 256-thread barrier: 256 / 0.5 0.268 -> 0.241 ms)
             wg = cute.arch.make_warp_uniform(tidx // 128)
             cute.arch.barrier(barrier_id=self.epilogue_barrier + wg, number_of_threads=128)
             store_rows(store_tiled_copy_O, tidx % 128,
@@ -603,12 +587,14 @@ def _fake_args(dtype, broadcast_q: bool, head_dim: int):
 
 
 def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                    cfg: Config = Config(), options: str = ""):
-    """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable."""
+                    cfg: Config | None = None, options: str = ""):
+    """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable. cfg:
+    None, the long bucket's default."""
     import cutlass
     import cutlass.cute as cute
 
     cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
     fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
     args = _fake_args(cdt, broadcast_q, head_dim)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
@@ -624,13 +610,6 @@ def _compiled(dtype, head_dim, causal, broadcast_q, cfg: Config):
     return _COMPILED[key]
 
 
-def _sm_count(device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
     H, D = q.shape[1], q.shape[2]
@@ -643,11 +622,11 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
-    cfg = pick_config(D, max_k, causal, broadcast_q, k.shape[0] / B)
+    cfg = pick_config(D, max_k, causal, k.shape[0] / B)
     pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)
-    num_programs = max(1, min(_sm_count(q.device), B * nblk * H))
+    num_programs = max(1, min(num_sms(q.device), B * nblk * H))
     fn = _compiled(q.dtype, D, causal, broadcast_q, cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
        scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)

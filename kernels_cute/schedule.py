@@ -1,48 +1,51 @@
-"""`schedule`: the jagged tile list, built on the GPU from the offsets (no host sync).
+"""`schedule`: which tile a persistent CTA works on, for the forward and the backward.
+The CuteDSL twin of `kernels_tlx/schedule.py` (same names, same order, same arithmetic).
 
-The CuteDSL twin of `kernels_tlx/schedule.py` (same pair encoding, same order):
+Forward. The tile list is built on the GPU from the offsets (no host sync). A *pair* is
+(batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it is valid when
+the block holds at least one query row. Valid pairs are ordered by descending KV work
+(KV blocks the block visits, causal-aware), invalid ones go last, and the count of valid
+pairs stays on the device. Causal lists keep each sequence's tiles together
+(jagged.tiles.fwd_tiles). Heads are folded in by the kernel (`tile_coords`): tiles walk
+the list in chunks of NBLK pairs, pairs fastest, then heads, so neighbouring CTAs read
+one head's K/V. CTA p takes the p-th tile of every round of P tiles, in odd full rounds
+counted from the right (boustrophedon), which keeps the per-sequence sawtooth of causal
+tiles balanced.
 
-A *pair* is (batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it
-is valid when the block holds at least one query row. Valid pairs are ordered by
-descending KV work (KV blocks the block visits, causal-aware), invalid ones go last,
-and the count of valid pairs stays on the device. Heads are folded in by the kernel
-(`tile_coords`): by default tiles walk the list in chunks of NBLK pairs, one head at a
-time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % causal
-time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
+Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
+longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA walks the
+list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Causal
+packed lists are taken from a counter instead (tile_counter.py).
 
-Causal lists keep a sequence's tiles together, and the programs walk the list in TLX's
-boustrophedon round-robin (odd full rounds right to left; see its schedule.py).
-
-`build_tiles` (`jagged.tiles.fwd_tiles`, shared by both styles) makes the list with
-one small Triton key kernel that also sorts it. `tile_coords` is the device-side
-decode every role of the kernel calls with the same tile id, so the `load` warp and
-the `compute` warpgroups agree on every tile without talking.
+Every role of a kernel decodes the same tile ids with these, so the `load` warp and the
+`compute` warpgroups agree on every tile without talking. The device-side helpers are
+traced inside a @cute.jit role; importing this module does not load the DSL.
 """
 
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
+__all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords",
+           "tile_range"]
 
 
-def tile_coords(tile, mPairs, n_pairs, head_chunk, mCuQ, mCuK, L_q, H, group, nblk,
+def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
                 BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
-    """Tile id -> where it lives (device side, traced inside a @cute.jit role):
-    head h, kv head, first query row m0 (in-sequence), packed row bases of q / k / out,
-    the lengths, and the KV block split: blocks [0, n_bulk) need no mask, blocks
-    [n_bulk, n_end) are masked. Tiles walk the list in chunks of `head_chunk` pairs,
-    pairs fastest, then heads (1: tile t = (pair t // H, head t % H); 0: nblk), as in TLX."""
+    """Forward tile id -> where it lives: head h, kv head, first query row m0
+    (in-sequence), packed row bases of q / k / out, the lengths, and the KV block split:
+    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
+    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (mCuQ unused)."""
     import cutlass
     import cutlass.cute as cute
 
-    # boustrophedon round-robin: odd full rounds run right to left, as in TLX
+    # boustrophedon round-robin: odd full rounds run right to left
     P = cute.arch.grid_dim()[0]
     k = tile // P
     flip = (k % 2) * cutlass.min(cutlass.max(n_pairs * H // P - k, 0), 1)  # odd and full
     tile = tile + flip * (P - 1 - 2 * (tile - k * P))
-    chunk = nblk if head_chunk == 0 else head_chunk  # head_chunk is compiled in
-    span = chunk * H
-    first = tile // span * chunk
-    chunk_len = cutlass.min(chunk, n_pairs - first)  # the last chunk may be short
+    # chunks of nblk pairs (the last may be short), pairs fastest, then heads
+    span = nblk * H
+    first = tile // span * nblk
+    chunk_len = cutlass.min(nblk, n_pairs - first)
     r = tile - tile // span * span
     h = r // chunk_len
     pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
@@ -86,3 +89,58 @@ def kv_steps(n_bulk, n_end, mask_first: bool):
     if mask_first:
         return n_end - 1, 0, cutlass.min(n_bulk, n_end - 1), n_end - 1
     return 0, 1, n_bulk, n_end
+
+
+def tile_range(sched, BROADCAST_Q: bool):
+    """Backward: (first tile, step, tile count, dQ slot row, pinned KV head) of this CTA's
+    static walk. Packed modes deal the list x H_kv heads round-robin; broadcast-Q CTAs are
+    pinned to KV head p % H_kv (and dQ slot p // H_kv, rows slot * L_q) and deal the list
+    only. sched: the kernel's `Sched`."""
+    import cutlass
+    import cutlass.cute as cute
+
+    HKV = sched.HKV
+    pid = cute.arch.block_idx()[0]
+    nprog = cute.arch.grid_dim()[0]
+    n_tiles = sched.mNTiles[0]
+    first, step, slot_row, pinned = pid, nprog, pid * 0, pid * 0
+    if cutlass.const_expr(BROADCAST_Q):
+        first = pid // HKV
+        step = nprog // HKV
+        slot_row = (pid // HKV) * sched.L_q
+        pinned = pid % HKV
+    else:
+        n_tiles = n_tiles * HKV
+    return first, step, n_tiles, slot_row, pinned
+
+
+def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
+                   BROADCAST_Q: bool):
+    """Backward tile t -> (batch b, KV head hk, first key n0, keys / queries of the
+    sequence, token offsets of k rows, of q rows and of dO / O / lse rows, first Q row
+    m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head."""
+    import cutlass
+
+    L_q, HKV = sched.L_q, sched.HKV
+    base, hk = t, pinned
+    if cutlass.const_expr(not BROADCAST_Q):
+        base = t // HKV
+        hk = t % HKV
+    b = sched.mTileB[base]
+    n0 = sched.mTileN[base] * BLOCK_N
+    k_start = sched.mCuK[b]
+    len_k = sched.mCuK[b + 1] - k_start
+    if cutlass.const_expr(BROADCAST_Q):
+        q_start = b * 0
+        o_start = b * L_q
+        len_q = L_q + b * 0
+    else:
+        q_start = sched.mCuQ[b]
+        o_start = q_start
+        len_q = sched.mCuQ[b + 1] - q_start
+    m_lo = b * 0
+    if cutlass.const_expr(CAUSAL):
+        # first row that sees key n0: i >= n0 - (len_k - len_q)
+        m_lo = cutlass.max(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+    n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
+    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m

@@ -8,8 +8,8 @@ The ring is in global memory, as TLX's (the scheduling buffer of
 `jagged.tiles.dq_accumulator`: [0] the counter, zeroed before the launch; [4 + 2p,
 4 + 2p + 2) CTA p's slots), guarded by a two-stage `PipelineAsync` whose barriers the
 helpers drive with a slot and phase derived from a loop-carried count i: a pipeline state
-advanced inside a called helper is not carried by the caller's tile loop (PERF.md,
-session 17). Imported only inside the kernel factories (the DSL loads with it)."""
+advanced inside a called helper is not carried by the caller's tile loop. Imported only
+inside the kernel factories (the DSL loads with it)."""
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr

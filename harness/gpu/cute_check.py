@@ -8,8 +8,7 @@
    N=8192, D=128), printed as a TFLOP/s table last (Problem.flops('fwd') / t).
 Takes well under 3 minutes on an H200 (most of it compiling the configs).
 
---bwd: the CuteDSL Hopper backward (kernels_cute/bwd_hopper.py, the default)
-instead: dq/dk/dv of ~20 problems across modes (plus the edge cases) against
+--bwd: the CuteDSL Hopper backward (kernels_cute/bwd_hopper.py) instead: dq/dk/dv of ~20 problems across modes (plus the edge cases) against
 harness.oracle.check(backward=True), run through kernels_cute.jagged_attention
 (the CuteDSL forward, then the CuteDSL backward), every problem runs even if one raises;
 then the backward alone timed (synthetic out/lse) on gem-jagged, llm-dense and
@@ -148,7 +147,7 @@ def _timing_problems(quick: bool) -> list[Problem]:
                             suite="llm-dense") for c in (False, True)]
 
 
-def bench(quick: bool, variants=("overlap",)):
+def bench(quick: bool):
     import triton
     from kernels_cute import fwd_hopper
 
@@ -162,22 +161,19 @@ def bench(quick: bool, variants=("overlap",)):
             scale = p.head_dim ** -0.5
             f = lambda: fwd_hopper.forward(q, k, v, cu_q, cu_k, mq, mk, p.causal, scale,
                                            p.mode == "broadcast_q")
-            for var in variants:
-                fwd_hopper.OVERLAP = var == "overlap"
-                f()
-                torch.cuda.synchronize()
-                ms = triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")
-                rows.append((p, var, ms, p.flops("fwd") / ms * 1e-9, ""))
-            fwd_hopper.OVERLAP = True
+            f()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")
+            rows.append((p, ms, p.flops("fwd") / ms * 1e-9, ""))
             del q, k, v
         except Exception as e:
-            rows.append((p, "", float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"))
+            rows.append((p, float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:120]}"))
         torch.cuda.empty_cache()
-    print(f"\n{'suite':11s} {'max_len':>7s} {'sparsity':>8s} {'causal':>6s} {'variant':>8s} "
+    print(f"\n{'suite':11s} {'max_len':>7s} {'sparsity':>8s} {'causal':>6s} "
           f"{'ms':>9s} {'TFLOP/s':>8s}")
-    for p, var, ms, tf, err in rows:
+    for p, ms, tf, err in rows:
         print(f"{p.suite:11s} {p.max_seqlen_q:7d} {p.sparsity:8.1f} {str(p.causal):>6s} "
-              f"{var:>8s} {ms:9.3f} {tf:8.1f} {err}")
+              f"{ms:9.3f} {tf:8.1f} {err}")
 
 
 def bench_bwd(quick: bool):
@@ -222,7 +218,6 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer problems")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--n", type=int, default=18, help="random correctness problems")
-    ap.add_argument("--ab", action="store_true", help="also time the serial KV step")
     ap.add_argument("--bwd", action="store_true",
                     help="check and time the CuteDSL Hopper backward")
     a = ap.parse_args(argv)
@@ -234,8 +229,6 @@ def main(argv=None):
     print(torch.cuda.get_device_name(), flush=True)
     t0 = time.time()
     if a.bwd:
-        import os
-        os.environ["JAGGED_CUTE_BWD"] = "hopper"  # whatever the caller's environment says
         bad = check_correctness(6 if a.quick else a.n, backward=True)
         print(f"[{time.time() - t0:.0f}s]", flush=True)
         if not a.no_bench:
@@ -246,7 +239,7 @@ def main(argv=None):
     bad += check_correctness(6 if a.quick else a.n)
     print(f"[{time.time() - t0:.0f}s]", flush=True)
     if not a.no_bench:
-        bench(a.quick, ("overlap", "serial") if a.ab else ("overlap",))
+        bench(a.quick)
     print(f"[{time.time() - t0:.0f}s total]")
     return 1 if bad else 0
 
