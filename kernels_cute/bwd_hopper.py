@@ -172,15 +172,6 @@ def ld_column(c: int) -> int:
     return 8 * (c // 2) + c % 2
 
 
-def causal_cut(nc0, m0, off, BNC: int = BLOCK_N // NUM_MMA_WG, BM: int = 64):
-    """Whether the causal bound (key n kept iff n <= row + off, off = len_k - len_q) drops
-    any pair of keys [nc0, nc0 + BNC) x rows [m0, m0 + BM): iff the last key passes the
-    first row's bound. Rows past len_q need no mask (lse = +inf: P = 0), keys past len_k
-    get the key-length mask on every step. The TLX twin's `causal_cut`; plain arithmetic,
-    so also callable from Python (tests)."""
-    return nc0 + BNC - 1 > m0 + off
-
-
 def dq_smem_layout(D: int, bm: int):
     """The fp32 dQ partial in smem, (bm, D), as the TMA reduce boxes read it: D / DQ_WIDE
     blocks of (bm, DQ_WIDE) row-major, 128 B rows, 128B swizzle (a ComposedLayout whose
@@ -352,7 +343,6 @@ def _kernel_classes():
             self.causal, self.broadcast_q = causal, broadcast_q
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.cfg = cfg
-            self.diag_mask = causal
             self.kv_stages = cfg.kv_stages
             self.bm = cfg.block_m                             # query rows a step
             self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
@@ -720,8 +710,6 @@ def _kernel_classes():
             # causal / broadcast-Q)
             assert Q_STAGES == 2
             ld_off = ld_thread_offset(lane, 1, self.bm)
-            # the warpgroup's first key in the tile, less n0 (its causal_cut)
-            wg_key0 = wg * (BLOCK_N // NUM_MMA_WG)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                     self.kv_stages)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
@@ -743,7 +731,7 @@ def _kernel_classes():
                 for j in cutlass.range(group * n_m, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                      len_k, len_q, scale_log2, (s.sLD, ld_off), wg_key0, kv)
+                                      len_k, len_q, scale_log2, (s.sLD, ld_off), kv)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
                 # ---- store dK, dV
@@ -777,7 +765,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                         scale_log2, ld, wg_key0, kv=None):
+                         scale_log2, ld, kv=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
             offset), `read_ld`. kv: the tile's K/V stage (None: one stage)."""
@@ -787,14 +775,14 @@ def _kernel_classes():
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm > 64):
                 self.compute_step_128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                      scale_log2, ld, wg_key0)
+                                      scale_log2, ld)
             else:
                 self.compute_step_64(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                     scale_log2, ld, wg_key0)
+                                     scale_log2, ld)
 
         @cute.jit
         def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                            scale_log2, ld, wg_key0):
+                            scale_log2, ld):
             """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
             starts from -delta, so it returns dP^T - delta and no delta register lives
             through the step's peak (dS^T); lse is read after the S^T wait, at use (read
@@ -812,7 +800,7 @@ def _kernel_classes():
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
-            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, len_k, len_q, scale_log2, wg_key0)
+            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, len_k, len_q, scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
@@ -826,7 +814,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                             scale_log2, ld, wg_key0):
+                             scale_log2, ld):
             """compute_step at 128 query rows, the dots one after the other, as the TLX
             twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
             [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
@@ -839,7 +827,7 @@ def _kernel_classes():
             wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
                   zero_init=True, wait=0)
             St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, len_k, len_q,
-                            scale_log2, wg_key0)
+                            scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
@@ -868,28 +856,19 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2, wg_key0):
-            """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past the
-            sequence; causal: right of the diagonal, only on the steps whose block it
-            cuts); returns the (key, query) view."""
+        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2):
+            """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 on every step
+            (keys past the sequence; causal: right of the diagonal), as TLX; returns the
+            (key, query) view."""
             St = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                 key = n0 + tScS[r, 0][0]
                 for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
                     p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
                     keep = key < len_k
-                    if const_expr(self.causal and not self.diag_mask):
+                    if const_expr(self.causal):
                         keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
                     St[r, c] = p if keep else Float32(0.0)
-            if const_expr(self.diag_mask):
-                # causal bound only where it cuts this step's block (diagonal steps); a
-                # warp-uniform branch
-                if causal_cut(n0 + wg_key0, m0, len_k - len_q):
-                    for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
-                        key = n0 + tScS[r, 0][0]
-                        for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
-                            St[r, c] = St[r, c] if key <= m0 + tScS[0, c][1] + len_k - len_q \
-                                else Float32(0.0)
             return St
 
         @cute.jit
