@@ -1,289 +1,140 @@
-"""Jagged (varlen, packed) flash-attention backward for Hopper (sm_90a).
+"""Jagged (varlen, packed) flash-attention backward for Hopper (sm_90a) in Triton + TLX.
 
     backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-             broadcast_q) -> (dq, dk, dv)          # in q's dtype
+             broadcast_q, dlse=None) -> (dq, dk, dv)          # in q's dtype
 
-Three kernels, named after their roles:
+Three kernels:
 
-(a) `_bwd_preprocess`: delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq], lse's layout),
-    and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
-(b) `_bwd_main`: a persistent grid (one program per SM) walking a jagged list of KV
-    tiles, longest first. The tile list is built on the GPU with torch ops from the
-    offsets (`jagged.tiles.kv_tiles`; no host sync): every (sequence, KV block) is a tile,
-    its work is the number of Q blocks that see it, tiles are sorted by work
-    (descending, stable; causal: by their sequence's largest tile, so a sequence's
-    tiles run together and share its Q / dO rows in L2) and dealt round-robin to the
-    programs; causal packed lists are taken from a counter instead (the ws kernel:
-    `jagged.tiles.bwd_dynamic`). On the GPU the default main kernel is the warp-specialized
-    `_bwd_main_ws` (bwd_hopper_ws.py), the same roles as tasks. Per tile the body is
-    a table of contents:
-        schedule  -> which tile (batch, KV block, KV head), its Q-block range
-        load      -> K, V of the tile (once); then Q, dO, LSE, delta per Q block
-        compute   -> S^T = K Q^T, P^T = exp2(S^T*scale*log2e - lse*log2e),
-                     dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
-                     dK += dS^T Q, dQ_part = dS K         (all wgmma, fp32 acc;
-                     dQ_part = (K^T dS^T)^T with Config.dq_t, for BLOCK_M < 64)
-        reduce_dq -> dQ_part reduce-added (red.global.add.f32) into the fp32 dQ
-                     accumulator
-        store     -> dK (times scale), dV in the input dtype, masked to the tile
-    GQA: a tile owns one KV head and loops over the query heads of its group, so dK/dV
-    are summed in registers and stored once (no atomics on dK/dV).
-(c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to
-    the input dtype.
+(a) `_bwd_preprocess`: delta[h, i] = rowsum(dO * O) - dlse in fp32 ([H, Nq], lse's
+    layout); in the packed modes it also zeroes the fp32 dQ accumulator and the tile
+    counter.
+(b) `bwd_kernel`: one persistent program per SM walks the jagged list of KV tiles of
+    BLOCK_N = 128 keys, longest first (jagged.tiles.kv_tiles, built on the GPU; schedule.py),
+    round-robin, or for causal packed lists in list order from a counter
+    (`jagged.tiles.bwd_dynamic`, tile_counter.py): a causal sequence's tiles form a
+    sawtooth of lengths that the round-robin deals unevenly (llm causal B8 H16 8192
+    -10.1 %, GQA B4 H32/8 4096 -29.9 %). Per program, these roles (tlx.async_task), each
+    its own helper:
 
-Tile configs: `CONFIGS` names the tile shapes (BLOCK_M query rows per step, BLOCK_N
-keys per tile, warps, pipeline stages, dq_t); `pick_config` picks the default per
-head dim and length bucket (short: max_seqlen_k <= 64 or mean keys per sequence <= 32);
-`backward(..., config=name)` or the env var JAGGED_BWD_CONFIG overrides it. "base" is
-v1's shape and "base_s3" (the default) the same with three stages; both spill at D=128,
-and still beat the configs in `SPILL_FREE`, which compile with no spills
-(tests/test_bwd_compile.py, PERF.md).
+  load       (producer): per KV tile K and V (two 64-key halves) by TMA into KV_STAGES
+             stages; per Q step Q and dO by TMA into a NUM_BUF_Q-deep ring (mbarrier
+             full / empty pairs); at 64- and 128-row steps also the step's lse2 / delta
+             into smem, and reduce_dq's work.
+  compute    (2 consumer warpgroups): consumer c owns keys [n0 + 64c, n0 + 64c + 64):
+             S^T = K_c Q^T, P^T = exp2(S^T * scale * log2(e) - lse * log2(e)),
+             dV_c += P^T dO, dP^T = V_c dO^T, dS^T = P^T (dP^T - delta), dK_c += dS^T Q
+             (wgmma, fp32 accumulators) and its part of dQ, staged in smem as fp32.
+  reduce_dq  TMA bulk reduce-add (cp.reduce.async.bulk.tensor .add.f32) of the staged dQ
+             into the fp32 accumulator, then frees the stage: a 1-warp task at 32-row
+             steps, folded into the load task at 64- and 128-row steps (3 warpgroups, so
+             240 registers a consumer). The consumers never wait on global atomics.
+  store      (compute's, at the end of a tile): dK_c (times scale) and dV_c through the
+             consumer's own V smem (no longer read), in 16-row slices.
+    GQA: a tile owns one KV head and loops over the query heads of its group, so dK / dV
+    are summed in registers and stored once (no atomics on dK / dV).
+(c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
+    input dtype.
 
-Broadcast-Q (dQ is a sum over the whole batch, B=1152 in GEM): programs are pinned to a
-KV head (program p owns head p % H_kv) and each pinned program accumulates into its
-own private fp32 slot `dq_acc[slot]` ([n_slots, L_q, H, D], slot = p // H_kv), so the
-reduce-adds never contend across SMs and a slot (L_q*G*D*4 bytes per program, 128 KB
-at L_q=256, D=128) stays L2-resident; `_bwd_postprocess` then sums the slots in a
-fixed order. Tiles of a head are dealt to that head's programs longest first.
+Steps (CONFIGS). 128 query rows a step at D = 64, 64 at D = 128, 32 for mean KV lengths
+up to SHORT_MEAN_K at both:
+  * 32 rows: two K/V stages; lse / delta loaded one step ahead into registers; dQ reduced
+    by a 1-warp task.
+  * 64 rows (D = 128): one K/V stage (two need 263 KB of smem), lse2 / delta staged in
+    smem by the load task per Q stage, dQ reduced by the load task; spill-free at 240
+    registers in 194 KB. The N = 64 S^T / dP^T / dQ^T wgmmas read a third less smem a
+    row than N = 32.
+  * 128 rows (D = 64 only): as 64 rows, and the consumers split dQ by query rows
+    (`_step_rows`); 195 KB with one K/V stage (two spilled in causal).
 
-Determinism
------------
-* broadcast_q: contention-free (each slot is written by exactly one program, which
-  visits its tiles in a fixed order; `_bwd_postprocess` sums the slots in a fixed
-  order). With `deterministic=True` the reduce-add is a per-element red.global.add,
-  and each accumulator element is always updated by the same thread (same register
-  layout every iteration), so same-address adds are applied in program order: bitwise
-  deterministic, at some cost in issue slots. The default TMA bulk reduce
-  (cp.reduce.async.bulk) does not promise that two in-flight bulk reduces to the same
-  rows apply in issue order, so it is not guaranteed bitwise deterministic. (If the
-  slot buffer would exceed `jagged.tiles.MAX_SLOT_BYTES`, slots are shared by programs and nothing
-  is deterministic; this does not happen at GEM shapes.)
-* packed modes (self / cross): dQ rows of a sequence longer than one KV tile receive
-  reduce-adds from several programs in a run-dependent order -> NOT bitwise
-  deterministic (dK/dV are: each dK/dV row is written once, summed in registers).
-  Not implemented yet, a cheap deterministic option for these modes: per-KV-block dQ
-  partial slots ([NB, Nq, H, D] fp32 when it fits) summed in KV-block order by
-  `_bwd_postprocess`, exactly as the broadcast-Q slots.
-* impl="ws": the same, except that its reduce task issues the two consumers' bulk
-  reduces of a Q block back to back (not ordered): never bitwise deterministic.
+Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
+p owns head p % H_kv) and each pinned program accumulates into its own fp32 slot
+`dq_acc[slot]` ([n_slots, L_q, H, D], slot = p // H_kv), so the reduce-adds never contend
+across SMs and a slot stays L2-resident; `_bwd_postprocess` then sums the slots in a fixed
+order. Tiles of a head are dealt to that head's programs longest first.
+
+Determinism: dK / dV are (each row written once, summed in registers); dQ is not: bulk
+reduce-adds from several programs into one dQ row (packed modes), and a program's
+consumers' boxes of one step (issued back to back), apply in no fixed order.
 
 Masking: keys past the sequence end, query rows past the sequence end, the causal
-(bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and
-rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
+(bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and rows
+with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from jagged.arch import num_sms
+from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 from .launch import fast
+from .schedule import kv_tile_coords, tile_range
+from .tile_counter import fetch_tile, next_tile, publish_tile
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# upper bound on the broadcast-Q per-program dQ slot buffer
 
-
-# ---------------------------------------------------------------------------------------
-# configuration
-# ---------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class Config:
-    """Tile shape of the main kernel: a KV tile of block_n keys meets Q blocks of block_m
-    rows. dq_t computes the dQ partial as (K^T dS^T)^T, so that its wgmma has M = D
-    rows instead of block_m (a block_m below 64 would otherwise fall back to mma.sync
-    with K copied into registers)."""
-    block_m: int = 64
-    block_n: int = 128
-    num_warps: int = 8
-    num_stages: int = 2
-    dq_t: bool = False
+    block_m: int     # query rows a step: 32, 64 or 128 (128 at D = 64 only)
+    kv_stages: int   # K/V stages (2: the next tile's K/V load during this one)
+    num_stages: int  # the launch's num_stages and the Q-step loop's (0: the loop stays
+                     # out of Triton's pipeliner, `compute`)
 
 
-# Per-thread registers are dominated by the dK and dV accumulators, 2 * block_n * D / 
-# (32 * num_warps) fp32 (128 at block_n 128, D 128, 8 warps), plus S^T, dP^T, P^T and the
-# dQ partial (block_n * block_m / 256 each at 8 warps). Compile results for sm_90a
-# (registers, spills per mode) are in PERF.md, "bwd_hopper configs (compile-only, CPU)";
-# tests/test_bwd_compile.py asserts that every config in SPILL_FREE compiles with no
-# spills for its head dims in all four (causal, broadcast-Q) modes.
+BLOCK_N = 128        # keys a tile: NUM_CONSUMERS warpgroups of 64
+SHORT_MEAN_K = 64    # mean keys per sequence up to which 32-row steps win
+
+# The measured defaults, keyed by (head_dim, bucket): "short" when the mean KV length
+# (total keys / batch, known on the host without a sync) is at most SHORT_MEAN_K.
+#   D = 128, 64 rows against 32: llm B8 H16 8192 25.30 -> 21.16 ms, causal 14.37 ->
+#     12.58, gem 2048 / 0.5 20.64 -> 17.86; 32 rows stay faster at short means (kernel
+#     at gem 256 / 0.1: 0.209 against 0.239 ms).
+#   D = 128, the Q loop at num_stages=0 (3 wgmma waits of 0 a consumer step instead of 9):
+#     llm 498.8 -> 510.3 TFLOP/s, causal 478.7 -> 490.2, GQA 506.9 -> 521.3.
+#   D = 64, 128 rows against 64: llm B16 H16 2048 1.904 -> 1.608 ms, causal 1.125 ->
+#     1.019. The Q loop at num_stages=0 was null there (-0.5 % / +0.9 %), and at 32-row
+#     steps do_bench +3 %.
 CONFIGS = {
-    # v1 (the kernel measured in PERF.md, session 1); spills at D=128 (255 regs)
-    "base": Config(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    # base with the next Q block's loads a whole iteration ahead: the default (PERF.md session 5)
-    "base_s3": Config(block_m=64, block_n=128, num_warps=8, num_stages=3),
-    # 128-key tiles, 16-row Q steps: K/V reuse and dQ/Q/dO traffic of v1, thin wgmmas (N=16)
-    "m16n128": Config(block_m=16, block_n=128, num_warps=8, num_stages=2, dq_t=True),
-    # 64-key tiles: half the accumulator registers; 2x the Q/dO loads and dQ reduce-adds
-    "m64n64": Config(block_m=64, block_n=64, num_warps=8, num_stages=2),
-    "m32n64": Config(block_m=32, block_n=64, num_warps=8, num_stages=2, dq_t=True),
-    # one warpgroup: no operand shared between two warpgroups
-    "m32n64w4": Config(block_m=32, block_n=64, num_warps=4, num_stages=2, dq_t=True),
+    (64, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
+    (64, "long"): Config(block_m=128, kv_stages=1, num_stages=1),
+    (128, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
+    (128, "long"): Config(block_m=64, kv_stages=1, num_stages=0),
 }
-# the configs that compile with no spills, per head dim (tests/test_bwd_compile.py)
-SPILL_FREE = {
-    64: ("base", "base_s3", "m16n128", "m64n64", "m32n64", "m32n64w4"),
-    128: ("m16n128", "m64n64", "m32n64", "m32n64w4"),
-}
-# default per (head_dim, bucket), chosen by measurement on the H200 (PERF.md, session 2:
-# `gpu_check_bwd --configs ...`, gem-jagged + llm-dense + broadcast-Q, D=128): "base"
-# beat every spill-free config on 15 of 16 shapes, by 1.1-2.4x, so its spills are not
-# the limiter. The exception is very short sequences (gem-jagged 256/0.1, ~26 keys per
-# sequence): m32n64 11.9 TFLOP/s against base's 8.0, since 128-key tiles are ~80 %
-# empty there. "short": mean keys per sequence <= 32 (known on the host from the shapes,
-# no sync) or every sequence within 64 keys. Session 5: "base_s3" (the next Q block's
-# loads one iteration earlier) beat "base" on 12 of 14 D=128 shapes, +2-9 % (llm-dense
-# 341 against 325, causal 283 against 260); D=64 is not measured, and is spill-free.
-DEFAULTS = {
-    (64, "long"): "base_s3",
-    (64, "short"): "base_s3",
-    (128, "long"): "base_s3",
-    (128, "short"): "m32n64",
-}
-SHORT_MEAN_K = 32
 
 
-def pick_config(head_dim: int, max_seqlen_k: int, causal: bool = False,
-                broadcast_q: bool = False, mean_k: float | None = None) -> str:
-    """Name of the default config; JAGGED_BWD_CONFIG (a CONFIGS name) overrides it.
-    mean_k: total keys / batch (None: unknown, bucket by max_seqlen_k alone)."""
-    env = os.environ.get("JAGGED_BWD_CONFIG")
-    if env:
-        if env not in CONFIGS:
-            raise ValueError(f"JAGGED_BWD_CONFIG={env!r} is not one of {sorted(CONFIGS)}")
-        return env
-    short = max_seqlen_k <= 64 or (mean_k is not None and mean_k <= SHORT_MEAN_K)
-    return DEFAULTS[(64 if head_dim <= 64 else 128, "short" if short else "long")]
+def pick_config(head_dim: int, mean_k: float) -> Config:
+    """The measured default for a call (mean_k: total keys / batch)."""
+    return CONFIGS[(head_dim, "short" if mean_k <= SHORT_MEAN_K else "long")]
 
 
-def get_config(config) -> Config:
-    """A Config from a Config or a CONFIGS name."""
-    if isinstance(config, Config):
-        return config
-    if config not in CONFIGS:
-        raise ValueError(f"unknown bwd config {config!r}; known: {sorted(CONFIGS)}")
-    return CONFIGS[config]
+NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
+NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
+# setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
+REGS_COMPUTE = tl.constexpr(232)
+REGS_COMPUTE_M64 = tl.constexpr(240)  # 64- and 128-row steps: no reduce warp, 3 warpgroups
+REGS_REDUCE = tl.constexpr(24)
+DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
 
 
-# the warp-specialized kernel's tile (impl="ws", bwd_hopper_ws.py): 128 keys per tile as
-# two 64-key consumer warpgroups, 64 query rows per step (its M64 variant: one K/V stage,
-# lse / delta in smem, dQ reduced by the load task), against 32 rows on the H200: D = 128
-# (PERF.md session 9) llm-dense B8 H16 8192 25.3 -> 21.2 ms (causal 14.4 -> 12.6),
-# gem-jagged 2048 / 0.5 20.6 -> 17.9 ms, 512 / 0.5 2.16 -> 2.02 ms; D = 64 (session 18)
-# llm-dense B16 H16 2048 2.29 -> 2.07 ms (causal 1.27 -> 1.19). 32 rows stay faster at
-# short mean lengths (D = 128 kernels, sparsity 0.1: max 256 0.209 against 0.239 ms, 512
-# 0.341 against 0.358, 1024 0.685 against 0.690), so up to WS_SHORT_MEAN_K keys.
-WS_CONFIG = Config(block_m=32, block_n=128, num_warps=4, num_stages=1)
-WS_CONFIG_M64 = replace(WS_CONFIG, block_m=64)
-# D = 64 only: 128-row steps, the ws kernel's M128 (bwd_hopper_ws.py), the default there
-# past WS_SHORT_MEAN_K since session 20 (llm B16 H16 2048, do_bench against 64-row steps:
-# 1.904 -> 1.608 ms, -15.6 %; causal 1.125 -> 1.019, -9.4 %)
-WS_CONFIG_M128 = replace(WS_CONFIG, block_m=128)
-WS_SHORT_MEAN_K = 64
-# read per call (A/B runs): JAGGED_BWD_WS_BLOCK_M=32 or 64 picks the step (D = 64 or 128),
-# 128 the 128-row step (D = 64 only: a ValueError at D = 128);
-# JAGGED_BWD_WS_NUM_STAGES=0|1 the Q loop's num_stages. At 0 the loop skips Triton's
-# pipeliner passes, whose wgmma pass puts a wait 0 after every dot: 3 waits of 0 a
-# consumer step instead of 9 at 64-row steps, S^T and dP^T in flight together. The
-# default at 64-row steps, D = 128 (WS_Q_LOOP_STAGES_D128): session 19, harness clocks,
-# TFLOP/s 1 -> 0 (repeat of 1): llm B8 H16 8192 498.8 -> 510.3 (499.2), causal 478.7 ->
-# 490.2 (483.3), GQA B4 H32/8 4096 506.9 -> 521.3 (508.9), causal 456.6 -> 468.4 (452.4).
-# D = 64 stays at 1 (do_bench, B16 H16 2048: 1.900 -> 1.938 (1.893) ms, causal 1.105 ->
-# 1.095); 32-row steps too (null there, session 6). Session 10's "null" 64-row A/B
-# compiled the same PTX: the loop's own num_stages=1 won until session 18.
-WS_Q_LOOP_STAGES_D128 = 0
-WS_BLOCK_M_ENV = "JAGGED_BWD_WS_BLOCK_M"
-WS_STAGES_ENV = "JAGGED_BWD_WS_NUM_STAGES"
-# read per call, opt-in: JAGGED_BWD_WS_DIAG_MASK=1 applies the causal mask only on the steps
-# whose block it cuts (the ws kernel's DIAG_MASK, 64-row steps); session 10, llm causal:
-# do_bench -2.8 %, kernel time flat, against a predicted -10 %, so not the default (with
-# the D = 128 Q loop at num_stages=0, session 19's default, causal spills 4 instructions)
-WS_DIAG_MASK_ENV = "JAGGED_BWD_WS_DIAG_MASK"
-# the K/V stages of 64-row steps: two at D = 64 (162 KB; against one, session 18, llm
-# B16 H16 2048: 2.07 -> 1.95 ms, causal 1.18 -> 1.15), one at D = 128 (two need 263 KB);
-# JAGGED_BWD_WS_KV_STAGES=1|2 overrides it per call (A/B runs; 2 only at D = 64 with
-# 64-row steps: 128-row steps have one, two spilled in causal)
-WS_KV_STAGES_ENV = "JAGGED_BWD_WS_KV_STAGES"
-# D = 64: each consumer forms a full-D dQ partial over its own keys; the last one adds the
-# others' (from their smem staging), so one box a step is reduce-added instead of NC
-# (the ws kernel's DQ_SUM; session 18, llm B16 H16 2048: 1.96 -> 1.89 ms, causal 1.15 ->
-# 1.12); JAGGED_BWD_WS_DQ_SUM=0|1 overrides it per call (A/B runs)
-WS_DQ_SUM_ENV = "JAGGED_BWD_WS_DQ_SUM"
+def dq_cols(head_dim: int) -> int:  # role: host
+    """dQ columns per consumer (the DQ_COLS constexpr and the dQ TMA box width)."""
+    half = head_dim // NUM_CONSUMERS.value
+    return half if half >= 64 else head_dim
 
 
-def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
-    """$name read now: one of `choices`, or None when unset or empty."""
-    env = os.environ.get(name)
-    if env and env not in choices:
-        raise ValueError(f"{name}={env}: expected one of {', '.join(choices)}")
-    return env or None
+def dq_rows(block_m: int) -> int:  # role: host
+    """dQ rows per consumer (the dQ TMA box height): 128-row steps split the rows."""
+    return block_m // NUM_CONSUMERS.value if block_m >= 128 else block_m
 
 
-def ws_diag_mask(causal: bool) -> bool:
-    """The ws kernel's DIAG_MASK constexpr for this call (WS_DIAG_MASK_ENV; causal only)."""
-    return bool(causal) and _env_choice(WS_DIAG_MASK_ENV, ("0", "1")) == "1"
-
-
-def ws_kv_stages(head_dim: int, block_m: int = 64) -> int:
-    """The ws kernel's KV_STAGES_M64 constexpr for this call (WS_KV_STAGES_ENV above)."""
-    two = head_dim <= 64 and block_m < 128
-    env = _env_choice(WS_KV_STAGES_ENV, ("1", "2") if two else ("1",))
-    return int(env) if env else (2 if two else 1)
-
-
-def ws_dq_sum() -> bool:
-    """The ws kernel's DQ_SUM constexpr for this call (WS_DQ_SUM_ENV; D = 64 only)."""
-    return _env_choice(WS_DQ_SUM_ENV, ("0", "1")) != "0"
-
-
-def ws_config(head_dim: int, mean_k: float | None = None) -> Config:
-    """The ws kernel's tile: WS_CONFIG_M64 (64-row steps), or WS_CONFIG (32 rows) when the
-    mean KV length (total keys / batch; None: unknown) is at most WS_SHORT_MEAN_K.
-    WS_BLOCK_M_ENV picks the step (128: WS_CONFIG_M128, D = 64 only), WS_STAGES_ENV the
-    Q loop's num_stages (default: 1, but WS_Q_LOOP_STAGES_D128 at 64-row steps and
-    D = 128)."""
-    env = _env_choice(WS_BLOCK_M_ENV, ("32", "64", "128"))
-    stages = _env_choice(WS_STAGES_ENV, ("0", "1"))
-    if env == "128" and head_dim != 64:
-        raise ValueError(f"{WS_BLOCK_M_ENV}=128 is built for head dim 64 only, got {head_dim}")
-    if env:
-        cfg = {"32": WS_CONFIG, "64": WS_CONFIG_M64, "128": WS_CONFIG_M128}[env]
-    else:
-        short = mean_k is not None and mean_k <= WS_SHORT_MEAN_K
-        cfg = WS_CONFIG if short else WS_CONFIG_M128 if head_dim == 64 else WS_CONFIG_M64
-    if stages:
-        return replace(cfg, num_stages=int(stages))
-    if cfg.block_m == 64 and head_dim > 64:
-        return replace(cfg, num_stages=WS_Q_LOOP_STAGES_D128)
-    return cfg
-
-
-def config(head_dim: int) -> dict:
-    """The warp-specialized kernel's tile shape as a dict (impl="ws")."""
-    c = ws_config(head_dim)
-    return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
-                num_stages=c.num_stages)
-
-
-_SM_COUNT = {}
-
-
-def _num_sms(device) -> int:
-    if device.type != "cuda":  # the interpreter: a few persistent programs
-        return 4
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
-# ---------------------------------------------------------------------------------------
-# (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
-# ---------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- preprocess
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
@@ -309,190 +160,523 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
             tl.store(sched_ptr, 0)
 
 
-# ---------------------------------------------------------------------------------------
-# (b) main kernel, one helper per role
-# ---------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- helpers
 @triton.jit
-def schedule(t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
-             HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    """Tile t -> (batch b, KV head hk, first key n0, keys/queries of the sequence,
-    token offsets of q rows, of dO/O/lse rows and of k rows, first Q row m_lo, number
-    of Q blocks n_m). Packed modes deal the sorted tile list x H_kv heads round-robin;
-    broadcast-Q programs are pinned to one head and deal the tile list only."""
-    if BROADCAST_Q:
-        base = t
-        hk = 0  # set by the caller (pinned head)
-    else:
-        base = t // HKV
-        hk = t % HKV
-    b = tl.load(tile_b_ptr + base)
-    n0 = tl.load(tile_n_ptr + base) * BLOCK_N
-    k_start = tl.load(cu_k_ptr + b).to(tl.int64)
-    len_k = (tl.load(cu_k_ptr + b + 1) - k_start).to(tl.int32)
-    if BROADCAST_Q:
-        q_start = tl.zeros([], dtype=tl.int64)
-        o_start = b.to(tl.int64) * L_q
-        len_q = L_q
-    else:
-        q_start = tl.load(cu_q_ptr + b).to(tl.int64)
-        o_start = q_start
-        len_q = (tl.load(cu_q_ptr + b + 1) - q_start).to(tl.int32)
-    if CAUSAL:
-        # first row that sees key n0: i >= n0 - (len_k - len_q)
-        m_lo = tl.maximum(n0 - len_k + len_q, 0)
-        m_lo = (m_lo // BLOCK_M) * BLOCK_M
-    else:
-        m_lo = 0
-    n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
-    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+def _buf_phase(cnt, NUM: tl.constexpr):
+    """Ring slot and mbarrier parity of the cnt-th use of a NUM-deep ring."""
+    return cnt % NUM, (cnt // NUM) & 1
 
 
 @triton.jit
-def load_kv(k_desc, v_desc, k_start, n0, hk, D: tl.constexpr):
-    """The tile's K and V ([BLOCK_N, D]) by TMA. Rows past the sequence belong to the
-    next one (or are zero-filled past the tensor); compute masks them."""
-    row = (k_start + n0).to(tl.int32)
-    return k_desc.load([row, hk * D]), v_desc.load([row, hk * D])
+def _opaque(x):  # role: compute
+    """x through a mov the compiler cannot see through or hoist (volatile inline asm)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
-def load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start, m0, len_q, h,
-           stride_lse_h, D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Q and dO ([BLOCK_M, D], TMA), lse*log2e and delta ([BLOCK_M]) of one Q block.
-    Rows past the sequence: lse = +inf (so P = 0), delta = 0."""
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    rmask = offs_m < len_q
-    qt = q_desc.load([(q_start + m0).to(tl.int32), h * D])
-    dot = do_desc.load([(o_start + m0).to(tl.int32), h * D])
-    lse = tl.load(lse_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=float("inf"))
-    delta = tl.load(delta_ptr + h * stride_lse_h + o_start + offs_m, mask=rmask, other=0.0)
-    return qt, dot, lse_log2(lse), delta
-
-
-@triton.jit
-def lse_log2(lse):
+def lse_log2(lse):  # role: compute
     """lse * log2(e) for P = exp2(S * scale * log2(e) - lse_log2); rows that saw no key
     (lse = -inf) get +inf, so P = 0 there as on rows past the sequence."""
     return tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
 
 
+# ----------------------------------------------------------------------------- roles
 @triton.jit
-def compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q, qk_scale2,
-            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            DQ_T: tl.constexpr):
-    """One (KV tile, Q block) step in the transposed form: returns updated dK, dV
-    (unscaled fp32) and this block's unscaled dQ partial [BLOCK_M, D] (fp32)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    st = tl.dot(kt, tl.trans(qt))                                   # [N, M] = K Q^T
-    pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-    keep = (offs_n < len_k)[:, None]
-    if CAUSAL:
-        keep = keep & (offs_n[:, None] <= offs_m[None, :] + (len_k - len_q))
-    pt = tl.where(keep, pt, 0.0)
-    lp = pt.to(qt.dtype)
-    dv = tl.dot(lp, dot, dv)                                        # dV += P^T dO
-    dpt = tl.dot(vt, tl.trans(dot))                                 # [N, M] = V dO^T
-    dst = (pt * (dpt - delta[None, :])).to(qt.dtype)                # dS^T
-    dk = tl.dot(dst, qt, dk)                                        # dK += dS^T Q
-    if DQ_T:
-        dq = tl.trans(tl.dot(tl.trans(kt), dst))                    # ([D, M] = K^T dS^T)^T
-    else:
-        dq = tl.dot(tl.trans(dst), kt)                              # [M, D] = dS K
-    return dk, dv, dq
-
-
-@triton.jit
-def reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, len_q, h,
-              H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-              TMA_REDUCE: tl.constexpr):
-    """Reduce-add the dQ partial into the fp32 accumulator with a TMA bulk reduce
-    (registers -> smem -> cp.reduce.async.bulk.tensor.add). Rows past the sequence
-    carry exact zeros (P = 0 there), so the whole box can be added (TMA clips rows past
-    the tensor). TMA_REDUCE=False: per-element red.global.add (the Triton interpreter
-    has no descriptor reduce), masked to the sequence's rows, since nothing clips it."""
-    row0 = slot_row + q_start + m0
-    if TMA_REDUCE:
-        dq_desc.atomic_add([row0.to(tl.int32), h * D], dq)
-    else:
-        r = tl.arange(0, BLOCK_M)
-        d = tl.arange(0, D)
-        tl.atomic_add(dq_acc_ptr + ((row0 + r)[:, None] * H + h) * D + d[None, :], dq,
-                      mask=(m0 + r < len_q)[:, None], sem="relaxed")
-
-
-@triton.jit
-def store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
-          stride_k_tok, stride_k_h, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dK (times the softmax scale) and dV of the tile, in the input dtype."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, D)
-    mask = (offs_n < len_k)[:, None]
-    off = (k_start + offs_n)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
-    # dk/dv are fresh contiguous allocations (backward): 16-byte aligned rows; say so,
-    # so the stores vectorize whatever the launch specializes
-    dk_ptrs = tl.multiple_of(dk_ptr + off, [1, 16])
-    dv_ptrs = tl.multiple_of(dv_ptr + off, [1, 16])
-    tl.store(dk_ptrs, (dk * scale).to(dk_ptr.dtype.element_ty), mask=mask)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=mask)
-
-
-# L_q is never specialized: at L_q = 1 with one query head per KV head the broadcast-Q
-# Q loop would have one trip, and the pipeliner would then multi-buffer the tile loop's
-# K/V instead (354 KB of shared memory at D = 128, base_s3; found by the GPU matrix).
-@triton.jit(do_not_specialize=["L_q"])
-def _bwd_main(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
-              dq_desc, dq_acc_ptr, dk_ptr, dv_ptr,
-              cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr,
-              scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
-              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, TMA_REDUCE: tl.constexpr,
-              DQ_T: tl.constexpr):
+def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+         kv_full, kv_empty, q_full, q_empty,
+         tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+         H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+         BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+         NKV: tl.constexpr, lse_ptr=None, delta_ptr=None, stride_lse_h=None,
+         lse_smem=None, delta_smem=None,
+         dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
+         REDUCE_DQ: tl.constexpr = False, sched_ptr=None, tile_full=None,
+         tile_empty=None, DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False,
+         DQ_ROWS: tl.constexpr = 0):
+    """The producer: per tile K and V, per Q step Q and dO, by TMA. With lse_smem (64- and
+    128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
+    work, one step behind."""
     G: tl.constexpr = H // HKV
+    BNC: tl.constexpr = BLOCK_N // NC
+    ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    qk_scale2 = scale * 1.4426950408889634
-    n_tiles = tl.load(n_tiles_ptr)
-    if BROADCAST_Q:  # pinned: program p owns KV head p % HKV and dQ slot p // HKV
-        first = pid // HKV
-        step = nprog // HKV
-        slot_row = (pid // HKV) * L_q
-    else:
-        first = pid
-        step = nprog
-        n_tiles = n_tiles * HKV
-        slot_row = 0
-    for t in range(first, n_tiles, step):
-        # ---- schedule
-        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = schedule(
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    i = 0
+    qcnt = 0
+    if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
+        if BROADCAST_Q:
+            slot_row = (pid // HKV) * L_q
+        else:
+            slot_row = 0
+        dq_row = pid * 0  # the previous step's dQ rows and head
+        dq_h = pid * 0
+    t = first
+    if DYNAMIC:
+        publish_tile(sched_ptr, tile_full, tile_empty, t, 0)
+    while t < n_tiles:
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
             t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
             HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
         if BROADCAST_Q:
             hk = pid % HKV
-        # ---- load K, V once per tile
-        kt, vt = load_kv(k_desc, v_desc, k_start, n0, hk, D)
-        dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-        # ---- loop over (query head of the group) x (Q block)
+        # K, V of the tile into stage i % NKV, freed by both consumers at the end of the tile
+        kvb, kph = _buf_phase(i, NKV)
+        tlx.barrier_wait(kv_empty[kvb], kph ^ 1)
+        tlx.barrier_expect_bytes(kv_full[kvb], 2 * ELT * BLOCK_N * D)
+        krow = (k_start + n0).to(tl.int32)
+        for c in tl.static_range(NC):
+            tlx.async_descriptor_load(k_desc, k_smem[kvb * NC + c], [krow + c * BNC, hk * D],
+                                      kv_full[kvb])
+            tlx.async_descriptor_load(v_desc, v_smem[kvb * NC + c], [krow + c * BNC, hk * D],
+                                      kv_full[kvb])
+        # Q, dO per (query head of the group, Q block)
         for j in range(0, G * n_m):
             h = hk * G + j // n_m
             m0 = m_lo + (j % n_m) * BLOCK_M
-            qt, dot, lse2, delta = load_q(q_desc, do_desc, lse_ptr, delta_ptr, q_start, o_start,
-                                          m0, len_q, h, stride_lse_h, D, BLOCK_M)
-            dk, dv, dq = compute(kt, vt, qt, dot, lse2, delta, dk, dv, n0, m0, len_k, len_q,
-                                 qk_scale2, CAUSAL, BLOCK_M, BLOCK_N, DQ_T)
-            reduce_dq(dq_desc, dq_acc_ptr, dq, slot_row, q_start, m0, len_q, h, H, D, BLOCK_M,
-                      TMA_REDUCE)
-        # ---- store dK, dV
-        store(dk_ptr, dv_ptr, dk, dv, k_start, n0, len_k, hk, scale,
-              stride_k_tok, stride_k_h, D, BLOCK_N)
+            buf, ph = _buf_phase(qcnt, NUM_BUF)
+            if lse_smem is not None:  # the step's lse2 / delta; LDG before the wait hides L2
+                offs = m0 + tl.arange(0, BLOCK_M)
+                off = h * stride_lse_h + o_start + offs
+                lse2 = lse_log2(tl.load(lse_ptr + off, mask=offs < len_q, other=float("inf")))
+                dl = tl.load(delta_ptr + off, mask=offs < len_q, other=0.0)
+            tlx.barrier_wait(q_empty[buf], ph ^ 1)
+            if lse_smem is not None:
+                # plain st.shared, published by the expect-bytes arrive below: it is lowered
+                # as bar.sync over this warpgroup, then one thread's mbarrier.arrive
+                # (.release.cta), and the consumers' q_full wait acquires. So q_full keeps
+                # arrive_count 1 (that arrive + the TMA bytes), and q_empty (both consumers
+                # arrive after their last read of the stage) also guards these two rows.
+                tlx.local_store(lse_smem[buf], lse2)
+                tlx.local_store(delta_smem[buf], dl)
+            tlx.barrier_expect_bytes(q_full[buf], 2 * ELT * BLOCK_M * D)
+            tlx.async_descriptor_load(q_desc, q_smem[buf], [(q_start + m0).to(tl.int32), h * D],
+                                      q_full[buf])
+            tlx.async_descriptor_load(do_desc, do_smem[buf], [(o_start + m0).to(tl.int32), h * D],
+                                      q_full[buf])
+            if REDUCE_DQ:
+                # reduce_dq folded in (3 warpgroups, so the consumers get 240 registers):
+                # step qcnt - 1's dQ, after step qcnt's loads were issued. No deadlock: the
+                # q_empty wait above needs the consumers past step qcnt - 2, whose dq_empty
+                # wait needed the reduce of step qcnt - 3 (done an iteration ago); this
+                # dq_full wait needs step qcnt - 1 done, whose Q/dO were issued a step ago
+                # and whose dq_empty wait needed the reduce of step qcnt - 2 (done). The
+                # K/V wait at a tile start needs only the previous tile's steps done, and
+                # those wait on reduces up to the one before their last step.
+                if qcnt > 0:
+                    _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
+                                 D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
+                dq_row = (slot_row + q_start + m0).to(tl.int32)
+                dq_h = h
+            qcnt += 1
+        i += 1
+        # the next tile, taken once this one's loads are issued (two steps before its end)
+        t = next_tile(t, step, sched_ptr, DYNAMIC)
+        if DYNAMIC:
+            publish_tile(sched_ptr, tile_full, tile_empty, t, i)
+    if REDUCE_DQ:
+        if qcnt > 0:  # the last step's dQ
+            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
+                         D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
 
 
-# ---------------------------------------------------------------------------------------
-# (c) postprocess: dQ = scale * sum_slots dq_acc, cast
-# ---------------------------------------------------------------------------------------
+@triton.jit
+def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+            kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
+            lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+            tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            scale, stride_k_tok, stride_k_h, stride_lse_h,
+            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+            BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+            DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
+            lse_smem=None, delta_smem=None,
+            sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False,
+            DQ_SUM: tl.constexpr = False, Q_LOOP_STAGES: tl.constexpr = 1,
+            ROW_SPLIT: tl.constexpr = False):
+    """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
+    per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
+    store. cid comes in as an argument: a jit helper is traced once per signature, so
+    async_task_replica_id() read here would give both replicas cid = 0 (a hang: dq_full[1]
+    never arrives).
+
+    Dot schedule: the waits below keep S^T with dP^T, dV with dS^T and dK with dQ in
+    flight, but Triton's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts
+    a wgmma wait 0 right after every dot of the Q-step loop (none is a pure loop-carried
+    accumulator, and the loop arrives on barriers), so the dots of a step run one after
+    the other. The loop at num_stages=0 (Q_LOOP_STAGES) skips that pass: 3 waits of 0 a
+    step instead of 9, spill-free.
+
+    Registers (sm_90a): no spill. At D = 128 the K_c / V_c wgmma descriptors (8 k-steps
+    each) are formed per Q step from an opaque copy of the stage index (_opaque): hoisted
+    out of the loop they held ~40 registers and the tile loop spilled 24-54 instructions.
+
+    lse / delta at 32-row steps: loaded one step ahead (step 0's before the loop) and
+    carried in the S^T accumulator's slice layout, so no LDG result is read in the
+    iteration that loads it (llm B8 H16 8192: 30.3 -> 25.4 ms, causal 18.06 -> 15.85 ms
+    against loading them in their own step). At 64- and 128-row steps the load task
+    stages them in smem (lse_smem / delta_smem), read at use."""
+    G: tl.constexpr = H // HKV
+    BNC: tl.constexpr = BLOCK_N // NC
+    pid = tl.program_id(0)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    qk_scale2 = scale * 1.4426950408889634
+    i = 0
+    qcnt = 0
+    dqc = dq_smem[cid]
+    t = first
+    if DYNAMIC:
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+    while t < n_tiles:
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        nc0 = n0 + cid * BNC
+        offs_n = nc0 + tl.arange(0, BNC)
+        dk = tl.zeros([BNC, D], dtype=tl.float32)
+        dv = tl.zeros([BNC, D], dtype=tl.float32)
+        kvb, kph = _buf_phase(i, NKV)
+        tlx.barrier_wait(kv_full[kvb], kph)
+        kc = k_smem[kvb * NC + cid]
+        vc = v_smem[kvb * NC + cid]
+        # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all masked off when
+        # n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
+        if lse_smem is None:  # (with lse_smem: staged per Q stage by the load task)
+            offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
+            off_0 = hk * G * stride_lse_h + o_start + offs_0
+            lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
+            delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
+        # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
+        for j in tl.range(0, G * n_m, num_stages=Q_LOOP_STAGES):
+            jm = j % n_m
+            h = hk * G + j // n_m
+            m0 = m_lo + jm * BLOCK_M
+            buf, ph = _buf_phase(qcnt, NUM_BUF)
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            if lse_smem is None:
+                lse = lse_nx  # loaded during the previous step (or before the loop)
+                delta = delta_nx
+            tlx.barrier_wait(q_full[buf], ph)
+            qb = q_smem[buf]
+            dob = do_smem[buf]
+            if D >= 128:  # K_c / V_c descriptors per Q block, not held across the loop
+                kvq = _opaque(kvb)
+                kc = k_smem[kvq * NC + cid]
+                vc = v_smem[kvq * NC + cid]
+            if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
+                dk, dv, dqt = _step_rows(kc, vc, qb, dob, lse_smem[buf], delta_smem[buf],
+                                         k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n, offs_m,
+                                         len_k, len_q, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
+                                         cid)
+            else:
+                # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
+                st = tlx.async_dot(kc, tlx.local_trans(qb))
+                dpt = tlx.async_dot(vc, tlx.local_trans(dob))
+                # The next step's LSE / delta, in flight under the rest of this step. Next
+                # step: the next Q block of head h, or block 0 of head h + 1; at the last step
+                # the index stays on this step's block (an in-bounds address) and the mask is
+                # all false, so nothing is read. Each load comes after this step's last use of
+                # the value it replaces (LSE: lse2, delta: dS^T), so ptxas keeps one set of
+                # registers per value, no copies; it issues the LSE loads just before the dK
+                # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
+                # delta loads about as early.
+                if lse_smem is None:
+                    more = j + 1 < G * n_m
+                    wrap = jm == n_m - 1
+                    h_nx = tl.where(more & wrap, h + 1, h)
+                    m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
+                    offs_nx = m0_nx + tl.arange(0, BLOCK_M)
+                    rmask_nx = (offs_nx < len_q) & more
+                    off_nx = h_nx * stride_lse_h + o_start + offs_nx
+                    lse2 = lse_log2(lse)
+                    lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
+                st = tlx.async_dot_wait(1, st)
+                if lse_smem is not None:  # read at use: no registers held across the step
+                    lse2 = tlx.local_load(lse_smem[buf])
+                pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+                keep = (offs_n < len_k)[:, None]
+                if CAUSAL:
+                    keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], len_q, len_k)
+                pt = tl.where(keep, pt, 0.0)
+                lp = pt.to(dk_ptr.dtype.element_ty)
+                dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
+                dpt = tlx.async_dot_wait(1, dpt)
+                if lse_smem is not None:
+                    delta = tlx.local_load(delta_smem[buf])
+                dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
+                if lse_smem is None:
+                    delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
+                sb = (qcnt % 2) * NC
+                dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
+                # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
+                # buffered by Q-block parity). At D >= 128 the consumers meet, then each
+                # forms its DQ_COLS columns over all BLOCK_N keys:
+                #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
+                # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
+                # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
+                tlx.local_store(ds_smem[sb + cid], dst)
+                tlx.fence_async_shared()
+                if DQ_COLS < D:
+                    tlx.named_barrier_wait(DS_BARRIER, NC * 128)
+                    dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
+                    for c2 in tl.static_range(NC):
+                        kt = tlx.local_trans(tlx.local_slice(k_smem[kvb * NC + c2],
+                                                             [0, cid * DQ_COLS],
+                                                             [BNC, DQ_COLS]))
+                        dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
+                else:
+                    dqt = tlx.async_dot(tlx.local_trans(kc), ds_smem[sb + cid])
+                dqt = tlx.async_dot_wait(0, dqt)
+            dv = tlx.async_dot_wait(0, dv)
+            dk = tlx.async_dot_wait(0, dk)
+            tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
+            if DQ_SUM:
+                if cid == NC - 1:
+                    # D = 64: the others' full-D partials added here (their staging, read
+                    # in the accumulator's layout), so one box a step is reduce-added to
+                    # the fp32 dQ in global memory instead of NC (half the traffic)
+                    for c2 in tl.static_range(NC - 1):
+                        tlx.barrier_wait(dq_full[c2], qcnt & 1)
+                        dqt += tlx.local_load(tlx.local_trans(dq_smem[c2]))
+                        tlx.barrier_arrive(dq_empty[c2], 1)
+            # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
+            # for the last consumer, above)
+            tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
+            if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
+                tlx.local_store(dqc, dqt)
+            else:
+                tlx.local_store(tlx.local_trans(dqc), dqt)
+            tlx.fence_async_shared()
+            tlx.barrier_arrive(dq_full[cid], 1)
+            qcnt += 1
+        # V_c is read by this consumer alone, and no longer: it stages the stores
+        store(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
+                   stride_k_tok, stride_k_h, BNC, D)
+        tlx.fence("async_shared")  # our generic smem writes before the next TMA write
+        tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
+        i += 1
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
+
+
+@triton.jit
+def _step_rows(kc, vc, qb, dob, lse_s, delta_s, k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n,
+               offs_m, len_k, len_q, qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BNC: tl.constexpr, NC: tl.constexpr, cid: tl.constexpr):
+    """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
+    dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
+    transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
+    [BNC, 128] here (64 registers each), so the dots run one after the other and P^T, dP^T
+    are consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers,
+    live at once). Issued together as at 64 rows (the exp under the dP^T dot) the build
+    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta."""
+    dt: tl.constexpr = qb.dtype
+    RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
+    st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
+    st = tlx.async_dot_wait(0, st)
+    pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(lse_s)[None, :])
+    keep = (offs_n < len_k)[:, None]
+    if CAUSAL:
+        keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], len_q, len_k)
+    pt = tl.where(keep, pt, 0.0)
+    dv = tlx.async_dot(pt.to(dt), dob, dv)                           # dV_c += P^T dO
+    dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
+    dpt = tlx.async_dot(vc, tlx.local_trans(dob))                    # dP^T = V_c dO^T
+    dpt = tlx.async_dot_wait(0, dpt)
+    dst = (pt * (dpt - tlx.local_load(delta_s)[None, :])).to(dt)
+    dk = tlx.async_dot(dst, qb, dk)                                  # dK_c += dS^T Q
+    # dQ of this consumer's RC query rows over all BLOCK_N keys, split by rows (no
+    # DQ_SUM): dQ[rows_c] = sum_c2 dS_c2[rows_c] K_c2, A = consumer c2's dS^T columns
+    # rows_c read transposed from smem (a whole 128-byte swizzle atom of its rows)
+    sb = (qcnt % 2) * NC  # dS^T double-buffered by step parity, as in compute
+    tlx.local_store(ds_smem[sb + cid], dst)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(DS_BARRIER, NC * 128)
+    dq = tlx.async_dot(_ds_rows(ds_smem, sb, cid, BNC, RC), k_smem[kvb * NC])
+    for c2 in tl.static_range(1, NC):
+        dq = tlx.async_dot(_ds_rows(ds_smem, sb + c2, cid, BNC, RC), k_smem[kvb * NC + c2], dq)
+    dq = tlx.async_dot_wait(0, dq)
+    return dk, dv, dq
+
+
+@triton.jit
+def _ds_rows(ds_smem, idx, cid: tl.constexpr, BNC: tl.constexpr, RC: tl.constexpr):
+    """dS (query rows x keys) of consumer cid's RC rows, from the dS^T tile ds_smem[idx]."""
+    return tlx.local_trans(tlx.local_slice(ds_smem[idx], [0, cid * RC], [BNC, RC]))
+
+
+@triton.jit
+def store(dk_ptr, dv_ptr, dk, dv, stage, k_start, nc0, len_k, hk, scale,
+               stride_k_tok, stride_k_h, BNC: tl.constexpr, D: tl.constexpr):
+    """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
+    (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole
+    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV."""
+    xk = (dk * scale).to(dk_ptr.dtype.element_ty)  # both narrowed first: the fp32
+    xv = dv.to(dv_ptr.dtype.element_ty)              # accumulators die here
+    _store_rows(dk_ptr, xk, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
+    _store_rows(dv_ptr, xv, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
+
+
+@triton.jit
+def _store_rows(ptr, x, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h,
+                BNC: tl.constexpr, D: tl.constexpr):
+    ROWS: tl.constexpr = 16
+    tlx.local_store(stage, x)
+    d = tl.arange(0, D)
+    for r in tl.static_range(BNC // ROWS):
+        rows = nc0 + r * ROWS + tl.arange(0, ROWS)
+        y = tlx.local_load(tlx.local_slice(stage, [r * ROWS, 0], [ROWS, D]))
+        off = (k_start + rows)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
+        # rows start 16-byte aligned (backward allocates dK/dV contiguous): vector stores
+        tl.store(tl.multiple_of(ptr + off, [1, 16]), y, mask=(rows < len_k)[:, None])
+
+
+@triton.jit
+def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
+              tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
+              DQ_COLS: tl.constexpr, sched_ptr=None, tile_full=None, tile_empty=None,
+              DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False):
+    G: tl.constexpr = H // HKV
+    pid = tl.program_id(0)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    if BROADCAST_Q:
+        slot_row = (pid // HKV) * L_q
+    else:
+        slot_row = 0
+    qcnt = 0
+    i = 0
+    t = first
+    if DYNAMIC:
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+    while t < n_tiles:
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
+            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+        for j in range(0, G * n_m):
+            h = hk * G + j // n_m
+            m0 = m_lo + (j % n_m) * BLOCK_M
+            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty,
+                         (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS,
+                         DQ_SUM)
+            qcnt += 1
+        i += 1
+        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
+
+
+@triton.jit
+def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
+                 D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
+                 DQ_SUM: tl.constexpr = False, DQ_ROWS: tl.constexpr = 0):
+    """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
+    the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
+    last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
+    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D."""
+    C0: tl.constexpr = NC - 1 if DQ_SUM else 0
+    for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
+        tlx.barrier_wait(dq_full[c], qcnt & 1)
+        col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
+        if DQ_ROWS:
+            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row + c * DQ_ROWS, col],
+                                       store_reduce="add")
+        else:
+            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
+    # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
+    tlx.async_descriptor_store_wait(0)
+    for c in tl.static_range(C0, NC):
+        tlx.barrier_arrive(dq_empty[c], 1)
+
+
+# ----------------------------------------------------------------------------- kernel
+@triton.jit
+def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
+               dq_desc, dk_ptr, dv_ptr,
+               cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
+               scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
+               DYNAMIC: tl.constexpr,        # tiles from the counter (bwd_dynamic)
+               KV_STAGES: tl.constexpr,      # Config.kv_stages
+               Q_LOOP_STAGES: tl.constexpr):  # the Q-step loop's num_stages (Config)
+    NC: tl.constexpr = NUM_CONSUMERS
+    NB: tl.constexpr = NUM_BUF_Q
+    BNC: tl.constexpr = BLOCK_N // NC
+    dt: tl.constexpr = tlx.dtype_of(q_desc)
+    # 64- and 128-row steps: lse2 / delta staged in smem per Q stage by the load task
+    # instead of 2 x 16 registers carried a step ahead in each consumer, and no reduce_dq
+    # warp: the load task reduces dQ, so the kernel is 3 warpgroups (384 threads) and the
+    # consumers get 240 registers (128 x 24 + 256 x 240 <= 65,536)
+    M64: tl.constexpr = BLOCK_M >= 64
+    # 128-row steps (D = 64 only): the consumers split dQ by query rows (ROW_SPLIT)
+    M128: tl.constexpr = BLOCK_M >= 128
+    tl.static_assert(D == 64 or not M128, "128-row steps are built for D = 64 only")
+    NKV: tl.constexpr = KV_STAGES
+    REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: the compiler's)
+    REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
+    # D = 64 below 128-row steps: each consumer forms all D columns of dQ over its keys,
+    # and the last one sums them, so one box a step is reduce-added instead of NC
+    # (llm B16 H16 2048 1.96 -> 1.89 ms at 64-row steps)
+    DQS: tl.constexpr = DQ_COLS == D and not M128
+    DQ_ROWS: tl.constexpr = BLOCK_M // NC if M128 else 0  # M128: a consumer's dQ box rows
+    # shared memory: K/V halves (NKV stages), Q/dO ring, dS^T halves (two Q blocks deep:
+    # a consumer may write the next block's while the other still reads this one's),
+    # dQ column-half (M128: row-half) staging per consumer
+    k_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)  # [stage * NC + consumer]
+    v_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)
+    q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
+    do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
+    ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
+    dq_smem = tlx.local_alloc((DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC)
+    if M64:
+        lse_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)  # with the Q/dO ring
+        delta_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)
+    else:
+        lse_smem = None
+        delta_smem = None
+    kv_full = tlx.alloc_barriers(num_barriers=NKV, arrive_count=1)
+    kv_empty = tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC)
+    q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
+    q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
+    dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
+    dq_empty = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
+    # DYNAMIC: the tile handoff (two slots), read by the consumers (and the reduce_dq warp)
+    tile_full = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    tile_empty = tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1)
+
+    with tlx.async_tasks():
+        with tlx.async_task("default", registers=REGS_LOAD):
+            load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
+                 kv_full, kv_empty, q_full, q_empty,
+                 tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                 H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
+                 NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
+                 dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64,
+                 sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, DQ_ROWS)
+        with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
+            cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
+            compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
+                    kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
+                    lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                    tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                    scale, stride_k_tok, stride_k_h, stride_lse_h,
+                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
+                    NKV, lse_smem, delta_smem, sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, Q_LOOP_STAGES, M128)
+        if not M64:
+            with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
+                reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
+                          tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                          H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS,
+                          sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
+
+
+# ----------------------------------------------------------------------------- postprocess
 @triton.jit
 def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
                      BLOCK: tl.constexpr):
@@ -504,9 +688,7 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
 
 
-# ---------------------------------------------------------------------------------------
-# host side
-# ---------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- host
 def _desc(t, rows, D, cols=None):
     """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
     tensor seen as [tokens, heads * D], box [rows, cols or D]."""
@@ -517,21 +699,9 @@ def _desc(t, rows, D, cols=None):
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-             impl=None, deterministic=False, config=None, dlse=None):
-    """(dq, dk, dv) in q's dtype. See the module docstring for the design.
-
-    impl: "ws" (the warp-specialized TLX kernel of bwd_hopper_ws.py, the default on the
-    GPU: faster on every gem-jagged and llm-dense row of the H200, PERF.md session 7) or
-    "triton" (the plain persistent kernel above: the interpreter's and the deterministic
-    path); env JAGGED_BWD_IMPL sets the default. deterministic: see the module
-    docstring (bitwise for broadcast-Q).
-    config: a CONFIGS name or a Config for impl="triton" (default: pick_config); the
-    "ws" kernel runs ws_config(D, mean_k). dlse: the gradient on lse (jagged.api), or None."""
-    impl = impl or os.environ.get("JAGGED_BWD_IMPL", "triton" if _INTERPRET else "ws")
-    if deterministic:
-        impl = "triton"
-    if impl not in ("triton", "ws"):
-        raise ValueError(f"impl must be 'triton' or 'ws', got {impl!r}")
+             dlse=None):
+    """(dq, dk, dv) in q's dtype; the `bwd` of jagged.api.make_jagged_attention. dlse:
+    the gradient on lse, or None. See the module docstring for the design."""
     dout = dout.contiguous()
     out = out.contiguous()
     lse = lse.contiguous()
@@ -540,14 +710,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     B = cu_k.shape[0] - 1
     Nq = out.shape[0]
     dev = q.device
-    if impl == "ws":
-        cfg = ws_config(D, k.shape[0] / max(B, 1))
-    else:
-        cfg = get_config(config if config is not None else
-                         pick_config(D, max_k, causal, broadcast_q, k.shape[0] / max(B, 1)))
-    BM, BN = cfg.block_m, cfg.block_n
     L_q = q.shape[0] if broadcast_q else 0
-
     dq = torch.empty_like(q)
     # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
     dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
@@ -555,53 +718,38 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     if k.shape[0] == 0 or B == 0 or Nq == 0:  # no pair anywhere (and TMA cannot
         dk.zero_(); dv.zero_(); dq.zero_()     # describe an empty tensor)
         return dq, dk, dv
+    cfg = pick_config(D, k.shape[0] / B)
+    BM = cfg.block_m
 
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, _num_sms(dev),
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
                                               dev)
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
     ROWS = 32 if D <= 64 else 16
-    if Nq > 0:
-        fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
-            out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
-            dout.stride(0), dout.stride(1), delta.stride(0),
-            H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
-        if dlse is not None:  # the gradient on lse (jagged.api)
-            delta -= dlse
+    fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
+        out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), delta.stride(0),
+        H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
+    if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
+        delta -= dlse
 
     # (b) main
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BN)
-    cu_q_arg = cu_q if cu_q is not None else cu_k
-    q_desc = _desc(q, BM, D)
-    do_desc = _desc(dout, BM, D)
-    if impl == "ws":
-        from .bwd_hopper_ws import NUM_CONSUMERS, _bwd_main_ws, dq_cols, dq_rows
-        kv_rows = BN // NUM_CONSUMERS.value
-        dq_desc = _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D))  # a consumer's box
-        fast(_bwd_main_ws)[(grid_main,)](
-            q_desc, _desc(k, kv_rows, D), _desc(v, kv_rows, D), do_desc, lse, delta, dq_desc,
-            dk, dv, cu_q_arg, cu_k, tile_b, tile_n, n_tiles, sched,
-            float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
-            H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-            BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DIAG_MASK=ws_diag_mask(causal),
-            DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES_M64=ws_kv_stages(D, BM),
-            DQ_SUM=ws_dq_sum(), Q_LOOP_STAGES=cfg.num_stages, num_warps=4,
-            num_stages=cfg.num_stages)
-    else:
-        dq_desc = _desc(dq_acc, BM, D)
-        fast(_bwd_main)[(grid_main,)](
-            q_desc, _desc(k, BN, D), _desc(v, BN, D), do_desc, lse, delta, dq_desc, dq_acc, dk, dv,
-            cu_q_arg, cu_k, tile_b, tile_n, n_tiles,
-            float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
-            H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=bool(causal),
-            BROADCAST_Q=bool(broadcast_q), TMA_REDUCE=not (_INTERPRET or deterministic),
-            DQ_T=cfg.dq_t, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BLOCK_N)
+    kv_rows = BLOCK_N // NUM_CONSUMERS.value
+    fast(bwd_kernel)[(grid_main,)](
+        _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(dout, BM, D),
+        lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
+        dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
+        float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
+        H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
+        BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
+        DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES=cfg.kv_stages,
+        Q_LOOP_STAGES=cfg.num_stages, num_warps=4, num_stages=cfg.num_stages)
 
     # (c) postprocess
     n_elem = dq.numel()
-    if n_elem:
-        PB = 1024
-        fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
-            dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    PB = 1024
+    fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
+        dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
     return dq, dk, dv

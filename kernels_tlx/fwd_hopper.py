@@ -2,9 +2,9 @@
 
 Persistent (one program per SM) and warp-specialized:
 
-    load     (producer warpgroup)  TMA loads of Q (two 64-row halves) and K/V into a
+    load     (producer warpgroup)  TMA loads of Q (64 rows a consumer) and K/V into a
                                    NUM_BUFFERS_KV-deep ring, mbarrier-tracked
-    compute  (two consumer warpgroups, ping-pong on wgmma issue)
+    compute  (block_m // 64 consumer warpgroups, taking turns to issue wgmmas)
                                    S = Q K^T, online softmax (exp2, rescale), O += P V;
                                    KV loop peeled: first block masked, a branch-free
                                    bulk, then a masked tail (sequence end / diagonal)
@@ -23,7 +23,7 @@ computed and dropped by the store's row bound. Nothing is ever written through T
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,7 +31,8 @@ import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from jagged.tiles import fwd_bucket, fwd_config_override, fwd_consumers
+from jagged.arch import num_sms
+from jagged.tiles import fwd_bucket, fwd_consumers
 
 from .launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
@@ -45,59 +46,53 @@ LN2 = tl.constexpr(0.6931471805599453)
 # ----------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class Config:
-    block_m: int = 128          # query rows per tile: block_m // 64 consumer warpgroups
-                                # (2, or 3 at 192: FA4's D = 64 tile, consumers at 160
-                                # registers; WIDE_NONCAUSAL picks it; as CuteDSL)
-    block_n: int = 128          # keys per KV block
-    num_buffers_kv: int = 2     # depth of the K/V ring
-    num_buffers_q: int = 2      # Q double buffer: the next tile's Q loads during this one
-    consumer_regs: int = 240    # at most what the register file leaves (kernel_args)
+    block_m: int          # query rows per tile: block_m // 64 consumer warpgroups (2, or 3
+                          # at 192, FA4's D = 64 tile, consumers at 160 registers)
+    block_n: int          # keys per KV block
+    num_buffers_kv: int   # depth of the K/V ring
+    overlap: bool         # S_j and P_{j-1} V_{j-1} in flight together (KV loops outside
+                          # Triton's pipeliner: `compute`)
+    mask_first: bool      # the masked last KV block first (schedule.kv_block): a
+                          # non-causal tile runs one masked softmax, not two
+    num_buffers_q: int = 2    # Q double buffer: the next tile's Q loads during this one
+    consumer_regs: int = 240  # at most what the register file leaves (kernel_args)
     producer_regs: int = 24
-    head_chunk: int = 0         # tile order (schedule.tile_coords; 0: a sequence's query
-                                # blocks per head chunk, session 5); a runtime argument
-    overlap: bool = False       # S_j and P_{j-1} V_{j-1} in flight together (KV loops
-                                # outside Triton's pipeliner), as the CuteDSL twin's
-    mask_first: bool = False    # the masked last KV block first (schedule.kv_block): a
-                                # non-causal tile runs one masked softmax, not two
 
 
-# keyed by (head_dim, length bucket); the bucket is "short" (64-key blocks) for short
-# sequences, by max or mean KV length, else "long" (jagged.tiles.fwd_bucket). Modes
-# share configs.
+# The measured defaults, keyed by (head_dim, length bucket, causal); the bucket is
+# "short" (64-key blocks) for short sequences, by max or mean KV length, else "long"
+# (jagged.tiles.fwd_bucket). Broadcast-Q and packed share them.
+#   overlap on the long buckets: causal llm B8 H16 8192 -5..-6 % at D = 128, -3.8 % at
+#     D = 64; non-causal gem 2048 / 0.5 -4.3 %, 2048 / 0.9 -5.3 %, llm -3.1 %, GQA -4.2 %,
+#     D = 64 -4.9 %. On the short buckets it is not measured.
+#   mask_first non-causal: gem 256..2048 / 0.5-0.9 -1.7..-5.7 %; causal llm +2.8 % (a
+#     causal tile's diagonal steps are masked either way).
+#   192-row tiles at D = 64, long, non-causal: llm B16 H16 2048 -7.7 %; causal they ran
+#     +21.5 % (their masked steps spill at 160 registers).
 CONFIGS = {
-    (64, "long"): Config(block_n=128, num_buffers_kv=3, overlap=True),
-    (64, "short"): Config(block_n=64, num_buffers_kv=3),
-    (128, "long"): Config(block_n=128, num_buffers_kv=2, overlap=True),
-    (128, "short"): Config(block_n=64, num_buffers_kv=3),
+    (64, "long", False): Config(block_m=192, block_n=128, num_buffers_kv=3, overlap=True,
+                                mask_first=True),
+    (64, "long", True): Config(block_m=128, block_n=128, num_buffers_kv=3, overlap=True,
+                               mask_first=False),
+    (64, "short", False): Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
+                                 mask_first=True),
+    (64, "short", True): Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
+                                mask_first=False),
+    (128, "long", False): Config(block_m=128, block_n=128, num_buffers_kv=2, overlap=True,
+                                 mask_first=True),
+    (128, "long", True): Config(block_m=128, block_n=128, num_buffers_kv=2, overlap=True,
+                                mask_first=False),
+    (128, "short", False): Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
+                                  mask_first=True),
+    (128, "short", True): Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
+                                 mask_first=False),
 }
-# `overlap` on the long buckets (as CuteDSL): causal since session 13 (llm B8 H16 8192
-# -5..-6 % at D = 128, -3.8 % at D = 64); non-causal since session 15, once P was packed
-# per pair (_pack_p; bulk step 492 -> 459 SASS at D = 128): gem 2048 / 0.5 -4.3 / -2.5 %,
-# 2048 / 0.9 -5.3 %, llm -3.1 / -2.9 %, GQA -4.2 %, D = 64 -4.9 %, 512 / 0.5 +2.2 / -3.7 %
-# (do_bench, one or two rounds). Session 13 had found it null or slower non-causal.
 
 
-# 192-row tiles (three consumers) non-causal (session 15: llm B16 H16 D64 2048 -7.7 %,
-# and 128 rows +11.2 % against them once P was packed); causal they ran +21.5 %: their
-# masked steps spill at 160 registers
-WIDE_NONCAUSAL = {(64, "long")}
-
-
-def bucket_config(head_dim: int, bucket: str, causal: bool) -> Config:
-    """`mask_first` non-causal (session 14: gem 256..2048 / 0.5-0.9 -1.7..-5.7 %; causal
-    llm +2.8 %: a causal tile's diagonal steps are masked either way), `block_m` per
-    WIDE_NONCAUSAL."""
-    cfg = CONFIGS[(head_dim, bucket)]
-    if not causal:
-        wide = (head_dim, bucket) in WIDE_NONCAUSAL
-        return replace(cfg, mask_first=True, block_m=192 if wide else cfg.block_m)
-    return cfg
-
-
-def pick_config(head_dim: int, max_seqlen_k: int, causal: bool, broadcast_q: bool,
+def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
                 mean_k: float | None = None) -> Config:
-    return fwd_config_override(bucket_config(
-        head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), causal))
+    """The measured default for a call (mean_k: total keys / batch, None if unknown)."""
+    return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -122,7 +117,7 @@ def _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid: tl.constexpr, NUM_CONSUMERS: 
 
 
 @triton.jit
-def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):
+def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):  # role: compute
     """Let the next consumer issue its wgmmas (each turn barrier joins two warpgroups)."""
     tlx.named_barrier_arrive(PINGPONG_BAR + (cid + 1) % NUM_CONSUMERS, 256)
 
@@ -132,12 +127,13 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
-    rows that have seen no key yet (m = -inf). alpha's exp2 comes last; issuing it
-    first (so the O rescale runs under the others) measured null or worse (session 14:
-    gem -0.1..+1.3 %, causal llm +5.8 %) and was removed."""
+    rows that have seen no key yet (m = -inf). alpha's exp2 comes last: issued first
+    (so the O rescale runs under the others) it measured causal llm +5.8 %."""
     if MASKED:
         # keys [n0, n0 + limit) of this block are visible to a row
         if CAUSAL:
+            # jagged.seqinfo.causal_kv_end(rows + 1) without its clamp at 0 (a negative
+            # limit keeps no key either): two max a masked step fewer
             limit = tl.minimum(rows + (len_k - len_q + 1), len_k) - n0
         else:
             limit = len_k - n0 + rows * 0
@@ -183,13 +179,12 @@ def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_c
 
 
 @triton.jit
-def _pack_p(p, dtype: tl.constexpr):
+def _pack_p(p, dtype: tl.constexpr):  # role: compute
     """P fp32 -> the P V operand, two neighbours (one register of the wgmma A fragment)
-    per cvt.rn.{bf16,f16}x2. Triton's per-element cvt left ptxas packing the halves with
-    PRMT: 32 a bulk step, 64 a masked one (session 15 SASS: D = 128 causal bulk 489 -> 471,
-    masked 722 -> 667; D = 64 192-row non-causal spill-free only this way). The old form
-    (with the tail code below) against this one, do_bench: llm D64 2048 +6.6 % (192 rows),
-    +2.9 % causal; D = 128 gem / llm within +-2 %, gem 256 / 0.5 -3 %."""
+    per cvt.rn.{bf16,f16}x2. Triton's per-element cvt leaves ptxas packing the halves with
+    PRMT: 32 a bulk step, 64 a masked one (SASS, D = 128 causal: bulk 489 -> 471, masked
+    722 -> 667); 192-row tiles are spill-free only this way. Per element: llm D = 64
+    2048 +6.6 % (192 rows), +2.9 % causal."""
     if dtype == tl.bfloat16:
         return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p],
                                          dtype=tl.bfloat16, is_pure=True, pack=2)
@@ -201,8 +196,8 @@ def _pack_p(p, dtype: tl.constexpr):
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-         k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H,
-         GROUP, NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+         k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP,
+         NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
@@ -214,8 +209,8 @@ def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_f
     i = 0
     for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
         h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-            tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M,
-            BLOCK_N, CAUSAL, BROADCAST_Q)
+            tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N,
+            CAUSAL, BROADCAST_Q)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
@@ -248,23 +243,11 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     Triton 3.8's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts a
     wait-0 right after each dot of the KV loops, so S_j = Q K_j^T finishes before
     O += P_{j-1} V_{j-1} is issued and that finishes before the softmax: _kv_step's own
-    wait(1) overlap does not happen (TTGIR, session 6). OVERLAP puts the loops at
-    num_stages=0, which that pass skips, and hands the issue turn to the other consumer
-    after P V rather than after S (session 7's try handed it over after S: the tensor
-    pipe then ran S0 S1 PV0 PV1 and gem-jagged was 4-39 % slower). Session 13, both
-    fixed: causal llm -5..-6 %, gem 1024 / 2048 null, 512 / s0.5 +9 %; session 15, with
-    P packed per pair, also non-causal -2.5..-5.3 % (on for the long buckets, CONFIGS).
-    ptxas places the P V wait before the exp2s in both styles (SASS), so the softmax
-    overlaps the other consumer's wgmmas, not this one's.
-    Moving the bulk's O *= alpha one step later (after V's wait, shortening the window
-    from PV done to the next QK issue) measured null in session 10 (llm -0.9 %, gem
-    2048 / s0.9 +1.2 %) and was removed; so were the CuteDSL twin's per-tile forms (an
-    unmasked first block when the bulk covers it, one reciprocal a row in the store):
-    session 11, kernel time 1024 / s0.5 -1.1 %, 256 / s0.5 +10.8 %. Session 12 removed
-    three more (the Q slot released before the O stores, the scale folded into the
-    masked exp2, K/V slots released per thread): 256 / s0.5 +6.6 % all three; alone
-    each was worse except the mask fold (-3.0 % at 256 / s0.5 in one round, +1.6 % at
-    1024 / s0.5: null)."""
+    wait(1) overlap does not happen (TTGIR). OVERLAP puts the loops at num_stages=0,
+    which that pass skips, and hands the issue turn to the other consumer after P V
+    rather than after S (handed over after S, the tensor pipe ran S0 S1 PV0 PV1 and
+    gem-jagged was 5-18 % slower). ptxas places the P V wait before the exp2s (SASS), so
+    the softmax overlaps the other consumer's wgmmas, not this one's."""
     STAGES: tl.constexpr = 0 if OVERLAP else 1  # 0: the pipeliner leaves the loop alone
     first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end, MASK_FIRST)
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
@@ -314,7 +297,7 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
-    o = acc / l_use[:, None]  # one reciprocal a row instead: null (sessions 14 and 16)
+    o = acc / l_use[:, None]  # one reciprocal a row instead: null (-0.4..+1.5 %)
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
@@ -328,9 +311,9 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
 
 # ----------------------------------------------------------------------------- kernel
 # runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
-@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out", "head_chunk"])
+@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
-               L_q, H, GROUP, NBLK, n_out, qk_scale, head_chunk,
+               L_q, H, GROUP, NBLK, n_out, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
@@ -352,7 +335,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
             load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-                 k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k,
+                 k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, cu_q, cu_k,
                  L_q, H, GROUP, NBLK, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
                  CAUSAL, BROADCAST_Q, MASK_FIRST)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
@@ -363,8 +346,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             i = 0
             for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
                 h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-                    tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
-                    BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                    tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M,
+                    BLOCK_N, CAUSAL, BROADCAST_Q)
                 rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
@@ -381,16 +364,6 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 
 
 # ----------------------------------------------------------------------------- host
-_NUM_SMS = {}
-
-
-def _num_sms(device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_SMS[idx]
-
-
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
@@ -416,17 +389,17 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    cfg = pick_config(D, max_k, causal, broadcast_q, Nk / batch)
+    cfg = pick_config(D, max_k, causal, Nk / batch)
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)
     desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [SPLIT_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
-    grid = (min(_num_sms(q.device), batch * nblk * H),)
+    grid = (min(num_sms(q.device), batch * nblk * H),)
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, cfg.head_chunk,
+        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E,
         **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)
     return out, lse
 
@@ -438,4 +411,4 @@ def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
             "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32", "NBLK": "i32",
-            "n_out": "i32", "qk_scale": "fp32", "head_chunk": "i32"}
+            "n_out": "i32", "qk_scale": "fp32"}

@@ -1,44 +1,34 @@
 """`fast(kernel)[grid](*args, **kw)`: a Triton launch with less host work per call.
 
-Short sequences are host-bound: on the H200 node a `JITFunction.run` of the forward
-kernel took 40.8 us of host time, of which Triton's argument binder (the exact
-specialization) took 7.0 and the compiled kernel's launcher (TMA descriptors and
-cuLaunchKernelEx) 11.2 (`gpu_check_host`, PERF.md session 9). The rest is per-call
-bookkeeping: knob reads, the cache-key string, the global-value check, launch hooks,
-and the timing wrapper's own cost.
+Short sequences are host-bound: a `JITFunction.run` of the forward kernel takes ~41 us of
+host time on the H200 node, of which Triton's argument binder (the exact specialization)
+takes 7 and the compiled kernel's launcher (TMA descriptors and cuLaunchKernelEx) 11; the
+rest is per-call bookkeeping (knob reads, the cache-key string, the global-value check,
+launch hooks). At gem 256 / 0.1 a launch plan takes an API forward call from 85.8 to
+59.2 us and `autograd.grad` from 351.0 to 247.7 us, with bit-identical outputs.
 
-Until session 11 this path never ran: its guard took Triton 3.8's empty launch-hook
-chain (a `HookChain`, never None) for a profiler and fell back to `JITFunction.run` on
-every call. On the H200 (session 12, `gpu_check_host`, B16 256 / 0.1) an API forward
-call took 90.0 us of host time on Triton's path, 69.7 at level 1, 64.6 at level 2; a
-backward (autograd.grad) 399.9, 319.3, 318.0 (B1152: 351.0, 286.7, 247.7); outputs
-bit-identical. Level 2 is the default on Triton 3.8; JAGGED_FAST_LAUNCH=0/1/2 (read at
-import) or `set_mode` picks the level.
+A launch plan per call shape, without the binder. Its key is everything Triton's
+specialization depends on for the call, no coarser: the device, uTLX's stages hook, the
+instrumentation mode, the function's debug flag; per positional runtime argument its
+class as native_specialize_impl sees it (tensor: dtype and 16-byte alignment of
+data_ptr(); int: ==1, %16==0 and i32/i64/u64 range, the range only if do_not_specialize;
+TensorDescriptor: base dtype, block shape, rank; float, bool, None: the type); positional
+constexprs by (type, value); the keywords (constexprs and options) by value and type. A
+key's first call goes through `JITFunction.run` and records the kernel it launched; later
+calls flatten the arguments as CudaLauncher does (descriptors encoded by Triton's
+make_tensordesc_arg, cached by address, geometry, block, dtype, padding and the kernel's
+descriptor metadata) and call the raw C launcher with the grid, stream and the kernel's
+metadata. A launch hook (a profiler), Triton's debug mode, pre-run hooks, a callable grid,
+an argument of another kind, runtime arguments by keyword, a kernel with global or
+profile scratch, or gsan: Triton's path. It skips Triton's check that the kernel's
+globals are unchanged; `VERIFY = True` runs the binder on every plan launch as well and
+raises if its cache key, kernel, globals or bound values disagree with the plan's (tests).
 
-This keeps the binder, so a launch still runs exactly the kernel Triton would pick (the
-key is the binder's specialization and options), and calls the cached compiled kernel's
-launcher directly. The first launch of each specialization, and any launch while a
-launch hook (a profiler) or Triton's debug mode is set, goes through `JITFunction.run`.
-
-Level 2 (JAGGED_FAST_LAUNCH=2, or `set_mode(2)`): a launch plan per call shape, without
-the binder. Its key is everything Triton's specialization depends on for the call, no
-coarser: the device, uTLX's stages hook, the instrumentation mode, the function's debug
-flag; per positional runtime argument its class as native_specialize_impl sees it
-(tensor: dtype and 16-byte alignment of data_ptr(); int: ==1, %16==0 and i32/i64/u64
-range, the range only if do_not_specialize; TensorDescriptor: base dtype, block shape,
-rank; float, bool, None: the type); positional constexprs by (type, value); the keywords
-(constexprs and options) by value and type. A key's first call goes through
-`JITFunction.run` and records the kernel it launched; later calls flatten the arguments
-as CudaLauncher does (descriptors encoded by Triton's make_tensordesc_arg, cached by
-address, geometry, block, dtype, padding and the kernel's descriptor metadata) and call
-the raw C launcher with the grid, stream and the kernel's metadata. A hook, debug mode,
-pre-run hooks, a callable grid, an argument of another kind, runtime arguments by keyword,
-a kernel with global or profile scratch, or gsan: Triton's path. It skips Triton's check
-that the kernel's globals are unchanged. JAGGED_FAST_LAUNCH_VERIFY=1 (read at import, or
-`VERIFY = True`) also runs the binder on every plan launch and raises if its cache key,
-kernel, globals or bound values disagree with the plan's.
-
-`MODE` is the one switch: 0 Triton's path, 1 or 2 the levels above.
+Plans read Triton internals (the binder's specialization rules, CudaLauncher's argument
+flattening), so they are on by default only on the Triton they were checked against, bit
+for bit, on the H200 (VERIFIED_TRITON); any other version takes Triton's path.
+JAGGED_FAST_LAUNCH=0 (read once, at import) takes Triton's path everywhere; so does
+`set_fast(False)`.
 """
 from __future__ import annotations
 
@@ -51,33 +41,22 @@ from triton.runtime import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-
-# Level 2 reads Triton internals (the binder's specialization rules, CudaLauncher's
-# argument flattening): the default only on the Triton it was checked against, bit for
-# bit, on the H200 (session 12); any other version takes Triton's path unless asked.
 VERIFIED_TRITON = "3.8."
 
 
-def _env_mode() -> int:
-    default = "2" if triton.__version__.startswith(VERIFIED_TRITON) else "0"
-    v = os.environ.get("JAGGED_FAST_LAUNCH", default)
-    return {"1": 1, "2": 2}.get(v, 0)
+def _default_fast() -> bool:
+    return (triton.__version__.startswith(VERIFIED_TRITON)
+            and os.environ.get("JAGGED_FAST_LAUNCH") != "0")
 
 
-MODE = _env_mode()  # 0 Triton's path, 1 binder + compiled launcher, 2 cached plan
-VERIFY = os.environ.get("JAGGED_FAST_LAUNCH_VERIFY", "0") == "1"
+FAST = _default_fast()  # launch plans (True) or Triton's own path
+VERIFY = False          # check every plan launch against the binder (tests)
 
 
-def set_mode(mode: int) -> None:
-    """0: Triton's own path; 1: the binder kept, the compiled launcher called; 2: plans."""
-    global MODE
-    assert mode in (0, 1, 2), mode
-    MODE = mode
-
-
-def mode() -> int:
-    """The level in force."""
-    return MODE
+def set_fast(on: bool) -> None:
+    """Launch plans (True) or Triton's own launch path (False)."""
+    global FAST
+    FAST = bool(on)
 
 
 def hooked(rt=knobs.runtime) -> bool:
@@ -139,8 +118,7 @@ class _Plan:
 class _Fast:
     def __init__(self, fn):
         self.fn = fn
-        self.kernels = {}  # mode 1: (device, specialization, options) -> compiled kernel
-        self.plans = {}  # mode 2: plan key -> _Plan, or False (always Triton's path)
+        self.plans = {}  # plan key -> _Plan, or False (always Triton's path)
         # per parameter: 2 constexpr, 1 runtime not specialized, 0 runtime specialized
         self.kinds = tuple(2 if p.is_constexpr else 1 if p.do_not_specialize else 0
                            for p in fn.params)
@@ -150,27 +128,10 @@ class _Fast:
         return lambda *args, **kw: self.run(grid, args, kw)
 
     def run(self, grid, args, kw):
-        fn = self.fn
-        m = mode()
-        if m == 2:
-            return self.run_plan(grid, args, kw)
-        rt = knobs.runtime
-        if not m or hooked(rt) or rt.debug:
-            return fn[grid](*args, **kw)
-        dev = driver.active.get_current_device()
-        binder = fn.device_caches[dev][4]
-        bound, spec, options = binder(*args, **kw)
-        key = (dev, tuple(spec), tuple(options.items()))
-        kernel = self.kernels.get(key)
-        if kernel is None:  # compile (or fetch) and launch the ordinary way, once
-            kernel = self.kernels[key] = fn[grid](*args, **kw)
-            return kernel
-        g = tuple(grid) + (1, 1)
-        kernel.run(g[0], g[1], g[2], driver.active.get_current_stream(dev), kernel.function,
-                   kernel.packed_metadata, None, None, None, *bound.values())
-        return kernel
+        if not FAST:
+            return self.fn[grid](*args, **kw)
+        return self.run_plan(grid, args, kw)
 
-    # ------------------------------------------------------------ mode 2
     def key(self, dev, args, kw, _T=torch.Tensor, _D=TensorDescriptor, _int=int, _float=float):
         """Everything Triton's choice of compiled kernel depends on for this call, at
         least as fine as the binder's specialization (finer is only a spare plan). Per
@@ -329,7 +290,7 @@ class _Fast:
         return compute_cache_key(key_cache, spec, options), bound, spec
 
     def verify(self, plan, dev, args, kw):
-        """JAGGED_FAST_LAUNCH_VERIFY=1: the binder's specialization of this call picks
+        """VERIFY: the binder's specialization of this call picks
         the plan's kernel, the kernel's globals are unchanged, and the values flattened
         are the binder's (descriptors aside)."""
         fn = self.fn

@@ -1,72 +1,67 @@
-"""`schedule`: the jagged tile list, built on the GPU from the offsets (no host sync).
+"""`schedule`: which tile a persistent program works on, for the forward and the backward.
 
-A *pair* is (batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it is
-valid when the block holds at least one query row. Valid pairs are ordered by
-descending KV work (KV blocks the block visits, causal-aware), invalid ones go last,
-and the count of valid pairs stays on the device. Heads are folded in by the kernel
-(`tile_coords`): by default tiles walk the list in chunks of NBLK pairs, one head at a
-time, so neighbouring SMs read the same head's K/V (PERF.md session 5: -12.7 % causal
-time at B8 H16 8192); Config.head_chunk = 1 gives tile t = (pair t // H, head t % H).
-
-Causal lists keep each sequence's tiles together (longest first within it, so one
-(sequence, head)'s K/V serves the programs running at once; jagged.tiles.fwd_tile_order).
+Forward. The tile list is built on the GPU from the offsets (no host sync). A *pair* is
+(batch element b, query block m) for m < cdiv(max_seqlen_q, BLOCK_M); it is valid when
+the block holds at least one query row. Valid pairs are ordered by descending KV work
+(KV blocks the block visits, causal-aware), invalid ones go last, and the count of valid
+pairs stays on the device. Causal lists keep each sequence's tiles together (longest
+first within it, so one (sequence, head)'s K/V serves the programs running at once;
+jagged.tiles.fwd_tiles). Heads are folded in by the kernel (`tile_coords`): tiles walk
+the list in chunks of NBLK pairs, pairs fastest, then heads, so neighbouring programs
+read one head's K/V (chunked by head against heads fastest: llm -3.5 %, causal -12.7 %).
 A persistent program p takes the p-th tile of every round of P tiles, in odd full rounds
 counted from the right (boustrophedon): the program that took a round's longest tile
 takes the next round's shortest, which keeps the per-sequence sawtooth of causal tiles
 balanced.
+
+Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
+longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks
+the list (packed: tiles x KV heads round-robin; broadcast-Q: programs pinned to a KV
+head). Causal packed lists are taken from a counter instead (tile_counter.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "kv_block", "kv_steps", "tile_coords"]
+__all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords",
+           "tile_range"]
 
 
 @triton.jit
-def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP, NBLK,
+def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 BROADCAST_Q: tl.constexpr):
-    """Tile id -> where it lives: head h, kv head, first query row m0 (in-sequence),
-    packed row bases of q / k / out, the lengths, and the KV block split:
+    """Forward tile id -> where it lives: head h, kv head, first query row m0
+    (in-sequence), packed row bases of q / k / out, the lengths, and the KV block split:
     blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused).
-
-    Tiles walk the list in chunks of `head_chunk` pairs, pairs fastest, then heads: 1
-    gives tile t = (pair t // H, head t % H). A larger chunk puts more programs on one
-    head's K/V at a time (L2 reuse) and keeps longest-first across chunks. 0 (the
-    default) means NBLK, one sequence's query blocks."""
-    # boustrophedon round-robin: odd full rounds run right to left, so the program that
-    # took a round's longest tile takes the next round's shortest (session 16)
+    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused)."""
+    # boustrophedon round-robin: odd full rounds run right to left
     P = tl.num_programs(0)
     k = tile // P
     flip = (k % 2) * tl.minimum(tl.maximum(n_pairs * H // P - k, 0), 1)  # odd and full
     tile = tile + flip * (P - 1 - 2 * (tile - k * P))
-    chunk = tl.where(head_chunk == 0, NBLK, head_chunk)
-    span = chunk * H
-    first = tile // span * chunk
-    chunk_len = tl.minimum(chunk, n_pairs - first)  # the last chunk may be short
+    # chunks of NBLK pairs (the last may be short), pairs fastest, then heads
+    span = NBLK * H
+    first = tile // span * NBLK
+    chunk_len = tl.minimum(NBLK, n_pairs - first)
     r = tile - tile // span * span
     h = r // chunk_len
     pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
     b = pair // NBLK
     m0 = (pair % NBLK) * BLOCK_M
-    k_start = tl.load(cu_k + b)
-    len_k = tl.load(cu_k + b + 1) - k_start
+    k_start, len_k = seq_range(cu_k, b, 0, False)
+    q_start, len_q = seq_range(cu_q, b, L_q, BROADCAST_Q)
     if BROADCAST_Q:
-        q_start = b * 0
-        len_q = L_q + b * 0
         out_start = b * L_q
     else:
-        q_start = tl.load(cu_q + b)
-        len_q = tl.load(cu_q + b + 1) - q_start
         out_start = q_start
     if CAUSAL:
-        diag = len_k - len_q
-        kv_end = tl.minimum(tl.maximum(m0 + BLOCK_M + diag, 0), len_k)
-        kv_full = tl.minimum(tl.maximum(m0 + 1 + diag, 0), len_k)  # seen by every row
+        kv_end = causal_kv_end(m0 + BLOCK_M, len_q, len_k)
+        kv_full = causal_kv_end(m0 + 1, len_q, len_k)  # seen by every row of the block
     else:
         kv_end = len_k
         kv_full = len_k
@@ -76,7 +71,7 @@ def tile_coords(tile, pairs_ptr, n_pairs, head_chunk, cu_q, cu_k, L_q, H, GROUP,
 
 
 @triton.jit
-def kv_block(j, n_end, MASK_FIRST: tl.constexpr):
+def kv_block(j, n_end, MASK_FIRST: tl.constexpr):  # role: schedule
     """The KV block a tile's j-th step reads (the producer loads in this order).
     MASK_FIRST: the last block first (it holds the sequence end and the causal diagonal),
     then 0, 1, ...; so the peeled first step is the masked one and, without causal
@@ -88,7 +83,7 @@ def kv_block(j, n_end, MASK_FIRST: tl.constexpr):
 
 
 @triton.jit
-def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):
+def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):  # role: schedule
     """A tile's KV steps for n_end > 0: (first, bulk_lo, bulk_end, tail_end). The peeled
     first step reads block `first` (masked), steps [bulk_lo, bulk_end) read unmasked
     blocks, steps [max(bulk_end, bulk_lo), tail_end) masked ones; a step's block is its
@@ -97,3 +92,53 @@ def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):
         return n_end - 1, 0, tl.minimum(n_bulk, n_end - 1), n_end - 1
     else:
         return 0, 1, n_bulk, n_end
+
+
+@triton.jit
+def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Backward: (first tile, step, end) of program pid's static walk. Packed modes deal
+    the list x HKV heads round-robin; broadcast-Q programs are pinned to KV head
+    pid % HKV (and dQ slot pid // HKV) and deal the list only."""
+    n_tiles = tl.load(n_tiles_ptr)
+    if BROADCAST_Q:
+        first = pid // HKV
+        step = nprog // HKV
+    else:
+        first = pid
+        step = nprog
+        n_tiles = n_tiles * HKV
+    return first, step, n_tiles
+
+
+@triton.jit
+def kv_tile_coords(t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
+                   HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Backward tile t -> (batch b, KV head hk, first key n0, keys / queries of the
+    sequence, token offsets of q rows, of dO / O / lse rows and of k rows, first Q row
+    m_lo, number of Q blocks n_m). Broadcast-Q: hk is the caller's (the pinned head)."""
+    if BROADCAST_Q:
+        base = t
+        hk = 0
+    else:
+        base = t // HKV
+        hk = t % HKV
+    b = tl.load(tile_b_ptr + base)
+    n0 = tl.load(tile_n_ptr + base) * BLOCK_N
+    k_start, len_k = seq_range(cu_k_ptr, b, 0, False)
+    q_start, len_q = seq_range(cu_q_ptr, b, L_q, BROADCAST_Q)
+    k_start = k_start.to(tl.int64)  # row offsets: token * stride may pass 2^31
+    if BROADCAST_Q:
+        o_start = b.to(tl.int64) * L_q
+    else:
+        o_start = q_start.to(tl.int64)
+    if CAUSAL:
+        # the Q block of the first row that sees key n0: jagged.seqinfo.causal_q_start
+        # without its clamp to len_q, which never binds (the last row sees every key
+        # n0 < len_k); with it the compiler loses m_lo >= 0 and adds 13-30 integer
+        # instructions a tile
+        m_lo = tl.maximum(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
+    else:
+        m_lo = 0
+    n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
+    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m

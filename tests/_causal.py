@@ -1,4 +1,4 @@
-"""Shared by both styles' tests of the backward's diagonal-only causal mask."""
+"""A check of a backward's diagonal-only causal mask (the CuteDSL backward's `diagmask`)."""
 
 
 def assert_cut_keeps_the_mask(cut, bm: int, BN: int, n_wg: int):

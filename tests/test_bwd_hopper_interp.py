@@ -1,106 +1,117 @@
-"""kernels_tlx.bwd_hopper.backward against the oracle under the Triton interpreter (CPU),
-for every tile config in bwd_hopper.CONFIGS.
+"""The plain-Triton parts of kernels_tlx.bwd_hopper under the Triton interpreter (CPU): the
+preprocess and postprocess kernels, and the backward's schedule (kernels_tlx.schedule:
+kv_tile_coords, tile_range). The warp-specialized main kernel needs a GPU (its default
+builds are compile-checked in test_bwd_compile.py); the backward's math is checked on the
+CPU through jagged.portable.
 
-fp16 only: Triton 3.8's interpreter keeps bf16 as raw uint16 and its tl.dot multiplies
-those integers, so bf16 results are meaningless there (see kernels_tlx/portable.py).
-The interpreter has no TMA reduce, so dQ goes through the pointer-atomic path
-(TMA_REDUCE=False); TMA loads, the jagged schedule, masking, GQA, the broadcast-Q
-slots and the dq_t form of the dQ partial are all exercised. out/lse come from the
-fp64 oracle. Shapes are small but cross the tile sizes (several KV tiles and Q blocks
-per sequence, zero-length and length-1 sequences, rows that see no key).
+fp16 only: Triton 3.8's interpreter keeps bf16 as raw uint16.
 """
-import math
 import os
 
 import pytest
 import torch
 
-from harness.oracle import compare, reference
-from harness.problems import Problem
-
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="CPU interpreter test (TRITON_INTERPRET=1)")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
-
-P = dict(dtype="fp16")
-# (id, problem, (len_q, len_k)); fp16 throughout
-CASES = [
-    ("self-d64-empty-len1", Problem(batch=5, heads=2, head_dim=64, max_seqlen_q=150, seed=1, **P),
-     ([150, 0, 1, 37, 64],) * 2),
-    ("self-d128-gqa-causal", Problem(batch=4, heads=4, kv_heads=2, head_dim=128, max_seqlen_q=140,
-                                     causal=True, seed=2, **P), ([140, 1, 0, 65],) * 2),
-    ("cross-d128-causal-lq>lk", Problem(batch=4, heads=2, head_dim=128, max_seqlen_q=150,
-                                        max_seqlen_k=140, mode="cross", causal=True, seed=3, **P),
-     ([150, 5, 0, 70], [20, 140, 3, 0])),
-    ("cross-d64-mqa-lq<lk", Problem(batch=3, heads=4, kv_heads=1, head_dim=64, max_seqlen_q=40,
-                                    max_seqlen_k=200, mode="cross", seed=4, **P),
-     ([7, 40, 1], [200, 65, 0])),
-    ("bcast-d128-gqa-causal", Problem(batch=4, heads=4, kv_heads=2, head_dim=128, max_seqlen_q=33,
-                                      max_seqlen_k=200, mode="broadcast_q", causal=True, seed=5, **P),
-     ([33] * 4, [0, 1, 200, 17])),
-    ("bcast-d64-lq1", Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=1, max_seqlen_k=130,
-                              mode="broadcast_q", seed=6, **P), ([1] * 3, [130, 1, 0])),
-    ("self-d128-all-empty", Problem(batch=2, heads=2, head_dim=128, max_seqlen_q=8, seed=7, **P),
-     ([0, 0],) * 2),
-    # no query anywhere, keys present (the GPU matrix's illegal address, session 6)
-    ("cross-d64-mqa-no-queries", Problem(batch=2, heads=6, kv_heads=1, head_dim=64, max_seqlen_q=8,
-                                         max_seqlen_k=130, mode="cross", seed=8, **P),
-     ([0, 0], [100, 30])),
-]
+from kernels_tlx.schedule import kv_tile_coords, tile_range  # noqa: E402
 
 
-def run_backward(p: Problem, lengths, config, with_dlse=False):
-    inp = p.build("cpu", lengths=lengths)
-    bq = p.mode == "broadcast_q"
-    dlse = None
-    if with_dlse:  # a gradient on lse too (jagged.api)
-        dlse = torch.randn(p.heads, inp.dout.shape[0], generator=torch.Generator().manual_seed(1))
-    kw = dict(causal=p.causal, broadcast_q=bq, dlse=dlse)
-    ref = reference(inp, **kw)
-    lowp = reference(inp, compute_dtype=inp.q.dtype, **kw)
-    out = ref["out"].to(inp.q.dtype)
-    lse = ref["lse"].float().contiguous()
-    grads = bw.backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
-                        inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, p.causal,
-                        1.0 / math.sqrt(p.head_dim), bq, config=config, dlse=dlse)
-    return [compare(n, g, ref[n], lowp[n], inp.q.dtype)
-            for n, g in zip(("dq", "dk", "dv"), grads)]
+@pytest.mark.parametrize("zero_dq", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_preprocess(d, zero_dq):
+    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator and
+    the tile counter."""
+    g = torch.Generator().manual_seed(d)
+    nq, H = 37, 3
+    out = torch.randn(nq, H, d, generator=g).half()
+    dout = torch.randn(nq, H, d, generator=g).half()
+    delta = torch.full((H, nq), float("nan"))
+    dq_acc = torch.full((nq, H, d), float("nan"))
+    sched = torch.full((4,), 7, dtype=torch.int32)
+    rows = 32 if d <= 64 else 16
+    bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
+        out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), delta.stride(0), H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq)
+    want = (out.float() * dout.float()).sum(-1).T
+    torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
+    if zero_dq:
+        assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
+    else:
+        assert dq_acc.isnan().all() and (sched == 7).all()
 
 
-@pytest.mark.parametrize("config", sorted(bw.CONFIGS))
-@pytest.mark.parametrize("p, lengths", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_against_oracle(p, lengths, config):
-    checks = run_backward(p, lengths, config)
-    assert all(c.ok for c in checks), f"{config} {p.label()} {lengths}\n" + "\n".join(map(str, checks))
+def test_postprocess():
+    """dQ = scale * the sum of the slots, in the output dtype."""
+    g = torch.Generator().manual_seed(0)
+    n_slots, L_q, H, d = 3, 5, 2, 64
+    acc = torch.randn(n_slots, L_q, H, d, generator=g)
+    dq = torch.empty(L_q, H, d, dtype=torch.float16)
+    bw._bwd_postprocess[(triton.cdiv(dq.numel(), 256),)](
+        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, BLOCK=256)
+    torch.testing.assert_close(dq.float(), (acc.sum(0) * 0.125).half().float())
 
 
-@pytest.mark.parametrize("p, lengths", [c[1:] for c in CASES[:5]], ids=[c[0] for c in CASES[:5]])
-def test_gradient_through_lse(p, lengths):
-    """dq/dk/dv with a gradient on lse as well as on out."""
-    checks = run_backward(p, lengths, None, with_dlse=True)
-    assert all(c.ok for c in checks), f"{p.label()} {lengths}\n" + "\n".join(map(str, checks))
+@triton.jit
+def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, out_ptr, HKV: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          BROADCAST_Q: tl.constexpr):
+    """Every tile of every program's static walk: its program and coordinates, 11 int64
+    values a tile at out_ptr + 11 * tile."""
+    pid = tl.program_id(0)
+    first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    for t in range(first, n, step):
+        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
+            t, tile_b, tile_n, cu_q, cu_k, L_q, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        if BROADCAST_Q:
+            hk = pid % HKV
+            t = t * HKV + hk  # a slot per (tile, head)
+        vals = (pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m)
+        for i in tl.static_range(11):
+            tl.store(out_ptr + 11 * t + i, vals[i])
 
 
-def test_default_config_path():
-    """config=None: the picked default runs (short and long buckets)."""
-    p = Problem(batch=2, heads=2, head_dim=128, max_seqlen_q=60, causal=True, seed=8, **P)
-    checks = run_backward(p, ([60, 9],) * 2, None)
-    assert all(c.ok for c in checks), "\n".join(map(str, checks))
-
-
-def test_pick_config(monkeypatch):
-    monkeypatch.delenv("JAGGED_BWD_CONFIG", raising=False)
-    assert bw.pick_config(128, 64) == bw.DEFAULTS[(128, "short")]
-    assert bw.pick_config(128, 65) == bw.DEFAULTS[(128, "long")]
-    assert bw.pick_config(64, 8192, True, False) == bw.DEFAULTS[(64, "long")]
-    assert bw.pick_config(128, 256, mean_k=26.5) == bw.DEFAULTS[(128, "short")]
-    assert bw.pick_config(128, 512, mean_k=52.0) == bw.DEFAULTS[(128, "long")]
-    monkeypatch.setenv("JAGGED_BWD_CONFIG", "base")
-    assert bw.pick_config(128, 4096) == "base"
-    monkeypatch.setenv("JAGGED_BWD_CONFIG", "nope")
-    with pytest.raises(ValueError):
-        bw.pick_config(128, 4096)
-    with pytest.raises(ValueError):
-        bw.get_config("nope")
-    assert bw.get_config(bw.CONFIGS["m64n64"]) is bw.CONFIGS["m64n64"]
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bq", [False, True])
+def test_kv_tile_walk(causal, bq):
+    """Each (KV tile, KV head) is visited once, by the program tile_range deals it to, and
+    its Q blocks [m_lo, m_lo + n_m * BLOCK_M) are the blocks holding a row that sees one
+    of its keys (bottom-right causal, len_q above and below len_k)."""
+    BM, BN, HKV, n_prog = 32, 128, 2, 4
+    lk = torch.tensor([300, 1, 0, 129, 40])
+    lq = torch.tensor([64] * 5) if bq else torch.tensor([100, 1, 3, 129, 200])
+    cu = lambda x: torch.nn.functional.pad(torch.cumsum(x, 0), (1, 0)).to(torch.int32)  # noqa
+    cu_q, cu_k = (None if bq else cu(lq)), cu(lk)
+    L_q = 64 if bq else 0
+    tile_b, tile_n, n_tiles = kv_tiles_reference(cu_q, cu_k, L_q, int(lk.max()), causal, BM, BN)
+    n = int(n_tiles)
+    out = torch.full((n * HKV, 11), -1, dtype=torch.int64)
+    _walk[(n_prog,)](tile_b, tile_n, n_tiles, cu_k if bq else cu_q, cu_k, L_q, out, HKV=HKV,
+                     BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq)
+    assert (out[:, 0] >= 0).all(), "a (tile, head) never visited"
+    for t in range(n * HKV):
+        pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = out[t].tolist()
+        base = t // HKV
+        assert (b, n0) == (int(tile_b[base]), int(tile_n[base]) * BN)
+        assert hk == t % HKV
+        if bq:  # pinned: program p owns head p % HKV and every (n_prog // HKV)-th tile
+            assert pid % HKV == hk and base % (n_prog // HKV) == pid // HKV
+        else:  # round-robin over tiles x heads
+            assert pid == t % n_prog
+        assert (len_k, len_q) == (int(lk[b]), int(lq[b]))
+        assert k_start == int(cu_k[b]) and q_start == (0 if bq else int(cu_q[b]))
+        assert o_start == (b * L_q if bq else q_start)
+        # rows that see a key of [n0, n0 + BN): i >= n - (len_k - len_q) for some n
+        keys = torch.arange(n0, min(n0 + BN, len_k))
+        rows = torch.arange(len_q)
+        sees = (keys[None, :] <= rows[:, None] + (len_k - len_q)).any(1) if causal else \
+            torch.ones(len_q, dtype=torch.bool)
+        blocks = sorted({int(i) // BM for i in rows[sees]})
+        want = list(range(blocks[0], blocks[-1] + 1)) if blocks else []
+        got = list(range(m_lo // BM, m_lo // BM + n_m))
+        assert m_lo % BM == 0 and got == want, (b, n0, got, want)

@@ -16,14 +16,14 @@ def test_fast_is_one_launcher_per_kernel():
     f = fast(_k)
     assert fast(_k) is f
     if isinstance(_k, JITFunction):
-        assert f is not _k and f.fn is _k and f.kernels == {}
+        assert f is not _k and f.fn is _k and f.plans == {}
     else:  # TRITON_INTERPRET=1: no compiled kernel to call directly
         assert f is _k
 
 
 def test_no_hook_by_default_and_a_hook_is_seen():
-    """The fast path's guard: until session 11 it compared Triton 3.8's (empty) hook chain
-    with None, so the fast path never ran."""
+    """The plan path's guard: Triton 3.8's hook chain is never None, and an empty one is
+    no hook."""
     from types import SimpleNamespace
 
     from triton import knobs
@@ -40,10 +40,10 @@ def test_no_hook_by_default_and_a_hook_is_seen():
         assert hooked(SimpleNamespace(launch_enter_hook=c))
 
 
-# ---------------------------------------------------------------- level 2: launch plans
-# Exercised on the CPU with the CUDA driver stubbed (as /tmp/h3/cpu_probe.py): the
-# binder, JITFunction.run, CudaLauncher and Triton's C++ make_tensordesc_args run for
-# real; compiling, cuTensorMapEncodeTiled and the C launch are stubs that record.
+# ---------------------------------------------------------------- launch plans
+# Exercised on the CPU with the CUDA driver stubbed: the binder, JITFunction.run,
+# CudaLauncher and Triton's C++ make_tensordesc_args run for real; compiling,
+# cuTensorMapEncodeTiled and the C launch are stubs that record.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
@@ -133,7 +133,7 @@ def stub():
     except Exception as e:  # pragma: no cover
         pytest.skip(f"cannot stub Triton's CUDA driver: {e}")
     names = ("PyKernelArg", "ARG_CONSTEXPR", "ARG_KERNEL", "ARG_TUPLE")
-    saved = (driver._active, {n: getattr(nvd, n) for n in names}, launch.MODE,
+    saved = (driver._active, {n: getattr(nvd, n) for n in names}, launch.FAST,
              launch.VERIFY)
     driver.set_active(_Driver())
     if nvd.PyKernelArg is None:  # no libcuda here: the launcher's argument annotations
@@ -147,7 +147,7 @@ def stub():
         driver._active = saved[0]
         for n, v in saved[1].items():
             setattr(nvd, n, v)
-        launch.MODE, launch.VERIFY = saved[2:]
+        launch.FAST, launch.VERIFY = saved[2:]
 
 
 def _buf(offset_bytes=0, n=4096, dtype=torch.bfloat16):
@@ -215,8 +215,8 @@ def test_plan_key_do_not_specialize(stub):
     assert _triton_key(fn, (x, 16, 1), dict(BLOCK=8)) == _triton_key(fn, (x, 16, 7), dict(BLOCK=8))
 
 
-def _launch(fn, mode, args, kw, grid=(7, 3)):
-    launch.set_mode(mode)
+def _launch(fn, plan, args, kw, grid=(7, 3)):
+    launch.set_fast(plan)
     _Utils.calls.clear()
     launch.fast(fn)[grid](*args, **kw)
     assert len(_Utils.calls) == 1
@@ -236,22 +236,22 @@ def test_plan_launch_equals_tritons(stub, tail):
     fn = _fake_compile(JITFunction(_py_kernel))
     f = launch.fast(fn)
     args, kw = _args(n=48), dict(tail, num_warps=4)
-    ref = _launch(fn, 0, args, kw)  # Triton's own path (compiles: the fake kernel)
+    ref = _launch(fn, False, args, kw)  # Triton's own path (compiles: the fake kernel)
     assert f.launches == 0
-    assert _launch(fn, 2, args, kw) == ref  # records: through Triton
+    assert _launch(fn, True, args, kw) == ref  # records: through Triton
     assert f.launches == 0 and f.records == 1
-    _same_launch(_launch(fn, 2, args, kw), ref)  # the plan
+    _same_launch(_launch(fn, True, args, kw), ref)  # the plan
     assert f.launches == 1
     kargs = ref[-1]
     assert kargs[0][0] == "map" and kargs[0][2] == 1  # desc_a: the first descriptor's meta
     assert kargs[-2 - 4 - 1][2] == 2  # desc_b (map, 2 dims, 2 strides, then constexprs)
     # other tensors, same specialization: the plan again, args as Triton's
     args2 = _args(x=_buf(32), n=64, m=9, a=_buf(16))
-    ref2 = _launch(fn, 0, args2, kw)
-    _same_launch(_launch(fn, 2, args2, kw), ref2)
+    ref2 = _launch(fn, False, args2, kw)
+    _same_launch(_launch(fn, True, args2, kw), ref2)
     assert f.launches == 2 and f.records == 1
     # a 1-d grid, and a hit in the descriptor cache is the same encoding
-    _same_launch(_launch(fn, 2, args2, kw, grid=(5,)), _launch(fn, 0, args2, kw, grid=(5,)))
+    _same_launch(_launch(fn, True, args2, kw, grid=(5,)), _launch(fn, False, args2, kw, grid=(5,)))
 
 
 def test_plan_falls_back(stub):
@@ -259,18 +259,18 @@ def test_plan_falls_back(stub):
     fn = _fake_compile(JITFunction(_py_kernel))
     f = launch.fast(fn)
     args, kw = _args(), dict(BLOCK=64)
-    _launch(fn, 2, args, kw)
-    _launch(fn, 2, args, kw)
+    _launch(fn, True, args, kw)
+    _launch(fn, True, args, kw)
     assert f.launches == 1
     knobs.runtime.launch_enter_hook.add(_hook := (lambda md: None))
     try:
-        _launch(fn, 2, args, kw)  # a profiler's hook: Triton's path
+        _launch(fn, True, args, kw)  # a profiler's hook: Triton's path
     finally:
         knobs.runtime.launch_enter_hook.remove(_hook)
     assert f.launches == 1 and f.fallbacks == 1
-    _launch(fn, 2, args[:-1] + (args[-1].base,), kw)  # a pointer for desc_b: a new plan
+    _launch(fn, True, args[:-1] + (args[-1].base,), kw)  # a pointer for desc_b: a new plan
     assert f.records == 2 and len(f.plans) == 2
-    _launch(fn, 2, args[:3] + ((3, 4),) + args[4:], kw)  # a kind the key lacks (a tuple)
+    _launch(fn, True, args[:3] + ((3, 4),) + args[4:], kw)  # a kind the key lacks (a tuple)
     assert f.launches == 1 and f.fallbacks == 2 and len(f.plans) == 2
 
 
@@ -279,23 +279,25 @@ def test_verify_checks_the_plan(stub):
     f = launch.fast(fn)
     args, kw = _args(), dict(BLOCK=64)
     launch.VERIFY = True
-    _launch(fn, 2, args, kw)
-    _launch(fn, 2, args, kw)  # verified: the binder agrees
+    _launch(fn, True, args, kw)
+    _launch(fn, True, args, kw)  # verified: the binder agrees
     assert f.launches == 1
     (plan,) = f.plans.values()
     plan.cache_key = "another"  # as if the key had merged two specializations
     with pytest.raises(AssertionError, match="specialization"):
-        _launch(fn, 2, args, kw)
+        _launch(fn, True, args, kw)
 
 
-def test_default_level_follows_the_verified_triton(monkeypatch):
-    """Level 2 is the default only on the Triton it was checked against on the GPU;
-    JAGGED_FAST_LAUNCH overrides either way, and an unknown value means Triton's path."""
+def test_plans_by_default_on_the_verified_triton(monkeypatch):
+    """Plans are the default only on the Triton they were checked against on the GPU;
+    JAGGED_FAST_LAUNCH=0 takes Triton's path there too."""
     monkeypatch.delenv("JAGGED_FAST_LAUNCH", raising=False)
     monkeypatch.setattr(triton, "__version__", launch.VERIFIED_TRITON + "0")
-    assert launch._env_mode() == 2
+    assert launch._default_fast()
     monkeypatch.setattr(triton, "__version__", "9.9.0")
-    assert launch._env_mode() == 0
-    for v, want in (("2", 2), ("1", 1), ("0", 0), ("yes", 0)):
-        monkeypatch.setenv("JAGGED_FAST_LAUNCH", v)
-        assert launch._env_mode() == want
+    assert not launch._default_fast()
+    monkeypatch.setattr(triton, "__version__", launch.VERIFIED_TRITON + "0")
+    monkeypatch.setenv("JAGGED_FAST_LAUNCH", "0")
+    assert not launch._default_fast()
+    monkeypatch.setenv("JAGGED_FAST_LAUNCH", "1")
+    assert launch._default_fast()

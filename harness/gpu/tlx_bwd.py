@@ -1,13 +1,9 @@
 """GPU check of kernels_tlx.bwd_hopper.backward: correctness on ~30 random problems
 (every mode, zero-length and length-1 sequences, broadcast-Q at B=1152), then timing.
 
-    python -m harness.gpu.tlx_bwd [--impl triton,ws] [--no-time] [--only-time] [--seed N]
-    python -m harness.gpu.tlx_bwd --impl triton --configs base,m16n128,m64n64 [--suites gem-jagged,llm-dense]
+    python -m harness.gpu.tlx_bwd [--no-time] [--only-time] [--seed N] [--suites gem-jagged,llm-dense]
 
---configs: bwd_hopper.CONFIGS names (impl "triton" only; "default" = pick_config's
-choice per problem): each config is checked on the random problems first and timed only
-if every problem passed. Timing rows carry the config name; a summary table with one
-column per config closes the run.
+Timing runs only if every problem passed.
 
 Correctness: out/lse come from the oracle (harness.oracle.reference at fp32, out cast
 to the input dtype); dq/dk/dv are compared (harness.oracle.compare) with the fp32
@@ -27,7 +23,7 @@ import torch
 
 from harness.oracle import compare, poison, reference
 from harness.problems import Problem
-from kernels_tlx.bwd_hopper import CONFIGS, backward
+from kernels_tlx.bwd_hopper import backward
 
 
 def random_problems(seed: int = 0) -> list[tuple[Problem, tuple | None]]:
@@ -71,7 +67,7 @@ def random_problems(seed: int = 0) -> list[tuple[Problem, tuple | None]]:
     return out
 
 
-def check_one(p: Problem, lengths, impl: str, config=None) -> tuple[bool, str]:
+def check_one(p: Problem, lengths) -> tuple[bool, str]:
     inp = p.build("cuda", lengths=lengths)
     bq = p.mode == "broadcast_q"
     kw = dict(causal=p.causal, broadcast_q=bq)
@@ -83,7 +79,7 @@ def check_one(p: Problem, lengths, impl: str, config=None) -> tuple[bool, str]:
     poison(inp.q, inp.k, inp.v)
     dq, dk, dv = backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
                           inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, p.causal,
-                          scale, bq, impl=impl, config=config)
+                          scale, bq)
     torch.cuda.synchronize()
     checks = [compare(n, g, ref[n], lowp[n], inp.q.dtype)
               for n, g in (("dq", dq), ("dk", dk), ("dv", dv))]
@@ -91,26 +87,21 @@ def check_one(p: Problem, lengths, impl: str, config=None) -> tuple[bool, str]:
     return ok, "; ".join(str(c) for c in checks)
 
 
-def _tag(impl: str, config) -> str:
-    return impl if config is None else f"{impl}:{config}"
-
-
-def correctness(seed: int, impl: str, config=None) -> int:
+def correctness(seed: int) -> int:
     fails = 0
     probs = random_problems(seed)
-    tag0 = _tag(impl, config)
     for i, (p, lengths) in enumerate(probs):
         t0 = time.time()
         tag = p.label() + (f" lengths q={lengths[0].tolist()} k={lengths[1].tolist()}" if lengths else "")
         try:
-            ok, msg = check_one(p, lengths, impl, config)
+            ok, msg = check_one(p, lengths)
         except Exception:
             ok, msg = False, "EXC " + traceback.format_exc(limit=4)
         fails += not ok
-        print(f"[{tag0} {i:2d}] {'PASS' if ok else 'FAIL'} {tag} ({time.time() - t0:.1f}s)")
+        print(f"[{i:2d}] {'PASS' if ok else 'FAIL'} {tag} ({time.time() - t0:.1f}s)")
         if not ok:
             print("     " + msg)
-    print(f"correctness [{tag0}]: {len(probs) - fails}/{len(probs)} passed", flush=True)
+    print(f"correctness: {len(probs) - fails}/{len(probs)} passed", flush=True)
     return fails
 
 
@@ -125,12 +116,10 @@ def timing_problems() -> list[Problem]:
     return probs
 
 
-def timing(impl: str, config=None, suites=None, results=None) -> list[str]:
-    """Median backward time per timing problem (of `suites`, all if None); `results`
-    (a dict) collects {(suite, label): TFLOP/s} for the summary table."""
+def timing(suites=None) -> list[str]:
+    """Median backward time per timing problem (of `suites`, all if None)."""
     import triton
     rows = []
-    tag = _tag(impl, config)
     for p in timing_problems():
         if suites and p.suite not in suites:
             continue
@@ -143,32 +132,15 @@ def timing(impl: str, config=None, suites=None, results=None) -> list[str]:
             scale = 1.0 / math.sqrt(p.head_dim)
             fn = lambda: backward(inp.dout, inp.q, inp.k, inp.v, out, lse, inp.cu_seqlens_q,
                                   inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
-                                  p.causal, scale, bq, impl=impl, config=config)
+                                  p.causal, scale, bq)
             ms = triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
             tf = p.flops("bwd") / (ms * 1e-3) / 1e12
-            rows.append(f"{tag:16s} {p.suite:16s} {p.label():60s} {ms:9.3f} ms {tf:7.1f} TFLOP/s")
-            if results is not None:
-                results[(p.suite, p.label())] = tf
+            rows.append(f"{p.suite:16s} {p.label():60s} {ms:9.3f} ms {tf:7.1f} TFLOP/s")
         except Exception as e:
-            rows.append(f"{tag:16s} {p.suite:16s} {p.label():60s} ERROR {type(e).__name__}: {str(e)[:120]}")
+            rows.append(f"{p.suite:16s} {p.label():60s} ERROR {type(e).__name__}: {str(e)[:120]}")
         print(rows[-1], flush=True)
         torch.cuda.empty_cache()
     return rows
-
-
-def summary(results: dict) -> str:
-    """One row per problem, one TFLOP/s column per config; best marked with *."""
-    tags = list(results)
-    keys = []
-    for r in results.values():
-        keys += [k for k in r if k not in keys]
-    lines = ["| suite | problem | " + " | ".join(tags) + " |", "|---|---|" + "---|" * len(tags)]
-    for suite, label in keys:
-        vals = [results[t].get((suite, label)) for t in tags]
-        best = max((v for v in vals if v is not None), default=None)
-        cells = ["–" if v is None else f"{v:.1f}{'*' if v == best else ''}" for v in vals]
-        lines.append(f"| {suite} | {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def main():
@@ -176,42 +148,19 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--only-time", action="store_true")
-    ap.add_argument("--impl", default=None,
-                    help="comma list of triton, ws (default: ws, the library's default on "
-                         "the GPU; with --configs: triton)")
-    ap.add_argument("--configs", default=None,
-                    help=f"comma list of bwd_hopper.CONFIGS names ({','.join(CONFIGS)}) or 'default'; "
-                         "impl triton only")
     ap.add_argument("--suites", default=None,
                     help="comma list of timing suites (gem-jagged, llm-dense, gem-broadcast-q); all if unset")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
-    impls = (a.impl or ("triton" if a.configs else "ws")).split(",")
-    runs = [(im, None) for im in impls]
-    if a.configs:
-        names = a.configs.split(",")
-        bad = [n for n in names if n != "default" and n not in CONFIGS]
-        if bad:
-            raise SystemExit(f"unknown configs {bad}; known: {sorted(CONFIGS)}")
-        runs = [("triton", None if n == "default" else n) for n in names]
-        runs += [(im, None) for im in impls if im != "triton"]
     suites = a.suites.split(",") if a.suites else None
-    fails = 0
-    rows, results = [], {}
-    for im, cfg in runs:  # per config: oracle first, timing only if it passed
-        f = 0 if a.only_time else correctness(a.seed, im, cfg)
-        fails += f
-        if not a.no_time:
-            if f:
-                print(f"[{_tag(im, cfg)}] not timed: {f} correctness failures")
-                continue
-            results[_tag(im, cfg)] = {}
-            rows += timing(im, cfg, suites, results[_tag(im, cfg)])
-    if rows:
-        print("\n=== backward timing (median, TFLOP/s = Problem.flops('bwd') / t) ===")
-        print("\n".join(rows))
-        print("\n=== TFLOP/s per config (* = best) ===")
-        print(summary(results))
+    fails = 0 if a.only_time else correctness(a.seed)
+    if not a.no_time:
+        if fails:
+            print(f"not timed: {fails} correctness failures")
+        else:
+            rows = timing(suites)
+            print("\n=== backward timing (median, TFLOP/s = Problem.flops('bwd') / t) ===")
+            print("\n".join(rows))
     raise SystemExit(1 if fails else 0)
 
 

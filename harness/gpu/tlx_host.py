@@ -1,19 +1,17 @@
 """Where the host's time per call goes, TLX forward and backward (GPU only).
 
 A cell whose kernels take less than the host needs to issue them is timed at the host's
-speed (PERF.md session 8: 256 / 0.1 took 0.16 ms of host a forward for 0.11 ms of
-kernel). This times each piece of one call alone, as mean microseconds per call over
+speed (256 / 0.1 took 0.16 ms of host a forward for 0.11 ms of kernel). This times each piece of one call alone, as mean microseconds per call over
 many issues (perf_counter, no sync inside the loop), and each Triton launch inside the
 real calls (JITFunction.run wrapped), so a change to the host path can be aimed.
 
     python -m harness.gpu.tlx_host [--match "Lq256 Lk256 s0.1"] [--n 200] [--batch 16]
 
-Rows timed both ways show three columns: launch mode 2 (cached launch plans), 1
-(launch.fast with the binder), 0 (Triton's JITFunction.run); each the least of two GC-off
-windows per mode. The correctness pass runs the forward and backward with mode 0 and
-with mode 2 (its plans, not a first call) and compares: out, lse, dk, dv bit for bit, dq
-by its max abs difference (atomic order). Set JAGGED_FAST_LAUNCH_VERIFY=1 to have each
-plan launch checked against the binder too.
+Rows timed both ways show two columns: launch plans (kernels_tlx.launch) and Triton's
+JITFunction.run; each the least of two GC-off windows per path. The correctness pass runs
+the forward and backward on Triton's path and on plans (not a first call) and compares:
+out, lse, dk, dv bit for bit, dq by its max abs difference (atomic order). --verify has
+each plan launch checked against the binder too (launch.VERIFY).
 
 A piece whose host time is near its kernels' time may read the GPU's time instead (the
 host waits once the launch queue is full): --batch 16 keeps the kernels far shorter.
@@ -125,13 +123,13 @@ def line_times(func, call, n: int, top: int = 12):
 
 
 def same_outputs(fwd, bwd) -> list[str]:
-    """Mode 2 against mode 0: forward and backward outputs, and that plans ran."""
+    """Plans against Triton's path: forward and backward outputs, and that plans ran."""
     from kernels_tlx import launch
-    mode0 = launch.mode()
+    fast0 = launch.FAST
     out = {}
-    for m in (0, 2):
-        launch.set_mode(m)
-        fwd(), bwd()  # mode 2: the first calls record, the next ones run the plans
+    for m in (False, True):
+        launch.set_fast(m)
+        fwd(), bwd()  # plans: the first calls record, the next ones run the plans
         before = {id(f): f.launches for f in launch._FAST.values()}
         with torch.no_grad():
             o, lse = fwd()
@@ -140,8 +138,8 @@ def same_outputs(fwd, bwd) -> list[str]:
         ran = {f.fn.__name__: f.launches - before[id(f)] for f in launch._FAST.values()
                if f.launches > before[id(f)]}
         out[m] = (o.clone(), lse.clone(), dq.clone(), dk.clone(), dv.clone(), ran)
-    launch.set_mode(mode0)
-    (o0, l0, q0, k0, v0, _), (o2, l2, q2, k2, v2, ran) = out[0], out[2]
+    launch.set_fast(fast0)
+    (o0, l0, q0, k0, v0, _), (o2, l2, q2, k2, v2, ran) = out[False], out[True]
     eq = lambda a, b: torch.equal(a, b) or bool(  # noqa: E731 (NaN in the same places)
         ((a == b) | (a.isnan() & b.isnan())).all())
     ok = eq(o0, o2) and eq(l0, l2) and eq(k0, k2) and eq(v0, v2)
@@ -168,34 +166,37 @@ def main():
     ap.add_argument("--batch", type=int, default=0,
                     help="another batch size (e.g. 16: kernels far shorter than the host's "
                          "work, so a full launch queue cannot make the host wait)")
+    ap.add_argument("--verify", action="store_true",
+                    help="check every plan launch against Triton's binder (launch.VERIFY)")
     a = ap.parse_args()
     from kernels_tlx import bwd_hopper, fwd_hopper, jagged_attention, launch
+    launch.VERIFY = a.verify
     p = next(p for p in suite(a.suite) if a.match in p.label())
     p = p.replace(batch=a.batch) if a.batch else p
     inp = p.build("cuda")
     q, k, v, cu_q, cu_k, mq, mk = inp.args()
     scale = q.shape[2] ** -0.5
     n = a.n
-    rows = []  # (what, us with launch plans (2), launch.fast (1), Triton's own path (0))
-    mode0 = launch.mode()
+    rows = []  # (what, us with launch plans, on Triton's own path)
+    fast0 = launch.FAST
     nan = float("nan")
 
-    def both(name, fn):  # each mode twice, ABCABC, the least of each (GC off: host_ms)
+    def both(name, fn):  # each path twice, ABAB, the least of each (GC off: host_ms)
         best = {}
-        for m in (0, 1, 2, 0, 1, 2):
-            launch.set_mode(m)
+        for m in (False, True, False, True):
+            launch.set_fast(m)
             best[m] = min(best.get(m, float("inf")), per_call_us(fn, n))
-        launch.set_mode(mode0)
-        rows.append((name, best[2], best[1], best[0]))
+        launch.set_fast(fast0)
+        rows.append((name, best[True], best[False]))
 
     def plain(entries):
-        rows.extend((name, nan, nan, us) for name, us in entries)
+        rows.extend((name, nan, us) for name, us in entries)
 
     def traced(call):  # Triton's launches timed alone, inside the real calls
-        launch.set_mode(0)
+        launch.set_fast(False)
         with LaunchTimes() as lt:
             per_call_us(call, n)
-        launch.set_mode(mode0)
+        launch.set_fast(fast0)
         plain(lt.rows(n + 1))
         return lt
 
@@ -206,7 +207,7 @@ def main():
     fwd = lambda: fwd_hopper.forward(*fwd_args)  # noqa: E731
     both("fwd: API call (no_grad)", fwd_api)
     both("  fwd_hopper.forward", fwd)
-    cfg = fwd_hopper.pick_config(q.shape[2], mk, False, False, k.shape[0] / (cu_k.shape[0] - 1))
+    cfg = fwd_hopper.pick_config(q.shape[2], mk, False, k.shape[0] / (cu_k.shape[0] - 1))
     TD = fwd_hopper.TensorDescriptor
     x = torch.empty(16, device="cuda")
     plain([("  validate", per_call_us(lambda: validate(q, k, v, cu_q, cu_k, mq, mk), n)),
@@ -221,7 +222,7 @@ def main():
                lambda: _nop[(1,)](x, 16, BLOCK=16), n))])
     lt = traced(fwd)
     plain(launch_parts(*lt.last["fwd_kernel"], n))
-    rows.extend((name, nan, us, nan) for name, us in line_times(fwd_hopper.forward, fwd, n))
+    rows.extend((name, us, nan) for name, us in line_times(fwd_hopper.forward, fwd, n))
 
     call, _ = pass_call(jagged_attention, inp, "bwd", dict(causal=False))
     with torch.no_grad():
@@ -231,17 +232,17 @@ def main():
     both("bwd: autograd.grad", call)
     both("  bwd_hopper.backward", bwd)
     lt = traced(bwd)
-    plain(launch_parts(*lt.last["_bwd_main_ws"], n))
-    rows.extend((name, nan, us, nan) for name, us in line_times(bwd_hopper.backward, bwd, n))
+    plain(launch_parts(*lt.last["bwd_kernel"], n))
+    rows.extend((name, us, nan) for name, us in line_times(bwd_hopper.backward, bwd, n))
     checks = same_outputs(fwd, bwd)
 
     print(f"\nhost us per call, {p.label()}, {torch.cuda.get_device_name()}, "
           f"triton {triton.__version__}, torch {torch.__version__}")
-    print(f"line times: launch mode {mode0} (JAGGED_FAST_LAUNCH); launch.VERIFY={launch.VERIFY}")
-    print(f"{'':48s} {'plan(2)':>8s} {'fast(1)':>8s} {'triton(0)':>9s}")
-    for name, plan_us, fast_us, slow_us in rows:
-        print(f"{name:48s} {plan_us:8.1f} {fast_us:8.1f} {slow_us:9.1f}")
-    print("\ncorrectness, launch plans (mode 2) against Triton's path (mode 0):")
+    print(f"line times: launch plans {fast0}; launch.VERIFY={launch.VERIFY}")
+    print(f"{'':48s} {'plans':>8s} {'triton':>9s}")
+    for name, plan_us, slow_us in rows:
+        print(f"{name:48s} {plan_us:8.1f} {slow_us:9.1f}")
+    print("\ncorrectness, launch plans against Triton's path:")
     for line in checks:
         print("  " + line)
 

@@ -6,7 +6,7 @@ ours on the same dense problem (bf16, D = 128, non-causal), timed in one process
 The tutorial takes [B, H, N, D] (each head's rows contiguous); ours takes the packed
 [B * N, H, D] of the jagged API, and also runs on the tutorial's layout as B * H
 sequences of one head, which separates the layout from the kernel. Every output is
-checked against the tutorial's before the times are printed; JAGGED_FWD_CONFIG applies.
+checked against the tutorial's before the times are printed.
 """
 from __future__ import annotations
 
