@@ -176,7 +176,8 @@ def dq_smem_layout(D: int, bm: int):
     """The fp32 dQ partial in smem, (bm, D), as the TMA reduce boxes read it: D / DQ_WIDE
     blocks of (bm, DQ_WIDE) row-major, 128 B rows, 128B swizzle (a ComposedLayout whose
     swizzle counts bytes, as sK's: the TMA atom takes its swizzle mode from it; compute
-    writes through `dq_store_view`). Against one row-major box: llm causal -11.9 %."""
+    writes through `dq_store_view`). Against 64 x 8 boxes (32 B rows): llm causal
+    -11.9 %."""
     import cutlass.cute as cute
     from cutlass import Float32
     from cutlass.cute.nvgpu import warpgroup
@@ -197,6 +198,7 @@ def dq_store_view(layout):
     return element_swizzled(layout, Float32)
 
 
+# role: schedule
 class Sched(NamedTuple):
     """What every role of BwdMain needs to walk the tile list (schedule.tile_range,
     schedule.kv_tile_coords, tile_counter)."""
@@ -287,6 +289,7 @@ def _kernel_classes():
     # ================================================================================
     # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
     # ================================================================================
+    # role: compute
     class Preprocess:
         def __init__(self, dtype, head_dim: int, zero_dq: bool):
             self.dtype, self.D, self.zero_dq = dtype, head_dim, zero_dq
@@ -554,24 +557,22 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 publish_tile(sched.mSched, sched.pipeline_tile, t, i)
             while t < n_tiles:
-                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
                 if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
-                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group,
-                                             o_start, m_lo, len_q)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group, seq, m_lo)
                 self.load_kv(mK, mV, s.sK, s.sV, tma_atom_K, tma_atom_V, pipeline_kv,
-                             kv_state, k_start + n0, hk)
+                             kv_state, seq.k_start + n0, hk)
                 kv_state.advance()
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
                     self.load_q(mQ, mdO, s, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
-                                q_start + m0, o_start + m0, h, raw, lane, m0, len_q)
+                                seq.q_start + m0, seq.out_start + m0, h, raw, lane, m0,
+                                seq.len_q)
                     # the next step's rows (the last step reloads its own: no branch)
                     j1 = cutlass.min(j + 1, group * n_m - 1)
-                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane,
-                                             hk * group + j1 // n_m, o_start,
-                                             m_lo + (j1 % n_m) * self.bm, len_q)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group + j1 // n_m,
+                                             seq, m_lo + (j1 % n_m) * self.bm)
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
                 i += 1
@@ -620,17 +621,18 @@ def _kernel_classes():
             cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, q_state.index], tma_bar_ptr=bar)
 
         @cute.jit
-        def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, o_start, m0, len_q):
-            """Lane l loads lse, delta of rows m0 + ld_row(l, e) into raw (lse e, delta
+        def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, seq, m0):
+            """Lane l loads lse, delta of the sequence's rows m0 + ld_row(l, e) into raw (lse e, delta
             ld_rows + e; rows 2l, 2l + 1 (128 rows: and 64 on), no branch: rows past the
             end read row len_q - 1, n_m > 0 implies len_q > 0; `mask_lse_delta` masks
             them). Staged in smem by the load warp a step ahead: loaded by compute at their
             use they were 46 % of the kernel's time at llm."""
             for e in cutlass.range_constexpr(self.ld_rows):
-                row = o_start + cutlass.min(ld_row(lane, e, m0), len_q - 1)
+                row = seq.out_start + cutlass.min(ld_row(lane, e, m0), seq.len_q - 1)
                 raw[e] = mLSE[h, row]
                 raw[self.ld_rows + e] = mDelta[h, row]
 
+        # role: load
         @cute.jit
         def mask_lse_delta(self, raw, lane, m0, len_q):
             """raw (lane's rows m0 + ld_row(lane, e): lse e, delta ld_rows + e) ->
@@ -718,8 +720,7 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
-                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
                 jm = m_lo * 0     # step j's Q block (j % n_m), carried; the head is not read
@@ -731,12 +732,12 @@ def _kernel_classes():
                 for j in cutlass.range(group * n_m, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                      len_k, len_q, scale_log2, (s.sLD, ld_off), kv)
+                                      seq, scale_log2, (s.sLD, ld_off), kv)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
                 # ---- store dK, dV
-                self.store(mdK, mdV, acc_dK, acc_dV, k_start, n0, len_k, hk, scale, kv_smem,
-                           tiled_mma_dkv, tidx)
+                self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem, tiled_mma_dkv,
+                           tidx)
                 # the store wrote sV (generic proxy): order it before the next TMA write
                 # into this stage (two stages: two tiles on; the load warp fills the other
                 # stage meanwhile)
@@ -746,6 +747,7 @@ def _kernel_classes():
                 i += 1
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
 
+        # role: compute
         @cute.jit
         def read_ld(self, ld, x, ncol):
             """lse*log2e (x = 0) or delta (x = 1) of this thread's ncol query columns
@@ -764,8 +766,8 @@ def _kernel_classes():
             return v
 
         @cute.jit
-        def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                         scale_log2, ld, kv=None):
+        def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
+                         ld, kv=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
             offset), `read_ld`. kv: the tile's K/V stage (None: one stage)."""
@@ -774,15 +776,13 @@ def _kernel_classes():
                                tPrV=mma.tPrV[None, None, None, kv],
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm > 64):
-                self.compute_step_128(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                      scale_log2, ld)
+                self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld)
             else:
-                self.compute_step_64(mma, q_state, pipeline_q, n0, m0, len_k, len_q,
-                                     scale_log2, ld)
+                self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld)
 
         @cute.jit
-        def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                            scale_log2, ld):
+        def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
+                            ld):
             """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
             starts from -delta, so it returns dP^T - delta and no delta register lives
             through the step's peak (dS^T); lse is read after the S^T wait, at use (read
@@ -800,7 +800,7 @@ def _kernel_classes():
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
-            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, len_k, len_q, scale_log2)
+            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
@@ -813,8 +813,8 @@ def _kernel_classes():
             self.dk_dq(mma, acc_dP, q_state, pipeline_q)
 
         @cute.jit
-        def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, len_k, len_q,
-                             scale_log2, ld):
+        def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
+                             ld):
             """compute_step at 128 query rows, the dots one after the other, as the TLX
             twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
             [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
@@ -826,7 +826,7 @@ def _kernel_classes():
             acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
             wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
                   zero_init=True, wait=0)
-            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, len_k, len_q,
+            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
                             scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
@@ -856,7 +856,7 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, len_k, len_q, scale_log2):
+        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2):
             """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 on every step
             (keys past the sequence; causal: right of the diagonal), as TLX; returns the
             (key, query) view."""
@@ -865,9 +865,9 @@ def _kernel_classes():
                 key = n0 + tScS[r, 0][0]
                 for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
                     p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
-                    keep = key < len_k
+                    keep = key < seq.len_k
                     if const_expr(self.causal):
-                        keep = keep & (key <= m0 + tScS[0, c][1] + len_k - len_q)
+                        keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
                     St[r, c] = p if keep else Float32(0.0)
             return St
 
@@ -916,13 +916,12 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
-                b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = \
-                    self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
                     tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
-                        mdQacc, slot_row + q_start + m0, h, self.bm, self.D))
+                        mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
                     cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
                                       number_of_threads=DQ_BARRIER_THREADS)
                     # the whole warp calls: the TMA op elects one issuing lane itself
@@ -937,8 +936,8 @@ def _kernel_classes():
 
         # ------------------------------------------------------------------ store
         @cute.jit
-        def store(self, mdK, mdV, acc_dK, acc_dV, k_start, n0, len_k, hk, scale, stage,
-                  tiled_mma_dkv, tidx):
+        def store(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, stage, tiled_mma_dkv,
+                  tidx):
             """dK (times the softmax scale) and dV of the tile, in the input dtype; rows
             past the sequence end are never written (they belong to the next sequence).
             Each warpgroup stages them in its own half of sV (stmatrix), then 16-byte
@@ -975,12 +974,13 @@ def _kernel_classes():
                 cute.copy(r2s, thr_r2s.retile(r), tRsV)
                 cute.arch.barrier(barrier_id=STORE_BARRIER + wg, number_of_threads=128)
                 store_rows(s2g, tidx % 128, half,
-                           head_tile(m, k_start + n0, hk, rows, D, (wg, 0)),
-                           len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
+                           head_tile(m, seq.k_start + n0, hk, rows, D, (wg, 0)),
+                           seq.len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
     # ================================================================================
+    # role: reduce_dq
     class Postprocess:
         def __init__(self, dtype):
             self.dtype = dtype

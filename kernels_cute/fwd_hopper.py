@@ -93,6 +93,7 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
     return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
 
 
+# role: schedule
 class Sched(NamedTuple):
     """What every role needs to decode a tile id (schedule.tile_coords)."""
     mPairs: Any          # the tile list: (batch element, query block) pairs
@@ -313,12 +314,11 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                    self.schedule(tile, sched)
+                h, hk, m0, seq, n_bulk, n_end = self.schedule(tile, sched)
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
                 # q_stages slots (always: the slot also stages this tile's O)
                 tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
-                                       head_tile(mQ, q_start + m0, h, self.block_m, self.D))
+                                       head_tile(mQ, seq.q_start + m0, h, self.block_m, self.D))
                 pipeline_q.producer_acquire(q_state)
                 cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
                           tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
@@ -326,9 +326,9 @@ def _kernel_class():
                 if n_end > 0:
                     # K, V: (block_n, D) boxes of kv head hk; block n at row k_start + n*block_n
                     tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(
-                        mK, k_start, hk, self.block_n, self.D, (None, 0)))
+                        mK, seq.k_start, hk, self.block_n, self.D, (None, 0)))
                     tVsV, tVgV = tma_tiles(tma_atom_V, sV, head_tile(
-                        mV, k_start, hk, self.block_n, self.D, (None, 0)))
+                        mV, seq.k_start, hk, self.block_n, self.D, (None, 0)))
                     for n in cutlass.range(n_end, unroll=1):
                         pipeline_k.producer_acquire(kv_state)
                         blk = kv_block(n, n_end, self.mask_first)
@@ -375,9 +375,8 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = \
-                    self.schedule(tile, sched)
-                geom = (m0, len_q, len_k)
+                h, hk, m0, seq, n_bulk, n_end = self.schedule(tile, sched)
+                geom = (m0, seq)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
@@ -404,7 +403,7 @@ def _kernel_class():
                     kv_state = self.last_pv(mma_t, kv_state)
                 self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
-                           store_tiled_copy_O, tidx, h, m0, out_start, len_q)
+                           store_tiled_copy_O, tidx, h, m0, seq)
                 # the slot is free once this warp's reads of O are done; order our generic
                 # smem accesses before the next TMA write into it
                 cute.arch.fence_view_async_shared()
@@ -414,14 +413,15 @@ def _kernel_class():
 
         @cute.jit
         def mask(self, acc_S, n, geom, tScS):
-            """-inf on keys past the sequence end and (causal) right of the diagonal."""
-            m0, len_q, len_k = geom
+            """-inf on keys past the sequence end and (causal) right of the diagonal.
+            geom: (m0, the tile's SeqlenInfo)."""
+            m0, seq = geom
             S = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
-                limit = len_k - n * self.block_n
+                end = seq.len_k                                     # the keys row r sees
                 if const_expr(self.causal):
-                    limit = cutlass.min(limit, m0 + tScS[r, 0][0] + len_k - len_q + 1
-                                        - n * self.block_n)
+                    end = seq.causal_kv_end(m0 + tScS[r, 0][0] + 1)
+                limit = end - n * self.block_n
                 # one select per element, as TLX's tl.where (an `if` per element: ~1000
                 # more SASS a 128-key masked block; 256 / 0.5 0.380 -> 0.272 ms)
                 for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
@@ -512,8 +512,9 @@ def _kernel_class():
         # ------------------------------------------------------------------ store
         @cute.jit
         def store(self, acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
-                  tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, out_start, len_q):
+                  tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, seq):
             """O / rowsum and LSE out; rows at or past len_q are never written."""
+            out_start = seq.out_start
             O = acc_rows_cols(acc_O)
             lse = cute.make_rmem_tensor_like(row_max, Float32)
             for r in cutlass.range_constexpr(cute.size(O, mode=[0])):
@@ -524,7 +525,7 @@ def _kernel_class():
                     row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
                 O[r, None].store(O[r, None].load() * inv)
 
-            rows_left = len_q - m0
+            rows_left = seq.len_q - m0
             # LSE [H, Nout]: the thread holding column 0 of a row writes it
             gLSE = cute.domain_offset((out_start + m0,), mLSE[h, None])
             if tScS[0, 0][1] == 0:

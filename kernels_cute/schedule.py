@@ -24,6 +24,8 @@ traced inside a @cute.jit role; importing this module does not load the DSL.
 
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
+from .seqinfo import SeqlenInfo
+
 __all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords",
            "tile_range"]
 
@@ -31,9 +33,9 @@ __all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
                 BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
     """Forward tile id -> where it lives: head h, kv head, first query row m0
-    (in-sequence), packed row bases of q / k / out, the lengths, and the KV block split:
-    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (mCuQ unused)."""
+    (in-sequence), its sequence (SeqlenInfo), and the KV block split: blocks [0, n_bulk)
+    need no mask, blocks [n_bulk, n_end) are masked. BROADCAST_Q: q is one dense
+    [L_q, H, D] for every sequence (mCuQ unused)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -51,26 +53,16 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
-    k_start = mCuK[b]
-    len_k = mCuK[b + 1] - k_start
-    if cutlass.const_expr(BROADCAST_Q):
-        q_start = b * 0
-        len_q = L_q + b * 0
-        out_start = b * L_q
-    else:
-        q_start = mCuQ[b]
-        len_q = mCuQ[b + 1] - q_start
-        out_start = q_start
+    seq = SeqlenInfo.of(b, mCuQ, mCuK, L_q, BROADCAST_Q)
     if cutlass.const_expr(CAUSAL):
-        diag = len_k - len_q
-        kv_end = cutlass.min(cutlass.max(m0 + BLOCK_M + diag, 0), len_k)
-        kv_full = cutlass.min(cutlass.max(m0 + 1 + diag, 0), len_k)  # seen by every row
+        kv_end = seq.causal_kv_end(m0 + BLOCK_M)
+        kv_full = seq.causal_kv_end(m0 + 1)  # seen by every row
     else:
-        kv_end = len_k
-        kv_full = len_k
+        kv_end = seq.len_k
+        kv_full = seq.len_k
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
-    return h, h // group, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
+    return h, h // group, m0, seq, n_bulk, n_end
 
 
 def kv_block(j, n_end, mask_first: bool):
@@ -116,31 +108,20 @@ def tile_range(sched, BROADCAST_Q: bool):
 
 def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
                    BROADCAST_Q: bool):
-    """Backward tile t -> (batch b, KV head hk, first key n0, keys / queries of the
-    sequence, token offsets of k rows, of q rows and of dO / O / lse rows, first Q row
-    m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head."""
+    """Backward tile t -> (batch b, KV head hk, first key n0, its sequence (SeqlenInfo),
+    first Q row m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head."""
     import cutlass
 
-    L_q, HKV = sched.L_q, sched.HKV
+    HKV = sched.HKV
     base, hk = t, pinned
     if cutlass.const_expr(not BROADCAST_Q):
         base = t // HKV
         hk = t % HKV
     b = sched.mTileB[base]
     n0 = sched.mTileN[base] * BLOCK_N
-    k_start = sched.mCuK[b]
-    len_k = sched.mCuK[b + 1] - k_start
-    if cutlass.const_expr(BROADCAST_Q):
-        q_start = b * 0
-        o_start = b * L_q
-        len_q = L_q + b * 0
-    else:
-        q_start = sched.mCuQ[b]
-        o_start = q_start
-        len_q = sched.mCuQ[b + 1] - q_start
+    seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
     m_lo = b * 0
     if cutlass.const_expr(CAUSAL):
-        # first row that sees key n0: i >= n0 - (len_k - len_q)
-        m_lo = cutlass.max(n0 - len_k + len_q, 0) // BLOCK_M * BLOCK_M
-    n_m = cutlass.max((len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
-    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+        m_lo = seq.causal_q_start(n0) // BLOCK_M * BLOCK_M   # the block of the first row
+    n_m = cutlass.max((seq.len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
+    return b, hk, n0, seq, m_lo, n_m

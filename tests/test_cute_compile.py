@@ -85,3 +85,34 @@ def test_forward_configs():
             for max_k, mean_k in ((64, None), (8192, None), (2048, 100.0)):
                 assert F.pick_config(d, max_k, causal, mean_k) == \
                     F.CONFIGS[(d, fwd_bucket(max_k, mean_k, causal), causal)]
+
+
+@needs_dsl
+def test_seqinfo_matches_the_core():
+    """kernels_cute.seqinfo (the kernels' sequence and causal ranges, traced on the DSL's
+    integers) computes what jagged.seqinfo's references do, on plain ints: every row /
+    key against self (len_q = len_k), more queries than keys and more keys than queries,
+    empty sequences included; and SeqlenInfo.of reads the offsets as seq_range does
+    (broadcast-Q: the dense query, out rows b * L_q on)."""
+    import torch
+    from jagged import seqinfo as core
+    from kernels_cute import seqinfo as S
+    for len_q in (0, 1, 5, 64, 130):
+        for len_k in (0, 1, 5, 64, 200):
+            for x in range(-3, 260, 7):
+                assert S.causal_kv_end(x, len_q, len_k) == \
+                    int(core.causal_kv_end_ref(x, len_q, len_k)), (x, len_q, len_k)
+                assert S.causal_q_start(x, len_q, len_k) == \
+                    int(core.causal_q_start_ref(x, len_q, len_k)), (x, len_q, len_k)
+                assert S.causal_visible(x, x + 3, len_q, len_k) == \
+                    bool(core.causal_visible_ref(x, x + 3, len_q, len_k))
+    cu_q, cu_k = [0, 5, 5, 12], [0, 7, 30, 31]
+    starts_q, lens_q = core.seq_range_ref(torch.tensor(cu_q))
+    starts_k, lens_k = core.seq_range_ref(torch.tensor(cu_k))
+    for b in range(3):
+        seq = S.SeqlenInfo.of(b, cu_q, cu_k, 0, False)
+        assert (seq.q_start, seq.out_start, seq.len_q) == (starts_q[b], starts_q[b], lens_q[b])
+        assert (seq.k_start, seq.len_k) == (starts_k[b], lens_k[b])
+        seq = S.SeqlenInfo.of(b, None, cu_k, 9, True)
+        assert (seq.q_start, seq.out_start, seq.len_q) == (0, 9 * b, 9)
+        assert seq.causal_kv_end(9) == core.causal_kv_end_ref(9, 9, seq.len_k)

@@ -1,0 +1,79 @@
+"""Sequence ranges and the bottom-right causal range of the CuteDSL kernels, written once:
+the CuteDSL twin of `jagged/seqinfo.py`, with the same names and semantics.
+
+Sequence b of a packed operand holds tokens [cu[b], cu[b + 1]); broadcast-Q's query is
+one dense [L_q, H, D] shared by every sequence (first token 0, length L_q) whose out /
+lse / dO rows are b * L_q on.
+
+Causal masking is bottom-right aligned, as FA's: query row i sees key j iff
+j <= i + len_k - len_q (`causal_visible`). The rows [0, row_end) see the keys
+[0, causal_kv_end(row_end)), and key n0 is seen by the rows [causal_q_start(n0), len_q);
+both clamped to the sequence.
+
+Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
+module does not load the DSL.
+"""
+from typing import Any, NamedTuple
+
+
+def _min(a, b):
+    import cutlass
+    return cutlass.min(a, b)
+
+
+def _max(a, b):
+    import cutlass
+    return cutlass.max(a, b)
+
+
+def causal_visible(i, j, len_q, len_k):
+    """Whether query row i sees key j (the sequence's bounds are the caller's)."""
+    return j <= i + (len_k - len_q)
+
+
+# Both clamp with the max last (the same for len_q, len_k >= 0): the compiler then knows
+# the result is not negative, so a division by a block is a shift, and sm_90 fuses the
+# pair (min.relu).
+def causal_kv_end(row_end, len_q, len_k):
+    """Keys [0, result) are those the query rows below row_end see, clamped to
+    [0, len_k]."""
+    return _max(_min(row_end + (len_k - len_q), len_k), 0)
+
+
+def causal_q_start(n0, len_q, len_k):
+    """The first query row that sees key n0, clamped to [0, len_q]."""
+    return _max(_min(n0 - (len_k - len_q), len_q), 0)
+
+
+# role: schedule
+class SeqlenInfo(NamedTuple):
+    """Where sequence b lives in the packed tensors, and its lengths."""
+    q_start: Any      # first row of its queries in q (broadcast-Q: 0)
+    out_start: Any    # first row of its out / lse / dO rows (broadcast-Q: b * L_q)
+    k_start: Any      # first row of its keys in k, v
+    len_q: Any
+    len_k: Any
+
+    @staticmethod
+    def of(b, mCuQ, mCuK, L_q, broadcast_q: bool) -> "SeqlenInfo":
+        """Sequence b's ranges from the offsets (broadcast-Q: mCuQ unused, L_q)."""
+        k_start = mCuK[b]
+        len_k = mCuK[b + 1] - k_start
+        if broadcast_q:
+            q_start = b * 0
+            len_q = L_q + b * 0
+            out_start = b * L_q
+        else:
+            q_start = mCuQ[b]
+            len_q = mCuQ[b + 1] - q_start
+            out_start = q_start
+        return SeqlenInfo(q_start, out_start, k_start, len_q, len_k)
+
+    def causal_visible(self, i, j):
+        return causal_visible(i, j, self.len_q, self.len_k)
+
+    def causal_kv_end(self, row_end):
+        return causal_kv_end(row_end, self.len_q, self.len_k)
+
+    def causal_q_start(self, n0):
+        return causal_q_start(n0, self.len_q, self.len_k)
