@@ -622,11 +622,11 @@ def _kernel_classes():
 
         @cute.jit
         def load_lse_delta_rows(self, raw, mLSE, mDelta, lane, h, seq, m0):
-            """Lane l loads lse, delta of the sequence's rows m0 + ld_row(l, e) into raw (lse e, delta
-            ld_rows + e; rows 2l, 2l + 1 (128 rows: and 64 on), no branch: rows past the
-            end read row len_q - 1, n_m > 0 implies len_q > 0; `mask_lse_delta` masks
-            them). Staged in smem by the load warp a step ahead: loaded by compute at their
-            use they were 46 % of the kernel's time at llm."""
+            """Lane l loads lse, delta of the sequence's rows m0 + ld_row(l, e) into raw
+            (lse e, delta ld_rows + e; rows 2l, 2l + 1 (128 rows: and 64 on), no branch:
+            rows past the end read row len_q - 1, n_m > 0 implies len_q > 0;
+            `mask_lse_delta` masks them). Staged in smem by the load warp a step ahead:
+            loaded by compute at their use they were 46 % of the kernel's time at llm."""
             for e in cutlass.range_constexpr(self.ld_rows):
                 row = seq.out_start + cutlass.min(ld_row(lane, e, m0), seq.len_q - 1)
                 raw[e] = mLSE[h, row]
@@ -802,7 +802,7 @@ def _kernel_classes():
             lse2 = self.read_ld(ld, 0, ncol)
             St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
+            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
             warpgroup.wait_group(1)
             # dS^T = P^T (dP^T - delta)
@@ -829,7 +829,7 @@ def _kernel_classes():
             St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
                             scale_log2)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                            # dV += P^T dO
+            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
             acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
             self.minus_delta(acc_dP, ld, ncol)
@@ -889,7 +889,7 @@ def _kernel_classes():
             wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,   # dQ = dS K
                   wait=-1)
             # wait for dQ (and dV) only, so dK runs under the store
-            wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                          # dK += dS^T Q
+            wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)

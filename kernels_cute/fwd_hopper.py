@@ -356,7 +356,8 @@ def _kernel_class():
             acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((M, self.D)), Float32)
             tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((M, self.block_n)))
             # (row, col) of every accumulator element, for masks and the LSE store
-            tScS = acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((M, self.block_n))))
+            tScS = acc_rows_cols(thr_mma_qk.partition_C(
+                cute.make_identity_tensor((M, self.block_n))))
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             mma = Operands(tiled_mma_qk, tiled_mma_pv,

@@ -8,7 +8,8 @@
    N=8192, D=128), printed as a TFLOP/s table last (Problem.flops('fwd') / t).
 Takes well under 3 minutes on an H200 (most of it compiling the configs).
 
---bwd: the CuteDSL Hopper backward (kernels_cute/bwd_hopper.py) instead: dq/dk/dv of ~20 problems across modes (plus the edge cases) against
+--bwd: the CuteDSL Hopper backward (kernels_cute/bwd_hopper.py) instead: dq/dk/dv of
+~20 problems across modes (plus the edge cases) against
 harness.oracle.check(backward=True), run through kernels_cute.jagged_attention
 (the CuteDSL forward, then the CuteDSL backward), every problem runs even if one raises;
 then the backward alone timed (synthetic out/lse) on gem-jagged, llm-dense and
