@@ -63,6 +63,7 @@ with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -75,7 +76,7 @@ from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
 from .launch import fast
-from .schedule import kv_tile_coords, tile_range
+from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -116,11 +117,64 @@ def pick_config(head_dim: int, mean_k: float) -> Config:
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
-# setmaxnreg per role: producer (default, the compiler picks) + 2x4 consumer warps + 1 reduce warp
+# setmaxnreg per role: producer (the compiler's at 32-row steps), 2 x 4 consumer warps,
+# and the reduce warp
 REGS_COMPUTE = tl.constexpr(232)
 REGS_COMPUTE_M64 = tl.constexpr(240)  # 64- and 128-row steps: no reduce warp, 3 warpgroups
 REGS_REDUCE = tl.constexpr(24)
 DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
+
+
+class Descs(NamedTuple):
+    """TMA descriptors: the Q, K, V, dO operands and the fp32 dQ accumulator."""
+    q: object
+    k: object
+    v: object
+    do: object
+    dq: object
+
+
+class Smem(NamedTuple):
+    """A program's shared memory: K / V halves [stage * NC + consumer], the Q / dO ring,
+    dS^T halves (two steps deep), each consumer's dQ staging, and the step's lse2 / delta
+    beside the ring (None at 32-row steps, where the consumers carry them)."""
+    k: object
+    v: object
+    q: object
+    do: object
+    ds: object
+    dq: object
+    lse: object
+    delta: object
+
+
+class Bars(NamedTuple):
+    """mbarriers, full / empty pairs: K/V stages, the Q/dO ring, each consumer's dQ
+    staging, the tile handoff (tile_counter.py)."""
+    kv_full: object
+    kv_empty: object
+    q_full: object
+    q_empty: object
+    dq_full: object
+    dq_empty: object
+    tile_full: object
+    tile_empty: object
+
+
+class RowStats(NamedTuple):
+    """lse and delta, [H, Nq] fp32, stride_h elements between heads."""
+    lse: object
+    delta: object
+    stride_h: object
+
+
+class Grads(NamedTuple):
+    """dK and dV ([Nk, H_kv, D], strides in elements) and the softmax scale dK takes."""
+    dk: object
+    dv: object
+    stride_tok: object
+    stride_h: object
+    scale: object
 
 
 def dq_cols(head_dim: int) -> int:  # role: host
@@ -183,78 +237,69 @@ def lse_log2(lse):  # role: compute
 
 # ----------------------------------------------------------------------------- roles
 @triton.jit
-def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
-         kv_full, kv_empty, q_full, q_empty,
-         tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+def load(descs, smem, bars, tiles, stats,
          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
          BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-         NKV: tl.constexpr, lse_ptr=None, delta_ptr=None, stride_lse_h=None,
-         lse_smem=None, delta_smem=None,
-         dq_desc=None, dq_smem=None, dq_full=None, dq_empty=None, DQ_COLS: tl.constexpr = 0,
-         REDUCE_DQ: tl.constexpr = False, sched_ptr=None, tile_full=None,
-         tile_empty=None, DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False,
-         DQ_ROWS: tl.constexpr = 0):
-    """The producer: per tile K and V, per Q step Q and dO, by TMA. With lse_smem (64- and
+         NKV: tl.constexpr, DQ_COLS: tl.constexpr, REDUCE_DQ: tl.constexpr,
+         DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr):
+    """The producer: per tile K and V, per Q step Q and dO, by TMA. With smem.lse (64- and
     128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
     work, one step behind."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
-    ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(q_desc))
+    ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
     i = 0
     qcnt = 0
     if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
         if BROADCAST_Q:
-            slot_row = (pid // HKV) * L_q
+            slot_row = (pid // HKV) * tiles.L_q
         else:
             slot_row = 0
         dq_row = pid * 0  # the previous step's dQ rows and head
         dq_h = pid * 0
     t = first
     if DYNAMIC:
-        publish_tile(sched_ptr, tile_full, tile_empty, t, 0)
+        publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
     while t < n_tiles:
-        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
-            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
-            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
-        if BROADCAST_Q:
-            hk = pid % HKV
+        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
         # K, V of the tile into stage i % NKV, freed by both consumers at the end of the tile
         kvb, kph = _buf_phase(i, NKV)
-        tlx.barrier_wait(kv_empty[kvb], kph ^ 1)
-        tlx.barrier_expect_bytes(kv_full[kvb], 2 * ELT * BLOCK_N * D)
-        krow = (k_start + n0).to(tl.int32)
+        tlx.barrier_wait(bars.kv_empty[kvb], kph ^ 1)
+        tlx.barrier_expect_bytes(bars.kv_full[kvb], 2 * ELT * BLOCK_N * D)
+        krow = (tile.k_start + tile.n0).to(tl.int32)
         for c in tl.static_range(NC):
-            tlx.async_descriptor_load(k_desc, k_smem[kvb * NC + c], [krow + c * BNC, hk * D],
-                                      kv_full[kvb])
-            tlx.async_descriptor_load(v_desc, v_smem[kvb * NC + c], [krow + c * BNC, hk * D],
-                                      kv_full[kvb])
+            tlx.async_descriptor_load(descs.k, smem.k[kvb * NC + c],
+                                      [krow + c * BNC, tile.hk * D], bars.kv_full[kvb])
+            tlx.async_descriptor_load(descs.v, smem.v[kvb * NC + c],
+                                      [krow + c * BNC, tile.hk * D], bars.kv_full[kvb])
         # Q, dO per (query head of the group, Q block)
-        for j in range(0, G * n_m):
-            h = hk * G + j // n_m
-            m0 = m_lo + (j % n_m) * BLOCK_M
+        for j in range(0, G * tile.n_m):
+            h = tile.hk * G + j // tile.n_m
+            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
-            if lse_smem is not None:  # the step's lse2 / delta; LDG before the wait hides L2
+            if smem.lse is not None:  # the step's lse2 / delta; LDG before the wait hides L2
                 offs = m0 + tl.arange(0, BLOCK_M)
-                off = h * stride_lse_h + o_start + offs
-                lse2 = lse_log2(tl.load(lse_ptr + off, mask=offs < len_q, other=float("inf")))
-                dl = tl.load(delta_ptr + off, mask=offs < len_q, other=0.0)
-            tlx.barrier_wait(q_empty[buf], ph ^ 1)
-            if lse_smem is not None:
+                off = h * stats.stride_h + tile.o_start + offs
+                inb = offs < tile.len_q
+                lse2 = lse_log2(tl.load(stats.lse + off, mask=inb, other=float("inf")))
+                dl = tl.load(stats.delta + off, mask=inb, other=0.0)
+            tlx.barrier_wait(bars.q_empty[buf], ph ^ 1)
+            if smem.lse is not None:
                 # plain st.shared, published by the expect-bytes arrive below: it is lowered
                 # as bar.sync over this warpgroup, then one thread's mbarrier.arrive
                 # (.release.cta), and the consumers' q_full wait acquires. So q_full keeps
                 # arrive_count 1 (that arrive + the TMA bytes), and q_empty (both consumers
                 # arrive after their last read of the stage) also guards these two rows.
-                tlx.local_store(lse_smem[buf], lse2)
-                tlx.local_store(delta_smem[buf], dl)
-            tlx.barrier_expect_bytes(q_full[buf], 2 * ELT * BLOCK_M * D)
-            tlx.async_descriptor_load(q_desc, q_smem[buf], [(q_start + m0).to(tl.int32), h * D],
-                                      q_full[buf])
-            tlx.async_descriptor_load(do_desc, do_smem[buf], [(o_start + m0).to(tl.int32), h * D],
-                                      q_full[buf])
+                tlx.local_store(smem.lse[buf], lse2)
+                tlx.local_store(smem.delta[buf], dl)
+            tlx.barrier_expect_bytes(bars.q_full[buf], 2 * ELT * BLOCK_M * D)
+            tlx.async_descriptor_load(descs.q, smem.q[buf], [(tile.q_start + m0).to(tl.int32),
+                                                             h * D], bars.q_full[buf])
+            tlx.async_descriptor_load(descs.do, smem.do[buf], [(tile.o_start + m0).to(tl.int32),
+                                                               h * D], bars.q_full[buf])
             if REDUCE_DQ:
                 # reduce_dq folded in (3 warpgroups, so the consumers get 240 registers):
                 # step qcnt - 1's dQ, after step qcnt's loads were issued. No deadlock: the
@@ -265,36 +310,30 @@ def load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
                 # K/V wait at a tile start needs only the previous tile's steps done, and
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
-                    _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                                 D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
-                dq_row = (slot_row + q_start + m0).to(tl.int32)
+                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS,
+                                 DQ_SUM, DQ_ROWS)
+                dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
         i += 1
         # the next tile, taken once this one's loads are issued (two steps before its end)
-        t = next_tile(t, step, sched_ptr, DYNAMIC)
+        t = next_tile(t, step, tiles.sched, DYNAMIC)
         if DYNAMIC:
-            publish_tile(sched_ptr, tile_full, tile_empty, t, i)
+            publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, i)
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
-            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, dq_row, dq_h, qcnt - 1,
-                         D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
+            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS, DQ_SUM,
+                         DQ_ROWS)
 
 
 @triton.jit
-def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
-            kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
-            lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-            tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-            scale, stride_k_tok, stride_k_h, stride_lse_h,
+def compute(smem, bars, tiles, stats, grads,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
-            lse_smem=None, delta_smem=None,
-            sched_ptr=None, tile_full=None, tile_empty=None, DYNAMIC: tl.constexpr = False,
-            DQ_SUM: tl.constexpr = False, Q_LOOP_STAGES: tl.constexpr = 1,
-            ROW_SPLIT: tl.constexpr = False):
+            DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
+            ROW_SPLIT: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -316,60 +355,55 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
     carried in the S^T accumulator's slice layout, so no LDG result is read in the
     iteration that loads it (llm B8 H16 8192: 30.3 -> 25.4 ms, causal 18.06 -> 15.85 ms
     against loading them in their own step). At 64- and 128-row steps the load task
-    stages them in smem (lse_smem / delta_smem), read at use."""
+    stages them in smem (smem.lse / smem.delta), read at use."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
-    qk_scale2 = scale * 1.4426950408889634
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
+    qk_scale2 = grads.scale * 1.4426950408889634
     i = 0
     qcnt = 0
-    dqc = dq_smem[cid]
+    dqc = smem.dq[cid]
     t = first
     if DYNAMIC:
-        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+        t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
-            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
-            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
-        if BROADCAST_Q:
-            hk = pid % HKV
-        nc0 = n0 + cid * BNC
+        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        nc0 = tile.n0 + cid * BNC
         offs_n = nc0 + tl.arange(0, BNC)
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
         kvb, kph = _buf_phase(i, NKV)
-        tlx.barrier_wait(kv_full[kvb], kph)
-        kc = k_smem[kvb * NC + cid]
-        vc = v_smem[kvb * NC + cid]
+        tlx.barrier_wait(bars.kv_full[kvb], kph)
+        kc = smem.k[kvb * NC + cid]
+        vc = smem.v[kvb * NC + cid]
         # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all masked off when
         # n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
-        if lse_smem is None:  # (with lse_smem: staged per Q stage by the load task)
-            offs_0 = m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop: not carried)
-            off_0 = hk * G * stride_lse_h + o_start + offs_0
-            lse_nx = tl.load(lse_ptr + off_0, mask=offs_0 < len_q, other=float("inf"))
-            delta_nx = tl.load(delta_ptr + off_0, mask=offs_0 < len_q, other=0.0)
+        if smem.lse is None:  # (with smem.lse: staged per Q stage by the load task)
+            offs_0 = tile.m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop)
+            off_0 = tile.hk * G * stats.stride_h + tile.o_start + offs_0
+            lse_nx = tl.load(stats.lse + off_0, mask=offs_0 < tile.len_q, other=float("inf"))
+            delta_nx = tl.load(stats.delta + off_0, mask=offs_0 < tile.len_q, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
-        for j in tl.range(0, G * n_m, num_stages=Q_LOOP_STAGES):
-            jm = j % n_m
-            h = hk * G + j // n_m
-            m0 = m_lo + jm * BLOCK_M
+        for j in tl.range(0, G * tile.n_m, num_stages=Q_LOOP_STAGES):
+            jm = j % tile.n_m
+            h = tile.hk * G + j // tile.n_m
+            m0 = tile.m_lo + jm * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
             offs_m = m0 + tl.arange(0, BLOCK_M)
-            if lse_smem is None:
+            if smem.lse is None:
                 lse = lse_nx  # loaded during the previous step (or before the loop)
                 delta = delta_nx
-            tlx.barrier_wait(q_full[buf], ph)
-            qb = q_smem[buf]
-            dob = do_smem[buf]
+            tlx.barrier_wait(bars.q_full[buf], ph)
+            qb = smem.q[buf]
+            dob = smem.do[buf]
             if D >= 128:  # K_c / V_c descriptors per Q block, not held across the loop
                 kvq = _opaque(kvb)
-                kc = k_smem[kvq * NC + cid]
-                vc = v_smem[kvq * NC + cid]
+                kc = smem.k[kvq * NC + cid]
+                vc = smem.v[kvq * NC + cid]
             if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
-                dk, dv, dqt = _step_rows(kc, vc, qb, dob, lse_smem[buf], delta_smem[buf],
-                                         k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n, offs_m,
-                                         len_k, len_q, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
+                dk, dv, dqt = _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n,
+                                         offs_m, tile, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
                                          cid)
             else:
                 # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
@@ -383,32 +417,33 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 # registers per value, no copies; it issues the LSE loads just before the dK
                 # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
                 # delta loads about as early.
-                if lse_smem is None:
-                    more = j + 1 < G * n_m
-                    wrap = jm == n_m - 1
+                if smem.lse is None:
+                    more = j + 1 < G * tile.n_m
+                    wrap = jm == tile.n_m - 1
                     h_nx = tl.where(more & wrap, h + 1, h)
-                    m0_nx = tl.where(more, tl.where(wrap, m_lo, m0 + BLOCK_M), m0)
+                    m0_nx = tl.where(more, tl.where(wrap, tile.m_lo, m0 + BLOCK_M), m0)
                     offs_nx = m0_nx + tl.arange(0, BLOCK_M)
-                    rmask_nx = (offs_nx < len_q) & more
-                    off_nx = h_nx * stride_lse_h + o_start + offs_nx
+                    rmask_nx = (offs_nx < tile.len_q) & more
+                    off_nx = h_nx * stats.stride_h + tile.o_start + offs_nx
                     lse2 = lse_log2(lse)
-                    lse_nx = tl.load(lse_ptr + off_nx, mask=rmask_nx, other=float("inf"))
+                    lse_nx = tl.load(stats.lse + off_nx, mask=rmask_nx, other=float("inf"))
                 st = tlx.async_dot_wait(1, st)
-                if lse_smem is not None:  # read at use: no registers held across the step
-                    lse2 = tlx.local_load(lse_smem[buf])
+                if smem.lse is not None:  # read at use: no registers held across the step
+                    lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-                keep = (offs_n < len_k)[:, None]
+                keep = (offs_n < tile.len_k)[:, None]
                 if CAUSAL:
-                    keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], len_q, len_k)
+                    keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
+                                                 tile.len_k)
                 pt = tl.where(keep, pt, 0.0)
-                lp = pt.to(dk_ptr.dtype.element_ty)
+                lp = pt.to(grads.dk.dtype.element_ty)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
-                if lse_smem is not None:
-                    delta = tlx.local_load(delta_smem[buf])
-                dst = (pt * (dpt - delta[None, :])).to(dk_ptr.dtype.element_ty)
-                if lse_smem is None:
-                    delta_nx = tl.load(delta_ptr + off_nx, mask=rmask_nx, other=0.0)
+                if smem.lse is not None:
+                    delta = tlx.local_load(smem.delta[buf])
+                dst = (pt * (dpt - delta[None, :])).to(grads.dk.dtype.element_ty)
+                if smem.lse is None:
+                    delta_nx = tl.load(stats.delta + off_nx, mask=rmask_nx, other=0.0)
                 sb = (qcnt % 2) * NC
                 dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
                 # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
@@ -417,54 +452,53 @@ def compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
                 #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
                 # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
                 # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
-                tlx.local_store(ds_smem[sb + cid], dst)
+                tlx.local_store(smem.ds[sb + cid], dst)
                 tlx.fence_async_shared()
                 if DQ_COLS < D:
                     tlx.named_barrier_wait(DS_BARRIER, NC * 128)
                     dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
                     for c2 in tl.static_range(NC):
-                        kt = tlx.local_trans(tlx.local_slice(k_smem[kvb * NC + c2],
+                        kt = tlx.local_trans(tlx.local_slice(smem.k[kvb * NC + c2],
                                                              [0, cid * DQ_COLS],
                                                              [BNC, DQ_COLS]))
-                        dqt = tlx.async_dot(kt, ds_smem[sb + c2], dqt)
+                        dqt = tlx.async_dot(kt, smem.ds[sb + c2], dqt)
                 else:
-                    dqt = tlx.async_dot(tlx.local_trans(kc), ds_smem[sb + cid])
+                    dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
                 dqt = tlx.async_dot_wait(0, dqt)
             dv = tlx.async_dot_wait(0, dv)
             dk = tlx.async_dot_wait(0, dk)
-            tlx.barrier_arrive(q_empty[buf], 1)               # Q/dO stage free
+            tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
             if DQ_SUM:
                 if cid == NC - 1:
                     # D = 64: the others' full-D partials added here (their staging, read
                     # in the accumulator's layout), so one box a step is reduce-added to
                     # the fp32 dQ in global memory instead of NC (half the traffic)
                     for c2 in tl.static_range(NC - 1):
-                        tlx.barrier_wait(dq_full[c2], qcnt & 1)
-                        dqt += tlx.local_load(tlx.local_trans(dq_smem[c2]))
-                        tlx.barrier_arrive(dq_empty[c2], 1)
+                        tlx.barrier_wait(bars.dq_full[c2], qcnt & 1)
+                        dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
+                        tlx.barrier_arrive(bars.dq_empty[c2], 1)
             # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
             # for the last consumer, above)
-            tlx.barrier_wait(dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
+            tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
                 tlx.local_store(dqc, dqt)
             else:
                 tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
-            tlx.barrier_arrive(dq_full[cid], 1)
+            tlx.barrier_arrive(bars.dq_full[cid], 1)
             qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
-        store(dk_ptr, dv_ptr, dk, dv, vc, k_start, nc0, len_k, hk, scale,
-                   stride_k_tok, stride_k_h, BNC, D)
+        store(grads, dk, dv, vc, tile, nc0, BNC, D)
         tlx.fence("async_shared")  # our generic smem writes before the next TMA write
-        tlx.barrier_arrive(kv_empty[kvb], 1)                  # K/V stage free
+        tlx.barrier_arrive(bars.kv_empty[kvb], 1)             # K/V stage free
         i += 1
-        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
+        t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
-def _step_rows(kc, vc, qb, dob, lse_s, delta_s, k_smem, ds_smem, kvb, qcnt, dk, dv, offs_n,
-               offs_m, len_k, len_q, qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BNC: tl.constexpr, NC: tl.constexpr, cid: tl.constexpr):
+def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile,
+               qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
+               NC: tl.constexpr, cid: tl.constexpr):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
     dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
     transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
@@ -476,27 +510,29 @@ def _step_rows(kc, vc, qb, dob, lse_s, delta_s, k_smem, ds_smem, kvb, qcnt, dk, 
     RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
     st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
     st = tlx.async_dot_wait(0, st)
-    pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(lse_s)[None, :])
-    keep = (offs_n < len_k)[:, None]
+    pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
+    keep = (offs_n < tile.len_k)[:, None]
     if CAUSAL:
-        keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], len_q, len_k)
+        keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
+                                     tile.len_k)
     pt = tl.where(keep, pt, 0.0)
     dv = tlx.async_dot(pt.to(dt), dob, dv)                           # dV_c += P^T dO
     dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
     dpt = tlx.async_dot(vc, tlx.local_trans(dob))                    # dP^T = V_c dO^T
     dpt = tlx.async_dot_wait(0, dpt)
-    dst = (pt * (dpt - tlx.local_load(delta_s)[None, :])).to(dt)
+    dst = (pt * (dpt - tlx.local_load(smem.delta[buf])[None, :])).to(dt)
     dk = tlx.async_dot(dst, qb, dk)                                  # dK_c += dS^T Q
     # dQ of this consumer's RC query rows over all BLOCK_N keys, split by rows (no
     # DQ_SUM): dQ[rows_c] = sum_c2 dS_c2[rows_c] K_c2, A = consumer c2's dS^T columns
     # rows_c read transposed from smem (a whole 128-byte swizzle atom of its rows)
     sb = (qcnt % 2) * NC  # dS^T double-buffered by step parity, as in compute
-    tlx.local_store(ds_smem[sb + cid], dst)
+    tlx.local_store(smem.ds[sb + cid], dst)
     tlx.fence_async_shared()
     tlx.named_barrier_wait(DS_BARRIER, NC * 128)
-    dq = tlx.async_dot(_ds_rows(ds_smem, sb, cid, BNC, RC), k_smem[kvb * NC])
+    dq = tlx.async_dot(_ds_rows(smem.ds, sb, cid, BNC, RC), smem.k[kvb * NC])
     for c2 in tl.static_range(1, NC):
-        dq = tlx.async_dot(_ds_rows(ds_smem, sb + c2, cid, BNC, RC), k_smem[kvb * NC + c2], dq)
+        dq = tlx.async_dot(_ds_rows(smem.ds, sb + c2, cid, BNC, RC), smem.k[kvb * NC + c2],
+                           dq)
     dq = tlx.async_dot_wait(0, dq)
     return dk, dv, dq
 
@@ -508,89 +544,81 @@ def _ds_rows(ds_smem, idx, cid: tl.constexpr, BNC: tl.constexpr, RC: tl.constexp
 
 
 @triton.jit
-def store(dk_ptr, dv_ptr, dk, dv, stage, k_start, nc0, len_k, hk, scale,
-               stride_k_tok, stride_k_h, BNC: tl.constexpr, D: tl.constexpr):
+def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr):
     """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
     (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole
     [BNC, D] tile would cost 128 registers a thread, on top of dK and dV."""
-    xk = (dk * scale).to(dk_ptr.dtype.element_ty)  # both narrowed first: the fp32
-    xv = dv.to(dv_ptr.dtype.element_ty)              # accumulators die here
-    _store_rows(dk_ptr, xk, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
-    _store_rows(dv_ptr, xv, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h, BNC, D)
+    xk = (dk * grads.scale).to(grads.dk.dtype.element_ty)  # both narrowed first: the fp32
+    xv = dv.to(grads.dv.dtype.element_ty)                  # accumulators die here
+    _store_rows(grads.dk, xk, stage, tile, nc0, grads, BNC, D)
+    _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D)
 
 
 @triton.jit
-def _store_rows(ptr, x, stage, k_start, nc0, len_k, hk, stride_k_tok, stride_k_h,
-                BNC: tl.constexpr, D: tl.constexpr):
+def _store_rows(ptr, x, stage, tile, nc0, grads, BNC: tl.constexpr, D: tl.constexpr):
     ROWS: tl.constexpr = 16
     tlx.local_store(stage, x)
     d = tl.arange(0, D)
     for r in tl.static_range(BNC // ROWS):
         rows = nc0 + r * ROWS + tl.arange(0, ROWS)
         y = tlx.local_load(tlx.local_slice(stage, [r * ROWS, 0], [ROWS, D]))
-        off = (k_start + rows)[:, None] * stride_k_tok + hk * stride_k_h + d[None, :]
+        off = ((tile.k_start + rows)[:, None] * grads.stride_tok + tile.hk * grads.stride_h
+               + d[None, :])
         # rows start 16-byte aligned (backward allocates dK/dV contiguous): vector stores
-        tl.store(tl.multiple_of(ptr + off, [1, 16]), y, mask=(rows < len_k)[:, None])
+        tl.store(tl.multiple_of(ptr + off, [1, 16]), y, mask=(rows < tile.len_k)[:, None])
 
 
 @triton.jit
-def reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
-              tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
+def reduce_dq(dq_desc, smem, bars, tiles,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
-              DQ_COLS: tl.constexpr, sched_ptr=None, tile_full=None, tile_empty=None,
-              DYNAMIC: tl.constexpr = False, DQ_SUM: tl.constexpr = False):
+              BROADCAST_Q: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
+              DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
     if BROADCAST_Q:
-        slot_row = (pid // HKV) * L_q
+        slot_row = (pid // HKV) * tiles.L_q
     else:
         slot_row = 0
     qcnt = 0
     i = 0
     t = first
     if DYNAMIC:
-        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, 0, DYNAMIC)
+        t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
-            t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
-            HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
-        if BROADCAST_Q:
-            hk = pid % HKV
-        for j in range(0, G * n_m):
-            h = hk * G + j // n_m
-            m0 = m_lo + (j % n_m) * BLOCK_M
-            _reduce_step(dq_desc, dq_smem, dq_full, dq_empty,
-                         (slot_row + q_start + m0).to(tl.int32), h, qcnt, D, NC, DQ_COLS,
-                         DQ_SUM)
+        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        for j in range(0, G * tile.n_m):
+            h = tile.hk * G + j // tile.n_m
+            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+            _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,
+                         qcnt, D, NC, DQ_COLS, DQ_SUM)
             qcnt += 1
         i += 1
-        t = fetch_tile(sched_ptr, tile_full, tile_empty, t, step, i, DYNAMIC)
+        t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
-def _reduce_step(dq_desc, dq_smem, dq_full, dq_empty, row, h, qcnt,
+def _reduce_step(dq_desc, smem, bars, row, h, qcnt,
                  D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
-                 DQ_SUM: tl.constexpr = False, DQ_ROWS: tl.constexpr = 0):
+                 DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr = 0):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
     last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
     (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
-        tlx.barrier_wait(dq_full[c], qcnt & 1)
+        tlx.barrier_wait(bars.dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
         if DQ_ROWS:
-            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row + c * DQ_ROWS, col],
+            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
                                        store_reduce="add")
         else:
-            tlx.async_descriptor_store(dq_desc, dq_smem[c], [row, col], store_reduce="add")
+            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row, col], store_reduce="add")
     # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
     tlx.async_descriptor_store_wait(0)
     for c in tl.static_range(C0, NC):
-        tlx.barrier_arrive(dq_empty[c], 1)
+        tlx.barrier_arrive(bars.dq_empty[c], 1)
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -628,52 +656,42 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # shared memory: K/V halves (NKV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
     # dQ column-half (M128: row-half) staging per consumer
-    k_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)  # [stage * NC + consumer]
-    v_smem = tlx.local_alloc((BNC, D), dt, NC * NKV)
-    q_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
-    do_smem = tlx.local_alloc((BLOCK_M, D), dt, NB)
-    ds_smem = tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC)
-    dq_smem = tlx.local_alloc((DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC)
-    if M64:
-        lse_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)  # with the Q/dO ring
-        delta_smem = tlx.local_alloc((BLOCK_M,), tl.float32, NB)
-    else:
-        lse_smem = None
-        delta_smem = None
-    kv_full = tlx.alloc_barriers(num_barriers=NKV, arrive_count=1)
-    kv_empty = tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC)
-    q_full = tlx.alloc_barriers(num_barriers=NB, arrive_count=1)
-    q_empty = tlx.alloc_barriers(num_barriers=NB, arrive_count=NC)
-    dq_full = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
-    dq_empty = tlx.alloc_barriers(num_barriers=NC, arrive_count=1)
-    # DYNAMIC: the tile handoff (two slots), read by the consumers (and the reduce_dq warp)
-    tile_full = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    tile_empty = tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1)
+    smem = Smem(
+        k=tlx.local_alloc((BNC, D), dt, NC * NKV),  # [stage * NC + consumer]
+        v=tlx.local_alloc((BNC, D), dt, NC * NKV),
+        q=tlx.local_alloc((BLOCK_M, D), dt, NB),
+        do=tlx.local_alloc((BLOCK_M, D), dt, NB),
+        ds=tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC),
+        dq=tlx.local_alloc((DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC),
+        lse=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None,  # with the ring
+        delta=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None)
+    bars = Bars(
+        kv_full=tlx.alloc_barriers(num_barriers=NKV, arrive_count=1),
+        kv_empty=tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC),
+        q_full=tlx.alloc_barriers(num_barriers=NB, arrive_count=1),
+        q_empty=tlx.alloc_barriers(num_barriers=NB, arrive_count=NC),
+        dq_full=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
+        dq_empty=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
+        # DYNAMIC: the tile handoff (two slots), read by the consumers (and reduce_dq)
+        tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
+        tile_empty=tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1))
+    descs = Descs(q_desc, k_desc, v_desc, do_desc, dq_desc)
+    tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr)
+    stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
+    grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=REGS_LOAD):
-            load(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem,
-                 kv_full, kv_empty, q_full, q_empty,
-                 tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                 H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC,
-                 NKV, lse_ptr, delta_ptr, stride_lse_h, lse_smem, delta_smem,
-                 dq_desc, dq_smem, dq_full, dq_empty, DQ_COLS, M64,
-                 sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, DQ_ROWS)
+            load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
+                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
-            compute(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem,
-                    kv_full, kv_empty, q_full, q_empty, dq_full, dq_empty,
-                    lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                    tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                    scale, stride_k_tok, stride_k_h, stride_lse_h,
-                    H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid,
-                    NKV, lse_smem, delta_smem, sched_ptr, tile_full, tile_empty, DYNAMIC, DQS, Q_LOOP_STAGES, M128)
+            compute(smem, bars, tiles, stats, grads, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
+                    BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES, M128)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
-                reduce_dq(dq_desc, dq_smem, dq_full, dq_empty,
-                          tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                          H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS,
-                          sched_ptr, tile_full, tile_empty, DYNAMIC, DQS)
+                reduce_dq(dq_desc, smem, bars, tiles, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
+                          BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS)
 
 
 # ----------------------------------------------------------------------------- postprocess

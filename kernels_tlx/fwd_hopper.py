@@ -24,6 +24,7 @@ computed and dropped by the store's row bound. Nothing is ever written through T
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -64,7 +65,7 @@ class Config:
 # (jagged.tiles.fwd_bucket). Broadcast-Q and packed share them.
 #   overlap on the long buckets: causal llm B8 H16 8192 -5..-6 % at D = 128, -3.8 % at
 #     D = 64; non-causal gem 2048 / 0.5 -4.3 %, 2048 / 0.9 -5.3 %, llm -3.1 %, GQA -4.2 %,
-#     D = 64 -4.9 %. On the short buckets it is not measured.
+#     D = 64 -4.9 %.
 #   mask_first non-causal: gem 256..2048 / 0.5-0.9 -1.7..-5.7 %; causal llm +2.8 % (a
 #     causal tile's diagonal steps are masked either way).
 #   192-row tiles at D = 64, long, non-causal: llm B16 H16 2048 -7.7 %; causal they ran
@@ -93,6 +94,53 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
                 mean_k: float | None = None) -> Config:
     """The measured default for a call (mean_k: total keys / batch, None if unknown)."""
     return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
+
+
+# ----------------------------------------------------------------------------- bundles
+class Descs(NamedTuple):
+    """TMA descriptors of Q, K and V (2-D views [tokens, heads * D])."""
+    q: object
+    k: object
+    v: object
+
+
+class Smem(NamedTuple):
+    """Shared memory: Q slots [buffer * NUM_CONSUMERS + consumer] and the K / V rings."""
+    q: object
+    k: object
+    v: object
+
+
+class Bars(NamedTuple):
+    """mbarriers, a full / empty pair per Q slot and per K and V ring stage."""
+    q_full: object
+    q_empty: object
+    k_full: object
+    k_empty: object
+    v_full: object
+    v_empty: object
+
+
+class Tiles(NamedTuple):
+    """The forward tile list (schedule.build_tiles: pairs, the count of valid ones) and
+    what `tile_coords` reads with it: offsets, broadcast-Q's query length L_q, heads, the
+    GQA group and the query blocks per sequence."""
+    pairs: object
+    n_pairs: object
+    cu_q: object
+    cu_k: object
+    L_q: object
+    H: object
+    GROUP: object
+    NBLK: object
+
+
+class Out(NamedTuple):
+    """O [n_out, H, D] and LSE [H, n_out]."""
+    o: object
+    lse: object
+    H: object
+    n_out: object
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -152,28 +200,28 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 
 
 @triton.jit
-def _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
-             p, acc, m_i, l_i, qk_scale, rows, n0, len_q, len_k, cid: tl.constexpr,
-             NUM_CONSUMERS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-             MASKED: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr):
+def _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i, qk_scale, rows, n0, tile,
+             cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr, BLOCK_N: tl.constexpr,
+             NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+             OVERLAP: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
-    qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV,
+    qk = _issue_qk(q_buf, smem.k, bars.k_full, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV,
                    not OVERLAP)
     vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-    tlx.barrier_wait(v_fulls[vb], vph)
-    acc = tlx.async_dot(p, v_bufs[vb], acc)
+    tlx.barrier_wait(bars.v_full[vb], vph)
+    acc = tlx.async_dot(p, smem.v[vb], acc)
     if OVERLAP:  # both wgmmas of this consumer issue before the next's (QK0 PV0 QK1 PV1)
         _hand_over(cid, NUM_CONSUMERS)
     qk = tlx.async_dot_wait(1, qk)
     kb = kv_cnt % NUM_BUFFERS_KV
-    tlx.barrier_arrive(k_empties[kb], 1)
-    p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
+    tlx.barrier_arrive(bars.k_empty[kb], 1)
+    p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, tile.len_q, tile.len_k,
                                   BLOCK_N, MASKED, CAUSAL)
     acc = tlx.async_dot_wait(0, acc)
-    tlx.barrier_arrive(v_empties[vb], 1)
+    tlx.barrier_arrive(bars.v_empty[vb], 1)
     # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
     # ptxas hoists that wait above the softmax to make room
-    p = _pack_p(p, v_bufs.dtype)
+    p = _pack_p(p, smem.v.dtype)
     acc = acc * alpha[:, None]
     return p, acc, m_i, l_i
 
@@ -195,45 +243,45 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 
 # ----------------------------------------------------------------------------- roles
 @triton.jit
-def load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-         k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP,
-         NBLK, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
     blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
-    Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_q))
-    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(desc_k))
+    Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.q))
+    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.k))
     kv_cnt = 0
     i = 0
-    for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-            tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M, BLOCK_N,
-            CAUSAL, BROADCAST_Q)
+    for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
+        tile = tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
+                           tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL,
+                           BROADCAST_Q)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
-            tlx.barrier_wait(q_empties[slot], qph ^ 1)
-            tlx.barrier_expect_bytes(q_fulls[slot], Q_BYTES)
-            tlx.async_descriptor_load(desc_q, q_bufs[slot],
-                                      [q_start + m0 + c * SPLIT_M, h * HEAD_DIM], q_fulls[slot])
-        for j in range(0, n_end):
+            tlx.barrier_wait(bars.q_empty[slot], qph ^ 1)
+            tlx.barrier_expect_bytes(bars.q_full[slot], Q_BYTES)
+            tlx.async_descriptor_load(descs.q, smem.q[slot],
+                                      [tile.q_start + tile.m0 + c * SPLIT_M, tile.h * HEAD_DIM],
+                                      bars.q_full[slot])
+        for j in range(0, tile.n_end):
             kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
-            row = k_start + kv_block(j, n_end, MASK_FIRST) * BLOCK_N
-            tlx.barrier_wait(k_empties[kb], kph ^ 1)
-            tlx.barrier_expect_bytes(k_fulls[kb], KV_BYTES)
-            tlx.async_descriptor_load(desc_k, k_bufs[kb], [row, hk * HEAD_DIM], k_fulls[kb])
-            tlx.barrier_wait(v_empties[kb], kph ^ 1)
-            tlx.barrier_expect_bytes(v_fulls[kb], KV_BYTES)
-            tlx.async_descriptor_load(desc_v, v_bufs[kb], [row, hk * HEAD_DIM], v_fulls[kb])
+            row = tile.k_start + kv_block(j, tile.n_end, MASK_FIRST) * BLOCK_N
+            tlx.barrier_wait(bars.k_empty[kb], kph ^ 1)
+            tlx.barrier_expect_bytes(bars.k_full[kb], KV_BYTES)
+            tlx.async_descriptor_load(descs.k, smem.k[kb], [row, tile.hk * HEAD_DIM],
+                                      bars.k_full[kb])
+            tlx.barrier_wait(bars.v_empty[kb], kph ^ 1)
+            tlx.barrier_expect_bytes(bars.v_full[kb], KV_BYTES)
+            tlx.async_descriptor_load(descs.v, smem.v[kb], [row, tile.hk * HEAD_DIM],
+                                      bars.v_full[kb])
             kv_cnt += 1
         i += 1
 
 
 @triton.jit
-def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cnt,
-            qk_scale, rows, len_q, len_k, n_bulk, n_end, cid: tl.constexpr,
+def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
             NUM_CONSUMERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
             MASK_FIRST: tl.constexpr):
@@ -249,48 +297,45 @@ def compute(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties, kv_cn
     gem-jagged was 5-18 % slower). ptxas places the P V wait before the exp2s (SASS), so
     the softmax overlaps the other consumer's wgmmas, not this one's."""
     STAGES: tl.constexpr = 0 if OVERLAP else 1  # 0: the pipeliner leaves the loop alone
-    first, bulk_lo, bulk_end, tail_end = kv_steps(n_bulk, n_end, MASK_FIRST)
+    first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
     m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
     l_i = tl.zeros([SPLIT_M], tl.float32)
     acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
-    if n_end > 0:
+    if tile.n_end > 0:
         # first block (masked: it may be the only one, cut by the diagonal or the end)
-        qk = _issue_qk(q_buf, k_bufs, k_fulls, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV)
+        qk = _issue_qk(q_buf, smem.k, bars.k_full, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV)
         qk = tlx.async_dot_wait(0, qk)
-        tlx.barrier_arrive(k_empties[kv_cnt % NUM_BUFFERS_KV], 1)
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N, len_q,
-                                      len_k, BLOCK_N, True, CAUSAL)
-        p = _pack_p(p, v_bufs.dtype)
+        tlx.barrier_arrive(bars.k_empty[kv_cnt % NUM_BUFFERS_KV], 1)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N,
+                                      tile.len_q, tile.len_k, BLOCK_N, True, CAUSAL)
+        p = _pack_p(p, smem.v.dtype)
         kv_cnt += 1
         # bulk: every row sees every key, no mask, no branch
         for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
-            p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties, v_fulls,
-                                        v_empties, kv_cnt, p, acc, m_i, l_i, qk_scale, rows,
-                                        j * BLOCK_N, len_q, len_k, cid, NUM_CONSUMERS,
-                                        BLOCK_N, NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
+            p, acc, m_i, l_i = _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i, qk_scale,
+                                        rows, j * BLOCK_N, tile, cid, NUM_CONSUMERS, BLOCK_N,
+                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
             kv_cnt += 1
         # tail: the sequence end and the causal diagonal. Non-causal under MASK_FIRST the
         # first step took the one masked block: no tail, and no code for it
         if CAUSAL or not MASK_FIRST:
             for j in tl.range(tl.maximum(bulk_end, bulk_lo), tail_end, num_stages=STAGES):
-                p, acc, m_i, l_i = _kv_step(q_buf, k_bufs, v_bufs, k_fulls, k_empties,
-                                            v_fulls, v_empties, kv_cnt, p, acc, m_i, l_i,
-                                            qk_scale, rows, j * BLOCK_N, len_q, len_k, cid,
+                p, acc, m_i, l_i = _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i,
+                                            qk_scale, rows, j * BLOCK_N, tile, cid,
                                             NUM_CONSUMERS, BLOCK_N, NUM_BUFFERS_KV, True,
                                             CAUSAL, OVERLAP)
                 kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
-        tlx.barrier_wait(v_fulls[vb], vph)
-        acc = tlx.async_dot(p, v_bufs[vb], acc)
+        tlx.barrier_wait(bars.v_full[vb], vph)
+        acc = tlx.async_dot(p, smem.v[vb], acc)
         acc = tlx.async_dot_wait(0, acc)
-        tlx.barrier_arrive(v_empties[vb], 1)
+        tlx.barrier_arrive(bars.v_empty[vb], 1)
     return acc, m_i, l_i, kv_cnt
 
 
 @triton.jit
-def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, n_out,
-          HEAD_DIM: tl.constexpr):
+def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
     coalesced rows, so the row bound costs one predicate per 16-byte vector."""
@@ -301,12 +346,13 @@ def store(acc, m_i, l_i, o_buf, out_ptr, lse_ptr, out_start, row0, len_q, h, H, 
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
-    out_rows = (out_start + rows).to(tl.int64)
+    out_rows = (tile.out_start + rows).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
-    o_ptrs = out_ptr + (out_rows * H + h)[:, None] * HEAD_DIM + cols[None, :]
-    tl.store(o_ptrs, o, mask=(rows < len_q)[:, None])
+    o_ptrs = out.o + (out_rows * out.H + tile.h)[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(o_ptrs, o, mask=(rows < tile.len_q)[:, None])
     lse_rows = row0 + tl.arange(0, SPLIT_M)
-    tl.store(lse_ptr + h.to(tl.int64) * n_out + out_start + lse_rows, lse, mask=lse_rows < len_q)
+    tl.store(out.lse + tile.h.to(tl.int64) * out.n_out + tile.out_start + lse_rows, lse,
+             mask=lse_rows < tile.len_q)
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -321,45 +367,45 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
-    q_bufs = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS)
-    k_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
-    v_bufs = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV)
-    q_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
-    q_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_Q * NUM_CONSUMERS, arrive_count=1)
-    k_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
-    k_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
-    v_fulls = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
-    v_empties = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=NUM_CONSUMERS)
-    n_pairs = tl.load(count_ptr)
+    smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
+                k=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
+                v=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV))
+    NQ: tl.constexpr = NUM_BUFFERS_Q * NUM_CONSUMERS  # a Q slot per (buffer, consumer)
+    bars = Bars(q_full=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
+                q_empty=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
+                k_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
+                k_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
+                                           arrive_count=NUM_CONSUMERS),
+                v_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
+                v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
+                                           arrive_count=NUM_CONSUMERS))
+    tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK)
+    out = Out(out_ptr, lse_ptr, H, n_out)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
-            load(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_fulls, q_empties, k_fulls,
-                 k_empties, v_fulls, v_empties, pairs_ptr, n_pairs, cu_q, cu_k,
-                 L_q, H, GROUP, NBLK, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                 CAUSAL, BROADCAST_Q, MASK_FIRST)
+            load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
                 _hand_over(cid, NUM_CONSUMERS)
             kv_cnt = 0
             i = 0
-            for tile in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-                h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
-                    tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, BLOCK_M,
-                    BLOCK_N, CAUSAL, BROADCAST_Q)
-                rows = m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
+            for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
+                tile = tile_coords(t, pairs_ptr, tiles.n_pairs, cu_q, cu_k, L_q, H, GROUP,
+                                   NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
-                tlx.barrier_wait(q_fulls[slot], qph)
+                tlx.barrier_wait(bars.q_full[slot], qph)
                 acc, m_i, l_i, kv_cnt = compute(
-                    q_bufs[slot], k_bufs, v_bufs, k_fulls, k_empties, v_fulls, v_empties,
-                    kv_cnt, qk_scale, rows, len_q, len_k, n_bulk, n_end, cid, NUM_CONSUMERS,
-                    HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP, MASK_FIRST)
-                store(acc, m_i, l_i, q_bufs[slot], out_ptr, lse_ptr, out_start,
-                      m0 + cid * SPLIT_M, len_q, h, H, n_out, HEAD_DIM)
+                    smem.q[slot], smem, bars, kv_cnt, qk_scale, rows, tile, cid,
+                    NUM_CONSUMERS, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP,
+                    MASK_FIRST)
+                store(acc, m_i, l_i, smem.q[slot], out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
-                tlx.barrier_arrive(q_empties[slot], 1)
+                tlx.barrier_arrive(bars.q_empty[slot], 1)
                 i += 1
 
 
@@ -368,8 +414,9 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
-    return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                NUM_BUFFERS_Q=cfg.num_buffers_q, NUM_BUFFERS_KV=cfg.num_buffers_kv,
+    return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
+                NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                 OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
@@ -410,5 +457,5 @@ def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
-            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32", "NBLK": "i32",
-            "n_out": "i32", "qk_scale": "fp32"}
+            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32",
+            "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32"}

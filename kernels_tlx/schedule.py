@@ -21,24 +21,40 @@ head). Causal packed lists are taken from a counter instead (tile_counter.py).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords",
-           "tile_range"]
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
+           "tile_coords", "tile_range"]
+
+
+class Tile(NamedTuple):
+    """Where a forward tile lives: head h, KV head hk, first query row m0 (in-sequence),
+    the packed row bases of q / k / out, the lengths, and its KV blocks: [0, n_bulk)
+    need no mask, [n_bulk, n_end) are masked."""
+    h: object
+    hk: object
+    m0: object
+    q_start: object
+    k_start: object
+    out_start: object
+    len_q: object
+    len_k: object
+    n_bulk: object
+    n_end: object
 
 
 @triton.jit
 def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 BROADCAST_Q: tl.constexpr):
-    """Forward tile id -> where it lives: head h, kv head, first query row m0
-    (in-sequence), packed row bases of q / k / out, the lengths, and the KV block split:
-    blocks [0, n_bulk) need no mask, blocks [n_bulk, n_end) are masked.
-    BROADCAST_Q: q is one dense [L_q, H, D] for every sequence (cu_q unused)."""
+    """Forward tile id -> Tile. BROADCAST_Q: q is one dense [L_q, H, D] for every
+    sequence (cu_q unused)."""
     # boustrophedon round-robin: odd full rounds run right to left
     P = tl.num_programs(0)
     k = tile // P
@@ -67,7 +83,7 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
         kv_full = len_k
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
-    return h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end
+    return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end)
 
 
 @triton.jit
@@ -110,26 +126,52 @@ def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.const
     return first, step, n_tiles
 
 
+class KVTiles(NamedTuple):
+    """The backward's KV-tile list (jagged.tiles.kv_tiles: tile_b, tile_n, n_tiles), the
+    offsets it indexes (cu_q, cu_k; L_q, broadcast-Q's query length) and the scheduling
+    buffer (the tile counter and handoff slots, jagged.tiles.dq_accumulator)."""
+    tile_b: object
+    tile_n: object
+    n_tiles: object
+    cu_q: object
+    cu_k: object
+    L_q: object
+    sched: object
+
+
+class KVTile(NamedTuple):
+    """Where a backward tile lives: sequence b, KV head hk, first key n0, the sequence's
+    keys and queries, the token offsets of its k rows, q rows and dO / O / lse rows, and
+    its Q blocks: n_m of BLOCK_M rows from row m_lo."""
+    b: object
+    hk: object
+    n0: object
+    len_k: object
+    len_q: object
+    k_start: object
+    q_start: object
+    o_start: object
+    m_lo: object
+    n_m: object
+
+
 @triton.jit
-def kv_tile_coords(t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
-                   HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    """Backward tile t -> (batch b, KV head hk, first key n0, keys / queries of the
-    sequence, token offsets of q rows, of dO / O / lse rows and of k rows, first Q row
-    m_lo, number of Q blocks n_m). Broadcast-Q: hk is the caller's (the pinned head)."""
+def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """Backward tile t of program pid (tiles: KVTiles) -> KVTile. Broadcast-Q: the
+    program's pinned KV head, pid % HKV."""
     if BROADCAST_Q:
         base = t
-        hk = 0
     else:
         base = t // HKV
         hk = t % HKV
-    b = tl.load(tile_b_ptr + base)
-    n0 = tl.load(tile_n_ptr + base) * BLOCK_N
-    k_start, len_k = seq_range(cu_k_ptr, b, 0, False)
-    q_start, len_q = seq_range(cu_q_ptr, b, L_q, BROADCAST_Q)
+    b = tl.load(tiles.tile_b + base)
+    n0 = tl.load(tiles.tile_n + base) * BLOCK_N
+    k_start, len_k = seq_range(tiles.cu_k, b, 0, False)
     k_start = k_start.to(tl.int64)  # row offsets: token * stride may pass 2^31
+    q_start, len_q = seq_range(tiles.cu_q, b, tiles.L_q, BROADCAST_Q)
     if BROADCAST_Q:
-        o_start = b.to(tl.int64) * L_q
+        o_start = b.to(tl.int64) * tiles.L_q
     else:
         o_start = q_start.to(tl.int64)
     if CAUSAL:
@@ -141,4 +183,6 @@ def kv_tile_coords(t, tile_b_ptr, tile_n_ptr, cu_q_ptr, cu_k_ptr, L_q,
     else:
         m_lo = 0
     n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
-    return b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m
+    if BROADCAST_Q:
+        hk = pid % HKV
+    return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m)

@@ -19,7 +19,7 @@ import triton.language as tl  # noqa: E402
 
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
-from kernels_tlx.schedule import kv_tile_coords, tile_range  # noqa: E402
+from kernels_tlx.schedule import KVTiles, kv_tile_coords, tile_range  # noqa: E402
 
 
 @pytest.mark.parametrize("zero_dq", [False, True])
@@ -64,14 +64,14 @@ def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, out_ptr, HKV: tl.constex
     """Every tile of every program's static walk: its program and coordinates, 11 int64
     values a tile at out_ptr + 11 * tile."""
     pid = tl.program_id(0)
+    tiles = KVTiles(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, None)
     first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
     for t in range(first, n, step):
-        b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = kv_tile_coords(
-            t, tile_b, tile_n, cu_q, cu_k, L_q, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
         if BROADCAST_Q:
-            hk = pid % HKV
-            t = t * HKV + hk  # a slot per (tile, head)
-        vals = (pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m)
+            t = t * HKV + tile.hk  # a slot per (tile, head)
+        vals = (pid, tile.b, tile.hk, tile.n0, tile.len_k, tile.len_q, tile.k_start,
+                tile.q_start, tile.o_start, tile.m_lo, tile.n_m)
         for i in tl.static_range(11):
             tl.store(out_ptr + 11 * t + i, vals[i])
 
