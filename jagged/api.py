@@ -28,6 +28,7 @@ import torch
 
 from .validate import HEAD_DIMS, check_offsets_async, check_offsets_host, validate
 
+
 def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
 
@@ -68,6 +69,7 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
     def _(dout, q, k, v, out, lse, *rest):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
+    # role: host
     def save(ctx, inputs, out, lse):
         q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q = inputs
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
