@@ -48,6 +48,7 @@ def available(device=None) -> dict[str, tuple[bool, str]]:
 
 
 _CHOSEN: dict = {}
+_FNS: dict = {}  # style -> its jagged_attention, filled by resolve (traceable lookups)
 
 
 @torch.compiler.assume_constant_result
@@ -78,10 +79,15 @@ def resolve(backend: str, device_index: int) -> str:
             name = "portable"
             warnings.warn("jagged_attention(backend='auto') runs the portable Triton kernel: "
                           + "; ".join(whys), RuntimeWarning, stacklevel=3)
+    style_fn(name)
     _CHOSEN[key] = name
     return name
 
 
 def style_fn(name: str):
-    """The `jagged_attention` of style `name`."""
-    return importlib.import_module(STYLES[name][0]).jagged_attention
+    """The `jagged_attention` of style `name` (a dict lookup once resolved, so that
+    torch.compile traces the call without an import)."""
+    fn = _FNS.get(name)
+    if fn is None:
+        fn = _FNS[name] = importlib.import_module(STYLES[name][0]).jagged_attention
+    return fn

@@ -173,6 +173,26 @@ def test_torch_compile_traces(inp):
     torch.testing.assert_close(compiled, eager)
 
 
+def test_torch_compile_fullgraph_through_dispatch(inp):
+    """The public entry with backend="auto", compiled with fullgraph=True (a graph break
+    is an error), forward and backward: equal to eager."""
+    import jagged
+
+    def f(q, k, v):
+        return jagged.jagged_attention(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                                       inp.max_seqlen_q, inp.max_seqlen_k,
+                                       causal=True).float().square().sum()
+
+    torch._dynamo.reset()
+    q1, q2 = (inp.q.clone().requires_grad_() for _ in range(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # auto -> portable on the CPU
+        eager = torch.autograd.grad(f(q1, inp.k, inp.v), q1)[0]
+        compiled = torch.autograd.grad(
+            torch.compile(f, backend="aot_eager", fullgraph=True)(q2, inp.k, inp.v), q2)[0]
+    torch.testing.assert_close(compiled, eager)
+
+
 @pytest.mark.parametrize("mode,causal", [("self", False), ("self", True), ("cross", True),
                                          ("broadcast_q", False)])
 def test_gradient_through_lse(mode, causal):
