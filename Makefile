@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense
+TEST_JOBS ?= 2      # pytest processes for the CPU suite (pytest-xdist)
 GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
 GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
 
@@ -20,7 +21,7 @@ setup-bench: $(BIN)/python
 	$(BIN)/pip install -q -e '.[bench]'
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 test-gpu:
 	python3 -m pytest -q -m gpu

@@ -142,7 +142,7 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q):
 
 
 @pytest.mark.parametrize("causal,bq", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("n_pairs", [100, 3000, 8192, 9000])  # sorted in-kernel (3 sizes), looped
+@pytest.mark.parametrize("n_pairs", [3000, 8192, 9000])  # sorted in-kernel (two sizes), looped
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_schedule_kernels_sm90(which, n_pairs, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
