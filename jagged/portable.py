@@ -41,10 +41,10 @@ INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") =
 # ----------------------------------------------------------------------------- helpers
 
 @triton.jit
-def out_start(b, q_start, dense_len_q, DENSE_Q: tl.constexpr):
+def out_start(b, q_start, L_q, DENSE_Q: tl.constexpr):
     """First row of sequence b in out/dout/lse: with a dense q, batch-major copies."""
     if DENSE_Q:
-        return b * dense_len_q
+        return b * L_q
     return q_start
 
 
@@ -101,16 +101,16 @@ def probs(s, lse2, ok):
 # ----------------------------------------------------------------------------- forward
 
 @triton.jit
-def fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, qk_scale, n_out, dense_len_q,
+def fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, qk_scale, n_out, L_q,
                stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
                GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     m_start, b, h = tl.program_id(0) * BLOCK_M, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    q_start, len_q = seq_range(CU_Q, b, L_q, DENSE_Q)
     k_start, len_k = seq_range(CU_K, b, 0, False)
     if m_start >= len_q:
         return
-    o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
+    o_start = out_start(b, q_start, L_q, DENSE_Q)
     rows = m_start + tl.arange(0, BLOCK_M)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
 
@@ -155,15 +155,15 @@ def preprocess_kernel(O, DO, DELTA, n_out, stride_t, stride_h,
 
 @triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, scale, qk_scale, n_out,
-                dense_len_q, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                L_q, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
                 GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     n_start, b, hkv = tl.program_id(0) * BLOCK_N, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    q_start, len_q = seq_range(CU_Q, b, L_q, DENSE_Q)
     k_start, len_k = seq_range(CU_K, b, 0, False)
     if n_start >= len_k:
         return
-    o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
+    o_start = out_start(b, q_start, L_q, DENSE_Q)
     cols = n_start + tl.arange(0, BLOCK_N)
     koff = hkv * stride_kh + k_start * stride_kt
     k = load(K + koff, cols, len_k, stride_kt, D)
@@ -195,16 +195,16 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, scale, qk_scale, n_
 
 
 @triton.jit
-def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, scale, qk_scale, n_out, dense_len_q,
+def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, scale, qk_scale, n_out, L_q,
               stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
               GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
     m_start, b, h = tl.program_id(0) * BLOCK_M, tl.program_id(1), tl.program_id(2)
-    q_start, len_q = seq_range(CU_Q, b, dense_len_q, DENSE_Q)
+    q_start, len_q = seq_range(CU_Q, b, L_q, DENSE_Q)
     k_start, len_k = seq_range(CU_K, b, 0, False)
     if m_start >= len_q:
         return
-    o_start = out_start(b, q_start, dense_len_q, DENSE_Q)
+    o_start = out_start(b, q_start, L_q, DENSE_Q)
     rows = m_start + tl.arange(0, BLOCK_M)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
     qoff = h * stride_qh + q_start * stride_qt
@@ -244,7 +244,7 @@ def _common(q, k, cu_q, cu_k, broadcast_q):
     n_out = B * q.shape[0] if broadcast_q else q.shape[0]
     return B, H, n_out, dict(
         CU_Q=cu_k if cu_q is None else cu_q, CU_K=cu_k, n_out=n_out,
-        dense_len_q=q.shape[0] if broadcast_q else 0,
+        L_q=q.shape[0] if broadcast_q else 0,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kt=k.stride(0),
         stride_kh=k.stride(1), stride_ot=H * q.shape[2], stride_oh=q.shape[2],
         GROUP=H // k.shape[1], D=q.shape[2], DENSE_Q=broadcast_q)

@@ -28,14 +28,14 @@ import triton.language as tl
 from .seqinfo import causal_q_start, causal_q_start_ref
 
 
-def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
+def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
                         block_m: int, block_n: int, causal: bool):
     """-> (pairs int32 [batch * nblk], count int32 [1] of valid pairs, nblk)."""
     nblk = max(1, -(-max_seqlen_q // block_m))
     dev = cu_k.device
     len_k = (cu_k[1:] - cu_k[:-1]).to(torch.int32)
-    if len_q_dense is not None:
-        len_q = torch.full_like(len_k, len_q_dense)
+    if L_q is not None:
+        len_q = torch.full_like(len_k, L_q)
     else:
         len_q = (cu_q[1:] - cu_q[:-1]).to(torch.int32)
     m0 = torch.arange(0, nblk * block_m, block_m, device=dev, dtype=torch.int32)[None, :]
@@ -246,7 +246,7 @@ def _cached(build, cu_q, cu_k, *params):
     return out
 
 
-def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None,
+def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
               block_m: int, block_n: int, causal: bool):
     """Forward tile list, the `build_tiles` of both styles' schedule (cached, above).
 
@@ -255,7 +255,7 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None
     (torch.sort sorts them past SORT_MAX pairs): no host sync, two host operations. Same
     order and count as `longest_first_tiles`.
 
-    `len_q_dense` is L_q in broadcast-Q mode (cu_q is None), else None.
+    `L_q`: the broadcast query length in broadcast-Q mode (cu_q is None), else None.
 
     Causal order: each sequence's tiles together, sequences by their KV length, a
     sequence's query blocks last (longest) to first, so the programs that run at once
@@ -267,11 +267,11 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, len_q_dense: int | None
     cap rose 1410 -> 1538 MHz at B8: longest tile first ran ~16 (sequence, head) K/V
     streams at once (120+ at D64), this order 2-3. Without the boustrophedon, a sequence's
     sawtooth of causal tiles unbalanced the static round-robin (cycles +6 %)."""
-    return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m,
+    return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
                    block_n, bool(causal))
 
 
-def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, block_n, causal):
+def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, causal):
     nblk = max(1, -(-max_seqlen_q // block_m))
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
@@ -282,8 +282,8 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, len_q_dense, block_m, bloc
     opts = sort_launch(n_pairs)
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
-        len_q_dense or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=len_q_dense is not None, KV_TILES=False, **opts)
+        L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
+        BROADCAST_Q=L_q is not None, KV_TILES=False, **opts)
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 

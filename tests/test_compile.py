@@ -129,7 +129,7 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q):
     from jagged import portable
     sig = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
            "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "n_out": "i32",
-           "dense_len_q": "i32"}
+           "L_q": "i32"}
     sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
                                     "stride_ot", "stride_oh")})
     rep = compile_kernel(portable.fwd_kernel, sig,
