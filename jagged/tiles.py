@@ -12,7 +12,7 @@ backward kernels of both styles walk with the same key kernel (up to SORT_MAX pa
 else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torch-op
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 
-Both lists are reused while their offsets tensors are unchanged (`_cached`). The
+Both lists are reused while their offsets tensors are unchanged (`per_offsets`). The
 forward's length bucket and consumer count (`fwd_bucket`, `fwd_consumers`) and the
 backward's scheduling mode (`bwd_dynamic`) live here too, since both styles share them.
 """
@@ -227,7 +227,9 @@ TILE_CACHE_SIZE = 32
 _TILE_CACHE: OrderedDict = OrderedDict()
 
 
-def _cached(build, cu_q, cu_k, *params):
+def per_offsets(build, cu_q, cu_k, *params):
+    """build(cu_q, cu_k, *params), reused while these offsets tensors are unchanged (the
+    tile lists, and the device-side offsets check of jagged.validate)."""
     try:
         key = (build, id(cu_q), id(cu_k), cu_k._version,
                None if cu_q is None else cu_q._version, params)
@@ -267,7 +269,7 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
     cap rose 1410 -> 1538 MHz at B8: longest tile first ran ~16 (sequence, head) K/V
     streams at once (120+ at D64), this order 2-3. Without the boustrophedon, a sequence's
     sawtooth of causal tiles unbalanced the static round-robin (cycles +6 %)."""
-    return _cached(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
+    return per_offsets(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
                    block_n, bool(causal))
 
 
@@ -305,7 +307,7 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     at llm-dense B8 H16 8192 causal on the H200: TLX 15.85 -> 14.64 ms, CuteDSL 15.73 ->
     14.36 ms. Without causal masking every tile of a sequence has the same work, so the
     two orders are the same."""
-    return _cached(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
+    return per_offsets(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
 
 
 def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _cached
+from .tiles import per_offsets
 
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
@@ -142,4 +142,4 @@ def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_
     """Queue the device-side offsets check (no host sync); skipped for offsets already
     checked with the same token counts and maxima (and never skipped under CUDA-graph
     capture, so a replay checks the values it finds)."""
-    _cached(_launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k)
+    per_offsets(_launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k)
