@@ -1,0 +1,564 @@
+"""KV-cache attention (decode) for Hopper (sm_90a), in CuteDSL.
+
+    forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+            o_part, lse_part, *, len_q, causal, scale, num_splits) -> None
+
+What it computes: for every sequence b, kv head h_kv and split s, attention of the
+query rows of b (all group = H / H_kv query heads of h_kv, packed into the rows of one
+tile: tile row r -> query row r // group, head h_kv * group + r % group) over split s's
+contiguous chunk of the sequence's cached keys. The cache is contiguous [B, L, H_kv, D]
+or paged [pages, page_size, H_kv, D] through an int32 page table, any page size; query
+row i (of n_q) sees key j iff j <= i + n_k - n_q when causal (bottom-right), every
+j < n_k otherwise. num_splits == 1 writes out / lse; num_splits > 1 writes each split's
+normalized partial output and its LSE (fp32), which the core's `combine` merges.
+
+One CTA (4 warps) per (split, kv head x row block, sequence). The roles:
+
+    `load`     cp.async, 16 bytes a thread a copy, one cache row (token) at a time: the
+               row's page is looked up per token (token j -> page_table[b, j // page_size],
+               row j % page_size), so any page size and any page order work; K and V of a
+               block of Config.block_n tokens go into one of Config.stages smem slots
+               (one commit group per block; stages - 1 blocks in flight under the
+               compute of the current one). Q is gathered once per tile the same way.
+    `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
+               (16 each), the other warps split each KV block's keys (key groups), so a
+               16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
+               the mask (sequence end, causal diagonal) on the blocks that need it,
+               online softmax in exp2 with scale * log2(e) folded in, O += P V.
+    `store`    the key groups' (row max, row sum, O) meet in smem (reusing the K slots);
+               each output row is merged, normalized and written once (16-byte chunks),
+               its LSE (natural log) beside it. Rows that see no key: O = 0, LSE = -inf.
+               Padding rows (past group * n_q) are never written.
+
+The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one CTA
+barrier (so slot (t - 1) % stages is free), issue block t + stages - 1 into it, compute
+block t. The split partition: the tile's visible key blocks cut into num_splits chunks of
+cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
+
+One compiled kernel per (dtype, D, Config, causal, paged, packed q, split); shapes,
+lengths, page size, group, splits and scale are runtime values.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int       # tile rows (packed query rows x heads): 16 or 64
+    block_n: int       # keys per KV block (one pipeline stage holds K and V of a block)
+    stages: int        # KV blocks resident in smem (stages - 1 in flight while computing)
+    warps_m: int       # warps along the rows (16 rows each); 4 // warps_m key groups
+
+    @property
+    def key_groups(self) -> int:
+        return NUM_WARPS // self.warps_m
+
+
+NUM_WARPS = 4
+
+# Keyed by (head_dim, block_m). 96 KB of K + V slots a CTA, so two CTAs share an SM and
+# keep >= 128 KB of cache reads in flight on it. A 64-row tile with 128-key blocks at
+# D = 64 needs 255 registers (S alone is 64 a thread): 64-key blocks, 5 stages.
+CONFIGS = {
+    (64, 16): Config(block_m=16, block_n=128, stages=3, warps_m=1),
+    (64, 64): Config(block_m=64, block_n=64, stages=5, warps_m=4),
+    (128, 16): Config(block_m=16, block_n=64, stages=3, warps_m=1),
+    (128, 64): Config(block_m=64, block_n=64, stages=3, warps_m=4),
+}
+
+
+def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
+    """Bytes of the K (or V) slots."""
+    return cfg.stages * cfg.block_n * head_dim * elem_bytes
+
+
+def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
+    """Shared memory of one CTA: the K and V slots (Q and the merge reuse them)."""
+    return 2 * smem_kv_bytes(cfg, head_dim, elem_bytes)
+
+
+def pick_config(head_dim: int, rows: int) -> Config:
+    """The default for a tile of `rows` packed rows (group * len_q): the smallest tile
+    that holds them; more than 64 rows run in several 64-row tiles."""
+    return CONFIGS[(head_dim, 16 if rows <= 16 else 64)]
+
+
+_COMPILED = {}
+
+
+def _cute_dtype(torch_dtype):
+    import cutlass
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            torch.float32: cutlass.Float32}[torch_dtype]
+
+
+# --------------------------------------------------------------------------------------
+# The kernel (the DSL is imported inside `_kernel_class`: importing this module touches
+# neither the DSL nor the driver).
+# --------------------------------------------------------------------------------------
+
+def _kernel_class():
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, const_expr
+    from cutlass.cute.nvgpu import cpasync, warp
+
+    LN_2 = math.log(2.0)
+
+    def smem_atom(dtype, D):
+        """(8, 64)-element row-major atom, 128-byte rows swizzled (Swizzle<3,3,3> on 16-bit
+        elements): ldmatrix rows of 16 bytes land in distinct banks."""
+        cols = 64 if D % 64 == 0 else 32
+        bits = 3 if cols == 64 else 2
+        return cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
+                                         cute.make_ordered_layout((8, cols), order=(1, 0)))
+
+    def rows_cols(t):
+        """An mma.sync accumulator ((2, 2), MMA_M, MMA_N) as (rows, cols) =
+        ((2, MMA_M), (2, MMA_N))."""
+        shp = t.layout.shape
+        st = cute.make_layout(shp).stride
+        rc = cute.make_layout(((shp[0][1], shp[1]), (shp[0][0], shp[2])),
+                              stride=((st[0][1], st[1]), (st[0][0], st[2])))
+        return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
+
+    def as_operand_a(acc):
+        """The S accumulator ((2, 2), M, N) as the A operand of the PV mma
+        ((2, 2, 2), M, N / 2): k16 = two 8-column atoms."""
+        l = cute.logical_divide(acc.layout, (None, None, 2))
+        a = cute.make_layout(
+            ((l.shape[0][0], l.shape[0][1], l.shape[2][0]), l.shape[1], l.shape[2][1]),
+            stride=((l.stride[0][0], l.stride[0][1], l.stride[2][0]), l.stride[1],
+                    l.stride[2][1]))
+        return cute.make_tensor(acc.iterator, a)
+
+    class DecodeHopper:
+        def __init__(self, dtype, out_dtype, head_dim: int, cfg: Config, causal: bool,
+                     paged: bool, packed: bool):
+            self.dtype, self.out_dtype, self.D = dtype, out_dtype, head_dim
+            self.M, self.BN, self.stages = cfg.block_m, cfg.block_n, cfg.stages
+            self.wm, self.wn = cfg.warps_m, cfg.key_groups
+            self.BNg = cfg.block_n // self.wn        # keys of one key group per block
+            self.causal, self.paged, self.packed = causal, paged, packed
+            self.num_threads = NUM_WARPS * 32
+            self.vec = 128 // dtype.width            # elements of one 16-byte copy
+            self.row_threads = head_dim // self.vec  # threads covering one cache row
+            self.rows_per_pass = self.num_threads // self.row_threads
+            assert self.BN % self.rows_per_pass == 0 and self.M * self.row_threads >= 1
+            assert self.BNg % 16 == 0 and self.M == 16 * self.wm
+            # `store` stages the key groups' fp32 O in the K slots
+            assert self.M * head_dim * self.wn * 4 <= smem_kv_bytes(cfg, head_dim)
+            assert self.M <= self.BN and self.stages >= 2       # Q fits the last K slot
+
+        # ------------------------------------------------------------------ host side
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                     mSeqK: cute.Tensor, mPageTable, mCuQ, mO: cute.Tensor,
+                     mLSE: cute.Tensor, scale_log2: Float32, len_q: Int32, group: Int32,
+                     page_size: Int32, num_splits: Int32, stream):
+            dt, D = self.dtype, self.D
+            atom = smem_atom(dt, D)
+            sQ_layout = cute.tile_to_shape(atom, (self.M, D), (0, 1))
+            sKV_layout = cute.tile_to_shape(atom, (self.BN, D, self.stages), (0, 1, 2))
+
+            # mma.sync 16x8x16, warps_m warps along M; N tiles of 16 so ldmatrix.x4 fills
+            # a B fragment in one instruction
+            tiled_mma = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)), (self.wm, 1, 1),
+                permutation_mnk=(self.M, 16, 16))
+
+            # gathers: 16-byte cp.async, row_threads threads per cache row
+            g2s = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                num_bits_per_copy=128)
+            gather = cute.make_tiled_copy_tv(
+                g2s, cute.make_ordered_layout((self.rows_per_pass, self.row_threads),
+                                              order=(1, 0)),
+                cute.make_layout((1, self.vec)))
+
+            @cute.struct
+            class SharedStorage:
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+
+            n_row_blocks = (group * len_q + self.M - 1) // self.M
+            self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, scale_log2, len_q,
+                        group, page_size, num_splits, n_row_blocks, sQ_layout, sKV_layout,
+                        tiled_mma, gather, SharedStorage).launch(
+                grid=[num_splits, mK.shape[2] * n_row_blocks, mSeqK.shape[0]],
+                block=[self.num_threads, 1, 1], stream=stream)
+
+        # ------------------------------------------------------------------ the kernel
+        @cute.kernel
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                   mSeqK: cute.Tensor, mPageTable, mCuQ, mO: cute.Tensor,
+                   mLSE: cute.Tensor, scale_log2: Float32, len_q: Int32, group: Int32,
+                   page_size: Int32, num_splits: Int32, n_row_blocks: Int32,
+                   sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+                   tiled_mma: cute.TiledMma, gather: cute.TiledCopy,
+                   SharedStorage: cutlass.Constexpr):
+            tidx = cute.arch.thread_idx()[0]
+            split, by, b = cute.arch.block_idx()
+            H_kv = mK.shape[2]
+            hk = by % H_kv
+            row0 = (by // H_kv) * self.M
+            n_k = mSeqK[b]
+            if const_expr(self.packed):
+                q_start = mCuQ[b]
+                n_q = mCuQ[b + 1] - q_start
+            else:
+                q_start = b * len_q
+                n_q = len_q
+            rows = group * n_q                 # valid tile rows of the sequence
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            sK = storage.sK.get_tensor(sKV_layout)
+            # Q lives in the last K slot: it is in registers before that slot's first load
+            # (issued after the loop's first CTA barrier)
+            sQ = cute.make_tensor(sK[None, None, self.stages - 1].iterator, sQ_layout)
+            sV = storage.sV.get_tensor(sKV_layout)
+
+            if row0 < rows:
+                # the KV blocks this split reads: the tile's visible keys in num_splits
+                # contiguous chunks. Causal: the tile's last row sees the most keys, its
+                # first row the fewest (blocks wholly below that need no mask)
+                n_vis = n_k
+                n_full = n_k
+                if const_expr(self.causal):
+                    i_last = cutlass.min(row0 + self.M - 1, rows - 1) // group
+                    n_vis = cutlass.max(cutlass.min(i_last + 1 + n_k - n_q, n_k), 0)
+                    n_full = cutlass.max(cutlass.min(row0 // group + 1 + n_k - n_q, n_k), 0)
+                n_blocks = (n_vis + self.BN - 1) // self.BN
+                per_split = (n_blocks + num_splits - 1) // num_splits
+                blk_lo = split * per_split
+                n_iter = cutlass.max(cutlass.min(per_split, n_blocks - blk_lo), 0)
+                geom = (b, hk, q_start, n_q, n_k, row0, rows, group, page_size)
+
+                self.load_q(mQ, sQ, gather, tidx, geom)
+                cute.arch.cp_async_commit_group()
+                for t in cutlass.range_constexpr(self.stages - 1):
+                    if t < n_iter:
+                        self.load_kv(mK, mV, mPageTable, sK, sV, gather, tidx, blk_lo + t, t,
+                                     geom)
+                    cute.arch.cp_async_commit_group()
+
+                row_max, row_sum, acc_O = self.compute(
+                    sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx, scale_log2,
+                    blk_lo, n_iter, n_full, geom)
+
+                # the K slots become the key groups' fp32 O
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.barrier()
+                self.store(acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
+                           scale_log2, split, geom)
+
+        # ------------------------------------------------------------------ load
+        @cute.jit
+        def gmem_row(self, m, coord):
+            """A 16-byte-aligned 1-D view of one cache / query row from `coord` on."""
+            addr = (m.iterator + cute.crd2idx(coord, m.layout)).toint()
+            ptr = cute.make_ptr(m.element_type, addr, cute.AddressSpace.gmem,
+                                assumed_align=16)
+            return cute.make_tensor(ptr, cute.make_layout((self.vec,)))
+
+        @cute.jit
+        def load_q(self, mQ, sQ, gather, tidx, geom):  # role: load
+            """The tile's rows r -> q[q_start + r // group, h_kv * group + r % group];
+            padding rows repeat the last valid row (computed, never stored)."""
+            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            thr = gather.get_slice(tidx)
+            tQsQ = thr.partition_D(sQ)
+            tQcQ = thr.partition_S(cute.make_identity_tensor((self.M, self.D)))
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                r = cutlass.min(row0 + tQcQ[0, m, 0][0], rows - 1)
+                i = r // group
+                src = self.gmem_row(mQ, (q_start + i, hk * group + (r - i * group),
+                                         tQcQ[0, m, 0][1]))
+                cute.copy(gather, cute.make_tensor(src.iterator, tQsQ[None, m, 0].layout),
+                          tQsQ[None, m, 0])
+
+        @cute.jit
+        def load_kv(self, mK, mV, mPageTable, sK, sV, gather, tidx, blk, stage, geom):  # role: load
+            """K and V of block blk into slot `stage`. Token j -> its page row (paged) or
+            row j of sequence b (contiguous); tokens past n_k repeat token n_k - 1 (their
+            scores are masked, and a finite V row keeps P V finite)."""
+            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            thr = gather.get_slice(tidx)
+            tKsK = thr.partition_D(sK[None, None, stage])
+            tVsV = thr.partition_D(sV[None, None, stage])
+            tKcK = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))
+            col = tKcK[0, 0, 0][1]
+            for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+                j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
+                page, off = b, j
+                if const_expr(self.paged):
+                    pi = j // page_size
+                    page = mPageTable[b, pi]
+                    off = j - pi * page_size
+                src_k = self.gmem_row(mK, (page, off, hk, col))
+                src_v = self.gmem_row(mV, (page, off, hk, col))
+                cute.copy(gather, cute.make_tensor(src_k.iterator, tKsK[None, m, 0].layout),
+                          tKsK[None, m, 0])
+                cute.copy(gather, cute.make_tensor(src_v.iterator, tVsV[None, m, 0].layout),
+                          tVsV[None, m, 0])
+
+        @cute.jit
+        def key_slice(self, s, stage, kg):
+            """Key group kg's (keys, D) rows of slot `stage`."""
+            return cute.local_tile(s[None, None, stage], (self.BNg, self.D), (kg, 0))
+
+        @cute.jit
+        def key_slice_t(self, s, stage, kg):
+            """The same rows seen transposed (D, keys): the B operand of P V."""
+            st = cute.composition(s[None, None, stage],
+                                  cute.make_ordered_layout((self.D, self.BN), order=(1, 0)))
+            return cute.local_tile(st, (self.D, self.BNg), (0, kg))
+
+        # ------------------------------------------------------------------ compute
+        @cute.jit
+        def compute(self, sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx,
+                    scale_log2, blk_lo, n_iter, n_full, geom):  # role: compute
+            """The KV loop of one tile; returns this thread's (row max, row sum, O) of its
+            key group (row sums are per thread: the quad reduces them in `store`)."""
+            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            dt = self.dtype
+            kg = tidx // (32 * self.wm)                  # key group: keys kg*BNg.. of a block
+            thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
+
+            # ldmatrix: Q, K row-major (k-major), V transposed (D, keys)
+            ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+            ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dt)
+            s2r_Q = cute.make_tiled_copy_A(ldm, tiled_mma).get_slice(tidx % (32 * self.wm))
+            s2r_K = cute.make_tiled_copy_B(ldm, tiled_mma).get_slice(tidx % (32 * self.wm))
+            s2r_V = cute.make_tiled_copy_B(ldm_t, tiled_mma).get_slice(tidx % (32 * self.wm))
+
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(self.key_slice(sK, 0, kg)))
+            tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(self.key_slice_t(sV, 0, kg)))
+            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.M, self.D)), Float32)
+            acc_O.fill(0.0)
+            shape_S = thr_mma.partition_shape_C((self.M, self.BNg))
+            # (row, key) of every S element within the tile / the key group's slice
+            tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.M, self.BNg))))
+            n_rows = cute.size(tScS, mode=[0])
+            row_max = cute.make_rmem_tensor(n_rows, Float32)
+            row_sum = cute.make_rmem_tensor(n_rows, Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            # the keys [0, row_end[r]) each of this thread's rows sees
+            row_end = cute.make_rmem_tensor(n_rows, Int32)
+            for r in cutlass.range_constexpr(n_rows):
+                row_end[r] = n_k
+                if const_expr(self.causal):
+                    i = cutlass.min(row0 + tScS[r, 0][0], rows - 1) // group
+                    row_end[r] = i + 1 + n_k - n_q
+
+            # Q: smem -> registers once
+            cute.arch.cp_async_wait_group(self.stages - 1)
+            cute.arch.barrier()
+            cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+
+            for t in cutlass.range(n_iter, unroll=1):
+                stage = t % self.stages
+                cute.arch.cp_async_wait_group(self.stages - 2)
+                cute.arch.barrier()
+                # slot (t - 1) % stages is free: the next block goes there
+                nxt = t + self.stages - 1
+                if nxt < n_iter:
+                    self.load_kv(mK, mV, mPageTable, sK, sV, gather, tidx, blk_lo + nxt,
+                                 nxt % self.stages, geom)
+                cute.arch.cp_async_commit_group()
+
+                blk = blk_lo + t
+                # S = Q K^T over this key group's keys
+                acc_S = cute.make_rmem_tensor(shape_S, Float32)
+                acc_S.fill(0.0)
+                tSsK = s2r_K.partition_S(self.key_slice(sK, stage, kg))
+                tSrK_v = s2r_K.retile(tSrK)
+                for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                    cute.copy(s2r_K, tSsK[None, None, k], tSrK_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+                S = rows_cols(acc_S)
+                if (blk + 1) * self.BN > n_full:
+                    key0 = blk * self.BN + kg * self.BNg
+                    for r in cutlass.range_constexpr(n_rows):
+                        limit = row_end[r] - key0
+                        for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                            S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
+
+                # online softmax (exp2 domain; quad reductions over a row's 4 threads)
+                for r in cutlass.range_constexpr(n_rows):
+                    s_row = S[r, None].load()
+                    m_new = s_row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
+                    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                    m_prev = row_max[r]
+                    row_max[r] = m_new
+                    m_safe = 0.0 if m_new == -Float32.inf else m_new
+                    p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2,
+                                           fastmath=True)
+                    corr = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                    row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * corr, 0)
+                    S[r, None].store(p_row)
+                    O = rows_cols(acc_O)
+                    O[r, None].store(O[r, None].load() * corr)
+
+                # O += P V
+                rP = cute.make_rmem_tensor_like(acc_S, dt)
+                rP.store(acc_S.load().to(dt))
+                tOrP = as_operand_a(rP)
+                tOsV = s2r_V.partition_S(self.key_slice_t(sV, stage, kg))
+                tOrV_v = s2r_V.retile(tOrV)
+                for k in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
+                    cute.copy(s2r_V, tOsV[None, None, k], tOrV_v[None, None, k])
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k], acc_O)
+            return row_max, row_sum, acc_O
+
+        # ------------------------------------------------------------------ store
+        @cute.jit
+        def store(self, acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
+                  scale_log2, split, geom):  # role: store
+            """Merge the key groups' partials row by row, normalize, write O and LSE."""
+            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            M, D, wn = self.M, self.D, self.wn
+            kg = tidx // (32 * self.wm)
+            thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
+            # the KV slots are free (the caller waited for every copy and the CTA): O in
+            # the K slots, the row statistics in the V slots
+            sO = cute.make_tensor(cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32),
+                                  cute.make_ordered_layout((M, D, wn), order=(1, 0, 2)))
+            stats = cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32)
+            sMax = cute.make_tensor(stats, cute.make_layout((M, wn)))
+            sSum = cute.make_tensor(stats + M * wn, cute.make_layout((M, wn)))
+
+            tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, self.BNg))))
+            for r in cutlass.range_constexpr(cute.size(row_sum)):
+                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+                if tScS[0, 0][1] == 0:
+                    sMax[tScS[r, 0][0], kg] = row_max[r]
+                    sSum[tScS[r, 0][0], kg] = total
+            tOsO = thr_mma.partition_C(sO[None, None, kg])
+            for i in cutlass.range_constexpr(cute.size(acc_O)):
+                tOsO[i] = acc_O[i]
+            cute.arch.barrier()
+
+            # each thread: 8-element chunks (row, c) of the tile
+            vec = 8
+            chunks = D // vec
+            for it in cutlass.range_constexpr((M * chunks + self.num_threads - 1)
+                                              // self.num_threads):
+                idx = tidx + it * self.num_threads
+                r = idx // chunks
+                c = idx - r * chunks
+                rg = row0 + r
+                if idx < M * chunks and rg < rows:
+                    mx = sMax[r, 0]
+                    for g in cutlass.range_constexpr(1, wn):
+                        mx = cutlass.max(mx, sMax[r, g])
+                    mx_safe = 0.0 if mx == -Float32.inf else mx
+                    total = Float32(0.0)
+                    acc = cute.make_rmem_tensor((vec,), Float32)
+                    acc.fill(0.0)
+                    for g in cutlass.range_constexpr(wn):
+                        w = cute.math.exp2((sMax[r, g] - mx_safe) * scale_log2, fastmath=True)
+                        total += sSum[r, g] * w
+                        part = cute.local_tile(sO[r, None, g], (vec,), (c,))
+                        acc.store(acc.load() + part.load() * w)
+                    empty = total == 0.0
+                    inv = 0.0 if empty else 1.0 / total
+                    i = rg // group
+                    h = hk * group + (rg - i * group)
+                    dst = cute.local_tile(mO[split, q_start + i, h, None], (vec,), (c,))
+                    dst.store((acc.load() * inv).to(self.out_dtype))
+                    if c == 0:
+                        mLSE[split, h, q_start + i] = -Float32.inf if empty else (
+                            mx_safe * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+
+    return DecodeHopper
+
+
+# --------------------------------------------------------------------------------------
+# Host: compile once per configuration, then launch
+# --------------------------------------------------------------------------------------
+
+def _fake_args(dtype, out_dtype, head_dim: int, paged: bool, packed: bool):
+    """Symbolic tensors: one compiled kernel serves every shape of its configuration."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    def i64(div=1):
+        return cute.sym_int64(divisibility=div)
+
+    nq, h, hkv, b = (cute.sym_int32() for _ in range(4))
+    q = make_fake_tensor(dtype, (nq, h, head_dim), stride=(i64(8), i64(8), 1),
+                         assumed_align=16)
+    npg, psz = cute.sym_int32(), cute.sym_int32()
+
+    def cache():
+        return make_fake_tensor(dtype, (npg, psz, hkv, head_dim),
+                                stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
+
+    k, v = cache(), cache()
+    seqk = make_fake_tensor(cutlass.Int32, (b,), stride=(1,), assumed_align=4)
+    pt = make_fake_tensor(cutlass.Int32, (cute.sym_int32(), cute.sym_int32()),
+                          stride=(i64(), 1), assumed_align=4) if paged else None
+    cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), stride=(1,),
+                            assumed_align=4) if packed else None
+    ns = cute.sym_int32()
+    o = make_fake_tensor(out_dtype, (ns, nq, h, head_dim),
+                         stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
+    lse = make_fake_tensor(cutlass.Float32, (ns, h, nq), stride=(i64(), i64(), 1),
+                           assumed_align=4)
+    return q, k, v, seqk, pt, cu_q, o, lse
+
+
+def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
+                   packed: bool, split: bool, options: str = ""):
+    """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable:
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o [S, Nq, H, D],
+       lse [S, H, Nq], scale_log2, len_q, group, page_size, num_splits)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    cdt = _cute_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype
+    odt = cutlass.Float32 if split else cdt
+    kern = _kernel_class()(cdt, odt, head_dim, cfg, causal, paged, packed)
+    args = _fake_args(cdt, odt, head_dim, paged, packed)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    opts = ("--enable-tvm-ffi " + options).strip()
+    return cute.compile(kern, *args, cutlass.Float32(1.0), cutlass.Int32(1),
+                        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), stream,
+                        options=opts)
+
+
+def _compiled(dtype, head_dim, cfg, causal, paged, packed, split):
+    key = (dtype, head_dim, cfg, causal, paged, packed, split)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        fn = _COMPILED[key] = compile_decode(dtype, head_dim, cfg, causal, paged, packed,
+                                             split)
+    return fn
+
+
+def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+            o_part, lse_part, *, len_q: int, causal: bool, scale: float,
+            num_splits: int) -> None:
+    """See the module docstring and the core's `kvcache_attention`. q [Nq, H, D];
+    num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq]."""
+    B = cache_seqlens.shape[0]
+    H, D = q.shape[1], q.shape[2]
+    group = H // k_cache.shape[2]
+    if q.shape[0] == 0 or B == 0 or len_q == 0:
+        return
+    split = num_splits > 1
+    cfg = pick_config(D, group * len_q)
+    fn = _compiled(q.dtype, D, cfg, bool(causal), page_table is not None,
+                   cu_seqlens_q is not None, split)
+    o, l = (o_part, lse_part) if split else (out.unsqueeze(0), lse.unsqueeze(0))
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, l,
+       scale * math.log2(math.e), len_q, group, k_cache.shape[1], num_splits)

@@ -1,0 +1,251 @@
+"""The CuteDSL KV-cache decode kernel (kernels_cute/decode_hopper.py).
+
+CPU: every default config compiles for sm_90a (CUTE_DSL_ARCH=sm_90a, symbolic tensors,
+one fresh subprocess: CUTE_DSL_* are read at import), with no spill, the loads as
+16-byte cp.async and the products as mma.sync; the smem of a CTA lets two CTAs share an
+SM. GPU (`-m gpu`): the kernel against an fp32 torch reference on tiny shapes in every
+mode: contiguous and paged caches (page sizes 1, 16, 64, pages shuffled), dense and
+packed q, causal and not, one and three splits (merged here by logsumexp), empty caches,
+GQA 1 and 4, D 64 and 128, bf16 and fp16.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from _cute import ROOT, have_dsl
+
+_ok, _why = have_dsl()
+needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
+
+SM_SMEM = 228 * 1024          # an H100 / H200 SM's shared memory
+CTA_RESERVED = 1024           # reserved per resident CTA
+
+# (D, block_m, causal, paged, packed, split, dtype): each config twice, every flag in both
+# states across the list
+_BUILDS = [(d, m, c, p, k, s, dt) for (d, m) in ((64, 16), (64, 64), (128, 16), (128, 64))
+           for (c, p, k, s, dt) in ((True, True, False, False, "bfloat16"),
+                                    (False, False, True, True, "float16"))]
+
+
+def test_configs():
+    """The table: keyed by (D, block_m); 4 warps (warps_m along the rows, the rest split
+    the keys, 16 keys at least each); the fp32 O of `store` fits the K slots; two CTAs fit
+    an SM; pick_config takes the smallest tile holding group * len_q rows."""
+    from kernels_cute import decode_hopper as K
+    assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 64)}
+    for (d, m), cfg in K.CONFIGS.items():
+        assert cfg.block_m == m == 16 * cfg.warps_m
+        assert cfg.block_n % (16 * cfg.key_groups) == 0
+        assert m * d * 4 * cfg.key_groups <= K.smem_kv_bytes(cfg, d)
+        assert 2 * (K.smem_bytes(cfg, d) + CTA_RESERVED) <= SM_SMEM, (d, m)
+        # >= 32 KB of K + V in flight per CTA while one block computes
+        assert (cfg.stages - 1) * 2 * cfg.block_n * d * 2 >= 32 * 1024
+    for d in (64, 128):
+        assert K.pick_config(d, 1) == K.pick_config(d, 16) == K.CONFIGS[(d, 16)]
+        assert K.pick_config(d, 17) == K.pick_config(d, 160) == K.CONFIGS[(d, 64)]
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, {root!r})
+    from kernels_cute import decode_hopper as K
+    for D, m, causal, paged, packed, split, dt in {builds!r}:
+        fn = K.compile_decode(getattr(torch, dt), D, K.CONFIGS[(D, m)], causal, paged,
+                              packed, split)
+        a = fn.artifacts
+        print("BUILD", json.dumps(dict(key=[D, m, causal, paged, packed, split, dt],
+                                       ptx=a.PTX, cubin=(a.CUBIN or b"").hex())), flush=True)
+    print("COMPILED")
+""")
+
+
+def _resources(cubin_hex):
+    """(registers, spill bytes + spill instructions) from the cubin (cuobjdump), or None."""
+    try:
+        from harness.compile_check import _resource_usage
+        use = _resource_usage(bytes.fromhex(cubin_hex))
+    except Exception:  # no cuobjdump here
+        return None
+    return use["REG"], use["STACK"] + use["LOCAL"] + use["spill_insts"]
+
+
+@needs_dsl
+def test_decode_default_builds(tmp_path):
+    """Each default config compiles for sm_90a (both dtypes, every flag both ways): per
+    key group one 16-row mma.sync m16n8k16 tile, K and V gathered by 16-byte cp.async.cg
+    (L2 only) through the page table, no local memory, no spill."""
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=ROOT, builds=_BUILDS)],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    if "COMPILED" not in r.stdout:
+        tail = (r.stdout + r.stderr)[-3000:]
+        if "libcuda" in tail or "CUDA driver" in tail:
+            pytest.skip(f"CuteDSL cannot compile here: {tail[-300:]}")
+        raise AssertionError(f"compile failed:\n{tail}")
+    builds = [json.loads(ln[6:]) for ln in r.stdout.splitlines() if ln.startswith("BUILD ")]
+    assert len(builds) == len(_BUILDS)
+    from kernels_cute import decode_hopper as K
+    for b in builds:
+        D, m, causal, paged, packed, split, dt = b["key"]
+        cfg, ptx = K.CONFIGS[(D, m)], b["ptx"]
+        mma = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", ptx)
+        # QK: BNg/8 n-atoms x D/16 k-steps; PV: D/8 n-atoms x BNg/16 k-steps
+        bng = cfg.block_n // cfg.key_groups
+        assert len(mma) == bng // 8 * D // 16 + D // 8 * bng // 16, (b["key"], len(mma))
+        assert set(mma) == {"bf16" if dt == "bfloat16" else "f16"}
+        assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::\w+)?\s+\[[^]]+\],\s*\[[^]]+\],"
+                         r"\s*16", ptx), b["key"]
+        assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx), b["key"]
+        assert ".local" not in ptx, b["key"]
+        # page table reads (one per gathered row) only where the cache is paged
+        reads = len(re.findall(r"ld\.global(?:\.\w+)*\.s32", ptx))
+        assert (reads >= cfg.block_n * D // 8 // 128) if paged else (reads <= 3), \
+            (b["key"], reads)
+        res = _resources(b["cubin"])
+        if res is not None:
+            regs, spills = res
+            assert spills == 0, (b["key"], res)
+            assert regs <= 255, (b["key"], res)
+
+
+# --------------------------------------------------------------------------------------
+# GPU: against an fp32 reference
+# --------------------------------------------------------------------------------------
+
+def _reference(q, k_cache, v_cache, seqk, page_table, cu_q, len_q, causal, scale):
+    """fp32 out [Nq, H, D] and lse [H, Nq] on the gathered cache."""
+    Nq, H, D = q.shape
+    H_kv = k_cache.shape[2]
+    g = H // H_kv
+    out = torch.zeros(Nq, H, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((H, Nq), -math.inf, dtype=torch.float32, device=q.device)
+    for b in range(seqk.shape[0]):
+        n_k = int(seqk[b])
+        q0, n_q = (int(cu_q[b]), int(cu_q[b + 1] - cu_q[b])) if cu_q is not None else \
+            (b * len_q, len_q)
+        if n_q == 0 or n_k == 0:
+            continue
+        j = torch.arange(n_k, device=q.device)
+        if page_table is None:
+            k, v = k_cache[b, :n_k], v_cache[b, :n_k]
+        else:
+            ps = k_cache.shape[1]
+            pages = page_table[b, j // ps].long()
+            k, v = k_cache[pages, j % ps], v_cache[pages, j % ps]
+        k = k.float().repeat_interleave(g, dim=1)           # [n_k, H, D]
+        v = v.float().repeat_interleave(g, dim=1)
+        qs = q[q0:q0 + n_q].float()                          # [n_q, H, D]
+        s = torch.einsum("ihd,jhd->hij", qs, k) * scale      # [H, n_q, n_k]
+        if causal:
+            i = torch.arange(n_q, device=q.device)[:, None]
+            s = s.masked_fill(j[None, :] > i + n_k - n_q, -math.inf)
+        l = torch.logsumexp(s, dim=-1)                       # [H, n_q]
+        p = torch.exp(s - l[..., None]).nan_to_num(0.0)
+        out[q0:q0 + n_q] = torch.einsum("hij,jhd->ihd", p, v)
+        lse[:, q0:q0 + n_q] = l
+    return out, lse
+
+
+def _case(D, group, layout, qmode, causal, splits, dtype, seed=0):
+    """Run the kernel and the reference on one tiny problem; returns both."""
+    from kernels_cute import decode_hopper as K
+    dev = "cuda"
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    H_kv = 2
+    H = H_kv * group
+    seqk = torch.tensor([0, 1, 77, 300, 129], dtype=torch.int32)
+    B = seqk.shape[0]
+    if qmode == "packed":
+        n_q = torch.tensor([3, 0, 5, 1, 20], dtype=torch.int32)
+        cu_q = torch.zeros(B + 1, dtype=torch.int32)
+        cu_q[1:] = torch.cumsum(n_q, 0)
+        len_q = int(n_q.max())
+        Nq = int(cu_q[-1])
+    else:
+        len_q = int(qmode[len("dense"):])
+        cu_q, Nq = None, B * len_q
+    cap = 320
+    if layout == "contiguous":
+        shape, page_table = (B, cap, H_kv, D), None
+    else:
+        ps = int(layout[len("paged"):])
+        per = -(-cap // ps)
+        page_table = torch.randperm(B * per, generator=gen).to(torch.int32).view(B, per)
+        shape = (B * per, ps, H_kv, D)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = torch.randn(Nq, H, D, generator=gen).to(dtype)
+    scale = D ** -0.5
+    q, k_cache, v_cache, seqk = (t.to(dev) for t in (q, k_cache, v_cache, seqk))
+    page_table = None if page_table is None else page_table.to(dev)
+    cu_q = None if cu_q is None else cu_q.to(dev)
+
+    nan = float("nan")
+    out = torch.full((Nq, H, D), nan, dtype=dtype, device=dev)
+    lse = torch.full((H, Nq), nan, dtype=torch.float32, device=dev)
+    if splits == 1:
+        K.forward(q, k_cache, v_cache, seqk, page_table, cu_q, out, lse, None, None,
+                  len_q=len_q, causal=causal, scale=scale, num_splits=1)
+    else:
+        o_part = torch.full((splits, Nq, H, D), nan, dtype=torch.float32, device=dev)
+        lse_part = torch.full((splits, H, Nq), nan, dtype=torch.float32, device=dev)
+        K.forward(q, k_cache, v_cache, seqk, page_table, cu_q, out, lse, o_part, lse_part,
+                  len_q=len_q, causal=causal, scale=scale, num_splits=splits)
+        torch.cuda.synchronize()
+        # every split writes every row: no NaN left anywhere; empty splits 0 / -inf
+        assert not o_part.isnan().any() and not lse_part.isnan().any()
+        no_key = (lse_part == -math.inf).transpose(1, 2)               # [S, Nq, H]
+        assert (o_part[no_key] == 0).all()
+        lse = torch.logsumexp(lse_part, dim=0)
+        w = torch.exp(lse_part - lse[None]).nan_to_num(0.0)            # [S, H, Nq]
+        out = (w.transpose(1, 2)[..., None] * o_part).sum(0).to(dtype)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(q, k_cache, v_cache, seqk, page_table, cu_q, len_q,
+                                  causal, scale)
+    return out, lse, ref_out, ref_lse
+
+
+_GPU_CASES = [
+    # (D, group, layout, qmode, causal, splits, dtype)
+    (128, 4, "contiguous", "dense1", True, 1, torch.bfloat16),
+    (128, 4, "contiguous", "dense1", False, 3, torch.bfloat16),
+    (128, 4, "paged1", "dense1", True, 3, torch.bfloat16),
+    (128, 4, "paged16", "dense3", True, 1, torch.bfloat16),
+    (128, 4, "paged64", "packed", True, 3, torch.bfloat16),
+    (128, 4, "paged16", "packed", False, 1, torch.float16),
+    (128, 1, "contiguous", "dense3", True, 3, torch.float16),
+    (128, 1, "paged64", "dense1", False, 1, torch.bfloat16),
+    (128, 4, "contiguous", "packed", True, 1, torch.bfloat16),
+    (128, 4, "paged1", "dense16", True, 3, torch.bfloat16),
+    (64, 4, "contiguous", "dense1", True, 3, torch.bfloat16),
+    (64, 4, "paged16", "dense3", False, 1, torch.bfloat16),
+    (64, 1, "paged1", "packed", True, 1, torch.float16),
+    (64, 4, "paged64", "packed", False, 3, torch.bfloat16),
+    (64, 1, "contiguous", "dense1", False, 1, torch.float16),
+    (64, 4, "paged1", "dense16", True, 1, torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,group,layout,qmode,causal,splits,dtype", _GPU_CASES)
+def test_decode_matches_reference(D, group, layout, qmode, causal, splits, dtype):
+    out, lse, ref_out, ref_lse = _case(D, group, layout, qmode, causal, splits, dtype)
+    assert not out.isnan().any(), "rows left unwritten (NaN)"
+    assert not lse.isnan().any(), "lse rows left unwritten (NaN)"
+    # rows that see no key: 0 and -inf
+    empty = ref_lse == -math.inf
+    assert (lse[empty] == -math.inf).all(), "a row without keys has a finite lse"
+    assert (out.float().transpose(0, 1)[empty] == 0).all(), "a row without keys is not 0"
+    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    err = (out.float() - ref_out).abs().max().item()
+    lse_err = (lse[~empty] - ref_lse[~empty]).abs().max().item() if (~empty).any() else 0.0
+    assert err <= tol, f"max |out - ref| = {err:.3g}"
+    assert lse_err <= 1e-3, f"max |lse - ref| = {lse_err:.3g}"
