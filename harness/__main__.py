@@ -10,13 +10,17 @@ REPORTS = REPO / "reports"
 
 
 def quick_subset(problems):
-    """bench-quick: a few shapes per suite (the long and short ends of each)."""
+    """bench-quick: a few shapes per suite (the long and short ends of each; decode:
+    `harness.decode.quick_subset`)."""
+    from . import decode
+    dec = set(decode.quick_subset([p for p in problems if isinstance(p, decode.DecodeProblem)]))
+    problems = [p for p in problems if not isinstance(p, decode.DecodeProblem) or p in dec]
     ends = lambda p: p.max_seqlen_q in (512, 2048)
     keep = {"gem-jagged": ends, "gem-jagged-d64": ends,
             "gem-cross": lambda p: p.max_seqlen_q == 1024,
             "gem-broadcast-q": lambda p: p.max_seqlen_q == 64,
             "llm-dense": lambda p: p.heads == 32}
-    return [p for p in problems if keep.get(p.suite, lambda p: True)(p)]
+    return [p for p in problems if p in dec or keep.get(p.suite, lambda p: True)(p)]
 
 
 def _csv_list(s):
@@ -33,16 +37,39 @@ def _report_dirs(out):
     return sorted(d.parent for d in REPORTS.glob("*/results.csv"))
 
 
+def known_suites() -> list[str]:
+    from . import decode
+    from .problems import suites
+    return list(suites()) + list(decode.suites())
+
+
+def _groups(problems, names, passes):
+    """(backends, problems, passes) per kind of problem: jagged problems with the jagged
+    backends among `names`, decode cells (forward only) with the decode ones."""
+    from . import backends
+    from .decode import DecodeProblem
+    out = []
+    for kind, ps in (("jagged", passes), ("decode", [p for p in passes if p == "fwd"])):
+        probs = [p for p in problems if isinstance(p, DecodeProblem) == (kind == "decode")]
+        bs = [n for n in names if n in backends.names(kind)]
+        if probs and not (bs and ps):
+            print(f"{len(probs)} {kind} problem(s) skipped: no {kind} backend among "
+                  f"{names} or no pass among {passes}", file=sys.stderr)
+        elif probs:
+            out.append(([backends.get(n, kind=kind) for n in bs], probs, ps))
+    return out
+
+
 def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
     from .problems import suite
-    from .problems import suites as known_suites
     suites, names, passes = _csv_list(a.suite), _csv_list(a.backends), _csv_list(a.passes)
+    every = list(dict.fromkeys(backends.names() + backends.names("decode")))
     if names == ["all"]:
-        names = backends.names()
-    for what, asked, known in (("suite", suites, list(known_suites())),
-                               ("backend", names, backends.names()),
+        names = every
+    for what, asked, known in (("suite", suites, known_suites()),
+                               ("backend", names, every),
                                ("pass", passes, list(bench.PASSES))):
         unknown = [x for x in asked if x not in known]
         if unknown or not asked:
@@ -66,10 +93,11 @@ def cmd_sweep(a, timing: bool):
     if a.limit:
         problems = problems[:a.limit]
     out = Path(a.out) if a.out else REPORTS / slug
-    path = bench.sweep([backends.get(n) for n in names], problems, passes,
-                       out_dir=out, gpus=gpus or None, fake_gpus=fake,
-                       gate_batch=a.gate_batch, quick=a.quick,
-                       timeout=a.timeout, timing=timing)
+    for bs, probs, ps in _groups(problems, names, passes):
+        path = bench.sweep(bs, probs, ps, out_dir=out, gpus=gpus or None, fake_gpus=fake,
+                           gate_batch=a.gate_batch, quick=a.quick,
+                           timeout=a.timeout, timing=timing)
+    path = out / ("results.csv" if timing else "checks.csv")
     ran = {_problem_key(bench.problem_cols(p)) for p in problems}
     rows = [r for r in bench.read_rows(path) if r["backend"] in names and r["pass"] in passes
             and _problem_key(r) in ran]  # this run's rows, not the whole file's
@@ -82,9 +110,10 @@ def cmd_sweep(a, timing: bool):
 
 
 def _problem_key(r: dict) -> tuple:
-    return tuple(str(r[c]) for c in ("suite", "mode", "causal", "dtype", "batch", "heads",
-                                      "kv_heads", "head_dim", "max_seqlen_q", "max_seqlen_k",
-                                      "sparsity", "seed"))
+    return tuple(str(r.get(c, "")) for c in (
+        "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
+        "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "page_size", "num_splits",
+        "packed_q"))
 
 
 MATCH_HELP = "only problems whose label contains this (a|b: either)"
@@ -120,11 +149,19 @@ def cmd_clocks(a):
 def _print_table(rows, timing):
     w = max([len(r["backend"]) for r in rows] + [7])
     for r in rows:
-        what = (f"{float(r['tflops']):8.1f} TFLOP/s {float(r['ms']):9.3f} ms"
-                if r["status"] == "ok" and timing and r.get("ms") else r["status"])
+        timed = r["status"] == "ok" and timing and r.get("ms")
+        what = (f"{float(r['tflops']):8.1f} TFLOP/s {float(r['ms']):9.3f} ms" if timed
+                else r["status"])
         shape = (f"{r['suite']} {r['mode']} B{r['batch']} H{r['heads']}/{r['kv_heads']} "
                  f"D{r['head_dim']} L{r['max_seqlen_q']}/{r['max_seqlen_k']} s{r['sparsity']}"
                  + (" causal" if r["causal"] == "True" else ""))
+        if r["mode"] == "decode":
+            shape += (f" {'p' + r['page_size'] if r['page_size'] != '0' else 'contig'}"
+                      f" splits{r['num_splits']}" + (" packed" if r["packed_q"] == "True" else ""))
+            if timed and r.get("kv_tbps"):
+                pct = (f" ({float(r['kv_tbps']) / float(r['copy_tbps']):.0%} of copy)"
+                       if r.get("copy_tbps") else "")
+                what = f"{float(r['kv_tbps']):6.3f} KV TB/s{pct} {what}"
         err = f"  {r['error'][:90]}" if r["status"] != "ok" else ""
         print(f"{r['backend']:{w}s} {r['pass']} {shape:55s} {what}{err}")
 
@@ -140,16 +177,16 @@ def _diagnostic(sub, name: str, help_: str, suite: str, backends: str):
 
 def main(argv=None):
     from . import backends
-    from .problems import suites
     ap = argparse.ArgumentParser(prog="python -m harness")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="command")
     for name, help_ in (("bench", "gate then time backends over suites"),
                         ("check", "oracle gate only; prints a pass/fail table")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("--suite", default="gem-jagged,gem-cross,llm-dense",
-                       help=f"comma list of: {', '.join(suites())} (default: %(default)s)")
+                       help=f"comma list of: {', '.join(known_suites())} (default: %(default)s)")
         s.add_argument("--backends", default="all", help=(
-            f"comma list of: {', '.join(backends.names())}; or all (default: %(default)s)"))
+            f"comma list of: {', '.join(backends.names())}; decode: "
+            f"{', '.join(backends.names('decode'))}; or all (default: %(default)s)"))
         s.add_argument("--passes", default="fwd,bwd", help="fwd and / or bwd (default: %(default)s)")
         s.add_argument("--quick", action="store_true", help="a subset of shapes, shorter timing")
         s.add_argument("--out", help="results folder (default reports/<gpu>)")
@@ -188,11 +225,12 @@ def main(argv=None):
     s = sub.add_parser("worker")  # the sweep's worker process (not listed)
     s.add_argument("--backend", required=True)
     s.add_argument("--module", default="harness.backends")
+    s.add_argument("--kind", default="jagged", choices=("jagged", "decode"))
     a = ap.parse_args(argv)
 
     if a.cmd == "worker":
         from .bench import serve
-        serve(a.backend, a.module)
+        serve(a.backend, a.module, a.kind)
     elif a.cmd in ("bench", "check"):
         cmd_sweep(a, timing=a.cmd == "bench")
     elif a.cmd == "profile":

@@ -4,7 +4,13 @@
         -> out  or  (out, lse)      (differentiable w.r.t. q, k, v)
 
 Each `Backend` says whether it is `available()` here and whether it `supports()` a
-problem, both as (bool, reason). Bench workers run in their own process and find a
+problem, both as (bool, reason). Decode backends (`kind="decode"`, their own registry,
+names may repeat the jagged ones) take `kvcache_attention`'s signature instead:
+
+    fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+       causal, softmax_scale, num_splits, return_lse, seqlens_host) -> out or (out, lse)
+
+and raise `harness.decode.Unsupported` for a problem they refuse. Bench workers run in their own process and find a
 backend again by importing `Backend.module` (which must register it) and looking
 its name up, so tests can register fakes from any importable module.
 
@@ -36,29 +42,33 @@ class Backend:
     env: dict = field(default_factory=dict)      # extra environment for its worker
     own: bool = False                            # one of ours (checked with lse too)
     note: str = ""                               # what the report says about it
+    kind: str = "jagged"                         # jagged | decode: which registry, which call
 
     def fn(self) -> Callable:
         return self.make()
 
 
 REGISTRY: dict[str, Backend] = {}
+DECODE: dict[str, Backend] = {}
+KINDS = {"jagged": REGISTRY, "decode": DECODE}
 
 
 def register(b: Backend) -> Backend:
-    REGISTRY[b.name] = b
+    KINDS[b.kind][b.name] = b
     return b
 
 
-def get(name: str, module: str | None = None) -> Backend:
-    if name not in REGISTRY and module:
+def get(name: str, module: str | None = None, kind: str = "jagged") -> Backend:
+    reg = KINDS[kind]
+    if name not in reg and module:
         importlib.import_module(module)
-    if name not in REGISTRY:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    if name not in reg:
+        raise KeyError(f"unknown {kind} backend {name!r}; known: {', '.join(reg)}")
+    return reg[name]
 
 
-def names() -> list[str]:
-    return list(REGISTRY)
+def names(kind: str = "jagged") -> list[str]:
+    return list(KINDS[kind])
 
 
 # ----------------------------------------------------------------------- helpers
@@ -422,3 +432,182 @@ register(Backend("flex", _flex_make, _all(_cuda, lambda: _importable("torch.nn.a
                        "document mask; the BlockMask is built from the offsets once and reused "
                        "while they stay the same (as across a model's layers; not timed); native GQA; broadcast_q: Q expanded; its worker runs with "
                        "GPU_SITE_OFF=1 so torch's compiler sees the image's own triton")))
+
+
+# ============================================================== KV-cache decode
+
+def _ours_decode(style: str):
+    """`jagged.kvcache_attention(..., backend=style)`: the default call path."""
+    def make():
+        import jagged
+
+        def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+               causal, softmax_scale, num_splits, return_lse, seqlens_host):
+            return jagged.kvcache_attention(
+                q, k_cache, v_cache, cache_seqlens, page_table=page_table,
+                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, causal=causal,
+                softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
+                backend=style)
+        return fn
+
+    def available():
+        ok, why = _ours(style)[1]()
+        if ok:
+            import jagged
+            if not hasattr(jagged, "kvcache_attention"):
+                return False, "jagged has no kvcache_attention"
+        return ok, why
+    return make, available
+
+
+for _name, _note in (("tlx", "`kvcache_attention(backend=\"tlx\")`: Triton + TLX decode kernel "
+                      "(split-KV, pack-GQA, any page size), the core's combine"),
+                     ("cute", "`kvcache_attention(backend=\"cute\")`: the CuteDSL decode kernel, "
+                      "same roles")):
+    _make, _avail = _ours_decode(_name)
+    register(Backend(_name, _make, _avail, own=True, note=_note, kind="decode"))
+
+
+def _refused(e: Exception) -> bool:
+    """An exception by which FA4 refuses a configuration (its asserts, or its DSL's
+    compile errors) rather than failing at run time."""
+    mod = type(e).__module__ or ""
+    return isinstance(e, (AssertionError, NotImplementedError)) or mod.startswith(
+        ("cutlass", "flash_attn"))
+
+
+def _fa4_decode_make():
+    from flash_attn.cute import flash_attn_varlen_func
+
+    from .decode import Unsupported
+
+    def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+        gqa = q.shape[-2] != k_cache.shape[-2]
+        try:
+            # num_splits 0 (ours: choose) is FA4's default, 1: on sm90 FA4 has no split-KV,
+            # and its own chooser (num_splits < 1) would pick a split it then refuses
+            out, lse = flash_attn_varlen_func(
+                q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                seqused_k=cache_seqlens, page_table=page_table, softmax_scale=softmax_scale,
+                causal=causal, num_splits=num_splits or 1, pack_gqa=True if gqa else None,
+                return_lse=return_lse)
+        except Exception as e:
+            if _refused(e):
+                raise Unsupported(f"flash-attn-4: {type(e).__name__}: {e}") from e
+            raise
+        return (out, lse) if return_lse else out
+    return fn
+
+
+register(Backend("fa4", _fa4_decode_make, _fa4_available, kind="decode", note=(
+    "flash-attn-4 `flash_attn.cute.flash_attn_varlen_func` with `seqused_k` and "
+    "`page_table` (its KV-cache path), pack_gqa on for GQA, num_splits 1 (FA4 has no "
+    "split-KV on sm90: a cell asking for more splits is `unsupported`)")))
+
+
+def _sdpa_decode_make():
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+        # timed: everything a user of SDPA runs per call. A paged cache is gathered into
+        # [B, L, H_kv, D] through the page table (a copy); a contiguous one is a view.
+        # L = the longest sequence, which a serving loop knows on the host.
+        L = int(seqlens_host.max()) if len(seqlens_host) else 0
+        if page_table is not None:
+            ps = k_cache.shape[1]
+            idx = page_table[:, :-(-L // ps)].long()
+            k, v = (c[idx].flatten(1, 2)[:, :L] for c in (k_cache, v_cache))
+        else:
+            k, v = k_cache[:, :L], v_cache[:, :L]
+        n_k = cache_seqlens.long()
+        if cu_seqlens_q is not None:  # packed rows -> [B, max_q, H, D], zero padded
+            cu = cu_seqlens_q.long()
+            row = torch.arange(q.shape[0], device=q.device)
+            seq = torch.searchsorted(cu[1:], row, right=True)
+            pos = row - cu[seq]
+            qd = q.new_zeros(len(n_k), max_seqlen_q, *q.shape[1:])
+            qd[seq, pos] = q
+            n_q = cu[1:] - cu[:-1]
+        else:
+            qd, n_q = q, torch.full_like(n_k, q.shape[1])
+        Lq = qd.shape[1]
+        full = bool((seqlens_host == L).all())
+        mask = None
+        if cu_seqlens_q is not None or not full or (causal and Lq > 1):
+            i = torch.arange(Lq, device=q.device)[None, :, None]
+            j = torch.arange(L, device=q.device)[None, None, :]
+            mask = j < n_k[:, None, None]
+            if causal:
+                mask = mask & (j <= i + (n_k - n_q)[:, None, None])
+            seen = mask.any(-1, keepdim=True)  # rows with no key: attend anything, then 0
+            mask = (mask | ~seen)[:, None]
+        o = sdpa(qd.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                 scale=softmax_scale, enable_gqa=k.shape[2] != q.shape[-2]).transpose(1, 2)
+        if mask is not None:
+            o = o * seen[..., None].to(o.dtype)  # [B, Lq, 1, 1]
+        return o[seq, pos] if cu_seqlens_q is not None else o
+    return fn
+
+
+def _sdpa_decode_supports(p) -> tuple[bool, str]:
+    masked = p.packed_q or p.sparsity < 1 or (p.causal and p.len_q > 1)
+    group = p.heads // p.kv_heads
+    need = p.kv_bytes() * (group if masked else 1) + (p.kv_bytes() if p.page_size else 0)
+    if group > 1 and need > 48e9:
+        return False, (f"torch SDPA here needs the gathered cache{' expanded to H heads' if masked else ''}: "
+                       f"{need / 1e9:.0f} GB")
+    return True, ""
+
+
+register(Backend("sdpa", _sdpa_decode_make, _cuda, _sdpa_decode_supports, kind="decode", note=(
+    "torch SDPA (`enable_gqa`, torch picks the kernel) on the gathered cache: pages "
+    "gathered through the table into [B, L, H_kv, D] per call (timed, as a user must), a "
+    "contiguous cache as a view; a boolean mask for jagged lengths and causal rows")))
+
+
+def _flashinfer_available():
+    if importlib.util.find_spec("flashinfer") is None:
+        return False, ("flashinfer-python is not installed (it is not in this offline stack; "
+                       "its prebuilt kernels would come with flashinfer-cubin)")
+    return _all(_cuda, lambda: _importable("flashinfer"))()
+
+
+def _flashinfer_make():
+    import flashinfer
+
+    from .decode import Unsupported
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    plans = {}  # one plan per batch layout, as a model plans once per step for all layers
+
+    def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+        if cu_seqlens_q is not None or q.shape[1] != 1:
+            raise Unsupported("flashinfer: only its batch decode (one new row per sequence) "
+                              "is wired here")
+        B, H, D = q.shape[0], q.shape[2], q.shape[3]
+        ps = k_cache.shape[1]
+        table = page_table if page_table is not None else \
+            torch.arange(B, dtype=torch.int32, device=q.device)[:, None]
+        key = (id(table), table._version, tuple(seqlens_host.tolist()), q.dtype, softmax_scale)
+        if key not in plans:
+            plans.clear()
+            pages = [max(1, -(-int(n) // ps)) for n in seqlens_host]
+            indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+            indices = torch.cat([table[b, :n] for b, n in enumerate(pages)])
+            last = torch.tensor([int(n) - (m - 1) * ps for n, m in zip(seqlens_host, pages)],
+                                dtype=torch.int32)
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+            w.plan(indptr.to(q.device), indices.to(q.device), last.to(q.device), H,
+                   k_cache.shape[2], D, ps, pos_encoding_mode="NONE", q_data_type=q.dtype,
+                   kv_data_type=k_cache.dtype, sm_scale=softmax_scale)
+            plans[key] = w
+        out = plans[key].run(q[:, 0], (k_cache, v_cache))
+        return out[:, None]
+    return fn
+
+
+register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
+    "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
+    "per sequence), planned once per batch layout (not timed)")))

@@ -23,6 +23,12 @@ Per problem the worker
    after one forward with grad, i.e. the backward alone;
 3. checks that the full-size outputs are finite (else `fail`).
 TFLOP/s = problem.flops(pass) / time.
+
+Decode cells (`harness.decode.DecodeProblem`, the decode backends of
+`harness.backends`) go through the same lanes and workers (`--kind decode`), forward
+only, in the suite's order (cells sharing a kernel build together) rather than by FLOPs;
+`harness.decode.run_problem` gates and times them, and their rows add the page size,
+splits, KV bytes read, KV TB/s and the copy bandwidth measured in the same worker.
 """
 from __future__ import annotations
 
@@ -41,16 +47,22 @@ from pathlib import Path
 
 import torch
 
+from . import decode
+from .decode import DecodeProblem
 from .problems import Problem
 
 PROBLEM_COLS = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
                 "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "total_q", "total_k"]
+# decode rows only (empty in jagged rows): the cache layout and splits, the K + V bytes
+# a call reads, those bytes per second, the copy bandwidth measured by the same worker
+DECODE_COLS = ["page_size", "num_splits", "packed_q", "kv_bytes", "kv_tbps", "copy_tbps"]
 COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
            ["status", "error", "ms", "tflops", "host_ms", "gpu", "gpu_index", "sm_clock_mhz",
             "sm_clock_max_mhz", "mem_clock_mhz", "torch", "triton", "flash_attn_4",
-            "cutlass_dsl", "git_rev", "timestamp"])
+            "cutlass_dsl", "git_rev", "timestamp"] + DECODE_COLS)
 KEY = ["backend", "pass", "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
-       "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "gpu"]
+       "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "gpu", "page_size",
+       "num_splits", "packed_q"]
 PASSES = ("fwd", "bwd")
 FWD_CHECKS, BWD_CHECKS = ("out", "lse"), ("dq", "dk", "dv")
 REPO = Path(__file__).resolve().parents[1]
@@ -116,7 +128,9 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def problem_cols(p: Problem) -> dict:
+def problem_cols(p: Problem | DecodeProblem) -> dict:
+    if isinstance(p, DecodeProblem):
+        return decode.cols(p)
     lq, lk = p.lengths()
     return {"suite": p.suite, "mode": p.mode, "causal": p.causal, "dtype": p.dtype,
             "batch": p.batch, "heads": p.heads, "kv_heads": p.hkv, "head_dim": p.head_dim,
@@ -258,7 +272,7 @@ def _free():
         torch.cuda.empty_cache()
 
 
-def serve(name: str, module: str) -> None:
+def serve(name: str, module: str, kind: str = "jagged") -> None:
     """Worker loop: JSON requests on stdin, JSON replies on the original stdout (the
     process's own fd 1 goes to stderr, so library prints cannot break the protocol)."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -269,7 +283,7 @@ def serve(name: str, module: str) -> None:
            "git_rev": git_rev(), **versions()}
     fn, why = None, ""
     try:
-        b = backends.get(name, module)
+        b = backends.get(name, module, kind)
         ok, why = b.available()
         if ok:
             fn = b.fn()
@@ -278,10 +292,11 @@ def serve(name: str, module: str) -> None:
     proto.write(json.dumps({"hello": fn is not None, "why": why, "env": env}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
-        p = Problem(**req["problem"])
+        p = (DecodeProblem if kind == "decode" else Problem)(**req["problem"])
+        runner = decode.run_problem if kind == "decode" else run_problem
         try:
-            rows = run_problem(b, fn, p, req["passes"], gate_batch=req["gate_batch"],
-                               quick=req["quick"], timing=req["timing"])
+            rows = runner(b, fn, p, req["passes"], gate_batch=req["gate_batch"],
+                          quick=req["quick"], timing=req["timing"])
         except Exception as e:  # e.g. out of memory building the inputs
             rows = [row(name, p, ps, "error", f"{type(e).__name__}: {e}") for ps in req["passes"]]
             _free()
@@ -371,7 +386,7 @@ class Worker:
         self.err.flush()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness", "worker", "--backend", self.b.name,
-             "--module", self.b.module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+             "--module", self.b.module, "--kind", self.b.kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.err, text=True, env=env, cwd=REPO)
         self.lines = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc, self.lines), daemon=True).start()
@@ -459,11 +474,13 @@ class Job:
 def plan(backends, problems, passes=PASSES) -> list[Job]:
     """Every (backend, problem) job, longest first by the problem's FLOPs (over
     `passes`); ties keep problem order, then backend order, so one problem's
-    backends run side by side on different GPUs."""
+    backends run side by side on different GPUs. Decode cells keep the suite's order
+    (cells that share a kernel build one after another: a build costs more than a cell)."""
     gflop = [sum(p.flops(ps) for ps in passes) * 1e-9 for p in problems]
     jobs = [Job(bi, pi, b, p, gflop[pi]) for pi, p in enumerate(problems)
             for bi, b in enumerate(backends)]
-    return sorted(jobs, key=lambda j: (-j.gflop, j.pi, j.bi))
+    return sorted(jobs, key=lambda j: ((j.pi, j.bi) if isinstance(j.problem, DecodeProblem)
+                                       else (-j.gflop, j.pi, j.bi)))
 
 
 class Lane:

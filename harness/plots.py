@@ -1,6 +1,8 @@
 """Charts from reports/<gpu>/results.csv (matplotlib, Agg), in the style of the
 published jagged-attention charts: TFLOP/s against max length (log2 axis), one
-panel per sparsity, one line per backend."""
+panel per sparsity, one line per backend. Decode (KV-cache) charts: KV bytes read per
+second against cache length per batch, and the page-size and splits sweeps, each with
+the copy bandwidth measured in the same run as the ceiling line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +15,8 @@ import pandas as pd  # noqa: E402
 
 MARKERS = "osD^v<>pP*Xh"
 ORDER = ["tlx", "cute", "triton", "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-nested",
-         "sdpa-nested-cudnn", "flex"]
+         "sdpa-nested-cudnn", "flex", "sdpa", "flashinfer"]
+DECODE_NUM = ("page_size", "num_splits", "kv_bytes", "kv_tbps", "copy_tbps")
 COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PERF.md)
 
 
@@ -23,6 +26,10 @@ def load(csv_path) -> pd.DataFrame:
               "kv_heads", "head_dim", "total_q", "total_k"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df["causal"] = df["causal"].astype(str) == "True"
+    for c in DECODE_NUM:  # absent from a CSV written before decode rows existed
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else float("nan")
+    if "packed_q" not in df:
+        df["packed_q"] = ""
     df["tbps"] = df.apply(io_bytes, axis=1) / (df["ms"] * 1e-3) / 1e12
     return df
 
@@ -107,6 +114,7 @@ def speedup(df, base="fa4") -> pd.DataFrame:
     key = ["suite", "pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
            "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity"]
     d = ok(df)
+    d = d[d["mode"] != "decode"]
     b = d[d["backend"] == base][key + ["tflops"]].rename(columns={"tflops": "base"})
     m = d.merge(b, on=key)
     m["speedup"] = m["tflops"] / m["base"]
@@ -208,6 +216,87 @@ def plot_clocks(out_dir, path) -> Path | None:
     return path
 
 
+# ----------------------------------------------------------------------- decode
+
+def decode_rows(df, sweep: str | None = None) -> pd.DataFrame:
+    """The decode rows, or those of one sweep of harness.decode.SWEEPS."""
+    from .decode import problem_of, sweep_cells
+    d = df[df["mode"] == "decode"]
+    if sweep is None or d.empty:
+        return d
+    cells = set(sweep_cells(sweep))
+    return d[d.apply(lambda r: problem_of(r) in cells, axis=1)]
+
+
+def copy_ceiling(df) -> float | None:
+    """The copy bandwidth measured in the run (median over the decode rows), TB/s."""
+    c = df.loc[df["mode"] == "decode", "copy_tbps"].dropna() if len(df) else pd.Series([])
+    return float(c.median()) if len(c) else None
+
+
+def _kib(n) -> str:
+    n = int(n)
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _decode_panels(d, x, panel, xlabel, title, path, ceiling, xfmt=str, log2=False):
+    """KV TB/s against `x`, one panel per value of `panel` (a function of the row), one
+    line per backend, the copy bandwidth as a dashed line."""
+    if d.empty:
+        return None
+    d = d.assign(_panel=d.apply(panel, axis=1))
+    panels = list(dict.fromkeys(d.sort_values(["batch", "max_seqlen_k"])["_panel"]))
+    xs = sorted(d[x].unique())
+    pos = (lambda v: v) if log2 else (lambda v: xs.index(v))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False,
+                             sharey=True)
+    for ax, pn in zip(axes[0], panels):
+        dp = d[d["_panel"] == pn]
+        for name in backends_in(dp):
+            ys = dp[dp["backend"] == name].groupby(x)["kv_tbps"].mean().reindex(xs)
+            ax.plot([pos(v) for v in xs], ys.values, **_style(name, name))
+        if log2:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks([pos(v) for v in xs])
+        ax.set_xticklabels([xfmt(v) for v in xs])
+        ax.set_title(pn, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.35)
+        if ceiling:
+            ax.axhline(ceiling, color="k", linewidth=0.9, linestyle="--",
+                       label=f"copy ({ceiling:.2f})")
+            ax.set_ylim(0, ceiling * 1.1)
+    axes[0][0].set_ylabel("KV TB/s (K + V bytes read / time)")
+    axes[0][-1].legend(fontsize=8, loc="best")
+    first = d.iloc[0]
+    fig.suptitle(f"{title} (H={first['heads']}/{first['kv_heads']}, D={first['head_dim']}, "
+                 f"{first['dtype']}) on {first['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_decode(df, out_dir) -> list[Path]:
+    """decode_bandwidth.png (the grid: TB/s against cache length, a panel per batch),
+    decode_pages.png and decode_splits.png."""
+    out_dir = Path(out_dir)
+    good = ok(df)
+    top = copy_ceiling(df)
+    at = lambda r: f"B={r['batch']}, {_kib(r['max_seqlen_k'])} cached"
+    return [p for p in (
+        _decode_panels(decode_rows(good, "grid"), "max_seqlen_k", lambda r: f"B={r['batch']}",
+                       "cached keys per sequence", "Decode: KV bandwidth",
+                       out_dir / "decode_bandwidth.png", top, _kib, log2=True),
+        _decode_panels(decode_rows(good, "pages"), "page_size", at, "page size",
+                       "Decode: page size", out_dir / "decode_pages.png", top,
+                       lambda v: "contig" if v == 0 else str(int(v))),
+        _decode_panels(decode_rows(good, "splits"), "num_splits", at, "num_splits",
+                       "Decode: KV splits", out_dir / "decode_splits.png", top,
+                       lambda v: "auto" if v == 0 else str(int(v))),
+    ) if p is not None]
+
+
 def plot_all(out_dir) -> list[Path]:
     """Write every chart the CSV has data for; return their paths."""
     out_dir = Path(out_dir)
@@ -238,4 +327,5 @@ def plot_all(out_dir) -> list[Path]:
                       lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"
                                 + (" shared Q" if r["mode"] == "broadcast_q" else " own Q")))
     done.append(plot_clocks(out_dir, out_dir / "clocks.png"))
+    done += plot_decode(df, out_dir)
     return [p for p in done if p is not None]

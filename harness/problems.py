@@ -199,8 +199,10 @@ def suites() -> dict[str, list[Problem]]:
             "llm-dense": llm, "smoke": smoke}
 
 
-def suite(name: str) -> list[Problem]:
-    all_ = suites()
+def suite(name: str) -> list:
+    """A jagged suite's problems, or a decode suite's cells (harness.decode)."""
+    from . import decode
+    all_ = {**suites(), **decode.suites()}
     if name not in all_:
         raise ValueError(f"unknown suite {name!r}; known: {', '.join(all_)}")
     return all_[name]

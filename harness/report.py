@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import backends
-from .plots import COPY_TBPS, backends_in, latest_clocks, load, ok, plot_all, speedup
+from .plots import (COPY_TBPS, backends_in, copy_ceiling, decode_rows, latest_clocks, load, ok,
+                    plot_all, speedup)
 
 SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense",
                "smoke"]
@@ -15,6 +16,8 @@ HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
 
 def _shape(r) -> str:
+    if r["mode"] == "decode":
+        return _decode_shape(r)
     s = f"{r['mode']} B{r['batch']} H{r['heads']}/{r['kv_heads']} D{r['head_dim']} "
     s += f"L{r['max_seqlen_q']}" if r["mode"] == "self" else f"Lq{r['max_seqlen_q']} Lk{r['max_seqlen_k']}"
     s += f" s{r['sparsity']:g}" + (" causal" if r["causal"] else "")
@@ -38,14 +41,19 @@ def _table(df: pd.DataFrame, value: str, fmt: str) -> str:
 
 _PROBLEM = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
             "max_seqlen_q", "max_seqlen_k", "sparsity"]
+_DECODE_PROBLEM = _PROBLEM + ["page_size", "num_splits", "packed_q"]
 
 
 def _missing(df: pd.DataFrame) -> pd.DataFrame:
     """(backend, problem, pass) combinations absent from the CSV, over the backends,
-    problems and passes that appear in it."""
-    prob = _PROBLEM
+    problems and passes that appear in it (jagged and decode rows apart: their
+    backends and passes differ)."""
     if df.empty:
         return df
+    jag, dec = df[df["mode"] != "decode"], df[df["mode"] == "decode"]
+    if len(jag) and len(dec):
+        return pd.concat([_missing(jag), _missing(dec)], ignore_index=True)
+    prob = _DECODE_PROBLEM if len(dec) else _PROBLEM
     grid = (df[prob].drop_duplicates()
             .merge(df[["backend"]].drop_duplicates(), how="cross")
             .merge(df[["pass"]].drop_duplicates(), how="cross"))
@@ -73,6 +81,127 @@ def _clocks_section(out_dir, pngs) -> list[str]:
            f"{r['git_rev']} |"
            for _, r in d.sort_values(["pass", "problem", "backend"], kind="stable").iterrows()]
     md += [""] + [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "clocks"] + [""]
+    return md
+
+
+# ----------------------------------------------------------------------- decode
+
+def _decode_shape(r) -> str:
+    """A decode cell by what it changes from the suite's base (GQA 32/8, D 128, one new
+    row, contiguous, splits chosen, bf16, every sequence full)."""
+    bits = [f"B{r['batch']}", f"Lk{int(r['max_seqlen_k'])}", f"H{r['heads']}/{r['kv_heads']}",
+            f"D{r['head_dim']}", f"Lq{r['max_seqlen_q']}",
+            f"p{int(r['page_size'])}" if r["page_size"] else "contig"]
+    bits += [f"splits {int(r['num_splits'])}"] if r["num_splits"] else []
+    bits += [f"s{r['sparsity']:g}"] if r["sparsity"] != 1 else []
+    bits += ["packed"] if str(r["packed_q"]) == "True" else []
+    bits += [r["dtype"]] if r["dtype"] != "bf16" else []
+    bits += [] if r["causal"] else ["non-causal"]
+    return " ".join(bits)
+
+
+def _decode_table(d: pd.DataFrame, copy: float | None) -> str:
+    """Cells x backends: KV TB/s, its share of the copy bandwidth, TFLOP/s (or the
+    row's status where it has no time)."""
+    d = d.sort_values(["batch", "max_seqlen_k", "heads", "kv_heads", "head_dim", "max_seqlen_q",
+                       "page_size", "num_splits", "sparsity", "dtype"], kind="stable")
+    d = d.assign(cell=d.apply(_decode_shape, axis=1)).drop_duplicates(
+        ["cell", "backend"], keep="last")
+    cols = backends_in(d)
+    out = ["| cell | KV MB | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for cell, g in d.groupby("cell", sort=False):
+        by = g.set_index("backend")
+        cells = []
+        for c in cols:
+            if c not in by.index:
+                cells.append("–")
+                continue
+            r = by.loc[c]
+            if r["status"] != "ok" or pd.isna(r["kv_tbps"]):
+                cells.append(r["status"])
+                continue
+            pct = f" ({r['kv_tbps'] / copy:.0%})" if copy else ""
+            cells.append(f"{r['kv_tbps']:.2f}{pct} · {r['tflops']:.1f}")
+        out.append(f"| {cell} | {g['kv_bytes'].iloc[0] / 1e6:.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
+    """Issue 32's targets, per backend of ours, from this run's rows."""
+    from .decode import BASE
+    d = decode_rows(good)
+    ours = [b for b in ("tlx", "cute") if b in set(d["backend"])]
+    if d.empty or not ours:
+        return []
+    key = ["suite", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim", "max_seqlen_q",
+           "max_seqlen_k", "sparsity", "page_size", "num_splits", "packed_q"]
+    base = lambda d: d[(d["heads"] == BASE["heads"]) & (d["kv_heads"] == BASE["kv_heads"]) &
+                       (d["head_dim"] == BASE["head_dim"]) & (d["dtype"] == BASE["dtype"]) &
+                       (d["sparsity"] == 1) & (d["max_seqlen_q"] == 1) &
+                       (d["packed_q"].astype(str) != "True") & (d["num_splits"] == 0)]
+    others = d[~d["backend"].isin(["tlx", "cute"])]
+    best = others.groupby(key)["kv_tbps"].max().rename("best").reset_index()
+    md = ["Targets (issue 32; bf16, D 128, GQA 32/8 unless the cell says otherwise):", ""]
+    for b in ours:
+        mine = d[d["backend"] == b]
+        one = base(mine)
+        one = one[(one["batch"] == 1) & (one["max_seqlen_k"] == 32768) & (one["page_size"] == 0)]
+        v = one["kv_tbps"].iloc[0] if len(one) else None
+        line = [f"B=1, 32k: {v:.2f} TB/s ({'met' if v >= 3.6 else 'missed'}, target 3.6)"
+                if v is not None else "B=1, 32k: not run"]
+        if copy:
+            big = mine[mine["kv_bytes"] >= 256e6]
+            miss = big[big["kv_tbps"] < 0.8 * copy]
+            line.append(f"reads >= 256 MB at >= 80 % of copy: {len(big) - len(miss)}/{len(big)}"
+                        + (f" (misses: {'; '.join(f'{_decode_shape(r)} {r.kv_tbps / copy:.0%}' for _, r in miss.iterrows())})"
+                           if len(miss) else ""))
+        pg = base(mine)
+        for ps, tol in ((1, 0.10), (16, 0.05)):
+            for (bb, lk), g in pg.groupby(["batch", "max_seqlen_k"]):
+                c, p = g[g["page_size"] == 0], g[g["page_size"] == ps]
+                if len(c) and len(p):
+                    r = p["kv_tbps"].iloc[0] / c["kv_tbps"].iloc[0] - 1
+                    line.append(f"page {ps} vs contiguous at B={bb}, {int(lk) // 1024}k: "
+                                f"{r:+.0%} ({'met' if r >= -tol else 'missed'}, -{tol:.0%} allowed)")
+        m = mine.merge(best, on=key)
+        behind = m[m["kv_tbps"] < m["best"]]
+        line.append(f"at least the best baseline: {len(m) - len(behind)}/{len(m)} cells"
+                    + (f" (behind: {'; '.join(f'{_decode_shape(r)} {r.kv_tbps:.2f} < {r.best:.2f}' for _, r in behind.iterrows())})"
+                       if len(behind) else ""))
+        md += [f"- `{b}`:"] + [f"  - {x}" for x in line]
+    return md + [""]
+
+
+def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
+    from .decode import SWEEPS
+    good = ok(df)
+    if decode_rows(df).empty:
+        return []
+    copy = copy_ceiling(df)
+    md = ["## decode (KV-cache attention)", "",
+          "`kvcache_attention` and the baselines on one new row (or a few) per sequence "
+          "against a cache of K and V. Each cell is first checked by the oracle "
+          "(`harness.decode.check`: fp32 on the gathered cache, the 2x rule) on the same "
+          "layout cut to at most 16 sequences of 8k keys, then timed at full size "
+          "(do_bench median, L2 flushed). KV TB/s = the K + V bytes a call must read "
+          "(sum over sequences of cached keys · H_kv · D · 2 · dtype bytes) over its time; "
+          "in parentheses its share of the copy bandwidth, then TFLOP/s "
+          "(4 · H · D · visible pairs).",
+          "",
+          (f"Copy bandwidth in this run: {copy:.2f} TB/s (a 1 GiB device-to-device copy, "
+           "bytes read + written over its do_bench median, in each worker; the median)."
+           if copy else "Copy bandwidth: not measured."), ""]
+    md += _decode_targets(good, copy)
+    for s in SWEEPS:
+        g = decode_rows(decode_rows(df), s.name)
+        if g.empty:
+            continue
+        md += [f"### {s.title}", "", "KV TB/s (share of copy) · TFLOP/s:", "",
+               _decode_table(g, copy), ""]
+        md += [f"![{p.stem}]({p.name})" for p in pngs
+               if p.stem == {"grid": "decode_bandwidth", "pages": "decode_pages",
+                             "splits": "decode_splits"}.get(s.name)]
+        md.append("")
     return md
 
 
@@ -114,7 +243,8 @@ def write_report(out_dir, charts=True) -> Path:
         md.append(f"- `{name}`: {b.note if b and b.note else '(not in the registry)'}")
     md.append("")
     sp = speedup(df)
-    for suite in sorted(set(df["suite"]), key=lambda s: (SUITE_ORDER + [s]).index(s)):
+    for suite in sorted(set(df.loc[df["mode"] != "decode", "suite"]),
+                        key=lambda s: (SUITE_ORDER + [s]).index(s)):
         g = good[good["suite"] == suite]
         md += [f"## {suite}", ""]
         if g.empty:
@@ -144,6 +274,7 @@ def write_report(out_dir, charts=True) -> Path:
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")
+    md += _decode_section(df, pngs)
     md += _clocks_section(out_dir, pngs)
     bad = df[df["status"] != "ok"]
     missing = _missing(df)
@@ -168,7 +299,7 @@ def write_report(out_dir, charts=True) -> Path:
         for (b, st, why), g in bad.groupby(["backend", "status", "why"], sort=False):
             where = ("; ".join(f"{r['pass']} {r['suite']} {_shape(r)}" for _, r in g.iterrows())
                      if len(g) <= 3 else
-                     f"{len(g)} rows: {'+'.join(g['pass'].unique())} on {len(g.drop_duplicates(_PROBLEM))} "
+                     f"{len(g)} rows: {'+'.join(g['pass'].unique())} on {len(g.drop_duplicates(_DECODE_PROBLEM))} "
                      f"shapes of {', '.join(g['suite'].unique())}")
             md.append(f"| {b} | {st} | {where} | {why} |")
     code = [f"[{f}](../{f})" for f in ("lines.md", "side_by_side.html")

@@ -1,0 +1,470 @@
+"""KV-cache decode: problems, the oracle, the `decode` suite and its runner.
+
+A `DecodeProblem` is a frozen description of one `kvcache_attention` call (batch, heads,
+head dim, cache length, new query rows, page size, splits, dtype, seed); `build()` turns
+it into the call's tensors, deterministically per seed: a contiguous cache
+`[B, L_max, H_kv, D]`, or a pool of pages `[num_pages, page_size, H_kv, D]` a little
+larger than the sequences need, their pages in shuffled order, with an int32 page table.
+
+The oracle gathers each sequence's keys through the page table and computes in fp32
+(fp64 on the CPU), bottom-right causal within the new rows; a row that sees no key has
+out 0, lse -inf. A result passes when its error is at most 2x PyTorch's own in the input
+dtype plus a floor (`harness.oracle.compare`), with the outputs' memory NaN-poisoned
+before the checked call.
+
+The suite is a few sweeps around one base cell (GQA 32/8, D 128, one new row, a
+contiguous cache), not their cross product: `SWEEPS` names them and `suite()` lists
+their cells once each, ordered so cells sharing a kernel build run one after another.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import oracle
+from .problems import DTYPES, causal_pairs, jagged_lengths, offsets
+
+MAX_CACHE_GB = 40.0       # suite cells holding more K + V than this are left out
+GATE_MAX_BATCH = 16       # the correctness gate's cut of a timed cell
+GATE_MAX_CACHE = 8192
+COPY_BYTES = 1 << 30      # the copy-bandwidth probe: one 1 GiB device-to-device copy
+
+
+class Unsupported(Exception):
+    """A backend refuses this problem (its own message); the row is `unsupported`."""
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    q: torch.Tensor                    # dense [B, L_q, H, D] or packed [total_q, H, D]
+    k_cache: torch.Tensor              # [B, L_max, H_kv, D] or [num_pages, page_size, H_kv, D]
+    v_cache: torch.Tensor
+    cache_seqlens: torch.Tensor        # int32 [B]
+    page_table: torch.Tensor | None    # int32 [B, max_pages]
+    cu_seqlens_q: torch.Tensor | None  # int32 [B + 1], packed q only
+    max_seqlen_q: int | None           # packed q only
+    lengths_q: torch.Tensor            # int64 on the CPU: new rows per sequence
+    lengths_k: torch.Tensor            # int64 on the CPU: cached keys per sequence
+
+    @property
+    def page_size(self) -> int:
+        return self.k_cache.shape[1] if self.page_table is not None else 0
+
+    def args(self):
+        return self.q, self.k_cache, self.v_cache, self.cache_seqlens
+
+    def kwargs(self) -> dict:
+        """Every decode backend's keywords besides causal / scale / splits / return_lse.
+        `seqlens_host` is what a serving loop keeps on the host anyway (baselines that
+        plan on the host read it; ours do not)."""
+        return dict(page_table=self.page_table, cu_seqlens_q=self.cu_seqlens_q,
+                    max_seqlen_q=self.max_seqlen_q, seqlens_host=self.lengths_k)
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    cache_len: int                 # keys cached per sequence (the most, with sparsity < 1)
+    len_q: int = 1                 # new query rows per sequence (the most, with packed_q)
+    page_size: int = 0             # 0: contiguous cache
+    dtype: str = "bf16"
+    causal: bool = True
+    packed_q: bool = False         # q packed with cu_seqlens_q, 1..len_q rows per sequence
+    num_splits: int = 0            # 0: the implementation chooses
+    sparsity: float = 1.0          # cache lengths with mean sparsity * cache_len (1: all full)
+    seed: int = 0
+    suite: str = ""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} not a multiple of kv_heads={self.kv_heads}")
+        if self.page_size < 0 or self.len_q < 1 or self.cache_len < 0 or self.num_splits < 0:
+            raise ValueError(f"bad sizes in {self}")
+
+    @property
+    def hkv(self) -> int:
+        return self.kv_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def replace(self, **kw) -> "DecodeProblem":
+        return dataclasses.replace(self, **kw)
+
+    def label(self) -> str:
+        bits = ["decode", f"B{self.batch}", f"H{self.heads}/{self.kv_heads}", f"D{self.head_dim}",
+                f"Lq{self.len_q}", f"Lk{self.cache_len}",
+                f"p{self.page_size}" if self.page_size else "contig", f"s{self.sparsity:g}",
+                self.dtype, f"splits{self.num_splits}" if self.num_splits else "splits-auto"]
+        bits += ["packed"] if self.packed_q else []
+        return " ".join(bits + (["causal"] if self.causal else []))
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(new rows, cached keys) per sequence, int64 on the CPU; deterministic per seed.
+        Keys include the new rows' own, so n_k >= n_q."""
+        gen = torch.Generator().manual_seed(self.seed)
+        if self.packed_q:
+            lq = torch.randint(1, self.len_q + 1, (self.batch,), generator=gen, dtype=torch.int64)
+        else:
+            lq = torch.full((self.batch,), self.len_q, dtype=torch.int64)
+        lk = jagged_lengths(self.batch, self.cache_len, self.sparsity, gen) if self.cache_len \
+            else torch.zeros(self.batch, dtype=torch.int64)
+        return lq, torch.maximum(lk, lq) if self.cache_len else lk
+
+    def capacity(self, lk: torch.Tensor | None = None) -> int:
+        """Keys one sequence can hold: the contiguous cache's L_max, or a table row's
+        pages times the page size."""
+        lk = self.lengths()[1] if lk is None else lk
+        n = max(self.cache_len, int(lk.max()) if len(lk) else 0)
+        return n if not self.page_size else -(-n // self.page_size) * self.page_size
+
+    def pool_pages(self, lk: torch.Tensor) -> int:
+        """Pages the pool holds: those the sequences use plus 1/16 spare (at least 2)."""
+        used = int(sum(-(-int(n) // self.page_size) for n in lk))
+        return used + max(2, used // 16)
+
+    def elsize(self) -> int:
+        return torch.empty(0, dtype=self.torch_dtype).element_size()
+
+    def kv_bytes(self) -> int:
+        """K and V bytes a call must read: sum_b n_k(b) * H_kv * D * 2 tensors * dtype size."""
+        return int(self.lengths()[1].sum()) * self.kv_heads * self.head_dim * 2 * self.elsize()
+
+    def cache_bytes(self) -> int:
+        """K and V bytes the cache holds (the contiguous cache or the whole pool)."""
+        lk = self.lengths()[1]
+        tokens = (self.batch * self.capacity(lk) if not self.page_size
+                  else self.pool_pages(lk) * self.page_size)
+        return tokens * self.kv_heads * self.head_dim * 2 * self.elsize()
+
+    def pairs(self) -> int:
+        lq, lk = self.lengths()
+        return int((causal_pairs(lq, lk) if self.causal else lq * lk).sum())
+
+    def flops(self, pass_: str = "fwd") -> float:
+        return 4.0 * self.heads * self.head_dim * self.pairs()
+
+    def gate(self, max_batch: int = GATE_MAX_BATCH) -> "DecodeProblem":
+        """The same layout, splits and rows at a size the fp32 reference handles."""
+        return self.replace(batch=max(1, min(self.batch, max_batch)),
+                            cache_len=min(self.cache_len, GATE_MAX_CACHE))
+
+    def build(self, device="cpu", lengths=None) -> DecodeInputs:
+        """The call's tensors; values ~ N(0, 1) everywhere in the cache (unused slots
+        too: finite, never zero). `lengths` = (n_q, n_k) overrides the drawn ones."""
+        lq, lk = lengths if lengths is not None else self.lengths()
+        lq, lk = torch.as_tensor(lq, dtype=torch.int64), torch.as_tensor(lk, dtype=torch.int64)
+        dev = torch.device(device)
+        gen = torch.Generator(dev).manual_seed(self.seed + 1)
+        dt, B, H, Hkv, D = self.torch_dtype, len(lk), self.heads, self.kv_heads, self.head_dim
+
+        def randn(*shape):  # drawn in the dtype where it lives: a cache can be tens of GB
+            return torch.randn(*shape, generator=gen, device=dev, dtype=dt)
+
+        if self.packed_q:
+            q, cu_q, max_q = randn(int(lq.sum()), H, D), offsets(lq).to(dev), int(lq.max())
+        else:
+            q, cu_q, max_q = randn(B, int(lq[0]) if B else self.len_q, H, D), None, None
+        cap = self.capacity(lk)
+        if not self.page_size:
+            k, v = randn(B, max(cap, 1), Hkv, D), randn(B, max(cap, 1), Hkv, D)
+            table = None
+        else:
+            ps = self.page_size
+            pages = self.pool_pages(lk)
+            cpu = torch.Generator().manual_seed(self.seed + 2)
+            perm = torch.randperm(pages, generator=cpu)
+            # unused table slots hold valid page indices too (stale entries of a real
+            # server); a kernel must not read them
+            table = torch.randint(0, pages, (B, max(1, cap // ps)), generator=cpu)
+            at = 0
+            for b in range(B):
+                n = -(-int(lk[b]) // ps)
+                table[b, :n] = perm[at:at + n]
+                at += n
+            table = table.to(torch.int32).to(dev)
+            k, v = randn(pages, ps, Hkv, D), randn(pages, ps, Hkv, D)
+        seqlens = lk.to(torch.int32).to(dev)
+        return DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk)
+
+
+# ------------------------------------------------------------------------- oracle
+
+def gather_kv(inp: DecodeInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence b's cached keys and values, [n_k, H_kv, D] each, in token order."""
+    n = int(inp.lengths_k[b])
+    if inp.page_table is None:
+        return inp.k_cache[b, :n], inp.v_cache[b, :n]
+    ps = inp.page_size
+    j = torch.arange(n, device=inp.k_cache.device)
+    page = inp.page_table[b].long()[j // ps]
+    return inp.k_cache[page, j % ps], inp.v_cache[page, j % ps]
+
+
+def _rows(inp: DecodeInputs) -> list[tuple[int, int]]:
+    """(first, end) of each sequence's rows in the flattened [Nq, H, D] q."""
+    lq = inp.lengths_q.tolist()
+    ends = [sum(lq[:b + 1]) for b in range(len(lq))]
+    return [(e - n, e) for e, n in zip(ends, lq)]
+
+
+def reference(inp: DecodeInputs, *, causal: bool, softmax_scale=None,
+              compute_dtype=None) -> dict[str, torch.Tensor]:
+    """out in q's layout and lse (dense [B, H, L_q], packed [H, total_q]), computed in
+    `compute_dtype` (None: fp32 on a GPU, fp64 on the CPU)."""
+    hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
+    dt = compute_dtype or hi
+    H, D = inp.q.shape[-2:]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    q = inp.q.reshape(-1, H, D)
+    outs, lses = [], []
+    for b, (r0, r1) in enumerate(_rows(inp)):
+        kb, vb = gather_kv(inp, b)
+        o, lse = oracle._attend(q[r0:r1].to(dt), kb.to(dt), vb.to(dt), causal, scale)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs) if outs else q.new_zeros(0, H, D, dtype=dt)
+    lse = torch.cat(lses, dim=1) if lses else q.new_zeros(H, 0, dtype=torch.float32)
+    if inp.cu_seqlens_q is None:  # dense: [B, L_q, H, D] and lse [B, H, L_q]
+        B, Lq = inp.q.shape[:2]
+        out = out.reshape(B, Lq, H, D)
+        lse = lse.reshape(H, B, Lq).permute(1, 0, 2)
+    return {"out": out, "lse": lse.float()}
+
+
+def call(fn, inp: DecodeInputs, p: DecodeProblem, *, return_lse: bool, softmax_scale=None):
+    """One backend call on `inp` with `p`'s causal flag and splits."""
+    with torch.no_grad():
+        return fn(*inp.args(), causal=p.causal, softmax_scale=softmax_scale,
+                  num_splits=p.num_splits, return_lse=return_lse, **inp.kwargs())
+
+
+def poison_outputs(inp: DecodeInputs, p: DecodeProblem, copies: int = 2) -> None:
+    """NaN bytes into free allocator blocks of the sizes the call allocates (out, lse and
+    the fp32 split-KV partials, at the splits asked for or 32 when the implementation
+    chooses), so an output element left unwritten shows up as NaN (as oracle.poison)."""
+    if inp.q.device.type != "cuda":
+        return
+    H, D = inp.q.shape[-2:]
+    nq = inp.q.numel() // (H * D)
+    splits = p.num_splits or 32
+    sizes = [nq * H * D * inp.q.element_size(), 4 * H * nq]
+    if splits > 1:
+        sizes += [4 * splits * nq * H * D, 4 * splits * H * nq]
+    blocks = [torch.empty(n, dtype=torch.uint8, device=inp.q.device)
+              for n in sizes for _ in range(copies)]
+    for blk in blocks:
+        blk.fill_(0xFF)  # all-ones bytes are NaN in fp32, fp16 and bf16
+    del blocks
+
+
+def check(inp: DecodeInputs, p: DecodeProblem, fn, *, check_lse=True, repeat=False,
+          softmax_scale=None, ref=None, lowp=None) -> oracle.Report:
+    """The oracle on one call: out (and lse with `check_lse`) against the fp32 reference,
+    allowed 2x PyTorch's own error in the input dtype plus a floor. `repeat`: a second
+    call after poisoning again must give the same bits (`same` check: no dependence on
+    timing, e.g. in the split-KV combine)."""
+    kw = dict(causal=p.causal, softmax_scale=softmax_scale)
+    ref = ref or reference(inp, **kw)
+    lowp = lowp or reference(inp, compute_dtype=inp.q.dtype, **kw)
+    results = []
+    for _ in range(2 if repeat else 1):
+        poison_outputs(inp, p)
+        res = call(fn, inp, p, return_lse=check_lse, softmax_scale=softmax_scale)
+        results.append(res if isinstance(res, tuple) else (res, None))
+    out, lse = results[0]
+    rep = oracle.Report([oracle.compare("out", out, ref["out"], lowp["out"], inp.q.dtype)])
+    if check_lse:
+        rep.checks.append(oracle.compare("lse", lse, ref["lse"], lowp["lse"], torch.float32)
+                          if lse is not None else
+                          oracle.Check("lse", math.inf, 0.0, math.inf, ("no lse returned",), False))
+    if repeat:
+        a, b = (torch.cat([t.detach().double().flatten().cpu() for t in r if t is not None])
+                for r in results)
+        neq = a != b  # NaN differs from itself: a NaN output is never "the same"
+        diff = float((a - b).abs()[neq].nan_to_num(math.inf).max()) if bool(neq.any()) else 0.0
+        rep.checks.append(oracle.Check("same", diff, 0.0, 0.0, (), not bool(neq.any())))
+    return rep
+
+
+# -------------------------------------------------------------------------- suite
+
+BASE = dict(heads=32, kv_heads=8, head_dim=128, len_q=1, page_size=0, dtype="bf16",
+            causal=True, packed_q=False, num_splits=0, sparsity=1.0)
+K = 1024
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep of the suite: the cells BASE | fixed | point for each point."""
+    name: str
+    title: str
+    axis: str                      # the field the chart puts on x (or in rows)
+    points: tuple                  # dicts of fields
+    fixed: tuple = ()              # (field, value) pairs on top of BASE
+    quick: tuple = ()              # the points `--quick` keeps
+
+    def cells(self, quick=False) -> list[DecodeProblem]:
+        pts = [self.points[i] for i in self.quick] if quick else list(self.points)
+        cells = [DecodeProblem(**{**BASE, **dict(self.fixed), **pt}, suite="decode") for pt in pts]
+        return [c for c in cells if c.cache_bytes() <= MAX_CACHE_GB * 1e9]
+
+
+def _pts(**axes):
+    """The cross product of the given fields' values, as dicts (first field outermost)."""
+    out = [{}]
+    for k, vals in axes.items():
+        out = [{**o, k: v} for o in out for v in vals]
+    return tuple(out)
+
+
+_AT = ({"batch": 8, "cache_len": 32 * K}, {"batch": 64, "cache_len": 4 * K})
+SWEEPS = (
+    Sweep("grid", "KV bandwidth against cache length", "cache_len",
+          _pts(batch=(1, 8, 64, 256), cache_len=(K, 4 * K, 32 * K, 128 * K)),
+          quick=(1, 2, 6, 9, 10, 13)),
+    Sweep("pages", "Page size", "page_size",
+          tuple({**at, "page_size": ps} for at in _AT for ps in (0, 1, 16, 64, 128)),
+          quick=(1, 2, 4)),
+    Sweep("len_q", "New query rows (causal)", "len_q",
+          tuple({**at, "len_q": n} for at in _AT for n in (1, 4, 16)), quick=(2,)),
+    Sweep("heads", "Heads and head dim", "heads",
+          tuple({**at, "heads": h, "kv_heads": hkv, "head_dim": d} for at in _AT
+                for h, hkv, d in ((32, 8, 128), (64, 8, 128), (32, 32, 128), (32, 8, 64),
+                                  (32, 32, 64)))),
+    Sweep("splits", "KV splits (B = 1, 32k cached keys)", "num_splits",
+          _pts(num_splits=(0, 1, 2, 4, 8, 16, 32)), fixed=(("batch", 1), ("cache_len", 32 * K)),
+          quick=(1, 4)),
+    Sweep("mixed", "Jagged cache lengths, packed queries, fp16", "label",
+          ({"batch": 64, "cache_len": 32 * K, "sparsity": 0.5},
+           {"batch": 64, "cache_len": 32 * K, "sparsity": 0.5, "page_size": 16},
+           {"batch": 64, "cache_len": 4 * K, "len_q": 16, "packed_q": True, "page_size": 16},
+           {"batch": 8, "cache_len": 32 * K, "dtype": "fp16"})),
+)
+
+
+def build_order(p: DecodeProblem) -> tuple:
+    """Cells that share a kernel build (head dim, dtype, rows per tile, page class)
+    next to each other, the build's cells by size."""
+    return (p.dtype, p.head_dim, p.heads // p.kv_heads * p.len_q, p.packed_q, p.causal,
+            p.page_size, p.num_splits, p.sparsity, p.batch, p.cache_len)
+
+
+def cells(quick=False) -> list[DecodeProblem]:
+    """Each cell of every sweep once, in build order."""
+    seen = {}
+    for s in SWEEPS:
+        for c in s.cells(quick):
+            seen.setdefault(c, None)
+    return sorted(seen, key=build_order)
+
+
+def suites() -> dict[str, list[DecodeProblem]]:
+    return {"decode": cells()}
+
+
+def quick_subset(problems: list[DecodeProblem]) -> list[DecodeProblem]:
+    keep = set(cells(quick=True))
+    return [p for p in problems if p in keep]
+
+
+def sweep_cells(name: str) -> list[DecodeProblem]:
+    return next(s for s in SWEEPS if s.name == name).cells()
+
+
+# ------------------------------------------------------------------------- runner
+
+def cols(p: DecodeProblem) -> dict:
+    """results.csv columns of a decode problem (the jagged columns where they mean the
+    same: max_seqlen_q = L_q, max_seqlen_k = cache length; total_k = keys read)."""
+    lq, lk = p.lengths()
+    return {"suite": p.suite, "mode": "decode", "causal": p.causal, "dtype": p.dtype,
+            "batch": p.batch, "heads": p.heads, "kv_heads": p.kv_heads, "head_dim": p.head_dim,
+            "max_seqlen_q": p.len_q, "max_seqlen_k": p.cache_len, "sparsity": p.sparsity,
+            "seed": p.seed, "total_q": int(lq.sum()), "total_k": int(lk.sum()),
+            "page_size": p.page_size, "num_splits": p.num_splits, "packed_q": p.packed_q,
+            "kv_bytes": p.kv_bytes()}
+
+
+def problem_of(r: dict) -> DecodeProblem:
+    """The DecodeProblem of a results.csv row (its columns as strings or numbers)."""
+    t = lambda c: str(r[c]) == "True"
+    return DecodeProblem(batch=int(r["batch"]), heads=int(r["heads"]), kv_heads=int(r["kv_heads"]),
+                         head_dim=int(r["head_dim"]), cache_len=int(r["max_seqlen_k"]),
+                         len_q=int(r["max_seqlen_q"]), page_size=int(r["page_size"]),
+                         dtype=str(r["dtype"]), causal=t("causal"), packed_q=t("packed_q"),
+                         num_splits=int(r["num_splits"]), sparsity=float(r["sparsity"]),
+                         seed=int(r["seed"]), suite=str(r["suite"]))
+
+
+_COPY: dict = {}
+
+
+def copy_tbps() -> float | None:
+    """Device-to-device copy bandwidth (TB/s of bytes read + written) of a 1 GiB copy,
+    timed as the cells are (`bench._time`: do_bench, L2 flushed); once per process."""
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device()
+    if dev not in _COPY:
+        from .bench import _time
+        src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").fill_(1)
+        dst = torch.empty_like(src)
+        ms = _time(lambda: dst.copy_(src), quick=False)
+        _COPY[dev] = 2 * COPY_BYTES / (ms * 1e-3) / 1e12
+        del src, dst
+        torch.cuda.empty_cache()
+    return _COPY[dev]
+
+
+def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX_BATCH,
+                quick=False, timing=True) -> list[dict]:
+    """Gate (the oracle on `p.gate()`), then time the full cell (inside the worker)."""
+    from .bench import _free, _time, default_device, host_ms, row
+    dev = default_device()
+    ok, why = b.supports(p)
+    if not ok:
+        return [row(b.name, p, "fwd", "unsupported", why)]
+    gp = p.gate(min(gate_batch or p.batch, GATE_MAX_BATCH))
+    try:
+        rep = check(gp.build(dev), gp, fn, check_lse=b.own)
+    except Unsupported as e:
+        return [row(b.name, p, "fwd", "unsupported", str(e))]
+    except Exception as e:
+        return [row(b.name, p, "fwd", "error", f"gate: {type(e).__name__}: {e}")]
+    finally:
+        _free()
+    if not rep.ok or not timing:
+        return [row(b.name, p, "fwd", "ok" if rep.ok else "fail",
+                    "; ".join(map(str, rep.checks if rep.ok else
+                                  [c for c in rep.checks if not c.ok])))]
+    try:
+        inp = p.build(dev)
+        first = call(fn, inp, p, return_lse=False)
+        first = first[0] if isinstance(first, tuple) else first
+        if not bool(torch.isfinite(first).all()):
+            return [row(b.name, p, "fwd", "fail", "non-finite out at full size")]
+        del first
+        run = lambda: call(fn, inp, p, return_lse=False)
+        ms = _time(run, quick)
+        host = host_ms(run) if torch.cuda.is_available() else None
+        copy = copy_tbps()
+        kv = p.kv_bytes() / (ms * 1e-3) / 1e12
+        return [row(b.name, p, "fwd", "ok", ms=f"{ms:.5f}", tflops=f"{p.flops() / ms * 1e-9:.4g}",
+                    host_ms="" if host is None else f"{host:.5f}", kv_tbps=f"{kv:.4g}",
+                    copy_tbps="" if copy is None else f"{copy:.4g}")]
+    except Unsupported as e:
+        return [row(b.name, p, "fwd", "unsupported", str(e))]
+    except Exception as e:
+        return [row(b.name, p, "fwd", "error", f"{type(e).__name__}: {e}")]
+    finally:
+        _free()

@@ -1,0 +1,269 @@
+"""The decode (KV-cache) harness on the CPU: problem building, the reference against a
+direct float64 computation, the oracle's verdicts, the suite's cells, the worker path
+through `bench.sweep`, and the CSV columns, charts and report section on fake rows."""
+import math
+import textwrap
+
+import pytest
+import torch
+
+from harness import bench, decode
+from harness.decode import DecodeProblem
+
+TINY = dict(batch=4, heads=4, kv_heads=2, head_dim=16, cache_len=40, dtype="fp16")
+
+
+def test_build_lengths_and_shuffled_pages():
+    p = DecodeProblem(**TINY, len_q=3, page_size=8, packed_q=True, sparsity=0.5, seed=5)
+    inp = p.build()
+    lq, lk = p.lengths()
+    assert torch.equal(inp.lengths_q, lq) and torch.equal(inp.lengths_k, lk)
+    assert inp.cache_seqlens.dtype == torch.int32 and inp.cache_seqlens.tolist() == lk.tolist()
+    assert (lk >= lq).all() and (lq >= 1).all() and (lq <= 3).all() and (lk <= 40).all()
+    assert inp.cu_seqlens_q.tolist() == [0] + lq.cumsum(0).tolist()
+    assert inp.q.shape == (int(lq.sum()), 4, 16) and inp.max_seqlen_q == int(lq.max())
+    table, pages = inp.page_table, inp.k_cache.shape[0]
+    assert table.dtype == torch.int32 and table.shape == (4, 5)  # 40 keys / 8 per page
+    assert inp.k_cache.shape[1:] == (8, 2, 16) and inp.v_cache.shape == inp.k_cache.shape
+    assert ((table >= 0) & (table < pages)).all()
+    used = torch.cat([table[b, :-(-int(n) // 8)] for b, n in enumerate(lk)])
+    assert len(set(used.tolist())) == len(used)          # no page shared by two sequences
+    assert pages == len(used) + max(2, len(used) // 16)  # a pool a bit larger than needed
+    assert used.tolist() != sorted(used.tolist())        # pages shuffled in the pool
+    assert not (inp.k_cache == 0).any() and torch.isfinite(inp.v_cache).all()
+    again = p.build()
+    assert torch.equal(again.k_cache, inp.k_cache) and torch.equal(again.page_table, table)
+
+
+def test_gather_follows_the_page_table():
+    p = DecodeProblem(**TINY, page_size=3, sparsity=0.5)
+    inp = p.build()
+    for b, n in enumerate(inp.lengths_k.tolist()):
+        k, v = decode.gather_kv(inp, b)
+        assert k.shape == (n, 2, 16)
+        for j in range(n):
+            page = int(inp.page_table[b, j // 3])
+            assert torch.equal(k[j], inp.k_cache[page, j % 3])
+            assert torch.equal(v[j], inp.v_cache[page, j % 3])
+    c = DecodeProblem(**TINY, sparsity=0.5).build()
+    assert c.page_table is None and c.k_cache.shape == (4, 40, 2, 16)
+    assert torch.equal(decode.gather_kv(c, 1)[0], c.k_cache[1, :int(c.lengths_k[1])])
+
+
+def test_bytes_and_flops():
+    p = DecodeProblem(batch=8, heads=32, kv_heads=8, head_dim=128, cache_len=32768)
+    assert p.kv_bytes() == 8 * 32768 * 8 * 128 * 2 * 2  # 2 tensors, bf16
+    assert p.flops() == 4 * 32 * 128 * 8 * 32768        # one row sees every key
+    q = p.replace(len_q=4, causal=True)                 # bottom-right: 4 rows see n-3 .. n
+    assert q.pairs() == 8 * (4 * 32768 - 6)
+    assert q.replace(causal=False).pairs() == 8 * 4 * 32768
+    paged = p.replace(page_size=16)
+    pages = 8 * 2048
+    assert paged.cache_bytes() == (pages + pages // 16) * 16 * 8 * 128 * 4
+    assert decode.problem_of(decode.cols(paged)) == paged.replace(suite="")
+
+
+def _direct(inp, causal, scale):
+    """Attention by its definition in float64, one (sequence, head, row) at a time."""
+    H = inp.q.shape[-2]
+    q = inp.q.reshape(-1, H, inp.q.shape[-1]).double()
+    out, lse = torch.zeros_like(q), torch.full((H, q.shape[0]), -math.inf, dtype=torch.float64)
+    r = 0
+    for b in range(len(inp.lengths_k)):
+        nq, nk = int(inp.lengths_q[b]), int(inp.lengths_k[b])
+        for j in range(nq):
+            for h in range(H):
+                hk = h // (H // inp.k_cache.shape[-2])
+                keys = [t for t in range(nk) if not causal or t <= j + nk - nq]
+                if not keys:
+                    continue
+                ks, vs = [], []
+                for t in keys:
+                    if inp.page_table is None:
+                        ks.append(inp.k_cache[b, t, hk]), vs.append(inp.v_cache[b, t, hk])
+                    else:
+                        pg = int(inp.page_table[b, t // inp.page_size])
+                        ks.append(inp.k_cache[pg, t % inp.page_size, hk])
+                        vs.append(inp.v_cache[pg, t % inp.page_size, hk])
+                s = torch.stack(ks).double() @ q[r + j, h] * scale
+                lse[h, r + j] = torch.logsumexp(s, 0)
+                out[r + j, h] = torch.softmax(s, 0) @ torch.stack(vs).double()
+        r += nq
+    return out, lse
+
+
+@pytest.mark.parametrize("kw", [
+    dict(page_size=3, len_q=3, packed_q=True, sparsity=0.5),
+    dict(page_size=0, len_q=4, causal=True),
+    dict(page_size=5, len_q=2, causal=False),
+])
+def test_reference_against_float64_definition(kw):
+    p = DecodeProblem(**{**TINY, "cache_len": 9, **kw})
+    lens = None
+    if kw.get("len_q") == 4:  # a zero-length cache and one shorter than the rows
+        lens = ([4, 4, 4, 4], [0, 2, 9, 5])
+    inp = p.build(lengths=lens)
+    ref = decode.reference(inp, causal=p.causal)
+    out, lse = _direct(inp, p.causal, 16 ** -0.5)
+    if inp.cu_seqlens_q is None:
+        B, L = inp.q.shape[:2]
+        out, lse = out.reshape(B, L, 4, 16), lse.reshape(4, B, L).permute(1, 0, 2)
+    assert ref["out"].dtype == torch.float64 and ref["out"].shape == out.shape
+    torch.testing.assert_close(ref["out"], out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ref["lse"], lse.float(), rtol=1e-6, atol=1e-6)
+    if lens:  # rows with no key: out 0, lse -inf
+        assert (ref["out"][0] == 0).all() and (ref["lse"][0] == -math.inf).all()
+        assert (ref["lse"][1, :, :2] == -math.inf).all() and (ref["lse"][1, :, 2:] > -math.inf).all()
+
+
+def _lowp(inp, p):
+    """A backend computing in the input dtype (what the oracle allows)."""
+    def fn(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kw):
+        r = decode.reference(inp, causal=p.causal, compute_dtype=q.dtype)
+        return (r["out"], r["lse"]) if return_lse else r["out"]
+    return fn
+
+
+def test_check_passes_fails_and_sees_nondeterminism():
+    p = DecodeProblem(**TINY, page_size=4, len_q=2)
+    inp = p.build()
+    assert decode.check(inp, p, _lowp(inp, p), repeat=True).ok
+    wrong = lambda *a, return_lse, **k: _lowp(inp, p)(*a, return_lse=False, **k) + 0.1
+    rep = decode.check(inp, p, wrong, check_lse=False)
+    assert not rep.ok and rep.checks[0].name == "out"
+    calls = []
+
+    def drift(*a, return_lse, **k):
+        calls.append(1)
+        out, lse = _lowp(inp, p)(*a, return_lse=True, **k)
+        return out, lse + 1e-6 * len(calls)
+    rep = decode.check(inp, p, drift, check_lse=False, repeat=True)
+    assert [c.name for c in rep.checks] == ["out", "same"] and not rep.checks[1].ok
+
+
+def test_suite_cells():
+    full, quick = decode.cells(), decode.cells(quick=True)
+    assert len(set(full)) == len(full) and 40 <= len(full) <= 60
+    assert 10 <= len(quick) <= 14 and set(quick) <= set(full)
+    assert all(p.cache_bytes() <= decode.MAX_CACHE_GB * 1e9 for p in full)
+    grid = decode.sweep_cells("grid")
+    assert len(grid) == 15  # 4 batches x 4 lengths less B=256 x 128k (137 GB)
+    assert {p.num_splits for p in decode.sweep_cells("splits")} == {0, 1, 2, 4, 8, 16, 32}
+    assert {p.page_size for p in decode.sweep_cells("pages")} == {0, 1, 16, 64, 128}
+    for s in decode.SWEEPS:
+        assert set(s.cells()) <= set(full), s.name
+    assert all(p.suite == "decode" for p in full) and decode.suites()["decode"] == full
+    order = [decode.build_order(p) for p in full]
+    assert order == sorted(order)
+    from harness.problems import suite
+    assert suite("decode") == full
+
+
+FAKES = '''
+import torch
+from harness.backends import Backend, register
+from harness import decode
+
+
+def _ok():
+    return True, ""
+
+
+def _make(kind):
+    def make():
+        def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
+               causal, softmax_scale, num_splits, return_lse, seqlens_host):
+            if kind == "refuse":
+                raise decode.Unsupported("no page size 3 here")
+            lq = (torch.full_like(seqlens_host, q.shape[1]) if cu_seqlens_q is None
+                  else (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long())
+            inp = decode.DecodeInputs(q, k_cache, v_cache, cache_seqlens, page_table,
+                                      cu_seqlens_q, max_seqlen_q, lq, seqlens_host)
+            r = decode.reference(inp, causal=causal, compute_dtype=q.dtype)
+            return (r["out"], r["lse"]) if return_lse else r["out"]
+        return fn
+    return make
+
+
+for kind in ("good", "refuse"):
+    register(Backend("fake-" + kind, _make(kind), _ok, module=__name__, kind="decode",
+                     own=kind == "good"))
+'''
+
+
+def test_sweep_through_workers(tmp_path, monkeypatch):
+    (tmp_path / "decode_fakes.py").write_text(FAKES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    from harness import backends
+    import decode_fakes  # noqa: F401
+    probs = [DecodeProblem(**TINY, page_size=3, suite="decode"),
+             DecodeProblem(**TINY, len_q=2, packed_q=True, suite="decode")]
+    bs = [backends.get(n, kind="decode") for n in ("fake-good", "fake-refuse")]
+    path = bench.sweep(bs, probs, ("fwd",), out_dir=tmp_path / "out", gpus=[None],
+                       progress=False, timeout=120)
+    rows = bench.read_rows(path)
+    got = {(r["backend"], r["page_size"]): r for r in rows}
+    assert len(rows) == 4 and all(r["pass"] == "fwd" and r["mode"] == "decode" for r in rows)
+    good = got["fake-good", "3"]
+    assert good["status"] == "ok", good["error"]
+    assert float(good["kv_tbps"]) > 0 and good["copy_tbps"] == ""  # copy: GPU only
+    assert int(good["kv_bytes"]) == probs[0].kv_bytes() and good["num_splits"] == "0"
+    assert got["fake-good", "0"]["packed_q"] == "True"
+    assert got["fake-refuse", "3"]["status"] == "unsupported"
+    assert "no page size 3" in got["fake-refuse", "3"]["error"]
+
+
+def _fake_rows():
+    """Timed rows for every cell of the grid, pages and splits sweeps, and a jagged row."""
+    from harness.problems import suite
+    rows = []
+    cells = {c: None for s in ("grid", "pages", "splits") for c in decode.sweep_cells(s)}
+    for i, c in enumerate(cells):
+        for b, f in (("tlx", 0.9), ("fa4", 0.5), ("sdpa", 0.1)):
+            tb = 4.4 * f * (1 - 0.02 * (i % 3))
+            ms = c.kv_bytes() / (tb * 1e12) * 1e3
+            rows.append(bench.row(b, c, "fwd", "ok", ms=f"{ms:.5f}",
+                                  tflops=f"{c.flops() / ms * 1e-9:.4g}", kv_tbps=f"{tb:.4g}",
+                                  copy_tbps="4.4", gpu="NVIDIA H200"))
+    rows.append(bench.row("flashinfer", c, "fwd", "unsupported", "not installed", gpu="NVIDIA H200"))
+    rows.append(bench.row("fa4", suite("smoke")[0], "fwd", "ok", ms="1.0", tflops="2.0",
+                          gpu="NVIDIA H200"))
+    return rows
+
+
+def test_csv_charts_and_report_on_fake_rows(tmp_path):
+    from harness.plots import plot_all
+    from harness.report import write_report
+    rows = _fake_rows()
+    bench.merge_rows(tmp_path / "results.csv", rows)
+    back = bench.read_rows(tmp_path / "results.csv")
+    assert len(back) == len(rows)  # page size and splits keep the sweep's cells apart
+    assert list(back[0])[:len(bench.COLUMNS)] == bench.COLUMNS
+    assert bench.COLUMNS[-len(bench.DECODE_COLS):] == bench.DECODE_COLS
+    jag = [r for r in back if r["mode"] != "decode"]
+    assert len(jag) == 1 and jag[0]["page_size"] == "" and jag[0]["kv_tbps"] == ""
+    pngs = {p.name for p in plot_all(tmp_path)}
+    assert {"decode_bandwidth.png", "decode_pages.png", "decode_splits.png"} <= pngs
+    md = write_report(tmp_path).read_text()
+    assert "## decode (KV-cache attention)" in md and "Copy bandwidth in this run: 4.40" in md
+    assert "### Page size" in md and "![decode_pages](decode_pages.png)" in md
+    assert "- `tlx`:\n  - B=1, 32k: 3.80 TB/s (met, target 3.6)" in md
+    assert "  - at least the best baseline: 29/29 cells" in md
+    assert "| B8 Lk32768 H32/8 D128 Lq1 p16 |" in md
+    assert "unsupported" in md and "not installed" in md
+    assert "## smoke" in md and "## decode" not in md.split("## smoke")[1].split("##")[0]
+
+
+def test_cli_groups_and_validation():
+    from harness.__main__ import _groups, main
+    jag = bench.Problem(batch=1, heads=1, head_dim=64, max_seqlen_q=4)
+    dec = DecodeProblem(**TINY)
+    groups = _groups([jag, dec], ["tlx", "sdpa", "flex"], ["fwd", "bwd"])
+    assert [([b.name for b in bs], ps) for bs, _, ps in groups] == [
+        (["tlx", "flex"], ["fwd", "bwd"]), (["tlx", "sdpa"], ["fwd"])]
+    assert all(b.kind == "decode" for b in groups[1][0])
+    with pytest.raises(SystemExit, match="unknown backend"):
+        main(["bench", "--suite", "decode", "--backends", "nope"])
+    with pytest.raises(SystemExit, match="unknown suite"):
+        main(["bench", "--suite", "decod"])
