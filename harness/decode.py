@@ -428,7 +428,9 @@ def copy_tbps() -> float | None:
 
 def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX_BATCH,
                 quick=False, timing=True) -> list[dict]:
-    """Gate (the oracle on `p.gate()`), then time the full cell (inside the worker)."""
+    """Gate (the oracle on `p.gate()`; ours also with lse and a repeated call), then
+    time the full cell (inside the worker): do_bench's median of the call that returns
+    out only, L2 flushed before each run."""
     from .bench import _free, _time, default_device, host_ms, row
     dev = default_device()
     ok, why = b.supports(p)
@@ -436,7 +438,7 @@ def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX
         return [row(b.name, p, "fwd", "unsupported", why)]
     gp = p.gate(min(gate_batch or p.batch, GATE_MAX_BATCH))
     try:
-        rep = check(gp.build(dev), gp, fn, check_lse=b.own)
+        rep = check(gp.build(dev), gp, fn, check_lse=b.own, repeat=b.own)
     except Unsupported as e:
         return [row(b.name, p, "fwd", "unsupported", str(e))]
     except Exception as e:

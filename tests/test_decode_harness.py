@@ -267,3 +267,20 @@ def test_cli_groups_and_validation():
         main(["bench", "--suite", "decode", "--backends", "nope"])
     with pytest.raises(SystemExit, match="unknown suite"):
         main(["bench", "--suite", "decod"])
+
+
+def test_gpu_check_cases_build_and_pass_on_the_reference():
+    """harness.gpu.decode_check's cases are valid problems (names unique, overrides of
+    the right length), and the edge cases pass the oracle with a low-precision fake."""
+    from harness.gpu.decode_check import cases
+    cs = cases()
+    assert len({n for n, _, _ in cs}) == len(cs) >= 30
+    modes = {(p.page_size, p.num_splits > 1, p.len_q > 1, p.packed_q, p.dtype, p.head_dim)
+             for _, p, _ in cs}
+    assert {m[0] for m in modes} >= {0, 1, 16, 64, 128} and {m[4] for m in modes} == {"bf16", "fp16"}
+    for name, p, lens in cs:
+        if lens is None:
+            continue
+        inp = p.build(lengths=lens)
+        assert inp.lengths_k.tolist() == list(lens[1]), name
+        assert decode.check(inp, p, _lowp(inp, p), repeat=True).ok, name
