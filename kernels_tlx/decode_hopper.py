@@ -1,0 +1,332 @@
+"""KV-cache attention (decode) for Hopper (sm_90a) in Triton: split-KV partials, paged
+caches of any page size or a contiguous cache, pack-GQA, small query counts.
+
+One program handles one (sequence b, kv head, split s, row block): the tile's rows are
+the GROUP query heads of that kv head times the sequence's query rows, row-major (row
+r -> query row r // GROUP, head h_kv * GROUP + r % GROUP, so a query row's heads are
+adjacent in memory), so every K/V byte is read once per kv head and row block. The M
+tile is the smallest of 16 / 32 / 64 / 128 rows that holds GROUP * len_q; rows past
+GROUP * n_q(b) are padding, masked on load and store.
+
+Split s of sequence b covers key blocks [s * bps, (s + 1) * bps), bps =
+cdiv(cdiv(n_k(b), BLOCK_N), num_splits); a split that sees no key writes o = 0 and
+lse = -inf. The core's `combine` merges the splits.
+
+Roles:
+    load     K and V blocks of BLOCK_N keys. Gathered (`_load_kv_rows`): per-row offsets
+             through the page table (row j -> page_table[b, j // PAGE_SIZE], slot
+             j % PAGE_SIZE; a contiguous cache is one page per sequence), masked past
+             the range. Bulk (`_load_kv_box`): TMA boxes [BLOCK_N, D] of a 2-D view
+             [rows, H_kv * D], used when a block never crosses a page (contiguous
+             cache, or PAGE_SIZE % BLOCK_N == 0) and lies below n_k (the box reads no
+             row past the sequence, which may hold anything).
+    compute  S = Q K^T, online softmax in the log2 domain, O += P V (fp32).
+    store    O / l and lse (natural log) of the tile's real rows, into out / lse
+             (one split) or the split's slice of o_part / lse_part.
+
+The pipeline: the KV loop is peeled into a bulk of blocks every tile row sees whole
+(no mask; `tl.range(num_stages=STAGES)`: Triton's software pipeliner keeps STAGES - 1
+blocks of K and V in flight, as cp.async for gathered rows and the page-table entries
+they depend on, as TMA with mbarriers for boxes) and a masked tail (the sequence end,
+the causal diagonal: at most a few blocks, gathered with zero fill).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from jagged.portable import mma
+from jagged.seqinfo import causal_kv_end, causal_visible
+
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+ROW_TILES = (16, 32, 64, 128)  # M tiles: tl.dot needs M >= 16
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class Config:
+    block_n: int      # keys per K/V block
+    num_stages: int   # blocks of the bulk loop in the pipeline (STAGES - 1 in flight)
+    num_warps: int
+
+
+# Keyed by (head_dim, rows per tile, kind): kind "gather" (pages smaller than a block, or
+# not a whole number of blocks), "page" (PAGE_SIZE % block_n == 0: TMA boxes inside a
+# page), "contig" (contiguous cache: TMA boxes). A block of K + V is 32 KB at every entry
+# (block_n * D * 2 bytes * 2). Triton's pipeliner spreads num_stages over the load
+# chain: the contiguous cache's boxes get num_stages - 1 buffers; behind a page-table
+# load (gather, page) K / V get (num_stages - 1) / 2, so 7 stages give both three
+# buffers (two blocks, 64 KB, in flight while one is computed; ~103 KB of shared
+# memory at 16 rows: two programs an SM).
+def _table() -> dict:
+    t = {}
+    for d in (64, 128):
+        bn = 16384 // (d * 2)  # 32 KB of K + V a block
+        for m in ROW_TILES:
+            warps = 4 if m == 16 else 8
+            t[(d, m, "gather")] = Config(block_n=bn, num_stages=7, num_warps=warps)
+            t[(d, m, "page")] = Config(block_n=bn, num_stages=7, num_warps=warps)
+            t[(d, m, "contig")] = Config(block_n=bn, num_stages=4, num_warps=warps)
+    return t
+
+
+CONFIGS = _table()
+
+
+def rows_per_tile(group: int, len_q: int) -> int:
+    """The M tile: the smallest of ROW_TILES holding group * len_q rows, else the largest."""
+    rows = group * max(len_q, 1)
+    for m in ROW_TILES:
+        if rows <= m:
+            return m
+    return ROW_TILES[-1]
+
+
+def cache_kind(page_table, page_size: int, block_n: int) -> str:
+    """"contig", "page" (a block of block_n keys is whole inside one page) or "gather"."""
+    if page_table is None:
+        return "contig"
+    return "page" if page_size % block_n == 0 else "gather"
+
+
+def pick_config(head_dim: int, block_m: int, page_table, page_size: int) -> tuple[Config, str]:
+    """The default config of a call and its cache kind."""
+    cfg = CONFIGS[(head_dim, block_m, "page" if page_table is not None else "contig")]
+    kind = cache_kind(page_table, page_size, cfg.block_n)
+    return (cfg if kind != "gather" else CONFIGS[(head_dim, block_m, "gather")]), kind
+
+
+# ----------------------------------------------------------------------------- roles
+@triton.jit
+def _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,  # role: load
+              BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+              TMA: tl.constexpr):
+    """Where the block of keys n0 .. lives: TMA, the box's first row in the 2-D view
+    [rows, H_kv * D] (the block lies inside one page / sequence); else the element
+    offsets (int64) [BLOCK_N] of its rows. Page-table entries of keys >= n_end are not
+    read (page 0 stands in; those rows' loads are masked or never issued)."""
+    if TMA:
+        if PAGED:
+            page = tl.load(pt_row + n0 // PAGE_SIZE, mask=n0 < n_end, other=0)
+            return page * PAGE_SIZE + n0 % PAGE_SIZE
+        else:
+            return b * L_max + n0
+    else:
+        j = n0 + tl.arange(0, BLOCK_N)
+        if PAGED:
+            page = tl.load(pt_row + j // PAGE_SIZE, mask=j < n_end, other=0)
+            return page.to(tl.int64) * stride_kp + (j % PAGE_SIZE).to(tl.int64) * stride_ks
+        else:
+            return b.to(tl.int64) * stride_kp + j.to(tl.int64) * stride_ks
+
+
+@triton.jit
+def _load_kv_rows(k_head, v_head, rows, n0, n_end,  # role: load
+                  D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Gathered K and V blocks [BLOCK_N, D]: rows (element offsets) of keys n0 ..;
+    MASKED: keys >= n_end are 0."""
+    off = rows[:, None] + tl.arange(0, D)[None, :]
+    if MASKED:
+        keep = (n0 + tl.arange(0, BLOCK_N) < n_end)[:, None]
+        k = tl.load(k_head + off, mask=keep, other=0.0)
+        v = tl.load(v_head + off, mask=keep, other=0.0)
+    else:
+        k = tl.load(k_head + off)
+        v = tl.load(v_head + off)
+    return k, v
+
+
+@triton.jit
+def _load_kv_box(k_desc, v_desc, row, col):  # role: load
+    """K and V blocks [BLOCK_N, D] as TMA boxes at (row, col) of [rows, H_kv * D]."""
+    return k_desc.load([row, col]), v_desc.load([row, col])
+
+
+@triton.jit
+def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
+    >= n_end and (causal) keys past a row's diagonal get P = 0, and rows that have seen
+    no key keep m = -inf without NaN."""
+    s = mma(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        j = n0 + tl.arange(0, BLOCK_N)
+        keep = (j < n_end)[None, :]
+        if CAUSAL:
+            keep = keep & causal_visible(qi[:, None], j[None, :], n_q, n_k)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _store(o_row, lse_row, acc, m_i, l_i, d, real):  # role: store
+    """O / l and lse = ln 2 * (m + log2 l) of the real rows; a row that saw no key
+    (l = 0) gets O = 0 and lse = -inf."""
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    tl.store(o_row[:, None] + d[None, :], o.to(o_row.dtype.element_ty), mask=real[:, None])
+    tl.store(lse_row, lse, mask=real)
+
+
+# ----------------------------------------------------------------------------- kernel
+@triton.jit
+def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table, cu_seqlens_q,
+                  o, lse, Nq, H_kv, max_pages, len_q, L_max, num_splits, qk_scale,
+                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                  TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
+                  SPLIT: tl.constexpr, STAGES: tl.constexpr):
+    """Grid (num_splits * row blocks, H_kv, B). Every tensor is contiguous: strides
+    derive from the shapes (D a constexpr, so the compiler sees whole 16-byte rows).
+    L_max: rows of a page (paged) or of a sequence (contiguous)."""
+    H = H_kv * GROUP
+    stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
+    stride_ks = H_kv * D                    # a key row of the cache
+    stride_kp = L_max * stride_ks           # a page (a sequence) of the cache
+    stride_os = Nq * stride_qn if SPLIT else 0
+    stride_ls = H * Nq if SPLIT else 0      # lse [H, Nq]; lse_part [S, H, Nq]
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    m0 = (pid // num_splits) * BLOCK_M
+    h_kv = tl.program_id(1)
+    b = tl.program_id(2)
+    if DENSE_Q:
+        q_start = b * len_q
+        n_q = len_q
+    else:
+        q_start = tl.load(cu_seqlens_q + b)
+        n_q = tl.load(cu_seqlens_q + b + 1) - q_start
+    n_k = tl.load(cache_seqlens + b)
+
+    # tile rows: query row qi, head h; real rows are those of the sequence
+    r = m0 + tl.arange(0, BLOCK_M)
+    qi = r // GROUP
+    h = h_kv * GROUP + r % GROUP
+    real = qi < n_q
+    d = tl.arange(0, D)
+    q_rows = q + (q_start + qi).to(tl.int64) * stride_qn + h * D
+    q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
+
+    # this split's keys, cut to what the tile's rows see: [lo, n_end); every real row
+    # sees the keys below n_full (bottom-right causal)
+    bps = tl.cdiv(tl.cdiv(n_k, BLOCK_N), num_splits)
+    lo = split * bps * BLOCK_N
+    n_end = tl.minimum(lo + bps * BLOCK_N, n_k)
+    n_full = n_k
+    if CAUSAL:
+        last = tl.minimum(m0 + BLOCK_M, GROUP * n_q) - 1  # the tile's last real row
+        n_end = tl.minimum(n_end, causal_kv_end(last // GROUP + 1, n_q, n_k))
+        n_full = causal_kv_end(m0 // GROUP + 1, n_q, n_k)
+    n_end = tl.where(m0 < GROUP * n_q, n_end, lo)  # a row block past the sequence's rows
+    bulk_end = lo + tl.maximum(tl.minimum(n_end, n_full) - lo, 0) // BLOCK_N * BLOCK_N
+
+    pt_row = page_table + b.to(tl.int64) * max_pages
+    k_head = k_cache + h_kv * D
+    v_head = v_cache + h_kv * D
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # bulk: whole blocks every real row sees, software-pipelined. A block's page-table
+    # entries are read an iteration ahead (carried), so the pipeliner sees K / V loads
+    # whose addresses depend on no load of their own iteration and gives them all
+    # STAGES - 1 stages of lead
+    for n0 in tl.range(lo, bulk_end, BLOCK_N, num_stages=STAGES):
+        cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
+                        BLOCK_N, PAGED, PAGE_SIZE, TMA)
+        if TMA:
+            k, v = _load_kv_box(k_desc, v_desc, cur, h_kv * D)
+        else:
+            k, v = _load_kv_rows(k_head, v_head, cur, n0, n_end, D, BLOCK_N, False)
+        acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                n_end, BLOCK_N, False, CAUSAL)
+    # tail: the sequence end and the causal diagonal, gathered with zero fill
+    for n0 in tl.range(bulk_end, n_end, BLOCK_N, num_stages=1):
+        rows = _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,
+                         BLOCK_N, PAGED, PAGE_SIZE, False)
+        k, v = _load_kv_rows(k_head, v_head, rows, n0, n_end, D, BLOCK_N, True)
+        acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                n_end, BLOCK_N, True, CAUSAL)
+
+    o_rows = o + split.to(tl.int64) * stride_os + (q_start + qi).to(tl.int64) * stride_qn + h * D
+    lse_rows = lse + split * stride_ls + h * Nq + (q_start + qi)
+    _store(o_rows, lse_rows, acc, m_i, l_i, d, real)
+
+
+# ----------------------------------------------------------------------------- host
+def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size: int,
+                kind: str, dense_q: bool, causal: bool, split: bool) -> dict:
+    """The constexpr arguments of `decode_kernel` (shared with the compile checks)."""
+    return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+                PAGE_SIZE=page_size, PAGED=kind != "contig", TMA=kind != "gather",
+                DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split, STAGES=cfg.num_stages)
+
+
+def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
+              split: bool = True) -> dict:
+    """Triton types of `decode_kernel`'s runtime arguments (compile-only checks)."""
+    box = f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>" if kind != "gather" else "constexpr"
+    sig = {"q": f"*{dtype}", "k_cache": f"*{dtype}", "v_cache": f"*{dtype}",
+           "k_desc": box, "v_desc": box, "cache_seqlens": "*i32", "page_table": "*i32",
+           "cu_seqlens_q": "*i32", "o": "*fp32" if split else f"*{dtype}", "lse": "*fp32"}
+    for name in ("Nq", "H_kv", "max_pages", "len_q", "L_max", "num_splits"):
+        sig[name] = "i32"
+    sig["qk_scale"] = "fp32"
+    return sig
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+            o_part, lse_part, *, len_q: int, causal: bool, scale: float,
+            num_splits: int, config: Config | None = None) -> None:
+    """Writes out / lse (num_splits == 1) or o_part / lse_part (num_splits > 1); the
+    arguments as jagged.kvcache passes them (validated, contiguous, q 3-D [Nq, H, D]).
+    config: instead of the table's default (its block_n decides the cache kind)."""
+    Nq, H, D = q.shape
+    B = cache_seqlens.shape[0]
+    H_kv = k_cache.shape[2]
+    group = H // H_kv
+    if Nq == 0 or B == 0 or len_q == 0:
+        return
+    block_m = rows_per_tile(group, len_q)
+    page_size = k_cache.shape[1] if page_table is not None else 1
+    if config is None:
+        cfg, kind = pick_config(D, block_m, page_table, page_size)
+    else:
+        cfg, kind = config, cache_kind(page_table, page_size, config.block_n)
+    if kind != "gather" and not (_aligned(k_cache) and _aligned(v_cache)):
+        kind = "gather"  # TMA needs 16-byte aligned bases
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    if kind == "gather":
+        k_desc = v_desc = None
+    else:
+        k_desc = TensorDescriptor(k_cache, [rows, H_kv * D], [H_kv * D, 1], [cfg.block_n, D])
+        v_desc = TensorDescriptor(v_cache, [rows, H_kv * D], [H_kv * D, 1], [cfg.block_n, D])
+    split = num_splits > 1
+    o, l = (o_part, lse_part) if split else (out, lse)
+    grid = (num_splits * triton.cdiv(group * len_q, block_m), H_kv, B)
+    pt = page_table if page_table is not None else cache_seqlens  # never read unpaged
+    decode_kernel[grid](
+        q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, pt,
+        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, o, l,
+        Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,
+        **kernel_args(cfg, D, group, block_m, page_size, kind, cu_seqlens_q is None, causal,
+                      split),
+        num_warps=cfg.num_warps, num_stages=1)

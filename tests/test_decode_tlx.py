@@ -1,0 +1,182 @@
+"""kernels_tlx.decode_hopper: the KV-cache (decode) kernel against a float64 reference on
+the gathered cache, in the Triton interpreter (CPU), every mode: contiguous and paged
+(page sizes 1, 3, 16 with shuffled pages; 64: whole-page TMA boxes), dense and packed q,
+causal and not, one split and three (the partials combined here with logsumexp), empty
+caches and caches of one key, GQA group 1 and 4, D 64 and 128, fp16 and bf16. Cache rows
+past a sequence's length and unused pages hold NaN: a read of any of them shows.
+
+The default builds are compile-checked for sm_90a: no spills, shared memory within the
+limit.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+from harness.compile_check import SMEM_LIMIT, compile_kernel
+from kernels_tlx import decode_hopper as dh
+
+interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="CPU interpreter test (TRITON_INTERPRET=1)")
+
+
+def build(n_q, n_k, H, H_kv, D, page_size, dtype, dense, seed):
+    """Inputs as jagged.kvcache passes them to `forward` (q 3-D) and the per-sequence
+    gathered K / V [n_k, H_kv, D] for the reference."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(n_k)
+    q = torch.randn(sum(n_q), H, D, generator=g).to(dtype)
+    cu_q = None if dense else torch.tensor([0] + list(torch.tensor(n_q).cumsum(0)),
+                                           dtype=torch.int32)
+    ks = [torch.randn(n, H_kv, D, generator=g).to(dtype) for n in n_k]
+    vs = [torch.randn(n, H_kv, D, generator=g).to(dtype) for n in n_k]
+    L_max = max(max(n_k), 1) + 2
+    if page_size is None:
+        k_cache = torch.full((B, L_max, H_kv, D), float("nan"), dtype=dtype)
+        v_cache = k_cache.clone()
+        for b in range(B):
+            k_cache[b, :n_k[b]] = ks[b]
+            v_cache[b, :n_k[b]] = vs[b]
+        page_table = None
+    else:
+        max_pages = -(-L_max // page_size)
+        n_pages = B * max_pages + 1
+        perm = torch.randperm(n_pages, generator=g)  # pages in any order; perm[-1] unused
+        k_cache = torch.full((n_pages, page_size, H_kv, D), float("nan"), dtype=dtype)
+        v_cache = k_cache.clone()
+        page_table = torch.full((B, max_pages), int(perm[-1]), dtype=torch.int32)
+        for b in range(B):
+            for p in range(-(-n_k[b] // page_size)):
+                page = int(perm[b * max_pages + p])
+                page_table[b, p] = page
+                rows = slice(p * page_size, min((p + 1) * page_size, n_k[b]))
+                n = rows.stop - rows.start
+                k_cache[page, :n] = ks[b][rows]
+                v_cache[page, :n] = vs[b][rows]
+    seqlens = torch.tensor(n_k, dtype=torch.int32)
+    return q, k_cache, v_cache, seqlens, page_table, cu_q, ks, vs
+
+
+def reference(q, ks, vs, n_q, H, causal, scale):
+    """(out [Nq, H, D], lse [H, Nq]) in float64; a row that sees no key: 0 and -inf."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((H, q.shape[0]), float("-inf"), dtype=torch.float64)
+    start = 0
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        nq, nk = n_q[b], k.shape[0]
+        group = H // k.shape[1]
+        qb = q[start:start + nq].double().transpose(0, 1)                  # [H, nq, D]
+        kb = k.double().repeat_interleave(group, 1).transpose(0, 1)       # [H, nk, D]
+        vb = v.double().repeat_interleave(group, 1).transpose(0, 1)
+        s = qb @ kb.transpose(1, 2) * scale
+        i = torch.arange(nq)[:, None]
+        j = torch.arange(nk)[None, :]
+        keep = (j <= i + nk - nq) if causal else torch.ones(nq, nk, dtype=torch.bool)
+        s = s.masked_fill(~keep, float("-inf"))
+        l = torch.logsumexp(s, -1)                                         # [H, nq]
+        p = torch.exp(s - l[..., None]).nan_to_num(0.0)
+        out[start:start + nq] = (p @ vb).transpose(0, 1)
+        lse[:, start:start + nq] = l
+        start += nq
+    return out, lse
+
+
+def run(q, k_cache, v_cache, seqlens, page_table, cu_q, len_q, causal, scale, splits,
+        config=None):
+    """`forward` with NaN-poisoned outputs; splits > 1 combined as the core does."""
+    Nq, H, D = q.shape
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((H, Nq), float("nan"))
+    o_part = lse_part = None
+    if splits > 1:
+        o_part = torch.full((splits, Nq, H, D), float("nan"))
+        lse_part = torch.full((splits, H, Nq), float("nan"))
+    dh.forward(q, k_cache, v_cache, seqlens, page_table, cu_q,
+               out if splits == 1 else None, lse if splits == 1 else None, o_part, lse_part,
+               len_q=len_q, causal=causal, scale=scale, num_splits=splits, config=config)
+    if splits == 1:
+        return out.double(), lse.double()
+    assert not o_part.isnan().any() and not lse_part.isnan().any()
+    lse = torch.logsumexp(lse_part.double(), 0)                           # [H, Nq]
+    w = torch.exp(lse_part.double() - lse).nan_to_num(0.0)                # -inf - -inf
+    out = (w.permute(0, 2, 1)[..., None] * o_part.double()).sum(0)
+    return out, lse
+
+
+# (id, n_q per sequence (None: dense, len_q given), len_q, n_k, H, H_kv, D, page, dtype, causal)
+CASES = [
+    ("contig-decode-gqa4-d128", None, 1, [37, 1, 0], 8, 2, 128, None, torch.float16, True),
+    ("contig-dense-lq3-d64", None, 3, [70, 2, 5], 4, 1, 64, None, torch.bfloat16, True),
+    ("contig-noncausal-mha", None, 2, [33, 0, 9], 2, 2, 64, None, torch.float16, False),
+    ("page1-packed-gqa4", [1, 3, 0], 3, [40, 5, 7], 8, 2, 64, 1, torch.float16, True),
+    ("page3-packed-mha-d128", [2, 1, 4], 4, [29, 1, 0], 2, 2, 128, 3, torch.bfloat16, True),
+    ("page16-dense-noncausal", None, 2, [75, 16, 1], 4, 2, 64, 16, torch.float16, False),
+    ("page16-packed-causal-lq>lk", [6, 2], 6, [3, 40], 4, 1, 64, 16, torch.float16, True),
+    ("page64-whole-pages", [1, 2], 2, [200, 64], 8, 2, 128, 64, torch.float16, True),
+]
+
+
+# 16-key blocks: several blocks a split, the pipelined bulk, TMA boxes in the contiguous
+# cache and in 16- and 64-key pages, split boundaries inside a sequence
+SMALL = dh.Config(block_n=16, num_stages=2, num_warps=4)
+
+
+@interp
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_decode(case, splits, config):
+    _, n_q, len_q, n_k, H, H_kv, D, page, dtype, causal = case
+    dense = n_q is None
+    n_q = [len_q] * len(n_k) if dense else n_q
+    scale = 1.0 / math.sqrt(D)
+    q, k_cache, v_cache, seqlens, pt, cu_q, ks, vs = build(n_q, n_k, H, H_kv, D, page, dtype,
+                                                           dense, seed=len(case[0]) + splits)
+    out, lse = run(q, k_cache, v_cache, seqlens, pt, cu_q, len_q, causal, scale, splits, config)
+    want_out, want_lse = reference(q, ks, vs, n_q, H, causal, scale)
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    torch.testing.assert_close(out, want_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_tiles_and_kinds():
+    """The M tile holds group * len_q rows (>= 16); TMA boxes only inside a page."""
+    assert dh.rows_per_tile(1, 1) == 16 and dh.rows_per_tile(4, 5) == 32
+    assert dh.rows_per_tile(8, 8) == 64 and dh.rows_per_tile(8, 16) == 128
+    assert dh.rows_per_tile(8, 64) == 128
+    pt = torch.zeros(1, 1, dtype=torch.int32)
+    bn = dh.CONFIGS[(128, 16, "page")].block_n
+    assert dh.pick_config(128, 16, None, 1)[1] == "contig"
+    assert dh.pick_config(128, 16, pt, bn)[1] == "page"
+    assert dh.pick_config(128, 16, pt, 2 * bn)[1] == "page"
+    assert dh.pick_config(128, 16, pt, 16) == (dh.CONFIGS[(128, 16, "gather")], "gather")
+    assert dh.pick_config(128, 16, pt, bn + 1)[1] == "gather"
+
+
+# default builds: (head_dim, rows per tile, kind, page size, dtype, split, causal); every
+# entry of dh.CONFIGS compiles spill-free (the resources are in the lead's report)
+BUILDS = [
+    (128, 16, "gather", 1, "bf16", True, True),
+    (128, 16, "page", 64, "fp16", False, False),
+    (64, 32, "contig", 1, "bf16", False, True),
+]
+
+
+@pytest.mark.parametrize("build_", BUILDS, ids=["-".join(map(str, b)) for b in BUILDS])
+def test_compile_sm90(build_):
+    """No spills, shared memory within the limit, and the bulk loop pipelined: three K
+    and three V buffers (two blocks in flight while one is computed)."""
+    d, m, kind, page, dt, split, causal = build_
+    cfg = dh.CONFIGS[(d, m, kind)]
+    rep = compile_kernel(dh.decode_kernel, dh.signature(cfg, d, kind, dt, split),
+                         dh.kernel_args(cfg, d, 4, m, page, kind, False, causal, split),
+                         arch=90, num_warps=cfg.num_warps, num_stages=1,
+                         name=f"decode D{d} M{m} {kind} p{page} {dt}")
+    print(rep.row())
+    assert not rep.spills, f"spills / local memory: {rep.row()}"
+    assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+    ring = f"memdesc<3x{cfg.block_n}x{d}x{'f16' if dt == 'fp16' else dt}"
+    assert rep.ttgir.count(ring) >= 2, f"K / V not in 3-deep rings: {rep.row()}"
+    if kind != "gather":
+        assert "async_tma_copy_global_to_local" in rep.ttgir, "bulk K / V not through TMA"
