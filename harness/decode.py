@@ -31,6 +31,9 @@ MAX_CACHE_GB = 40.0       # suite cells holding more K + V than this are left ou
 GATE_MAX_BATCH = 16       # the correctness gate's cut of a timed cell
 GATE_MAX_CACHE = 8192
 COPY_BYTES = 1 << 30      # the copy-bandwidth probe: one 1 GiB device-to-device copy
+# do_bench (warm-up ms, measured ms), full and --quick: a call takes microseconds to a
+# few ms, so even the largest cells get several runs and the smallest hundreds
+TIMING = {False: (10, 40), True: (5, 20)}
 
 
 class Unsupported(Exception):
@@ -409,17 +412,27 @@ def problem_of(r: dict) -> DecodeProblem:
 _COPY: dict = {}
 
 
+def time_ms(fn, quick: bool) -> float:
+    """do_bench's median (L2 flushed before each run) at the decode budget; on the CPU
+    the bench's rough median."""
+    if not torch.cuda.is_available():
+        from .bench import _time
+        return _time(fn, quick)
+    import triton.testing
+    warmup, rep = TIMING[quick]
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
 def copy_tbps() -> float | None:
     """Device-to-device copy bandwidth (TB/s of bytes read + written) of a 1 GiB copy,
-    timed as the cells are (`bench._time`: do_bench, L2 flushed); once per process."""
+    timed as the cells are (`time_ms`); once per process."""
     if not torch.cuda.is_available():
         return None
     dev = torch.cuda.current_device()
     if dev not in _COPY:
-        from .bench import _time
         src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").fill_(1)
         dst = torch.empty_like(src)
-        ms = _time(lambda: dst.copy_(src), quick=False)
+        ms = time_ms(lambda: dst.copy_(src), quick=False)
         _COPY[dev] = 2 * COPY_BYTES / (ms * 1e-3) / 1e12
         del src, dst
         torch.cuda.empty_cache()
@@ -431,7 +444,7 @@ def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX
     """Gate (the oracle on `p.gate()`; ours also with lse and a repeated call), then
     time the full cell (inside the worker): do_bench's median of the call that returns
     out only, L2 flushed before each run."""
-    from .bench import _free, _time, default_device, host_ms, row
+    from .bench import _free, default_device, host_ms, row
     dev = default_device()
     ok, why = b.supports(p)
     if not ok:
@@ -457,7 +470,7 @@ def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX
             return [row(b.name, p, "fwd", "fail", "non-finite out at full size")]
         del first
         run = lambda: call(fn, inp, p, return_lse=False)
-        ms = _time(run, quick)
+        ms = time_ms(run, quick)
         host = host_ms(run) if torch.cuda.is_available() else None
         copy = copy_tbps()
         kv = p.kv_bytes() / (ms * 1e-3) / 1e12

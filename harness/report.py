@@ -192,8 +192,16 @@ def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
            "bytes read + written over its do_bench median, in each worker; the median)."
            if copy else "Copy bandwidth: not measured."), ""]
     md += _decode_targets(good, copy)
+    dec = decode_rows(df)
+    timed = set(decode_rows(good)["backend"])
+    idle = dec[~dec["backend"].isin(timed)]
+    if len(idle):  # a backend that ran nowhere is a line here, not a column of its status
+        md += ["Not in the tables (no cell ran): " + "; ".join(
+            f"`{b}` ({', '.join(sorted(set(g['status'])))}: {g['error'].iloc[0][:200]})"
+            for b, g in idle.groupby("backend", sort=False)) + ".", ""]
+    dec = dec[dec["backend"].isin(timed)]
     for s in SWEEPS:
-        g = decode_rows(decode_rows(df), s.name)
+        g = decode_rows(dec, s.name)
         if g.empty:
             continue
         md += [f"### {s.title}", "", "KV TB/s (share of copy) · TFLOP/s:", "",
