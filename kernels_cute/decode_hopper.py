@@ -240,15 +240,20 @@ def _kernel_class():
 
                 self.load_q(mQ, sQ, gather, tidx, geom)
                 cute.arch.cp_async_commit_group()
+                # (page, row in page) of this thread's rows of the next block to issue
+                rows_kv = cute.make_rmem_tensor((2, self.BN // self.rows_per_pass), Int32)
                 for t in cutlass.range_constexpr(self.stages - 1):
                     if t < n_iter:
-                        self.load_kv(mK, mV, mPageTable, sK, sV, gather, tidx, blk_lo + t, t,
-                                     geom)
+                        self.lookup(mPageTable, gather, tidx, blk_lo + t, rows_kv, geom)
+                        self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, t, hk)
                     cute.arch.cp_async_commit_group()
+                if self.stages - 1 < n_iter:
+                    self.lookup(mPageTable, gather, tidx, blk_lo + self.stages - 1, rows_kv,
+                                geom)
 
                 row_max, row_sum, acc_O = self.compute(
                     sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx, scale_log2,
-                    blk_lo, n_iter, n_full, geom)
+                    blk_lo, n_iter, n_full, rows_kv, geom)
 
                 # the K slots become the key groups' fp32 O
                 cute.arch.cp_async_wait_group(0)
@@ -282,25 +287,34 @@ def _kernel_class():
                           tQsQ[None, m, 0])
 
         @cute.jit
-        def load_kv(self, mK, mV, mPageTable, sK, sV, gather, tidx, blk, stage, geom):  # role: load
-            """K and V of block blk into slot `stage`. Token j -> its page row (paged) or
-            row j of sequence b (contiguous); tokens past n_k repeat token n_k - 1 (their
-            scores are masked, and a finite V row keeps P V finite)."""
+        def lookup(self, mPageTable, gather, tidx, blk, rows_kv, geom):  # role: load
+            """Where this thread's cache rows of block blk live: rows_kv (page, row in
+            page) per copy pass, filled in place. Token j -> page_table[b, j // page_size],
+            j % page_size (paged) or (b, j) (contiguous). Tokens past n_k repeat token
+            n_k - 1 (their scores are masked; a finite V row keeps P V finite). Issued a
+            block ahead of its copies, so the table read's latency is off the loop."""
             b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            tKcK = gather.get_slice(tidx).partition_S(cute.make_identity_tensor((self.BN, self.D)))
+            for m in cutlass.range_constexpr(cute.size(rows_kv, mode=[1])):
+                j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
+                if const_expr(self.paged):
+                    pi = j // page_size
+                    rows_kv[0, m] = mPageTable[b, pi]
+                    rows_kv[1, m] = j - pi * page_size
+                else:
+                    rows_kv[0, m] = b
+                    rows_kv[1, m] = j
+
+        @cute.jit
+        def load_kv(self, mK, mV, sK, sV, gather, tidx, rows_kv, stage, hk):  # role: load
+            """K and V of one block (its rows from `lookup`) into slot `stage`."""
             thr = gather.get_slice(tidx)
             tKsK = thr.partition_D(sK[None, None, stage])
             tVsV = thr.partition_D(sV[None, None, stage])
-            tKcK = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))
-            col = tKcK[0, 0, 0][1]
+            col = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))[0, 0, 0][1]
             for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-                j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
-                page, off = b, j
-                if const_expr(self.paged):
-                    pi = j // page_size
-                    page = mPageTable[b, pi]
-                    off = j - pi * page_size
-                src_k = self.gmem_row(mK, (page, off, hk, col))
-                src_v = self.gmem_row(mV, (page, off, hk, col))
+                src_k = self.gmem_row(mK, (rows_kv[0, m], rows_kv[1, m], hk, col))
+                src_v = self.gmem_row(mV, (rows_kv[0, m], rows_kv[1, m], hk, col))
                 cute.copy(gather, cute.make_tensor(src_k.iterator, tKsK[None, m, 0].layout),
                           tKsK[None, m, 0])
                 cute.copy(gather, cute.make_tensor(src_v.iterator, tVsV[None, m, 0].layout),
@@ -321,7 +335,7 @@ def _kernel_class():
         # ------------------------------------------------------------------ compute
         @cute.jit
         def compute(self, sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx,
-                    scale_log2, blk_lo, n_iter, n_full, geom):  # role: compute
+                    scale_log2, blk_lo, n_iter, n_full, rows_kv, geom):  # role: compute
             """The KV loop of one tile; returns this thread's (row max, row sum, O) of its
             key group (row sums are per thread: the quad reduces them in `store`)."""
             b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
@@ -369,8 +383,9 @@ def _kernel_class():
                 # slot (t - 1) % stages is free: the next block goes there
                 nxt = t + self.stages - 1
                 if nxt < n_iter:
-                    self.load_kv(mK, mV, mPageTable, sK, sV, gather, tidx, blk_lo + nxt,
-                                 nxt % self.stages, geom)
+                    self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, nxt % self.stages, hk)
+                    if nxt + 1 < n_iter:
+                        self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, geom)
                 cute.arch.cp_async_commit_group()
 
                 blk = blk_lo + t

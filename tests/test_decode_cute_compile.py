@@ -106,7 +106,7 @@ def test_decode_default_builds(tmp_path):
         assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx), b["key"]
         assert ".local" not in ptx, b["key"]
         # page table reads (one per gathered row) only where the cache is paged
-        reads = len(re.findall(r"ld\.global(?:\.\w+)*\.s32", ptx))
+        reads = len(re.findall(r"ld\.global(?:\.\w+)*\.[bs]32", ptx))
         assert (reads >= cfg.block_n * D // 8 // 128) if paged else (reads <= 3), \
             (b["key"], reads)
         res = _resources(b["cubin"])
