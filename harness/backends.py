@@ -543,6 +543,11 @@ def _sdpa_decode_make():
                 mask = mask & (j <= i + (n_k - n_q)[:, None, None])
             seen = mask.any(-1, keepdim=True)  # rows with no key: attend anything, then 0
             mask = (mask | ~seen)[:, None]
+            # torch's GQA kernels take no mask (its math fallback materializes the fp32
+            # scores): the heads are expanded for the masked kernel instead
+            group = q.shape[-2] // k.shape[2]
+            if group > 1:
+                k, v = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
         o = sdpa(qd.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                  scale=softmax_scale, enable_gqa=k.shape[2] != q.shape[-2]).transpose(1, 2)
         if mask is not None:
@@ -562,9 +567,10 @@ def _sdpa_decode_supports(p) -> tuple[bool, str]:
 
 
 register(Backend("sdpa", _sdpa_decode_make, _cuda, _sdpa_decode_supports, kind="decode", note=(
-    "torch SDPA (`enable_gqa`, torch picks the kernel) on the gathered cache: pages "
-    "gathered through the table into [B, L, H_kv, D] per call (timed, as a user must), a "
-    "contiguous cache as a view; a boolean mask for jagged lengths and causal rows")))
+    "torch SDPA on the gathered cache, torch picking the kernel: pages gathered through "
+    "the table into [B, L, H_kv, D] per call (timed, as a user must), a contiguous cache "
+    "as a view; unmasked: `enable_gqa`; a boolean mask for jagged lengths, packed or "
+    "causal rows, with the K/V heads expanded for GQA (timed)")))
 
 
 def _flashinfer_available():
