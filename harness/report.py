@@ -190,7 +190,11 @@ def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
           "",
           (f"Copy bandwidth in this run: {copy:.2f} TB/s (a 1 GiB device-to-device copy, "
            "bytes read + written over its do_bench median, in each worker; the median)."
-           if copy else "Copy bandwidth: not measured."), ""]
+           if copy else "Copy bandwidth: not measured."), "", "Backends:", ""]
+    for name in backends_in(decode_rows(df)):
+        b = backends.DECODE.get(name)
+        md.append(f"- `{name}`: {b.note if b and b.note else '(not in the registry)'}")
+    md.append("")
     md += _decode_targets(good, copy)
     dec = decode_rows(df)
     timed = set(decode_rows(good)["backend"])
@@ -246,7 +250,7 @@ def write_report(out_dir, charts=True) -> Path:
            "times the host's work (Python, launches, autograd), not the kernels.",
            "- Each backend runs in its own worker process; a crash or a timeout is an "
            "`error` row and the sweep goes on.", "", "Backends:", ""]
-    for name in backends_in(df):
+    for name in backends_in(df[df["mode"] != "decode"]):
         b = backends.REGISTRY.get(name)
         md.append(f"- `{name}`: {b.note if b and b.note else '(not in the registry)'}")
     md.append("")

@@ -247,6 +247,7 @@ def test_csv_charts_and_report_on_fake_rows(tmp_path):
     assert {"decode_bandwidth.png", "decode_pages.png", "decode_splits.png"} <= pngs
     md = write_report(tmp_path).read_text()
     assert "## decode (KV-cache attention)" in md and "Copy bandwidth in this run: 4.40" in md
+    assert "- `sdpa`: torch SDPA on the gathered cache" in md and "(not in the registry)" not in md
     assert "### Page size" in md and "![decode_pages](decode_pages.png)" in md
     assert "- `tlx`:\n  - B=1, 32k: 3.80 TB/s (met, target 3.6)" in md
     assert "  - at least the best baseline: 29/29 cells" in md
