@@ -42,6 +42,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.portable import mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
+from .launch import fast
+
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
 ROW_TILES = (16, 32, 64, 128)  # M tiles: tl.dot needs M >= 16
@@ -323,7 +325,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     o, l = (o_part, lse_part) if split else (out, lse)
     grid = (num_splits * triton.cdiv(group * len_q, block_m), H_kv, B)
     pt = page_table if page_table is not None else cache_seqlens  # never read unpaged
-    decode_kernel[grid](
+    fast(decode_kernel)[grid](
         q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, pt,
         cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, o, l,
         Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,

@@ -180,3 +180,97 @@ def test_compile_sm90(build_):
     assert rep.ttgir.count(ring) >= 2, f"K / V not in 3-deep rings: {rep.row()}"
     if kind != "gather":
         assert "async_tma_copy_global_to_local" in rep.ttgir, "bulk K / V not through TMA"
+
+
+# ----------------------------------------------------------------------------- GPU
+# (n_q per sequence (None: dense), len_q, n_k, H, H_kv, D, page, dtype, causal): the
+# default configs over whole pipelined bulks, every cache kind, M tiles 16 .. 128
+GPU_CASES = [
+    (None, 1, [3000, 1, 0, 777], 32, 8, 128, None, torch.bfloat16, True),
+    (None, 1, [2049, 130, 1], 32, 8, 128, 1, torch.bfloat16, True),
+    (None, 4, [1500, 4, 2], 32, 8, 128, 16, torch.float16, True),
+    ([16, 3, 0], 16, [1024, 17, 5], 8, 1, 128, 64, torch.bfloat16, True),
+    ([5, 1], 5, [900, 300], 64, 8, 128, 128, torch.bfloat16, False),
+    (None, 16, [1300, 20], 64, 8, 64, 16, torch.float16, True),
+    (None, 2, [2500, 0], 16, 16, 64, None, torch.bfloat16, False),
+    ([12, 1], 12, [640, 12], 16, 4, 64, 256, torch.float16, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 16])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"gpu{i}" for i in range(len(GPU_CASES))])
+def test_decode_gpu(case, splits):
+    n_q, len_q, n_k, H, H_kv, D, page, dtype, causal = case
+    dense = n_q is None
+    n_q = [len_q] * len(n_k) if dense else n_q
+    scale = 1.0 / math.sqrt(D)
+    inp = build(n_q, n_k, H, H_kv, D, page, dtype, dense, seed=splits)
+    q, k_cache, v_cache, seqlens, pt, cu_q, ks, vs = inp
+    dev = [None if t is None else t.cuda() for t in (q, k_cache, v_cache, seqlens, pt, cu_q)]
+    out, lse = run(*dev, len_q, causal, scale, splits)
+    want_out, want_lse = reference(q, ks, vs, n_q, H, causal, scale)
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    torch.testing.assert_close(out.cpu(), want_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-4, rtol=1e-4)
+
+
+def _bench_cache(B, n_k, H_kv, D, page, dtype=torch.bfloat16):
+    """A full cache of n_k keys a sequence on the GPU: contiguous, or shuffled pages."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if page is None:
+        shape, pt = (B, n_k, H_kv, D), None
+    else:
+        per = -(-n_k // page)
+        shape = (B * per, page, H_kv, D)
+        pt = torch.randperm(B * per, device="cuda", generator=g).to(torch.int32).view(B, per)
+    k = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+    return k, torch.randn_like(k), pt
+
+
+def _tbps(B, n_k, H, H_kv, D, page, splits, config=None, len_q=1):
+    """K + V bytes read per second (TB/s) of `forward` alone (no combine)."""
+    from triton.testing import do_bench
+    k, v, pt = _bench_cache(B, n_k, H_kv, D, page)
+    q = torch.randn(B * len_q, H, D, device="cuda", dtype=k.dtype)
+    seqlens = torch.full((B,), n_k, device="cuda", dtype=torch.int32)
+    Nq = q.shape[0]
+    out, lse = torch.empty_like(q), torch.empty(H, Nq, device="cuda")
+    o_part = torch.empty(splits, Nq, H, D, device="cuda")
+    lse_part = torch.empty(splits, H, Nq, device="cuda")
+    parts = (None, None, o_part, lse_part) if splits > 1 else (out, lse, None, None)
+
+    def call():
+        dh.forward(q, k, v, seqlens, pt, None, *parts, len_q=len_q, causal=True,
+                   scale=D ** -0.5, num_splits=splits, config=config)
+
+    ms = do_bench(call, warmup=25, rep=100, return_mode="median")
+    return 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 1, 16, 64, 128], ids=lambda p: f"page{p}")
+def test_decode_bandwidth(page):
+    """Prints TB/s of K + V at the issue's headline shape (B = 1, 32k keys, GQA 32/8,
+    D = 128, one query row) for a few split counts; run with -s."""
+    for splits in (16, 33, 66):
+        print(f"\ndecode B1 32k GQA32/8 D128 page {page} splits {splits}: "
+              f"{_tbps(1, 32768, 32, 8, 128, page, splits):.2f} TB/s", end="")
+
+
+# candidate configs at D = 128, 16 rows: (block_n, num_stages, num_warps)
+SWEEP = [(64, 7, 4), (64, 9, 4), (64, 5, 4), (64, 7, 8), (32, 9, 4), (128, 7, 4),
+         (64, 3, 4), (64, 4, 4), (128, 3, 4), (128, 4, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 1, 16, 64], ids=lambda p: f"page{p}")
+def test_decode_config_sweep(page):
+    """Prints TB/s of each candidate config (B = 1, 32k, GQA 32/8, D = 128, 33 splits;
+    B = 64, 4k, 1 split): the table's entries come from here; run with -s."""
+    for bn, st, w in SWEEP:
+        cfg = dh.Config(block_n=bn, num_stages=st, num_warps=w)
+        a = _tbps(1, 32768, 32, 8, 128, page, 33, cfg)
+        b = _tbps(64, 4096, 32, 8, 128, page, 1, cfg)
+        kind = dh.cache_kind(None if page is None else 0, page or 1, bn)
+        print(f"\npage {page} {kind:6s} {cfg}: B1 32k {a:.2f} TB/s, B64 4k {b:.2f} TB/s", end="")
