@@ -258,7 +258,9 @@ def test_csv_charts_and_report_on_fake_rows(tmp_path):
 
 
 def test_cli_groups_and_validation():
-    from harness.__main__ import _groups, main
+    from harness.__main__ import _groups, main, quick_subset
+    from harness.problems import suite
+    assert quick_subset(suite("decode")) == decode.cells(quick=True)
     jag = bench.Problem(batch=1, heads=1, head_dim=64, max_seqlen_q=4)
     dec = DecodeProblem(**TINY)
     groups = _groups([jag, dec], ["tlx", "sdpa", "flex"], ["fwd", "bwd"])
