@@ -150,7 +150,9 @@ def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
         line = [f"B=1, 32k: {v:.2f} TB/s ({'met' if v >= 3.6 else 'missed'}, target 3.6)"
                 if v is not None else "B=1, 32k: not run"]
         if copy:
-            big = mine[mine["kv_bytes"] >= 256e6]
+            big = mine[(mine["kv_bytes"] >= 256e6) & (mine["heads"] == BASE["heads"]) &
+                       (mine["kv_heads"] == BASE["kv_heads"]) &
+                       (mine["head_dim"] == BASE["head_dim"]) & (mine["dtype"] == BASE["dtype"])]
             miss = big[big["kv_tbps"] < 0.8 * copy]
             line.append(f"reads >= 256 MB at >= 80 % of copy: {len(big) - len(miss)}/{len(big)}"
                         + (f" (misses: {'; '.join(f'{_decode_shape(r)} {r.kv_tbps / copy:.0%}' for _, r in miss.iterrows())})"
