@@ -25,10 +25,11 @@ Roles:
              (one split) or the split's slice of o_part / lse_part.
 
 The pipeline: the KV loop is peeled into a bulk of blocks every tile row sees whole
-(no mask; `tl.range(num_stages=STAGES)`: Triton's software pipeliner keeps STAGES - 1
-blocks of K and V in flight, as cp.async for gathered rows and the page-table entries
-they depend on, as TMA with mbarriers for boxes) and a masked tail (the sequence end,
-the causal diagonal: at most a few blocks, gathered with zero fill).
+(no mask; `tl.range(num_stages=STAGES)`: Triton's software pipeliner issues the loads of
+later blocks while one is computed, into three-deep K and V rings at the default
+configs: cp.async for gathered rows and for the page-table entries their addresses
+depend on, TMA with mbarriers for boxes) and a masked tail (the sequence end, the
+causal diagonal: at most a few blocks, gathered with zero fill).
 """
 from __future__ import annotations
 
@@ -243,10 +244,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    # bulk: whole blocks every real row sees, software-pipelined. A block's page-table
-    # entries are read an iteration ahead (carried), so the pipeliner sees K / V loads
-    # whose addresses depend on no load of their own iteration and gives them all
-    # STAGES - 1 stages of lead
+    # bulk: whole blocks every real row sees, software-pipelined (Config: the stages)
     for n0 in tl.range(lo, bulk_end, BLOCK_N, num_stages=STAGES):
         cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
                         BLOCK_N, PAGED, PAGE_SIZE, TMA)
@@ -271,11 +269,14 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size: int,
-                kind: str, dense_q: bool, causal: bool, split: bool) -> dict:
-    """The constexpr arguments of `decode_kernel` (shared with the compile checks)."""
+                kind: str, dense_q: bool, causal: bool, split: bool,
+                paged: bool | None = None) -> dict:
+    """The constexpr arguments of `decode_kernel` (shared with the compile checks);
+    kind "gather" loads the bulk without TMA, also from a contiguous cache (paged False)."""
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-                PAGE_SIZE=page_size, PAGED=kind != "contig", TMA=kind != "gather",
-                DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split, STAGES=cfg.num_stages)
+                PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
+                TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
+                STAGES=cfg.num_stages)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
@@ -315,6 +316,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         cfg, kind = config, cache_kind(page_table, page_size, config.block_n)
     if kind != "gather" and not (_aligned(k_cache) and _aligned(v_cache)):
         kind = "gather"  # TMA needs 16-byte aligned bases
+        if config is None:
+            cfg = CONFIGS[(D, block_m, "gather")]
     rows = k_cache.shape[0] * k_cache.shape[1]
     if kind == "gather":
         k_desc = v_desc = None
@@ -330,5 +333,5 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, o, l,
         Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,
         **kernel_args(cfg, D, group, block_m, page_size, kind, cu_seqlens_q is None, causal,
-                      split),
+                      split, paged=page_table is not None),
         num_warps=cfg.num_warps, num_stages=1)

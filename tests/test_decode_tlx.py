@@ -140,6 +140,24 @@ def test_decode(case, splits, config):
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
 
 
+@interp
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
+def test_decode_unaligned_contiguous(config):
+    """A contiguous cache whose base is not 16-byte aligned: no TMA, the bulk gathered."""
+    n_q, n_k, H, H_kv, D = [2, 1], [150, 40], 4, 2, 64
+    q, k_cache, v_cache, seqlens, _, cu_q, ks, vs = build(n_q, n_k, H, H_kv, D, None,
+                                                          torch.float16, False, seed=5)
+    shifted = [torch.empty(c.numel() + 1, dtype=c.dtype)[1:].view(c.shape) for c in
+               (k_cache, v_cache)]
+    for dst, src in zip(shifted, (k_cache, v_cache)):
+        dst.copy_(src)
+    assert shifted[0].data_ptr() % 16 != 0
+    out, lse = run(q, *shifted, seqlens, None, cu_q, 2, True, 0.125, 3, config)
+    want_out, want_lse = reference(q, ks, vs, n_q, H, True, 0.125)
+    torch.testing.assert_close(out, want_out, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
+
+
 def test_tiles_and_kinds():
     """The M tile holds group * len_q rows (>= 16); TMA boxes only inside a page."""
     assert dh.rows_per_tile(1, 1) == 16 and dh.rows_per_tile(4, 5) == 32
