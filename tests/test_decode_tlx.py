@@ -276,19 +276,20 @@ def test_decode_bandwidth(page):
               f"{_tbps(1, 32768, 32, 8, 128, page, splits):.2f} TB/s", end="")
 
 
-# candidate configs at D = 128, 16 rows: (block_n, num_stages, num_warps)
-SWEEP = [(64, 7, 4), (64, 9, 4), (64, 5, 4), (64, 7, 8), (32, 9, 4), (128, 7, 4),
-         (64, 3, 4), (64, 4, 4), (128, 3, 4), (128, 4, 4)]
+# candidate configs at D = 128, 16 rows: (block_n, num_stages, num_warps). The stages
+# mean different ring depths behind a page-table load and without one (dh.CONFIGS)
+SWEEP = {"paged": [(64, 7, 4), (64, 9, 4), (64, 5, 4), (64, 7, 8), (32, 9, 4), (128, 7, 4)],
+         "contig": [(64, 4, 4), (64, 3, 4), (64, 5, 4), (64, 4, 8), (128, 3, 4), (128, 4, 4)]}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [None, 1, 16, 64], ids=lambda p: f"page{p}")
 def test_decode_config_sweep(page):
     """Prints TB/s of each candidate config (B = 1, 32k, GQA 32/8, D = 128, 33 splits;
-    B = 64, 4k, 1 split): the table's entries come from here; run with -s."""
-    for bn, st, w in SWEEP:
+    B = 64, 4k, 2 splits): the table's entries come from here; run with -s."""
+    for bn, st, w in SWEEP["contig" if page is None else "paged"]:
         cfg = dh.Config(block_n=bn, num_stages=st, num_warps=w)
         a = _tbps(1, 32768, 32, 8, 128, page, 33, cfg)
-        b = _tbps(64, 4096, 32, 8, 128, page, 1, cfg)
-        kind = dh.cache_kind(None if page is None else 0, page or 1, bn)
+        b = _tbps(64, 4096, 32, 8, 128, page, 2, cfg)
+        kind = "contig" if page is None else dh.cache_kind(True, page, bn)
         print(f"\npage {page} {kind:6s} {cfg}: B1 32k {a:.2f} TB/s, B64 4k {b:.2f} TB/s", end="")
