@@ -20,8 +20,9 @@ values (jagged.validate says which error appears when).
 from __future__ import annotations
 
 from .dispatch import available, resolve, style_fn
+from .kvcache import kvcache_attention
 
-__all__ = ["jagged_attention", "available", "which"]
+__all__ = ["jagged_attention", "kvcache_attention", "available", "which"]
 
 
 def which(q, backend: str = "auto") -> str:

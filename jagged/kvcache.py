@@ -1,0 +1,369 @@
+"""KV-cache attention for inference (forward only), FA's `flash_attn_with_kvcache`
+conventions:
+
+    out = kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
+                            cu_seqlens_q=None, max_seqlen_q=None, causal=True,
+                            softmax_scale=None, num_splits=0, return_lse=False,
+                            backend="auto", check_inputs=False)
+
+q: dense [B, L_q, H, D], or packed [total_q, H, D] with int32 cu_seqlens_q [B + 1] and
+max_seqlen_q. k_cache / v_cache: contiguous [B, L_max, H_kv, D], or paged
+[num_pages, page_size, H_kv, D] with int32 page_table [B, max_pages] (any page size,
+pages in any order). cache_seqlens int32 [B]: sequence b holds n_k keys, the last n_q of
+them the queries' own. causal is bottom-right: query i of n_q sees key j iff
+j <= i + n_k - n_q; a row that sees no key gets out 0 and lse -inf. bf16 or fp16, D 64 or
+128, H a multiple of H_kv. lse fp32: [B, H, L_q] dense, [H, total_q] packed.
+
+Each style's `decode_hopper.forward` runs one program per (sequence, KV head, split)
+with the KV head's whole query group packed into its rows (pack-GQA). With
+num_splits > 1 (num_splits=0 chooses from the shapes and the SM count) every split
+writes a normalized partial output and its LSE, and `combine` below merges them in a
+fixed order, so the result does not depend on timing.
+
+The call never synchronizes the host: `validate` reads shapes only; the values
+(cache_seqlens within the capacity, the page table's used entries inside the pool,
+cu_seqlens_q) are checked by a small device kernel whose failed assertion names the
+argument and stops the kernels queued behind it. `check_inputs=True` reads them on the
+host first and raises a ValueError instead.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import STYLES, style_available
+from .validate import DTYPES, HEAD_DIMS, _check_one, _host_check
+
+# backend="auto" on Hopper: the first of these that runs
+DECODE_ORDER = ("cute", "tlx")
+
+# num_splits=0: split until B * H_kv * splits fills this many programs per SM, with at
+# least MIN_SPLIT_KEYS keys a split and at most MAX_SPLITS splits.
+PROGRAMS_PER_SM = 2
+MIN_SPLIT_KEYS = 512
+MAX_SPLITS = 64
+
+
+# ------------------------------------------------------------------ host checks
+def validate(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
+             num_splits) -> tuple[int, int, int]:
+    """Raise TypeError/ValueError naming the bad argument; return (batch, len_q,
+    capacity), capacity being the most keys a sequence can hold. Reads no value."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
+                    ("page_table", page_table), ("cu_seqlens_q", cu_seqlens_q)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must be one 4-D shape ([B, L_max, H_kv, D] or "
+                         f"[num_pages, page_size, H_kv, D]), got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    D = q.shape[-1]
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim {D} (q.shape[-1]) not supported; supported: {HEAD_DIMS}")
+    if k_cache.shape[3] != D:
+        raise ValueError(f"k_cache head_dim {k_cache.shape[3]} differs from q's {D}")
+    H, H_kv = q.shape[-2], k_cache.shape[2]
+    if H % H_kv:
+        raise ValueError(f"q heads ({H}) must be a multiple of k_cache heads ({H_kv})")
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise TypeError(f"cache_seqlens must be 1-D int32 [B], got {cache_seqlens.dtype} "
+                        f"{tuple(cache_seqlens.shape)}")
+    if not cache_seqlens.is_contiguous():
+        raise ValueError("cache_seqlens must be contiguous")
+    B = cache_seqlens.shape[0]
+    if cu_seqlens_q is None:
+        if q.dim() != 4:
+            raise ValueError(f"q must be [B, L_q, H, D] (or packed [total_q, H, D] with "
+                             f"cu_seqlens_q), got shape {tuple(q.shape)}")
+        if q.shape[0] != B:
+            raise ValueError(f"q holds {q.shape[0]} sequences, cache_seqlens {B}")
+        len_q = q.shape[1]
+        if max_seqlen_q is not None and max_seqlen_q != len_q:
+            raise ValueError(f"max_seqlen_q={max_seqlen_q} differs from q.shape[1]={len_q}")
+    else:
+        if q.dim() != 3:
+            raise ValueError(f"q must be packed [total_q, H, D] with cu_seqlens_q, got shape "
+                             f"{tuple(q.shape)}")
+        if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dtype != torch.int32 \
+                or cu_seqlens_q.dim() != 1 or not cu_seqlens_q.is_contiguous():
+            raise TypeError("cu_seqlens_q must be a contiguous 1-D int32 tensor [B + 1]")
+        if cu_seqlens_q.shape[0] != B + 1:
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cache_seqlens "
+                             f"{B}: expected {B + 1}")
+        if not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool) or max_seqlen_q < 0:
+            raise TypeError(f"max_seqlen_q must be a non-negative int with cu_seqlens_q, got "
+                            f"{max_seqlen_q!r}")
+        len_q = max_seqlen_q
+    if page_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences, cache_seqlens {B} "
+                             f"(a paged cache needs page_table)")
+        capacity = k_cache.shape[1]
+    else:
+        if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 \
+                or page_table.dim() != 2:
+            raise TypeError("page_table must be a 2-D int32 tensor [B, max_pages]")
+        if page_table.shape[0] != B:
+            raise ValueError(f"page_table has {page_table.shape[0]} rows, cache_seqlens {B}")
+        if not page_table.is_contiguous():
+            raise ValueError("page_table must be contiguous")
+        if k_cache.shape[1] < 1:
+            raise ValueError("page_size (k_cache.shape[1]) must be at least 1")
+        capacity = page_table.shape[1] * k_cache.shape[1]
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise TypeError(f"num_splits must be a non-negative int (0: chosen), got {num_splits!r}")
+    return B, len_q, capacity
+
+
+def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
+                      capacity):
+    """`check_inputs=True`: the values read on the host; a ValueError naming the
+    argument and the entry."""
+    n = cache_seqlens.cpu().to(torch.int64)
+    if len(n) and int(n.min()) < 0:
+        raise ValueError(f"cache_seqlens[{int(n.argmin())}] = {int(n.min())} is negative")
+    if len(n) and int(n.max()) > capacity:
+        b = int(n.argmax())
+        where = "page_table.shape[1] * page_size" if page_table is not None else "k_cache.shape[1]"
+        raise ValueError(f"cache_seqlens[{b}] = {int(n[b])} exceeds the cache's capacity "
+                         f"({where} = {capacity})")
+    if page_table is not None:
+        pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        pt = page_table.cpu().to(torch.int64)
+        used = torch.arange(pt.shape[1])[None, :] < (n[:, None] + page_size - 1) // page_size
+        bad = used & ((pt < 0) | (pt >= pages))
+        if bad.any():
+            b, p = (int(i) for i in torch.nonzero(bad)[0])
+            raise ValueError(f"page_table[{b}, {p}] = {int(pt[b, p])} is outside the page pool "
+                             f"(k_cache.shape[0] = {pages} pages)")
+    if cu_seqlens_q is not None:
+        _host_check("cu_seqlens_q", cu_seqlens_q, q_rows, max_seqlen_q)
+
+
+# ------------------------------------------------------------------ device check (default)
+@triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
+def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_pages, num_pages,
+                         page_size, n_q, max_q, PAGED: tl.constexpr, CHECK_Q: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    n_k = tl.load(cache_seqlens + b)
+    tl.device_assert(n_k >= 0, "cache_seqlens must not be negative")
+    tl.device_assert(n_k <= capacity, "cache_seqlens exceeds the cache capacity "
+                                      "(page_table.shape[1] * page_size, or k_cache.shape[1])")
+    if PAGED:
+        used = tl.minimum((n_k + page_size - 1) // page_size, max_pages)
+        for start in range(0, used, BLOCK):
+            p = start + tl.arange(0, BLOCK)
+            idx = tl.load(page_table + b.to(tl.int64) * max_pages + p, mask=p < used, other=0)
+            tl.device_assert((idx >= 0) & (idx < num_pages),
+                             "page_table points outside the page pool (k_cache.shape[0])")
+    if CHECK_Q:
+        if b == 0:
+            _check_one(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
+                       "q.shape[0]")
+
+
+def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
+                       capacity):
+    """Queue the device-side check of the values (no host sync): one program a sequence."""
+    B = cache_seqlens.shape[0]
+    if B == 0:
+        return
+    paged = page_table is not None
+    _inputs_check_kernel[(B,)](
+        cache_seqlens, page_table if paged else cache_seqlens,
+        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, B, capacity,
+        page_table.shape[1] if paged else 0, k_cache.shape[0], k_cache.shape[1], q_rows,
+        max_seqlen_q, PAGED=paged, CHECK_Q=cu_seqlens_q is not None, BLOCK=1024, num_warps=4)
+
+
+# ------------------------------------------------------------------ splits
+def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int) -> int:
+    """num_splits from the shapes alone (the lengths live on the device): enough
+    programs to fill PROGRAMS_PER_SM per SM, each split at least MIN_SPLIT_KEYS keys of
+    the capacity. A split past a sequence's end costs one early exit."""
+    programs = max(batch * kv_heads, 1)
+    want = math.ceil(PROGRAMS_PER_SM * sms / programs)
+    most = max(capacity // MIN_SPLIT_KEYS, 1)
+    return max(1, min(want, most, MAX_SPLITS))
+
+
+# ------------------------------------------------------------------ combine
+@triton.jit
+def _combine_kernel(o_part, lse_part, out, lse, n_rows, n_splits, H: tl.constexpr,
+                    D: tl.constexpr, S_POW2: tl.constexpr, BLOCK_R: tl.constexpr):
+    # role: combine
+    # program (row block, head): lse = logsumexp_s lse_s; out = sum_s exp(lse_s - lse) o_s,
+    # summed in split order. A row no split saw (every lse_s = -inf): out 0, lse -inf.
+    h = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_rows = rows < n_rows
+    s = tl.arange(0, S_POW2)
+    lse_ptr = lse_part + s[:, None].to(tl.int64) * (H * n_rows) + h * n_rows + rows[None, :]
+    ls = tl.load(lse_ptr, mask=(s[:, None] < n_splits) & in_rows[None, :], other=float("-inf"))
+    m = tl.max(ls, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp(ls - m[None, :]), 0)  # 0 (no split saw the row) or >= 1
+    inv = 1.0 / tl.maximum(total, 1.0)
+    d = tl.arange(0, D)
+    row_off = rows[:, None].to(tl.int64) * (H * D) + h * D + d[None, :]
+    acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
+    for i in range(n_splits):
+        li = tl.load(lse_part + i * (H * n_rows) + h * n_rows + rows, mask=in_rows,
+                     other=float("-inf"))
+        w = tl.exp(li - m) * inv
+        o = tl.load(o_part + i * (n_rows * H * D) + row_off, mask=in_rows[:, None], other=0.0)
+        acc += w[:, None] * o
+    tl.store(out + row_off, acc.to(out.dtype.element_ty), mask=in_rows[:, None])
+    lse_row = tl.where(total > 0, m + tl.log(tl.maximum(total, 1.0)), float("-inf"))
+    tl.store(lse + h * n_rows + rows, lse_row, mask=in_rows)
+
+
+def combine(o_part, lse_part, out, lse):
+    """Merge the splits' partials (o_part fp32 [S, Nq, H, D], lse_part fp32 [S, H, Nq])
+    into out [Nq, H, D] and lse [H, Nq]."""
+    S, n_rows, H, D = o_part.shape
+    if n_rows == 0:
+        return
+    block_r = 16
+    _combine_kernel[(triton.cdiv(n_rows, block_r), H)](
+        o_part, lse_part, out, lse, n_rows, S, H=H, D=D, S_POW2=triton.next_power_of_2(S),
+        BLOCK_R=block_r, num_warps=4)
+
+
+# ------------------------------------------------------------------ the call
+def run(forward, q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, len_q: int,
+        causal: bool, scale: float, num_splits: int):
+    """Outputs of one call of a style's `forward` (q3 [Nq, H, D]; num_splits >= 1
+    already chosen): (out [Nq, H, D], lse [H, Nq])."""
+    n_rows, H, D = q3.shape
+    out = torch.empty_like(q3)
+    lse = torch.empty(H, n_rows, device=q3.device, dtype=torch.float32)
+    if n_rows == 0:
+        return out, lse
+    if num_splits == 1:
+        forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse, None,
+                None, len_q=len_q, causal=causal, scale=scale, num_splits=1)
+        return out, lse
+    o_part = torch.empty(num_splits, n_rows, H, D, device=q3.device, dtype=torch.float32)
+    lse_part = torch.empty(num_splits, H, n_rows, device=q3.device, dtype=torch.float32)
+    forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, None, None, o_part,
+            lse_part, len_q=len_q, causal=causal, scale=scale, num_splits=num_splits)
+    combine(o_part, lse_part, out, lse)
+    return out, lse
+
+
+_CHOSEN: dict = {}
+_FORWARDS: dict = {}  # style -> its decode_hopper.forward
+_OPS: dict = {}       # style -> its torch.library op (for torch.compile)
+
+
+@torch.compiler.assume_constant_result
+def resolve(backend: str, device_index: int) -> str:
+    """The style `backend` names on CUDA device `device_index`; "auto" takes the first
+    of DECODE_ORDER that runs there. There is no portable decode kernel: a device where
+    neither style runs gets a RuntimeError saying why."""
+    key = (backend, device_index)
+    hit = _CHOSEN.get(key)
+    if hit is not None:
+        return hit
+    if device_index < 0:
+        raise RuntimeError("kvcache_attention runs on CUDA tensors (the cute or tlx style)")
+    whys = []
+    for cand in DECODE_ORDER if backend == "auto" else (backend,):
+        ok, why = style_available(cand, device_index)
+        if ok:
+            style_forward(cand)
+            _CHOSEN[key] = cand
+            return cand
+        whys.append(f"{cand}: {why}")
+    raise RuntimeError(f"kvcache_attention(backend={backend!r}) cannot run here: " + "; ".join(whys))
+
+
+@torch.compiler.assume_constant_result
+def auto_splits(batch: int, kv_heads: int, capacity: int, device_index: int) -> int:
+    from .arch import num_sms
+    return choose_splits(batch, kv_heads, capacity, num_sms(torch.device("cuda", device_index)))
+
+
+def style_forward(name: str):
+    fn = _FORWARDS.get(name)
+    if fn is None:
+        fn = _FORWARDS[name] = importlib.import_module(STYLES[name][0] + ".decode_hopper").forward
+    return fn
+
+
+def _op(name: str):
+    op = _OPS.get(name)
+    if op is not None:
+        return op
+
+    @torch.library.custom_op(f"jagged_attn::kvcache_{name}", mutates_args=())
+    def op(q3: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor],
+           cu_seqlens_q: Optional[torch.Tensor], len_q: int, causal: bool, scale: float,
+           num_splits: int, capacity: int, max_seqlen_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
+                           max_seqlen_q, capacity)
+        return run(style_forward(name), q3, k_cache, v_cache, cache_seqlens, page_table,
+                   cu_seqlens_q, len_q, causal, scale, num_splits)
+
+    @op.register_fake
+    def _(q3, *rest):
+        return torch.empty_like(q3), q3.new_empty(q3.shape[1], q3.shape[0], dtype=torch.float32)
+
+    _OPS[name] = op
+    return op
+
+
+def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
+                      cu_seqlens_q=None, max_seqlen_q=None, causal=True, softmax_scale=None,
+                      num_splits=0, return_lse=False, backend="auto", check_inputs=False):
+    B, len_q, capacity = validate(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q,
+                                  max_seqlen_q, num_splits)
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad
+                                    or v_cache.requires_grad):
+        raise RuntimeError("kvcache_attention is forward only: call it under torch.no_grad() "
+                           "or with tensors that do not require grad")
+    if backend not in ("auto", "cute", "tlx"):
+        raise ValueError(f"backend={backend!r}: expected 'auto', 'cute' or 'tlx'")
+    name = resolve(backend, q.device.index if q.is_cuda else -1)
+    H, D = q.shape[-2], q.shape[-1]
+    q3 = q.reshape(-1, H, D)
+    if check_inputs:
+        check_inputs_host(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
+                          len_q, capacity)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    if num_splits == 0:
+        num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index)
+    args = (q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, int(len_q),
+            bool(causal), scale, int(num_splits))
+    if torch.compiler.is_compiling():
+        out, lse = _op(name)(*args, capacity, int(len_q))
+    else:
+        check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
+                           len_q, capacity)
+        out, lse = run(style_forward(name), *args)
+    out = out.view(q.shape)
+    if not return_lse:
+        return out
+    if cu_seqlens_q is None:  # [H, B * L_q] -> [B, H, L_q]
+        lse = lse.view(H, B, len_q).permute(1, 0, 2)
+    return out, lse
