@@ -158,6 +158,22 @@ def test_decode_unaligned_contiguous(config):
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
 
 
+@interp
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_with_core_combine(splits):
+    """`forward` through the core's call (jagged.kvcache.run: outputs, partials and the
+    combine kernel), paged, packed, causal."""
+    kvcache = pytest.importorskip("jagged.kvcache")
+    n_q, n_k, H, H_kv, D = [3, 0, 1], [50, 9, 0], 8, 2, 64
+    q, k_cache, v_cache, seqlens, pt, cu_q, ks, vs = build(n_q, n_k, H, H_kv, D, 3,
+                                                           torch.float16, False, seed=9)
+    out, lse = kvcache.run(dh.forward, q, k_cache, v_cache, seqlens, pt, cu_q, 3, True,
+                           0.125, splits)
+    want_out, want_lse = reference(q, ks, vs, n_q, H, True, 0.125)
+    torch.testing.assert_close(out.double(), want_out, atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-4)
+
+
 def test_tiles_and_kinds():
     """The M tile holds group * len_q rows (>= 16); TMA boxes only inside a page."""
     assert dh.rows_per_tile(1, 1) == 16 and dh.rows_per_tile(4, 5) == 32
