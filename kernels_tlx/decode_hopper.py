@@ -66,7 +66,7 @@ class Config:
 # load (gather, page) K / V get (num_stages - 1) / 2, so 7 stages give both three
 # buffers (two blocks, 64 KB, in flight while one is computed; ~103 KB of shared
 # memory at 16 rows: two programs an SM).
-def _table() -> dict:
+def _table() -> dict:  # role: host
     t = {}
     for d in (64, 128):
         bn = 16384 // (d * 2)  # 32 KB of K + V a block
@@ -81,7 +81,7 @@ def _table() -> dict:
 CONFIGS = _table()
 
 
-def rows_per_tile(group: int, len_q: int) -> int:
+def rows_per_tile(group: int, len_q: int) -> int:  # role: host
     """The M tile: the smallest of ROW_TILES holding group * len_q rows, else the largest."""
     rows = group * max(len_q, 1)
     for m in ROW_TILES:
@@ -90,7 +90,7 @@ def rows_per_tile(group: int, len_q: int) -> int:
     return ROW_TILES[-1]
 
 
-def cache_kind(page_table, page_size: int, block_n: int) -> str:
+def cache_kind(page_table, page_size: int, block_n: int) -> str:  # role: host
     """"contig", "page" (a block of block_n keys is whole inside one page) or "gather"."""
     if page_table is None:
         return "contig"
@@ -105,6 +105,36 @@ def pick_config(head_dim: int, block_m: int, page_table, page_size: int) -> tupl
 
 
 # ----------------------------------------------------------------------------- roles
+@triton.jit
+def _query_rows(cu_seqlens_q, b, len_q, DENSE_Q: tl.constexpr):  # role: schedule
+    """(first row in q, row count n_q) of sequence b: dense, len_q rows a sequence."""
+    if DENSE_Q:
+        return b * len_q, len_q
+    start = tl.load(cu_seqlens_q + b)
+    return start, tl.load(cu_seqlens_q + b + 1) - start
+
+
+@triton.jit
+def _key_range(n_q, n_k, split, num_splits, m0, GROUP: tl.constexpr,  # role: schedule
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(lo, bulk_end, n_end): the keys [lo, n_end) of this split that the tile's rows
+    (m0 ..) see, and the whole blocks [lo, bulk_end) that every real row sees (no mask).
+    Split s holds blocks [s * bps, (s + 1) * bps), bps = cdiv(cdiv(n_k, BLOCK_N),
+    num_splits); empty (n_end <= lo) past the keys and for a row block past the
+    sequence's rows."""
+    bps = tl.cdiv(tl.cdiv(n_k, BLOCK_N), num_splits)
+    lo = split * bps * BLOCK_N
+    n_end = tl.minimum(lo + bps * BLOCK_N, n_k)
+    n_full = n_k
+    if CAUSAL:  # bottom-right: the tile's last real row sees most, its first least
+        last = tl.minimum(m0 + BLOCK_M, GROUP * n_q) - 1
+        n_end = tl.minimum(n_end, causal_kv_end(last // GROUP + 1, n_q, n_k))
+        n_full = causal_kv_end(m0 // GROUP + 1, n_q, n_k)
+    n_end = tl.where(m0 < GROUP * n_q, n_end, lo)
+    bulk_end = lo + tl.maximum(tl.minimum(n_end, n_full) - lo, 0) // BLOCK_N * BLOCK_N
+    return lo, bulk_end, n_end
+
+
 @triton.jit
 def _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,  # role: load
               BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -208,12 +238,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     m0 = (pid // num_splits) * BLOCK_M
     h_kv = tl.program_id(1)
     b = tl.program_id(2)
-    if DENSE_Q:
-        q_start = b * len_q
-        n_q = len_q
-    else:
-        q_start = tl.load(cu_seqlens_q + b)
-        n_q = tl.load(cu_seqlens_q + b + 1) - q_start
+    q_start, n_q = _query_rows(cu_seqlens_q, b, len_q, DENSE_Q)
     n_k = tl.load(cache_seqlens + b)
 
     # tile rows: query row qi, head h; real rows are those of the sequence
@@ -225,18 +250,8 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     q_rows = q + (q_start + qi).to(tl.int64) * stride_qn + h * D
     q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
 
-    # this split's keys, cut to what the tile's rows see: [lo, n_end); every real row
-    # sees the keys below n_full (bottom-right causal)
-    bps = tl.cdiv(tl.cdiv(n_k, BLOCK_N), num_splits)
-    lo = split * bps * BLOCK_N
-    n_end = tl.minimum(lo + bps * BLOCK_N, n_k)
-    n_full = n_k
-    if CAUSAL:
-        last = tl.minimum(m0 + BLOCK_M, GROUP * n_q) - 1  # the tile's last real row
-        n_end = tl.minimum(n_end, causal_kv_end(last // GROUP + 1, n_q, n_k))
-        n_full = causal_kv_end(m0 // GROUP + 1, n_q, n_k)
-    n_end = tl.where(m0 < GROUP * n_q, n_end, lo)  # a row block past the sequence's rows
-    bulk_end = lo + tl.maximum(tl.minimum(n_end, n_full) - lo, 0) // BLOCK_N * BLOCK_N
+    lo, bulk_end, n_end = _key_range(n_q, n_k, split, num_splits, m0, GROUP, BLOCK_M,
+                                     BLOCK_N, CAUSAL)
 
     pt_row = page_table + b.to(tl.int64) * max_pages
     k_head = k_cache + h_kv * D
@@ -292,7 +307,7 @@ def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
     return sig
 
 
-def _aligned(t: torch.Tensor) -> bool:
+def _aligned(t: torch.Tensor) -> bool:  # role: host
     return t.data_ptr() % 16 == 0
 
 
