@@ -41,6 +41,7 @@ lengths, page size, group, splits and scale are runtime values.
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -125,7 +126,7 @@ def _kernel_class():
                               stride=((st[0][1], st[1]), (st[0][0], st[2])))
         return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
 
-    def as_operand_a(acc):
+    def as_operand_a(acc):  # role: compute
         """The S accumulator ((2, 2), M, N) as the A operand of the PV mma
         ((2, 2, 2), M, N / 2): k16 = two 8-column atoms."""
         l = cute.logical_divide(acc.layout, (None, None, 2))
@@ -147,7 +148,7 @@ def _kernel_class():
             self.vec = 128 // dtype.width            # elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
             self.rows_per_pass = self.num_threads // self.row_threads
-            assert self.BN % self.rows_per_pass == 0 and self.M * self.row_threads >= 1
+            assert self.BN % self.rows_per_pass == 0 and self.M % self.rows_per_pass == 0
             assert self.BNg % 16 == 0 and self.M == 16 * self.wm
             # `store` stages the key groups' fp32 O in the K slots
             assert self.M * head_dim * self.wn * 4 <= smem_kv_bytes(cfg, head_dim)
@@ -156,8 +157,9 @@ def _kernel_class():
         # ------------------------------------------------------------------ host side
         @cute.jit
         def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
-                     mSeqK: cute.Tensor, mPageTable, mCuQ, mO: cute.Tensor,
-                     mLSE: cute.Tensor, scale_log2: Float32, len_q: Int32, group: Int32,
+                     mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
+                     mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                     scale_log2: Float32, len_q: Int32, group: Int32,
                      page_size: Int32, num_splits: Int32, stream):
             dt, D = self.dtype, self.D
             atom = smem_atom(dt, D)
@@ -186,7 +188,7 @@ def _kernel_class():
 
             n_row_blocks = (group * len_q + self.M - 1) // self.M
             self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, scale_log2, len_q,
-                        group, page_size, num_splits, n_row_blocks, sQ_layout, sKV_layout,
+                        group, page_size, num_splits, sQ_layout, sKV_layout,
                         tiled_mma, gather, SharedStorage).launch(
                 grid=[num_splits, mK.shape[2] * n_row_blocks, mSeqK.shape[0]],
                 block=[self.num_threads, 1, 1], stream=stream)
@@ -194,9 +196,10 @@ def _kernel_class():
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
-                   mSeqK: cute.Tensor, mPageTable, mCuQ, mO: cute.Tensor,
-                   mLSE: cute.Tensor, scale_log2: Float32, len_q: Int32, group: Int32,
-                   page_size: Int32, num_splits: Int32, n_row_blocks: Int32,
+                   mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
+                   mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                   scale_log2: Float32, len_q: Int32, group: Int32,
+                   page_size: Int32, num_splits: Int32,
                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                    tiled_mma: cute.TiledMma, gather: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
@@ -263,7 +266,7 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ load
         @cute.jit
-        def gmem_row(self, m, coord):
+        def gmem_row(self, m, coord):  # role: load
             """A 16-byte-aligned 1-D view of one cache / query row from `coord` on."""
             addr = (m.iterator + cute.crd2idx(coord, m.layout)).toint()
             ptr = cute.make_ptr(m.element_type, addr, cute.AddressSpace.gmem,
@@ -321,12 +324,12 @@ def _kernel_class():
                           tVsV[None, m, 0])
 
         @cute.jit
-        def key_slice(self, s, stage, kg):
+        def key_slice(self, s, stage, kg):  # role: compute
             """Key group kg's (keys, D) rows of slot `stage`."""
             return cute.local_tile(s[None, None, stage], (self.BNg, self.D), (kg, 0))
 
         @cute.jit
-        def key_slice_t(self, s, stage, kg):
+        def key_slice_t(self, s, stage, kg):  # role: compute
             """The same rows seen transposed (D, keys): the B operand of P V."""
             st = cute.composition(s[None, None, stage],
                                   cute.make_ordered_layout((self.D, self.BN), order=(1, 0)))
