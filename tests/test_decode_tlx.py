@@ -2,7 +2,8 @@
 the gathered cache, in the Triton interpreter (CPU), every mode: contiguous and paged
 (page sizes 1, 3, 16 with shuffled pages; 64: whole-page TMA boxes), dense and packed q,
 causal and not, one split and three (the partials combined here with logsumexp), empty
-caches and caches of one key, GQA group 1 and 4, D 64 and 128, fp16 and bf16. Cache rows
+caches and caches of one key, GQA group 1, 4 and 8, M tiles of 16 .. 128 rows and two row
+blocks a sequence, D 64 and 128, fp16 and bf16. Cache rows
 past a sequence's length and unused pages hold NaN: a read of any of them shows.
 
 The default builds are compile-checked for sm_90a: no spills, shared memory within the
@@ -114,6 +115,9 @@ CASES = [
     ("page16-dense-noncausal", None, 2, [75, 16, 1], 4, 2, 64, 16, torch.float16, False),
     ("page16-packed-causal-lq>lk", [6, 2], 6, [3, 40], 4, 1, 64, 16, torch.float16, True),
     ("page64-whole-pages", [1, 2], 2, [200, 64], 8, 2, 128, 64, torch.float16, True),
+    ("contig-m64-gqa4", None, 12, [50, 12], 8, 2, 64, None, torch.bfloat16, True),
+    ("page16-two-row-blocks-gqa8", [20, 7, 0], 20, [60, 30, 5], 16, 2, 64, 16, torch.float16,
+     True),
 ]
 
 
