@@ -48,7 +48,7 @@ import torch
 
 @dataclass(frozen=True)
 class Config:
-    block_m: int       # tile rows (packed query rows x heads): 16 or 64
+    block_m: int       # tile rows (packed query rows x heads): 16, 32 or 64
     block_n: int       # keys per KV block (one pipeline stage holds K and V of a block)
     stages: int        # KV blocks resident in smem (stages - 1 in flight while computing)
     warps_m: int       # warps along the rows (16 rows each); 4 // warps_m key groups
@@ -60,13 +60,17 @@ class Config:
 
 NUM_WARPS = 4
 
-# Keyed by (head_dim, block_m). 96 KB of K + V slots a CTA, so two CTAs share an SM and
-# keep >= 128 KB of cache reads in flight on it. A 64-row tile with 128-key blocks at
-# D = 64 needs 255 registers (S alone is 64 a thread): 64-key blocks, 5 stages.
+# Keyed by (head_dim, block_m). 32 KB of K + V a block and 96 KB of slots a CTA (80 KB
+# at D = 64, 64 rows), so two CTAs share an SM (<= 255 registers x 128 threads each) and
+# keep >= 128 KB of cache reads in flight on it. The 64-row tile at D = 64 takes 64-key
+# blocks, 5 stages: with 128-key blocks (S alone 64 registers a thread) it needs 255.
+# Not yet measured on the GPU.
 CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=3, warps_m=1),
+    (64, 32): Config(block_m=32, block_n=128, stages=3, warps_m=2),
     (64, 64): Config(block_m=64, block_n=64, stages=5, warps_m=4),
     (128, 16): Config(block_m=16, block_n=64, stages=3, warps_m=1),
+    (128, 32): Config(block_m=32, block_n=64, stages=3, warps_m=2),
     (128, 64): Config(block_m=64, block_n=64, stages=3, warps_m=4),
 }
 
@@ -83,8 +87,9 @@ def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
 
 def pick_config(head_dim: int, rows: int) -> Config:
     """The default for a tile of `rows` packed rows (group * len_q): the smallest tile
-    that holds them; more than 64 rows run in several 64-row tiles."""
-    return CONFIGS[(head_dim, 16 if rows <= 16 else 64)]
+    that holds them; more than 64 rows run in several 64-row tiles (each reads the
+    cache)."""
+    return CONFIGS[(head_dim, 16 if rows <= 16 else 32 if rows <= 32 else 64)]
 
 
 _COMPILED = {}

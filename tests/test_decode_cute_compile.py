@@ -29,7 +29,7 @@ CTA_RESERVED = 1024           # reserved per resident CTA
 
 # (D, block_m, causal, paged, packed, split, dtype): each config twice, every flag in both
 # states across the list
-_BUILDS = [(d, m, c, p, k, s, dt) for (d, m) in ((64, 16), (64, 64), (128, 16), (128, 64))
+_BUILDS = [(d, m, c, p, k, s, dt) for d in (64, 128) for m in (16, 32, 64)
            for (c, p, k, s, dt) in ((True, True, False, False, "bfloat16"),
                                     (False, False, True, True, "float16"))]
 
@@ -39,7 +39,7 @@ def test_configs():
     the keys, 16 keys at least each); the fp32 O of `store` fits the K slots; two CTAs fit
     an SM; pick_config takes the smallest tile holding group * len_q rows."""
     from kernels_cute import decode_hopper as K
-    assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 64)}
+    assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 32, 64)}
     for (d, m), cfg in K.CONFIGS.items():
         assert cfg.block_m == m == 16 * cfg.warps_m
         assert cfg.block_n % (16 * cfg.key_groups) == 0
@@ -49,7 +49,8 @@ def test_configs():
         assert (cfg.stages - 1) * 2 * cfg.block_n * d * 2 >= 32 * 1024
     for d in (64, 128):
         assert K.pick_config(d, 1) == K.pick_config(d, 16) == K.CONFIGS[(d, 16)]
-        assert K.pick_config(d, 17) == K.pick_config(d, 160) == K.CONFIGS[(d, 64)]
+        assert K.pick_config(d, 17) == K.pick_config(d, 32) == K.CONFIGS[(d, 32)]
+        assert K.pick_config(d, 33) == K.pick_config(d, 160) == K.CONFIGS[(d, 64)]
 
 
 _SCRIPT = textwrap.dedent("""
@@ -225,6 +226,8 @@ _GPU_CASES = [
     (128, 1, "paged64", "dense1", False, 1, torch.bfloat16),
     (128, 4, "contiguous", "packed", True, 1, torch.bfloat16),
     (128, 4, "paged1", "dense16", True, 3, torch.bfloat16),
+    (128, 4, "paged16", "dense8", True, 3, torch.bfloat16),
+    (64, 4, "contiguous", "dense8", False, 1, torch.float16),
     (64, 4, "contiguous", "dense1", True, 3, torch.bfloat16),
     (64, 4, "paged16", "dense3", False, 1, torch.bfloat16),
     (64, 1, "paged1", "packed", True, 1, torch.float16),
