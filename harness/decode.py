@@ -253,13 +253,14 @@ def call(fn, inp: DecodeInputs, p: DecodeProblem, *, return_lse: bool, softmax_s
 
 def poison_outputs(inp: DecodeInputs, p: DecodeProblem, copies: int = 2) -> None:
     """NaN bytes into free allocator blocks of the sizes the call allocates (out, lse and
-    the fp32 split-KV partials, at the splits asked for or 32 when the implementation
-    chooses), so an output element left unwritten shows up as NaN (as oracle.poison)."""
+    the fp32 split-KV partials, at the splits asked for or else 64, the most the core
+    chooses: the allocator cuts smaller requests from a larger free block), so an output
+    element left unwritten shows up as NaN (as oracle.poison)."""
     if inp.q.device.type != "cuda":
         return
     H, D = inp.q.shape[-2:]
     nq = inp.q.numel() // (H * D)
-    splits = p.num_splits or 32
+    splits = p.num_splits or 64
     sizes = [nq * H * D * inp.q.element_size(), 4 * H * nq]
     if splits > 1:
         sizes += [4 * splits * nq * H * D, 4 * splits * H * nq]
