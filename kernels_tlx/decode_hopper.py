@@ -1,5 +1,7 @@
 """KV-cache attention (decode) for Hopper (sm_90a) in Triton: split-KV partials, paged
-caches of any page size or a contiguous cache, pack-GQA, small query counts.
+caches of any page size or a contiguous cache, pack-GQA, small query counts. No TLX op
+is needed: Triton's pipeliner issues the asynchronous copies (cp.async, TMA) that keep
+this memory-bound loop fed, and the same code runs in the interpreter (the tests).
 
 One program handles one (sequence b, kv head, split s, row block): the tile's rows are
 the GROUP query heads of that kv head times the sequence's query rows, row-major (row
