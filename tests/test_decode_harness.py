@@ -302,3 +302,17 @@ def test_sdpa_baseline_passes_the_oracle_on_the_cpu():
     for name, p, lens in picked:
         inp = p.build(lengths=lens)
         assert decode.check(inp, p, fn, check_lse=False).ok, name
+
+
+def test_gpu_check_bad_inputs_name_the_argument(monkeypatch):
+    """decode_check's bad-input cases against the core's validation on the CPU (the
+    style's resolution stubbed: its value checks run on the host before any kernel)."""
+    import jagged.kvcache
+    from harness.gpu.decode_check import bad_inputs, names_argument
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: "tlx")
+    cases = bad_inputs("tlx", device="cpu")
+    assert len(cases) == 11
+    for name, args, fn in cases:
+        with pytest.raises(Exception) as e:
+            fn()
+        assert names_argument(e.value, args), (name, e.value)

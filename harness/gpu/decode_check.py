@@ -100,13 +100,13 @@ def check_case(b, fn, name, p, lengths) -> bool:
     return ok
 
 
-def bad_inputs(style: str) -> list[tuple[str, tuple[str, ...], callable]]:
+def bad_inputs(style: str, device="cuda") -> list[tuple[str, tuple[str, ...], callable]]:
     """(case, argument names the error may name, call) for bad input; value errors go
     through check_inputs=True."""
     import jagged
     p = DecodeProblem(**G4, batch=3, cache_len=100, page_size=16)
-    good = p.build("cuda")
-    contig = p.replace(page_size=0).build("cuda")
+    good = p.build(device)
+    contig = p.replace(page_size=0).build(device)
 
     def run(inp=good, check=False, **over):
         kw = dict(page_table=inp.page_table, cu_seqlens_q=inp.cu_seqlens_q,
@@ -127,12 +127,12 @@ def bad_inputs(style: str) -> list[tuple[str, tuple[str, ...], callable]]:
     long_[0] = good.page_table.shape[1] * ps + 1
     deep = contig.cache_seqlens.clone()
     deep[2] = contig.k_cache.shape[1] + 1
-    q3 = torch.randn(3, 1, 3, 128, device="cuda", dtype=good.q.dtype)
-    packed = DecodeProblem(**G4, batch=3, cache_len=100, len_q=4, packed_q=True).build("cuda")
+    q3 = torch.randn(3, 1, 3, 128, device=device, dtype=good.q.dtype)
+    packed = DecodeProblem(**G4, batch=3, cache_len=100, len_q=4, packed_q=True).build(device)
     c = packed.cu_seqlens_q.tolist()
-    cu = torch.tensor([c[0], c[2], c[1] - 1, c[3]], dtype=torch.int32, device="cuda")
-    q96 = torch.randn(3, 1, 8, 96, device="cuda", dtype=good.q.dtype)
-    kv96 = torch.randn(3, 100, 2, 96, device="cuda", dtype=good.q.dtype)
+    cu = torch.tensor([c[0], c[2], c[1] - 1, c[3]], dtype=torch.int32, device=device)
+    q96 = torch.randn(3, 1, 8, 96, device=device, dtype=good.q.dtype)
+    kv96 = torch.randn(3, 100, 2, 96, device=device, dtype=good.q.dtype)
     return [
         ("page table past the pool", ("page_table",), run(page_table=past, check=True)),
         ("negative page index", ("page_table",), run(page_table=neg, check=True)),
@@ -151,6 +151,12 @@ def bad_inputs(style: str) -> list[tuple[str, tuple[str, ...], callable]]:
     ]
 
 
+def names_argument(e: Exception, args) -> bool:
+    """The error is a ValueError / TypeError whose message names one of `args`."""
+    return isinstance(e, (ValueError, TypeError)) and any(
+        re.search(rf"(?<![\w.]){re.escape(a)}(?!\w)", str(e)) for a in args)
+
+
 def check_bad(style: str) -> bool:
     ok_all = True
     for name, args, fn in bad_inputs(style):
@@ -158,12 +164,10 @@ def check_bad(style: str) -> bool:
             fn()
             torch.cuda.synchronize()
             ok, detail = False, "no error"
-        except (ValueError, TypeError) as e:
-            msg = str(e)
-            ok = any(re.search(rf"(?<![\w.]){re.escape(a)}(?!\w)", msg) for a in args)
-            detail = f"{type(e).__name__}: {msg[:200]}" + ("" if ok else f"  (names none of {args})")
         except Exception as e:
-            ok, detail = False, f"{type(e).__name__} (want ValueError/TypeError): {str(e)[:200]}"
+            ok = names_argument(e, args)
+            detail = f"{type(e).__name__}: {str(e)[:200]}" + (
+                "" if ok else f"  (want a ValueError/TypeError naming one of {args})")
         ok_all &= ok
         print(f"{'PASS' if ok else 'FAIL'} {style:5s} bad input: {name:40s} {detail}", flush=True)
     return ok_all
