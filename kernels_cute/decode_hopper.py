@@ -19,7 +19,9 @@ One CTA (4 warps) per (split, kv head x row block, sequence). The roles:
                row j % page_size), so any page size and any page order work; K and V of a
                block of Config.block_n tokens go into one of Config.stages smem slots
                (one commit group per block; stages - 1 blocks in flight under the
-               compute of the current one). Q is gathered once per tile the same way.
+               compute of the current one). The page-table reads of a block are issued
+               one block ahead of its copies. Q is gathered once per tile the same way,
+               into the last K slot (in registers before that slot's first block lands).
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
@@ -64,7 +66,6 @@ NUM_WARPS = 4
 # at D = 64, 64 rows), so two CTAs share an SM (<= 255 registers x 128 threads each) and
 # keep >= 128 KB of cache reads in flight on it. The 64-row tile at D = 64 takes 64-key
 # blocks, 5 stages: with 128-key blocks (S alone 64 registers a thread) it needs 255.
-# Not yet measured on the GPU.
 CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=3, warps_m=1),
     (64, 32): Config(block_m=32, block_n=128, stages=3, warps_m=2),
@@ -114,13 +115,11 @@ def _kernel_class():
 
     LN_2 = math.log(2.0)
 
-    def smem_atom(dtype, D):
-        """(8, 64)-element row-major atom, 128-byte rows swizzled (Swizzle<3,3,3> on 16-bit
-        elements): ldmatrix rows of 16 bytes land in distinct banks."""
-        cols = 64 if D % 64 == 0 else 32
-        bits = 3 if cols == 64 else 2
-        return cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
-                                         cute.make_ordered_layout((8, cols), order=(1, 0)))
+    def smem_atom():
+        """(8, 64)-element row-major atom of 16-bit elements, its 128-byte rows swizzled
+        (Swizzle<3,3,3>): the 8 rows of an ldmatrix 8x8 land in distinct banks."""
+        return cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0,
+                                         cute.make_ordered_layout((8, 64), order=(1, 0)))
 
     def rows_cols(t):
         """An mma.sync accumulator ((2, 2), MMA_M, MMA_N) as (rows, cols) =
@@ -150,6 +149,7 @@ def _kernel_class():
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
             self.num_threads = NUM_WARPS * 32
+            assert head_dim % 64 == 0 and dtype.width == 16
             self.vec = 128 // dtype.width            # elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
             self.rows_per_pass = self.num_threads // self.row_threads
@@ -167,7 +167,7 @@ def _kernel_class():
                      scale_log2: Float32, len_q: Int32, group: Int32,
                      page_size: Int32, num_splits: Int32, stream):
             dt, D = self.dtype, self.D
-            atom = smem_atom(dt, D)
+            atom = smem_atom()
             sQ_layout = cute.tile_to_shape(atom, (self.M, D), (0, 1))
             sKV_layout = cute.tile_to_shape(atom, (self.BN, D, self.stages), (0, 1, 2))
 
