@@ -2,7 +2,7 @@
 the gathered cache, in the Triton interpreter (CPU), every mode: contiguous and paged
 (page sizes 1, 3, 16 with shuffled pages; 64: whole-page TMA boxes), dense and packed q,
 causal and not, one split and three (the partials combined here with logsumexp), empty
-caches and caches of one key, GQA group 1, 4 and 8, M tiles of 16 .. 128 rows and two row
+caches and caches of one key, GQA group 1, 3, 4 and 8, M tiles of 16 .. 128 rows and two row
 blocks a sequence, D 64 and 128, fp16 and bf16. Cache rows
 past a sequence's length and unused pages hold NaN: a read of any of them shows.
 
@@ -109,7 +109,7 @@ def run(q, k_cache, v_cache, seqlens, page_table, cu_q, len_q, causal, scale, sp
 CASES = [
     ("contig-decode-gqa4-d128", None, 1, [37, 1, 0], 8, 2, 128, None, torch.float16, True),
     ("contig-dense-lq3-d64", None, 3, [70, 2, 5], 4, 1, 64, None, torch.bfloat16, True),
-    ("contig-noncausal-mha", None, 2, [33, 0, 9], 2, 2, 64, None, torch.float16, False),
+    ("contig-noncausal-gqa3", None, 2, [33, 0, 9], 6, 2, 64, None, torch.float16, False),
     ("page1-packed-gqa4", [1, 3, 0], 3, [40, 5, 7], 8, 2, 64, 1, torch.float16, True),
     ("page3-packed-mha-d128", [2, 1, 4], 4, [29, 1, 0], 2, 2, 128, 3, torch.bfloat16, True),
     ("page16-dense-noncausal", None, 2, [75, 16, 1], 4, 2, 64, 16, torch.float16, False),
