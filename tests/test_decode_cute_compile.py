@@ -27,11 +27,18 @@ needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 SM_SMEM = 228 * 1024          # an H100 / H200 SM's shared memory
 CTA_RESERVED = 1024           # reserved per resident CTA
 
-# (D, block_m, causal, paged, packed, split, dtype): each config twice, every flag in both
-# states across the list
-_BUILDS = [(d, m, c, p, k, s, dt) for d in (64, 128) for m in (16, 32, 64)
-           for (c, p, k, s, dt) in ((True, True, False, False, "bfloat16"),
-                                    (False, False, True, True, "float16"))]
+# (D, block_m, causal, paged, packed, split, dtype): every config, every flag both ways,
+# and the decode path (one query row, GQA <= 16, split) on both cache kinds
+_BUILDS = [
+    (64, 16, True, True, False, False, "bfloat16"),
+    (64, 32, False, False, True, True, "float16"),
+    (64, 64, True, False, True, False, "bfloat16"),
+    (128, 16, True, True, False, True, "bfloat16"),
+    (128, 16, True, False, False, True, "bfloat16"),
+    (128, 16, False, True, True, False, "float16"),
+    (128, 32, True, True, True, True, "bfloat16"),
+    (128, 64, False, False, False, False, "float16"),
+]
 
 
 def test_configs():
