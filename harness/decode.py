@@ -161,9 +161,11 @@ class DecodeProblem:
         return self.replace(batch=max(1, min(self.batch, max_batch)),
                             cache_len=min(self.cache_len, GATE_MAX_CACHE))
 
-    def build(self, device="cpu", lengths=None) -> DecodeInputs:
+    def build(self, device="cpu", lengths=None, unused: float | None = None) -> DecodeInputs:
         """The call's tensors; values ~ N(0, 1) everywhere in the cache (unused slots
-        too: finite, never zero). `lengths` = (n_q, n_k) overrides the drawn ones."""
+        too: finite, never zero). `lengths` = (n_q, n_k) overrides the drawn ones.
+        `unused` (e.g. NaN): the value of every cache slot past a sequence's length and
+        of every page no sequence uses, so a read of one reaches the output."""
         lq, lk = lengths if lengths is not None else self.lengths()
         lq, lk = torch.as_tensor(lq, dtype=torch.int64), torch.as_tensor(lk, dtype=torch.int64)
         dev = torch.device(device)
@@ -197,7 +199,17 @@ class DecodeProblem:
             table = table.to(torch.int32).to(dev)
             k, v = randn(pages, ps, Hkv, D), randn(pages, ps, Hkv, D)
         seqlens = lk.to(torch.int32).to(dev)
-        return DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk)
+        inp = DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk)
+        if unused is not None:
+            keep = torch.zeros(k.shape[:2], dtype=torch.bool, device=dev)
+            for b, n in enumerate(lk.tolist()):
+                j = torch.arange(n, device=dev)
+                if table is None:
+                    keep[b, :n] = True
+                else:
+                    keep[table[b].long()[j // self.page_size], j % self.page_size] = True
+            k[~keep], v[~keep] = unused, unused
+        return inp
 
 
 # ------------------------------------------------------------------------- oracle

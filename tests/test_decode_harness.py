@@ -2,7 +2,7 @@
 direct float64 computation, the oracle's verdicts, the suite's cells, the worker path
 through `bench.sweep`, and the CSV columns, charts and report section on fake rows."""
 import math
-import textwrap
+import os
 
 import pytest
 import torch
@@ -33,6 +33,10 @@ def test_build_lengths_and_shuffled_pages():
     assert not (inp.k_cache == 0).any() and torch.isfinite(inp.v_cache).all()
     again = p.build()
     assert torch.equal(again.k_cache, inp.k_cache) and torch.equal(again.page_table, table)
+    nan = p.build(unused=float("nan"))  # NaN exactly in the slots no sequence uses
+    assert int(nan.k_cache[..., 0, 0].isnan().sum()) == pages * 8 - int(lk.sum())
+    assert torch.equal(torch.cat([decode.gather_kv(nan, b)[1] for b in range(4)]),
+                       torch.cat([decode.gather_kv(inp, b)[1] for b in range(4)]))
 
 
 def test_gather_follows_the_page_table():
@@ -316,3 +320,20 @@ def test_gpu_check_bad_inputs_name_the_argument(monkeypatch):
         with pytest.raises(Exception) as e:
             fn()
         assert names_argument(e.value, args), (name, e.value)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="CPU interpreter test (TRITON_INTERPRET=1)")
+def test_ours_through_the_api_in_the_interpreter(monkeypatch):
+    """The `tlx` decode backend through `jagged.kvcache_attention` (the style resolved
+    without a device) passes the oracle with NaN past every sequence's end."""
+    import jagged.kvcache
+    from harness import backends
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: backend)
+    fn = backends.get("tlx", kind="decode").fn()
+    p = DecodeProblem(batch=3, heads=8, kv_heads=2, head_dim=64, cache_len=40, page_size=16,
+                      num_splits=2, sparsity=0.6)
+    inp = p.build(unused=float("nan"))
+    assert inp.k_cache.isnan().any()
+    rep = decode.check(inp, p, fn, repeat=True)
+    assert rep.ok and [c.name for c in rep.checks] == ["out", "lse", "same"], str(rep)

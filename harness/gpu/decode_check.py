@@ -6,7 +6,9 @@
    pool larger than needed), split and unsplit (num_splits 1, several, chosen), MHA and
    pack-GQA (groups 4 and 8), L_q > 1 causal and not, packed q with different row counts,
    jagged cache lengths, zero-length caches, cache length 1 (rows that see no key), fp16
-   and bf16, D 64 and 128, one 32k-key sequence. Out and lse (ours), and a second call
+   and bf16, D 64 and 128, one 32k-key sequence, and NaN in every cache slot past a
+   sequence's length and in unused pages (a kernel that reads one, even under a zero
+   probability, shows it). Out and lse (ours), and a second call
    after poisoning again must give the same bits (`same`). One PASS / FAIL line a case
    with each check's error against its allowance;
 2. bad input (ours only): a page table past the pool, cache lengths beyond the table or
@@ -31,8 +33,12 @@ from harness.decode import DecodeProblem
 G4 = dict(heads=8, kv_heads=2, head_dim=128)
 
 
+NAN_PAST_END = "NaN past the ends"
+
+
 def cases() -> list[tuple[str, DecodeProblem, tuple | None]]:
-    """(name, problem, (n_q, n_k) override or None)."""
+    """(name, problem, (n_q, n_k) override or None). Cases named NAN_PAST_END hold NaN
+    in every cache slot past a sequence's length and in the unused pages."""
     P = lambda **kw: DecodeProblem(**{**G4, "batch": 3, "cache_len": 1000, **kw})
     out = [
         ("contiguous, unsplit", P(num_splits=1), None),
@@ -75,6 +81,11 @@ def cases() -> list[tuple[str, DecodeProblem, tuple | None]]:
                                       batch=4), None),
         ("D 64 fp16 MHA, L_q 4", P(head_dim=64, dtype="fp16", heads=4, kv_heads=4, len_q=4,
                                    num_splits=2), None),
+        (f"{NAN_PAST_END}, contiguous, 2 splits", P(num_splits=2, sparsity=0.6), None),
+        (f"{NAN_PAST_END}, page 16, L_q 4", P(page_size=16, len_q=4, sparsity=0.6), None),
+        (f"{NAN_PAST_END}, page 64, 3 splits", P(page_size=64, num_splits=3, sparsity=0.6),
+         None),
+        (f"{NAN_PAST_END}, page 7", P(page_size=7, num_splits=1, sparsity=0.6), None),
         ("B 1, 32k keys, splits chosen", P(batch=1, heads=32, kv_heads=8, cache_len=32768), None),
         ("B 1, 32k keys, page 16, splits chosen",
          P(batch=1, heads=32, kv_heads=8, cache_len=32768, page_size=16), None),
@@ -85,7 +96,8 @@ def cases() -> list[tuple[str, DecodeProblem, tuple | None]]:
 def check_case(b, fn, name, p, lengths) -> bool:
     t0 = time.perf_counter()
     try:
-        inp = p.build("cuda", lengths=lengths)
+        inp = p.build("cuda", lengths=lengths,
+                      unused=float("nan") if name.startswith(NAN_PAST_END) else None)
         rep = decode.check(inp, p, fn, check_lse=b.own, repeat=b.own)
         ok = rep.ok
         detail = "  ".join(f"{c.name} {c.max_err:.2e} <= {c.tol:.2e}" + ("" if c.ok else " BAD")
@@ -192,7 +204,10 @@ def main(argv=None):
             continue
         t0 = time.perf_counter()
         fn = b.fn()
-        todo = [c for c in cases() if a.match in c[0]]
+        # NaN past the ends: ours only (a masked baseline computes 0 x NaN; FA4 asks for
+        # finite rows in a partly used page)
+        todo = [c for c in cases() if a.match in c[0]
+                and (b.own or not c[0].startswith(NAN_PAST_END))]
         bad = sum(not check_case(b, fn, *c) for c in todo)
         if b.own and not a.no_bad:
             bad += not check_bad(name)
