@@ -43,7 +43,7 @@ lengths, page size, group, splits and scale are runtime values.
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -91,6 +91,19 @@ def pick_config(head_dim: int, rows: int) -> Config:
     that holds them; more than 64 rows run in several 64-row tiles (each reads the
     cache)."""
     return CONFIGS[(head_dim, 16 if rows <= 16 else 32 if rows <= 32 else 64)]
+
+
+class Tile(NamedTuple):
+    """What a CTA works on (traced DSL values): sequence b's rows row0.. of kv head hk."""
+    b: Any
+    hk: Any
+    q_start: Any         # the sequence's first row in q / out / lse
+    n_q: Any
+    n_k: Any
+    row0: Any            # first tile row (packed: query row r // group, head r % group)
+    rows: Any            # the sequence's tile rows, group * n_q
+    group: Any
+    page_size: Any
 
 
 _COMPILED = {}
@@ -244,30 +257,30 @@ def _kernel_class():
                 per_split = (n_blocks + num_splits - 1) // num_splits
                 blk_lo = split * per_split
                 n_iter = cutlass.max(cutlass.min(per_split, n_blocks - blk_lo), 0)
-                geom = (b, hk, q_start, n_q, n_k, row0, rows, group, page_size)
+                tile = Tile(b, hk, q_start, n_q, n_k, row0, rows, group, page_size)
 
-                self.load_q(mQ, sQ, gather, tidx, geom)
+                self.load_q(mQ, sQ, gather, tidx, tile)
                 cute.arch.cp_async_commit_group()
                 # (page, row in page) of this thread's rows of the next block to issue
                 rows_kv = cute.make_rmem_tensor((2, self.BN // self.rows_per_pass), Int32)
                 for t in cutlass.range_constexpr(self.stages - 1):
                     if t < n_iter:
-                        self.lookup(mPageTable, gather, tidx, blk_lo + t, rows_kv, geom)
+                        self.lookup(mPageTable, gather, tidx, blk_lo + t, rows_kv, tile)
                         self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, t, hk)
                     cute.arch.cp_async_commit_group()
                 if self.stages - 1 < n_iter:
                     self.lookup(mPageTable, gather, tidx, blk_lo + self.stages - 1, rows_kv,
-                                geom)
+                                tile)
 
                 row_max, row_sum, acc_O = self.compute(
                     sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx, scale_log2,
-                    blk_lo, n_iter, n_full, rows_kv, geom)
+                    blk_lo, n_iter, n_full, rows_kv, tile)
 
                 # the K slots become the key groups' fp32 O
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
                 self.store(acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
-                           scale_log2, split, geom)
+                           scale_log2, split, tile)
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -279,10 +292,10 @@ def _kernel_class():
             return cute.make_tensor(ptr, cute.make_layout((self.vec,)))
 
         @cute.jit
-        def load_q(self, mQ, sQ, gather, tidx, geom):  # role: load
+        def load_q(self, mQ, sQ, gather, tidx, tile):  # role: load
             """The tile's rows r -> q[q_start + r // group, h_kv * group + r % group];
             padding rows repeat the last valid row (computed, never stored)."""
-            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            q_start, hk, row0, rows, group = tile.q_start, tile.hk, tile.row0, tile.rows, tile.group
             thr = gather.get_slice(tidx)
             tQsQ = thr.partition_D(sQ)
             tQcQ = thr.partition_S(cute.make_identity_tensor((self.M, self.D)))
@@ -295,13 +308,13 @@ def _kernel_class():
                           tQsQ[None, m, 0])
 
         @cute.jit
-        def lookup(self, mPageTable, gather, tidx, blk, rows_kv, geom):  # role: load
+        def lookup(self, mPageTable, gather, tidx, blk, rows_kv, tile):  # role: load
             """Where this thread's cache rows of block blk live: rows_kv (page, row in
             page) per copy pass, filled in place. Token j -> page_table[b, j // page_size],
             j % page_size (paged) or (b, j) (contiguous). Tokens past n_k repeat token
             n_k - 1 (their scores are masked; a finite V row keeps P V finite). Issued a
             block ahead of its copies, so the table read's latency is off the loop."""
-            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            b, n_k, page_size = tile.b, tile.n_k, tile.page_size
             tKcK = gather.get_slice(tidx).partition_S(cute.make_identity_tensor((self.BN, self.D)))
             for m in cutlass.range_constexpr(cute.size(rows_kv, mode=[1])):
                 j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
@@ -343,10 +356,10 @@ def _kernel_class():
         # ------------------------------------------------------------------ compute
         @cute.jit
         def compute(self, sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx,
-                    scale_log2, blk_lo, n_iter, n_full, rows_kv, geom):  # role: compute
+                    scale_log2, blk_lo, n_iter, n_full, rows_kv, tile):  # role: compute
             """The KV loop of one tile; returns this thread's (row max, row sum, O) of its
             key group (row sums are per thread: the quad reduces them in `store`)."""
-            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            n_k, n_q, row0, rows, group = tile.n_k, tile.n_q, tile.row0, tile.rows, tile.group
             dt = self.dtype
             kg = tidx // (32 * self.wm)                  # key group: keys kg*BNg.. of a block
             thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
@@ -391,9 +404,10 @@ def _kernel_class():
                 # slot (t - 1) % stages is free: the next block goes there
                 nxt = t + self.stages - 1
                 if nxt < n_iter:
-                    self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, nxt % self.stages, hk)
+                    self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, nxt % self.stages,
+                                 tile.hk)
                     if nxt + 1 < n_iter:
-                        self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, geom)
+                        self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
                 cute.arch.cp_async_commit_group()
 
                 blk = blk_lo + t
@@ -444,9 +458,9 @@ def _kernel_class():
         # ------------------------------------------------------------------ store
         @cute.jit
         def store(self, acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
-                  scale_log2, split, geom):  # role: store
+                  scale_log2, split, tile):  # role: store
             """Merge the key groups' partials row by row, normalize, write O and LSE."""
-            b, hk, q_start, n_q, n_k, row0, rows, group, page_size = geom
+            hk, q_start, row0, rows, group = tile.hk, tile.q_start, tile.row0, tile.rows, tile.group
             M, D, wn = self.M, self.D, self.wn
             kg = tidx // (32 * self.wm)
             thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
