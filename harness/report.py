@@ -121,7 +121,8 @@ def _decode_table(d: pd.DataFrame, copy: float | None) -> str:
                 cells.append(r["status"])
                 continue
             pct = f" ({r['kv_tbps'] / copy:.0%})" if copy else ""
-            cells.append(f"{r['kv_tbps']:.2f}{pct} · {r['tflops']:.1f}")
+            host = " †" if r["host_ms"] >= HOST_BOUND * r["ms"] else ""
+            cells.append(f"{r['kv_tbps']:.2f}{pct} · {r['tflops']:.1f}{host}")
         out.append(f"| {cell} | {g['kv_bytes'].iloc[0] / 1e6:.0f} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -210,7 +211,8 @@ def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
         g = decode_rows(dec, s.name)
         if g.empty:
             continue
-        md += [f"### {s.title}", "", "KV TB/s (share of copy) · TFLOP/s:", "",
+        md += [f"### {s.title}", "", "KV TB/s (share of copy) · TFLOP/s (†: host-bound, the "
+               f"host's time to issue a call at least {HOST_BOUND:.0%} of the row's):", "",
                _decode_table(g, copy), ""]
         md += [f"![{p.stem}]({p.name})" for p in pngs
                if p.stem == {"grid": "decode_bandwidth", "pages": "decode_pages",
