@@ -324,13 +324,12 @@ class Sweep:
     """One sweep of the suite: the cells BASE | fixed | point for each point."""
     name: str
     title: str
-    axis: str                      # the field the chart puts on x (or in rows)
     points: tuple                  # dicts of fields
     fixed: tuple = ()              # (field, value) pairs on top of BASE
     quick: tuple = ()              # the points `--quick` keeps
 
     def cells(self, quick=False) -> list[DecodeProblem]:
-        pts = [self.points[i] for i in self.quick] if quick else list(self.points)
+        pts = [pt for pt in self.points if not quick or pt in self.quick]
         cells = [DecodeProblem(**{**BASE, **dict(self.fixed), **pt}, suite="decode") for pt in pts]
         return [c for c in cells if c.cache_bytes() <= MAX_CACHE_GB * 1e9]
 
@@ -344,23 +343,26 @@ def _pts(**axes):
 
 
 _AT = ({"batch": 8, "cache_len": 32 * K}, {"batch": 64, "cache_len": 4 * K})
+_BL = lambda b, n: {"batch": b, "cache_len": n}
 SWEEPS = (
-    Sweep("grid", "KV bandwidth against cache length", "cache_len",
+    Sweep("grid", "KV bandwidth against cache length",
           _pts(batch=(1, 8, 64, 256), cache_len=(K, 4 * K, 32 * K, 128 * K)),
-          quick=(1, 2, 6, 9, 10, 13)),
-    Sweep("pages", "Page size", "page_size",
+          quick=(_BL(1, 4 * K), _BL(1, 32 * K), _BL(8, 32 * K), _BL(64, 4 * K),
+                 _BL(64, 32 * K), _BL(256, 4 * K))),
+    Sweep("pages", "Page size",
           tuple({**at, "page_size": ps} for at in _AT for ps in (0, 1, 16, 64, 128)),
-          quick=(1, 2, 4)),
-    Sweep("len_q", "New query rows (causal)", "len_q",
-          tuple({**at, "len_q": n} for at in _AT for n in (1, 4, 16)), quick=(2,)),
-    Sweep("heads", "Heads and head dim", "heads",
+          quick=tuple({**_AT[0], "page_size": ps} for ps in (1, 16, 128))),
+    Sweep("len_q", "New query rows (causal)",
+          tuple({**at, "len_q": n} for at in _AT for n in (1, 4, 16)),
+          quick=({**_AT[0], "len_q": 16},)),
+    Sweep("heads", "Heads and head dim",
           tuple({**at, "heads": h, "kv_heads": hkv, "head_dim": d} for at in _AT
                 for h, hkv, d in ((32, 8, 128), (64, 8, 128), (32, 32, 128), (32, 8, 64),
                                   (32, 32, 64)))),
-    Sweep("splits", "KV splits (B = 1, 32k cached keys)", "num_splits",
+    Sweep("splits", "KV splits (B = 1, 32k cached keys)",
           _pts(num_splits=(0, 1, 2, 4, 8, 16, 32)), fixed=(("batch", 1), ("cache_len", 32 * K)),
-          quick=(1, 4)),
-    Sweep("mixed", "Jagged cache lengths, packed queries, fp16", "label",
+          quick=({"num_splits": 1}, {"num_splits": 8})),
+    Sweep("mixed", "Jagged cache lengths, packed queries, fp16",
           ({"batch": 64, "cache_len": 32 * K, "sparsity": 0.5},
            {"batch": 64, "cache_len": 32 * K, "sparsity": 0.5, "page_size": 16},
            {"batch": 64, "cache_len": 4 * K, "len_q": 16, "packed_q": True, "page_size": 16},
