@@ -124,9 +124,17 @@ def matches(p, match: str) -> bool:
     return any(m in p.label() for m in match.split("|"))
 
 
+def _jagged_only(a, tool: str) -> None:
+    from .decode import suites as decode_suites
+    if set(_csv_list(a.suite)) & set(decode_suites()):
+        sys.exit(f"{tool} takes the jagged suites; decode cells run through bench "
+                 "(and python -m harness.gpu.decode_check)")
+
+
 def cmd_profile(a):
     import torch
     from .problems import suite
+    _jagged_only(a, "profile")
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
     from .gpu.profile import run
@@ -138,6 +146,7 @@ def cmd_profile(a):
 def cmd_clocks(a):
     import torch
     from .problems import suite
+    _jagged_only(a, "clocks")
     if not torch.cuda.is_available():
         sys.exit("clocks needs a CUDA GPU")
     from .gpu.clocks import run

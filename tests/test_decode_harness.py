@@ -275,6 +275,8 @@ def test_cli_groups_and_validation():
         main(["bench", "--suite", "decode", "--backends", "nope"])
     with pytest.raises(SystemExit, match="unknown suite"):
         main(["bench", "--suite", "decod"])
+    with pytest.raises(SystemExit, match="takes the jagged suites"):
+        main(["profile", "--suite", "decode"])
 
 
 def test_gpu_check_cases_build_and_pass_on_the_reference():
