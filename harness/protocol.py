@@ -153,11 +153,12 @@ class _Named:
 
 
 class _Buffer:
-    __slots__ = ("tag", "writer", "holders")
+    __slots__ = ("tag", "writer", "pending", "holders")
 
     def __init__(self):
         self.tag = None
         self.writer = None      # who writes it now (a role, or an engine item), or None
+        self.pending = None     # the version being written
         self.holders = {}       # role -> the tag it read
 
 
@@ -318,19 +319,19 @@ class Sim:
             self._arrive(op.bar, op.count, op.tx, r.name)
         elif kind is Tma:
             item = ("tma", r.name, op)
-            for buf in op.writes:
-                self._open_write(buf, item, r.name)
+            for buf, tag in op.writes.items():
+                self._open_write(buf, item, r.name, tag)
             self.engine.append(item)
         elif kind is Read:
             self._read(r, op.buf, op.tag, mma=False)
         elif kind is Write:
-            self._open_write(op.buf, r.name, r.name)
+            self._open_write(op.buf, r.name, r.name, op.tag)
             self._close_write(op.buf, op.tag)
         elif kind is Mma:
             for buf, tag in op.reads.items():
                 self._read(r, buf, tag, mma=True)
-            for buf in op.writes:
-                self._open_write(buf, r.name, r.name, own_mma=True)
+            for buf, tag in op.writes.items():
+                self._open_write(buf, r.name, r.name, tag, own_mma=True)
             r.mmas.append(op)
         elif kind is MmaWait:
             while len(r.mmas) > op.pending:
@@ -401,14 +402,17 @@ class Sim:
     # --- buffers
     def _read(self, r: _Role, buf: str, tag, mma: bool):
         s = self.bufs[buf]
-        if s.writer is not None and not (mma and s.writer == r.name):
-            self.fail("race", f"{r.name} reads {buf} while {self._who(s.writer)} still writes "
-                      f"it (before its writer signalled)")
-        if tag is not None and s.tag != tag:
-            self.fail("stale", f"{r.name} reads {buf} expecting {tag}, it holds {s.tag}")
-        s.holders[r.name] = s.tag
+        have = s.tag
+        if s.writer is not None:
+            if not (mma and s.writer == r.name):
+                self.fail("race", f"{r.name} reads {buf} while {self._who(s.writer)} still "
+                          f"writes it (before its writer signalled)")
+            have = s.pending  # the role's own earlier MMA: in order
+        if tag is not None and have != tag:
+            self.fail("stale", f"{r.name} reads {buf} expecting {tag}, it holds {have}")
+        s.holders[r.name] = have
 
-    def _open_write(self, buf: str, writer, role: str, own_mma: bool = False):
+    def _open_write(self, buf: str, writer, role: str, tag, own_mma: bool = False):
         s = self.bufs[buf]
         if s.writer is not None and not (own_mma and s.writer == role):
             self.fail("race", f"{role} writes {buf} while {self._who(s.writer)} still writes it")
@@ -419,12 +423,12 @@ class Sim:
         for other in self.roles:
             if other.mmas and other.name != role and any(buf in m.reads for m in other.mmas):
                 self.fail("race", f"{role} writes {buf} while an MMA of {other.name} reads it")
-        s.writer = writer
+        s.writer, s.pending = writer, tag
         s.holders = {}
 
     def _close_write(self, buf: str, tag):
         s = self.bufs[buf]
-        s.writer, s.tag = None, tag
+        s.writer, s.tag, s.pending = None, tag, None
 
     @staticmethod
     def _who(w):

@@ -1,0 +1,394 @@
+"""The barrier-protocol model checker (harness/protocol.py) and the models of the
+kernels' protocols: the checker finds each kind of violation in small hand-written
+protocols; every model runs clean over random jagged tile lists under random
+interleavings, at every config of its kernel; and mutated models (a release dropped, a
+wrong parity, a stage too few, a wrong arrival count, a release before the MMA retired,
+a lost issue turn) are caught with the specific report."""
+import random
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from harness import protocol as P
+from harness.protocol import (Arrive, BarArrive, BarSync, Commit, Mma, MmaWait, Problem,
+                              ProtocolError, Read, Sim, Take, Tma, Wait, Write, ring)
+
+
+# ----------------------------------------------------------------------------- the checker
+def _ring(sim, n, stages, consumers=1, count=None, skip_wait=False):
+    """A producer filling a `stages`-deep ring n times, `consumers` readers."""
+    buf = sim.buffers("b", stages)
+    full = sim.mbarriers("full", stages, 1)
+    empty = sim.mbarriers("empty", stages, count or consumers)
+
+    def producer():
+        for i in range(n):
+            s, ph = ring(i, stages)
+            if not skip_wait:
+                yield Wait(empty[s], ph ^ 1)
+            yield Arrive(full[s], tx=64)
+            yield Tma(full[s], {buf[s]: i}, 64)
+
+    def consumer():
+        for i in range(n):
+            s, ph = ring(i, stages)
+            yield Wait(full[s], ph)
+            yield Read(buf[s], i)
+            yield Arrive(empty[s], release=(buf[s],))
+
+    sim.role("producer", producer())
+    for c in range(consumers):
+        sim.role(f"consumer{c}", consumer())
+
+
+def test_ring_runs_clean_and_is_deterministic():
+    steps = [P.check(lambda sim: _ring(sim, 7, 2, consumers=2), range(s, s + 1))
+             for s in range(50)]
+    assert all(s > 0 for s in steps)
+    traces = []
+    for _ in range(2):
+        sim = Sim(seed=11)
+        _ring(sim, 5, 2)
+        sim.run()
+        traces.append(list(sim.trace))
+    assert traces[0] == traces[1]
+
+
+def test_deadlock_lists_every_pending_wait():
+    def build(sim):
+        _ring(sim, 4, 2)
+        sim.mutate = lambda role, op: None if type(op) is Arrive and "empty" in op.bar else op
+    with pytest.raises(ProtocolError) as e:
+        P.check(build, range(3))
+    assert e.value.kind == "deadlock"
+    assert "producer: wait empty[0] parity 0 (completed phases 0, arrivals left 1/1" in str(e.value)
+
+
+def test_overwrite_before_release():
+    """No empty-barrier wait: the producer rewrites a slot its reader still holds, the
+    reader finds the slot already rewritten, or the producer arrives on a full barrier
+    whose phase still waits for its copy, or the full barrier runs two phases ahead of
+    the reader. (An interleaving where the reader keeps up
+    shows nothing: random interleavings find it, not every one.)"""
+    kinds = []
+    for seed in range(40):
+        try:
+            P.check(lambda sim: _ring(sim, 6, 2, skip_wait=True), [seed])
+        except ProtocolError as e:
+            kinds.append(e.kind)
+    assert len(kinds) >= 30 and set(kinds) == {"race", "stale", "arrival", "aliasing"}
+
+
+def test_arrival_count_too_low_is_aliasing_or_race():
+    """An empty barrier expecting 1 arrival with 2 readers completes twice a use."""
+    seen = set()
+    for seed in range(40):
+        with pytest.raises(ProtocolError) as e:
+            P.check(lambda sim: _ring(sim, 8, 2, consumers=2, count=1), [seed])
+        seen.add(e.value.kind)
+    assert "aliasing" in seen and seen <= {"aliasing", "race", "stale", "arrival"}
+
+
+def test_wait_on_a_stale_phase_is_aliasing():
+    """A wait whose parity is flipped at its third use passes on phase 1 while it means
+    phase 2: reported as aliasing, before any data is read."""
+    def build(sim):
+        _ring(sim, 6, 1)
+        n = {"k": 0}
+
+        def mutate(role, op):
+            if role == "consumer0" and type(op) is Wait:
+                n["k"] += 1
+                if n["k"] == 3:
+                    return op._replace(parity=op.parity ^ 1)
+            return op
+        sim.mutate = mutate
+    with pytest.raises(ProtocolError, match="aliasing: consumer0 waits full.0. parity 1 "
+                                            "meaning phase 2"):
+        P.check(build, range(5))
+
+
+def test_named_barriers():
+    """bar.sync waits for the thread count; a generation completed by arrives alone is a
+    lost turn; thread counts must agree."""
+    def turns(sim, first_arrive=True, extra=False):
+        b = [sim.named_barrier("t0"), sim.named_barrier("t1")]
+
+        def wg(c):
+            if c == 1 and first_arrive:
+                yield BarArrive(b[0], 256)
+                if extra:
+                    yield BarArrive(b[0], 256)
+            for _ in range(3):
+                yield BarSync(b[c], 256)
+                yield BarArrive(b[1 - c], 256)
+        sim.role("wg0", wg(0))
+        sim.role("wg1", wg(1))
+    P.check(turns, range(20))
+    with pytest.raises(ProtocolError, match="deadlock(.|\n)*wg0: bar.sync t0"):
+        P.check(lambda sim: turns(sim, first_arrive=False), range(3))
+    with pytest.raises(ProtocolError, match="t[01] completed by arrives alone"):
+        P.check(lambda sim: turns(sim, extra=True), range(3))
+
+
+def test_mma_reads_are_in_flight_until_retired():
+    """A release while the role's own wgmma still reads the buffer is a race; the same
+    release after wait_group(0) is not."""
+    def build(sim, wait_first):
+        b = sim.buffers("k", 1)
+        full = sim.mbarriers("full", 1, 1)
+        empty = sim.mbarriers("empty", 1, 1)
+
+        def producer():
+            yield Arrive(full[0], tx=8)
+            yield Tma(full[0], {b[0]: "K"}, 8)
+            yield Wait(empty[0], 0)
+
+        def consumer():
+            yield Wait(full[0], 0)
+            yield Mma({b[0]: "K"})
+            if wait_first:
+                yield MmaWait(0)
+            yield Arrive(empty[0], release=(b[0],))
+            yield MmaWait(0)
+        sim.role("producer", producer())
+        sim.role("consumer", consumer())
+    P.check(lambda sim: build(sim, True), range(10))
+    with pytest.raises(ProtocolError, match="race: consumer releases k.0. while its own MMA"):
+        P.check(lambda sim: build(sim, False), range(10))
+
+
+def test_commit_completes_mmas_then_arrives():
+    """tcgen05 style: an MMA writes S in tensor memory, its commit arrives on s_full; the
+    reader of S sees the MMA's version only after that phase; reading earlier is a race;
+    a second MMA of the same role may read what the first still writes."""
+    def build(sim, reader_waits=True):
+        s, o = sim.buffers("S", 1), sim.buffers("O", 1)
+        s_full = sim.mbarriers("s_full", 1, 1)
+
+        def mma():
+            yield Mma({}, {s[0]: "S0"})
+            yield Mma({s[0]: "S0"}, {o[0]: "O0"})
+            yield Commit(s_full[0])
+
+        def softmax():
+            if reader_waits:
+                yield Wait(s_full[0], 0)
+            yield Read(s[0], "S0")
+            yield Read(o[0], "O0")
+        sim.role("mma", mma(), threads=32)
+        sim.role("softmax", softmax())
+    P.check(build, range(20))
+    with pytest.raises(ProtocolError) as e:
+        P.check(lambda sim: build(sim, False), range(20))
+    assert e.value.kind in ("race", "stale")
+
+
+def test_counter_hands_out_each_value_once():
+    got = []
+
+    def build(sim):
+        c = sim.counter("tiles", 3)
+
+        def prog():
+            for _ in range(4):
+                got.append((yield Take(c)))
+        for p in range(3):
+            sim.role(f"p{p}", prog())
+    got.clear()
+    P.check(build, [5])
+    assert sorted(got) == list(range(3, 15))
+
+
+def test_model_helpers_mirror_the_kernels():
+    """The models' kv_steps / kv_block are the kernels' (the CuteDSL ones are plain
+    arithmetic on ints; the TLX ones are tested equal to them in test_tlx_schedule)."""
+    from kernels_cute.schedule import kv_block, kv_steps
+    from kernels_tlx.schedule import kv_block as tlx_kv_block
+    for mf in (False, True):
+        for n_end in range(1, 7):
+            for n_bulk in range(n_end + 1):
+                assert P.kv_steps(n_bulk, n_end, mf) == tuple(int(x) for x in
+                                                             kv_steps(n_bulk, n_end, mf))
+                for j in range(n_end):
+                    assert P.kv_block(j, n_end, mf) == kv_block(j, n_end, mf) \
+                        == tlx_kv_block.fn(j, n_end, mf)
+
+
+@triton.jit
+def _walk(pairs, n_pairs, cu_q, cu_k, out, H, NBLK, CAUSAL: tl.constexpr):
+    """As a persistent TLX program walks its tiles: (b, h, m0, n_bulk, n_end) per loop
+    step i at out[(pid * 64 + i) * 5]."""
+    from kernels_tlx.schedule import tile_coords
+    i = 0
+    for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+            t, pairs, n_pairs, cu_q, cu_k, 0, H, 1, NBLK, 64, 64, CAUSAL, False)
+        base = out + (tl.program_id(0) * 64 + i) * 5
+        tl.store(base, k_start)
+        tl.store(base + 1, h)
+        tl.store(base + 2, m0)
+        tl.store(base + 3, n_bulk)
+        tl.store(base + 4, n_end)
+        i += 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_model_walk_is_the_kernels(causal):
+    """The tiles each model program walks are those of the TLX kernel's tile_coords (in
+    the interpreter): same order, same KV split, zero- and one-length sequences."""
+    from kernels_tlx.schedule import build_tiles
+    lq, lk = (130, 1, 0, 64, 200, 5), (40, 1, 7, 64, 300, 0)
+    prob = Problem(lq, lk, heads=2, causal=causal)
+    programs = 3
+    walk = P.Walk(prob, 64, 64, programs)
+    cq = torch.tensor((0,) + tuple(torch.tensor(lq).cumsum(0).tolist()), dtype=torch.int32)
+    # k_start encodes b: sequences with distinct key offsets (lk has no two equal prefixes
+    # except where a length is 0, and those sequences' tiles are told apart by m0 / len)
+    ck = torch.tensor((0,) + tuple(torch.tensor(lk).cumsum(0).tolist()), dtype=torch.int32)
+    pairs, count, nblk = build_tiles(cq, ck, len(lq), max(lq), None, 64, 64, causal)
+    out = torch.full((programs * 64 * 5,), -1, dtype=torch.int32)
+    _walk[(programs,)](pairs, int(count), cq, ck, out, 2, nblk, causal)
+    out = out.view(programs, 64, 5)
+    starts = ck[:-1].tolist()
+    for p in range(programs):
+        got = [tuple(r) for r in out[p].tolist() if r[0] >= 0]
+        want = [(starts[t.b], t.h, t.m0, t.n_bulk, t.n_end) for t in walk.tiles[p]]
+        assert got == want
+
+
+# ----------------------------------------------------------------------------- the models
+def _tlx_configs():
+    from kernels_tlx.fwd_hopper import CONFIGS
+    return CONFIGS
+
+
+def _cute_configs():
+    from kernels_cute.fwd_hopper import CONFIGS
+    return CONFIGS
+
+
+KEYS = [(d, b, c) for d in (64, 128) for b in ("long", "short") for c in (False, True)]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{k[1]}-{'causal' if k[2] else 'full'}")
+def test_tlx_fwd_hopper_protocol(key):
+    runs, steps = P.sweep(P.tlx_fwd_hopper, _tlx_configs()[key], problems=12, seeds=4,
+                          seed=hash(key) & 0xFFFF)
+    assert runs == 48 and steps > 0
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{k[1]}-{'causal' if k[2] else 'full'}")
+def test_cute_fwd_hopper_protocol(key):
+    runs, steps = P.sweep(P.cute_fwd_hopper, _cute_configs()[key], problems=12, seeds=4,
+                          seed=hash(key) & 0xFFFF)
+    assert runs == 48 and steps > 0
+
+
+def test_tile_lists_cover_the_edges():
+    """The random problems hold zero- and one-length sequences, causal and not,
+    broadcast-Q, and tiles with no KV block; the walks cover every list."""
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(200):
+        pr = P.random_problem(rng, 128, 128)
+        seen |= {("zero", 0 in pr.lens_k), ("one", 1 in pr.lens_q), ("causal", pr.causal),
+                 ("bq", pr.broadcast_q)}
+        w = P.Walk(pr, 128, 128, 3)
+        if any(t.n_end == 0 for ts in w.tiles for t in ts):
+            seen.add("no kv")
+    assert {("zero", True), ("one", True), ("causal", True), ("causal", False),
+            ("bq", True), "no kv"} <= seen
+
+
+# ----------------------------------------------------------------------------- mutations
+# one CTA, two tiles of five KV blocks each (the rings wrap), two consumers
+LONG = Problem((128, 128), (600, 600), heads=1, causal=False)
+
+
+def _drop(role_part, pred):
+    return lambda role, op: None if role_part in role and pred(op) else op
+
+
+def _rename(mapping):
+    """Every buffer name in an operation through `mapping` (a stage too few: two ring
+    slots on one buffer)."""
+    def m(role, op):
+        f = lambda b: mapping.get(b, b)
+        t = type(op)
+        if t is Tma:
+            return op._replace(writes={f(b): v for b, v in op.writes.items()})
+        if t is Mma:
+            return op._replace(reads={f(b): v for b, v in op.reads.items()},
+                               writes={f(b): v for b, v in op.writes.items()})
+        if t in (Read, Write):
+            return op._replace(buf=f(op.buf))
+        if t is Arrive:
+            return op._replace(release=tuple(f(b) for b in op.release))
+        return op
+    return m
+
+
+def _flip_parity(role_part, bar_part):
+    return lambda role, op: (op._replace(parity=op.parity ^ 1)
+                             if role_part in role and type(op) is Wait and bar_part in op.bar
+                             else op)
+
+
+def _reject(model, cfg, seeds=range(8), **kw):
+    """Every seed finds a violation; -> the set of (kind, message) reports."""
+    reports = []
+    for seed in seeds:
+        with pytest.raises(ProtocolError) as e:
+            P.check(lambda sim: model(sim, LONG, cfg, 1), [seed], **kw)
+        reports.append((e.value.kind, str(e.value)))
+    return reports
+
+
+MODELS = [("tlx", P.tlx_fwd_hopper, _tlx_configs, "consumer"),
+          ("cute", P.cute_fwd_hopper, _cute_configs, "compute")]
+
+
+@pytest.mark.parametrize("name,model,configs,consumer", MODELS, ids=[m[0] for m in MODELS])
+def test_mutations_are_caught(name, model, configs, consumer):
+    cfg = configs()[(128, "long", False)]  # 2 consumers, 2 K/V stages
+    c1 = f"{consumer}1"
+
+    # a dropped release arrive: the load role waits forever on that empty barrier
+    for kind, msg in _reject(model, cfg, mutate=_drop(c1, lambda op: type(op) is Arrive
+                                                      and "v_empty" in op.bar)):
+        assert kind == "deadlock" and "cta0.load: wait cta0.v_empty[" in msg
+
+    # a consumer waiting the full barrier with the wrong parity: it reads K before its
+    # copy landed, or reads the previous block's K, or its wait is on the wrong phase
+    reports = _reject(model, cfg, seeds=range(12), mutate=_flip_parity(c1, "k_full"))
+    for kind, msg in reports:
+        assert kind in ("race", "stale", "aliasing") and f"cta0.{c1} " in msg
+        assert "reads cta0.k[" in msg or "waits cta0.k_full[" in msg
+
+    # the producer waiting the empty barrier with the wrong parity never starts
+    for kind, msg in _reject(model, cfg, mutate=_flip_parity("load", "k_empty")):
+        assert kind == "deadlock" and "cta0.load: wait cta0.k_empty[0] parity 0" in msg
+
+    # a stage too few: slots 0 and 1 of the K ring on one buffer
+    for kind, msg in _reject(model, cfg, mutate=_rename({"cta0.k[1]": "cta0.k[0]"})):
+        assert kind in ("race", "stale") and "cta0.k[0]" in msg
+
+    # an empty barrier counting a single consumer's arrival: it runs ahead of the load
+    reports = _reject(model, cfg, seeds=range(16),
+                      counts={"cta0.k_empty": 1 if name == "tlx" else 4})
+    assert {k for k, _ in reports} <= {"race", "aliasing", "stale"}
+    assert any(k == "aliasing" and "cta0.load waits cta0.k_empty" in m for k, m in reports)
+
+    # the K release before the wgmma reading it retired (the wait_group(1) dropped)
+    for kind, msg in _reject(model, cfg, mutate=_drop(c1, lambda op: op == MmaWait(1))):
+        assert kind == "race" and f"cta0.{c1} releases cta0.k[" in msg and "own MMA" in msg
+
+    # consumer 0's issue turn never handed to it
+    first = "consumer1" if name == "tlx" else "compute0"
+    turn = "bar9" if name == "tlx" else "bar2"
+    for kind, msg in _reject(model, cfg, mutate=_drop(first, lambda op: type(op) is BarArrive
+                                                      and op.id.endswith(turn))):
+        assert kind == "deadlock" and f"bar.sync cta0.{turn}" in msg
