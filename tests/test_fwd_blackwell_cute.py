@@ -1,0 +1,212 @@
+"""The CuteDSL Blackwell forward (kernels_cute/fwd_blackwell.py) compiles for sm_100a on a
+CPU-only machine; on a B200 (`-m gpu`) it matches the oracle.
+
+Each build compiles in a fresh process with CUTE_DSL_ARCH=sm_100a (the DSL reads it at
+import) on symbolic tensors, keeps its PTX and cubin, and is checked for what the design
+relies on: tcgen05 MMAs (exactly the count the roles issue), one TMEM allocation freed
+once (512 columns, the layout within them), CLC queries, the setmaxnreg split filling
+the register file, shared memory within 227 KB, no spills or stack (ptxas -v on the PTX),
+1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
+them. By default two builds (in parallel) cover D 64 / 128, causal, broadcast-Q, bf16 /
+fp16; with
+JAGGED_CUTE_COMPILE_MATRIX=1 every (D, causal, broadcast-Q, dtype) and the non-default
+configs (static schedule, late TMEM release) compile too.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from _cute import ROOT, have_dsl
+
+_ok, _why = have_dsl()
+needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
+
+SMEM_LIMIT = 227 * 1024
+TMEM_COLS = 512
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys, torch
+    sys.path.insert(0, {root!r})
+    import cutlass.utils, cutlass.utils.hardware_info as hw
+
+    class _Sms:  # the SM count without a driver (nothing here should ask for it)
+        def __init__(self, *a): pass
+        def get_device_multiprocessor_count(self): return 148
+        def get_max_active_clusters(self, n, *a): return 148 // n
+    cutlass.utils.HardwareInfo = hw.HardwareInfo = _Sms
+
+    from kernels_cute import fwd_blackwell as F
+    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
+    cfg = F.Config(**{cfg!r})
+    k = F.build(dt, {D}, {causal}, {bq}, cfg)
+    F.compile_forward(dt, {D}, {causal}, {bq}, cfg, kernel=k)
+    print("INFO " + json.dumps(dict(tmem_total=k.tmem_total, tmem_o=k.tmem_o,
+          smem=k.shared_storage.size_in_bytes(), cluster=list(k.cluster_shape),
+          threads=k.num_threads)))
+    print("COMPILED")
+""")
+
+DEFAULT = [(128, False, False, "bf16", {}), (64, True, True, "fp16", {})]
+MATRIX = [(d, c, b, dt, {}) for d in (64, 128) for c in (False, True) for b in (False, True)
+          for dt in ("bf16", "fp16")] + [
+    (128, True, False, "bf16", {"clc": False}),
+    (64, False, True, "bf16", {"early_release": False})]
+
+
+def _ptxas():
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "ptxas-blackwell")
+
+
+def _build(tmp_path, variant):
+    """Compile one variant in its own process -> (info dict, PTX text, ptxas -v log)."""
+    D, causal, bq, dtype, cfg = variant
+    d = tmp_path / f"d{D}_c{int(causal)}_b{int(bq)}_{dtype}_{len(cfg)}{''.join(cfg)}"
+    d.mkdir()
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a", CUTE_DSL_KEEP="ptx,cubin",
+               CUTE_DSL_DUMP_DIR=str(d), CUTE_DSL_DISABLE_FILE_CACHING="1")
+    script = _SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, dtype=dtype, cfg=cfg)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=str(d))
+    if "COMPILED" not in r.stdout:
+        return None, None, (r.stdout + r.stderr)[-3000:]
+    info = json.loads(r.stdout.split("INFO ", 1)[1].splitlines()[0])
+    ptx_path = next(str(d / f) for f in os.listdir(d) if f.endswith(".ptx"))
+    ptx = open(ptx_path).read()
+    log = subprocess.run([_ptxas(), "-v", "-arch=sm_100a", "-O3", ptx_path, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    return info, ptx, log
+
+
+def _check(variant, info, ptx, log):
+    D, causal, bq, dtype, cfg = variant
+    assert ptx is not None, f"{variant} did not compile:\n{log}"
+    # QK: 2 halves x (prologue + loop) x D / 16 k-steps; PV: 2 halves x 128 / 16
+    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16", ptx)
+    assert len(mma) == 4 * D // 16 + 2 * 128 // 16, len(mma)
+    assert len(re.findall(r"tcgen05\.alloc\.cta_group::1", ptx)) == 1
+    assert len(re.findall(r"tcgen05\.dealloc\.cta_group::1", ptx)) == 1
+    assert len(re.findall(r"tcgen05\.relinquish_alloc_permit", ptx)) == 1
+    assert "cta_group::2" not in ptx                        # 1-CTA MMAs, 1-CTA clusters
+    assert info["cluster"] == [1, 1, 1] and info["threads"] == 512
+    assert info["tmem_total"] <= TMEM_COLS
+    assert info["tmem_o"] == [256, 256 + D] and info["tmem_total"] == 256 + 2 * D
+    assert info["smem"] <= SMEM_LIMIT, info
+    clc = cfg.get("clc", True)
+    assert ("clusterlaunchcontrol.try_cancel" in ptx) == clc
+    incs = [int(v) for v in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    decs = sorted(int(v) for v in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx))
+    assert len(incs) == 1 and len(decs) == 2, (incs, decs)
+    assert 2 * incs[0] + sum(decs) <= 512                  # 4 warpgroups, 64K registers
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+    assert re.search(r"\b0 bytes stack frame", log), log
+    used = int(re.search(r"Used (\d+) registers", log).group(1))
+    assert used <= 128, used                                # 512 threads x 128
+
+
+def _run(tmp_path, variants):
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        results = list(ex.map(lambda v: _build(tmp_path, v), variants))
+    if all(p is None and ("libcuda" in l or "CUDA driver" in l) for _, p, l in results):
+        pytest.skip("CuteDSL cannot compile here")
+    for v, (info, ptx, log) in zip(variants, results):
+        _check(v, info, ptx, log)
+
+
+@needs_dsl
+def test_default_builds(tmp_path):
+    _run(tmp_path, DEFAULT)
+
+
+@needs_dsl
+@pytest.mark.skipif(os.environ.get("JAGGED_CUTE_COMPILE_MATRIX") != "1",
+                    reason="the full sm_100a matrix: JAGGED_CUTE_COMPILE_MATRIX=1")
+def test_compile_matrix(tmp_path):
+    _run(tmp_path, MATRIX)
+
+
+def test_configs():
+    """One default per (D, causal), all on FA4's sm100 shapes; pick_config reads it."""
+    from kernels_cute import fwd_blackwell as F
+    assert set(F.CONFIGS) == {(d, c) for d in (64, 128) for c in (False, True)}
+    for (d, c), cfg in F.CONFIGS.items():
+        assert cfg.block_m == 2 * F.HALF_M and cfg.block_n == 128
+        assert cfg.num_buffers_kv == 3 and cfg.clc and cfg.early_release
+        assert F.pick_config(d, 4096, c, 100.0) is cfg
+    assert 2 * F.SOFTMAX_REGS + F.CORRECTION_REGS + F.OTHER_REGS == 512
+
+
+# ------------------------------------------------------------------------------ B200
+def _problems():
+    from harness.problems import Problem
+    ps = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for mode in ("self", "cross", "broadcast_q"):
+                for dt in ("bf16", "fp16"):
+                    ps.append(Problem(batch=5, heads=4, kv_heads=2 if d == 64 else 4,
+                                      head_dim=d, max_seqlen_q=300,
+                                      max_seqlen_k=None if mode == "self" else 513,
+                                      sparsity=0.5, mode=mode, causal=causal, dtype=dt,
+                                      seed=len(ps)))
+    return ps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("idx", range(24))
+def test_matches_oracle_on_b200(idx):
+    """Every mode against the oracle (out and lse), zero-length and length-1 sequences
+    planted in every third problem; then a long one (many tiles per CTA through CLC)."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs a B200 (compute capability 10.x)")
+    from harness.oracle import check
+    from kernels_cute import fwd_blackwell as F
+    p = _problems()[idx]
+    lengths = None
+    if idx % 3 == 2:
+        lq, lk = (t.clone() for t in p.lengths())
+        lk[0], lk[1] = 0, 1
+        if p.mode != "broadcast_q":
+            lq[1] = 1
+            lq[2] = 0
+        if p.mode == "self":
+            lk = lq.clone()
+        lengths = (lq, lk)
+    inp = p.build("cuda", lengths=lengths)
+
+    def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
+        scale = softmax_scale or q.shape[-1] ** -0.5
+        return F.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
+
+    rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=False)
+    assert rep.ok, f"{p.label()} lengths={lengths}\n{rep}"
+
+
+@pytest.mark.gpu
+def test_many_tiles_per_cta_on_b200():
+    """More tiles than SMs: CLC hands most of them out; the oracle checks them all."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs a B200 (compute capability 10.x)")
+    from harness.oracle import check
+    from harness.problems import Problem
+    from kernels_cute import fwd_blackwell as F
+    for causal in (False, True):
+        p = Problem(batch=64, heads=16, kv_heads=4, head_dim=128, max_seqlen_q=2048,
+                    sparsity=0.5, causal=causal, seed=7)
+        inp = p.build("cuda")
+
+        def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
+            return F.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal,
+                             q.shape[-1] ** -0.5, broadcast_q)
+
+        rep = check(inp, fn, causal=causal, backward=False)
+        assert rep.ok, f"{p.label()}\n{rep}"
