@@ -62,21 +62,29 @@ class Config:
 
 # Keyed by (head_dim, rows per tile, kind): kind "gather" (pages smaller than a block, or
 # not a whole number of blocks), "page" (PAGE_SIZE % block_n == 0: TMA boxes inside a
-# page), "contig" (contiguous cache: TMA boxes). A block of K + V is 32 KB at every entry
-# (block_n * D * 2 bytes * 2). Triton's pipeliner spreads num_stages over the load
-# chain: the contiguous cache's boxes get num_stages - 1 buffers; behind a page-table
-# load (gather, page) K / V get (num_stages - 1) / 2, so 7 stages give both three
-# buffers (two blocks, 64 KB, in flight while one is computed; ~103 KB of shared
-# memory at 16 rows: two programs an SM).
+# page), "contig" (contiguous cache: TMA boxes). The K and V ring depth Triton's
+# pipeliner builds from num_stages depends on the load chain (a page-table load ahead
+# of K / V takes stages) and on the MMA (wgmma at 64+ rows is asynchronous), so each
+# entry states the depth it gets (TTGIR) and what fits an SM (228 KB of shared memory,
+# 64 K registers):
+#   16, 32 rows (mma.sync): blocks of 32 KB (K + V), rings of 3; 103-111 KB, two
+#     programs an SM.
+#   64 rows (wgmma): blocks of 16 KB, rings of 5; 89-98 KB and <= 128 registers at 8
+#     warps, two programs an SM (32 KB blocks in rings of 4 took 138-146 KB: one).
+#   128 rows: over 128 registers at 8 warps (D = 128), one program an SM: blocks of
+#     32 KB, rings of 4 (146-162 KB).
 def _table() -> dict:  # role: host
     t = {}
     for d in (64, 128):
-        bn = 16384 // (d * 2)  # 32 KB of K + V a block
+        big = 16384 // (d * 2)  # keys of a 32 KB block of K + V
         for m in ROW_TILES:
-            warps = 4 if m == 16 else 8
-            t[(d, m, "gather")] = Config(block_n=bn, num_stages=7, num_warps=warps)
-            t[(d, m, "page")] = Config(block_n=bn, num_stages=7, num_warps=warps)
-            t[(d, m, "contig")] = Config(block_n=bn, num_stages=4, num_warps=warps)
+            if m == 64:
+                gather, contig = Config(big // 2, 9, 8), Config(big // 2, 5, 8)
+            else:
+                warps = 4 if m == 16 else 8
+                gather, contig = Config(big, 7, warps), Config(big, 4, warps)
+            t[(d, m, "gather")] = t[(d, m, "page")] = gather
+            t[(d, m, "contig")] = contig
     return t
 
 
