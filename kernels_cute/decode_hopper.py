@@ -12,7 +12,7 @@ row i (of n_q) sees key j iff j <= i + n_k - n_q when causal (bottom-right), eve
 j < n_k otherwise. num_splits == 1 writes out / lse; num_splits > 1 writes each split's
 normalized partial output and its LSE (fp32), which the core's `combine` merges.
 
-One CTA (4 warps) per (split, kv head x row block, sequence). The roles:
+One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The roles:
 
     `load`     cp.async, 16 bytes a thread a copy, one cache row (token) at a time: the
                row's page is looked up per token (token j -> page_table[b, j // page_size],
@@ -50,22 +50,28 @@ import torch
 
 @dataclass(frozen=True)
 class Config:
-    block_m: int       # tile rows (packed query rows x heads): 16, 32 or 64
+    block_m: int       # tile rows (packed query rows x heads): 16, 32, 64 or 128
     block_n: int       # keys per KV block (one pipeline stage holds K and V of a block)
     stages: int        # KV blocks resident in smem (stages - 1 in flight while computing)
-    warps_m: int       # warps along the rows (16 rows each); 4 // warps_m key groups
+    warps_m: int       # warps along the rows (16 rows each)
+    warps: int = 4     # warps of a CTA; warps // warps_m key groups split each block's keys
 
     @property
     def key_groups(self) -> int:
-        return NUM_WARPS // self.warps_m
+        return self.warps // self.warps_m
+
+    @property
+    def q_in_kv_slot(self) -> bool:
+        """Q is staged in the last K slot (it fits), else in its own smem."""
+        return self.block_m <= self.block_n
 
 
-NUM_WARPS = 4
-
-# Keyed by (head_dim, block_m). 32 KB of K + V a block and 96 KB of slots a CTA (80 KB
-# at D = 64, 64 rows), so two CTAs share an SM (<= 255 registers x 128 threads each) and
-# keep >= 128 KB of cache reads in flight on it. The 64-row tile at D = 64 takes 64-key
-# blocks, 5 stages: with 128-key blocks (S alone 64 registers a thread) it needs 255.
+# Keyed by (head_dim, block_m). Up to 64 rows: 32 KB of K + V a block and 96 KB of slots
+# a CTA (80 KB at D = 64, 64 rows), so two CTAs share an SM (<= 255 registers x 128
+# threads each) and keep >= 128 KB of cache reads in flight on it. The 64-row tile at
+# D = 64 takes 64-key blocks, 5 stages: with 128-key blocks (S alone 64 registers a
+# thread) it needs 255. 128 rows (GQA 8 x 16 query rows): 8 warps, one CTA an SM, Q in
+# its own smem, so the cache is read once for all of them.
 CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=3, warps_m=1),
     (64, 32): Config(block_m=32, block_n=128, stages=3, warps_m=2),
@@ -73,6 +79,8 @@ CONFIGS = {
     (128, 16): Config(block_m=16, block_n=64, stages=3, warps_m=1),
     (128, 32): Config(block_m=32, block_n=64, stages=3, warps_m=2),
     (128, 64): Config(block_m=64, block_n=64, stages=3, warps_m=4),
+    (64, 128): Config(block_m=128, block_n=64, stages=8, warps_m=8, warps=8),
+    (128, 128): Config(block_m=128, block_n=64, stages=5, warps_m=8, warps=8),
 }
 
 
@@ -82,15 +90,18 @@ def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
 
 
 def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA: the K and V slots (Q and the merge reuse them)."""
-    return 2 * smem_kv_bytes(cfg, head_dim, elem_bytes)
+    """Shared memory of one CTA: the K and V slots (the merge reuses them), and Q where
+    it does not fit the last K slot (each region 1024-byte aligned)."""
+    q = 0 if cfg.q_in_kv_slot else -(-cfg.block_m * head_dim * elem_bytes // 1024) * 1024
+    return q + 2 * smem_kv_bytes(cfg, head_dim, elem_bytes)
 
 
 def pick_config(head_dim: int, rows: int) -> Config:
     """The default for a tile of `rows` packed rows (group * len_q): the smallest tile
-    that holds them; more than 64 rows run in several 64-row tiles (each reads the
+    that holds them; more than 128 rows run in several 128-row tiles (each reads the
     cache)."""
-    return CONFIGS[(head_dim, 16 if rows <= 16 else 32 if rows <= 32 else 64)]
+    m = next((m for m in (16, 32, 64) if rows <= m), 128)
+    return CONFIGS[(head_dim, m)]
 
 
 class Tile(NamedTuple):
@@ -161,7 +172,8 @@ def _kernel_class():
             self.wm, self.wn = cfg.warps_m, cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
-            self.num_threads = NUM_WARPS * 32
+            self.num_threads = cfg.warps * 32
+            self.q_in_kv_slot = cfg.q_in_kv_slot
             assert head_dim % 64 == 0 and dtype.width == 16
             self.vec = 128 // dtype.width            # elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
@@ -170,7 +182,7 @@ def _kernel_class():
             assert self.BNg % 16 == 0 and self.M == 16 * self.wm
             # `store` stages the key groups' fp32 O in the K slots
             assert self.M * head_dim * self.wn * 4 <= smem_kv_bytes(cfg, head_dim)
-            assert self.M <= self.BN and self.stages >= 2       # Q fits the last K slot
+            assert self.stages >= 2
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -199,10 +211,13 @@ def _kernel_class():
                                               order=(1, 0)),
                 cute.make_layout((1, self.vec)))
 
+            q_elems = 0 if self.q_in_kv_slot else cute.cosize(sQ_layout)
+
             @cute.struct
             class SharedStorage:
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
 
             n_row_blocks = (group * len_q + self.M - 1) // self.M
             self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, scale_log2, len_q,
@@ -238,9 +253,12 @@ def _kernel_class():
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sK = storage.sK.get_tensor(sKV_layout)
-            # Q lives in the last K slot: it is in registers before that slot's first load
-            # (issued after the loop's first CTA barrier)
-            sQ = cute.make_tensor(sK[None, None, self.stages - 1].iterator, sQ_layout)
+            if const_expr(self.q_in_kv_slot):
+                # Q in the last K slot: it is in registers before that slot's first load
+                # (issued after the loop's first CTA barrier)
+                sQ = cute.make_tensor(sK[None, None, self.stages - 1].iterator, sQ_layout)
+            else:
+                sQ = storage.sQ.get_tensor(sQ_layout)
             sV = storage.sV.get_tensor(sKV_layout)
 
             if row0 < rows:

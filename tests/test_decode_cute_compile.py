@@ -25,7 +25,9 @@ _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 
 SM_SMEM = 228 * 1024          # an H100 / H200 SM's shared memory
+CTA_SMEM_MAX = 227 * 1024     # the most one CTA may use
 CTA_RESERVED = 1024           # reserved per resident CTA
+DSL_STATIC = 1024             # the static smem of a CuteDSL kernel (cuobjdump: SHARED)
 
 # (D, block_m, causal, paged, packed, split, dtype): every config, every flag both ways,
 # and the decode path (one query row, GQA <= 16, split) on both cache kinds
@@ -38,26 +40,34 @@ _BUILDS = [
     (128, 16, False, True, True, False, "float16"),
     (128, 32, True, True, True, True, "bfloat16"),
     (128, 64, False, False, False, False, "float16"),
+    (64, 128, False, True, False, True, "float16"),
+    (128, 128, True, True, True, False, "bfloat16"),
 ]
 
 
 def test_configs():
-    """The table: keyed by (D, block_m); 4 warps (warps_m along the rows, the rest split
-    the keys, 16 keys at least each); the fp32 O of `store` fits the K slots; two CTAs fit
-    an SM; pick_config takes the smallest tile holding group * len_q rows."""
+    """The table: keyed by (D, block_m); warps_m warps along the rows (16 each), the rest
+    split the keys (16 keys at least each); the fp32 O of `store` fits the K slots; up to
+    64 rows 4 warps and two CTAs an SM, 128 rows 8 warps and one; pick_config takes the
+    smallest tile holding group * len_q rows."""
     from kernels_cute import decode_hopper as K
-    assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 32, 64)}
+    assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 32, 64, 128)}
     for (d, m), cfg in K.CONFIGS.items():
         assert cfg.block_m == m == 16 * cfg.warps_m
         assert cfg.block_n % (16 * cfg.key_groups) == 0
         assert m * d * 4 * cfg.key_groups <= K.smem_kv_bytes(cfg, d)
-        assert 2 * (K.smem_bytes(cfg, d) + CTA_RESERVED) <= SM_SMEM, (d, m)
+        ctas = 2 if m <= 64 else 1
+        assert cfg.warps == (4 if m <= 64 else 8)
+        assert cfg.q_in_kv_slot == (m <= 64)
+        used = K.smem_bytes(cfg, d) + DSL_STATIC
+        assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
         # >= 32 KB of K + V in flight per CTA while one block computes
         assert (cfg.stages - 1) * 2 * cfg.block_n * d * 2 >= 32 * 1024
     for d in (64, 128):
         assert K.pick_config(d, 1) == K.pick_config(d, 16) == K.CONFIGS[(d, 16)]
         assert K.pick_config(d, 17) == K.pick_config(d, 32) == K.CONFIGS[(d, 32)]
-        assert K.pick_config(d, 33) == K.pick_config(d, 160) == K.CONFIGS[(d, 64)]
+        assert K.pick_config(d, 33) == K.pick_config(d, 64) == K.CONFIGS[(d, 64)]
+        assert K.pick_config(d, 65) == K.pick_config(d, 160) == K.CONFIGS[(d, 128)]
 
 
 _SCRIPT = textwrap.dedent("""
@@ -235,6 +245,9 @@ _GPU_CASES = [
     (128, 4, "paged1", "dense16", True, 3, torch.bfloat16),
     (128, 4, "paged16", "dense8", True, 3, torch.bfloat16),
     (64, 4, "contiguous", "dense8", False, 1, torch.float16),
+    (128, 8, "paged16", "dense16", True, 3, torch.bfloat16),
+    (64, 8, "contiguous", "packed", False, 1, torch.bfloat16),
+    (128, 8, "paged1", "packed", True, 1, torch.float16),
     (64, 4, "contiguous", "dense1", True, 3, torch.bfloat16),
     (64, 4, "paged16", "dense3", False, 1, torch.bfloat16),
     (64, 1, "paged1", "packed", True, 1, torch.float16),
