@@ -70,6 +70,9 @@ from .tile_counter import fetch_tile, next_tile, publish_tile
 GROUP_M = tl.constexpr(128)   # query rows of a group (a tcgen05 MMA's M, a thread a row)
 GROUPS = tl.constexpr(2)      # groups a tile (ping-pong)
 BLOCK_M = tl.constexpr(GROUP_M.value * GROUPS.value)  # query rows a tile
+ALPHA_COL = tl.constexpr(-1)  # stats columns from the end of S_g's (negative: + BLOCK_N)
+L_COL = tl.constexpr(-2)
+M_COL = tl.constexpr(-3)
 READERS = tl.constexpr(4)     # tasks that read the tile handoff: mma, 2 softmax, correction
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -87,6 +90,7 @@ class Config:
     softmax_regs: int = 192
     small_regs: int = 24  # the load and mma warps
     o_slice: int = 32     # O columns a correction / epilogue step holds in registers
+    s_slice: int = 32     # S columns a softmax pass holds in registers
 
 
 # Defaults, keyed by (head_dim, length bucket, causal) as fwd_hopper's (jagged.tiles
@@ -102,9 +106,9 @@ CONFIGS = {
                                  mask_first=True),
     (64, "short", True): Config(block_n=64, num_buffers_kv=6, num_buffers_q=2, p_slices=1,
                                 mask_first=False),
-    (128, "long", False): Config(block_n=128, num_buffers_kv=5, num_buffers_q=1, p_slices=2,
+    (128, "long", False): Config(block_n=128, num_buffers_kv=4, num_buffers_q=1, p_slices=2,
                                  mask_first=True),
-    (128, "long", True): Config(block_n=128, num_buffers_kv=5, num_buffers_q=1, p_slices=2,
+    (128, "long", True): Config(block_n=128, num_buffers_kv=4, num_buffers_q=1, p_slices=2,
                                 mask_first=False),
     (128, "short", False): Config(block_n=64, num_buffers_kv=6, num_buffers_q=1, p_slices=1,
                                   mask_first=True),
@@ -134,10 +138,13 @@ class Smem(NamedTuple):
 
 
 class Tmem(NamedTuple):
-    """S_g [g] (fp32), P [g * 2 * p_slices + p_slices + slice] (the upper half of S_g),
-    stats [g * BLOCK_N + 0 / 1 / 2] = alpha / l / m (S_g's first columns), O_g [g]."""
+    """S_g [g] (fp32); P in the lower half of S_g's columns, as the softmax writes it
+    (chunks of S_SLICE keys, p [g * 2 * NS + c]) and as the MMA reads it (parts of
+    BLOCK_N / P_SLICES keys, pv [g * 2 * P_SLICES + i]); alpha / l / m in S_g's last
+    columns (stats [g * BLOCK_N + ALPHA_COL / L_COL / M_COL]); O_g [g]."""
     s: object
     p: object
+    pv: object
     stats: object
     o: object
 
@@ -285,7 +292,7 @@ def _pv(smem, tmem, bars, vb, step, use_acc, g: tl.constexpr, BLOCK_N: tl.conste
         tlx.barrier_wait(bars.p_full[g * P_SLICES + i], ph)
         v_i = tlx.local_slice(smem.kv[vb], [BLOCK_N * i // P_SLICES, 0],
                               [BLOCK_N // P_SLICES, HEAD_DIM])
-        p_i = tmem.p[g * 2 * P_SLICES + P_SLICES + i]
+        p_i = tmem.pv[g * 2 * P_SLICES + i]
         if i == 0:
             acc = use_acc
         else:
@@ -352,13 +359,26 @@ def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _mask(s, c0, limit, MASKED: tl.constexpr):
+    """Keys [n0 + c0, n0 + c0 + width) of a row past its limit -> -inf (MASKED)."""
+    if MASKED:
+        keep = (c0 + tl.arange(0, s.shape[1]))[None, :] < limit[:, None]
+        s = tl.where(keep, s, float("-inf"))
+    return s
+
+
+@triton.jit
 def _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
-                  BLOCK_N: tl.constexpr, P_SLICES: tl.constexpr, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr):
-    """One KV block of group g: S_g from TMEM (slice by slice), the running max m and sum
-    l in the log2 domain, alpha then P back to TMEM. MASKED adds the sequence-end and
+                  BLOCK_N: tl.constexpr, S_SLICE: tl.constexpr, P_SLICES: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """One KV block of group g in two passes over S_g in TMEM, S_SLICE columns at a time
+    (the register budget Triton gives this task holds one slice, not S): the row max,
+    then exp2 -> P (into the columns of slices already read: P chunk c covers S columns
+    [c * S_SLICE / 2, (c + 1) * S_SLICE / 2)), published in P_SLICES parts; then alpha
+    (S_g's last column, read by then). Log2 domain. MASKED adds the sequence-end and
     causal (bottom-right) mask and the guard for rows that have seen no key (m = -inf)."""
-    SW: tl.constexpr = BLOCK_N // P_SLICES
+    NS: tl.constexpr = BLOCK_N // S_SLICE
+    PER_P: tl.constexpr = NS // P_SLICES
     tlx.barrier_wait(bars.s_full[g], step & 1)
     if MASKED:
         # keys [n0, n0 + limit) of this block are visible to a row
@@ -366,35 +386,35 @@ def _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
             limit = tl.minimum(rows + (tile.len_k - tile.len_q + 1), tile.len_k) - n0
         else:
             limit = tile.len_k - n0 + rows * 0
-    ss = ()
+    else:
+        limit = rows
     m_new = m_i
-    for i in tl.static_range(P_SLICES):
-        s = tlx.local_load(tlx.subslice(tmem.s[g], i * SW, SW)) * qk_scale
-        if MASKED:
-            keep = (i * SW + tl.arange(0, SW))[None, :] < limit[:, None]
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_new, tl.max(s, 1))
-        ss = ss + (s,)
+    for c in tl.static_range(NS):
+        s = tlx.local_load(tlx.subslice(tmem.s[g], c * S_SLICE, S_SLICE))
+        m_new = tl.maximum(m_new, tl.max(_mask(s, c * S_SLICE, limit, MASKED), 1) * qk_scale)
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    alpha = tl.math.exp2(m_i - m_use)
-    # S_g is in registers: alpha may take its first column
-    tlx.local_store(tmem.stats[g * BLOCK_N], alpha[:, None])
-    tlx.barrier_arrive(bars.alpha_full[g], 1)
-    l_new = l_i * alpha
-    for i in tl.static_range(P_SLICES):
-        p = tl.math.exp2(ss[i] - m_use[:, None])
+    l_new = tl.zeros_like(l_i)
+    for c in tl.static_range(NS):
+        s = tlx.local_load(tlx.subslice(tmem.s[g], c * S_SLICE, S_SLICE))
+        s = _mask(s, c * S_SLICE, limit, MASKED)
+        p = tl.math.exp2(s * qk_scale - m_use[:, None])
         l_new += tl.sum(p, 1)
-        tlx.local_store(tmem.p[g * 2 * P_SLICES + P_SLICES + i], p.to(tmem.p.dtype))
-        tlx.barrier_arrive(bars.p_full[g * P_SLICES + i], 1)
-    return m_new, l_new
+        tlx.local_store(tmem.p[g * 2 * NS + c], p.to(tmem.p.dtype))
+        if c % PER_P == PER_P - 1:
+            tlx.barrier_arrive(bars.p_full[g * P_SLICES + c // PER_P], 1)
+    alpha = tl.math.exp2(m_i - m_use)
+    tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + ALPHA_COL], alpha[:, None])
+    tlx.barrier_arrive(bars.alpha_full[g], 1)
+    return m_new, l_i * alpha + l_new
 
 
 @triton.jit
 def softmax(tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, P_SLICES: tl.constexpr,
+            BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, S_SLICE: tl.constexpr,
+            P_SLICES: tl.constexpr,
             DYNAMIC: tl.constexpr):
     """Group g's 128 rows of each tile: the peeled first (masked) step, the branch-free
     bulk, the masked tail (none without causal masking under MASK_FIRST); then l and m
@@ -412,21 +432,21 @@ def softmax(tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.co
             m_i = tl.full([GROUP_M], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_M], tl.float32)
             m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, first * BLOCK_N,
-                                     step, tile, g, BLOCK_N, P_SLICES, True, CAUSAL)
+                                     step, tile, g, BLOCK_N, S_SLICE, P_SLICES, True, CAUSAL)
             step += 1
             for j in range(bulk_lo, bulk_end):
                 m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, j * BLOCK_N,
-                                         step, tile, g, BLOCK_N, P_SLICES, False, CAUSAL)
+                                         step, tile, g, BLOCK_N, S_SLICE, P_SLICES, False, CAUSAL)
                 step += 1
             if CAUSAL or not MASK_FIRST:
                 for j in range(tl.maximum(bulk_end, bulk_lo), tail_end):
                     m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows,
-                                             j * BLOCK_N, step, tile, g, BLOCK_N, P_SLICES,
+                                             j * BLOCK_N, step, tile, g, BLOCK_N, S_SLICE, P_SLICES,
                                              True, CAUSAL)
                     step += 1
             # no S_g is pending (s_free holds the next tile's): l, m take its columns
-            tlx.local_store(tmem.stats[g * BLOCK_N + 1], l_i[:, None])
-            tlx.local_store(tmem.stats[g * BLOCK_N + 2], m_i[:, None])
+            tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + L_COL], l_i[:, None])
+            tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + M_COL], m_i[:, None])
             tlx.barrier_arrive(bars.stats_full[g], 1)
             tw += 1
         i += 1
@@ -455,15 +475,15 @@ def correction(tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.const
             for j in range(1, n):
                 for g in tl.static_range(GROUPS):
                     tlx.barrier_wait(bars.alpha_full[g], (step + j) & 1)
-                    alpha = tlx.local_load(tmem.stats[g * BLOCK_N])
+                    alpha = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + ALPHA_COL])
                     for c in tl.static_range(HEAD_DIM // O_SLICE):
                         o_c = tlx.subslice(tmem.o[g], c * O_SLICE, O_SLICE)
                         tlx.local_store(o_c, tlx.local_load(o_c) * alpha)
                     tlx.barrier_arrive(bars.o_ready[g], 1)
             for g in tl.static_range(GROUPS):
                 tlx.barrier_wait(bars.stats_full[g], tw & 1)
-                l_i = tlx.local_load(tmem.stats[g * BLOCK_N + 1])
-                m_i = tlx.local_load(tmem.stats[g * BLOCK_N + 2])
+                l_i = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + L_COL])
+                m_i = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + M_COL])
                 tlx.barrier_arrive(bars.s_free[g], 1)
                 empty = l_i == 0.0
                 l_use = tl.where(empty, 1.0, l_i)
@@ -508,15 +528,18 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                MASK_FIRST: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr,
-               SOFTMAX_REGS: tl.constexpr, SMALL_REGS: tl.constexpr, O_SLICE: tl.constexpr):
+               SOFTMAX_REGS: tl.constexpr, SMALL_REGS: tl.constexpr, O_SLICE: tl.constexpr,
+               S_SLICE: tl.constexpr):
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((GROUP_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * GROUPS),
                 kv=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV))
     s_tiles = tlx.local_alloc((GROUP_M, BLOCK_N), tl.float32, GROUPS, tlx.storage_kind.tmem)
     # P and the stats alias S (same logical size, as `reuse` requires)
     tmem = Tmem(s=s_tiles,
-                p=tlx.local_alloc((GROUP_M, BLOCK_N // P_SLICES), dtype,
-                                  GROUPS * 2 * P_SLICES, tlx.storage_kind.tmem, reuse=s_tiles),
+                p=tlx.local_alloc((GROUP_M, S_SLICE), dtype, GROUPS * 2 * (BLOCK_N // S_SLICE),
+                                  tlx.storage_kind.tmem, reuse=s_tiles),
+                pv=tlx.local_alloc((GROUP_M, BLOCK_N // P_SLICES), dtype,
+                                   GROUPS * 2 * P_SLICES, tlx.storage_kind.tmem, reuse=s_tiles),
                 stats=tlx.local_alloc((GROUP_M, 1), tl.float32, GROUPS * BLOCK_N,
                                       tlx.storage_kind.tmem, reuse=s_tiles),
                 o=tlx.local_alloc((GROUP_M, HEAD_DIM), tl.float32, GROUPS,
@@ -539,9 +562,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
         with tlx.async_task("default"):
             correction(tmem, bars, tiles, out, HEAD_DIM, BLOCK_N, CAUSAL, BROADCAST_Q,
                        DYNAMIC, O_SLICE)
-        with tlx.async_task(num_warps=4, registers=192, replicate=GROUPS):
+        with tlx.async_task(num_warps=4, registers=SOFTMAX_REGS, replicate=GROUPS):
             softmax(tmem, bars, tiles, qk_scale, tlx.async_task_replica_id(), BLOCK_N,
-                    CAUSAL, BROADCAST_Q, MASK_FIRST, P_SLICES, DYNAMIC)
+                    CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             mma(smem, tmem, bars, tiles, HEAD_DIM, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
                 CAUSAL, BROADCAST_Q, P_SLICES, DYNAMIC)
@@ -557,6 +580,8 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
     if cfg.p_slices not in (1, 2) or cfg.block_n % (16 * cfg.p_slices):
         raise ValueError(f"forward Config p_slices={cfg.p_slices}: 1 or 2, dividing "
                          f"block_n={cfg.block_n} into slices of a multiple of 16 keys")
+    if (cfg.block_n // cfg.p_slices) % cfg.s_slice:
+        raise ValueError(f"forward Config s_slice={cfg.s_slice}: must divide block_n / p_slices")
     if 2 * (cfg.block_n + head_dim) > 512:
         raise ValueError(f"forward Config block_n={cfg.block_n}: S and O of two groups need "
                          f"2 * (block_n + head_dim) <= 512 TMEM columns")
@@ -564,7 +589,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, CAUSAL=causal, BROADCAST_Q=broadcast_q,
                 MASK_FIRST=cfg.mask_first, P_SLICES=cfg.p_slices, DYNAMIC=cfg.dynamic,
                 SOFTMAX_REGS=cfg.softmax_regs, SMALL_REGS=cfg.small_regs,
-                O_SLICE=min(cfg.o_slice, head_dim))
+                O_SLICE=min(cfg.o_slice, head_dim), S_SLICE=cfg.s_slice)
 
 
 def grid_size(n_sms: int, n_tiles: int) -> int:
