@@ -303,6 +303,14 @@ def serve(name: str, module: str, kind: str = "jagged") -> None:
         gpu = int(env["gpu_index"]) if env["gpu_index"].isdigit() else 0
         extra = {**env, **(clocks(gpu) if torch.cuda.is_available() else {})}
         proto.write(json.dumps({"rows": [{**extra, **r} for r in rows]}) + "\n")
+        if any(STICKY.search(r.get("error", "")) for r in rows):
+            proto.flush()
+            os._exit(3)  # the CUDA context is lost: the lane starts a fresh worker
+
+
+# a CUDA error that poisons the process's context: every later call would fail too
+STICKY = re.compile(r"illegal memory access|illegal instruction|misaligned address|"
+                    r"unspecified launch failure|device-side assert")
 
 
 # ----------------------------------------------------------------------- parent

@@ -164,6 +164,7 @@ def test_suite_cells():
 
 
 FAKES = '''
+import os
 import torch
 from harness.backends import Backend, register
 from harness import decode
@@ -179,6 +180,8 @@ def _make(kind):
                causal, softmax_scale, num_splits, return_lse, seqlens_host):
             if kind == "refuse":
                 raise decode.Unsupported("no page size 3 here")
+            if kind == "sticky":
+                raise RuntimeError(f"CUDA error: an illegal memory access (pid {os.getpid()})")
             lq = (torch.full_like(seqlens_host, q.shape[1]) if cu_seqlens_q is None
                   else (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long())
             inp = decode.DecodeInputs(q, k_cache, v_cache, cache_seqlens, page_table,
@@ -189,7 +192,7 @@ def _make(kind):
     return make
 
 
-for kind in ("good", "refuse"):
+for kind in ("good", "refuse", "sticky"):
     register(Backend("fake-" + kind, _make(kind), _ok, module=__name__, kind="decode",
                      own=kind == "good"))
 '''
@@ -203,12 +206,12 @@ def test_sweep_through_workers(tmp_path, monkeypatch):
     import decode_fakes  # noqa: F401
     probs = [DecodeProblem(**TINY, page_size=3, suite="decode"),
              DecodeProblem(**TINY, len_q=2, packed_q=True, suite="decode")]
-    bs = [backends.get(n, kind="decode") for n in ("fake-good", "fake-refuse")]
+    bs = [backends.get(n, kind="decode") for n in ("fake-good", "fake-refuse", "fake-sticky")]
     path = bench.sweep(bs, probs, ("fwd",), out_dir=tmp_path / "out", gpus=[None],
                        progress=False, timeout=120)
     rows = bench.read_rows(path)
     got = {(r["backend"], r["page_size"]): r for r in rows}
-    assert len(rows) == 4 and all(r["pass"] == "fwd" and r["mode"] == "decode" for r in rows)
+    assert len(rows) == 6 and all(r["pass"] == "fwd" and r["mode"] == "decode" for r in rows)
     good = got["fake-good", "3"]
     assert good["status"] == "ok", good["error"]
     assert float(good["kv_tbps"]) > 0 and good["copy_tbps"] == ""  # copy: GPU only
@@ -216,6 +219,9 @@ def test_sweep_through_workers(tmp_path, monkeypatch):
     assert got["fake-good", "0"]["packed_q"] == "True"
     assert got["fake-refuse", "3"]["status"] == "unsupported"
     assert "no page size 3" in got["fake-refuse", "3"]["error"]
+    # a CUDA error that poisons the context ends the worker: the next cell gets a fresh one
+    sticky = [got["fake-sticky", ps]["error"] for ps in ("3", "0")]
+    assert all("illegal memory access" in e for e in sticky) and sticky[0] != sticky[1]
 
 
 def _fake_rows():
