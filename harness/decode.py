@@ -13,8 +13,12 @@ dtype plus a floor (`harness.oracle.compare`), with the outputs' memory NaN-pois
 before the checked call.
 
 The suite is a few sweeps around one base cell (GQA 32/8, D 128, one new row, a
-contiguous cache), not their cross product: `SWEEPS` names them and `suite()` lists
+contiguous cache), not their cross product: `SWEEPS` names them and `cells()` lists
 their cells once each, ordered so cells sharing a kernel build run one after another.
+
+`run_problem` (inside a bench worker) gates a cell with the oracle at a cut size, then
+times it at full size: KV TB/s = the K + V bytes it must read over do_bench's median,
+beside the copy bandwidth the same worker measures with the same timer (`copy_tbps`).
 """
 from __future__ import annotations
 
