@@ -66,7 +66,8 @@ class Tma(NamedTuple):
 
 
 class Read(NamedTuple):
-    """A synchronous read of `buf` expecting version `tag` (None: any)."""
+    """A synchronous read of `buf` expecting version `tag` (None: any); the version read
+    is sent back to the role (data handed through memory, e.g. a tile id)."""
     buf: str
     tag: Any = None
 
@@ -164,7 +165,7 @@ class _Buffer:
 
 class _Role:
     __slots__ = ("name", "gen", "threads", "weight", "op", "done", "ready", "waits", "mmas",
-                 "blocked_gen")
+                 "issued", "commits", "blocked_gen")
 
     def __init__(self, name, gen, threads):
         self.name, self.gen, self.threads = name, gen, threads
@@ -173,6 +174,8 @@ class _Role:
         self.ready = False
         self.waits = {}         # barrier -> [waits passed, offset]
         self.mmas = []          # in-flight MMAs, oldest first
+        self.issued = 0         # MMAs issued so far
+        self.commits = []       # pending commits, oldest first (they complete in order)
         self.blocked_gen = None  # BarSync: the generation it waits on
 
 
@@ -195,6 +198,10 @@ class Sim:
         self.engine: list = []      # in-flight TMA copies and commits
         self.trace = deque(maxlen=24)
         self.steps = 0
+        # (role, barrier array) -> [waits, waits that blocked], CTA prefixes and slot
+        # indices dropped: a wait that never blocks is a hint that it is implied by others
+        self.wait_stats: dict = {}
+        self._wait_key: dict = {}
 
     # --- construction
     def mbarriers(self, name: str, n: int, count: int) -> list[str]:
@@ -208,6 +215,10 @@ class Sim:
         for b in names:
             self.bufs[b] = _Buffer()
         return names
+
+    def buffer(self, name: str) -> str:
+        self.bufs[name] = _Buffer()
+        return name
 
     def named_barrier(self, name: str) -> str:
         self.named[name] = _Named()
@@ -233,7 +244,8 @@ class Sim:
             self._advance(r, None)
         while True:
             moves = [r for r in self.roles if r.ready]
-            total = sum(r.weight for r in moves) + 0.5 * len(self.engine)
+            engine = self.engine + [r.commits[0] for r in self.roles if r.commits]
+            total = sum(r.weight for r in moves) + 0.5 * len(engine)
             if total == 0:
                 break
             self.steps += 1
@@ -246,7 +258,7 @@ class Sim:
                     self._step(r)
                     break
             else:
-                self._complete(self.engine[min(int(-x / 0.5), len(self.engine) - 1)])
+                self._complete(engine[min(int(x / 0.5), len(engine) - 1)])
         left = [r for r in self.roles if not r.done]
         if left:
             self.fail("deadlock", "no role can move:\n" + "\n".join(
@@ -275,6 +287,14 @@ class Sim:
         if type(op) is Wait:
             self.bars[op.bar].waiters.append(r)
             r.ready = self._passes(r, op)
+            key = self._wait_key.get((r.name, op.bar))
+            if key is None:
+                key = self._wait_key[(r.name, op.bar)] = (_base(r.name), _base(op.bar))
+            st = self.wait_stats.get(key)
+            if st is None:
+                st = self.wait_stats[key] = [0, 0]
+            st[0] += 1
+            st[1] += not r.ready
         else:
             r.ready = True
 
@@ -323,7 +343,7 @@ class Sim:
                 self._open_write(buf, item, r.name, tag)
             self.engine.append(item)
         elif kind is Read:
-            self._read(r, op.buf, op.tag, mma=False)
+            value = self._read(r, op.buf, op.tag, mma=False)
         elif kind is Write:
             self._open_write(op.buf, r.name, r.name, op.tag)
             self._close_write(op.buf, op.tag)
@@ -333,12 +353,12 @@ class Sim:
             for buf, tag in op.writes.items():
                 self._open_write(buf, r.name, r.name, tag, own_mma=True)
             r.mmas.append(op)
+            r.issued += 1
         elif kind is MmaWait:
             while len(r.mmas) > op.pending:
                 self._retire(r.mmas.pop(0))
         elif kind is Commit:
-            self.engine.append(("commit", r.name, op, r.mmas))
-            r.mmas = []
+            r.commits.append(("commit", r.name, op, r.issued))
         elif kind is Release:
             self._release(r, op.bufs)
         elif kind is BarSync:
@@ -411,6 +431,7 @@ class Sim:
         if tag is not None and have != tag:
             self.fail("stale", f"{r.name} reads {buf} expecting {tag}, it holds {have}")
         s.holders[r.name] = have
+        return have
 
     def _open_write(self, buf: str, writer, role: str, tag, own_mma: bool = False):
         s = self.bufs[buf]
@@ -445,34 +466,50 @@ class Sim:
             self._close_write(buf, tag)
 
     def _complete(self, item):
-        self.engine.remove(item)
         self.trace.append(("engine", f"{item[0]} of {item[1]} completes"))
         if item[0] == "tma":
+            self.engine.remove(item)
             op = item[2]
             for buf, tag in op.writes.items():
                 self._close_write(buf, tag)
             b = self.bars[op.bar]
             b.tx -= op.tx
             self._maybe_complete(b)
-        else:  # a commit: its MMAs complete, then the arrive
-            _, who, op, mmas = item
-            for m in mmas:
+        else:  # a commit: the MMAs issued before it complete, then the arrive
+            _, who, op, mark = item
+            r = next(x for x in self.roles if x.name == who)
+            r.commits.pop(0)
+            n = max(0, mark - (r.issued - len(r.mmas)))  # its MMAs still in flight
+            for m in r.mmas[:n]:
                 self._retire(m)
+            del r.mmas[:n]
             for buf in op.release:
                 self.bufs[buf].holders.pop(who, None)
             self._arrive(op.bar, 1, 0, who)
 
 
-def check(build: Callable[[Sim], Any], seeds, **sim_kw) -> int:
+def _base(name: str) -> str:
+    """A role or barrier name without its CTA prefix and slot index."""
+    return name.split(".", 1)[-1].split("[")[0]
+
+
+def check(build: Callable[[Sim], Any], seeds, wait_stats: dict | None = None,
+          **sim_kw) -> int:
     """Build and run one Sim per seed (build(sim) adds the roles); raises the first
     ProtocolError, with the seed in its message; calls `finish()` on what build returns
-    after each clean run. Returns the total steps."""
+    after each clean run; adds the runs' wait statistics to `wait_stats`. Returns the
+    total steps."""
     steps = 0
     for seed in seeds:
         sim = Sim(seed, **sim_kw)
         ctx = build(sim)
         try:
             steps += sim.run()
+            if wait_stats is not None:
+                for k, (n, b) in sim.wait_stats.items():
+                    st = wait_stats.setdefault(k, [0, 0])
+                    st[0] += n
+                    st[1] += b
             if callable(getattr(ctx, "finish", None)):
                 ctx.finish()
         except ProtocolError as e:
@@ -534,13 +571,15 @@ def fwd_tile_list(problem: Problem, block_m: int, block_n: int):
 
 
 def fwd_tile_coords(t: int, P: int, pairs, n_pairs: int, nblk: int, problem: Problem,
-                    block_m: int, block_n: int) -> FwdTile:
+                    block_m: int, block_n: int, flip: bool = True) -> FwdTile:
     """Tile id t -> FwdTile: the arithmetic of both styles' schedule.tile_coords (the
-    boustrophedon round-robin, chunks of nblk pairs with pairs fastest, then heads)."""
+    boustrophedon round-robin of P programs unless not `flip`, chunks of nblk pairs with
+    pairs fastest, then heads)."""
     H = problem.heads
-    k = t // P
-    flip = (k % 2) * min(max(n_pairs * H // P - k, 0), 1)
-    t = t + flip * (P - 1 - 2 * (t - k * P))
+    if flip:
+        k = t // P
+        f = (k % 2) * min(max(n_pairs * H // P - k, 0), 1)
+        t = t + f * (P - 1 - 2 * (t - k * P))
     span = nblk * H
     first = t // span * nblk
     chunk_len = min(nblk, n_pairs - first)
@@ -579,17 +618,21 @@ def consumer_steps(t: FwdTile, causal: bool, mask_first: bool) -> list[int]:
 
 
 class Walk:
-    """The tiles each program walks (static round-robin), and the check that the
-    consumers finished each tile of the list exactly once."""
+    """A launch over the tile list: `programs` persistent programs (at most one per
+    (pair, head) of the list's upper bound, as the hosts size their grids), `total` tile
+    ids, `coords(t)`, the tiles each program walks in the static round-robin, and the
+    check that the tiles finished are those of the list, each once."""
 
-    def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int):
+    def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int,
+                 flip: bool = True):
         self.problem = problem
         pairs, count, nblk = fwd_tile_list(problem, block_m, block_n)
-        n = count * problem.heads
-        self.programs = max(1, min(programs, len(problem.lens_k) * nblk * problem.heads))
-        P = self.programs
-        self.tiles = [[fwd_tile_coords(t, P, pairs, count, nblk, problem, block_m, block_n)
-                       for t in range(p, n, P)] for p in range(P)]
+        self.total = n = count * problem.heads
+        self.bound = len(problem.lens_k) * nblk * problem.heads
+        self.programs = P = max(1, min(programs, self.bound))
+        self.coords = lambda t: fwd_tile_coords(t, P, pairs, count, nblk, problem, block_m,
+                                                block_n, flip)
+        self.tiles = [[self.coords(t) for t in range(p, n, P)] for p in range(P)]
         self.want = sorted((pair // nblk, h, pair % nblk * block_m)
                            for pair in pairs[:count] for h in range(problem.heads))
         self.done: list = []
@@ -806,15 +849,463 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     return walk
 
 
+# ----------------------------------------------------------------------------- TLX, Blackwell
+def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                      elem_bytes: int = 2) -> Walk:
+    """kernels_tlx/fwd_blackwell.py: per program a `load` warp, an `mma` warp, two
+    `softmax` warpgroups (one per 128-row group g of the 256-row tile) and a `correction`
+    warpgroup, all single-arrival mbarriers. Q: a (buffer, group) slot each; K and V
+    alternate in one ring, released by the commit of the last group's MMA reading them.
+    TMEM per group: S_g (its columns: the P slices the MMA reads, the rest, and the alpha,
+    l, m columns), O_g. Tiles (cfg.dynamic): the load warp takes each next tile from a
+    global counter and hands it to the four other tasks through a two-slot ring
+    (tile_counter.py), else everyone steps the static round-robin."""
+    GM, G = 128, 2
+    BN, NBQ, NB, PS = cfg.block_n, cfg.num_buffers_q, cfg.num_buffers_kv, cfg.p_slices
+    walk = Walk(problem, G * GM, BN, programs)
+    P, total, dyn = walk.programs, walk.total, cfg.dynamic
+    Q_BYTES, KV_BYTES = GM * head_dim * elem_bytes, BN * head_dim * elem_bytes
+    counter = sim.counter("tile_counter")
+    for p in range(P):
+        pre = f"cta{p}."
+        q = sim.buffers(pre + "q", NBQ * G)
+        kv = sim.buffers(pre + "kv", NB)
+        tile_slot = sim.buffers(pre + "tile", 2)
+        Pb = [[sim.buffer(f"{pre}S{g}.p{i}") for i in range(PS)] for g in range(G)]
+        rest = [sim.buffer(f"{pre}S{g}.rest") for g in range(G)]
+        alpha = [sim.buffer(f"{pre}S{g}.alpha") for g in range(G)]
+        l_col = [sim.buffer(f"{pre}S{g}.l") for g in range(G)]
+        m_col = [sim.buffer(f"{pre}S{g}.m") for g in range(G)]
+        S = [Pb[g] + [rest[g], alpha[g], l_col[g], m_col[g]] for g in range(G)]
+        O = [sim.buffer(f"{pre}O{g}") for g in range(G)]
+        bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
+        q_full, q_empty = bar("q_full", NBQ * G), bar("q_empty", NBQ * G)
+        kv_full, kv_empty = bar("kv_full", NB), bar("kv_empty", NB)
+        s_full, p_full = bar("s_full", G), bar("p_full", G * PS)
+        alpha_full, o_ready, o_full = bar("alpha_full", G), bar("o_ready", G), bar("o_full", G)
+        stats_full, s_free = bar("stats_full", G), bar("s_free", G)
+        tile_full, tile_empty = bar("tile_full", 2), bar("tile_empty", 2, 4)
+        sink = bar("sink", 1)
+
+        def publish(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_empty[s], ph ^ 1)
+            yield Write(tile_slot[s], t)
+            yield Arrive(tile_full[s])
+
+        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
+            """_fetch: a reading task's i-th tile after t."""
+            if not dyn:
+                return t + P
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_full[s], ph)
+            t = yield Read(tile_slot[s])
+            yield Arrive(tile_empty[s], release=(tile_slot[s],))
+            return t
+
+        def load(p=p, q=q, kv=kv, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
+                 kv_empty=kv_empty, publish=publish):
+            t = p
+            if dyn:
+                yield from publish(t, 0)
+            i = tw = kv_cnt = 0
+            while t < total:
+                tile = walk.coords(t)
+                if tile.n_end > 0:
+                    qb, qph = ring(tw, NBQ)
+                    for g in range(G):
+                        slot = qb * G + g
+                        yield Wait(q_empty[slot], qph ^ 1)
+                        yield Arrive(q_full[slot], tx=Q_BYTES)
+                        yield Tma(q_full[slot], {q[slot]: ("Q", tile.key, g)}, Q_BYTES)
+                    for j in range(tile.n_end):
+                        blk = kv_block(j, tile.n_end, cfg.mask_first)
+                        for c, what in ((0, "K"), (1, "V")):
+                            b, ph = ring(kv_cnt + c, NB)
+                            yield Wait(kv_empty[b], ph ^ 1)
+                            yield Arrive(kv_full[b], tx=KV_BYTES)
+                            yield Tma(kv_full[b], {kv[b]: (what, tile.key, blk)}, KV_BYTES)
+                        kv_cnt += 2
+                    tw += 1
+                i += 1
+                t = P + (yield Take(counter)) if dyn else t + P
+                if dyn:
+                    yield from publish(t, i)
+
+        def mma(p=p, q=q, kv=kv, S=S, Pb=Pb, O=O, q_full=q_full, q_empty=q_empty,
+                kv_full=kv_full, kv_empty=kv_empty, s_full=s_full, p_full=p_full,
+                o_ready=o_ready, o_full=o_full, s_free=s_free, sink=sink, fetch=fetch):
+            def qk(slot, kb, g, release_k, blk):
+                yield Mma({q[slot]: ("Q", key, g), kv[kb]: ("K", key, blk)},
+                          {b: ("S", key, g, blk) for b in S[g]})
+                yield Commit(s_full[g])
+                if release_k:
+                    yield Commit(kv_empty[kb], release=(kv[kb],))
+
+            def pv(vb, step, use_acc, g, release_v, blk, j):
+                ph = step & 1
+                yield Wait(o_ready[g], ph)
+                for i in range(PS):
+                    yield Wait(p_full[g * PS + i], ph)
+                    reads = {Pb[g][i]: ("P", key, g, j, i), kv[vb]: ("V", key, blk)}
+                    if i > 0:
+                        reads[O[g]] = ("O", key, g, j, i - 1)
+                    elif use_acc:
+                        reads[O[g]] = ("Oc", key, g, j)
+                    yield Mma(reads, {O[g]: ("O", key, g, j, i)})
+                    if release_v and i == PS - 1:
+                        yield Commit(kv_empty[vb], release=(kv[vb],))
+                    else:
+                        yield Commit(sink[0])
+
+            t = yield from fetch(p - P, 0)
+            i = tw = kv_cnt = step = 0
+            while t < total:
+                tile = walk.coords(t)
+                n, key = tile.n_end, tile.key
+                if n > 0:
+                    blocks = [kv_block(j, n, cfg.mask_first) for j in range(n)]
+                    qb, qph = ring(tw, NBQ)
+                    kb, kph = ring(kv_cnt, NB)
+                    yield Wait(kv_full[kb], kph)
+                    for g in range(G):
+                        yield Wait(q_full[qb * G + g], qph)
+                        yield Wait(s_free[g], (tw & 1) ^ 1)
+                        yield from qk(qb * G + g, kb, g, g == G - 1, blocks[0])
+                    vb, vph = ring(kv_cnt + 1, NB)
+                    yield Wait(kv_full[vb], vph)
+                    yield from pv(vb, step, False, 0, False, blocks[0], 0)
+                    acc1 = False
+                    for j in range(1, n):
+                        vb_prev = vb
+                        kb, kph = ring(kv_cnt + 2 * j, NB)
+                        vb, vph = ring(kv_cnt + 2 * j + 1, NB)
+                        yield Wait(kv_full[kb], kph)
+                        yield from qk(qb * G, kb, 0, False, blocks[j])
+                        yield from pv(vb_prev, step + j - 1, acc1, 1, True, blocks[j - 1], j - 1)
+                        acc1 = True
+                        yield from qk(qb * G + 1, kb, 1, True, blocks[j])
+                        yield Wait(kv_full[vb], vph)
+                        yield from pv(vb, step + j, True, 0, False, blocks[j], j)
+                    for g in range(G):  # every QK of the tile issued: Q free once done
+                        yield Commit(q_empty[qb * G + g], release=(q[qb * G + g],))
+                    yield Commit(o_full[0])
+                    yield from pv(vb, step + n - 1, acc1, 1, True, blocks[n - 1], n - 1)
+                    yield Commit(o_full[1])
+                    kv_cnt += 2 * n
+                    step += n
+                    tw += 1
+                i += 1
+                t = yield from fetch(t, i)
+
+        def softmax(g, p=p, S=S, Pb=Pb, alpha=alpha, l_col=l_col, m_col=m_col,
+                    s_full=s_full, p_full=p_full, alpha_full=alpha_full,
+                    stats_full=stats_full, fetch=fetch):
+            t = yield from fetch(p - P, 0)
+            i = step = 0
+            while t < total:
+                tile = walk.coords(t)
+                key = tile.key
+                if tile.n_end > 0:
+                    for jj, blk in enumerate(consumer_steps(tile, problem.causal,
+                                                            cfg.mask_first)):
+                        yield Wait(s_full[g], step & 1)
+                        for b in S[g]:  # the passes over S_g (max, then exp2)
+                            yield Read(b, ("S", key, g, blk))
+                        for i_p in range(PS):  # P into the columns already read
+                            yield Write(Pb[g][i_p], ("P", key, g, jj, i_p))
+                            yield Arrive(p_full[g * PS + i_p],
+                                         release=tuple(S[g]) if i_p == PS - 1 else ())
+                        yield Write(alpha[g], ("alpha", key, g, jj))
+                        yield Arrive(alpha_full[g])
+                        step += 1
+                    yield Write(l_col[g], ("l", key, g))
+                    yield Write(m_col[g], ("m", key, g))
+                    yield Arrive(stats_full[g])
+                i += 1
+                t = yield from fetch(t, i)
+
+        def correction(p=p, O=O, alpha=alpha, l_col=l_col, m_col=m_col,
+                       alpha_full=alpha_full, o_ready=o_ready, o_full=o_full,
+                       stats_full=stats_full, s_free=s_free, fetch=fetch):
+            t = yield from fetch(p - P, 0)
+            i = tw = step = 0
+            while t < total:
+                tile = walk.coords(t)
+                n, key = tile.n_end, tile.key
+                if n > 0:
+                    for g in range(G):  # the first step: P V overwrites O_g
+                        yield Wait(alpha_full[g], step & 1)
+                        yield Arrive(o_ready[g], release=(O[g],))
+                    for j in range(1, n):
+                        for g in range(G):
+                            yield Wait(alpha_full[g], (step + j) & 1)
+                            yield Read(alpha[g], ("alpha", key, g, j))
+                            yield Read(O[g], ("O", key, g, j - 1, PS - 1))
+                            yield Write(O[g], ("Oc", key, g, j))
+                            yield Arrive(o_ready[g], release=(alpha[g],))
+                    for g in range(G):  # the epilogue
+                        yield Wait(stats_full[g], tw & 1)
+                        yield Read(l_col[g], ("l", key, g))
+                        yield Read(m_col[g], ("m", key, g))
+                        yield Arrive(s_free[g], release=(l_col[g], m_col[g]))
+                        yield Wait(o_full[g], tw & 1)
+                        yield Read(O[g], ("O", key, g, n - 1, PS - 1))
+                    step += n
+                    tw += 1
+                walk.done.append(key)
+                i += 1
+                t = yield from fetch(t, i)
+
+        sim.role(pre + "load", load(), threads=32)
+        sim.role(pre + "mma", mma(), threads=32)
+        for g in range(G):
+            sim.role(f"{pre}softmax{g}", softmax(g))
+        sim.role(pre + "correction", correction())
+    return walk
+
+
+# ----------------------------------------------------------------------------- CuteDSL, Blackwell
+def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                       elem_bytes: int = 2) -> Walk:
+    """kernels_cute/fwd_blackwell.py: per CTA the `load` and `mma` warps, two `softmax`
+    warpgroups (halves s of the 256-row tile), the `correction` warpgroup (and `store`)
+    and (cfg.clc) the `schedule` warp. Pipelines: Q (2 slots) and K/V (alternate slots of
+    one ring) TMA -> MMA, released by tcgen05.commit; S/P per half (commit -> 128 softmax
+    threads); O per half (commit -> 128 correction threads); stats per half in shared
+    memory (128 -> 128 threads); CLC responses (one slot, 16 bytes -> every thread of the
+    15 role warps, 480 arrivals). TMEM per half: S_s's lower and upper column halves (P
+    over the upper), O_s; allocated by the MMA warp behind named barrier 1 (416 threads),
+    freed after the softmax and correction warps arrive on it at their end. Tiles: CTA c
+    starts at tile c; CLC hands it the id of the next CTA it cancels (the grid is the
+    list's upper bound), else the static round-robin without the flip."""
+    HM = 128
+    BN, NB = cfg.block_n, cfg.num_buffers_kv
+    walk = Walk(problem, 2 * HM, BN, programs, flip=False)
+    total = walk.total
+    grid = walk.bound if cfg.clc else walk.programs
+    Q_BYTES, KV_BYTES = HM * head_dim * elem_bytes, BN * head_dim * elem_bytes
+    launch = sim.counter("launch", walk.programs)  # CTAs launch (and are cancelled) in id order
+    for p in range(min(walk.programs, total)):    # CTAs past the tiles do nothing
+        pre = f"cta{p}."
+        q = sim.buffers(pre + "q", 2)
+        kv = sim.buffers(pre + "kv", NB)
+        s_lo = [sim.buffer(f"{pre}S{s}.lo") for s in range(2)]
+        s_hi = [sim.buffer(f"{pre}S{s}.hi") for s in range(2)]   # P_s lives here
+        O = [sim.buffer(f"{pre}O{s}") for s in range(2)]
+        st0 = sim.buffers(pre + "stats.scale_sum", 2)
+        st1 = sim.buffers(pre + "stats.max", 2)
+        resp = sim.buffers(pre + "clc_response", 1)
+        bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
+        q_full, q_empty = bar("q_full", 2), bar("q_empty", 2)
+        kv_full, kv_empty = bar("kv_full", NB), bar("kv_empty", NB)
+        sp_full, sp_empty = bar("s_full", 2), bar("p_full", 2, HM)
+        o_full, o_empty = bar("o_full", 2), bar("o_empty", 2, HM)
+        stats_full, stats_empty = bar("stats_full", 2, HM), bar("stats_empty", 2, HM)
+        clc_full, clc_empty = bar("clc_full", 1), bar("clc_empty", 1, 15 * 32)
+        tmem_bar = sim.named_barrier(pre + "bar1")
+        TMEM_THREADS = 32 * 13
+
+        def next_tile(tile, i, threads, resp=resp, clc_full=clc_full, clc_empty=clc_empty):
+            if not cfg.clc:
+                return tile + grid
+            yield Wait(clc_full[0], i & 1)
+            x = yield Read(resp[0])
+            yield Arrive(clc_empty[0], threads, release=(resp[0],))
+            return total if x is None else x
+
+        def schedule(p=p, resp=resp, clc_full=clc_full, clc_empty=clc_empty,
+                     next_tile=next_tile):
+            tile, i = p, 0
+            while tile < total:
+                yield Wait(clc_empty[0], (i & 1) ^ 1)
+                yield Arrive(clc_full[0], tx=16)
+                x = yield Take(launch)
+                yield Tma(clc_full[0], {resp[0]: x if x < grid else None}, 16)
+                tile = yield from next_tile(tile, i, 32)
+                i += 1
+
+        def load(p=p, q=q, kv=kv, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
+                 kv_empty=kv_empty, next_tile=next_tile):
+            cnt = {"q": 0, "kv": 0}
+
+            def put(ring_name, full, empty, bufs, stages, nbytes, tag):
+                b, ph = ring(cnt[ring_name], stages)
+                yield Wait(empty[b], ph ^ 1)
+                yield Arrive(full[b], tx=nbytes)
+                yield Tma(full[b], {bufs[b]: tag}, nbytes)
+                cnt[ring_name] += 1
+
+            tile, i = p, 0
+            while tile < total:
+                t = walk.coords(tile)
+                if t.n_end > 0:
+                    qs = lambda h: put("q", q_full, q_empty, q, 2, Q_BYTES, ("Q", t.key, h))
+                    kvs = lambda what, n: put("kv", kv_full, kv_empty, kv, NB, KV_BYTES,
+                                              (what, t.key, n))
+                    yield from qs(0)
+                    yield from kvs("K", 0)
+                    yield from qs(1)
+                    yield from kvs("V", 0)
+                    for n in range(1, t.n_end):
+                        yield from kvs("K", n)
+                        yield from kvs("V", n)
+                tile = yield from next_tile(tile, i, 32)
+                i += 1
+
+        def mma(p=p, q=q, kv=kv, s_lo=s_lo, s_hi=s_hi, O=O, q_full=q_full, q_empty=q_empty,
+                kv_full=kv_full, kv_empty=kv_empty, sp_full=sp_full, sp_empty=sp_empty,
+                o_full=o_full, o_empty=o_empty, tmem_bar=tmem_bar, next_tile=next_tile):
+            def qk(s, q_slot, kb, n):
+                yield Mma({q[q_slot]: ("Q", key, s), kv[kb]: ("K", key, n)},
+                          {s_lo[s]: ("S", key, s, n), s_hi[s]: ("S", key, s, n)})
+                yield Commit(sp_full[s])
+
+            yield BarSync(tmem_bar, TMEM_THREADS)       # TMEM allocated, handed out
+            q_cnt = kv_cnt = steps = pvs = 0
+            tile, i = p, 0
+            while tile < total:
+                t = walk.coords(tile)
+                key, n_end = t.key, t.n_end
+                if n_end > 0:
+                    kb, kph = ring(kv_cnt, NB)                   # prologue: S_s(0)
+                    yield Wait(kv_full[kb], kph)
+                    for s in range(2):
+                        qs, qph = ring(q_cnt, 2)
+                        yield Wait(q_full[qs], qph)
+                        yield from qk(s, qs, kb, 0)
+                        if n_end == 1:
+                            yield Commit(q_empty[qs], release=(q[qs],))
+                        q_cnt += 1
+                    steps += 1
+                    yield Commit(kv_empty[kb], release=(kv[kb],))
+                    kv_cnt += 1
+                    for n in range(1, n_end + 1):  # PV_s(n - 1), then S_s(n)
+                        vb, vph = ring(kv_cnt, NB)
+                        yield Wait(kv_full[vb], vph)
+                        kv_cnt += 1
+                        has_k = n < n_end
+                        if has_k:
+                            kb, kph = ring(kv_cnt, NB)
+                            yield Wait(kv_full[kb], kph)
+                        for s in range(2):
+                            yield Wait(sp_empty[s], (steps - 1) % 2)
+                            yield Wait(o_empty[s], (pvs % 2) ^ 1)
+                            reads = {s_hi[s]: ("P", key, s, n - 1), kv[vb]: ("V", key, n - 1)}
+                            if n > 1:
+                                reads[O[s]] = ("Oc", key, s, n - 1)
+                            yield Mma(reads, {O[s]: ("O", key, s, n - 1)})
+                            yield Commit(o_full[s])
+                            if has_k:
+                                yield from qk(s, s, kb, n)
+                        pvs += 1
+                        yield Commit(kv_empty[vb], release=(kv[vb],))
+                        if has_k:
+                            steps += 1
+                            if n == n_end - 1:  # Q's last use: both slots
+                                for s in range(2):
+                                    yield Commit(q_empty[s], release=(q[s],))
+                            yield Commit(kv_empty[kb], release=(kv[kb],))
+                            kv_cnt += 1
+                tile = yield from next_tile(tile, i, 32)
+                i += 1
+            yield BarSync(tmem_bar, TMEM_THREADS)       # every user done: free TMEM
+            for b in s_lo + s_hi + O:
+                yield Write(b, "freed")
+
+        def softmax(h, p=p, s_lo=s_lo, s_hi=s_hi, st0=st0, st1=st1, sp_full=sp_full,
+                    sp_empty=sp_empty, stats_full=stats_full, stats_empty=stats_empty,
+                    tmem_bar=tmem_bar, next_tile=next_tile):
+            yield BarSync(tmem_bar, TMEM_THREADS)
+            steps = events = 0
+            tile, i = p, 0
+            while tile < total:
+                t = walk.coords(tile)
+                key = t.key
+                for n in range(t.n_end):  # the bulk, then the tail: blocks in order
+                    yield Wait(sp_full[h], steps % 2)
+                    yield Read(s_lo[h], ("S", key, h, n))
+                    yield Read(s_hi[h], ("S", key, h, n))
+                    if n > 0:  # the rescale factor to correction
+                        yield Wait(stats_empty[h], (events % 2) ^ 1)
+                        yield Write(st0[h], ("scale", key, h, n))
+                        yield Arrive(stats_full[h], HM)
+                        events += 1
+                    yield Write(s_hi[h], ("P", key, h, n))
+                    yield Arrive(sp_empty[h], HM, release=(s_lo[h],))
+                    steps += 1
+                yield Wait(stats_empty[h], (events % 2) ^ 1)  # row sum and max
+                yield Write(st0[h], ("sum", key, h))
+                yield Write(st1[h], ("max", key, h))
+                yield Arrive(stats_full[h], HM)
+                events += 1
+                tile = yield from next_tile(tile, i, HM)
+                i += 1
+            yield BarArrive(tmem_bar, TMEM_THREADS)
+
+        def correction(p=p, O=O, st0=st0, st1=st1, o_full=o_full, o_empty=o_empty,
+                       stats_full=stats_full, stats_empty=stats_empty, tmem_bar=tmem_bar,
+                       next_tile=next_tile):
+            yield BarSync(tmem_bar, TMEM_THREADS)
+            events = pvs = 0
+            tile, i = p, 0
+            while tile < total:
+                t = walk.coords(tile)
+                key, n_end = t.key, t.n_end
+                for n in range(1, n_end):
+                    for s in range(2):
+                        yield Wait(stats_full[s], events % 2)
+                        yield Read(st0[s], ("scale", key, s, n))
+                        yield Arrive(stats_empty[s], HM, release=(st0[s],))
+                        yield Wait(o_full[s], pvs % 2)
+                        yield Read(O[s], ("O", key, s, n - 1))       # rescale
+                        yield Write(O[s], ("Oc", key, s, n))
+                        yield Arrive(o_empty[s], HM)
+                    events += 1
+                    pvs += 1
+                for s in range(2):
+                    yield Wait(stats_full[s], events % 2)
+                    yield Read(st0[s], ("sum", key, s))
+                    yield Read(st1[s], ("max", key, s))
+                    yield Arrive(stats_empty[s], HM, release=(st0[s], st1[s]))
+                    if n_end > 0:                                    # store
+                        yield Wait(o_full[s], pvs % 2)
+                        yield Read(O[s], ("O", key, s, n_end - 1))
+                        if cfg.early_release:
+                            yield Arrive(o_empty[s], HM, release=(O[s],))
+                        else:  # after the global stores
+                            yield Arrive(o_empty[s], HM, release=(O[s],))
+                events += 1
+                if n_end > 0:
+                    pvs += 1
+                walk.done.append(key)
+                tile = yield from next_tile(tile, i, HM)
+                i += 1
+            yield BarArrive(tmem_bar, TMEM_THREADS)
+
+        if cfg.clc:
+            sim.role(pre + "schedule", schedule(), threads=32)
+        sim.role(pre + "load", load(), threads=32)
+        sim.role(pre + "mma", mma(), threads=32)
+        for h in range(2):
+            sim.role(f"{pre}softmax{h}", softmax(h))
+        sim.role(pre + "correction", correction())
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
-def random_problem(rng: random.Random, block_m: int, block_n: int) -> Problem:
-    """A small jagged call: 1-5 sequences whose lengths favour the edges (0, 1, a block
-    and one either side, a few blocks), self or cross lengths, broadcast-Q now and then,
-    causal or not, one or two heads."""
-    edges = [0, 1, 2, block_n - 1, block_n, block_n + 1, 2 * block_n + 1, block_m + 1]
+def random_problem(rng: random.Random, block_m: int, block_n: int,
+                   max_len: int | None = None) -> Problem:
+    """A small jagged call: 1-5 sequences whose lengths favour the edges (0, 1, a KV block
+    or a query tile and one either side, two blocks and one), else up to max_len (default
+    three query tiles); self or cross lengths, broadcast-Q now and then, causal or not,
+    one or two heads."""
+    edges = [0, 1, 2, block_n - 1, block_n, block_n + 1, 2 * block_n + 1, block_m - 1,
+             block_m, block_m + 1]
+    max_len = 3 * block_m + 5 if max_len is None else max_len
 
     def length():
-        return rng.choice(edges) if rng.random() < 0.6 else rng.randint(0, 3 * block_m + 5)
+        return rng.choice(edges) if rng.random() < 0.6 else rng.randint(0, max_len)
 
     B = rng.randint(1, 5)
     lens_k = tuple(length() for _ in range(B))
@@ -829,13 +1320,15 @@ def random_problem(rng: random.Random, block_m: int, block_n: int) -> Problem:
                    broadcast_q=bq)
 
 
-def sweep(model, cfg, problems: int, seeds: int, seed: int = 0, **sim_kw) -> tuple[int, int]:
+def sweep(model, cfg, problems: int, seeds: int, seed: int = 0, max_len: int | None = None,
+          **sim_kw) -> tuple[int, int]:
     """`problems` random problems, each under `seeds` interleavings with 1-4 programs.
-    Raises the first ProtocolError (naming the problem). Returns (runs, steps)."""
+    Raises the first ProtocolError (naming the problem). Returns (runs, steps); pass
+    wait_stats={} to collect how often each wait blocked."""
     rng = random.Random(seed)
     runs = steps = 0
     for _ in range(problems):
-        problem = random_problem(rng, cfg.block_m, cfg.block_n)
+        problem = random_problem(rng, getattr(cfg, "block_m", 256), cfg.block_n, max_len)
         programs = rng.randint(1, 4)
         base = rng.randrange(1 << 30)
         try:
@@ -857,6 +1350,8 @@ def _configs(module: str) -> dict:
 MODELS = {
     "tlx_fwd_hopper": (tlx_fwd_hopper, "kernels_tlx.fwd_hopper"),
     "cute_fwd_hopper": (cute_fwd_hopper, "kernels_cute.fwd_hopper"),
+    "tlx_fwd_blackwell": (tlx_fwd_blackwell, "kernels_tlx.fwd_blackwell"),
+    "cute_fwd_blackwell": (cute_fwd_blackwell, "kernels_cute.fwd_blackwell"),
 }
 
 
@@ -871,12 +1366,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     for name in args.models:
         model, module = MODELS[name]
-        t0, runs, steps = time.time(), 0, 0
+        t0, runs, steps, stats = time.time(), 0, 0, {}
         for key, cfg in _configs(module).items():
-            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed)
+            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed, wait_stats=stats)
             runs, steps = runs + r, steps + s
         print(f"{name}: {runs} interleavings, {steps} steps, no violation "
               f"({time.time() - t0:.1f} s)")
+        idle = [f"{role} on {bar} ({n} waits)" for (role, bar), (n, b) in sorted(stats.items())
+                if b == 0]
+        if idle:
+            print("  waits that never blocked (implied by others?): " + "; ".join(idle))
 
 
 if __name__ == "__main__":
