@@ -561,8 +561,8 @@ def _sdpa_decode_supports(p) -> tuple[bool, str]:
     group = p.heads // p.kv_heads
     need = p.kv_bytes() * (group if masked else 1) + (p.kv_bytes() if p.page_size else 0)
     if group > 1 and need > 48e9:
-        return False, (f"torch SDPA here needs the gathered cache{' expanded to H heads' if masked else ''}: "
-                       f"{need / 1e9:.0f} GB")
+        what = "the gathered cache" + (" expanded to H heads" if masked else "")
+        return False, f"torch SDPA here needs {what}: {need / 1e9:.0f} GB"
     return True, ""
 
 

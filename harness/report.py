@@ -127,6 +127,13 @@ def _decode_table(d: pd.DataFrame, copy: float | None) -> str:
     return "\n".join(out)
 
 
+def _cells(rows: pd.DataFrame, what) -> str:
+    """' (label: cell what; ...)' for the rows, '' for none."""
+    if rows.empty:
+        return ""
+    return " (" + "; ".join(f"{_decode_shape(r)} {what(r)}" for _, r in rows.iterrows()) + ")"
+
+
 def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
     """Issue 32's targets, per backend of ours, from this run's rows."""
     from .decode import BASE
@@ -136,10 +143,10 @@ def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
         return []
     key = ["suite", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim", "max_seqlen_q",
            "max_seqlen_k", "sparsity", "page_size", "num_splits", "packed_q"]
-    base = lambda d: d[(d["heads"] == BASE["heads"]) & (d["kv_heads"] == BASE["kv_heads"]) &
-                       (d["head_dim"] == BASE["head_dim"]) & (d["dtype"] == BASE["dtype"]) &
-                       (d["sparsity"] == 1) & (d["max_seqlen_q"] == 1) &
-                       (d["packed_q"].astype(str) != "True") & (d["num_splits"] == 0)]
+    model = lambda d: d[(d["heads"] == BASE["heads"]) & (d["kv_heads"] == BASE["kv_heads"]) &
+                        (d["head_dim"] == BASE["head_dim"]) & (d["dtype"] == BASE["dtype"])]
+    base = lambda d: model(d)[(d["sparsity"] == 1) & (d["max_seqlen_q"] == 1) &
+                              (d["packed_q"].astype(str) != "True") & (d["num_splits"] == 0)]
     others = d[~d["backend"].isin(["tlx", "cute"])]
     best = others.groupby(key)["kv_tbps"].max().rename("best").reset_index()
     md = ["Targets (issue 32; bf16, D 128, GQA 32/8 unless the cell says otherwise):", ""]
@@ -151,26 +158,23 @@ def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
         line = [f"B=1, 32k: {v:.2f} TB/s ({'met' if v >= 3.6 else 'missed'}, target 3.6)"
                 if v is not None else "B=1, 32k: not run"]
         if copy:
-            big = mine[(mine["kv_bytes"] >= 256e6) & (mine["heads"] == BASE["heads"]) &
-                       (mine["kv_heads"] == BASE["kv_heads"]) &
-                       (mine["head_dim"] == BASE["head_dim"]) & (mine["dtype"] == BASE["dtype"])]
+            big = model(mine)
+            big = big[big["kv_bytes"] >= 256e6]
             miss = big[big["kv_tbps"] < 0.8 * copy]
             line.append(f"reads >= 256 MB at >= 80 % of copy: {len(big) - len(miss)}/{len(big)}"
-                        + (f" (misses: {'; '.join(f'{_decode_shape(r)} {r.kv_tbps / copy:.0%}' for _, r in miss.iterrows())})"
-                           if len(miss) else ""))
-        pg = base(mine)
+                        + _cells(miss, lambda r: f"{r.kv_tbps / copy:.0%}"))
         for ps, tol in ((1, 0.10), (16, 0.05)):
-            for (bb, lk), g in pg.groupby(["batch", "max_seqlen_k"]):
+            for (bb, lk), g in base(mine).groupby(["batch", "max_seqlen_k"]):
                 c, p = g[g["page_size"] == 0], g[g["page_size"] == ps]
                 if len(c) and len(p):
                     r = p["kv_tbps"].iloc[0] / c["kv_tbps"].iloc[0] - 1
+                    verdict = "met" if r >= -tol else "missed"
                     line.append(f"page {ps} vs contiguous at B={bb}, {int(lk) // 1024}k: "
-                                f"{r:+.0%} ({'met' if r >= -tol else 'missed'}, -{tol:.0%} allowed)")
+                                f"{r:+.0%} ({verdict}, -{tol:.0%} allowed)")
         m = mine.merge(best, on=key)
         behind = m[m["kv_tbps"] < m["best"]]
         line.append(f"at least the best baseline: {len(m) - len(behind)}/{len(m)} cells"
-                    + (f" (behind: {'; '.join(f'{_decode_shape(r)} {r.kv_tbps:.2f} < {r.best:.2f}' for _, r in behind.iterrows())})"
-                       if len(behind) else ""))
+                    + _cells(behind, lambda r: f"{r.kv_tbps:.2f} < {r.best:.2f}"))
         md += [f"- `{b}`:"] + [f"  - {x}" for x in line]
     return md + [""]
 
