@@ -319,8 +319,9 @@ def write_report(out_dir, charts=True) -> Path:
         for (b, st, why), g in bad.groupby(["backend", "status", "why"], sort=False):
             where = ("; ".join(f"{r['pass']} {r['suite']} {_shape(r)}" for _, r in g.iterrows())
                      if len(g) <= 3 else
-                     f"{len(g)} rows: {'+'.join(g['pass'].unique())} on {len(g.drop_duplicates(_DECODE_PROBLEM))} "
-                     f"shapes of {', '.join(g['suite'].unique())}")
+                     f"{len(g)} rows: {'+'.join(g['pass'].unique())} on "
+                     f"{len(g.drop_duplicates(_DECODE_PROBLEM))} shapes of "
+                     f"{', '.join(g['suite'].unique())}")
             md.append(f"| {b} | {st} | {where} | {why} |")
     code = [f"[{f}](../{f})" for f in ("lines.md", "side_by_side.html")
             if (out_dir.parent / f).exists()]
