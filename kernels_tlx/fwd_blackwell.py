@@ -8,16 +8,18 @@ Persistent (one program per SM) and warp-specialized. A tile is 256 query rows o
 (sequence, head), two groups of 128 (one tcgen05 M = 128 MMA each) that ping-pong: the
 tensor core multiplies one group while the other's softmax runs. Per group g, in tensor
 memory (TMEM, 512 columns): S_g = Q_g K^T (BLOCK_N fp32 columns), P_g (the dtype, in the
-upper half of S_g's columns), alpha / l / m (three fp32 columns at the bottom of S_g's),
-O_g (HEAD_DIM fp32 columns): 2 * (BLOCK_N + HEAD_DIM) <= 512.
+lower half of S_g's columns), O_g (HEAD_DIM fp32 columns): 2 * (BLOCK_N + HEAD_DIM) <= 512. P aliases S through `reuse=` with equal
+logical sizes (no storage_alias_spec). The row statistics alpha, l and m go through
+shared memory (a float a row and group).
 
     load        (1 warp)   TMA: Q_0, Q_1 per tile (NUM_BUFFERS_Q deep), K_j and V_j into
                            one ring of NUM_BUFFERS_KV slots (K and V alternate)
     mma         (1 warp)   tcgen05: S_0 = Q_0 K_j^T, P_1 V_{j-1}, S_1 = Q_1 K_j^T,
                            P_0 V_j, ...; completions signalled by tcgen05.commit
-    softmax     (2 x 4 warps, one a group; a thread a row) S_g from TMEM, online softmax
-                           (exp2), alpha and P back to TMEM; KV loop peeled: the first
-                           (masked) step, a branch-free bulk, a masked tail
+    softmax     (2 x 4 warps, one a group; a thread a row) S_g from TMEM in two passes
+                           of S_SLICE columns: the row max, then alpha to smem, then
+                           exp2 -> P back to TMEM; KV loop peeled: the first (masked)
+                           step, a branch-free bulk, a masked tail
     correction  (4 warps)  O_g *= alpha in TMEM between steps; the epilogue: O / l and
                            LSE (natural log) stored with per-row bounds
     schedule    (everyone) the core's tile list (jagged.tiles.fwd_tiles: longest first,
@@ -26,9 +28,15 @@ O_g (HEAD_DIM fp32 columns): 2 * (BLOCK_N + HEAD_DIM) <= 512.
                            hands it to the others (tile_counter.py), else the static
                            boustrophedon round-robin
 
-Early TMEM release (Config.p_slices): P is written in p_slices column slices, each
-published on its own barrier, so the P V of slice 0 runs on the tensor core while the
-softmax still exponentiates slice 1.
+Early TMEM release (Config.p_slices): P is published in p_slices parts, each on its own
+barrier, so the P V of part 0 runs on the tensor core while the softmax still
+exponentiates part 1; alpha is published before any P (after the max pass), so the
+correction's rescale of O overlaps the exponentials too.
+
+Registers: Triton's OptimizePartitionWarps pass (run for sm_100, not sm_90) replaces the
+tasks' requested registers by its own estimate: softmax 88, load / mma 24, correction the
+rest (256). The two-pass softmax holds one S slice, not S, for that budget; a few spill
+instructions remain (tests/test_fwd_blackwell_tlx.py records them).
 
 Cluster Launch Control would replace the counter: the hardware hands a finished CTA the
 next tile id (no zeroed counter per launch, no global-memory handoff ring) and cancels
@@ -37,9 +45,10 @@ not register `ttng.async_clc_try_cancel`, so the counter stands in.
 
 Ordering invariants (barrier names below; "after" is issue order in the mma warp, and a
 tcgen05.commit tracks every tcgen05 op the warp issued before it):
-  * S_g of step j + 1 is issued after P_g V_j, which waited p_full (the softmax has
-    read S_g(j)) and o_ready (the correction has read alpha_g(j)); so S_g, P_g and
-    alpha_g are single-buffered.
+  * S_g of step j + 1 is issued after P_g V_j, which waited every p_full part (the
+    softmax has read all of S_g(j)) and o_ready (the correction has read alpha_g(j)); so
+    S_g, P_g and alpha_g are single-buffered. P chunk c is written after S columns
+    [0, (c + 1) * S_SLICE) were read, and covers only [c, c + 1) * S_SLICE / 2.
   * s_full_g(j + 1) commits after P_g V_j completes, so the correction, which reads O_g
     only after alpha_full_g(j + 1), sees O_g with P_g V_j added.
   * P_g V_0 of a tile waits o_ready_g(0), which the correction arrives after it has read
@@ -70,9 +79,6 @@ from .tile_counter import fetch_tile, next_tile, publish_tile
 GROUP_M = tl.constexpr(128)   # query rows of a group (a tcgen05 MMA's M, a thread a row)
 GROUPS = tl.constexpr(2)      # groups a tile (ping-pong)
 BLOCK_M = tl.constexpr(GROUP_M.value * GROUPS.value)  # query rows a tile
-ALPHA_COL = tl.constexpr(-1)  # stats columns from the end of S_g's (negative: + BLOCK_N)
-L_COL = tl.constexpr(-2)
-M_COL = tl.constexpr(-3)
 READERS = tl.constexpr(4)     # tasks that read the tile handoff: mma, 2 softmax, correction
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -132,20 +138,23 @@ class Descs(NamedTuple):
 
 
 class Smem(NamedTuple):
-    """Q slots [buffer * GROUPS + group] and the K / V ring."""
+    """Q slots [buffer * GROUPS + group], the K / V ring, and a float a row of each group
+    for alpha (per step), l and m (per tile)."""
     q: object
     kv: object
+    alpha: object
+    l: object
+    m: object
 
 
 class Tmem(NamedTuple):
     """S_g [g] (fp32); P in the lower half of S_g's columns, as the softmax writes it
     (chunks of S_SLICE keys, p [g * 2 * NS + c]) and as the MMA reads it (parts of
     BLOCK_N / P_SLICES keys, pv [g * 2 * P_SLICES + i]); alpha / l / m in S_g's last
-    columns (stats [g * BLOCK_N + ALPHA_COL / L_COL / M_COL]); O_g [g]."""
+    O_g [g]."""
     s: object
     p: object
     pv: object
-    stats: object
     o: object
 
 
@@ -155,11 +164,11 @@ class Bars(NamedTuple):
     kv_full / kv_empty [slot] load -> mma (TMA bytes) / mma -> load (commit)
     s_full [g]                mma -> softmax_g (commit after S_g = Q_g K^T)
     p_full [g * p_slices + i] softmax_g -> mma (P slice i in TMEM)
-    alpha_full [g]            softmax_g -> correction (alpha in TMEM, S_g read)
+    alpha_full [g]            softmax_g -> correction (alpha in smem)
     o_ready [g]               correction -> mma (O_g rescaled, alpha read)
     o_full [g]                mma -> correction (commit after a tile's last P_g V)
-    stats_full [g]            softmax_g -> correction (l, m in TMEM)
-    s_free [g]                correction -> mma (l, m read: S_g may be overwritten)
+    stats_full [g]            softmax_g -> correction (l, m in smem)
+    s_free [g]                correction -> mma (l, m read: the next tile may start)
     tile_full / tile_empty    load -> readers (DYNAMIC tile handoff, tile_counter.py)
     sink                      completions nobody waits for (an MMA with no barrier
                               would be issued synchronously)"""
@@ -368,15 +377,16 @@ def _mask(s, c0, limit, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
+def _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
                   BLOCK_N: tl.constexpr, S_SLICE: tl.constexpr, P_SLICES: tl.constexpr,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One KV block of group g in two passes over S_g in TMEM, S_SLICE columns at a time
     (the register budget Triton gives this task holds one slice, not S): the row max,
-    then exp2 -> P (into the columns of slices already read: P chunk c covers S columns
-    [c * S_SLICE / 2, (c + 1) * S_SLICE / 2)), published in P_SLICES parts; then alpha
-    (S_g's last column, read by then). Log2 domain. MASKED adds the sequence-end and
-    causal (bottom-right) mask and the guard for rows that have seen no key (m = -inf)."""
+    alpha (to smem, so the correction rescales O during the second pass), then exp2 -> P
+    (into the columns of slices already read: P chunk c covers S columns
+    [c * S_SLICE / 2, (c + 1) * S_SLICE / 2)), published in P_SLICES parts. Log2
+    domain. MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
+    rows that have seen no key (m = -inf)."""
     NS: tl.constexpr = BLOCK_N // S_SLICE
     PER_P: tl.constexpr = NS // P_SLICES
     tlx.barrier_wait(bars.s_full[g], step & 1)
@@ -396,6 +406,9 @@ def _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
+    alpha = tl.math.exp2(m_i - m_use)
+    tlx.local_store(smem.alpha[g], alpha)
+    tlx.barrier_arrive(bars.alpha_full[g], 1)
     l_new = tl.zeros_like(l_i)
     for c in tl.static_range(NS):
         s = tlx.local_load(tlx.subslice(tmem.s[g], c * S_SLICE, S_SLICE))
@@ -405,14 +418,11 @@ def _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
         tlx.local_store(tmem.p[g * 2 * NS + c], p.to(tmem.p.dtype))
         if c % PER_P == PER_P - 1:
             tlx.barrier_arrive(bars.p_full[g * P_SLICES + c // PER_P], 1)
-    alpha = tl.math.exp2(m_i - m_use)
-    tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + ALPHA_COL], alpha[:, None])
-    tlx.barrier_arrive(bars.alpha_full[g], 1)
     return m_new, l_i * alpha + l_new
 
 
 @triton.jit
-def softmax(tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, S_SLICE: tl.constexpr,
             P_SLICES: tl.constexpr,
             DYNAMIC: tl.constexpr):
@@ -431,22 +441,22 @@ def softmax(tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.co
             first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
             m_i = tl.full([GROUP_M], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_M], tl.float32)
-            m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, first * BLOCK_N,
+            m_i, l_i = _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows, first * BLOCK_N,
                                      step, tile, g, BLOCK_N, S_SLICE, P_SLICES, True, CAUSAL)
             step += 1
             for j in range(bulk_lo, bulk_end):
-                m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows, j * BLOCK_N,
+                m_i, l_i = _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows, j * BLOCK_N,
                                          step, tile, g, BLOCK_N, S_SLICE, P_SLICES, False, CAUSAL)
                 step += 1
             if CAUSAL or not MASK_FIRST:
                 for j in range(tl.maximum(bulk_end, bulk_lo), tail_end):
-                    m_i, l_i = _softmax_step(tmem, bars, m_i, l_i, qk_scale, rows,
+                    m_i, l_i = _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows,
                                              j * BLOCK_N, step, tile, g, BLOCK_N, S_SLICE, P_SLICES,
                                              True, CAUSAL)
                     step += 1
             # no S_g is pending (s_free holds the next tile's): l, m take its columns
-            tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + L_COL], l_i[:, None])
-            tlx.local_store(tmem.stats[g * BLOCK_N + BLOCK_N + M_COL], m_i[:, None])
+            tlx.local_store(smem.l[g], l_i)
+            tlx.local_store(smem.m[g], m_i)
             tlx.barrier_arrive(bars.stats_full[g], 1)
             tw += 1
         i += 1
@@ -454,7 +464,7 @@ def softmax(tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.co
 
 
 @triton.jit
-def correction(tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DYNAMIC: tl.constexpr,
                O_SLICE: tl.constexpr):
     """O_g *= alpha between steps (not at a tile's first: P V overwrites O then), and the
@@ -475,15 +485,15 @@ def correction(tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.const
             for j in range(1, n):
                 for g in tl.static_range(GROUPS):
                     tlx.barrier_wait(bars.alpha_full[g], (step + j) & 1)
-                    alpha = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + ALPHA_COL])
+                    alpha = tlx.local_load(smem.alpha[g])[:, None]
                     for c in tl.static_range(HEAD_DIM // O_SLICE):
                         o_c = tlx.subslice(tmem.o[g], c * O_SLICE, O_SLICE)
                         tlx.local_store(o_c, tlx.local_load(o_c) * alpha)
                     tlx.barrier_arrive(bars.o_ready[g], 1)
             for g in tl.static_range(GROUPS):
                 tlx.barrier_wait(bars.stats_full[g], tw & 1)
-                l_i = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + L_COL])
-                m_i = tlx.local_load(tmem.stats[g * BLOCK_N + BLOCK_N + M_COL])
+                l_i = tlx.local_load(smem.l[g])
+                m_i = tlx.local_load(smem.m[g])
                 tlx.barrier_arrive(bars.s_free[g], 1)
                 empty = l_i == 0.0
                 l_use = tl.where(empty, 1.0, l_i)
@@ -491,7 +501,7 @@ def correction(tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.const
                 lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
                 tl.store(out.lse + tile.h.to(tl.int64) * out.n_out + tile.out_start + rows,
-                         tl.reshape(lse, [GROUP_M]), mask=rows < tile.len_q)
+                         lse, mask=rows < tile.len_q)
                 rows2 = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)[:, None]
                 tlx.barrier_wait(bars.o_full[g], tw & 1)
                 for c in tl.static_range(HEAD_DIM // O_SLICE):
@@ -499,7 +509,7 @@ def correction(tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.const
                     cols = c * O_SLICE + tl.arange(0, O_SLICE)[None, :]
                     out_rows = (tile.out_start + rows2).to(tl.int64)
                     ptrs = out.o + (out_rows * out.H + tile.h) * HEAD_DIM + cols
-                    tl.store(ptrs, (o_c * inv_l).to(out.o.dtype.element_ty),
+                    tl.store(ptrs, (o_c * inv_l[:, None]).to(out.o.dtype.element_ty),
                              mask=rows2 < tile.len_q)
             step += n
             tw += 1
@@ -532,16 +542,17 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                S_SLICE: tl.constexpr):
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((GROUP_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * GROUPS),
-                kv=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV))
+                kv=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
+                alpha=tlx.local_alloc((GROUP_M,), tl.float32, GROUPS),
+                l=tlx.local_alloc((GROUP_M,), tl.float32, GROUPS),
+                m=tlx.local_alloc((GROUP_M,), tl.float32, GROUPS))
     s_tiles = tlx.local_alloc((GROUP_M, BLOCK_N), tl.float32, GROUPS, tlx.storage_kind.tmem)
-    # P and the stats alias S (same logical size, as `reuse` requires)
+    # P aliases S (views of equal logical size, as `reuse` requires)
     tmem = Tmem(s=s_tiles,
                 p=tlx.local_alloc((GROUP_M, S_SLICE), dtype, GROUPS * 2 * (BLOCK_N // S_SLICE),
                                   tlx.storage_kind.tmem, reuse=s_tiles),
                 pv=tlx.local_alloc((GROUP_M, BLOCK_N // P_SLICES), dtype,
                                    GROUPS * 2 * P_SLICES, tlx.storage_kind.tmem, reuse=s_tiles),
-                stats=tlx.local_alloc((GROUP_M, 1), tl.float32, GROUPS * BLOCK_N,
-                                      tlx.storage_kind.tmem, reuse=s_tiles),
                 o=tlx.local_alloc((GROUP_M, HEAD_DIM), tl.float32, GROUPS,
                                   tlx.storage_kind.tmem))
     NQ: tl.constexpr = NUM_BUFFERS_Q * GROUPS
@@ -560,10 +571,10 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 
     with tlx.async_tasks():
         with tlx.async_task("default"):
-            correction(tmem, bars, tiles, out, HEAD_DIM, BLOCK_N, CAUSAL, BROADCAST_Q,
+            correction(smem, tmem, bars, tiles, out, HEAD_DIM, BLOCK_N, CAUSAL, BROADCAST_Q,
                        DYNAMIC, O_SLICE)
         with tlx.async_task(num_warps=4, registers=SOFTMAX_REGS, replicate=GROUPS):
-            softmax(tmem, bars, tiles, qk_scale, tlx.async_task_replica_id(), BLOCK_N,
+            softmax(smem, tmem, bars, tiles, qk_scale, tlx.async_task_replica_id(), BLOCK_N,
                     CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             mma(smem, tmem, bars, tiles, HEAD_DIM, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
