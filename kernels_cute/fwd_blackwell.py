@@ -97,8 +97,7 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
 class Sched(NamedTuple):
     """What every role needs to decode a tile id."""
     mPairs: Any          # the tile list: (batch element, query block) pairs
-    n_tiles: Any         # valid pairs x heads (on the device)
-    n_pairs: Any
+    mCount: Any          # [valid pairs] (on the device; read where used, not kept live)
     mCuQ: Any
     mCuK: Any
     L_q: Any
@@ -116,6 +115,37 @@ class Tile(NamedTuple):
     n_bulk0: Any         # blocks [0, n_bulk_s) unmasked for half s
     n_bulk1: Any
     n_end: Any           # blocks [0, n_end) visited by the tile
+
+
+def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
+            BROADCAST_Q: bool) -> Tile:
+    """Tile id -> where it lives: chunks of nblk pairs of the list, pairs fastest, then
+    heads (schedule.tile_coords' order without its round-robin flip: CLC hands ids out in
+    order). Plain arithmetic: traced inside a role, or run on ints."""
+    from .seqinfo import SeqlenInfo, _min
+
+    span = sched.nblk * sched.H
+    first = tile // span * sched.nblk
+    chunk_len = _min(sched.nblk, sched.mCount[0] - first)
+    r = tile - tile // span * span
+    h = r // chunk_len
+    pair = sched.mPairs[first + r % chunk_len] & 0xFFFFFFFF
+    if not isinstance(pair, int):
+        import cutlass
+        pair = cutlass.Int32(pair)
+    b = pair // sched.nblk
+    m0 = (pair % sched.nblk) * BLOCK_M
+    seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
+    if CAUSAL:
+        n_end = (seq.causal_kv_end(m0 + BLOCK_M) + BLOCK_N - 1) // BLOCK_N
+        n_bulk0 = seq.causal_kv_end(m0 + 1) // BLOCK_N
+        n_bulk1 = seq.causal_kv_end(m0 + HALF_M + 1) // BLOCK_N
+    else:
+        n_end = (seq.len_k + BLOCK_N - 1) // BLOCK_N
+        n_bulk0 = seq.len_k // BLOCK_N
+        n_bulk1 = n_bulk0
+    return Tile(h, h // sched.group, m0, seq, _min(n_bulk0, n_end), _min(n_bulk1, n_end),
+                n_end)
 
 
 _COMPILED = {}
@@ -136,7 +166,6 @@ def _kernel_class():
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
     from .fragments import head_tile
-    from .seqinfo import SeqlenInfo
 
     LN_2 = math.log(2.0)
 
@@ -247,8 +276,7 @@ def _kernel_class():
                    tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                    SharedStorage: cutlass.Constexpr):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            sched = Sched(mPairs, mCount[0] * mQ.shape[2], mCount[0], mCuQ, mCuK, L_q,
-                          mQ.shape[2], group, nblk)
+            sched = Sched(mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
             if warp == LOAD_WARP:
                 for a in (tma_atom_Q, tma_atom_K, tma_atom_V):
                     cpasync.prefetch_descriptor(a)
@@ -303,7 +331,7 @@ def _kernel_class():
             resp = storage.clc_response.data_ptr()
             clc = (pipe_clc, resp)
 
-            if cute.arch.block_idx()[0] < sched.n_tiles:
+            if cute.arch.block_idx()[0] < self.n_tiles(sched):
                 if warp >= 12:
                     cute.arch.setmaxregister_decrease(OTHER_REGS)
                     if warp == MMA_WARP:
@@ -336,30 +364,14 @@ def _kernel_class():
                     tmem_barrier.arrive()
 
         # ------------------------------------------------------------------ schedule
+        def n_tiles(self, sched: Sched):
+            """Valid pairs x heads: the walk ends at the first tile id at or past it."""
+            return sched.mCount[0] * sched.H
+
         @cute.jit
         def tile_at(self, tile: Int32, sched: Sched) -> Tile:
-            """Tile id -> where it lives: chunks of nblk pairs of the list, pairs fastest,
-            then heads (schedule.tile_coords' order, without its round-robin flip)."""
-            BM, BN = self.block_m, self.block_n
-            span = sched.nblk * sched.H
-            first = tile // span * sched.nblk
-            chunk_len = cutlass.min(sched.nblk, sched.n_pairs - first)
-            r = tile - tile // span * span
-            h = r // chunk_len
-            pair = Int32(sched.mPairs[first + r % chunk_len] & 0xFFFFFFFF)
-            b = pair // sched.nblk
-            m0 = (pair % sched.nblk) * BM
-            seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, self.broadcast_q)
-            if const_expr(self.causal):
-                n_end = (seq.causal_kv_end(m0 + BM) + BN - 1) // BN
-                n_bulk0 = seq.causal_kv_end(m0 + 1) // BN
-                n_bulk1 = seq.causal_kv_end(m0 + HALF_M + 1) // BN
-            else:
-                n_end = (seq.len_k + BN - 1) // BN
-                n_bulk0 = seq.len_k // BN
-                n_bulk1 = n_bulk0
-            return Tile(h, h // sched.group, m0, seq, cutlass.min(n_bulk0, n_end),
-                        cutlass.min(n_bulk1, n_end), n_end)
+            return tile_of(tile, sched, self.block_m, self.block_n, self.causal,
+                           self.broadcast_q)
 
         @cute.jit
         def next_tile(self, tile: Int32, i: Int32, sched: Sched, clc):
@@ -370,8 +382,10 @@ def _kernel_class():
                 s, ph = i % self.clc_stages, (i // self.clc_stages) % 2
                 pipe_clc.sync_object_full.wait(s, ph)
                 x, _, _, valid = cute.arch.clc_response(self.clc_slot(resp, s))
+                # this read (generic proxy) before the next query's write (async proxy)
+                cute.arch.fence_proxy("async.shared", space="cta")
                 pipe_clc.sync_object_empty.arrive(s, None)
-                tile = x if valid != 0 else sched.n_tiles
+                tile = x if valid != 0 else self.n_tiles(sched)
             else:
                 tile = tile + cute.arch.grid_dim()[0]
             return tile
@@ -385,9 +399,10 @@ def _kernel_class():
             """One CLC query per tile this CTA takes, one response slot at a time."""
             if const_expr(self.clc):
                 pipe_clc, resp = clc
+                n_tiles = self.n_tiles(sched)
                 tile = cute.arch.block_idx()[0]
                 i = Int32(0)
-                while tile < sched.n_tiles:
+                while tile < n_tiles:
                     s, ph = i % self.clc_stages, (i // self.clc_stages) % 2
                     pipe_clc.sync_object_empty.wait(s, ph ^ 1)
                     with cute.arch.elect_one():
@@ -406,9 +421,10 @@ def _kernel_class():
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.stages)
+            n_tiles = self.n_tiles(sched)
             tile = cute.arch.block_idx()[0]
             i = Int32(0)
-            while tile < sched.n_tiles:
+            while tile < n_tiles:
                 t = self.tile_at(tile, sched)
                 if t.n_end > 0:
                     # K / V: (block_n, D) boxes from the sequence's first key; boxes past
@@ -481,9 +497,10 @@ def _kernel_class():
                                                     self.stages)
             steps = Int32(0)        # S_s commits so far (per half: the same count)
             pvs = Int32(0)          # PV_s issued so far (per half)
+            n_tiles = self.n_tiles(sched)
             tile = cute.arch.block_idx()[0]
             i = Int32(0)
-            while tile < sched.n_tiles:
+            while tile < n_tiles:
                 t = self.tile_at(tile, sched)
                 if t.n_end > 0:
                     # prologue: S_s(0) = Q_s K_0
@@ -577,9 +594,10 @@ def _kernel_class():
 
             steps = Int32(0)
             events = Int32(0)       # stats hand-overs to correction so far
+            n_tiles = self.n_tiles(sched)
             tile = cute.arch.block_idx()[0]
             i = Int32(0)
-            while tile < sched.n_tiles:
+            while tile < n_tiles:
                 t = self.tile_at(tile, sched)
                 row = t.m0 + half * HALF_M + tScS_t2r[0][0]
                 n_bulk = t.n_bulk0 if half == 0 else t.n_bulk1
@@ -676,9 +694,10 @@ def _kernel_class():
 
             events = Int32(0)       # stats hand-overs read (per half: the same count)
             pvs = Int32(0)          # O_full waits (per half)
+            n_tiles = self.n_tiles(sched)
             tile = cute.arch.block_idx()[0]
             i = Int32(0)
-            while tile < sched.n_tiles:
+            while tile < n_tiles:
                 t = self.tile_at(tile, sched)
                 for n in cutlass.range(1, t.n_end, unroll=1):
                     for s in cutlass.range_constexpr(2):

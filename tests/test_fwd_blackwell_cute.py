@@ -210,3 +210,48 @@ def test_many_tiles_per_cta_on_b200():
 
         rep = check(inp, fn, causal=causal, backward=False)
         assert rep.ok, f"{p.label()}\n{rep}"
+
+
+def test_tile_decode_covers_the_list():
+    """tile_of (traced in every role, run here on ints) visits every (valid pair, head)
+    of the shared longest-first list exactly once, in list order (a chunk's pairs, then
+    its heads), and its KV split is exact: blocks [0, n_bulk_s) are visible to every row
+    of half s, block n_end - 1 to some row of the tile, none past it (bottom-right
+    causal; zero-length and length-1 sequences included)."""
+    import torch
+    from jagged.seqinfo import causal_visible_ref
+    from jagged.tiles import longest_first_tiles
+    from kernels_cute import fwd_blackwell as F
+    BM, BN, HM = 256, 128, F.HALF_M
+    for lq, lk in (([300, 0, 1, 700], [300, 0, 1, 700]), ([5, 1, 600], [900, 0, 130])):
+        cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
+        cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+        for causal in (False, True):
+            pairs, count, nblk = longest_first_tiles(cu_q, cu_k, len(lq), max(lq), None,
+                                                     BM, BN, causal)
+            n, H = int(count[0]), 3
+            sched = F.Sched([int(x) for x in pairs], [n], cu_q.tolist(), cu_k.tolist(), 0,
+                            H, 1, nblk)
+            seen = []
+            for t in range(n * H):
+                T = F.tile_of(t, sched, BM, BN, causal, False)
+                b = [i for i in range(len(lq)) if cu_q[i] == T.seq.q_start and
+                     lq[i] == T.seq.len_q and lk[i] == T.seq.len_k][0]
+                seen.append((b * nblk + T.m0 // BM, T.h))
+                assert 0 <= T.m0 < lq[b]
+
+                nb_max = -(-lk[b] // BN) + 1
+                i = torch.arange(T.m0, T.m0 + BM)[:, None]
+                j = torch.arange(nb_max * BN)[None, :]
+                vis = (j < lk[b]) & (causal_visible_ref(i, j, lq[b], lk[b]) if causal
+                                     else torch.ones_like(i * j, dtype=torch.bool))
+                vis = vis.reshape(BM, nb_max, BN)
+                any_ = vis.any(2).any(0)
+                n_end = int(any_.nonzero().max()) + 1 if any_.any() else 0
+                assert T.n_end == n_end, (t, T)
+                for s, nb in enumerate((T.n_bulk0, T.n_bulk1)):
+                    full = vis[s * HM:(s + 1) * HM, :n_end].all(2).all(0).tolist()
+                    assert nb == (full.index(False) if False in full else n_end), (t, s, T)
+            assert sorted(seen) == sorted({(int(p), h) for p in pairs[:n] for h in range(H)})
+            order = [p for p, _ in seen]
+            assert order[:min(nblk, n)] == [int(p) for p in pairs[:min(nblk, n)]]
