@@ -69,8 +69,9 @@ class Config:
 # 64 K registers):
 #   16, 32 rows (mma.sync): blocks of 32 KB (K + V), rings of 3; 103-111 KB, two
 #     programs an SM.
-#   64 rows (wgmma): blocks of 16 KB, rings of 5; 89-98 KB and <= 128 registers at 8
-#     warps, two programs an SM (32 KB blocks in rings of 4 took 138-146 KB: one).
+#   64 rows (wgmma, one warpgroup): blocks of 16 KB, rings of 5; 89-98 KB, two
+#     programs an SM (32 KB blocks in rings of 4 took 138-146 KB: one; 8 warps went
+#     past 128 registers: one).
 #   128 rows: over 128 registers at 8 warps (D = 128), one program an SM: blocks of
 #     32 KB, rings of 4 (146-162 KB).
 def _table() -> dict:  # role: host
@@ -79,7 +80,7 @@ def _table() -> dict:  # role: host
         big = 16384 // (d * 2)  # keys of a 32 KB block of K + V
         for m in ROW_TILES:
             if m == 64:
-                gather, contig = Config(big // 2, 9, 8), Config(big // 2, 5, 8)
+                gather, contig = Config(big // 2, 9, 4), Config(big // 2, 5, 4)
             else:
                 warps = 4 if m == 16 else 8
                 gather, contig = Config(big, 7, warps), Config(big, 4, warps)
