@@ -22,14 +22,19 @@ extra actors whose completions interleave too, and stops at the first violation:
 
 What is modelled: mbarriers (expected arrival count, transaction bytes, phase bit,
 wait(parity)); named barriers (bar.sync / bar.arrive with thread counts); buffers in
-shared or tensor memory, by name; TMA copies (async writes completing transaction
-bytes); MMAs (async reads and writes, retired by wgmma.wait_group or completed by a
-commit that arrives on an mbarrier); a global tile counter (atomic add). What is not:
+shared or tensor memory, by name, each write a new version (a Read sends the version
+back: data handed through memory, as a tile id, flows through the model); TMA copies
+(async writes completing transaction bytes); MMAs (async reads and writes of one role,
+in order, retired by wgmma.wait_group or completed by a tcgen05.commit, commits in
+order, that arrives on an mbarrier); a global counter (atomic add). What is not:
 registers, memory fences and proxies (a fence is assumed where the kernel has one),
-thread divergence inside a role (a role is one warp group acting as one), timing.
+thread divergence inside a role (a role is its warps acting as one, arriving with its
+thread or warp count), data-dependent skips (a rescale skipped when no row max moved),
+timing. Each run also counts, per role and barrier array, the waits that blocked: a
+wait that never blocks over many interleavings is implied by the others.
 
 Models of the kernels' protocols are at the end (`MODELS`); `python -m harness.protocol`
-runs them all.
+runs them all over random jagged tile lists and lists the waits that never blocked.
 """
 from __future__ import annotations
 
@@ -856,8 +861,9 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
     `softmax` warpgroups (one per 128-row group g of the 256-row tile) and a `correction`
     warpgroup, all single-arrival mbarriers. Q: a (buffer, group) slot each; K and V
     alternate in one ring, released by the commit of the last group's MMA reading them.
-    TMEM per group: S_g (its columns: the P slices the MMA reads, the rest, and the alpha,
-    l, m columns), O_g. Tiles (cfg.dynamic): the load warp takes each next tile from a
+    TMEM per group: S_g (its columns: the P parts the MMA reads, the rest), O_g; the row
+    statistics alpha (per step), l and m (per tile) in shared memory, one buffer a group.
+    Tiles (cfg.dynamic): the load warp takes each next tile from a
     global counter and hands it to the four other tasks through a two-slot ring
     (tile_counter.py), else everyone steps the static round-robin."""
     GM, G = 128, 2
@@ -872,11 +878,10 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
         kv = sim.buffers(pre + "kv", NB)
         tile_slot = sim.buffers(pre + "tile", 2)
         Pb = [[sim.buffer(f"{pre}S{g}.p{i}") for i in range(PS)] for g in range(G)]
-        rest = [sim.buffer(f"{pre}S{g}.rest") for g in range(G)]
-        alpha = [sim.buffer(f"{pre}S{g}.alpha") for g in range(G)]
-        l_col = [sim.buffer(f"{pre}S{g}.l") for g in range(G)]
-        m_col = [sim.buffer(f"{pre}S{g}.m") for g in range(G)]
-        S = [Pb[g] + [rest[g], alpha[g], l_col[g], m_col[g]] for g in range(G)]
+        S = [Pb[g] + [sim.buffer(f"{pre}S{g}.rest")] for g in range(G)]
+        alpha = sim.buffers(pre + "alpha", G)
+        l_col = sim.buffers(pre + "l", G)
+        m_col = sim.buffers(pre + "m", G)
         O = [sim.buffer(f"{pre}O{g}") for g in range(G)]
         bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
         q_full, q_empty = bar("q_full", NBQ * G), bar("q_empty", NBQ * G)
@@ -1010,14 +1015,15 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
                     for jj, blk in enumerate(consumer_steps(tile, problem.causal,
                                                             cfg.mask_first)):
                         yield Wait(s_full[g], step & 1)
-                        for b in S[g]:  # the passes over S_g (max, then exp2)
+                        for b in S[g]:  # the max pass over S_g
                             yield Read(b, ("S", key, g, blk))
-                        for i_p in range(PS):  # P into the columns already read
+                        yield Write(alpha[g], ("alpha", key, g, jj))
+                        yield Arrive(alpha_full[g])
+                        for i_p in range(PS):  # exp2: P into the columns already read
+                            yield Read(Pb[g][i_p], ("S", key, g, blk))
                             yield Write(Pb[g][i_p], ("P", key, g, jj, i_p))
                             yield Arrive(p_full[g * PS + i_p],
                                          release=tuple(S[g]) if i_p == PS - 1 else ())
-                        yield Write(alpha[g], ("alpha", key, g, jj))
-                        yield Arrive(alpha_full[g])
                         step += 1
                     yield Write(l_col[g], ("l", key, g))
                     yield Write(m_col[g], ("m", key, g))
