@@ -235,18 +235,20 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
                   SPLIT: tl.constexpr, STAGES: tl.constexpr):
-    """Grid (num_splits * row blocks, H_kv, B). Every tensor is contiguous: strides
-    derive from the shapes (D a constexpr, so the compiler sees whole 16-byte rows).
-    L_max: rows of a page (paged) or of a sequence (contiguous)."""
+    """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
+    contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
+    whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous)."""
     H = H_kv * GROUP
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
     stride_ks = H_kv * D                    # a key row of the cache
     stride_kp = L_max * stride_ks           # a page (a sequence) of the cache
     stride_os = Nq * stride_qn if SPLIT else 0
     stride_ls = H * Nq if SPLIT else 0      # lse [H, Nq]; lse_part [S, H, Nq]
-    pid = tl.program_id(0)
-    split = pid % num_splits
-    m0 = (pid // num_splits) * BLOCK_M
+    # a split's row blocks are neighbours in launch order: they run together and share
+    # their K / V reads through L2
+    row_blocks = tl.cdiv(GROUP * len_q, BLOCK_M)
+    split = tl.program_id(0) // row_blocks
+    m0 = tl.program_id(0) % row_blocks * BLOCK_M
     h_kv = tl.program_id(1)
     b = tl.program_id(2)
     q_start, n_q = _query_rows(cu_seqlens_q, b, len_q, DENSE_Q)
