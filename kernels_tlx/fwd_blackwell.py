@@ -96,7 +96,7 @@ class Config:
     softmax_regs: int = 192
     small_regs: int = 24  # the load and mma warps
     o_slice: int = 32     # O columns a correction / epilogue step holds in registers
-    s_slice: int = 32     # S columns a softmax pass holds in registers
+    s_slice: int = 16     # S columns a softmax pass holds in registers
 
 
 # Defaults, keyed by (head_dim, length bucket, causal) as fwd_hopper's (jagged.tiles
@@ -189,11 +189,11 @@ class Bars(NamedTuple):
 
 
 class Tiles(NamedTuple):
-    """The tile list (schedule.build_tiles: pairs, the count of valid ones), what
-    `tile_coords` reads with it, and the scheduling buffer (DYNAMIC: [0] the counter,
+    """The tile list (schedule.build_tiles: pairs, a pointer to the count of valid ones),
+    what `tile_coords` reads with it, and the scheduling buffer (DYNAMIC: [0] the counter,
     zeroed per launch; [4 + 2p, 4 + 2p + 2) program p's handoff slots)."""
     pairs: object
-    n_pairs: object
+    count: object
     cu_q: object
     cu_k: object
     L_q: object
@@ -219,8 +219,9 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 
 @triton.jit
-def _tile(t, tiles, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    return tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
+def _tile(t, tiles, n_pairs, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          BROADCAST_Q: tl.constexpr):
+    return tile_coords(t, tiles.pairs, n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
                        tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
 
 
@@ -240,7 +241,8 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr
     """Producer: per tile with keys, Q_0 and Q_1, then K_j, V_j for its blocks in
     kv_block order; takes (DYNAMIC) and publishes the next tile after issuing them."""
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
-    total = tiles.n_pairs * tiles.H
+    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    total = n_pairs * tiles.H
     t = tl.program_id(0)
     if DYNAMIC:
         publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
@@ -248,7 +250,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr
     tw = 0      # tiles with keys so far (Q ring uses)
     kv_cnt = 0  # K / V ring uses
     while t < total:
-        tile = _tile(t, tiles, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
         if tile.n_end > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
             for g in tl.static_range(GROUPS):
@@ -319,14 +321,15 @@ def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     """The tensor core's issue order per tile of n steps:
     S_0(0) S_1(0) PV_0(0) | S_0(j) PV_1(j-1) S_1(j) PV_0(j) for j in 1..n-1 | PV_1(n-1):
     one group's MMAs run while the other group's softmax does."""
-    total = tiles.n_pairs * tiles.H
+    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
     tw = 0
     kv_cnt = 0
     step = 0    # KV steps so far (the phase of the per-step barriers)
     while t < total:
-        tile = _tile(t, tiles, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
         n = tile.n_end
         if n > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
@@ -429,13 +432,14 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
     """Group g's 128 rows of each tile: the peeled first (masked) step, the branch-free
     bulk, the masked tail (none without causal masking under MASK_FIRST); then l and m
     to TMEM for the epilogue."""
-    total = tiles.n_pairs * tiles.H
+    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
         if tile.n_end > 0:
             rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
             first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
@@ -470,13 +474,14 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
     """O_g *= alpha between steps (not at a tile's first: P V overwrites O then), and the
     epilogue: O = O / l and LSE for rows < len_q; rows with no key (and tiles with no
     keys at all, which touch no TMEM) get O = 0 and LSE = -inf."""
-    total = tiles.n_pairs * tiles.H
+    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
         n = tile.n_end
         if n > 0:
             for g in tl.static_range(GROUPS):
@@ -566,7 +571,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tile_full=tlx.alloc_barriers(2),
                 tile_empty=tlx.alloc_barriers(2, arrive_count=READERS),
                 sink=tlx.alloc_barriers(1))
-    tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK, sched_ptr)
+    tiles = Tiles(pairs_ptr, count_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, sched_ptr)
     out = Out(out_ptr, lse_ptr, H, n_out)
 
     with tlx.async_tasks():
