@@ -424,13 +424,17 @@ def _variants(configs, **fields):
 
 @pytest.mark.parametrize("dynamic", [True, False], ids=["counter", "round-robin"])
 def test_tlx_fwd_blackwell_protocol(dynamic):
-    runs = 0
+    """Clean at every config; and the P parts' barriers are live: the MMA's wait for a P
+    part blocks in some interleavings (alpha goes out before P, so the rescale does not
+    already imply every part, and P V of part 0 can start before part 1 is written)."""
+    runs, stats = 0, {}
     for key, cfg in _tlx_bw_configs().items():
         cfg = dataclasses.replace(cfg, dynamic=dynamic)
         r, _ = P.sweep(P.tlx_fwd_blackwell, cfg, problems=3, seeds=3,
-                       seed=_seed((key, dynamic)), max_len=300)
+                       seed=_seed((key, dynamic)), max_len=300, wait_stats=stats)
         runs += r
     assert runs == 8 * 9
+    assert stats[("mma", "p_full")][1] > 0
 
 
 def test_cute_fwd_blackwell_protocol():
