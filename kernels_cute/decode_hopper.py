@@ -114,7 +114,7 @@ class Tile(NamedTuple):
     row0: Any            # first tile row (packed: query row r // group, head r % group)
     rows: Any            # the sequence's tile rows, group * n_q
     group: Any
-    page_size: Any
+    page_div: Any        # page_size as a fast divisor (paged)
 
 
 _COMPILED = {}
@@ -220,8 +220,11 @@ def _kernel_class():
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
 
             n_row_blocks = (group * len_q + self.M - 1) // self.M
+            # token -> (page, row): a multiply-high divmod, not an integer division
+            page_div = cute.FastDivmodDivisorV2(page_size) if const_expr(self.paged) \
+                else page_size
             self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, scale_log2, len_q,
-                        group, page_size, num_splits, sQ_layout, sKV_layout,
+                        group, page_div, num_splits, sQ_layout, sKV_layout,
                         tiled_mma, gather, SharedStorage).launch(
                 grid=[num_splits, mK.shape[2] * n_row_blocks, mSeqK.shape[0]],
                 block=[self.num_threads, 1, 1], stream=stream)
@@ -232,7 +235,7 @@ def _kernel_class():
                    mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
                    mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
                    scale_log2: Float32, len_q: Int32, group: Int32,
-                   page_size: Int32, num_splits: Int32,
+                   page_div, num_splits: Int32,
                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                    tiled_mma: cute.TiledMma, gather: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
@@ -275,7 +278,7 @@ def _kernel_class():
                 per_split = (n_blocks + num_splits - 1) // num_splits
                 blk_lo = split * per_split
                 n_iter = cutlass.max(cutlass.min(per_split, n_blocks - blk_lo), 0)
-                tile = Tile(b, hk, q_start, n_q, n_k, row0, rows, group, page_size)
+                tile = Tile(b, hk, q_start, n_q, n_k, row0, rows, group, page_div)
 
                 self.load_q(mQ, sQ, gather, tidx, tile)
                 cute.arch.cp_async_commit_group()
@@ -304,9 +307,13 @@ def _kernel_class():
         @cute.jit
         def gmem_row(self, m, coord):  # role: load
             """A 16-byte-aligned 1-D view of one cache / query row from `coord` on."""
-            addr = (m.iterator + cute.crd2idx(coord, m.layout)).toint()
-            ptr = cute.make_ptr(m.element_type, addr, cute.AddressSpace.gmem,
-                                assumed_align=16)
+            return self.gmem_at(m, cute.crd2idx(coord, m.layout))
+
+        @cute.jit
+        def gmem_at(self, m, offset):  # role: load
+            """The 16-byte copy of m at element `offset` (a multiple of 8)."""
+            ptr = cute.make_ptr(m.element_type, (m.iterator + offset).toint(),
+                                cute.AddressSpace.gmem, assumed_align=16)
             return cute.make_tensor(ptr, cute.make_layout((self.vec,)))
 
         @cute.jit
@@ -332,28 +339,31 @@ def _kernel_class():
             j % page_size (paged) or (b, j) (contiguous). Tokens past n_k repeat token
             n_k - 1 (their scores are masked; a finite V row keeps P V finite). Issued a
             block ahead of its copies, so the table read's latency is off the loop."""
-            b, n_k, page_size = tile.b, tile.n_k, tile.page_size
+            b, n_k = tile.b, tile.n_k
             tKcK = gather.get_slice(tidx).partition_S(cute.make_identity_tensor((self.BN, self.D)))
             for m in cutlass.range_constexpr(cute.size(rows_kv, mode=[1])):
                 j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
                 if const_expr(self.paged):
-                    pi = j // page_size
+                    pi, row = divmod(j, tile.page_div)
                     rows_kv[0, m] = mPageTable[b, pi]
-                    rows_kv[1, m] = j - pi * page_size
+                    rows_kv[1, m] = row
                 else:
                     rows_kv[0, m] = b
                     rows_kv[1, m] = j
 
         @cute.jit
         def load_kv(self, mK, mV, sK, sV, gather, tidx, rows_kv, stage, hk):  # role: load
-            """K and V of one block (its rows from `lookup`) into slot `stage`."""
+            """K and V of one block (its rows from `lookup`) into slot `stage`. k_cache and
+            v_cache share one layout (one shape, both contiguous: the core checks), so a
+            row's offset is computed once for both."""
             thr = gather.get_slice(tidx)
             tKsK = thr.partition_D(sK[None, None, stage])
             tVsV = thr.partition_D(sV[None, None, stage])
             col = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))[0, 0, 0][1]
             for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-                src_k = self.gmem_row(mK, (rows_kv[0, m], rows_kv[1, m], hk, col))
-                src_v = self.gmem_row(mV, (rows_kv[0, m], rows_kv[1, m], hk, col))
+                off = cute.crd2idx((rows_kv[0, m], rows_kv[1, m], hk, col), mK.layout)
+                src_k = self.gmem_at(mK, off)
+                src_v = self.gmem_at(mV, off)
                 cute.copy(gather, cute.make_tensor(src_k.iterator, tKsK[None, m, 0].layout),
                           tKsK[None, m, 0])
                 cute.copy(gather, cute.make_tensor(src_v.iterator, tVsV[None, m, 0].layout),
