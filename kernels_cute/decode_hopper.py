@@ -20,8 +20,10 @@ One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). Th
                block of Config.block_n tokens go into one of Config.stages smem slots
                (one commit group per block; stages - 1 blocks in flight under the
                compute of the current one). The page-table reads of a block are issued
-               one block ahead of its copies. Q is gathered once per tile the same way,
-               into the last K slot (in registers before that slot's first block lands).
+               one block ahead of its copies; j // page_size is a multiply-high divmod.
+               Q is gathered once per tile the same way, into the last K slot (it is in
+               registers before that slot's first block lands), or its own smem where
+               it does not fit (128 rows).
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
