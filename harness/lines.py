@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROLE_NAMES = ("schedule", "load", "compute", "correction", "reduce_dq", "store", "host",
+ROLE_NAMES = ("schedule", "load", "compute", "correction", "reduce_dq", "store", "combine", "host",
               "other")
 ROLES = [  # (role, regex on the lower-cased function name), first match wins
     ("reduce_dq", r"reduce_dq|dq_reduce|dqaccum|dq_accum|reduce|postprocess"),
@@ -38,6 +38,7 @@ ROLES = [  # (role, regex on the lower-cased function name), first match wins
     ("load", r"load|(^|_)tma|producer|prefetch|gather"),
     ("store", r"store|epilogue|write|save"),
     ("correction", r"correction"),
+    ("combine", r"combine"),
     ("compute", r"compute|mma|gemm|softmax|attend|qk|pv|mask|rescale|correct|preprocess|"
                 r"prob|visible|exp|scale|score|(^|_)d[spqkv](_|$)|dkdv|dq|row|kv_end|step|"
                 r"overlap|finalize"),

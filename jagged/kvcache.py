@@ -272,7 +272,6 @@ def run(forward, q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, 
 
 _CHOSEN: dict = {}
 _FORWARDS: dict = {}  # style -> its decode_hopper.forward
-_OPS: dict = {}       # style -> its torch.library op (for torch.compile)
 
 
 @torch.compiler.assume_constant_result
@@ -310,18 +309,17 @@ def style_forward(name: str):
     return fn
 
 
-def _op(name: str):
-    op = _OPS.get(name)
-    if op is not None:
-        return op
+def _make_op(name: str):
+    """The torch.library op of style `name` (what torch.compile traces). Registered at
+    import: defining an op inside a traced function would break the graph."""
 
     @torch.library.custom_op(f"jagged_attn::kvcache_{name}", mutates_args=())
     def op(q3: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor],
            cu_seqlens_q: Optional[torch.Tensor], len_q: int, causal: bool, scale: float,
-           num_splits: int, capacity: int, max_seqlen_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+           num_splits: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
-                           max_seqlen_q, capacity)
+                           len_q, capacity)
         return run(style_forward(name), q3, k_cache, v_cache, cache_seqlens, page_table,
                    cu_seqlens_q, len_q, causal, scale, num_splits)
 
@@ -329,8 +327,10 @@ def _op(name: str):
     def _(q3, *rest):
         return torch.empty_like(q3), q3.new_empty(q3.shape[1], q3.shape[0], dtype=torch.float32)
 
-    _OPS[name] = op
     return op
+
+
+_OPS = {name: _make_op(name) for name in ("cute", "tlx")}
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
@@ -356,7 +356,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
     args = (q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, int(len_q),
             bool(causal), scale, int(num_splits))
     if torch.compiler.is_compiling():
-        out, lse = _op(name)(*args, capacity, int(len_q))
+        out, lse = _OPS[name](*args, capacity)
     else:
         check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
                            len_q, capacity)

@@ -225,3 +225,16 @@ def test_combine_compiles_for_sm90():
         constexprs={"H": 32, "D": 128, "S_POW2": 64, "BLOCK_R": 16}, arch=90, num_warps=4)
     assert not rep.spills, rep
     assert rep.fits(), rep
+
+
+@interp
+def test_compile_fullgraph_traces_the_call(monkeypatch):
+    """torch.compile(fullgraph=True) traces kvcache_attention with no graph break (the
+    style resolved as on a GPU; the op runs the TLX kernel in the interpreter)."""
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    a = inputs(lengths=(13, 2))
+    f = torch.compile(lambda q, k, v, n, pt: kc.kvcache_attention(
+        q, k, v, n, page_table=pt, num_splits=3), fullgraph=True, backend="aot_eager")
+    got = f(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["page_table"])
+    want = kc.kvcache_attention(**a, num_splits=3)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
