@@ -28,9 +28,9 @@ Roles:
 
 The pipeline: the KV loop is peeled into a bulk of blocks every tile row sees whole
 (no mask; `tl.range(num_stages=STAGES)`: Triton's software pipeliner issues the loads of
-later blocks while one is computed, into three-deep K and V rings at the default
-configs: cp.async for gathered rows and for the page-table entries their addresses
-depend on, TMA with mbarriers for boxes) and a masked tail (the sequence end, the
+later blocks while one is computed, into K and V rings 3 to 5 deep (CONFIGS):
+cp.async for gathered rows and for the page-table entries their addresses depend on,
+TMA with mbarriers for boxes) and a masked tail (the sequence end, the
 causal diagonal: at most a few blocks, gathered with zero fill).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ ROW_TILES = (16, 32, 64, 128)  # M tiles: tl.dot needs M >= 16
 @dataclass(frozen=True)
 class Config:
     block_n: int      # keys per K/V block
-    num_stages: int   # blocks of the bulk loop in the pipeline (STAGES - 1 in flight)
+    num_stages: int   # the bulk loop's num_stages (the ring depth it gives: CONFIGS)
     num_warps: int
 
 
