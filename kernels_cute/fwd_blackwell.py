@@ -41,6 +41,23 @@ softmax_s(n)'s factor after PV_s(n-1)] -> mma PV_s(n) -> mma QK_s(n+1) (it overw
 P_s(n): tcgen05 MMAs from one thread execute in order). While softmax 0 works, the
 tensor core runs half 1's PV and QK, and the other way round (ping-pong).
 
+Hand-overs (mbarriers; arrivals per phase; "commit": tcgen05.commit, one arrival when
+the issuing thread's earlier MMAs are done), each waited in order with parity count % 2
+(a producer's first wait on an empty barrier passes):
+
+    pipe_q      2 slots   load -> mma: TMA bytes (1 + tx)  | mma -> load: commit after Q's last QK
+    pipe_kv     N slots   load -> mma: TMA bytes (1 + tx)  | mma -> load: commit after its MMAs
+    pipe_s_p    per half  mma -> softmax s: commit of QK   | softmax s -> mma: P written (128)
+    pipe_o      per half  mma -> correction: commit of PV  | correction -> mma: O_s rescaled,
+                                                             or read out by `store` (128)
+    pipe_stats  per half  softmax s -> correction (128)    | correction -> softmax s (128)
+    pipe_clc    1 slot    schedule -> all: CLC bytes (1 + 16) | all 15 role warps -> schedule (480)
+    bar 1       named     TMEM allocated (416: warps 0-12 sync) / released (384 arrive + mma sync)
+
+Per tile of n_end > 0 blocks and per half: n_end S / P hand-overs, n_end PVs (the first
+waits for the previous tile's `store` to release O_s), n_end - 1 rescale factors plus
+the final row sum and max through `stats`; a tile without keys only passes its stats.
+
 The KV loop is peeled per half: blocks [0, n_bulk_s) are visible to every row of half s
 and run without mask code; blocks [n_bulk_s, n_end) (sequence tail, causal diagonal) are
 masked. Both halves walk the same n_end blocks (they share K/V): under causal, half 0
