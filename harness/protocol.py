@@ -17,7 +17,8 @@ extra actors whose completions interleave too, and stops at the first violation:
   a barrier means phase n (minus one if its first wait passed on the initial state);
   it fails if the barrier has run two phases ahead of it or is behind it while the
   parity lets it through;
-- arrival: an arrive on an mbarrier phase that has no arrivals left, a named barrier
+- arrival: an arrive on an mbarrier phase that has no arrivals left, a phase left part
+  done when the run ends (an arrival lost where nobody waits any more), a named barrier
   generation over its thread count or completed by arrives alone (a lost turn).
 
 What is modelled: mbarriers (expected arrival count, transaction bytes, phase bit,
@@ -271,6 +272,10 @@ class Sim:
         for r in self.roles:
             if r.mmas:
                 self.fail("race", f"{r.name} ended with {len(r.mmas)} MMAs in flight")
+        for name, b in self.bars.items():
+            if b.pending != b.count or b.tx:
+                self.fail("arrival", f"{name} ends with phase {b.phase} part done: "
+                          f"{b.count - b.pending} of {b.count} arrivals, tx {b.tx}")
         return self.steps
 
     def _advance(self, r: _Role, value):

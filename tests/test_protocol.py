@@ -68,6 +68,18 @@ def test_deadlock_lists_every_pending_wait():
     assert "producer: wait empty[0] parity 0 (completed phases 0, arrivals left 1/1" in str(e.value)
 
 
+def test_lost_arrival_at_the_end():
+    """An arrive dropped where nobody waits for it any more (the last release) shows as a
+    phase left part done when the run ends."""
+    def build(sim):
+        _ring(sim, 3, 4, consumers=2)
+        sim.mutate = lambda role, op: (None if role == "consumer1" and type(op) is Arrive
+                                       and op.bar == "empty[2]" else op)
+    with pytest.raises(ProtocolError, match="arrival: empty.2. ends with phase 0 part done: "
+                                            "1 of 2 arrivals"):
+        P.check(build, range(3))
+
+
 def test_overwrite_before_release():
     """No empty-barrier wait: the producer rewrites a slot its reader still holds, the
     reader finds the slot already rewritten, or the producer arrives on a full barrier
