@@ -292,14 +292,18 @@ def _tbps(B, n_k, H, H_kv, D, page, splits, config=None, len_q=1):
     return 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e12
 
 
+BANDWIDTH = [(None, 1), (1, 1), (16, 1), (64, 1), (128, 1), (None, 16), (16, 16)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("page", [None, 1, 16, 64, 128], ids=lambda p: f"page{p}")
-def test_decode_bandwidth(page):
+@pytest.mark.parametrize("page,len_q", BANDWIDTH, ids=[f"page{p}-lq{n}" for p, n in BANDWIDTH])
+def test_decode_bandwidth(page, len_q):
     """Prints TB/s of K + V at the issue's headline shape (B = 1, 32k keys, GQA 32/8,
-    D = 128, one query row) for a few split counts; run with -s."""
+    D = 128; one query row, or 16: 64-row tiles) for a few split counts; run with -s."""
     for splits in (16, 33, 66):
-        print(f"\ndecode B1 32k GQA32/8 D128 page {page} splits {splits}: "
-              f"{_tbps(1, 32768, 32, 8, 128, page, splits):.2f} TB/s", end="")
+        tbps = _tbps(1, 32768, 32, 8, 128, page, splits, len_q=len_q)
+        print(f"\ndecode B1 32k GQA32/8 D128 L_q {len_q} page {page} splits {splits}: "
+              f"{tbps:.2f} TB/s", end="")
 
 
 # candidate configs at D = 128, 16 rows: (block_n, num_stages, num_warps). The stages
