@@ -171,6 +171,8 @@ def _print_table(rows, timing):
                 pct = (f" ({float(r['kv_tbps']) / float(r['copy_tbps']):.0%} of copy)"
                        if r.get("copy_tbps") else "")
                 what = f"{float(r['kv_tbps']):6.3f} KV TB/s{pct} {what}"
+                if r.get("graph_kv_tbps"):
+                    what += f"  graph {float(r['graph_kv_tbps']):6.3f} TB/s"
         err = f"  {r['error'][:90]}" if r["status"] != "ok" else ""
         print(f"{r['backend']:{w}s} {r['pass']} {shape:55s} {what}{err}")
 

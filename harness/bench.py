@@ -55,7 +55,8 @@ PROBLEM_COLS = ["suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads"
                 "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "total_q", "total_k"]
 # decode rows only (empty in jagged rows): the cache layout and splits, the K + V bytes
 # a call reads, those bytes per second, the copy bandwidth measured by the same worker
-DECODE_COLS = ["page_size", "num_splits", "packed_q", "kv_bytes", "kv_tbps", "copy_tbps"]
+DECODE_COLS = ["page_size", "num_splits", "packed_q", "kv_bytes", "kv_tbps", "copy_tbps",
+               "graph_ms", "graph_kv_tbps"]
 COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
            ["status", "error", "ms", "tflops", "host_ms", "gpu", "gpu_index", "sm_clock_mhz",
             "sm_clock_max_mhz", "mem_clock_mhz", "torch", "triton", "flash_attn_4",

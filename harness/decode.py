@@ -442,6 +442,25 @@ def time_ms(fn, quick: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def graph_time_ms(fn, quick: bool) -> float | None:
+    """`time_ms` of replaying `fn` captured in a CUDA graph (how a decode loop usually
+    runs: no host work per step); None where the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception:  # a baseline that syncs or allocates on the host side: no column
+        torch.cuda.synchronize()
+        return None
+    return time_ms(graph.replay, quick)
+
+
 def copy_tbps() -> float | None:
     """Device-to-device copy bandwidth (TB/s of bytes read + written) of a 1 GiB copy,
     timed as the cells are (`time_ms`); once per process."""
@@ -491,11 +510,15 @@ def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX
         run = lambda: call(fn, inp, p, return_lse=False)
         ms = time_ms(run, quick)
         host = host_ms(run) if torch.cuda.is_available() else None
+        graph = graph_time_ms(run, quick) if torch.cuda.is_available() else None
         copy = copy_tbps()
         kv = p.kv_bytes() / (ms * 1e-3) / 1e12
+        gkv = None if graph is None else p.kv_bytes() / (graph * 1e-3) / 1e12
         return [row(b.name, p, "fwd", "ok", ms=f"{ms:.5f}", tflops=f"{p.flops() / ms * 1e-9:.4g}",
                     host_ms="" if host is None else f"{host:.5f}", kv_tbps=f"{kv:.4g}",
-                    copy_tbps="" if copy is None else f"{copy:.4g}")]
+                    copy_tbps="" if copy is None else f"{copy:.4g}",
+                    graph_ms="" if graph is None else f"{graph:.5f}",
+                    graph_kv_tbps="" if gkv is None else f"{gkv:.4g}")]
     except Unsupported as e:
         return [row(b.name, p, "fwd", "unsupported", str(e))]
     except Exception as e:

@@ -16,7 +16,8 @@ import pandas as pd  # noqa: E402
 MARKERS = "osD^v<>pP*Xh"
 ORDER = ["tlx", "cute", "triton", "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-nested",
          "sdpa-nested-cudnn", "flex", "sdpa", "flashinfer"]
-DECODE_NUM = ("page_size", "num_splits", "kv_bytes", "kv_tbps", "copy_tbps")
+DECODE_NUM = ("page_size", "num_splits", "kv_bytes", "kv_tbps", "copy_tbps", "graph_ms",
+              "graph_kv_tbps")
 COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PERF.md)
 
 
