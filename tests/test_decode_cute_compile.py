@@ -267,7 +267,8 @@ def test_decode_matches_reference(D, group, layout, qmode, causal, splits, dtype
     empty = ref_lse == -math.inf
     assert (lse[empty] == -math.inf).all(), "a row without keys has a finite lse"
     assert (out.float().transpose(0, 1)[empty] == 0).all(), "a row without keys is not 0"
-    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    # out rounding plus P in the input dtype, on outputs up to ~4.5 (one key: a V row)
+    tol = 3e-2 if dtype == torch.bfloat16 else 6e-3
     err = (out.float() - ref_out).abs().max().item()
     lse_err = (lse[~empty] - ref_lse[~empty]).abs().max().item() if (~empty).any() else 0.0
     assert err <= tol, f"max |out - ref| = {err:.3g}"
@@ -298,7 +299,7 @@ def test_decode_through_the_core(page_size):
                                         return_lse=True, backend="cute")
     ref_out, ref_lse = _reference(q.view(-1, H, D), k_cache, v_cache, seqk, page_table, None,
                                   L_q, True, D ** -0.5)
-    assert (out.float().view(-1, H, D) - ref_out).abs().max().item() <= 2e-2
+    assert (out.float().view(-1, H, D) - ref_out).abs().max().item() <= 3e-2
     assert (lse - ref_lse.view(H, B, L_q).permute(1, 0, 2)).abs().max().item() <= 1e-3
 
 
