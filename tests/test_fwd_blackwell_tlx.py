@@ -201,3 +201,254 @@ def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
 
     rep = check(inp, fn, causal=causal, broadcast_q=mode == "broadcast_q", backward=False)
     assert rep.ok, f"{p.label()} lengths={(lq.tolist(), lk.tolist())}\n{rep}"
+
+
+# ----------------------------------------------------------------------------- protocol
+class _Bar:
+    """An mbarrier: `count` arrivals complete a phase; wait(parity) passes while the
+    current (incomplete) phase's parity differs from it."""
+
+    def __init__(self, count=1):
+        self.count, self.pending, self.done = count, 0, 0
+
+    def arrive(self):
+        self.pending += 1
+        if self.pending == self.count:
+            self.pending, self.done = 0, self.done + 1
+
+
+def _protocol(n_ends, NQ, NKV, PS, dynamic, rng):
+    """fwd_blackwell's roles as generators of ("wait", bar, parity), ("arrive", bar) and
+    buffer events, transcribed from the kernel (a tcgen05 commit arrives at issue: the
+    tensor core waits on nothing). A random interleaving; returns "ok" or the failure:
+    a deadlock, a wait passing at another offset from its barrier's completions than
+    before (a phase overrun), or a buffer read before its write / overwritten before
+    its read (S_g, P_g parts, alpha_g, l and m)."""
+    G = fb.GROUPS.value
+    B = {}
+
+    def bar(name, count=1):
+        B.setdefault(name, _Bar(count))
+        return name
+
+    for i in range(NQ * G):
+        bar(f"q_full{i}"), bar(f"q_empty{i}")
+    for i in range(NKV):
+        bar(f"kv_full{i}"), bar(f"kv_empty{i}")
+    for g in range(G):
+        for n in ("s_full", "alpha_full", "o_ready", "o_full", "stats_full", "s_free"):
+            bar(f"{n}{g}")
+        for i in range(PS):
+            bar(f"p_full{g * PS + i}")
+    for s in range(2):
+        bar(f"tile_full{s}"), bar(f"tile_empty{s}", fb.READERS.value)
+    W = lambda name, ph: ("wait", name, ph)  # noqa: E731
+    A = lambda name: ("arrive", name)  # noqa: E731
+    total, slots = len(n_ends), {}
+
+    def tiles_of():  # fetch_tile: the handoff (dynamic) or the round-robin (one program)
+        i, t = 0, 0
+        while True:
+            if dynamic:
+                s, ph = i % 2, (i // 2) & 1
+                yield W(f"tile_full{s}", ph)
+                t = slots[s]
+                yield A(f"tile_empty{s}")
+            if t >= total:
+                return
+            yield ("tile", t)
+            i, t = i + 1, t + 1
+
+    def load():
+        tw = kv = 0
+        for t in range(total + 1):
+            if dynamic:
+                s, ph = t % 2, (t // 2) & 1
+                yield W(f"tile_empty{s}", ph ^ 1)
+                slots[s] = t
+                yield A(f"tile_full{s}")
+            if t == total:
+                return
+            n = n_ends[t]
+            if n == 0:
+                continue
+            qb, qph = tw % NQ, (tw // NQ) & 1
+            for g in range(G):
+                yield W(f"q_empty{qb * G + g}", qph ^ 1)
+                yield A(f"q_full{qb * G + g}")
+            for c in range(kv, kv + 2 * n):
+                yield W(f"kv_empty{c % NKV}", ((c // NKV) & 1) ^ 1)
+                yield A(f"kv_full{c % NKV}")
+            kv += 2 * n
+            tw += 1
+
+    def pv(g, step, vb, release):
+        ph = step & 1
+        yield W(f"o_ready{g}", ph)
+        for i in range(PS):
+            yield W(f"p_full{g * PS + i}", ph)
+            yield ("pv", g, step, i)
+        if release:
+            yield A(f"kv_empty{vb}")
+
+    def mma():
+        tw = kv = step = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            n = n_ends[ev[1]]
+            if n == 0:
+                continue
+            qb, qph = tw % NQ, (tw // NQ) & 1
+            kb = kv % NKV
+            yield W(f"kv_full{kb}", (kv // NKV) & 1)
+            for g in range(G):
+                yield W(f"q_full{qb * G + g}", qph)
+                yield W(f"s_free{g}", (tw & 1) ^ 1)
+                yield ("qk", g, step)
+                yield A(f"s_full{g}")
+                if g == G - 1:
+                    yield A(f"kv_empty{kb}")
+            vb = (kv + 1) % NKV
+            yield W(f"kv_full{vb}", ((kv + 1) // NKV) & 1)
+            yield from pv(0, step, vb, False)
+            for j in range(1, n):
+                v_prev, c = vb, kv + 2 * j
+                kb, vb = c % NKV, (c + 1) % NKV
+                yield W(f"kv_full{kb}", (c // NKV) & 1)
+                yield ("qk", 0, step + j)
+                yield A("s_full0")
+                yield from pv(1, step + j - 1, v_prev, True)
+                yield ("qk", 1, step + j)
+                yield A("s_full1")
+                yield A(f"kv_empty{kb}")
+                yield W(f"kv_full{vb}", ((c + 1) // NKV) & 1)
+                yield from pv(0, step + j, vb, False)
+            for g in range(G):
+                yield A(f"q_empty{qb * G + g}")
+            yield A("o_full0")
+            yield from pv(1, step + n - 1, vb, True)
+            yield A("o_full1")
+            kv, step, tw = kv + 2 * n, step + n, tw + 1
+
+    def softmax(g):
+        step = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            for _ in range(n_ends[ev[1]]):
+                yield W(f"s_full{g}", step & 1)
+                yield ("read_s", g, step)          # the max pass
+                yield ("write_alpha", g, step)
+                yield A(f"alpha_full{g}")
+                for i in range(PS):
+                    yield ("read_s", g, step)      # the exp2 pass, part i
+                    yield ("write_p", g, step, i)
+                    yield A(f"p_full{g * PS + i}")
+                step += 1
+            if n_ends[ev[1]]:
+                yield ("write_stats", g)
+                yield A(f"stats_full{g}")
+
+    def correction():
+        tw = step = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            n = n_ends[ev[1]]
+            if n == 0:
+                continue
+            for j in range(n):
+                for g in range(G):
+                    yield W(f"alpha_full{g}", (step + j) & 1)
+                    yield ("read_alpha", g, step + j)  # the rescale (none at j = 0)
+                    yield A(f"o_ready{g}")
+            for g in range(G):
+                yield W(f"stats_full{g}", tw & 1)
+                yield ("read_stats", g)
+                yield A(f"s_free{g}")
+                yield W(f"o_full{g}", tw & 1)
+            step, tw = step + n, tw + 1
+
+    roles = {"load": load(), "mma": mma(), "sm0": softmax(0), "sm1": softmax(1),
+             "correction": correction()}
+    cur, done, offs, passes = dict.fromkeys(roles), set(), {}, {}
+    s_ver, s_read, alpha_w, p_w, stats = {}, {}, {}, {}, {}
+    while len(done) < len(roles):
+        ready = []
+        for r, gen in roles.items():
+            if r in done:
+                continue
+            if cur[r] is None:
+                try:
+                    cur[r] = next(gen)
+                except StopIteration:
+                    done.add(r)
+                    continue
+            ev = cur[r]
+            if ev[0] != "wait" or (B[ev[1]].done & 1) != ev[2]:
+                ready.append(r)
+        if len(done) == len(roles):
+            return "ok"
+        if not ready:
+            return f"deadlock: {[(r, cur[r]) for r in roles if r not in done]}"
+        r = rng.choice(ready)
+        ev, cur[r] = cur[r], None
+        kind = ev[0]
+        if kind == "wait":
+            key = (r, ev[1])
+            off = B[ev[1]].done - passes.get(key, 0)
+            if offs.setdefault(key, off) != off:
+                return f"phase overrun: {key}"
+            passes[key] = passes.get(key, 0) + 1
+        elif kind == "arrive":
+            B[ev[1]].arrive()
+        elif kind == "qk":       # S_g(step) overwrites S_g, P_g (its lower half)
+            g, st = ev[1], ev[2]
+            if st and (s_read.get(g) != st - 1 or any(p_w.get((g, i)) != ("read", st - 1)
+                                                      for i in range(PS))):
+                return f"S_{g} overwritten before step {st - 1} was read: {ev}"
+            s_ver[g] = st
+        elif kind == "read_s":
+            if s_ver.get(ev[1]) != ev[2]:
+                return f"S read before it was written: {ev}"
+            s_read[ev[1]] = ev[2]
+        elif kind == "write_alpha":
+            if alpha_w.get(ev[1], (None, "read"))[1] != "read":
+                return f"alpha overwritten before it was read: {ev}"
+            alpha_w[ev[1]] = (ev[2], "written")
+        elif kind == "read_alpha":
+            if alpha_w.get(ev[1]) != (ev[2], "written"):
+                return f"alpha read before it was written: {ev}"
+            alpha_w[ev[1]] = (ev[2], "read")
+        elif kind == "write_stats":
+            if stats.get(ev[1], "read") != "read":
+                return f"l, m overwritten before they were read: {ev}"
+            stats[ev[1]] = "written"
+        elif kind == "read_stats":
+            if stats.get(ev[1]) != "written":
+                return f"l, m read before they were written: {ev}"
+            stats[ev[1]] = "read"
+        elif kind == "write_p":
+            p_w[(ev[1], ev[3])] = ("written", ev[2])
+        elif kind == "pv":
+            if p_w.get((ev[1], ev[3])) != ("written", ev[2]):
+                return f"P read before it was written: {ev}"
+            p_w[(ev[1], ev[3])] = ("read", ev[2])
+    return "ok"
+
+
+def test_barrier_protocol_model():
+    """No deadlock, no phase overrun, no buffer hazard over random jagged tile lists
+    (tiles with no keys, one block, several), Q / K-V ring depths, P parts and both
+    hand-outs, under random interleavings of the five tasks."""
+    rng = random.Random(0)
+    for _ in range(400):
+        n_ends = [rng.choice([0, 0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(0, 6))]
+        args = (n_ends, rng.choice([1, 2]), rng.choice([2, 3, 4, 5, 6]), rng.choice([1, 2]),
+                rng.random() < 0.5)
+        res = _protocol(*args, rng)
+        assert res == "ok", (args, res)
