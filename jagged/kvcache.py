@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import STYLES, style_available
+from .launch import fast
 from .validate import DTYPES, HEAD_DIMS, _check_one, _host_check
 
 # backend="auto" on Hopper: the first of these that runs
@@ -187,7 +188,7 @@ def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q,
     if B == 0:
         return
     paged = page_table is not None
-    _inputs_check_kernel[(B,)](
+    fast(_inputs_check_kernel)[(B,)](
         cache_seqlens, page_table if paged else cache_seqlens,
         cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, B, capacity,
         page_table.shape[1] if paged else 0, k_cache.shape[0], k_cache.shape[1], q_rows,
@@ -243,7 +244,7 @@ def combine(o_part, lse_part, out, lse):
     if n_rows == 0:
         return
     block_r = 16
-    _combine_kernel[(triton.cdiv(n_rows, block_r), H)](
+    fast(_combine_kernel)[(triton.cdiv(n_rows, block_r), H)](
         o_part, lse_part, out, lse, n_rows, S, H=H, D=D, S_POW2=triton.next_power_of_2(S),
         BLOCK_R=block_r, num_warps=4)
 

@@ -75,7 +75,7 @@ from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
-from .launch import fast
+from jagged.launch import fast
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 

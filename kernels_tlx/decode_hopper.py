@@ -45,7 +45,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.portable import mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
-from .launch import fast
+from jagged.launch import fast
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)

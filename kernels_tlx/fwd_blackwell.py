@@ -72,7 +72,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket
 
-from .launch import fast
+from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 from .tile_counter import fetch_tile, next_tile, publish_tile
 

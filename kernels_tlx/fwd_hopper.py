@@ -35,7 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket, fwd_consumers
 
-from .launch import fast
+from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 
 SPLIT_M = tl.constexpr(64)        # query rows of one consumer warpgroup (a wgmma's M)

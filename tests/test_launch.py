@@ -1,10 +1,10 @@
-"""kernels_tlx.launch.fast: one launcher per kernel (its compiled-kernel cache must
+"""jagged.launch.fast: one launcher per kernel (its compiled-kernel cache must
 outlive the call that made it), and the interpreter's functions launched as they are."""
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from kernels_tlx.launch import fast
+from jagged.launch import fast
 
 
 @triton.jit
@@ -28,7 +28,7 @@ def test_no_hook_by_default_and_a_hook_is_seen():
 
     from triton import knobs
 
-    from kernels_tlx.launch import hooked
+    from jagged.launch import hooked
     assert not hooked(knobs.runtime)
     assert not hooked(SimpleNamespace(launch_enter_hook=None))
     assert hooked(SimpleNamespace(launch_enter_hook=print))
@@ -48,7 +48,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from kernels_tlx import launch  # noqa: E402
+from jagged import launch  # noqa: E402
 
 
 def _py_kernel(desc_a, x_ptr, y_ptr, n, m, scale, flag, desc_b,

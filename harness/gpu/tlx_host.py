@@ -7,7 +7,7 @@ real calls (JITFunction.run wrapped), so a change to the host path can be aimed.
 
     python -m harness.gpu.tlx_host [--match "Lq256 Lk256 s0.1"] [--n 200] [--batch 16]
 
-Rows timed both ways show two columns: launch plans (kernels_tlx.launch) and Triton's
+Rows timed both ways show two columns: launch plans (jagged.launch) and Triton's
 JITFunction.run; each the least of two GC-off windows per path. The correctness pass runs
 the forward and backward on Triton's path and on plans (not a first call) and compares:
 out, lse, dk, dv bit for bit, dq by its max abs difference (atomic order). --verify has
@@ -124,7 +124,7 @@ def line_times(func, call, n: int, top: int = 12):
 
 def same_outputs(fwd, bwd) -> list[str]:
     """Plans against Triton's path: forward and backward outputs, and that plans ran."""
-    from kernels_tlx import launch
+    from jagged import launch
     fast0 = launch.FAST
     out = {}
     for m in (False, True):
