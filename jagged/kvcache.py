@@ -263,8 +263,10 @@ def run(forward, q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, 
         forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse, None,
                 None, len_q=len_q, causal=causal, scale=scale, num_splits=1)
         return out, lse
-    o_part = torch.empty(num_splits, n_rows, H, D, device=q3.device, dtype=torch.float32)
-    lse_part = torch.empty(num_splits, H, n_rows, device=q3.device, dtype=torch.float32)
+    n_o = num_splits * n_rows * H * D  # one allocation for both partials (host time)
+    part = torch.empty(n_o + num_splits * H * n_rows, device=q3.device, dtype=torch.float32)
+    o_part = part[:n_o].view(num_splits, n_rows, H, D)
+    lse_part = part[n_o:].view(num_splits, H, n_rows)
     forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, None, None, o_part,
             lse_part, len_q=len_q, causal=causal, scale=scale, num_splits=num_splits)
     combine(o_part, lse_part, out, lse)
