@@ -670,18 +670,19 @@ def _kernel_class():
                 pipe_stats.sync_object_full.arrive(half, None)
                 events += 1
             m_scaled = m_safe * scale_log2
+            # P chunk by chunk (32 columns: a TMEM store of 16 packed words each), the row
+            # sum from the fp32 values; P's registers alias the S layout in 16 bits
             tSrP32 = cute.make_rmem_tensor(p_shape, Float32)
             tSrP = cute.make_tensor(cute.recast_ptr(tSrP32.iterator, dtype=self.dtype),
-                                    cute.make_layout(cute.size(tSrS)))
-            chunks = cute.size(tStP_r2t, mode=[2])
-            per = cute.size(tSrS) // chunks
+                                    tSrS.layout)
             acc = row_sum * scale
-            for k in cutlass.range_constexpr(chunks):
-                for c in cutlass.range_constexpr(per):
-                    p = cute.math.exp2(tSrS[k * per + c] * scale_log2 - m_scaled,
-                                       fastmath=True)
-                    acc += p
-                    tSrP[k * per + c] = p.to(self.dtype)
+            for k in cutlass.range_constexpr(cute.size(tSrS, mode=[2])):
+                chunk = tSrS[None, None, k]
+                for c in cutlass.range_constexpr(cute.size(chunk)):
+                    chunk[c] = cute.math.exp2(chunk[c] * scale_log2 - m_scaled, fastmath=True)
+                p = chunk.load()
+                acc += p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                tSrP[None, None, k].store(p.to(self.dtype))
                 cute.copy(st, tSrP32[None, None, k], tStP_r2t[None, None, k])
             cute.arch.fence_view_async_tmem_store()
             pipe_s_p.sync_object_empty.arrive(half, None)
