@@ -87,7 +87,8 @@ class Write(NamedTuple):
 class Mma(NamedTuple):
     """An async MMA reading `reads` ({buffer: tag}) and writing `writes`; in flight until
     retired by `MmaWait` (wgmma) or completed by a `Commit` (tcgen05). MMAs of one role run
-    in order: one may read what an earlier one of the role still writes."""
+    in order: one may read what an earlier one of the role still writes. (A bulk TMA
+    store, an async read of shared memory retired by its wait, is one too.)"""
     reads: dict
     writes: dict = {}
 
@@ -109,14 +110,17 @@ class Release(NamedTuple):
 
 
 class BarSync(NamedTuple):
-    """bar.sync on a named barrier: block until `threads` threads have reached it."""
+    """bar.sync on a named barrier: block until `threads` threads have reached it.
+    `release`: buffers the role hands back by arriving (as Arrive's)."""
     id: str
     threads: int
+    release: tuple = ()
 
 
 class BarArrive(NamedTuple):
     id: str
     threads: int
+    release: tuple = ()
 
 
 class Take(NamedTuple):
@@ -372,12 +376,15 @@ class Sim:
         elif kind is Release:
             self._release(r, op.bufs)
         elif kind is BarSync:
+            if r.blocked_gen is None:
+                self._release(r, op.release)
             if r.blocked_gen is None and not self._named(r, op, sync=True):
                 r.blocked_gen = self.named[op.id].gen
                 r.ready = False
                 return  # blocked until this generation completes
             r.blocked_gen = None
         elif kind is BarArrive:
+            self._release(r, op.release)
             self._named(r, op, sync=False)
         elif kind is Take:
             value = self.counters[op.counter]
@@ -544,6 +551,11 @@ class Problem:
     heads: int = 1
     causal: bool = False
     broadcast_q: bool = False
+    kv_heads: int = 0   # GQA: heads // kv_heads query heads a KV head (0: heads)
+
+    @property
+    def hkv(self) -> int:
+        return self.kv_heads or self.heads
 
 
 @dataclass(frozen=True)
@@ -1304,6 +1316,247 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     return walk
 
 
+# ----------------------------------------------------------------------------- TLX, Hopper backward
+class BwdWalk:
+    """A backward launch over the KV-tile list (jagged.tiles.kv_tiles_reference, the CPU
+    reference the GPU build is tested equal to): the tiles of `programs` programs as
+    schedule.tile_range and kv_tile_coords walk them (packed: the list x KV heads
+    round-robin, or from the counter; broadcast-Q: programs pinned to a KV head), and the
+    check that the consumers finished each (tile, KV head) once."""
+
+    def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int):
+        import torch
+
+        from jagged.tiles import kv_tiles_reference
+        self.problem, self.block_m, self.block_n = problem, block_m, block_n
+        HKV = problem.hkv
+        lq = torch.tensor(problem.lens_q, dtype=torch.int32)
+        lk = torch.tensor(problem.lens_k, dtype=torch.int32)
+        cu = lambda x: torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0).to(torch.int32)])
+        L_q = problem.lens_q[0] if problem.broadcast_q else 0
+        tb, tn, n = kv_tiles_reference(None if problem.broadcast_q else cu(lq), cu(lk), L_q,
+                                       max(problem.lens_k), problem.causal, block_m, block_n)
+        self.tile_b, self.tile_n, self.n_real = tb.tolist(), tn.tolist(), int(n)
+        if problem.broadcast_q:  # dq_accumulator: slots x KV heads
+            self.programs = HKV * max(1, programs // HKV)
+        else:
+            self.programs = max(1, programs)
+        self.want = sorted((base, hk) for base in range(self.n_real) for hk in range(HKV))
+        self.done: list = []
+
+    def range(self, pid):
+        """schedule.tile_range: (first, step, end)."""
+        HKV, P = self.problem.hkv, self.programs
+        if self.problem.broadcast_q:
+            return pid // HKV, P // HKV, self.n_real
+        return pid, P, self.n_real * HKV
+
+    def coords(self, t, pid):
+        """schedule.kv_tile_coords -> (key, hk, b, m_lo, n_m)."""
+        pr, HKV, BM = self.problem, self.problem.hkv, self.block_m
+        base, hk = (t, pid % HKV) if pr.broadcast_q else (t // HKV, t % HKV)
+        b, n0 = self.tile_b[base], self.tile_n[base] * self.block_n
+        len_q, len_k = pr.lens_q[b], pr.lens_k[b]
+        m_lo = max(n0 - len_k + len_q, 0) // BM * BM if pr.causal else 0
+        n_m = max(-(-(len_q - m_lo) // BM), 0)
+        return (base, hk), hk, b, m_lo, n_m
+
+    def finish(self):
+        if sorted(self.done) != self.want:
+            raise ProtocolError("coverage", f"tiles finished {sorted(self.done)}, the list "
+                                f"holds {self.want}")
+
+
+def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                   elem_bytes: int = 2) -> BwdWalk:
+    """kernels_tlx/bwd_hopper.py's bwd_kernel: per program `load` (the producer
+    warpgroup), two `compute` consumers (64 keys of the 128-key tile each) and, at 32-row
+    steps, a 1-warp `reduce_dq` (at 64- and 128-row steps the load task reduces dQ one
+    step behind its loads). K/V: kv_stages stages, each consumer's K and V halves, full
+    (one arrival + the bytes) / empty (one a consumer); Q/dO: a 2-deep ring, with lse2 /
+    delta beside it at 64- and 128-row steps; dS^T: two steps deep, the consumers meeting
+    on named barrier 8 (256 threads) where a consumer reads the other's; dQ: a staging
+    buffer a consumer, full / empty to the reduce (a bulk reduce-add: an async read of the
+    staging, retired by its wait), at D = 64 below 128-row steps summed into the last
+    consumer's first. Causal packed lists: tiles from the counter, handed to the
+    consumers (and reduce_dq) through the two-slot ring."""
+    from jagged.tiles import bwd_dynamic
+
+    from kernels_tlx.bwd_hopper import BLOCK_N, NUM_BUF_Q, NUM_CONSUMERS, dq_cols
+    D, BM, NC, NB, NKV = head_dim, cfg.block_m, NUM_CONSUMERS.value, NUM_BUF_Q.value, cfg.kv_stages
+    BNC = BLOCK_N // NC
+    M64, M128 = BM >= 64, BM >= 128
+    DQ_COLS = dq_cols(D)
+    DQS = DQ_COLS == D and not M128
+    MEET = DQ_COLS < D or M128           # a consumer's dQ reads the other's dS^T (and K)
+    dyn = bwd_dynamic(problem.causal, problem.broadcast_q)
+    walk = BwdWalk(problem, BM, BLOCK_N, programs)
+    P, G = walk.programs, problem.heads // problem.hkv
+    counter = sim.counter("tile_counter")
+    for p in range(P):
+        pre = f"cta{p}."
+        k = sim.buffers(pre + "k", NKV * NC)
+        v = sim.buffers(pre + "v", NKV * NC)
+        q = sim.buffers(pre + "q", NB)
+        do = sim.buffers(pre + "do", NB)
+        stat = sim.buffers(pre + "lse_delta", NB) if M64 else None
+        ds = sim.buffers(pre + "ds", 2 * NC)
+        dq = sim.buffers(pre + "dq", NC)
+        tile_slot = sim.buffers(pre + "tile", 2)
+        bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
+        kv_full, kv_empty = bar("kv_full", NKV), bar("kv_empty", NKV, NC)
+        q_full, q_empty = bar("q_full", NB), bar("q_empty", NB, NC)
+        dq_full, dq_empty = bar("dq_full", NC), bar("dq_empty", NC)
+        tile_full = bar("tile_full", 2)
+        tile_empty = bar("tile_empty", 2, NC if M64 else NC + 1)
+        meet = sim.named_barrier(pre + "bar8")
+        first, step, end = walk.range(p)
+
+        def steps(t, p=p):
+            key, hk, b, m_lo, n_m = walk.coords(t, p)
+            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+
+        def publish(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_empty[s], ph ^ 1)
+            yield Write(tile_slot[s], t)
+            yield Arrive(tile_full[s])
+
+        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
+                  step=step):
+            if not dyn:
+                return t + step if i else t
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_full[s], ph)
+            t = yield Read(tile_slot[s])
+            yield Arrive(tile_empty[s], release=(tile_slot[s],))
+            return t
+
+        def reduce_step(qcnt, qkey, dq=dq, dq_full=dq_full, dq_empty=dq_empty):
+            cs = range(NC - 1 if DQS else 0, NC)
+            for c in cs:
+                yield Wait(dq_full[c], qcnt & 1)
+                yield Mma({dq[c]: ("dQsum", qkey) if DQS else ("dQ", qkey, c)})  # reduce-add
+            yield MmaWait(0)                                      # store_wait(0)
+            for c in cs:
+                yield Arrive(dq_empty[c], release=(dq[c],))
+
+        def load(p=p, k=k, v=v, q=q, do=do, stat=stat, kv_full=kv_full, kv_empty=kv_empty,
+                 q_full=q_full, q_empty=q_empty, publish=publish, reduce_step=reduce_step,
+                 first=first, step=step, end=end):
+            t, i, qcnt, prev = first, 0, 0, None
+            if dyn:
+                yield from publish(t, 0)
+            while t < end:
+                key, qsteps = steps(t)
+                kvb, kph = ring(i, NKV)
+                yield Wait(kv_empty[kvb], kph ^ 1)
+                yield Arrive(kv_full[kvb], tx=2 * elem_bytes * BLOCK_N * D)
+                for c in range(NC):
+                    for bufs, what in ((k, "K"), (v, "V")):
+                        yield Tma(kv_full[kvb], {bufs[kvb * NC + c]: (what, key, c)},
+                                  elem_bytes * BNC * D)
+                for qkey in qsteps:
+                    buf, ph = ring(qcnt, NB)
+                    yield Wait(q_empty[buf], ph ^ 1)
+                    if M64:
+                        yield Write(stat[buf], ("lse", qkey))
+                    yield Arrive(q_full[buf], tx=2 * elem_bytes * BM * D)
+                    yield Tma(q_full[buf], {q[buf]: ("Q", qkey)}, elem_bytes * BM * D)
+                    yield Tma(q_full[buf], {do[buf]: ("dO", qkey)}, elem_bytes * BM * D)
+                    if M64:  # reduce_dq folded in, one step behind
+                        if qcnt > 0:
+                            yield from reduce_step(qcnt - 1, prev)
+                        prev = qkey
+                    qcnt += 1
+                i += 1
+                t = P + (yield Take(counter)) if dyn else t + step
+                if dyn:
+                    yield from publish(t, i)
+            if M64 and qcnt > 0:
+                yield from reduce_step(qcnt - 1, prev)
+
+        def compute(cid, p=p, k=k, v=v, q=q, do=do, stat=stat, ds=ds, dq=dq, kv_full=kv_full,
+                    kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, dq_full=dq_full,
+                    dq_empty=dq_empty, meet=meet, fetch=fetch, first=first):
+            t, i, qcnt = (yield from fetch(first, 0)), 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                kvb, kph = ring(i, NKV)
+                yield Wait(kv_full[kvb], kph)
+                kc, vc = k[kvb * NC + cid], v[kvb * NC + cid]
+                K, V = ("K", key, cid), ("V", key, cid)
+                for qkey in qsteps:
+                    buf, ph = ring(qcnt, NB)
+                    yield Wait(q_full[buf], ph)
+                    Q, dO = ("Q", qkey), ("dO", qkey)
+                    sb = (qcnt % 2) * NC
+                    if M128:  # _step_rows: one dot after the other
+                        yield Mma({kc: K, q[buf]: Q})                   # S^T
+                        yield MmaWait(0)
+                        yield Read(stat[buf], ("lse", qkey))
+                        yield Mma({do[buf]: dO})                        # dV += P^T dO
+                        yield MmaWait(0)
+                        yield Mma({vc: V, do[buf]: dO})                 # dP^T
+                        yield MmaWait(0)
+                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
+                    else:
+                        yield Mma({kc: K, q[buf]: Q})                   # S^T
+                        yield Mma({vc: V, do[buf]: dO})                 # dP^T
+                        yield MmaWait(1)
+                        if M64:
+                            yield Read(stat[buf], ("lse", qkey))
+                        yield Mma({do[buf]: dO})                        # dV += P^T dO
+                        yield MmaWait(1)
+                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
+                    yield Write(ds[sb + cid], ("dS", qkey, cid))
+                    if MEET:  # both dS^T in smem; the other parity's reads are done
+                        other = tuple(ds[(NC - sb) % (2 * NC) + c] for c in range(NC))
+                        yield BarSync(meet, NC * 128, release=other)
+                        yield Mma({**{ds[sb + c]: ("dS", qkey, c) for c in range(NC)},
+                                   **{k[kvb * NC + c]: ("K", key, c) for c in range(NC)}})
+                    else:
+                        yield Mma({kc: K, ds[sb + cid]: ("dS", qkey, cid)})
+                    yield MmaWait(0)
+                    yield Arrive(q_empty[buf], release=(q[buf], do[buf]) +
+                                 ((stat[buf],) if M64 else ()))
+                    mine = ("dQ", qkey, cid)
+                    if DQS and cid == NC - 1:  # the others' partials summed here
+                        for c2 in range(NC - 1):
+                            yield Wait(dq_full[c2], qcnt & 1)
+                            yield Read(dq[c2], ("dQ", qkey, c2))
+                            yield Arrive(dq_empty[c2], release=(dq[c2],))
+                        mine = ("dQsum", qkey)
+                    yield Wait(dq_empty[cid], (qcnt & 1) ^ 1)
+                    yield Write(dq[cid], mine)
+                    yield Arrive(dq_full[cid])
+                    qcnt += 1
+                yield Write(vc, ("dK dV", key, cid))         # store: staged through V_c
+                yield Read(vc, ("dK dV", key, cid))
+                yield Arrive(kv_empty[kvb], release=tuple(k[kvb * NC:(kvb + 1) * NC]) + (vc,))
+                if cid == 0:
+                    walk.done.append(key)
+                i += 1
+                t = yield from fetch(t, i)
+
+        def reduce_dq(p=p, fetch=fetch, reduce_step=reduce_step, first=first):
+            t, i, qcnt = (yield from fetch(first, 0)), 0, 0
+            while t < end:
+                _, qsteps = steps(t)
+                for qkey in qsteps:
+                    yield from reduce_step(qcnt, qkey)
+                    qcnt += 1
+                i += 1
+                t = yield from fetch(t, i)
+
+        sim.role(pre + "load", load())
+        for c in range(NC):
+            sim.role(f"{pre}compute{c}", compute(c))
+        if not M64:
+            sim.role(pre + "reduce_dq", reduce_dq(), threads=32)
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
 def random_problem(rng: random.Random, block_m: int, block_n: int,
                    max_len: int | None = None) -> Problem:
@@ -1327,26 +1580,28 @@ def random_problem(rng: random.Random, block_m: int, block_n: int,
         lens_q = lens_k
     else:
         lens_q = tuple(length() for _ in range(B))
-    return Problem(lens_q, lens_k, heads=rng.randint(1, 2), causal=rng.random() < 0.5,
-                   broadcast_q=bq)
+    heads = rng.randint(1, 2)
+    return Problem(lens_q, lens_k, heads=heads, causal=rng.random() < 0.5, broadcast_q=bq,
+                   kv_heads=1 if heads == 2 and rng.random() < 0.5 else 0)
 
 
 def sweep(model, cfg, problems: int, seeds: int, seed: int = 0, max_len: int | None = None,
-          **sim_kw) -> tuple[int, int]:
+          head_dim: int = 128, **sim_kw) -> tuple[int, int]:
     """`problems` random problems, each under `seeds` interleavings with 1-4 programs.
     Raises the first ProtocolError (naming the problem). Returns (runs, steps); pass
     wait_stats={} to collect how often each wait blocked."""
     rng = random.Random(seed)
     runs = steps = 0
     for _ in range(problems):
-        problem = random_problem(rng, getattr(cfg, "block_m", 256), cfg.block_n, max_len)
+        problem = random_problem(rng, getattr(cfg, "block_m", 256),
+                                 getattr(cfg, "block_n", 128), max_len)
         programs = rng.randint(1, 4)
         base = rng.randrange(1 << 30)
         try:
-            steps += check(lambda sim: model(sim, problem, cfg, programs),
+            steps += check(lambda sim: model(sim, problem, cfg, programs, head_dim),
                            range(base, base + seeds), **sim_kw)
         except ProtocolError as e:
-            e.args = (f"{problem}, {programs} programs, {cfg}: {e.args[0]}",)
+            e.args = (f"{problem}, {programs} programs, {cfg}, D {head_dim}: {e.args[0]}",)
             raise
         runs += seeds
     return runs, steps
@@ -1363,6 +1618,7 @@ MODELS = {
     "cute_fwd_hopper": (cute_fwd_hopper, "kernels_cute.fwd_hopper"),
     "tlx_fwd_blackwell": (tlx_fwd_blackwell, "kernels_tlx.fwd_blackwell"),
     "cute_fwd_blackwell": (cute_fwd_blackwell, "kernels_cute.fwd_blackwell"),
+    "tlx_bwd_hopper": (tlx_bwd_hopper, "kernels_tlx.bwd_hopper"),
 }
 
 
@@ -1379,7 +1635,8 @@ def main(argv=None):
         model, module = MODELS[name]
         t0, runs, steps, stats = time.time(), 0, 0, {}
         for key, cfg in _configs(module).items():
-            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed, wait_stats=stats)
+            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed, head_dim=key[0],
+                         wait_stats=stats)
             runs, steps = runs + r, steps + s
         print(f"{name}: {runs} interleavings, {steps} steps, no violation "
               f"({time.time() - t0:.1f} s)")
