@@ -8,9 +8,9 @@ Persistent (one program per SM) and warp-specialized. A tile is 256 query rows o
 (sequence, head), two groups of 128 (one tcgen05 M = 128 MMA each) that ping-pong: the
 tensor core multiplies one group while the other's softmax runs. Per group g, in tensor
 memory (TMEM, 512 columns): S_g = Q_g K^T (BLOCK_N fp32 columns), P_g (the dtype, in the
-lower half of S_g's columns), O_g (HEAD_DIM fp32 columns): 2 * (BLOCK_N + HEAD_DIM) <= 512. P aliases S through `reuse=` with equal
-logical sizes (no storage_alias_spec). The row statistics alpha, l and m go through
-shared memory (a float a row and group).
+lower half of S_g's columns), O_g (HEAD_DIM fp32 columns): 2 * (BLOCK_N + HEAD_DIM) <=
+512. P aliases S through `reuse=` with equal logical sizes (no storage_alias_spec). The
+row statistics alpha, l and m go through shared memory (a float a row and group).
 
     load        (1 warp)   TMA: Q_0, Q_1 per tile (NUM_BUFFERS_Q deep), K_j and V_j into
                            one ring of NUM_BUFFERS_KV slots (K and V alternate)
@@ -33,10 +33,11 @@ barrier, so the P V of part 0 runs on the tensor core while the softmax still
 exponentiates part 1; alpha is published before any P (after the max pass), so the
 correction's rescale of O overlaps the exponentials too.
 
-Registers: Triton's OptimizePartitionWarps pass (run for sm_100, not sm_90) replaces the
-tasks' requested registers by its own estimate: softmax 88, load / mma 24, correction the
-rest (256). The two-pass softmax holds one S slice, not S, for that budget; a few spill
-instructions remain (tests/test_fwd_blackwell_tlx.py records them).
+Registers: Triton 3.8's OptimizePartitionWarps pass (run for sm_100, not sm_90)
+overwrites the tasks' requested registers (`registers=`, Config.softmax_regs) with a fixed
+guess: 88 for a task with tensors, 24 without; the default task (correction) gets the
+rest (256). The two-pass softmax holds one S slice of S_SLICE columns, not S, for that
+budget; 31-101 spill instructions remain (tests/test_fwd_blackwell_tlx.py records them).
 
 Cluster Launch Control would replace the counter: the hardware hands a finished CTA the
 next tile id (no zeroed counter per launch, no global-memory handoff ring) and cancels
@@ -93,7 +94,7 @@ class Config:
     p_slices: int         # early TMEM release: P published in 1 or 2 column slices
     mask_first: bool      # the masked last KV block first (schedule.kv_block)
     dynamic: bool = True  # tiles from the counter (CLC's stand-in), else round-robin
-    softmax_regs: int = 192
+    softmax_regs: int = 192  # requested; Triton 3.8 gives 88 on sm_100 (see above)
     small_regs: int = 24  # the load and mma warps
     o_slice: int = 32     # O columns a correction / epilogue step holds in registers
     s_slice: int = 16     # S columns a softmax pass holds in registers

@@ -5,11 +5,13 @@ Default run: one variant (D = 128, long, non-causal, bf16), the config table, th
 checks and the tile hand-out. JAGGED_COMPILE_MATRIX=1 compiles every default variant
 (~20-40 s each on 2 cores). `-m gpu` on a B200 runs it against the oracle.
 
-Each compile must show: tcgen05.mma and tcgen05.alloc in the PTX, every alloc matched by
-a dealloc and the allocation permit relinquished, TMEM within 512 columns (metadata
-tmem_size), shared memory within the limit, one program per SM at most. Spills: Triton's
-OptimizePartitionWarps pass (sm_100 only) replaces the softmax tasks' requested registers
-by its own estimate (88), so the softmax spills a little; recorded as xfail, bounded.
+Each compile must show: tcgen05.mma (P V with its A operand in TMEM) and tcgen05.alloc in
+the PTX, every alloc matched by a dealloc and the allocation permit relinquished, TMEM
+within 512 columns (the alloc), shared memory within the limit. Spills: Triton 3.8's
+OptimizePartitionWarps pass (sm_100 only) overwrites the tasks' requested registers with
+its fixed guess (88 for a task with tensors, 24 without), so the softmax tasks spill a
+little; an xfail, bounded by SPILL_BOUND. The hand-out (one program per SM at most, every
+tile once) and the barrier protocol (a model of the five tasks) are CPU tests.
 """
 import functools
 import math
@@ -40,7 +42,7 @@ VARIANTS = [
     (64, "short", False, True, "bf16"),
     (64, "short", True, False, "bf16"),
 ]
-SPILL_BOUND = 400  # spill instructions (LDL + STL) seen at most: 61..185 at the defaults
+SPILL_BOUND = 200  # spill instructions (LDL + STL): 31..101 at the defaults
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,8 +55,8 @@ def compile_fwd(d, bucket, causal, bq, dt):
 
 
 def _tmem_cols(rep):
-    m = re.findall(r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32\s+\[[^\]]+\],\s*(\d+);",
-                   rep.ptx)
+    m = re.findall(r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32"
+                   r"\s+\[[^\]]+\],\s*(\d+);", rep.ptx)
     return [int(x) for x in m]
 
 
