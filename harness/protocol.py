@@ -1557,6 +1557,171 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     return walk
 
 
+# ----------------------------------------------------------------------------- CuteDSL, Hopper backward
+def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                    elem_bytes: int = 2) -> BwdWalk:
+    """kernels_cute/bwd_hopper.py's BwdMain: per CTA the `load` warp, the `reduce_dq`
+    warp and two `compute` warpgroups (64 of the 128 keys each: K and V by halves).
+    PipelineTmaAsync rings for K/V (kv_stages) and Q/dO (2, with the step's lse / delta
+    rows beside), empty barriers of one arrival per compute warp; the tile handoff
+    (causal packed) a PipelineAsync of 32 producer and 288 consumer threads. Named
+    barriers: 1 (256 threads) twice a step around the single dS^T buffer (both halves
+    free, then both written: the dQ MMA reads both); 3 and 2 (288 threads: the compute
+    warpgroups and reduce_dq) for the single dQ staging buffer (empty, pre-arrived by
+    reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half."""
+    from jagged.tiles import bwd_dynamic
+
+    from kernels_cute.bwd_hopper import BLOCK_N, NUM_MMA_WG, Q_STAGES
+    D, BM, NW, NKV = head_dim, cfg.block_m, NUM_MMA_WG, cfg.kv_stages
+    dyn = bwd_dynamic(problem.causal, problem.broadcast_q) and not problem.broadcast_q
+    walk = BwdWalk(problem, BM, BLOCK_N, programs)
+    P, G = walk.programs, problem.heads // problem.hkv
+    KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
+    DQ_THREADS = 128 * NW + 32
+    counter = sim.counter("tile_counter")
+    for p in range(P):
+        pre = f"cta{p}."
+        k = sim.buffers(pre + "k", NKV * NW)      # [stage * 2 + half]
+        v = sim.buffers(pre + "v", NKV * NW)
+        q = sim.buffers(pre + "q", Q_STAGES)
+        do = sim.buffers(pre + "do", Q_STAGES)
+        ld = sim.buffers(pre + "lse_delta", Q_STAGES)
+        ds = sim.buffers(pre + "ds", NW)          # one buffer, a half a warpgroup
+        dq = sim.buffers(pre + "dq", NW)
+        tile_slot = sim.buffers(pre + "tile", 2)
+        bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
+        kv_full, kv_empty = bar("kv_full", NKV), bar("kv_empty", NKV, 4 * NW)
+        q_full, q_empty = bar("q_full", Q_STAGES), bar("q_empty", Q_STAGES, 4 * NW)
+        tile_full, tile_empty = bar("tile_full", 2, 32), bar("tile_empty", 2, DQ_THREADS)
+        pds, dq_full_b, dq_empty_b = (sim.named_barrier(f"{pre}bar{n}") for n in (1, 2, 3))
+        store_b = [sim.named_barrier(f"{pre}bar{4 + w}") for w in range(NW)]
+        first, step, end = walk.range(p)
+
+        def steps(t, p=p):
+            key, hk, b, m_lo, n_m = walk.coords(t, p)
+            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+
+        def fetch(t, i, threads, tile_slot=tile_slot, tile_full=tile_full,
+                  tile_empty=tile_empty, step=step):
+            if not dyn:
+                return t + step if i else t
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_full[s], ph)
+            t = yield Read(tile_slot[s])
+            yield Arrive(tile_empty[s], threads, release=(tile_slot[s],))
+            return t
+
+        def load(p=p, k=k, v=v, q=q, do=do, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
+                 q_full=q_full, q_empty=q_empty, tile_slot=tile_slot, tile_full=tile_full,
+                 tile_empty=tile_empty, first=first, step=step, end=end):
+            def publish(t, i):
+                s, ph = i % 2, (i // 2) & 1
+                yield Wait(tile_empty[s], ph ^ 1)
+                yield Write(tile_slot[s], t)
+                yield Arrive(tile_full[s], 32)
+
+            t, i, qcnt = first, 0, 0
+            if dyn:
+                yield from publish(t, 0)
+            while t < end:
+                key, qsteps = steps(t)
+                st, ph = ring(i, NKV)                                    # load_kv
+                yield Wait(kv_empty[st], ph ^ 1)
+                yield Arrive(kv_full[st], tx=2 * KV_BYTES)
+                yield Tma(kv_full[st], {k[st * NW + w]: ("K", key, w) for w in range(NW)},
+                          KV_BYTES)
+                yield Tma(kv_full[st], {v[st * NW + w]: ("V", key, w) for w in range(NW)},
+                          KV_BYTES)
+                for qkey in qsteps:                                      # load_q
+                    qs, ph = ring(qcnt, Q_STAGES)
+                    yield Wait(q_empty[qs], ph ^ 1)
+                    yield Write(ld[qs], ("lse", qkey))
+                    yield Arrive(q_full[qs], tx=2 * Q_BYTES)
+                    yield Tma(q_full[qs], {q[qs]: ("Q", qkey)}, Q_BYTES)
+                    yield Tma(q_full[qs], {do[qs]: ("dO", qkey)}, Q_BYTES)
+                    qcnt += 1
+                i += 1
+                t = P + (yield Take(counter)) if dyn else t + step
+                if dyn:
+                    yield from publish(t, i)
+
+        def compute(w, p=p, k=k, v=v, q=q, do=do, ld=ld, ds=ds, dq=dq, kv_full=kv_full,
+                    kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, pds=pds,
+                    dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, store_b=store_b,
+                    fetch=fetch, first=first, end=end):
+            t, i, qcnt = (yield from fetch(first, 0, 128)), 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                st, kph = ring(i, NKV)
+                yield Wait(kv_full[st], kph)
+                kw, vw = k[st * NW + w], v[st * NW + w]
+                K, V = ("K", key, w), ("V", key, w)
+                for qkey in qsteps:
+                    qs, ph = ring(qcnt, Q_STAGES)
+                    yield Wait(q_full[qs], ph)
+                    Q, dO, LD = ("Q", qkey), ("dO", qkey), ("lse", qkey)
+                    if BM > 64:                                      # compute_step_128
+                        yield Mma({kw: K, q[qs]: Q})                     # S^T
+                        yield MmaWait(0)
+                        yield Read(ld[qs], LD)
+                        yield Mma({do[qs]: dO})                          # dV += P^T dO
+                        yield MmaWait(0)
+                        yield Read(ld[qs], LD)
+                        yield Mma({vw: V, do[qs]: dO})                   # dP^T - delta
+                        yield MmaWait(0)
+                    else:                                            # compute_step_64
+                        yield Mma({kw: K, q[qs]: Q})                     # S^T
+                        yield Read(ld[qs], LD)                           # -delta
+                        yield Mma({vw: V, do[qs]: dO})                   # dP^T - delta
+                        yield MmaWait(1)
+                        yield Read(ld[qs], LD)                           # lse
+                        yield Mma({do[qs]: dO})                          # dV += P^T dO
+                        yield MmaWait(1)
+                    # dk_dq: dS^T to smem once both halves' previous readers are done
+                    yield BarSync(pds, 128 * NW, release=tuple(ds))
+                    yield Write(ds[w], ("dS", qkey, w))
+                    yield BarSync(pds, 128 * NW)
+                    yield Mma({**{ds[c]: ("dS", qkey, c) for c in range(NW)},     # dQ = dS K
+                               **{k[st * NW + c]: ("K", key, c) for c in range(NW)}})
+                    yield Mma({q[qs]: Q})                            # dK += dS^T Q
+                    yield MmaWait(1)
+                    yield BarSync(dq_empty_b, DQ_THREADS)            # the dQ partial out
+                    yield Write(dq[w], ("dQ", qkey, w))
+                    yield BarArrive(dq_full_b, DQ_THREADS)
+                    yield MmaWait(0)
+                    yield Arrive(q_empty[qs], 4, release=(q[qs], do[qs], ld[qs]))
+                    qcnt += 1
+                for _ in range(2):                                   # store: dK, dV
+                    yield Write(vw, ("dK dV", key, w))
+                    yield BarSync(store_b[w], 128)
+                    yield Read(vw, ("dK dV", key, w))
+                yield Arrive(kv_empty[st], 4, release=tuple(k[st * NW:(st + 1) * NW]) + (vw,))
+                if w == 0:
+                    walk.done.append(key)
+                i += 1
+                t = yield from fetch(t, i, 128)
+
+        def reduce_dq(p=p, dq=dq, dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, fetch=fetch,
+                      first=first, end=end):
+            yield BarArrive(dq_empty_b, DQ_THREADS)                  # it starts empty
+            t, i = (yield from fetch(first, 0, 32)), 0
+            while t < end:
+                _, qsteps = steps(t)
+                for qkey in qsteps:
+                    yield BarSync(dq_full_b, DQ_THREADS)
+                    yield Mma({dq[c]: ("dQ", qkey, c) for c in range(NW)})   # bulk reduce
+                    yield MmaWait(0)                                 # its reads of sdQ
+                    yield BarArrive(dq_empty_b, DQ_THREADS, release=tuple(dq))
+                i += 1
+                t = yield from fetch(t, i, 32)
+
+        sim.role(pre + "load", load(), threads=32)
+        sim.role(pre + "reduce_dq", reduce_dq(), threads=32)
+        for w in range(NW):
+            sim.role(f"{pre}compute{w}", compute(w))
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
 def random_problem(rng: random.Random, block_m: int, block_n: int,
                    max_len: int | None = None) -> Problem:
@@ -1619,6 +1784,7 @@ MODELS = {
     "tlx_fwd_blackwell": (tlx_fwd_blackwell, "kernels_tlx.fwd_blackwell"),
     "cute_fwd_blackwell": (cute_fwd_blackwell, "kernels_cute.fwd_blackwell"),
     "tlx_bwd_hopper": (tlx_bwd_hopper, "kernels_tlx.bwd_hopper"),
+    "cute_bwd_hopper": (cute_bwd_hopper, "kernels_cute.bwd_hopper"),
 }
 
 
@@ -1635,7 +1801,8 @@ def main(argv=None):
         model, module = MODELS[name]
         t0, runs, steps, stats = time.time(), 0, 0, {}
         for key, cfg in _configs(module).items():
-            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed, head_dim=key[0],
+            d = key if isinstance(key, int) else key[0]  # the tables are keyed by D first
+            r, s = sweep(model, cfg, args.problems, args.seeds, args.seed, head_dim=d,
                          wait_stats=stats)
             runs, steps = runs + r, steps + s
         print(f"{name}: {runs} interleavings, {steps} steps, no violation "

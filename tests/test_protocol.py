@@ -619,3 +619,52 @@ def test_tlx_bwd_tile_handoff_counts_the_reduce_warp():
     assert len(reports) == 8
     assert all(k in ("aliasing", "arrival", "race", "stale") and "tile" in m
                for k, m in reports)
+
+
+# ----------------------------------------------------------------------------- CuteDSL backward
+def _cute_bwd_configs():
+    from kernels_cute.bwd_hopper import CONFIGS
+    return CONFIGS
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cute_bwd_hopper_protocol(d):
+    """128-row steps (D = 64, two K/V stages) and 64-row steps (D = 128, one): the dS^T and
+    dQ buffers behind named barriers, tiles from the counter for causal packed lists."""
+    runs, _ = P.sweep(P.cute_bwd_hopper, _cute_bwd_configs()[d], problems=5, seeds=3,
+                      seed=_seed(("cute bwd", d)), max_len=300, head_dim=d)
+    assert runs == 15
+
+
+def _cute_bwd_reports(d, seeds=range(6), **kw):
+    out = []
+    for seed in seeds:
+        try:
+            P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, _cute_bwd_configs()[d], 2, d),
+                    [seed], **kw)
+        except ProtocolError as e:
+            out.append((e.kind, str(e)))
+    return out
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cute_bwd_mutations_are_caught(d):
+    # the first dS^T barrier of a step dropped in one warpgroup: its dQ MMA reads the
+    # other's half before it is written (or the generations pair up into a deadlock)
+    reports = _cute_bwd_reports(d, mutate=lambda r, op: None if (
+        r.endswith("compute0") and type(op) is BarSync and op.id.endswith("bar1")
+        and op.release) else op)
+    assert len(reports) == 6 and all(k == "deadlock" or k in ("stale", "race")
+                                     and "compute0 reads cta" in m and "ds[1]" in m
+                                     for k, m in reports)
+    assert any(k == "stale" for k, _ in reports)
+    # the dQ staging's empty barrier skipped by one warpgroup: the barrier generations
+    # pair up wrongly
+    reports = _cute_bwd_reports(d, mutate=lambda r, op: None if (
+        r.endswith("compute1") and type(op) is BarSync and op.id.endswith("bar3")) else op)
+    assert len(reports) == 6 and all(k in ("deadlock", "race", "stale", "arrival")
+                                     for k, _ in reports)
+    # the tile handoff's empty barrier not counting reduce_dq's 32 threads
+    reports = _cute_bwd_reports(d, counts={"cta0.tile_empty": 256})
+    assert len(reports) == 6 and all(k in ("arrival", "aliasing", "race", "stale")
+                                     and "tile" in m for k, m in reports)
