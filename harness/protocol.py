@@ -1557,7 +1557,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     return walk
 
 
-# ----------------------------------------------------------------------------- CuteDSL, Hopper backward
+# ------------------------------------------------------------------------ CuteDSL, Hopper backward
 def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
                     elem_bytes: int = 2) -> BwdWalk:
     """kernels_cute/bwd_hopper.py's BwdMain: per CTA the `load` warp, the `reduce_dq`
