@@ -54,6 +54,9 @@ the issuing thread's earlier MMAs are done), each waited in order with parity co
     pipe_clc    1 slot    schedule -> all: CLC bytes (1 + 16) | all 15 role warps -> schedule (480)
     bar 1       named     TMEM allocated (416: warps 0-12 sync) / released (384 arrive + mma sync)
 
+A half whose rows all lie past the sequence's end (the last tile of a sequence of
+length 1-128 mod 256) runs the same hand-overs without its MMAs and softmax (`store`
+reads its stale O_s and writes no row).
 Per tile of n_end > 0 blocks and per half: n_end S / P hand-overs, n_end PVs (the first
 waits for the previous tile's `store` to release O_s), n_end - 1 rescale factors plus
 the final row sum and max through `stats`; a tile without keys only passes its stats.
@@ -527,7 +530,8 @@ def _kernel_class():
                         q_idx = q_state.index
                         pipe_q.consumer_wait(q_state)
                         self.qk(tiled_mma_qk, S[s], tSrQ[None, None, None, q_idx],
-                                tSrK[None, None, None, k_idx], pipe_s_p, s, steps)
+                                tSrK[None, None, None, k_idx], pipe_s_p, s,
+                                t.m0 + s * HALF_M < t.seq.len_q)
                         if t.n_end == 1:
                             pipe_q.consumer_release(q_state)
                         q_state.advance()
@@ -548,15 +552,16 @@ def _kernel_class():
                             pipe_s_p.sync_object_empty.wait(s, (steps - 1) % 2)
                             pipe_o.sync_object_empty.wait(s, (pvs % 2) ^ 1)
                             tc_fence_after()
-                            self.gemm(tiled_mma_pv, O[s], P[s],
-                                      tOrV[None, None, None, v_state.index], n > 1)
+                            if t.m0 + s * HALF_M < t.seq.len_q:
+                                self.gemm(tiled_mma_pv, O[s], P[s],
+                                          tOrV[None, None, None, v_state.index], n > 1)
                             pipe_o.sync_object_full.arrive(s, pipe_o.producer_mask,
                                                            pipe_o.cta_group)
                             if has_k:
                                 self.qk(tiled_mma_qk, S[s],
                                         tSrQ[None, None, None, s],
                                         tSrK[None, None, None, kv_state.index],
-                                        pipe_s_p, s, steps)
+                                        pipe_s_p, s, t.m0 + s * HALF_M < t.seq.len_q)
                         pvs += 1
                         pipe_kv.consumer_release(v_state)
                         if has_k:
@@ -571,9 +576,11 @@ def _kernel_class():
                 i += 1
 
         @cute.jit
-        def qk(self, tiled_mma_qk, acc, tA, tB, pipe_s_p, s: cutlass.Constexpr, steps):
-            """S_s = Q_s K^T, committed to softmax s."""
-            self.gemm(tiled_mma_qk, acc, tA, tB, False)
+        def qk(self, tiled_mma_qk, acc, tA, tB, pipe_s_p, s: cutlass.Constexpr, live):
+            """S_s = Q_s K^T (a half without rows: the hand-over only), committed to
+            softmax s."""
+            if live:
+                self.gemm(tiled_mma_qk, acc, tA, tB, False)
             pipe_s_p.sync_object_full.arrive(s, pipe_s_p.producer_mask, pipe_s_p.cta_group)
 
         @cute.jit
@@ -620,18 +627,31 @@ def _kernel_class():
                 n_bulk = t.n_bulk0 if half == 0 else t.n_bulk1
                 row_max = Float32(-Float32.inf)
                 row_sum = Float32(0.0)
-                for n in cutlass.range(n_bulk, unroll=1):                          # bulk
-                    row_max, row_sum, events = self.softmax_step(
-                        False, n, row, t, row_max, row_sum, steps, events, half, sStats,
-                        pipe_s_p, pipe_stats, scale_log2, ld, tStS_t2r, tScS_t2r, st,
-                        tStP_r2t, p_shape)
-                    steps += 1
-                for n in cutlass.range(n_bulk, t.n_end, unroll=1):                 # tail
-                    row_max, row_sum, events = self.softmax_step(
-                        True, n, row, t, row_max, row_sum, steps, events, half, sStats,
-                        pipe_s_p, pipe_stats, scale_log2, ld, tStS_t2r, tScS_t2r, st,
-                        tStP_r2t, p_shape)
-                    steps += 1
+                if t.m0 + half * HALF_M < t.seq.len_q:
+                    for n in cutlass.range(n_bulk, unroll=1):                      # bulk
+                        row_max, row_sum, events = self.softmax_step(
+                            False, n, row, t, row_max, row_sum, steps, events, half, sStats,
+                            pipe_s_p, pipe_stats, scale_log2, ld, tStS_t2r, tScS_t2r, st,
+                            tStP_r2t, p_shape)
+                        steps += 1
+                    for n in cutlass.range(n_bulk, t.n_end, unroll=1):             # tail
+                        row_max, row_sum, events = self.softmax_step(
+                            True, n, row, t, row_max, row_sum, steps, events, half, sStats,
+                            pipe_s_p, pipe_stats, scale_log2, ld, tStS_t2r, tScS_t2r, st,
+                            tStP_r2t, p_shape)
+                        steps += 1
+                else:
+                    # a half past the sequence's last row (mma skipped its MMAs): the
+                    # same hand-overs, factor 1 (correction skips the rescale)
+                    for n in cutlass.range(t.n_end, unroll=1):
+                        pipe_s_p.sync_object_full.wait(half, steps % 2)
+                        if n > 0:
+                            pipe_stats.sync_object_empty.wait(half, (events % 2) ^ 1)
+                            sStats[tidx, 0, half] = Float32(1.0)
+                            pipe_stats.sync_object_full.arrive(half, None)
+                            events += 1
+                        pipe_s_p.sync_object_empty.arrive(half, None)
+                        steps += 1
                 # the tile's row sum and max (the store's normalizer and LSE)
                 pipe_stats.sync_object_empty.wait(half, (events % 2) ^ 1)
                 sStats[tidx, 0, half] = row_sum
