@@ -1,13 +1,16 @@
 """kernels_tlx.decode_hopper: the KV-cache (decode) kernel against a float64 reference on
 the gathered cache, in the Triton interpreter (CPU), every mode: contiguous and paged
 (page sizes 1, 3, 16 with shuffled pages; 64: whole-page TMA boxes), dense and packed q,
-causal and not, one split and three (the partials combined here with logsumexp), empty
-caches and caches of one key, GQA group 1, 3, 4 and 8, M tiles of 16 .. 128 rows and two row
-blocks a sequence, D 64 and 128, fp16 and bf16. Cache rows
-past a sequence's length and unused pages hold NaN: a read of any of them shows.
+causal and not, one split and three (the partials combined here with logsumexp, and once
+by the core's combine), empty caches and caches of one key, GQA group 1, 3, 4 and 8, M
+tiles of 16 .. 128 rows and two row blocks a sequence, D 64 and 128, fp16 and bf16. Cache
+rows past a sequence's length and unused pages hold NaN: a read of any of them shows.
 
 The default builds are compile-checked for sm_90a: no spills, shared memory within the
-limit.
+limit, two programs an SM below 128 rows, K / V rings of the table's depth.
+
+`-m gpu` (on the H200): the same check compiled, at lengths that run the pipelined bulk;
+bandwidth at B = 1, 32k keys (`-s` prints it); the config sweep behind the table.
 """
 import math
 import os
