@@ -342,11 +342,11 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         cfg, kind = pick_config(D, block_m, page_table, page_size)
     else:
         cfg, kind = config, cache_kind(page_table, page_size, config.block_n)
-    if kind != "gather" and not (_aligned(k_cache) and _aligned(v_cache)):
-        kind = "gather"  # TMA needs 16-byte aligned bases
+    rows = k_cache.shape[0] * k_cache.shape[1]
+    if kind != "gather" and not (rows and _aligned(k_cache) and _aligned(v_cache)):
+        kind = "gather"  # TMA needs 16-byte aligned bases (and a cache with rows)
         if config is None:
             cfg = CONFIGS[(D, block_m, "gather")]
-    rows = k_cache.shape[0] * k_cache.shape[1]
     if kind == "gather":
         k_desc = v_desc = None
     else:

@@ -167,6 +167,17 @@ def test_decode_unaligned_contiguous(config):
 
 @interp
 @pytest.mark.parametrize("splits", [1, 3])
+def test_decode_cache_without_rows(splits):
+    """A contiguous cache of capacity 0 (every sequence empty): out 0, lse -inf."""
+    q = torch.randn(4, 4, 64).half()
+    cache = torch.empty(2, 0, 2, 64, dtype=torch.float16)
+    out, lse = run(q, cache, cache, torch.zeros(2, dtype=torch.int32), None, None, 2, True,
+                   0.125, splits)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+@interp
+@pytest.mark.parametrize("splits", [1, 3])
 def test_decode_with_core_combine(splits):
     """`forward` through the core's call (jagged.kvcache.run: outputs, partials and the
     combine kernel), paged, packed, causal."""
