@@ -565,6 +565,7 @@ class FwdTile:
     m0: int
     n_bulk: int      # KV blocks [0, n_bulk) need no mask
     n_end: int       # KV blocks [n_bulk, n_end) are masked
+    len_q: int       # the sequence's query rows
 
     @property
     def key(self):
@@ -614,7 +615,7 @@ def fwd_tile_coords(t: int, P: int, pairs, n_pairs: int, nblk: int, problem: Pro
         kv_full = _causal_kv_end(m0 + 1, len_q, len_k)
     else:
         kv_end = kv_full = len_k
-    return FwdTile(b, r // chunk_len, m0, kv_full // block_n, -(-kv_end // block_n))
+    return FwdTile(b, r // chunk_len, m0, kv_full // block_n, -(-kv_end // block_n), len_q)
 
 
 def kv_block(j, n_end, mask_first):
@@ -1089,6 +1090,11 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
 
 
 # ----------------------------------------------------------------------------- CuteDSL, Blackwell
+def _live_halves(t: FwdTile):
+    """Whether each 128-row half of a 256-row tile holds a query row of its sequence."""
+    return [t.m0 + s * 128 < t.len_q for s in range(2)]
+
+
 def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
                        elem_bytes: int = 2) -> Walk:
     """kernels_cute/fwd_blackwell.py: per CTA the `load` and `mma` warps, two `softmax`
@@ -1101,7 +1107,9 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     over the upper), O_s; allocated by the MMA warp behind named barrier 1 (416 threads),
     freed after the softmax and correction warps arrive on it at their end. Tiles: CTA c
     starts at tile c; CLC hands it the id of the next CTA it cancels (the grid is the
-    list's upper bound), else the static round-robin without the flip."""
+    list's upper bound), else the static round-robin without the flip. A half whose rows
+    all lie past the sequence's end runs the hand-overs only: no MMAs, no softmax, no
+    rescale (its factor is 1), and its store reads a stale O_s."""
     HM = 128
     BN, NB = cfg.block_n, cfg.num_buffers_kv
     walk = Walk(problem, 2 * HM, BN, programs, flip=False)
@@ -1180,8 +1188,9 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
                 kv_full=kv_full, kv_empty=kv_empty, sp_full=sp_full, sp_empty=sp_empty,
                 o_full=o_full, o_empty=o_empty, tmem_bar=tmem_bar, next_tile=next_tile):
             def qk(s, q_slot, kb, n):
-                yield Mma({q[q_slot]: ("Q", key, s), kv[kb]: ("K", key, n)},
-                          {s_lo[s]: ("S", key, s, n), s_hi[s]: ("S", key, s, n)})
+                if live[s]:
+                    yield Mma({q[q_slot]: ("Q", key, s), kv[kb]: ("K", key, n)},
+                              {s_lo[s]: ("S", key, s, n), s_hi[s]: ("S", key, s, n)})
                 yield Commit(sp_full[s])
 
             yield BarSync(tmem_bar, TMEM_THREADS)       # TMEM allocated, handed out
@@ -1189,7 +1198,7 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
             tile, i = p, 0
             while tile < total:
                 t = walk.coords(tile)
-                key, n_end = t.key, t.n_end
+                key, n_end, live = t.key, t.n_end, _live_halves(t)
                 if n_end > 0:
                     kb, kph = ring(kv_cnt, NB)                   # prologue: S_s(0)
                     yield Wait(kv_full[kb], kph)
@@ -1217,7 +1226,8 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
                             reads = {s_hi[s]: ("P", key, s, n - 1), kv[vb]: ("V", key, n - 1)}
                             if n > 1:
                                 reads[O[s]] = ("Oc", key, s, n - 1)
-                            yield Mma(reads, {O[s]: ("O", key, s, n - 1)})
+                            if live[s]:
+                                yield Mma(reads, {O[s]: ("O", key, s, n - 1)})
                             yield Commit(o_full[s])
                             if has_k:
                                 yield from qk(s, s, kb, n)
@@ -1244,17 +1254,19 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
             tile, i = p, 0
             while tile < total:
                 t = walk.coords(tile)
-                key = t.key
+                key, live = t.key, _live_halves(t)[h]
                 for n in range(t.n_end):  # the bulk, then the tail: blocks in order
                     yield Wait(sp_full[h], steps % 2)
-                    yield Read(s_lo[h], ("S", key, h, n))
-                    yield Read(s_hi[h], ("S", key, h, n))
+                    if live:
+                        yield Read(s_lo[h], ("S", key, h, n))
+                        yield Read(s_hi[h], ("S", key, h, n))
                     if n > 0:  # the rescale factor to correction
                         yield Wait(stats_empty[h], (events % 2) ^ 1)
                         yield Write(st0[h], ("scale", key, h, n))
                         yield Arrive(stats_full[h], HM)
                         events += 1
-                    yield Write(s_hi[h], ("P", key, h, n))
+                    if live:
+                        yield Write(s_hi[h], ("P", key, h, n))
                     yield Arrive(sp_empty[h], HM, release=(s_lo[h],))
                     steps += 1
                 yield Wait(stats_empty[h], (events % 2) ^ 1)  # row sum and max
@@ -1274,15 +1286,16 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
             tile, i = p, 0
             while tile < total:
                 t = walk.coords(tile)
-                key, n_end = t.key, t.n_end
+                key, n_end, live = t.key, t.n_end, _live_halves(t)
                 for n in range(1, n_end):
                     for s in range(2):
                         yield Wait(stats_full[s], events % 2)
                         yield Read(st0[s], ("scale", key, s, n))
                         yield Arrive(stats_empty[s], HM, release=(st0[s],))
                         yield Wait(o_full[s], pvs % 2)
-                        yield Read(O[s], ("O", key, s, n - 1))       # rescale
-                        yield Write(O[s], ("Oc", key, s, n))
+                        if live[s]:  # (a factor of 1 skips it)
+                            yield Read(O[s], ("O", key, s, n - 1))   # rescale
+                            yield Write(O[s], ("Oc", key, s, n))
                         yield Arrive(o_empty[s], HM)
                     events += 1
                     pvs += 1
@@ -1293,7 +1306,7 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
                     yield Arrive(stats_empty[s], HM, release=(st0[s], st1[s]))
                     if n_end > 0:                                    # store
                         yield Wait(o_full[s], pvs % 2)
-                        yield Read(O[s], ("O", key, s, n_end - 1))
+                        yield Read(O[s], ("O", key, s, n_end - 1) if live[s] else None)
                         if cfg.early_release:
                             yield Arrive(o_empty[s], HM, release=(O[s],))
                         else:  # after the global stores
@@ -1443,7 +1456,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
 
         def load(p=p, k=k, v=v, q=q, do=do, stat=stat, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, publish=publish, reduce_step=reduce_step,
-                 first=first, step=step, end=end):
+                 first=first, step=step, end=end, steps=steps):
             t, i, qcnt, prev = first, 0, 0, None
             if dyn:
                 yield from publish(t, 0)
@@ -1478,7 +1491,8 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
 
         def compute(cid, p=p, k=k, v=v, q=q, do=do, stat=stat, ds=ds, dq=dq, kv_full=kv_full,
                     kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, dq_full=dq_full,
-                    dq_empty=dq_empty, meet=meet, fetch=fetch, first=first):
+                    dq_empty=dq_empty, meet=meet, fetch=fetch, first=first, end=end,
+                    steps=steps):
             t, i, qcnt = (yield from fetch(first, 0)), 0, 0
             while t < end:
                 key, qsteps = steps(t)
@@ -1539,7 +1553,8 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                 i += 1
                 t = yield from fetch(t, i)
 
-        def reduce_dq(p=p, fetch=fetch, reduce_step=reduce_step, first=first):
+        def reduce_dq(p=p, fetch=fetch, reduce_step=reduce_step, first=first, end=end,
+                      steps=steps):
             t, i, qcnt = (yield from fetch(first, 0)), 0, 0
             while t < end:
                 _, qsteps = steps(t)
@@ -1613,7 +1628,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
 
         def load(p=p, k=k, v=v, q=q, do=do, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, tile_slot=tile_slot, tile_full=tile_full,
-                 tile_empty=tile_empty, first=first, step=step, end=end):
+                 tile_empty=tile_empty, first=first, step=step, end=end, steps=steps):
             def publish(t, i):
                 s, ph = i % 2, (i // 2) & 1
                 yield Wait(tile_empty[s], ph ^ 1)
@@ -1648,7 +1663,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         def compute(w, p=p, k=k, v=v, q=q, do=do, ld=ld, ds=ds, dq=dq, kv_full=kv_full,
                     kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, pds=pds,
                     dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, store_b=store_b,
-                    fetch=fetch, first=first, end=end):
+                    fetch=fetch, first=first, end=end, steps=steps):
             t, i, qcnt = (yield from fetch(first, 0, 128)), 0, 0
             while t < end:
                 key, qsteps = steps(t)
@@ -1702,7 +1717,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                 t = yield from fetch(t, i, 128)
 
         def reduce_dq(p=p, dq=dq, dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, fetch=fetch,
-                      first=first, end=end):
+                      first=first, end=end, steps=steps):
             yield BarArrive(dq_empty_b, DQ_THREADS)                  # it starts empty
             t, i = (yield from fetch(first, 0, 32)), 0
             while t < end:

@@ -668,3 +668,16 @@ def test_cute_bwd_mutations_are_caught(d):
     reports = _cute_bwd_reports(d, counts={"cta0.tile_empty": 256})
     assert len(reports) == 6 and all(k in ("arrival", "aliasing", "race", "stale")
                                      and "tile" in m for k, m in reports)
+
+
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+def test_bwd_broadcast_q_programs_pinned_to_heads(style):
+    """Broadcast-Q with two KV heads: each program walks the list for its pinned head; all
+    (tile, head) pairs are finished, each once (one-row queries, a keyless sequence)."""
+    prob = Problem((1, 1, 1, 1), (315, 319, 128, 0), heads=2, causal=True, broadcast_q=True)
+    if style == "tlx":
+        for key, cfg in _tlx_bwd_configs().items():
+            P.check(lambda sim: P.tlx_bwd_hopper(sim, prob, cfg, 4, key[0]), range(3))
+    else:
+        for d, cfg in _cute_bwd_configs().items():
+            P.check(lambda sim: P.cute_bwd_hopper(sim, prob, cfg, 4, d), range(3))
