@@ -98,12 +98,15 @@ def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
     return q + 2 * smem_kv_bytes(cfg, head_dim, elem_bytes)
 
 
+def tile_rows(rows: int) -> int:
+    """block_m for `rows` packed rows (group * len_q): the smallest tile that holds them;
+    more than 128 rows run in several 128-row tiles (each reads the cache)."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
+
+
 def pick_config(head_dim: int, rows: int) -> Config:
-    """The default for a tile of `rows` packed rows (group * len_q): the smallest tile
-    that holds them; more than 128 rows run in several 128-row tiles (each reads the
-    cache)."""
-    m = next((m for m in (16, 32, 64) if rows <= m), 128)
-    return CONFIGS[(head_dim, m)]
+    """The default for a tile of `rows` packed rows."""
+    return CONFIGS[(head_dim, tile_rows(rows))]
 
 
 class Tile(NamedTuple):
@@ -120,6 +123,7 @@ class Tile(NamedTuple):
 
 
 _COMPILED = {}
+LOG2_E = math.log2(math.e)
 
 
 def _cute_dtype(torch_dtype):
@@ -167,9 +171,13 @@ def _kernel_class():
         return cute.make_tensor(acc.iterator, a)
 
     class DecodeHopper:
-        def __init__(self, dtype, out_dtype, head_dim: int, cfg: Config, causal: bool,
-                     paged: bool, packed: bool):
-            self.dtype, self.out_dtype, self.D = dtype, out_dtype, head_dim
+        def __init__(self, dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
+                     packed: bool, split: bool):
+            self.dtype, self.D = dtype, head_dim
+            # split: fp32 partials o [S, Nq, H, D], lse [S, H, Nq]; else out [Nq, H, D] in
+            # the input dtype, lse [H, Nq]
+            self.split = split
+            self.out_dtype = Float32 if split else dtype
             self.M, self.BN, self.stages = cfg.block_m, cfg.block_n, cfg.stages
             self.wm, self.wn = cfg.warps_m, cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
@@ -539,10 +547,14 @@ def _kernel_class():
                     inv = 0.0 if empty else 1.0 / total
                     i = rg // group
                     h = hk * group + (rg - i * group)
-                    dst = cute.local_tile(mO[split, q_start + i, h, None], (vec,), (c,))
+                    if const_expr(self.split):
+                        row_o, row_lse = mO[split, q_start + i, h, None], mLSE[split, h, None]
+                    else:
+                        row_o, row_lse = mO[q_start + i, h, None], mLSE[h, None]
+                    dst = cute.local_tile(row_o, (vec,), (c,))
                     dst.store((acc.load() * inv).to(self.out_dtype))
                     if c == 0:
-                        mLSE[split, h, q_start + i] = -Float32.inf if empty else (
+                        row_lse[q_start + i] = -Float32.inf if empty else (
                             mx_safe * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
 
     return DecodeHopper
@@ -552,7 +564,7 @@ def _kernel_class():
 # Host: compile once per configuration, then launch
 # --------------------------------------------------------------------------------------
 
-def _fake_args(dtype, out_dtype, head_dim: int, paged: bool, packed: bool):
+def _fake_args(dtype, head_dim: int, paged: bool, packed: bool, split: bool):
     """Symbolic tensors: one compiled kernel serves every shape of its configuration."""
     import cutlass
     import cutlass.cute as cute
@@ -576,26 +588,31 @@ def _fake_args(dtype, out_dtype, head_dim: int, paged: bool, packed: bool):
                           stride=(i64(), 1), assumed_align=4) if paged else None
     cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), stride=(1,),
                             assumed_align=4) if packed else None
-    ns = cute.sym_int32()
-    o = make_fake_tensor(out_dtype, (ns, nq, h, head_dim),
-                         stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
-    lse = make_fake_tensor(cutlass.Float32, (ns, h, nq), stride=(i64(), i64(), 1),
-                           assumed_align=4)
+    if split:   # o_part [S, Nq, H, D] fp32, lse_part [S, H, Nq]
+        ns = cute.sym_int32()
+        o = make_fake_tensor(cutlass.Float32, (ns, nq, h, head_dim),
+                             stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
+        lse = make_fake_tensor(cutlass.Float32, (ns, h, nq), stride=(i64(), i64(), 1),
+                               assumed_align=4)
+    else:       # out [Nq, H, D] in q's dtype, lse [H, Nq]
+        o = make_fake_tensor(dtype, (nq, h, head_dim), stride=(i64(8), i64(8), 1),
+                             assumed_align=16)
+        lse = make_fake_tensor(cutlass.Float32, (h, nq), stride=(i64(), 1), assumed_align=4)
     return q, k, v, seqk, pt, cu_q, o, lse
 
 
 def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
                    packed: bool, split: bool, options: str = ""):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable:
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o [S, Nq, H, D],
-       lse [S, H, Nq], scale_log2, len_q, group, page_size, num_splits)."""
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, lse, scale_log2,
+       len_q, group, page_size, num_splits); o, lse: out [Nq, H, D], lse [H, Nq], or
+    (split) o_part [S, Nq, H, D], lse_part [S, H, Nq]."""
     import cutlass
     import cutlass.cute as cute
 
     cdt = _cute_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype
-    odt = cutlass.Float32 if split else cdt
-    kern = _kernel_class()(cdt, odt, head_dim, cfg, causal, paged, packed)
-    args = _fake_args(cdt, odt, head_dim, paged, packed)
+    kern = _kernel_class()(cdt, head_dim, cfg, causal, paged, packed, split)
+    args = _fake_args(cdt, head_dim, paged, packed, split)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(kern, *args, cutlass.Float32(1.0), cutlass.Int32(1),
@@ -603,12 +620,11 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
                         options=opts)
 
 
-def _compiled(dtype, head_dim, cfg, causal, paged, packed, split):
-    key = (dtype, head_dim, cfg, causal, paged, packed, split)
-    fn = _COMPILED.get(key)
-    if fn is None:
-        fn = _COMPILED[key] = compile_decode(dtype, head_dim, cfg, causal, paged, packed,
-                                             split)
+def _compiled(key):
+    """key: (dtype, head_dim, block_m, causal, paged, packed, split)."""
+    dtype, head_dim, block_m, causal, paged, packed, split = key
+    fn = _COMPILED[key] = compile_decode(dtype, head_dim, CONFIGS[(head_dim, block_m)],
+                                         causal, paged, packed, split)
     return fn
 
 
@@ -617,15 +633,15 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
             num_splits: int) -> None:
     """See the module docstring and the core's `kvcache_attention`. q [Nq, H, D];
     num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq]."""
-    B = cache_seqlens.shape[0]
-    H, D = q.shape[1], q.shape[2]
+    Nq, H, D = q.shape
     group = H // k_cache.shape[2]
-    if q.shape[0] == 0 or B == 0 or len_q == 0:
+    if Nq == 0 or cache_seqlens.shape[0] == 0 or len_q == 0:
         return
     split = num_splits > 1
-    cfg = pick_config(D, group * len_q)
-    fn = _compiled(q.dtype, D, cfg, bool(causal), page_table is not None,
-                   cu_seqlens_q is not None, split)
-    o, l = (o_part, lse_part) if split else (out.unsqueeze(0), lse.unsqueeze(0))
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, l,
-       scale * math.log2(math.e), len_q, group, k_cache.shape[1], num_splits)
+    key = (q.dtype, D, tile_rows(group * len_q), bool(causal), page_table is not None,
+           cu_seqlens_q is not None, split)
+    fn = _COMPILED.get(key) or _compiled(key)
+    if split:
+        out, lse = o_part, lse_part
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+       scale * LOG2_E, len_q, group, k_cache.shape[1], num_splits)
