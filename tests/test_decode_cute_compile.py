@@ -3,10 +3,12 @@
 CPU: every default config compiles for sm_90a (CUTE_DSL_ARCH=sm_90a, symbolic tensors,
 one fresh subprocess: CUTE_DSL_* are read at import), with no spill, the loads as
 16-byte cp.async and the products as mma.sync; the smem of a CTA lets two CTAs share an
-SM. GPU (`-m gpu`): the kernel against an fp32 torch reference on tiny shapes in every
-mode: contiguous and paged caches (page sizes 1, 16, 64, pages shuffled), dense and
-packed q, causal and not, one and three splits (merged here by logsumexp), empty caches,
-GQA 1 and 4, D 64 and 128, bf16 and fp16.
+SM (one at 128 rows). GPU (`-m gpu`): the kernel against an fp32 torch reference on tiny
+shapes in every mode: contiguous and paged caches (page sizes 1, 16, 64, pages
+shuffled), dense and packed q, causal and not, one and three splits (merged here by
+logsumexp), empty caches, GQA 1, 4 and 8 (tiles of 16 to 128 rows, and two 128-row
+tiles), D 64 and 128, bf16 and fp16; the same through jagged.kvcache_attention; the
+headline bandwidth (run with -s to see it).
 """
 import json
 import math
