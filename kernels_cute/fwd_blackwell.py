@@ -57,6 +57,7 @@ the issuing thread's earlier MMAs are done), each waited in order with parity co
 A half whose rows all lie past the sequence's end (the last tile of a sequence of
 length 1-128 mod 256) runs the same hand-overs without its MMAs and softmax (`store`
 reads its stale O_s and writes no row).
+
 Per tile of n_end > 0 blocks and per half: n_end S / P hand-overs, n_end PVs (the first
 waits for the previous tile's `store` to release O_s), n_end - 1 rescale factors plus
 the final row sum and max through `stats`; a tile without keys only passes its stats.
