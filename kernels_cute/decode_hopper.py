@@ -128,8 +128,7 @@ LOG2_E = math.log2(math.e)
 
 def _cute_dtype(torch_dtype):
     import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
-            torch.float32: cutlass.Float32}[torch_dtype]
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
 
 
 # --------------------------------------------------------------------------------------
