@@ -255,3 +255,56 @@ def test_tile_decode_covers_the_list():
             assert sorted(seen) == sorted({(int(p), h) for p in pairs[:n] for h in range(H)})
             order = [p for p, _ in seen]
             assert order[:min(nblk, n)] == [int(p) for p in pairs[:min(nblk, n)]]
+
+
+_TMEM_MAP = textwrap.dedent("""
+    import cutlass, cutlass.cute as cute
+    import cutlass.utils.blackwell_helpers as sm100
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import tcgen05
+    FOUND = {}
+
+    @cute.jit
+    def check():
+        K = cute.nvgpu.OperandMajorMode.K
+        mma = sm100.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, K, K, Float32,
+                                           tcgen05.CtaGroup.ONE, (128, 128))
+        thr = mma.get_slice(0)
+        acc = thr.make_fragment_C(thr.partition_shape_C((128, 128)))[(None, None), 0, 0]
+        crd = thr.partition_C(cute.make_identity_tensor((128, 128)))[(None, None), 0, 0]
+        tP = cute.make_tensor(acc.iterator + 64,
+                              cute.composition(acc.layout, cute.make_layout((128, 64))))
+        for t in (0, 37, 127):
+            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
+            ).get_slice(t)
+            c = ld.partition_D(crd)
+            st = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(16)), Float32), tP
+            ).get_slice(t)
+            p = st.partition_S(cute.make_identity_tensor((128, 64)))
+            FOUND[t] = ([c[i] for i in range(cute.size(c))], [p[i] for i in range(cute.size(p))],
+                        cute.size(c, mode=[2]), cute.size(p, mode=[2]))
+""")
+
+
+@needs_dsl
+def test_tmem_register_map(tmp_path):
+    """What the softmax relies on (the same atoms as the kernel): thread t of a warpgroup
+    reads TMEM lane t = row t of S, its i-th register is column i, 32 to a chunk; P's
+    chunk k is the 16 packed words written to S's fp32 columns 64 + 16k on."""
+    (tmp_path / "tmem_map.py").write_text(_TMEM_MAP)
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a", CUTE_DSL_DISABLE_FILE_CACHING="1")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, json
+        sys.path.insert(0, {str(tmp_path)!r})
+        import cutlass.cute as cute, tmem_map as m
+        cute.compile(m.check)
+        print("FOUND " + json.dumps({{t: [[list(x) for x in s], [list(x) for x in p], a, b]
+                                       for t, (s, p, a, b) in m.FOUND.items()}}))
+    """)], env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert "FOUND " in r.stdout, (r.stdout + r.stderr)[-3000:]
+    found = json.loads(r.stdout.split("FOUND ", 1)[1].splitlines()[0])
+    for t, (s_crd, p_crd, s_chunks, p_chunks) in found.items():
+        assert s_crd == [[int(t), i] for i in range(128)] and s_chunks == 4
+        assert p_crd == [[int(t), i] for i in range(64)] and p_chunks == 4
