@@ -34,8 +34,9 @@ thread or warp count), data-dependent skips (a rescale skipped when no row max m
 timing. Each run also counts, per role and barrier array, the waits that blocked: a
 wait that never blocks over many interleavings is implied by the others.
 
-Models of the kernels' protocols are at the end (`MODELS`); `python -m harness.protocol`
-runs them all over random jagged tile lists and lists the waits that never blocked.
+Models of the kernels' protocols follow the checker (`MODELS`: the Hopper and Blackwell
+forwards and the Hopper backwards of both styles); `python -m harness.protocol` runs
+them all over random jagged tile lists and lists the waits that never blocked.
 """
 from __future__ import annotations
 
