@@ -242,7 +242,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
     stride_ks = H_kv * D                    # a key row of the cache
     stride_kp = L_max * stride_ks           # a page (a sequence) of the cache
-    stride_os = Nq.to(tl.int64) * stride_qn if SPLIT else 0
+    stride_os = tl.cast(Nq, tl.int64) * stride_qn if SPLIT else 0  # Nq may be a constant 1
     stride_ls = H * Nq if SPLIT else 0      # lse [H, Nq]; lse_part [S, H, Nq]
     # a split's row blocks are neighbours in launch order: they run together and share
     # their K / V reads through L2

@@ -337,3 +337,19 @@ def test_decode_config_sweep(page):
         b = _tbps(64, 4096, 32, 8, 128, page, 2, cfg)
         kind = "contig" if page is None else dh.cache_kind(True, page, bn)
         print(f"\npage {page} {kind:6s} {cfg}: B1 32k {a:.2f} TB/s, B64 4k {b:.2f} TB/s", end="")
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "unsplit"])
+def test_compile_with_unit_ints(split):
+    """Triton specializes an integer argument equal to 1 into a constant (one query row,
+    one KV head, pages of one row, a one-entry page table): the kernel must compile
+    with each such argument a plain int."""
+    cfg = dh.CONFIGS[(128, 16, "gather")]
+    sig = dh.signature(cfg, 128, "gather", "bf16", split)
+    ones = {n: 1 for n in ("Nq", "H_kv", "max_pages", "len_q", "L_max")}
+    for n in ones:
+        sig[n] = "constexpr"
+    rep = compile_kernel(dh.decode_kernel, sig,
+                         {**dh.kernel_args(cfg, 128, 4, 16, 1, "gather", True, True, split), **ones},
+                         arch=90, num_warps=cfg.num_warps, num_stages=1, name="decode unit ints")
+    assert not rep.spills, rep.row()
