@@ -9,7 +9,7 @@ the register file, shared memory within 227 KB, no spills or stack (ptxas -v on 
 1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
 them. By default two builds (in parallel) cover D 64 / 128, causal, broadcast-Q, bf16 /
 fp16; with
-JAGGED_CUTE_COMPILE_MATRIX=1 every (D, causal, broadcast-Q, dtype) and the non-default
+`-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default
 configs (static schedule, late TMEM release) compile too.
 """
 import json
@@ -126,8 +126,7 @@ def test_default_builds(tmp_path):
 
 
 @needs_dsl
-@pytest.mark.skipif(os.environ.get("JAGGED_CUTE_COMPILE_MATRIX") != "1",
-                    reason="the full sm_100a matrix: JAGGED_CUTE_COMPILE_MATRIX=1")
+@pytest.mark.matrix
 def test_compile_matrix(tmp_path):
     _run(tmp_path, MATRIX)
 
