@@ -1,0 +1,759 @@
+"""Jagged (varlen, packed) flash-attention backward for Blackwell (sm_100a), in CuteDSL.
+
+    backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+             broadcast_q, dlse=None) -> (dq, dk, dv)          # in q's dtype
+
+Compiled for sm_100a, not run: no B200 was available; the `-m gpu` test
+(tests/test_bwd_blackwell_cute.py) checks it against harness/oracle.py on one.
+
+The same contract, tile list (jagged.tiles.kv_tiles, longest first), static persistent
+walk (schedule.tile_range: one CTA per SM; broadcast-Q CTAs pinned to a KV head with a
+private dQ slot) and preprocess / postprocess kernels as `bwd_hopper.py` (imported: they
+are plain SIMT code). The main kernel uses tcgen05 MMAs with the accumulators in tensor
+memory (TMEM). A tile is 128 keys of one (sequence, KV head); a step is 128 query rows of
+one query head of its group (GQA: the group's heads one after another, dK / dV summed in
+TMEM and stored once). 12 warps:
+
+    warps 0-3   `compute`    thread = key (TMEM lane): S^T and dP^T rows from TMEM in
+                             32-column chunks, P^T = exp2(S^T scale log2e - lse log2e)
+                             (masked: keys past the sequence, causal, rows past it by
+                             lse = +inf), P^T (16-bit) back into TMEM over S^T's upper
+                             columns, dS^T = P^T (dP^T - delta) (16-bit) into smem;
+                             `store` at the tile's end: dK * scale, dV from TMEM to
+                             global, rows predicated to the sequence
+    warps 4-7   `reduce_dq`  thread = query row: the step's dQ from TMEM in 32-column
+                             chunks, staged through two smem buffers, each reduce-added
+                             into the fp32 accumulator by a TMA bulk tensor reduce
+                             (cp.reduce.async.bulk.tensor.add.f32)
+    warp 8      `mma`        allocates TMEM; per step S^T = K Q^T, dP^T = V dO^T, then
+                             dV += P^T dO (P^T from TMEM), dK += dS^T Q, dQ = dS K
+    warp 9      `load`       TMA: K, V once per tile; Q, dO per step into a
+                             Config.q_stages ring; the step's lse log2e / delta rows into
+                             smem (plain loads and stores)
+    warps 10-11 idle
+
+TMEM (fp32 columns, lane = key for S^T, dP^T, dV, dK; lane = query row for dQ):
+S^T [0, 128), dP^T [128, 256), dV [256, 256 + D), dK [256 + D, 256 + 2D); P^T is the
+16-bit view of S^T's columns [64, 128); dQ overlays dP^T's columns [128, 128 + D). All
+512 columns are allocated.
+
+Hand-overs (mbarriers, each waited in order; a consumer waits parity n % 2 for its n-th
+hand-over, a producer (n % 2) ^ 1, which passes on a fresh barrier; "commit":
+tcgen05.commit, one arrival when the issuing thread's earlier MMAs are done):
+
+    pipe_kv   1 stage    load -> mma: TMA bytes of K and V (1 + tx)
+                         mma -> load: commit after the tile's last MMA
+    pipe_q    q_stages   load -> mma: TMA bytes of Q and dO (1 + tx)
+                         mma -> load: commit after the step's dK MMA (the last reading them)
+    pipe_ld   q_stages   load (32 threads) -> compute: lse / delta rows in smem
+                         compute (128) -> load: read
+    pipe_sdp  1          mma -> compute: commit of S^T and dP^T
+                         compute (128) -> mma: P^T in TMEM, dS^T in smem, dP^T read
+                         (mma waits it before dV / dK / dQ, and so before the next S^T)
+    pipe_dq   1          mma -> reduce_dq: commit of dQ
+                         reduce_dq (128) -> mma: dQ read out of TMEM (before the next dP^T)
+    pipe_dkv  1          mma -> compute: commit after the tile's last dK
+                         compute (128) -> mma: dK, dV read out (before the next tile's
+                         first dV / dK, which overwrite them)
+    bar 1     named      TMEM allocated (288: warps 0-8) / released (256 arrive + mma)
+    bar 2     named      reduce_dq's 128 threads: a staging buffer written / free
+
+Ordering that needs no barrier: MMAs issued by the one mma thread run in order, so dV
+(reading P^T) precedes the next S^T (overwriting it); the commit that hands S^T(j + 1)
+to compute covers dK(j) and dQ(j), the last readers of dS^T(j) in smem.
+
+A tile whose sequence has no query block that sees it (n_m = 0) issues no MMA: `store`
+writes dK = dV = 0 without a hand-over. Per tile with s = group * n_m > 0 steps: one
+K/V, s Q/dO and lse/delta, s S/dP, s dQ, one dK/dV hand-over.
+
+Not here: the KV loop is not peeled (every step masks), tiles are dealt statically (no
+Cluster Launch Control, no counter for causal lists), and the 2-CTA MMA for broadcast-Q
+at D = 128 is not built.
+"""
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from jagged.tiles import dq_accumulator, kv_tiles
+
+from . import bwd_hopper
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 128           # keys per tile (the tcgen05 M of S^T, dP^T, dV, dK)
+BLOCK_M = 128           # query rows per step (the M of dQ)
+NUM_THREADS = 384
+COMPUTE_WARP, REDUCE_WARP, MMA_WARP, LOAD_WARP = 0, 4, 8, 9
+TMEM_COLS = 512
+TMEM_BARRIER = 1        # named barriers (0 = syncthreads)
+DQ_BARRIER = 2
+DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
+
+
+@dataclass(frozen=True)
+class Config:
+    q_stages: int       # Q / dO ring depth (two at D = 128 would need 258 KB of smem)
+
+
+CONFIGS = {64: Config(q_stages=2), 128: Config(q_stages=1)}
+
+
+def pick_config(head_dim: int) -> Config:
+    return CONFIGS[head_dim]
+
+
+# role: schedule
+class Sched(NamedTuple):
+    """What every role needs to walk the tile list (schedule.tile_range, kv_tile_coords)."""
+    mTileB: Any
+    mTileN: Any
+    mNTiles: Any
+    mCuQ: Any
+    mCuK: Any
+    L_q: Any
+    H: Any
+    HKV: Any
+    group: Any
+
+
+_COMPILED = {}
+
+
+def _cute_dtype(torch_dtype):
+    import cutlass
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
+
+
+def _kernel_class():
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils.blackwell_helpers as sm100
+    from cutlass import Float32, Int32, const_expr
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cute.nvgpu import cpasync, tcgen05
+
+    from .fragments import element_swizzled, head_tile, tma_tiles
+    from .schedule import kv_tile_coords, tile_range
+
+    def tc_fence_after():
+        """tcgen05.fence::after_thread_sync: tcgen05 work after an mbarrier wait is ordered
+        after the tcgen05 work the arriving threads did before arriving."""
+        llvm.inline_asm(None, [], "tcgen05.fence::after_thread_sync;", "",
+                        has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT)
+
+    def with_cols(t, c):
+        """The TMEM tensor t moved by c fp32 columns."""
+        return cute.make_tensor(t.iterator + c, t.layout)
+
+    class BwdBlackwell:
+        def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                     cfg: Config):
+            self.dtype, self.D = dtype, head_dim
+            self.causal, self.broadcast_q = causal, broadcast_q
+            self.qs = cfg.q_stages
+            self.tmem_s, self.tmem_dp = 0, BLOCK_N
+            self.tmem_p = self.tmem_s + BLOCK_M // 2
+            self.tmem_dq = self.tmem_dp
+            self.tmem_dv = 2 * BLOCK_N
+            self.tmem_dk = self.tmem_dv + head_dim
+            self.tmem_total = self.tmem_dk + head_dim
+            assert self.tmem_total <= TMEM_COLS
+            self.cluster_shape = (1, 1, 1)
+            self.num_threads = NUM_THREADS
+
+        # ------------------------------------------------------------------ host side
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                     mdO: cute.Tensor, mLSE: cute.Tensor, mDelta: cute.Tensor,
+                     mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                     mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
+                     mTileN: cute.Tensor, mNTiles: cute.Tensor, scale: Float32, L_q: Int32,
+                     group: Int32, num_programs: Int32, stream):
+            D, dt, QS = self.D, self.dtype, self.qs
+            # [tokens, heads, D] -> (tokens, D, heads)
+            mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
+                cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
+                for t in (mQ, mK, mV, mdO, mdQacc, mdK, mdV)]
+            one = tcgen05.CtaGroup.ONE
+            Km, MNm = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+            # S^T = K Q^T, dP^T = V dO^T: M = keys, N = queries, K = D
+            self.tiler_s = (BLOCK_N, BLOCK_M, D)
+            # dV += P^T dO, dK += dS^T Q: M = keys, N = D, K = queries
+            self.tiler_kv = (BLOCK_N, D, BLOCK_M)
+            # dQ = dS K: M = queries, N = D, K = keys
+            self.tiler_dq = (BLOCK_M, D, BLOCK_N)
+            mma_s = sm100.make_trivial_tiled_mma(dt, dt, Km, Km, Float32, one,
+                                                 self.tiler_s[:2])
+            mma_dv = sm100.make_trivial_tiled_mma(dt, dt, Km, MNm, Float32, one,
+                                                  self.tiler_kv[:2], tcgen05.OperandSource.TMEM)
+            mma_dk = sm100.make_trivial_tiled_mma(dt, dt, Km, MNm, Float32, one,
+                                                  self.tiler_kv[:2])
+            mma_dq = sm100.make_trivial_tiled_mma(dt, dt, MNm, MNm, Float32, one,
+                                                  self.tiler_dq[:2])
+            sK_layout = sm100.make_smem_layout_a(mma_s, self.tiler_s, dt, 1)
+            sV_layout = sm100.make_smem_layout_a(mma_s, self.tiler_s, dt, 1)
+            sQ_layout = sm100.make_smem_layout_b(mma_s, self.tiler_s, dt, QS)
+            sdO_layout = sm100.make_smem_layout_b(mma_s, self.tiler_s, dt, QS)
+            # the same bytes as the MN-major operands of dV / dK / dQ
+            sQt_layout = sm100.make_smem_layout_b(mma_dk, self.tiler_kv, dt, QS)
+            sdOt_layout = sm100.make_smem_layout_b(mma_dv, self.tiler_kv, dt, QS)
+            sKt_layout = sm100.make_smem_layout_b(mma_dq, self.tiler_dq, dt, 1)
+            sdSt_layout = sm100.make_smem_layout_a(mma_dk, self.tiler_kv, dt, 1)
+            sdS_layout = sm100.make_smem_layout_a(mma_dq, self.tiler_dq, dt, 1)
+            tP_layout = sm100.make_smem_layout_a(mma_dv, self.tiler_kv, dt, 1)
+            sdQ_layout = bwd_hopper.dq_smem_layout(DQ_WIDE, BLOCK_M)   # one staging buffer
+            vmnk = cute.tiled_divide(cute.make_layout(self.cluster_shape),
+                                     (mma_s.thr_id.shape,))
+            g2s = cpasync.CopyBulkTensorTileG2SOp(one)
+            sel = lambda l: cute.select(l, mode=[0, 1, 2])           # noqa: E731
+            tma_atom_K, tma_K = cute.nvgpu.make_tiled_tma_atom_A(
+                g2s, mK, sel(sK_layout), self.tiler_s, mma_s, vmnk.shape)
+            tma_atom_V, tma_V = cute.nvgpu.make_tiled_tma_atom_A(
+                g2s, mV, sel(sV_layout), self.tiler_s, mma_s, vmnk.shape)
+            tma_atom_Q, tma_Q = cute.nvgpu.make_tiled_tma_atom_B(
+                g2s, mQ, sel(sQ_layout), self.tiler_s, mma_s, vmnk.shape)
+            tma_atom_dO, tma_dO = cute.nvgpu.make_tiled_tma_atom_B(
+                g2s, mdO, sel(sdO_layout), self.tiler_s, mma_s, vmnk.shape)
+            tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout,
+                (BLOCK_M, DQ_WIDE), 1)
+            self.bytes_KV = 2 * cute.size_in_bytes(dt, sel(sK_layout))
+            self.bytes_Q = 2 * cute.size_in_bytes(dt, sel(sQ_layout))
+
+            @cute.struct
+            class SharedStorage:
+                mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * QS]
+                mbar_ld: cute.struct.MemRange[cutlass.Int64, 2 * QS]
+                mbar_sdp: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_dq: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_dkv: cute.struct.MemRange[cutlass.Int64, 2]
+                tmem_holding: Int32
+                sLD: cute.struct.Align[cute.struct.MemRange[Float32, BLOCK_M * 2 * QS], 16]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
+                sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdSt_layout)], 1024]
+                sdQ: cute.struct.Align[
+                    cute.struct.MemRange[Float32, 2 * cute.cosize(sdQ_layout)], 1024]
+
+            self.shared_storage = SharedStorage
+            self.kernel(
+                tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
+                mCuQ, mCuK, mTileB, mTileN, mNTiles, tma_atom_Q, tma_atom_K, tma_atom_V,
+                tma_atom_dO, tma_atom_dQ, scale, L_q, group,
+                sK_layout, sV_layout, sQ_layout, sdO_layout, sQt_layout, sdOt_layout,
+                sKt_layout, sdSt_layout, sdS_layout, tP_layout, sdQ_layout,
+                mma_s, mma_dv, mma_dk, mma_dq, SharedStorage,
+            ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
+                     cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1)
+
+        # ------------------------------------------------------------------ the kernel
+        @cute.kernel
+        def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                   mdO: cute.Tensor, mdQacc: cute.Tensor, mLSE: cute.Tensor,
+                   mDelta: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                   mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
+                   mTileN: cute.Tensor, mNTiles: cute.Tensor,
+                   tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
+                   tma_atom_V: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
+                   tma_atom_dQ: cute.CopyAtom, scale: Float32, L_q: Int32, group: Int32,
+                   sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+                   sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+                   sQt_layout: cute.ComposedLayout, sdOt_layout: cute.ComposedLayout,
+                   sKt_layout: cute.ComposedLayout, sdSt_layout: cute.ComposedLayout,
+                   sdS_layout: cute.ComposedLayout, tP_layout: cute.ComposedLayout,
+                   sdQ_layout: cute.ComposedLayout,
+                   mma_s: cute.TiledMma, mma_dv: cute.TiledMma, mma_dk: cute.TiledMma,
+                   mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
+                          group)
+            if warp == LOAD_WARP:
+                for a in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
+                    cpasync.prefetch_descriptor(a)
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+
+            Group = pipeline.CooperativeGroup
+            T = pipeline.Agent.Thread
+            one_thread, rows, warp_threads = Group(T, 1), Group(T, 128), Group(T, 32)
+            pipe_kv = pipeline.PipelineTmaUmma.create(
+                barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1,
+                producer_group=one_thread, consumer_group=one_thread,
+                tx_count=self.bytes_KV, defer_sync=True)
+            pipe_q = pipeline.PipelineTmaUmma.create(
+                barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.qs,
+                producer_group=one_thread, consumer_group=one_thread,
+                tx_count=self.bytes_Q, defer_sync=True)
+            pipe_ld = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_ld.data_ptr(), num_stages=self.qs,
+                producer_group=warp_threads, consumer_group=rows, defer_sync=True)
+            pipe_sdp = pipeline.PipelineUmmaAsync.create(
+                barrier_storage=storage.mbar_sdp.data_ptr(), num_stages=1,
+                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            pipe_dq = pipeline.PipelineUmmaAsync.create(
+                barrier_storage=storage.mbar_dq.data_ptr(), num_stages=1,
+                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            pipe_dkv = pipeline.PipelineUmmaAsync.create(
+                barrier_storage=storage.mbar_dkv.data_ptr(), num_stages=1,
+                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            tmem_barrier = pipeline.NamedBarrier(barrier_id=TMEM_BARRIER,
+                                                 num_threads=32 * (MMA_WARP + 1))
+            tmem = cutlass.utils.TmemAllocator(storage.tmem_holding.ptr,
+                                               barrier_for_retrieve=tmem_barrier,
+                                               allocator_warp_id=MMA_WARP)
+            pipeline.pipeline_init_arrive()
+            pipeline.pipeline_init_wait()
+
+            sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+            sdSt = storage.sdS.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+            view = lambda s, l: cute.make_tensor(                      # noqa: E731
+                cute.recast_ptr(s.iterator, l.inner, dtype=self.dtype), l.outer)
+            sQt, sdOt = view(sQ, sQt_layout), view(sdO, sdOt_layout)
+            sKt, sdS = view(sK, sKt_layout), view(sdSt, sdS_layout)
+            sLD = storage.sLD.get_tensor(cute.make_layout((BLOCK_M, 2, self.qs)))
+            sdQ = storage.sdQ.get_tensor(cute.make_layout(2 * cute.cosize(sdQ_layout)))
+
+            if warp == MMA_WARP:
+                tmem.allocate(TMEM_COLS)
+                tmem_barrier.arrive_and_wait()
+                tmem_ptr = tmem.retrieve_ptr(Float32)
+                self.mma(mma_s, mma_dv, mma_dk, mma_dq, sK, sV, sQ, sdO, sQt, sdOt, sKt,
+                         sdSt, sdS, tP_layout, pipe_kv, pipe_q, pipe_sdp, pipe_dq, pipe_dkv,
+                         sched)
+                tmem.relinquish_alloc_permit()
+                tmem_barrier.arrive_and_wait()
+                tmem.free(tmem_ptr)
+            if warp == LOAD_WARP:
+                self.load(mma_s, mQ, mK, mV, mdO, mLSE, mDelta, sK, sV, sQ, sdO, sLD,
+                          tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, pipe_kv, pipe_q,
+                          pipe_ld, sched)
+            if warp >= REDUCE_WARP and warp < MMA_WARP:
+                tmem_barrier.arrive_and_wait()
+                self.reduce_dq(mma_dq, mdQacc, sdQ, sdQ_layout, tma_atom_dQ, pipe_dq, sched)
+                tmem_barrier.arrive()
+            if warp < REDUCE_WARP:
+                tmem_barrier.arrive_and_wait()
+                self.compute(mma_s, mma_dk, mdK, mdV, sdSt, sLD, pipe_ld, pipe_sdp, pipe_dkv,
+                             scale, sched)
+                tmem_barrier.arrive()
+
+        # ------------------------------------------------------------------ schedule
+        @cute.jit
+        def steps_of(self, t: Int32, pinned: Int32, sched: Sched):
+            """Tile t -> (b, hk, n0, seq, m_lo, n_m, steps): steps = group * n_m, step j is
+            query head hk * group + j // n_m, rows m_lo + (j % n_m) * BLOCK_M on."""
+            b, hk, n0, seq, m_lo, n_m = kv_tile_coords(t, pinned, sched, BLOCK_M, BLOCK_N,
+                                                       self.causal, self.broadcast_q)
+            return b, hk, n0, seq, m_lo, n_m, sched.group * n_m
+
+        # ------------------------------------------------------------------ load
+        @cute.jit
+        def load(self, mma_s, mQ, mK, mV, mdO, mLSE, mDelta, sK, sV, sQ, sdO, sLD,
+                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, pipe_kv, pipe_q, pipe_ld,
+                 sched):
+            D = self.D
+            lane = cute.arch.lane_idx()
+            thr = mma_s.get_slice(0)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.qs)
+            ld_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.qs)
+            t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
+            while t < n_tiles:
+                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
+                if steps > 0:
+                    # K / V boxes past the sequence's end read the next sequence's keys
+                    # (P = 0 there) or TMA's zero fill
+                    pipe_kv.producer_acquire(kv_state)
+                    bar = pipe_kv.producer_get_barrier(kv_state)
+                    for atom, m, s in ((tma_atom_K, mK, sK), (tma_atom_V, mV, sV)):
+                        g = head_tile(m, seq.k_start + n0, hk, BLOCK_N, D)
+                        ts, tg = cpasync.tma_partition(
+                            atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3),
+                            cute.group_modes(thr.partition_A(g), 0, 3))
+                        cute.copy(atom, tg, ts[None, 0], tma_bar_ptr=bar)
+                    kv_state.advance()
+                    for j in cutlass.range(steps, unroll=1):
+                        h = hk * sched.group + j // n_m
+                        m0 = m_lo + (j % n_m) * BLOCK_M
+                        pipe_q.producer_acquire(q_state)
+                        bar = pipe_q.producer_get_barrier(q_state)
+                        for atom, m, s, r in ((tma_atom_Q, mQ, sQ, seq.q_start),
+                                              (tma_atom_dO, mdO, sdO, seq.out_start)):
+                            g = head_tile(m, r + m0, h, BLOCK_M, D)
+                            ts, tg = cpasync.tma_partition(
+                                atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3),
+                                cute.group_modes(thr.partition_B(g), 0, 3))
+                            cute.copy(atom, tg, ts[None, q_state.index], tma_bar_ptr=bar)
+                        q_state.advance()
+                        # lse log2e and delta of the step's rows: rows past the sequence
+                        # and rows that saw no key (lse = -inf) get lse = +inf (P = 0)
+                        pipe_ld.producer_acquire(ld_state)
+                        for e in cutlass.range_constexpr(BLOCK_M // 32):
+                            r = m0 + lane + 32 * e
+                            lse2 = Float32.inf
+                            dl = Float32(0.0)
+                            if r < seq.len_q:
+                                x = mLSE[h, seq.out_start + r]
+                                dl = mDelta[h, seq.out_start + r]
+                                if x != -Float32.inf:
+                                    lse2 = x * LOG2E
+                            sLD[lane + 32 * e, 0, ld_state.index] = lse2
+                            sLD[lane + 32 * e, 1, ld_state.index] = dl
+                        pipe_ld.producer_commit(ld_state)
+                        ld_state.advance()
+                t += step
+
+        # ------------------------------------------------------------------ mma
+        @cute.jit
+        def mma(self, mma_s, mma_dv, mma_dk, mma_dq, sK, sV, sQ, sdO, sQt, sdOt, sKt, sdSt,
+                sdS, tP_layout, pipe_kv, pipe_q, pipe_sdp, pipe_dq, pipe_dkv, sched):
+            D = self.D
+            th_s, th_dv = mma_s.get_slice(0), mma_dv.get_slice(0)
+            th_dk, th_dq = mma_dk.get_slice(0), mma_dq.get_slice(0)
+            tSrK = th_s.make_fragment_A(sK)[None, None, None, 0]
+            tSrV = th_s.make_fragment_A(sV)[None, None, None, 0]
+            tSrQ = th_s.make_fragment_B(sQ)
+            tSrdO = th_s.make_fragment_B(sdO)
+            tVrdOt = th_dv.make_fragment_B(sdOt)
+            tKrQt = th_dk.make_fragment_B(sQt)
+            tKrdS = th_dk.make_fragment_A(sdSt)[None, None, None, 0]
+            tQrdS = th_dq.make_fragment_A(sdS)[None, None, None, 0]
+            tQrKt = th_dq.make_fragment_B(sKt)[None, None, None, 0]
+            acc_s = th_s.make_fragment_C(th_s.partition_shape_C(self.tiler_s[:2]))
+            acc_kv = th_dv.make_fragment_C(th_dv.partition_shape_C(self.tiler_kv[:2]))
+            acc_dq = th_dq.make_fragment_C(th_dq.partition_shape_C(self.tiler_dq[:2]))
+            S, dP = with_cols(acc_s, self.tmem_s), with_cols(acc_s, self.tmem_dp)
+            dV, dK = with_cols(acc_kv, self.tmem_dv), with_cols(acc_kv, self.tmem_dk)
+            dQ = with_cols(acc_dq, self.tmem_dq)
+            tVrP = th_dv.make_fragment_A(cute.make_tensor(acc_s.iterator, tP_layout.outer))
+            tVrP = tVrP[None, None, None, 0]
+            ratio = Float32.width // self.dtype.width       # 16-bit P per fp32 column
+            P = cute.make_tensor(tVrP.iterator + self.tmem_p * ratio, tVrP.layout)
+
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.qs)
+            n_sdp = Int32(0)        # S / dP hand-overs so far (= dQ hand-overs)
+            n_dkv = Int32(0)        # dK / dV hand-overs so far
+            t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
+            while t < n_tiles:
+                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
+                if steps > 0:
+                    pipe_kv.consumer_wait(kv_state)
+                    # the previous tile's store has read dK, dV
+                    pipe_dkv.sync_object_empty.wait(0, (n_dkv % 2) ^ 1)
+                    for j in cutlass.range(steps, unroll=1):
+                        qi = q_state.index
+                        pipe_q.consumer_wait(q_state)
+                        # S^T(j): compute released step j - 1 (waited below)
+                        self.gemm(mma_s, S, tSrK, tSrQ[None, None, None, qi], False)
+                        # dP^T(j) overwrites dQ(j - 1): reduce_dq has read it
+                        pipe_dq.sync_object_empty.wait(0, (n_sdp % 2) ^ 1)
+                        tc_fence_after()
+                        self.gemm(mma_s, dP, tSrV, tSrdO[None, None, None, qi], False)
+                        pipe_sdp.sync_object_full.arrive(0, pipe_sdp.producer_mask,
+                                                         pipe_sdp.cta_group)
+                        # P^T in TMEM, dS^T in smem
+                        pipe_sdp.sync_object_empty.wait(0, n_sdp % 2)
+                        tc_fence_after()
+                        self.gemm(mma_dv, dV, P, tVrdOt[None, None, None, qi], j > 0)
+                        self.gemm(mma_dk, dK, tKrdS, tKrQt[None, None, None, qi], j > 0)
+                        pipe_q.consumer_release(q_state)
+                        q_state.advance()
+                        self.gemm(mma_dq, dQ, tQrdS, tQrKt, False)
+                        pipe_dq.sync_object_full.arrive(0, pipe_dq.producer_mask,
+                                                        pipe_dq.cta_group)
+                        n_sdp += 1
+                    pipe_dkv.sync_object_full.arrive(0, pipe_dkv.producer_mask,
+                                                     pipe_dkv.cta_group)
+                    n_dkv += 1
+                    pipe_kv.consumer_release(kv_state)
+                    kv_state.advance()
+                t += step
+
+        @cute.jit
+        def gemm(self, tiled_mma, acc, tA, tB, accumulate):
+            """acc (+)= A B over the k-blocks (issued by one thread of the warp)."""
+            atom = cute.make_mma_atom(tiled_mma.op)    # a local atom: its field is state
+            for kb in cutlass.range_constexpr(cute.size(tA.shape[2])):
+                atom.set(tcgen05.Field.ACCUMULATE, accumulate if kb == 0 else True)
+                cute.gemm(atom, acc, tA[None, None, kb], tB[None, None, kb], acc)
+
+        # ------------------------------------------------------------------ compute
+        @cute.jit
+        def compute(self, mma_s, mma_dk, mdK, mdV, sdSt, sLD, pipe_ld, pipe_sdp, pipe_dkv,
+                    scale, sched):
+            tidx = cute.arch.thread_idx()[0] % 128          # = TMEM lane = key of the tile
+            scale_log2 = scale * LOG2E
+            th = mma_s.get_slice(0)
+            acc = th.make_fragment_C(th.partition_shape_C(self.tiler_s[:2]))[(None, None), 0, 0]
+            crd = th.partition_C(cute.make_identity_tensor(self.tiler_s[:2]))[(None, None), 0, 0]
+            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
+            ).get_slice(tidx)
+            tS = ld.partition_S(with_cols(acc, self.tmem_s))
+            tdP = ld.partition_S(with_cols(acc, self.tmem_dp))
+            tcrd = ld.partition_D(crd)
+            tP = cute.make_tensor(acc.iterator + self.tmem_p, cute.composition(
+                acc.layout, cute.make_layout((BLOCK_N, BLOCK_M // 2))))
+            st = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(16)), Float32), tP
+            ).get_slice(tidx)
+            tP_r2t = st.partition_D(tP)
+            p_shape = st.partition_S(cute.make_identity_tensor((BLOCK_N, BLOCK_M // 2))).shape
+            ld_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.qs)
+            n_sdp = Int32(0)
+            n_dkv = Int32(0)
+            nchunk = cute.size(tS, mode=[2])
+            t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
+            while t < n_tiles:
+                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
+                key = n0 + tidx
+                key_ok = key < seq.len_k
+                for j in cutlass.range(steps, unroll=1):
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    # causal: query rows below the first that sees this key get P = 0
+                    c_min = Int32(0)
+                    if const_expr(self.causal):
+                        c_min = key - (seq.len_k - seq.len_q) - m0
+                    pipe_ld.consumer_wait(ld_state)
+                    si = ld_state.index
+                    pipe_sdp.sync_object_full.wait(0, n_sdp % 2)
+                    tc_fence_after()
+                    # descending chunks: P chunk k lands on S chunks >= k / 2 + 2, all read
+                    for kk in cutlass.range_constexpr(nchunk):
+                        k = nchunk - 1 - kk
+                        rS = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
+                        cute.copy(ld, tS[None, None, k], rS)
+                        rdP = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
+                        cute.copy(ld, tdP[None, None, k], rdP)
+                        cute.arch.fence_view_async_tmem_load()
+                        rP32 = cute.make_rmem_tensor(p_shape[:2], Float32)
+                        rP = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
+                                              rS.layout)
+                        rdS = cute.make_rmem_tensor((cute.size(rS),), self.dtype)
+                        for c in cutlass.range_constexpr(cute.size(rS)):
+                            col = tcrd[None, None, k][c][1]
+                            p = cute.math.exp2(rS[c] * scale_log2 - sLD[col, 0, si],
+                                               fastmath=True)
+                            if const_expr(self.causal):
+                                p = 0.0 if col < c_min else p
+                            p = p if key_ok else 0.0
+                            rP[c] = p.to(self.dtype)
+                            rdS[c] = (p * (rdP[c] - sLD[col, 1, si])).to(self.dtype)
+                        cute.copy(st, rP32, tP_r2t[None, None, k])
+                        # sdSt is ((keys, 16 queries), 1, query blocks, 1): 16 columns
+                        # of row tidx a block
+                        nb = cute.size(rS) // 16
+                        for i in cutlass.range_constexpr(nb):
+                            cute.autovec_copy(cute.local_tile(rdS, (16,), (i,)),
+                                              sdSt[(tidx, None), 0, k * nb + i, 0])
+                    cute.arch.fence_view_async_tmem_store()
+                    # dS^T (generic proxy writes) before the MMAs read it (async proxy)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    pipe_ld.consumer_release(ld_state)
+                    ld_state.advance()
+                    pipe_sdp.sync_object_empty.arrive(0, None)
+                    n_sdp += 1
+                n_dkv = self.store(mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale,
+                                   pipe_dkv, n_dkv)
+                t += step
+
+        # ------------------------------------------------------------------ store
+        @cute.jit
+        def store(self, mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale, pipe_dkv, n_dkv):
+            """dK * scale and dV rows out (keys at or past len_k are never written; a tile
+            without steps writes zeros); dK, dV go back to mma once read."""
+            tidx = cute.arch.thread_idx()[0] % 128
+            th = mma_dk.get_slice(0)
+            acc = th.make_fragment_C(th.partition_shape_C(self.tiler_kv[:2]))[(None, None), 0, 0]
+            crd = th.partition_C(cute.make_identity_tensor(self.tiler_kv[:2]))[(None, None), 0, 0]
+            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
+            ).get_slice(tidx)
+            tcrd = ld.partition_D(crd)
+            chunks = cute.size(tcrd, mode=[2])
+            per = self.D // chunks
+            row_ok = key < seq.len_k
+            r = cute.make_rmem_tensor((per,), self.dtype)
+            if steps > 0:
+                pipe_dkv.sync_object_full.wait(0, n_dkv % 2)
+                tc_fence_after()
+            # chunk by chunk: 32 columns from TMEM -> 16-bit -> 64 B of the row
+            for x, (col, m, f) in enumerate(((self.tmem_dk, mdK, scale),
+                                             (self.tmem_dv, mdV, 1.0))):
+                src = ld.partition_S(with_cols(acc, col))
+                for k in cutlass.range_constexpr(chunks):
+                    r.fill(0.0)
+                    if steps > 0:
+                        v = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
+                        cute.copy(ld, src[None, None, k], v)
+                        cute.arch.fence_view_async_tmem_load()
+                        for c in cutlass.range_constexpr(per):
+                            r[c] = (v[c] * f).to(self.dtype)
+                    if row_ok:
+                        cute.autovec_copy(r, cute.local_tile(
+                            m[seq.k_start + key, None, hk], (per,), (k,)))
+            if steps > 0:
+                pipe_dkv.sync_object_empty.arrive(0, None)
+                n_dkv += 1
+            return n_dkv
+
+        # ------------------------------------------------------------------ reduce_dq
+        @cute.jit
+        def reduce_dq(self, mma_dq, mdQacc, sdQ, sdQ_layout, tma_atom_dQ, pipe_dq, sched):
+            """Each step's dQ ([128, D] fp32, TMEM) reduce-added into the accumulator in
+            32-column boxes through two smem buffers. Rows past the sequence carry exact
+            zeros (dS = 0 there); TMA clips rows past the tensor."""
+            tidx = cute.arch.thread_idx()[0] % 128         # = TMEM lane = query row
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            th = mma_dq.get_slice(0)
+            acc = th.make_fragment_C(th.partition_shape_C(self.tiler_dq[:2]))[(None, None), 0, 0]
+            crd = th.partition_C(cute.make_identity_tensor(self.tiler_dq[:2]))[(None, None), 0, 0]
+            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(DQ_WIDE)), Float32), acc
+            ).get_slice(tidx)
+            tdQ = ld.partition_S(with_cols(acc, self.tmem_dq))
+            tcrd = ld.partition_D(crd)
+            chunks = cute.size(tdQ, mode=[2])
+            buf_elems = cute.cosize(sdQ_layout)
+            wview = element_swizzled(sdQ_layout, Float32)
+            bufs_w = [cute.make_tensor(sdQ.iterator + i * buf_elems, wview) for i in range(2)]
+            bufs = [cute.make_tensor(cute.recast_ptr(sdQ.iterator + i * buf_elems,
+                                                     sdQ_layout.inner, dtype=Float32),
+                                     sdQ_layout.outer) for i in range(2)]
+            n_dq = Int32(0)
+            t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
+            while t < n_tiles:
+                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
+                for j in cutlass.range(steps, unroll=1):
+                    h = hk * sched.group + j // n_m
+                    m0 = m_lo + (j % n_m) * BLOCK_M
+                    pipe_dq.sync_object_full.wait(0, n_dq % 2)
+                    tc_fence_after()
+                    for k in cutlass.range_constexpr(chunks):
+                        v = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
+                        cute.copy(ld, tdQ[None, None, k], v)
+                        cute.arch.fence_view_async_tmem_load()
+                        if const_expr(k == chunks - 1):     # dQ read: dP^T may follow
+                            pipe_dq.sync_object_empty.arrive(0, None)
+                        # buffer k % 2: its reduce two boxes ago has read it
+                        if warp == REDUCE_WARP:
+                            cute.arch.cp_async_bulk_wait_group(1, read=True)
+                        cute.arch.barrier(barrier_id=DQ_BARRIER, number_of_threads=128)
+                        cute.autovec_copy(v, bufs_w[k % 2][tidx, None])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=DQ_BARRIER, number_of_threads=128)
+                        if warp == REDUCE_WARP:
+                            ts, tg = tma_tiles(tma_atom_dQ, bufs[k % 2], head_tile(
+                                mdQacc, slot_row + seq.q_start + m0, h, BLOCK_M, DQ_WIDE,
+                                (0, k)))
+                            cute.copy(tma_atom_dQ, ts, tg)
+                            cute.arch.cp_async_bulk_commit_group()
+                    n_dq += 1
+                t += step
+            if warp == REDUCE_WARP:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    return BwdBlackwell
+
+
+# --------------------------------------------------------------------------------------
+# Host: compile once per config (on symbolic tensors), then launch
+# --------------------------------------------------------------------------------------
+
+def build(dtype, head_dim: int, causal: bool, broadcast_q: bool, cfg: Config | None = None):
+    """The kernel object (its tmem_total, shared_storage, cluster_shape set once compiled)."""
+    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    cfg = pick_config(head_dim) if cfg is None else cfg
+    return _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
+
+
+def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
+                 cfg: Config | None = None, options: str = "", kernel=None):
+    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_100a)."""
+    import cutlass
+    import cutlass.cute as cute
+    _fake, _tok = bwd_hopper._fake, bwd_hopper._tok
+    k_ = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
+    cdt = k_.dtype
+    nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
+    q, k, v, do = _tok(cdt, nq, h, head_dim), _tok(cdt, nk, hkv, head_dim), \
+        _tok(cdt, nk, hkv, head_dim), _tok(cdt, no, h, head_dim)
+    dk, dv = _tok(cdt, nk, hkv, head_dim), _tok(cdt, nk, hkv, head_dim)
+    dq_acc = _tok(cutlass.Float32, nacc, h, head_dim)
+    lse = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    delta = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    nb = cute.sym_int32()
+    cu_q = _fake(cutlass.Int32, (nb,), (1,), 4)
+    cu_k = _fake(cutlass.Int32, (nb,), (1,), 4)
+    nt = cute.sym_int32()
+    tile_b = _fake(cutlass.Int32, (nt,), (1,), 4)
+    tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
+    n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(k_, q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b,
+                        tile_n, n_tiles, cutlass.Float32(1.0), cutlass.Int32(0),
+                        cutlass.Int32(1), cutlass.Int32(1), stream,
+                        options=("--enable-tvm-ffi " + options).strip())
+
+
+def _compiled(kind, *key):
+    k = (kind,) + key
+    if k not in _COMPILED:
+        fn = {"pre": bwd_hopper.compile_preprocess, "main": compile_main,
+              "post": bwd_hopper.compile_postprocess}[kind]
+        _COMPILED[k] = fn(*key)
+    return _COMPILED[k]
+
+
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
+             dlse=None):
+    """(dq, dk, dv) in q's dtype (the module docstring has the design). dlse: the
+    gradient on lse, or None."""
+    from jagged.arch import num_sms
+
+    dout = dout.contiguous()
+    out = out.contiguous()
+    lse = lse.contiguous()
+    H, D = q.shape[1], q.shape[2]
+    HKV = k.shape[1]
+    B = cu_k.shape[0] - 1
+    Nq = out.shape[0]
+    dev = q.device
+    L_q = q.shape[0] if broadcast_q else 0
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if k.shape[0] == 0 or B == 0 or Nq == 0:
+        dk.zero_(); dv.zero_(); dq.zero_()
+        return dq, dk, dv
+
+    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
+                                              dev)
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    _compiled("pre", q.dtype, D, not broadcast_q)(
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
+    if dlse is not None:
+        delta -= dlse
+
+    cfg = pick_config(D)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
+    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), cfg)(
+        q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
+        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
+        float(scale), L_q, H // HKV, grid_main)
+
+    n_elem = dq.numel()
+    _compiled("post", q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1),
+                               n_elem // bwd_hopper.POST_VEC, n_slots, float(scale))
+    return dq, dk, dv
