@@ -439,27 +439,29 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
     tw = 0
     while t < n_tiles:
         tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
-        rows = tile.n0 + tl.arange(0, BLOCK_N)
-        base = ((tile.k_start + rows).to(tl.int64) * grads.stride_tok
-                + tile.hk * grads.stride_h)[:, None]
-        mask = (rows < tile.len_k)[:, None]
+        # a scalar base pointer and int32 offsets (BLOCK_N * stride_tok < 2^31): a thread
+        # holds one row's O_SLICE contiguous, 16-byte aligned columns (vector stores)
+        off0 = (tile.k_start + tile.n0) * grads.stride_tok + tile.hk * grads.stride_h
+        rows = tl.arange(0, BLOCK_N)[:, None]
+        mask = tile.n0 + rows < tile.len_k
         if G * tile.n_m > 0:
             tlx.barrier_wait(bars.dkv_full[0], tw & 1)
             for c in tl.static_range(D // O_SLICE):
-                cols = (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
+                off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 dv = tlx.local_load(tlx.subslice(tmem.dv[0], c * O_SLICE, O_SLICE))
-                tl.store(grads.dv + base + cols, dv.to(grads.dv.dtype.element_ty), mask=mask)
+                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, O_SLICE]),
+                         dv.to(grads.dv.dtype.element_ty), mask=mask)
                 dk = tlx.local_load(tlx.subslice(tmem.dk[0], c * O_SLICE, O_SLICE))
-                tl.store(grads.dk + base + cols, (dk * grads.scale).to(grads.dk.dtype.element_ty),
-                         mask=mask)
+                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, O_SLICE]),
+                         (dk * grads.scale).to(grads.dk.dtype.element_ty), mask=mask)
             tlx.barrier_arrive(bars.dkv_empty[0], 1)
             tw += 1
         else:
             for c in tl.static_range(D // O_SLICE):
-                cols = (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
+                off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 z = tl.zeros([BLOCK_N, O_SLICE], grads.dk.dtype.element_ty)
-                tl.store(grads.dv + base + cols, z, mask=mask)
-                tl.store(grads.dk + base + cols, z, mask=mask)
+                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, O_SLICE]), z, mask=mask)
+                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, O_SLICE]), z, mask=mask)
         i += 1
         t = _next(tiles, bars, t, step, i, DYNAMIC)
 
