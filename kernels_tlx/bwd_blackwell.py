@@ -91,7 +91,7 @@ from jagged.launch import fast
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
-from .bwd_hopper import _bwd_postprocess, _bwd_preprocess, lse_log2
+from .bwd_hopper import _bwd_postprocess, _bwd_preprocess, _opaque, lse_log2
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -307,6 +307,10 @@ def mma(smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, CAUSAL: tl.
             for j in range(0, n_steps):
                 qb, qph = _buf_phase(qcnt, NQ)
                 ph = qcnt & 1
+                # the stage indices through an opaque mov: the 40 smem descriptors a step
+                # are then formed per step, not hoisted into the 24 registers of this warp
+                qb = _opaque(qb)
+                kb = _opaque(kb)
                 db, dph = _buf_phase(qcnt, NDQ)
                 tlx.barrier_wait(bars.q_full[qb], qph)
                 tlx.async_dot(smem.k[kb], tlx.local_trans(smem.q[qb]), tmem.s[0],
