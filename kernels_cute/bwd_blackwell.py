@@ -375,11 +375,8 @@ def _kernel_class():
                     pipe_kv.producer_acquire(kv_state)
                     bar = pipe_kv.producer_get_barrier(kv_state)
                     for atom, m, s in ((tma_atom_K, mK, sK), (tma_atom_V, mV, sV)):
-                        g = head_tile(m, seq.k_start + n0, hk, BLOCK_N, D)
-                        ts, tg = cpasync.tma_partition(
-                            atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3),
-                            cute.group_modes(thr.partition_A(g), 0, 3))
-                        cute.copy(atom, tg, ts[None, 0], tma_bar_ptr=bar)
+                        self.tma_box(atom, thr.partition_A(head_tile(
+                            m, seq.k_start + n0, hk, BLOCK_N, D)), s, 0, bar)
                     kv_state.advance()
                     for j in cutlass.range(steps, unroll=1):
                         h = hk * sched.group + j // n_m
@@ -388,11 +385,8 @@ def _kernel_class():
                         bar = pipe_q.producer_get_barrier(q_state)
                         for atom, m, s, r in ((tma_atom_Q, mQ, sQ, seq.q_start),
                                               (tma_atom_dO, mdO, sdO, seq.out_start)):
-                            g = head_tile(m, r + m0, h, BLOCK_M, D)
-                            ts, tg = cpasync.tma_partition(
-                                atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 3),
-                                cute.group_modes(thr.partition_B(g), 0, 3))
-                            cute.copy(atom, tg, ts[None, q_state.index], tma_bar_ptr=bar)
+                            self.tma_box(atom, thr.partition_B(head_tile(
+                                m, r + m0, h, BLOCK_M, D)), s, q_state.index, bar)
                         q_state.advance()
                         # lse log2e and delta of the step's rows: rows past the sequence
                         # and rows that saw no key (lse = -inf) get lse = +inf (P = 0)
@@ -411,6 +405,13 @@ def _kernel_class():
                         pipe_ld.producer_commit(ld_state)
                         ld_state.advance()
                 t += step
+
+        @cute.jit
+        def tma_box(self, atom, g, s, stage, bar):
+            """One TMA load of the MMA-partitioned gmem box g into stage `stage` of s."""
+            ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                           cute.group_modes(s, 0, 3), cute.group_modes(g, 0, 3))
+            cute.copy(atom, tg, ts[None, stage], tma_bar_ptr=bar)
 
         # ------------------------------------------------------------------ mma
         @cute.jit

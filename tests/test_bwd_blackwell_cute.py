@@ -191,5 +191,10 @@ def test_matches_oracle_on_b200(idx):
         return _Fn.apply(q, k, v, cu_q if cu_q is not None else cu_k, cu_k, max_q, max_k,
                          causal, scale, broadcast_q)
 
-    rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=True)
+    dlse = None
+    if idx % 2 == 1:  # a gradient on lse too
+        dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(idx))
+    rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=True,
+                dlse=dlse)
     assert rep.ok, f"{p.label()} lengths={lengths}\n{rep}"
