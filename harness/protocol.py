@@ -35,8 +35,9 @@ timing. Each run also counts, per role and barrier array, the waits that blocked
 wait that never blocks over many interleavings is implied by the others.
 
 Models of the kernels' protocols follow the checker (`MODELS`: the Hopper and Blackwell
-forwards and the Hopper backwards of both styles); `python -m harness.protocol` runs
-them all over random jagged tile lists and lists the waits that never blocked.
+forwards and the Hopper backwards of both styles, the TLX Blackwell backward);
+`python -m harness.protocol` runs them all over random jagged tile lists and lists the
+waits that never blocked.
 """
 from __future__ import annotations
 
@@ -460,8 +461,10 @@ class Sim:
             self.fail("race", f"{role} writes {buf} before its readers released it: "
                       + ", ".join(others))
         for other in self.roles:
-            if other.mmas and other.name != role and any(buf in m.reads for m in other.mmas):
-                self.fail("race", f"{role} writes {buf} while an MMA of {other.name} reads it")
+            if other.mmas and (other.name != role or not own_mma) and any(
+                    buf in m.reads for m in other.mmas):
+                self.fail("race", f"{role} writes {buf} while an async op of {other.name} "
+                          f"still reads it")
         s.writer, s.pending = writer, tag
         s.holders = {}
 
@@ -1738,6 +1741,210 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     return walk
 
 
+# ---------------------------------------------------------------------- TLX, Blackwell backward
+def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                      elem_bytes: int = 2) -> BwdWalk:
+    """kernels_tlx/bwd_blackwell.py's bwd_kernel: per program `load` and `mma` warps and
+    `compute`, `reduce_dq`, `store` warpgroups, single-arrival mbarriers (the tile
+    handoff's empty: 4 readers). TMEM: S^T (P^T over its lower columns), dP^T (at D = 128
+    dQ in its columns: the same buffer here), dQ (two buffers at D = 64), dK, dV
+    accumulating over a tile's steps; smem: Q/dO (q_stages), K/V (kv_stages), one dS^T,
+    two fp32 dQ stages for the reduce's bulk stores (an async read each, retired by
+    store_wait(1))."""
+    from jagged.tiles import bwd_dynamic
+
+    from kernels_tlx.bwd_blackwell import BLOCK_M, BLOCK_N
+    D, BM, BN = head_dim, BLOCK_M.value, BLOCK_N.value
+    NQ, NKV = cfg.q_stages, cfg.kv_stages
+    ALIAS = D == BM
+    NDQ, NSL = (1 if ALIAS else 2), D // cfg.dq_slice
+    dyn = bwd_dynamic(problem.causal, problem.broadcast_q)
+    walk = BwdWalk(problem, BM, BN, programs)
+    P, G = walk.programs, problem.heads // problem.hkv
+    counter = sim.counter("tile_counter")
+    for p in range(P):
+        pre = f"cta{p}."
+        q, do = sim.buffers(pre + "q", NQ), sim.buffers(pre + "do", NQ)
+        k, v = sim.buffers(pre + "k", NKV), sim.buffers(pre + "v", NKV)
+        ds = sim.buffer(pre + "ds")
+        dqs = sim.buffers(pre + "dq_stage", 2)
+        s_lo, s_hi = sim.buffer(pre + "S.lo"), sim.buffer(pre + "S.hi")   # P^T over S.lo
+        dp = sim.buffer(pre + "dP")
+        dqt = [dp] if ALIAS else sim.buffers(pre + "dQ", 2)
+        dk, dv = sim.buffer(pre + "dK"), sim.buffer(pre + "dV")
+        tile_slot = sim.buffers(pre + "tile", 2)
+        bar = lambda name, n=1, count=1: sim.mbarriers(pre + name, n, count)
+        q_full, q_empty, kv_full, kv_empty = bar("q_full", NQ), bar("q_empty", NQ), \
+            bar("kv_full", NKV), bar("kv_empty", NKV)
+        s_full, dp_full, p_full, ds_full, ds_empty = (bar(n)[0] for n in (
+            "s_full", "dp_full", "p_full", "ds_full", "ds_empty"))
+        dq_full, dq_empty = bar("dq_full", NDQ), bar("dq_empty", NDQ)
+        dkv_full, dkv_empty, sink = bar("dkv_full")[0], bar("dkv_empty")[0], bar("sink")[0]
+        tile_full, tile_empty = bar("tile_full", 2), bar("tile_empty", 2, 4)
+        first, step, end = walk.range(p)
+
+        def steps(t, p=p):
+            key, hk, b, m_lo, n_m = walk.coords(t, p)
+            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+
+        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
+                  step=step):
+            if not dyn:
+                return t + step if i else t
+            s, ph = i % 2, (i // 2) & 1
+            yield Wait(tile_full[s], ph)
+            t = yield Read(tile_slot[s])
+            yield Arrive(tile_empty[s], release=(tile_slot[s],))
+            return t
+
+        def load(p=p, q=q, do=do, k=k, v=v, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
+                 kv_empty=kv_empty, tile_slot=tile_slot, tile_full=tile_full,
+                 tile_empty=tile_empty, first=first, step=step, end=end, steps=steps):
+            def publish(t, i):
+                s, ph = i % 2, (i // 2) & 1
+                yield Wait(tile_empty[s], ph ^ 1)
+                yield Write(tile_slot[s], t)
+                yield Arrive(tile_full[s])
+
+            t, i, kcnt, qcnt = first, 0, 0, 0
+            if dyn:
+                yield from publish(t, 0)
+            while t < end:
+                key, qsteps = steps(t)
+                if qsteps:
+                    kb, kph = ring(kcnt, NKV)
+                    yield Wait(kv_empty[kb], kph ^ 1)
+                    yield Arrive(kv_full[kb], tx=2 * elem_bytes * BN * D)
+                    yield Tma(kv_full[kb], {k[kb]: ("K", key)}, elem_bytes * BN * D)
+                    yield Tma(kv_full[kb], {v[kb]: ("V", key)}, elem_bytes * BN * D)
+                    kcnt += 1
+                    for qkey in qsteps:
+                        qb, qph = ring(qcnt, NQ)
+                        yield Wait(q_empty[qb], qph ^ 1)
+                        yield Arrive(q_full[qb], tx=2 * elem_bytes * BM * D)
+                        yield Tma(q_full[qb], {q[qb]: ("Q", qkey)}, elem_bytes * BM * D)
+                        yield Tma(q_full[qb], {do[qb]: ("dO", qkey)}, elem_bytes * BM * D)
+                        qcnt += 1
+                i += 1
+                t = P + (yield Take(counter)) if dyn else t + step
+                if dyn:
+                    yield from publish(t, i)
+
+        def mma(q=q, do=do, k=k, v=v, ds=ds, s_lo=s_lo, s_hi=s_hi, dp=dp, dqt=dqt, dk=dk,
+                dv=dv, q_full=q_full, q_empty=q_empty, kv_full=kv_full, kv_empty=kv_empty,
+                s_full=s_full, dp_full=dp_full, p_full=p_full, ds_full=ds_full,
+                ds_empty=ds_empty, dq_full=dq_full, dq_empty=dq_empty, dkv_full=dkv_full,
+                dkv_empty=dkv_empty, sink=sink, fetch=fetch, first=first, end=end,
+                steps=steps):
+            t, i, kcnt, qcnt, tw = (yield from fetch(first, 0)), 0, 0, 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                if qsteps:
+                    kb, kph = ring(kcnt, NKV)
+                    yield Wait(kv_full[kb], kph)
+                    K, V = ("K", key), ("V", key)
+                    for j, qkey in enumerate(qsteps):
+                        qb, qph = ring(qcnt, NQ)
+                        ph = qcnt & 1
+                        db, dph = ring(qcnt, NDQ)
+                        Q, dO, dS = ("Q", qkey), ("dO", qkey), ("dS", qkey)
+                        yield Wait(q_full[qb], qph)
+                        yield Mma({k[kb]: K, q[qb]: Q}, {s_lo: ("S", qkey), s_hi: ("S", qkey)})
+                        yield Commit(s_full)
+                        if ALIAS:  # dP^T over the columns reduce_dq reads dQ from
+                            yield Wait(dq_empty[db], dph ^ 1)
+                        yield Mma({v[kb]: V, do[qb]: dO}, {dp: ("dP", qkey)})
+                        yield Commit(dp_full)
+                        if j == 0:  # the store has read the previous tile's dK, dV
+                            yield Wait(dkv_empty, (tw & 1) ^ 1)
+                        yield Wait(p_full, ph)
+                        acc = {dv: ("dV", key, j - 1)} if j else {}
+                        yield Mma({s_lo: ("P", qkey), do[qb]: dO, **acc}, {dv: ("dV", key, j)})
+                        yield Commit(sink)
+                        yield Wait(ds_full, ph)
+                        acc = {dk: ("dK", key, j - 1)} if j else {}
+                        yield Mma({ds: dS, q[qb]: Q, **acc}, {dk: ("dK", key, j)})
+                        yield Commit(q_empty[qb], release=(q[qb], do[qb]))
+                        if not ALIAS:
+                            yield Wait(dq_empty[db], dph ^ 1)
+                        yield Mma({ds: dS, k[kb]: K}, {dqt[db]: ("dQ", qkey)})
+                        yield Commit(dq_full[db])
+                        yield Commit(ds_empty, release=(ds,))
+                        qcnt += 1
+                    yield Commit(kv_empty[kb], release=(k[kb], v[kb]))
+                    yield Commit(dkv_full)
+                    kcnt += 1
+                    tw += 1
+                i += 1
+                t = yield from fetch(t, i)
+
+        def compute(ds=ds, s_lo=s_lo, s_hi=s_hi, dp=dp, s_full=s_full, dp_full=dp_full,
+                    p_full=p_full, ds_full=ds_full, ds_empty=ds_empty, fetch=fetch,
+                    first=first, end=end, steps=steps):
+            t, i, qcnt = (yield from fetch(first, 0)), 0, 0
+            while t < end:
+                _, qsteps = steps(t)
+                for qkey in qsteps:
+                    ph = qcnt & 1
+                    yield Wait(s_full, ph)
+                    yield Wait(dp_full, ph)
+                    yield Wait(ds_empty, ph ^ 1)
+                    yield Read(s_lo, ("S", qkey))      # chunk by chunk: S^T, then P^T over
+                    yield Read(s_hi, ("S", qkey))      # the columns read
+                    yield Write(s_lo, ("P", qkey))
+                    yield Read(dp, ("dP", qkey))
+                    yield Write(ds, ("dS", qkey))
+                    yield Arrive(p_full, release=(s_hi,))
+                    yield Arrive(ds_full, release=(dp,))
+                    qcnt += 1
+                i += 1
+                t = yield from fetch(t, i)
+
+        def reduce_dq(dqt=dqt, dqs=dqs, dq_full=dq_full, dq_empty=dq_empty, fetch=fetch,
+                      first=first, end=end, steps=steps):
+            t, i, qcnt, scnt = (yield from fetch(first, 0)), 0, 0, 0
+            while t < end:
+                _, qsteps = steps(t)
+                for qkey in qsteps:
+                    db, dph = ring(qcnt, NDQ)
+                    yield Wait(dq_full[db], dph)
+                    for c in range(NSL):
+                        yield Read(dqt[db], ("dQ", qkey))          # slice c from TMEM
+                        if c == NSL - 1:
+                            yield Arrive(dq_empty[db], release=(dqt[db],))
+                        sb = scnt % 2
+                        yield MmaWait(1)                           # store_wait(1)
+                        yield Write(dqs[sb], ("dQ", qkey, c))
+                        yield Mma({dqs[sb]: ("dQ", qkey, c)})      # the bulk reduce-add
+                        scnt += 1
+                    qcnt += 1
+                i += 1
+                t = yield from fetch(t, i)
+            yield MmaWait(0)
+
+        def store(dk=dk, dv=dv, dkv_full=dkv_full, dkv_empty=dkv_empty, fetch=fetch,
+                  first=first, end=end, steps=steps):
+            t, i, tw = (yield from fetch(first, 0)), 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                if qsteps:
+                    yield Wait(dkv_full, tw & 1)
+                    yield Read(dv, ("dV", key, len(qsteps) - 1))
+                    yield Read(dk, ("dK", key, len(qsteps) - 1))
+                    yield Arrive(dkv_empty, release=(dk, dv))
+                    tw += 1
+                walk.done.append(key)
+                i += 1
+                t = yield from fetch(t, i)
+
+        sim.role(pre + "compute", compute())
+        sim.role(pre + "mma", mma(), threads=32)
+        sim.role(pre + "load", load(), threads=32)
+        sim.role(pre + "reduce_dq", reduce_dq())
+        sim.role(pre + "store", store())
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
 def random_problem(rng: random.Random, block_m: int, block_n: int,
                    max_len: int | None = None) -> Problem:
@@ -1801,6 +2008,7 @@ MODELS = {
     "cute_fwd_blackwell": (cute_fwd_blackwell, "kernels_cute.fwd_blackwell"),
     "tlx_bwd_hopper": (tlx_bwd_hopper, "kernels_tlx.bwd_hopper"),
     "cute_bwd_hopper": (cute_bwd_hopper, "kernels_cute.bwd_hopper"),
+    "tlx_bwd_blackwell": (tlx_bwd_blackwell, "kernels_tlx.bwd_blackwell"),
 }
 
 

@@ -681,3 +681,38 @@ def test_bwd_broadcast_q_programs_pinned_to_heads(style):
     else:
         for d, cfg in _cute_bwd_configs().items():
             P.check(lambda sim: P.cute_bwd_hopper(sim, prob, cfg, 4, d), range(3))
+
+
+# ------------------------------------------------------------------- TLX Blackwell backward
+def _tlx_bw_bwd_configs():
+    from kernels_tlx.bwd_blackwell import CONFIGS
+    return CONFIGS
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_tlx_bwd_blackwell_protocol(d):
+    """D = 128: dQ over dP^T's columns (one buffer); D = 64: two dQ buffers of its own."""
+    runs, _ = P.sweep(P.tlx_bwd_blackwell, _tlx_bw_bwd_configs()[d], problems=5, seeds=3,
+                      seed=_seed(("tlx bw bwd", d)), max_len=300, head_dim=d)
+    assert runs == 15
+
+
+def test_tlx_bwd_blackwell_mutations_are_caught():
+    cfg, d = _tlx_bw_bwd_configs()[128], 128
+
+    def reports(**kw):
+        out = []
+        for seed in range(6):
+            try:
+                P.check(lambda sim: P.tlx_bwd_blackwell(sim, BWD, cfg, 2, d), [seed], **kw)
+            except ProtocolError as e:
+                out.append((e.kind, str(e)))
+        return out
+    # dP^T issued without waiting for reduce_dq to read dQ out of the same columns
+    got = reports(mutate=lambda r, op: None if r.endswith("mma") and type(op) is Wait
+                  and "dq_empty" in op.bar else op)
+    assert got and all(k in ("race", "stale", "aliasing") and "dP" in m for k, m in got)
+    # a dQ smem stage rewritten while its bulk store still reads it (store_wait dropped)
+    got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
+                  else op)
+    assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
