@@ -63,7 +63,7 @@ def _groups(problems, names, passes):
 def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
-    from .problems import suite
+    from .suites import suite
     suites, names, passes = _csv_list(a.suite), _csv_list(a.backends), _csv_list(a.passes)
     every = list(dict.fromkeys(backends.names() + backends.names("decode")))
     if names == ["all"]:
@@ -133,7 +133,7 @@ def _jagged_only(a, tool: str) -> None:
 
 def cmd_profile(a):
     import torch
-    from .problems import suite
+    from .suites import suite
     _jagged_only(a, "profile")
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
@@ -145,7 +145,7 @@ def cmd_profile(a):
 
 def cmd_clocks(a):
     import torch
-    from .problems import suite
+    from .suites import suite
     _jagged_only(a, "clocks")
     if not torch.cuda.is_available():
         sys.exit("clocks needs a CUDA GPU")

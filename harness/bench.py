@@ -27,7 +27,7 @@ TFLOP/s = problem.flops(pass) / time.
 Decode cells (`harness.decode.DecodeProblem`, the decode backends of
 `harness.backends`) go through the same lanes and workers (`--kind decode`), forward
 only, in the suite's order (cells sharing a kernel build together) rather than by FLOPs;
-`harness.decode.run_problem` gates and times them, and their rows add the page size,
+`run_decode_problem` gates and times them, and their rows add the page size,
 splits, KV bytes read, KV TB/s and the copy bandwidth measured in the same worker.
 """
 from __future__ import annotations
@@ -273,6 +273,109 @@ def _free():
         torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------ decode cells
+COPY_BYTES = 1 << 30      # the copy-bandwidth probe: one 1 GiB device-to-device copy
+# do_bench (warm-up ms, measured ms), full and --quick: a call takes microseconds to a
+# few ms, so even the largest cells get several runs and the smallest hundreds
+DECODE_TIMING = {False: (10, 40), True: (5, 20)}
+_COPY: dict = {}
+
+
+def time_ms(fn, quick: bool) -> float:
+    """do_bench's median (L2 flushed before each run) at the decode budget; on the CPU
+    the bench's rough median."""
+    if not torch.cuda.is_available():
+        return _time(fn, quick)
+    import triton.testing
+    warmup, rep = DECODE_TIMING[quick]
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graph_time_ms(fn, quick: bool) -> float | None:
+    """`time_ms` of replaying `fn` captured in a CUDA graph (how a decode loop usually
+    runs: no host work per step); None where the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception:  # a baseline that syncs or allocates on the host side: no column
+        torch.cuda.synchronize()
+        return None
+    return time_ms(graph.replay, quick)
+
+
+def copy_tbps() -> float | None:
+    """Device-to-device copy bandwidth (TB/s of bytes read + written) of a 1 GiB copy,
+    timed as the cells are (`time_ms`); once per process."""
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device()
+    if dev not in _COPY:
+        src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").fill_(1)
+        dst = torch.empty_like(src)
+        ms = time_ms(lambda: dst.copy_(src), quick=False)
+        _COPY[dev] = 2 * COPY_BYTES / (ms * 1e-3) / 1e12
+        del src, dst
+        torch.cuda.empty_cache()
+    return _COPY[dev]
+
+
+def run_decode_problem(b, fn, p: DecodeProblem, passes=("fwd",), *,
+                       gate_batch=decode.GATE_MAX_BATCH,
+                quick=False, timing=True) -> list[dict]:
+    """Gate (the oracle on `p.gate()`; ours also with lse and a repeated call), then
+    time the full cell (inside the worker): do_bench's median of the call that returns
+    out only, L2 flushed before each run."""
+    dev = default_device()
+    ok, why = b.supports(p)
+    if not ok:
+        return [row(b.name, p, "fwd", "unsupported", why)]
+    gp = p.gate(min(gate_batch or p.batch, decode.GATE_MAX_BATCH))
+    try:
+        rep = decode.check(gp.build(dev), gp, fn, check_lse=b.own, repeat=b.own)
+    except decode.Unsupported as e:
+        return [row(b.name, p, "fwd", "unsupported", str(e))]
+    except Exception as e:
+        return [row(b.name, p, "fwd", "error", f"gate: {type(e).__name__}: {e}")]
+    finally:
+        _free()
+    if not rep.ok or not timing:
+        return [row(b.name, p, "fwd", "ok" if rep.ok else "fail",
+                    "; ".join(map(str, rep.checks if rep.ok else
+                                  [c for c in rep.checks if not c.ok])))]
+    try:
+        inp = p.build(dev)
+        first = decode.call(fn, inp, p, return_lse=False)
+        first = first[0] if isinstance(first, tuple) else first
+        if not bool(torch.isfinite(first).all()):
+            return [row(b.name, p, "fwd", "fail", "non-finite out at full size")]
+        del first
+        run = lambda: decode.call(fn, inp, p, return_lse=False)
+        ms = time_ms(run, quick)
+        host = host_ms(run) if torch.cuda.is_available() else None
+        graph = graph_time_ms(run, quick) if torch.cuda.is_available() else None
+        copy = copy_tbps()
+        kv = p.kv_bytes() / (ms * 1e-3) / 1e12
+        gkv = None if graph is None else p.kv_bytes() / (graph * 1e-3) / 1e12
+        return [row(b.name, p, "fwd", "ok", ms=f"{ms:.5f}", tflops=f"{p.flops() / ms * 1e-9:.4g}",
+                    host_ms="" if host is None else f"{host:.5f}", kv_tbps=f"{kv:.4g}",
+                    copy_tbps="" if copy is None else f"{copy:.4g}",
+                    graph_ms="" if graph is None else f"{graph:.5f}",
+                    graph_kv_tbps="" if gkv is None else f"{gkv:.4g}")]
+    except decode.Unsupported as e:
+        return [row(b.name, p, "fwd", "unsupported", str(e))]
+    except Exception as e:
+        return [row(b.name, p, "fwd", "error", f"{type(e).__name__}: {e}")]
+    finally:
+        _free()
+
+
 def serve(name: str, module: str, kind: str = "jagged") -> None:
     """Worker loop: JSON requests on stdin, JSON replies on the original stdout (the
     process's own fd 1 goes to stderr, so library prints cannot break the protocol)."""
@@ -294,7 +397,7 @@ def serve(name: str, module: str, kind: str = "jagged") -> None:
     for line in sys.stdin:
         req = json.loads(line)
         p = (DecodeProblem if kind == "decode" else Problem)(**req["problem"])
-        runner = decode.run_problem if kind == "decode" else run_problem
+        runner = run_decode_problem if kind == "decode" else run_problem
         try:
             rows = runner(b, fn, p, req["passes"], gate_batch=req["gate_batch"],
                           quick=req["quick"], timing=req["timing"])

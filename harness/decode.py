@@ -1,4 +1,4 @@
-"""KV-cache decode: problems, the oracle, the `decode` suite and its runner.
+"""KV-cache decode: problems, the oracle and the `decode` suite.
 
 A `DecodeProblem` is a frozen description of one `kvcache_attention` call (batch, heads,
 head dim, cache length, new query rows, page size, splits, dtype, seed); `build()` turns
@@ -16,9 +16,8 @@ The suite is a few sweeps around one base cell (GQA 32/8, D 128, one new row, a
 contiguous cache), not their cross product: `SWEEPS` names them and `cells()` lists
 their cells once each, ordered so cells sharing a kernel build run one after another.
 
-`run_problem` (inside a bench worker) gates a cell with the oracle at a cut size, then
-times it at full size: KV TB/s = the K + V bytes it must read over do_bench's median,
-beside the copy bandwidth the same worker measures with the same timer (`copy_tbps`).
+`harness.bench.run_decode_problem` (inside a bench worker) gates a cell with the oracle at
+a cut size, then times it at full size.
 """
 from __future__ import annotations
 
@@ -34,10 +33,6 @@ from .problems import DTYPES, causal_pairs, jagged_lengths, offsets
 MAX_CACHE_GB = 40.0       # suite cells holding more K + V than this are left out
 GATE_MAX_BATCH = 16       # the correctness gate's cut of a timed cell
 GATE_MAX_CACHE = 8192
-COPY_BYTES = 1 << 30      # the copy-bandwidth probe: one 1 GiB device-to-device copy
-# do_bench (warm-up ms, measured ms), full and --quick: a call takes microseconds to a
-# few ms, so even the largest cells get several runs and the smallest hundreds
-TIMING = {False: (10, 40), True: (5, 20)}
 
 
 class Unsupported(Exception):
@@ -426,102 +421,3 @@ def problem_of(r: dict) -> DecodeProblem:
                          dtype=str(r["dtype"]), causal=t("causal"), packed_q=t("packed_q"),
                          num_splits=int(r["num_splits"]), sparsity=float(r["sparsity"]),
                          seed=int(r["seed"]), suite=str(r["suite"]))
-
-
-_COPY: dict = {}
-
-
-def time_ms(fn, quick: bool) -> float:
-    """do_bench's median (L2 flushed before each run) at the decode budget; on the CPU
-    the bench's rough median."""
-    if not torch.cuda.is_available():
-        from .bench import _time
-        return _time(fn, quick)
-    import triton.testing
-    warmup, rep = TIMING[quick]
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def graph_time_ms(fn, quick: bool) -> float | None:
-    """`time_ms` of replaying `fn` captured in a CUDA graph (how a decode loop usually
-    runs: no host work per step); None where the call cannot be captured."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        torch.cuda.synchronize()
-    except Exception:  # a baseline that syncs or allocates on the host side: no column
-        torch.cuda.synchronize()
-        return None
-    return time_ms(graph.replay, quick)
-
-
-def copy_tbps() -> float | None:
-    """Device-to-device copy bandwidth (TB/s of bytes read + written) of a 1 GiB copy,
-    timed as the cells are (`time_ms`); once per process."""
-    if not torch.cuda.is_available():
-        return None
-    dev = torch.cuda.current_device()
-    if dev not in _COPY:
-        src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda").fill_(1)
-        dst = torch.empty_like(src)
-        ms = time_ms(lambda: dst.copy_(src), quick=False)
-        _COPY[dev] = 2 * COPY_BYTES / (ms * 1e-3) / 1e12
-        del src, dst
-        torch.cuda.empty_cache()
-    return _COPY[dev]
-
-
-def run_problem(b, fn, p: DecodeProblem, passes=("fwd",), *, gate_batch=GATE_MAX_BATCH,
-                quick=False, timing=True) -> list[dict]:
-    """Gate (the oracle on `p.gate()`; ours also with lse and a repeated call), then
-    time the full cell (inside the worker): do_bench's median of the call that returns
-    out only, L2 flushed before each run."""
-    from .bench import _free, default_device, host_ms, row
-    dev = default_device()
-    ok, why = b.supports(p)
-    if not ok:
-        return [row(b.name, p, "fwd", "unsupported", why)]
-    gp = p.gate(min(gate_batch or p.batch, GATE_MAX_BATCH))
-    try:
-        rep = check(gp.build(dev), gp, fn, check_lse=b.own, repeat=b.own)
-    except Unsupported as e:
-        return [row(b.name, p, "fwd", "unsupported", str(e))]
-    except Exception as e:
-        return [row(b.name, p, "fwd", "error", f"gate: {type(e).__name__}: {e}")]
-    finally:
-        _free()
-    if not rep.ok or not timing:
-        return [row(b.name, p, "fwd", "ok" if rep.ok else "fail",
-                    "; ".join(map(str, rep.checks if rep.ok else
-                                  [c for c in rep.checks if not c.ok])))]
-    try:
-        inp = p.build(dev)
-        first = call(fn, inp, p, return_lse=False)
-        first = first[0] if isinstance(first, tuple) else first
-        if not bool(torch.isfinite(first).all()):
-            return [row(b.name, p, "fwd", "fail", "non-finite out at full size")]
-        del first
-        run = lambda: call(fn, inp, p, return_lse=False)
-        ms = time_ms(run, quick)
-        host = host_ms(run) if torch.cuda.is_available() else None
-        graph = graph_time_ms(run, quick) if torch.cuda.is_available() else None
-        copy = copy_tbps()
-        kv = p.kv_bytes() / (ms * 1e-3) / 1e12
-        gkv = None if graph is None else p.kv_bytes() / (graph * 1e-3) / 1e12
-        return [row(b.name, p, "fwd", "ok", ms=f"{ms:.5f}", tflops=f"{p.flops() / ms * 1e-9:.4g}",
-                    host_ms="" if host is None else f"{host:.5f}", kv_tbps=f"{kv:.4g}",
-                    copy_tbps="" if copy is None else f"{copy:.4g}",
-                    graph_ms="" if graph is None else f"{graph:.5f}",
-                    graph_kv_tbps="" if gkv is None else f"{gkv:.4g}")]
-    except Unsupported as e:
-        return [row(b.name, p, "fwd", "unsupported", str(e))]
-    except Exception as e:
-        return [row(b.name, p, "fwd", "error", f"{type(e).__name__}: {e}")]
-    finally:
-        _free()

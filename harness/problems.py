@@ -197,12 +197,3 @@ def suites() -> dict[str, list[Problem]]:
                      mode="broadcast_q", sparsity=0.5, suite="smoke")]
     return {"gem-jagged": jag, "gem-jagged-d64": jag64, "gem-cross": cross, "gem-broadcast-q": bq,
             "llm-dense": llm, "smoke": smoke}
-
-
-def suite(name: str) -> list:
-    """A jagged suite's problems, or a decode suite's cells (harness.decode)."""
-    from . import decode
-    all_ = {**suites(), **decode.suites()}
-    if name not in all_:
-        raise ValueError(f"unknown suite {name!r}; known: {', '.join(all_)}")
-    return all_[name]

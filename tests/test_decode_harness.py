@@ -160,7 +160,7 @@ def test_suite_cells():
     assert all(p.suite == "decode" for p in full) and decode.suites()["decode"] == full
     order = [decode.build_order(p) for p in full]
     assert order == sorted(order)
-    from harness.problems import suite
+    from harness.suites import suite
     assert suite("decode") == full
 
 
@@ -227,7 +227,7 @@ def test_sweep_through_workers(tmp_path, monkeypatch):
 
 def _fake_rows():
     """Timed rows for every cell of the grid, pages and splits sweeps, and a jagged row."""
-    from harness.problems import suite
+    from harness.suites import suite
     rows = []
     cells = {c: None for s in ("grid", "pages", "splits") for c in decode.sweep_cells(s)}
     for i, c in enumerate(cells):
@@ -271,7 +271,7 @@ def test_csv_charts_and_report_on_fake_rows(tmp_path):
 
 def test_cli_groups_and_validation():
     from harness.__main__ import _groups, main, quick_subset
-    from harness.problems import suite
+    from harness.suites import suite
     assert quick_subset(suite("decode")) == decode.cells(quick=True)
     jag = bench.Problem(batch=1, heads=1, head_dim=64, max_seqlen_q=4)
     dec = DecodeProblem(**TINY)

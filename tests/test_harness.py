@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from harness import bench, lines
-from harness.problems import Problem, suite
+from harness.problems import Problem
+from harness.suites import suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -425,7 +426,7 @@ def test_ncu_sass_regions(tmp_path):
 def test_match_alternatives():
     """`--match a|b` keeps problems whose label contains either part; "" keeps all."""
     from harness.__main__ import matches
-    from harness.problems import suite
+    from harness.suites import suite
     jag = suite("gem-jagged")
     picked = [p for p in jag if matches(p, "Lq256 Lk256 s0.5|Lq2048 Lk2048 s0.9")]
     assert [(p.max_seqlen_q, p.sparsity) for p in picked] == [(256, 0.5), (2048, 0.9)]

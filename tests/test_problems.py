@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from harness.problems import Problem, causal_pairs, jagged_lengths, offsets, suite, suites
+from harness.problems import Problem, causal_pairs, jagged_lengths, offsets, suites
+from harness.suites import suite
 
 
 @pytest.mark.parametrize("s", [0.1, 0.3, 0.5, 0.9, 1.0])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import bench
-from harness.problems import suite
+from harness.suites import suite
 
 REPO = Path(__file__).resolve().parents[1]
 

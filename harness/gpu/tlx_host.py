@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction
 
 from jagged.api import validate
 from harness.bench import host_ms, pass_call
-from harness.problems import suite
+from harness.suites import suite
 
 
 def per_call_us(fn, n: int) -> float:
