@@ -68,7 +68,9 @@ box of a step adds exact zeros past the sequence.
 
 Registers: Triton 3.8's OptimizePartitionWarps pass gives the tensor-holding non-default
 tasks (reduce_dq, store) 88 registers and the 1-warp ones 24, the default (compute) the
-rest; so every task holds a TMEM slice of at most 32 columns, never a whole tile.
+rest; so every task holds a TMEM slice of at most 32 columns, never a whole tile. The mma
+warp forms its smem descriptors per step from opaque stage indices (hoisted, 40 of them
+spilled); the store writes from a scalar base with int32, 16-byte aligned offsets.
 
 Not here (these pins): Cluster Launch Control (`ttng.async_clc_try_cancel` is not
 registered in this Triton build; the tile counter stands in: a zeroed counter per launch
@@ -159,9 +161,9 @@ class Smem(NamedTuple):
 
 
 class Tmem(NamedTuple):
-    """S^T and dP^T (fp32); P^T in S^T's lower columns as the compute writes it (chunks
-    p[c], S_SLICE keys... columns of queries) and as the MMA reads it (pa[0]); dQ [NDQ];
-    dK, dV."""
+    """S^T and dP^T (fp32); P^T in S^T's lower columns as the compute writes it (p[c]:
+    S_SLICE query columns, at S^T column c * S_SLICE / 2) and as the MMA reads it (pa[0]);
+    dQ [NDQ] (D = 128: dP^T's columns); dK, dV."""
     s: object
     p: object
     pa: object

@@ -172,3 +172,246 @@ def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
     rep = check(inp, fn, causal=causal, broadcast_q=mode == "broadcast_q", backward=True,
                 dlse=dlse)
     assert rep.ok, f"{p.label()} lengths={(lq.tolist(), lk.tolist())}\n{rep}"
+
+
+# ----------------------------------------------------------------------------- protocol
+class _Bar:
+    """An mbarrier: `count` arrivals complete a phase; wait(parity) passes while the
+    current (incomplete) phase's parity differs from it."""
+
+    def __init__(self, count=1):
+        self.count, self.pending, self.done = count, 0, 0
+
+    def arrive(self):
+        self.pending += 1
+        if self.pending == self.count:
+            self.pending, self.done = 0, self.done + 1
+
+    def passes(self, parity):
+        return (self.done & 1) != parity
+
+
+def _protocol(steps, NQ, NKV, alias, dynamic, rng, wait_at_dp=None):
+    """bwd_blackwell's five roles as generators of ("wait", bar, parity), ("arrive", bar),
+    ("write", buf, tag, readers) and ("read", buf, tag) events, transcribed from the
+    kernel; a tcgen05 op acts at issue (the tensor core runs them in issue order, and a
+    commit arrives after all of them). `steps`: the Q steps of each tile of one program
+    (0: a tile no query sees). A random interleaving; returns "ok" or the failure: a
+    deadlock, a buffer overwritten before its readers read it, or a read of the wrong
+    contents. wait_at_dp: where the mma waits dq_empty (default: before dP^T under alias,
+    as the kernel; else before dQ)."""
+    NDQ = 1 if alias else 2
+    wait_at_dp = alias if wait_at_dp is None else wait_at_dp
+    B = {}
+
+    def bar(name, count=1):
+        B.setdefault(name, _Bar(count))
+        return name
+
+    for i in range(NQ):
+        bar(f"q_full{i}"), bar(f"q_empty{i}")
+    for i in range(NKV):
+        bar(f"kv_full{i}"), bar(f"kv_empty{i}")
+    for n in ("s_full", "dp_full", "p_full", "ds_full", "ds_empty", "dkv_full", "dkv_empty"):
+        bar(n)
+    for i in range(NDQ):
+        bar(f"dq_full{i}"), bar(f"dq_empty{i}")
+    for s in range(2):
+        bar(f"tile_full{s}"), bar(f"tile_empty{s}", bb.READERS.value)
+    W = lambda name, ph: ("wait", name, ph)  # noqa: E731
+    A = lambda name: ("arrive", name)  # noqa: E731
+    total, slots = len(steps), {}
+    dq_buf = (lambda db: "dp") if alias else (lambda db: f"dq{db}")
+
+    def tiles_of():
+        i = 0
+        while True:
+            if dynamic:
+                s, ph = i % 2, (i // 2) & 1
+                yield W(f"tile_full{s}", ph)
+                t = slots[s]
+                yield A(f"tile_empty{s}")
+            else:
+                t = i
+            if t >= total:
+                return
+            yield ("tile", t)
+            i += 1
+
+    def load():
+        q = kv = 0
+        for t in range(total + 1):
+            if dynamic:
+                s, ph = t % 2, (t // 2) & 1
+                yield W(f"tile_empty{s}", ph ^ 1)
+                slots[s] = t
+                yield A(f"tile_full{s}")
+            if t == total:
+                return
+            n = steps[t]
+            if n == 0:
+                continue
+            kb = kv % NKV
+            yield W(f"kv_empty{kb}", ((kv // NKV) & 1) ^ 1)
+            yield ("write", f"kv{kb}", ("kv", kv), 3 * n)   # S, dP, dQ of each step
+            yield A(f"kv_full{kb}")
+            kv += 1
+            for _ in range(n):
+                qb = q % NQ
+                yield W(f"q_empty{qb}", ((q // NQ) & 1) ^ 1)
+                yield ("write", f"q{qb}", ("q", q), 4)        # S, dP, dV, dK
+                yield A(f"q_full{qb}")
+                q += 1
+
+    def mma():
+        q = kv = tw = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            n = steps[ev[1]]
+            if n == 0:
+                continue
+            kb = kv % NKV
+            yield W(f"kv_full{kb}", (kv // NKV) & 1)
+            for j in range(n):
+                qb, ph = q % NQ, q & 1
+                db, dph = q % NDQ, (q // NDQ) & 1
+                yield W(f"q_full{qb}", (q // NQ) & 1)
+                yield ("read", f"q{qb}", ("q", q))
+                yield ("read", f"kv{kb}", ("kv", kv))
+                yield ("write", "s", ("S", q), 1)
+                yield A("s_full")
+                if wait_at_dp:
+                    yield W(f"dq_empty{db}", dph ^ 1)
+                yield ("read", f"q{qb}", ("q", q))
+                yield ("read", f"kv{kb}", ("kv", kv))
+                yield ("write", "dp", ("dP", q), 1)
+                yield A("dp_full")
+                if j == 0:
+                    yield W("dkv_empty", (tw & 1) ^ 1)
+                    yield ("write", "dkv", ("dkv", tw), 0)
+                yield W("p_full", ph)
+                yield ("read", "s", ("P", q))
+                yield ("read", f"q{qb}", ("q", q))
+                yield W("ds_full", ph)
+                yield ("read", "ds", ("dS", q))
+                yield ("read", f"q{qb}", ("q", q))
+                yield A(f"q_empty{qb}")
+                if not wait_at_dp:
+                    yield W(f"dq_empty{db}", dph ^ 1)
+                yield ("read", "ds", ("dS", q))
+                yield ("read", f"kv{kb}", ("kv", kv))
+                yield ("write", dq_buf(db), ("dQ", q), 1)
+                yield A(f"dq_full{db}")
+                yield A("ds_empty")
+                q += 1
+            yield ("seal", "dkv", ("dkv", tw), 1)
+            yield A(f"kv_empty{kb}")
+            yield A("dkv_full")
+            kv += 1
+            tw += 1
+
+    def compute():
+        q = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            for _ in range(steps[ev[1]]):
+                ph = q & 1
+                yield W("s_full", ph)
+                yield W("dp_full", ph)
+                yield W("ds_empty", ph ^ 1)
+                yield ("read", "s", ("S", q))
+                yield ("read", "dp", ("dP", q))
+                yield ("write", "s", ("P", q), 1)
+                yield ("write", "ds", ("dS", q), 2)
+                yield A("p_full")
+                yield A("ds_full")
+                q += 1
+
+    def reduce_dq():
+        q = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            for _ in range(steps[ev[1]]):
+                db, dph = q % NDQ, (q // NDQ) & 1
+                yield W(f"dq_full{db}", dph)
+                yield ("read", dq_buf(db), ("dQ", q))
+                yield A(f"dq_empty{db}")
+                q += 1
+
+    def store():
+        tw = 0
+        for ev in tiles_of():
+            if ev[0] != "tile":
+                yield ev
+                continue
+            if steps[ev[1]] == 0:
+                continue
+            yield W("dkv_full", tw & 1)
+            yield ("read", "dkv", ("dkv", tw))
+            yield A("dkv_empty")
+            tw += 1
+
+    roles = {name: f() for name, f in (("load", load), ("mma", mma), ("compute", compute),
+                                       ("reduce_dq", reduce_dq), ("store", store))}
+    pending = {}
+    for name, g in roles.items():
+        for ev in g:
+            pending[name] = ev
+            break
+    buf = {}  # name -> [tag, reads still owed]
+    while pending:
+        ready = [r for r, ev in pending.items() if ev[0] != "wait" or B[ev[1]].passes(ev[2])]
+        if not ready:
+            return f"deadlock: {pending}"
+        r = rng.choice(ready)
+        ev = pending[r]
+        if ev[0] == "arrive":
+            B[ev[1]].arrive()
+        elif ev[0] == "write":
+            old = buf.get(ev[1])
+            if old is not None and old[1] > 0:
+                return f"{r}: {ev[1]} overwritten ({ev[2]}) before its reads of {old[0]}"
+            buf[ev[1]] = [ev[2], ev[3]]
+        elif ev[0] == "seal":  # the tile's dK / dV accumulators are final: one read owed
+            buf[ev[1]] = [ev[2], ev[3]]
+        elif ev[0] == "read":
+            cur = buf.get(ev[1])
+            if cur is None or cur[0] != ev[2] or cur[1] <= 0:
+                return f"{r}: read {ev[1]} expecting {ev[2]}, holds {cur}"
+            cur[1] -= 1
+        try:
+            pending[r] = next(roles[r])
+        except StopIteration:
+            del pending[r]
+    return "ok"
+
+
+@pytest.mark.parametrize("alias", [True, False], ids=["D128", "D64"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_protocol_model(alias, dynamic):
+    """The barrier protocol over random tile lists (tiles no query sees included), at both
+    head dims' stage counts: no deadlock, no buffer reused before its readers are done."""
+    import random
+    rng = random.Random(7)
+    NQ, NKV = (bb.CONFIGS[128].q_stages, bb.CONFIGS[128].kv_stages) if alias else \
+        (bb.CONFIGS[64].q_stages, bb.CONFIGS[64].kv_stages)
+    for _ in range(150):
+        steps = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(0, 6))]
+        res = _protocol(steps, NQ, NKV, alias, dynamic, rng)
+        assert res == "ok", (steps, res)
+
+
+def test_protocol_model_catches_a_misplaced_wait():
+    """The model sees a hazard: with dQ in dP^T's columns (D = 128) but its dq_empty wait
+    before the dQ MMA (as for D = 64's own buffers), the next dP^T overwrites dQ before
+    reduce_dq reads it in some interleaving."""
+    import random
+    rng = random.Random(1)
+    res = [_protocol([4, 3], 1, 1, True, False, rng, wait_at_dp=False) for _ in range(200)]
+    assert any("overwritten" in r for r in res), set(res)
