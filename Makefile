@@ -2,12 +2,12 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense
+SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense,decode
 TEST_JOBS ?= 2      # pytest processes for the CPU suite (pytest-xdist)
 GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
 GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
 
-.PHONY: setup setup-bench test test-gpu bench bench-quick report lines clean
+.PHONY: setup setup-bench test test-matrix test-gpu bench bench-quick report lines clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,10 @@ setup-bench: $(BIN)/python
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
+# every compile variant of every kernel for sm_90a / sm_100a, on the CPU (slow)
+test-matrix: setup
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) -m matrix
+
 test-gpu:
 	python3 -m pytest -q -m gpu
 
@@ -34,7 +38,7 @@ bench: setup-bench
 	$(MAKE) report
 
 bench-quick: setup-bench
-	$(BIN)/python -m harness bench --quick --passes fwd,bwd $(GPU_ARG)
+	$(BIN)/python -m harness bench --quick --suite $(SUITES) --passes fwd,bwd $(GPU_ARG)
 	$(MAKE) report
 
 report: setup-bench
