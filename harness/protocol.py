@@ -34,10 +34,9 @@ thread or warp count), data-dependent skips (a rescale skipped when no row max m
 timing. Each run also counts, per role and barrier array, the waits that blocked: a
 wait that never blocks over many interleavings is implied by the others.
 
-Models of the kernels' protocols follow the checker (`MODELS`: the Hopper and Blackwell
-forwards and the Hopper backwards of both styles, the TLX Blackwell backward);
-`python -m harness.protocol` runs them all over random jagged tile lists and lists the
-waits that never blocked.
+Models of the kernels' protocols follow the checker (`MODELS`: forward and backward,
+Hopper and Blackwell, both styles); `python -m harness.protocol` runs them all over
+random jagged tile lists and lists the waits that never blocked.
 """
 from __future__ import annotations
 
@@ -1945,6 +1944,174 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
     return walk
 
 
+# ------------------------------------------------------------------ CuteDSL, Blackwell backward
+def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
+                       elem_bytes: int = 2) -> BwdWalk:
+    """kernels_cute/bwd_blackwell.py's main kernel: per CTA the `compute` warpgroup (and
+    `store`), the `reduce_dq` warpgroup, the `mma` and `load` warps; static walk. K/V (one
+    stage) and Q/dO (q_stages) TMA -> MMA, released by commits; the lse / delta rows
+    (32 -> 128 threads); S^T and dP^T one commit -> compute, 128 arrivals back (P^T in
+    TMEM over S^T's upper columns, dS^T in smem: no barrier of its own, the next S^T / dP^T
+    commit covers its readers); dQ over dP^T's columns -> reduce_dq (128 back, before the
+    next dP^T); dK / dV once a tile -> store. Named barrier 1 (288): TMEM handed out,
+    then back before the MMA warp frees it; 2 (128) inside reduce_dq around its two
+    staging buffers (buffer = chunk % 2, one bulk store pending at most)."""
+    from kernels_cute.bwd_blackwell import BLOCK_M, BLOCK_N, DQ_WIDE
+    D, BM, BN, NQ = head_dim, BLOCK_M, BLOCK_N, cfg.q_stages
+    CH = D // DQ_WIDE
+    walk = BwdWalk(problem, BM, BN, programs)
+    P, G = walk.programs, problem.heads // problem.hkv
+    KV_BYTES, Q_BYTES = 2 * BN * D * elem_bytes, 2 * BM * D * elem_bytes
+    for p in range(P):
+        pre = f"cta{p}."
+        q, do = sim.buffers(pre + "q", NQ), sim.buffers(pre + "do", NQ)
+        k, v = sim.buffer(pre + "k"), sim.buffer(pre + "v")
+        ld = sim.buffers(pre + "lse_delta", NQ)
+        ds = sim.buffer(pre + "ds")
+        dqs = sim.buffers(pre + "dq_stage", 2)
+        s_lo, s_hi = sim.buffer(pre + "S.lo"), sim.buffer(pre + "S.hi")   # P^T over S.hi
+        dp = sim.buffer(pre + "dP")                                        # dQ over it
+        dk, dv = sim.buffer(pre + "dK"), sim.buffer(pre + "dV")
+        tmem_bufs = (s_lo, s_hi, dp, dk, dv)
+        bar = lambda name, n=1, count=1: sim.mbarriers(pre + name, n, count)
+        kv_full, kv_empty = bar("kv_full")[0], bar("kv_empty")[0]
+        q_full, q_empty = bar("q_full", NQ), bar("q_empty", NQ)
+        ld_full, ld_empty = bar("ld_full", NQ, 32), bar("ld_empty", NQ, 128)
+        sdp_full, sdp_empty = bar("sdp_full")[0], bar("sdp_empty", 1, 128)[0]
+        dq_full, dq_empty = bar("dq_full")[0], bar("dq_empty", 1, 128)[0]
+        dkv_full, dkv_empty = bar("dkv_full")[0], bar("dkv_empty", 1, 128)[0]
+        tmem_b, dq_b = sim.named_barrier(pre + "bar1"), sim.named_barrier(pre + "bar2")
+        first, step, end = walk.range(p)
+
+        def steps(t, p=p):
+            key, hk, b, m_lo, n_m = walk.coords(t, p)
+            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+
+        def load(q=q, do=do, k=k, v=v, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
+                 q_full=q_full, q_empty=q_empty, ld_full=ld_full, ld_empty=ld_empty,
+                 first=first, step=step, end=end, steps=steps):
+            t, kcnt, qcnt = first, 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                if qsteps:
+                    yield Wait(kv_empty, (kcnt & 1) ^ 1)
+                    yield Arrive(kv_full, tx=KV_BYTES)
+                    yield Tma(kv_full, {k: ("K", key)}, KV_BYTES // 2)
+                    yield Tma(kv_full, {v: ("V", key)}, KV_BYTES // 2)
+                    kcnt += 1
+                    for qkey in qsteps:
+                        qb, ph = ring(qcnt, NQ)
+                        yield Wait(q_empty[qb], ph ^ 1)
+                        yield Arrive(q_full[qb], tx=Q_BYTES)
+                        yield Tma(q_full[qb], {q[qb]: ("Q", qkey)}, Q_BYTES // 2)
+                        yield Tma(q_full[qb], {do[qb]: ("dO", qkey)}, Q_BYTES // 2)
+                        yield Wait(ld_empty[qb], ph ^ 1)
+                        yield Write(ld[qb], ("lse", qkey))
+                        yield Arrive(ld_full[qb], 32)
+                        qcnt += 1
+                t += step
+
+        def mma(q=q, do=do, k=k, v=v, ds=ds, s_lo=s_lo, s_hi=s_hi, dp=dp, dk=dk, dv=dv,
+                kv_full=kv_full, kv_empty=kv_empty, q_full=q_full, q_empty=q_empty,
+                sdp_full=sdp_full, sdp_empty=sdp_empty, dq_full=dq_full, dq_empty=dq_empty,
+                dkv_full=dkv_full, dkv_empty=dkv_empty, tmem_b=tmem_b, tmem_bufs=tmem_bufs,
+                first=first, step=step, end=end, steps=steps):
+            yield BarSync(tmem_b, 288)                          # TMEM allocated
+            t, kcnt, qcnt, n_sdp, n_dkv = first, 0, 0, 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                if qsteps:
+                    yield Wait(kv_full, kcnt & 1)
+                    yield Wait(dkv_empty, (n_dkv & 1) ^ 1)
+                    for j, qkey in enumerate(qsteps):
+                        qb, ph = ring(qcnt, NQ)
+                        Q, dO, dS = ("Q", qkey), ("dO", qkey), ("dS", qkey)
+                        yield Wait(q_full[qb], ph)
+                        yield Mma({k: ("K", key), q[qb]: Q}, {s_lo: ("S", qkey), s_hi: ("S", qkey)})
+                        yield Wait(dq_empty, (n_sdp & 1) ^ 1)   # dQ(j - 1) read out
+                        yield Mma({v: ("V", key), do[qb]: dO}, {dp: ("dP", qkey)})
+                        yield Commit(sdp_full)
+                        yield Wait(sdp_empty, n_sdp & 1)
+                        acc = {dv: ("dV", key, j - 1)} if j else {}
+                        yield Mma({s_hi: ("P", qkey), do[qb]: dO, **acc}, {dv: ("dV", key, j)})
+                        acc = {dk: ("dK", key, j - 1)} if j else {}
+                        yield Mma({ds: dS, q[qb]: Q, **acc}, {dk: ("dK", key, j)})
+                        yield Commit(q_empty[qb], release=(q[qb], do[qb]))
+                        yield Mma({ds: dS, k: ("K", key)}, {dp: ("dQ", qkey)})
+                        yield Commit(dq_full, release=(ds,))
+                        qcnt += 1
+                        n_sdp += 1
+                    yield Commit(dkv_full)
+                    yield Commit(kv_empty, release=(k, v))
+                    kcnt += 1
+                    n_dkv += 1
+                t += step
+            yield BarSync(tmem_b, 288)                          # every user done
+            for b in tmem_bufs:
+                yield Write(b, "freed")
+
+        def compute(ld=ld, ds=ds, s_lo=s_lo, s_hi=s_hi, dp=dp, dk=dk, dv=dv, ld_full=ld_full,
+                    ld_empty=ld_empty, sdp_full=sdp_full, sdp_empty=sdp_empty,
+                    dkv_full=dkv_full, dkv_empty=dkv_empty, tmem_b=tmem_b, first=first,
+                    step=step, end=end, steps=steps):
+            yield BarSync(tmem_b, 288)
+            t, qcnt, n_sdp, n_dkv = first, 0, 0, 0
+            while t < end:
+                key, qsteps = steps(t)
+                for qkey in qsteps:
+                    qb, ph = ring(qcnt, NQ)
+                    yield Wait(ld_full[qb], ph)
+                    yield Wait(sdp_full, n_sdp & 1)
+                    yield Read(ld[qb], ("lse", qkey))
+                    yield Read(s_hi, ("S", qkey))      # descending chunks: P^T over the
+                    yield Read(s_lo, ("S", qkey))      # upper columns once read
+                    yield Write(s_hi, ("P", qkey))
+                    yield Read(dp, ("dP", qkey))
+                    yield Write(ds, ("dS", qkey))
+                    yield Arrive(ld_empty[qb], 128, release=(ld[qb],))
+                    yield Arrive(sdp_empty, 128, release=(s_lo, dp))
+                    qcnt += 1
+                    n_sdp += 1
+                if qsteps:                                         # store
+                    n = len(qsteps)
+                    yield Wait(dkv_full, n_dkv & 1)
+                    yield Read(dk, ("dK", key, n - 1))
+                    yield Read(dv, ("dV", key, n - 1))
+                    yield Arrive(dkv_empty, 128, release=(dk, dv))
+                    n_dkv += 1
+                walk.done.append(key)
+                t += step
+            yield BarArrive(tmem_b, 288)
+
+        def reduce_dq(dp=dp, dqs=dqs, dq_full=dq_full, dq_empty=dq_empty, tmem_b=tmem_b,
+                      dq_b=dq_b, first=first, step=step, end=end, steps=steps):
+            yield BarSync(tmem_b, 288)
+            t, n_dq = first, 0
+            while t < end:
+                _, qsteps = steps(t)
+                for qkey in qsteps:
+                    yield Wait(dq_full, n_dq & 1)
+                    for c in range(CH):
+                        yield Read(dp, ("dQ", qkey))               # chunk c from TMEM
+                        if c == CH - 1:
+                            yield Arrive(dq_empty, 128, release=(dp,))
+                        yield MmaWait(1)                           # bulk wait_group(1)
+                        yield BarSync(dq_b, 128)
+                        yield Write(dqs[c % 2], ("dQ", qkey, c))
+                        yield BarSync(dq_b, 128)
+                        yield Mma({dqs[c % 2]: ("dQ", qkey, c)})   # the bulk reduce-add
+                    n_dq += 1
+                t += step
+            yield MmaWait(0)
+            yield BarArrive(tmem_b, 288)
+
+        sim.role(pre + "compute", compute())
+        sim.role(pre + "reduce_dq", reduce_dq())
+        sim.role(pre + "mma", mma(), threads=32)
+        sim.role(pre + "load", load(), threads=32)
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
 def random_problem(rng: random.Random, block_m: int, block_n: int,
                    max_len: int | None = None) -> Problem:
@@ -2009,6 +2176,7 @@ MODELS = {
     "tlx_bwd_hopper": (tlx_bwd_hopper, "kernels_tlx.bwd_hopper"),
     "cute_bwd_hopper": (cute_bwd_hopper, "kernels_cute.bwd_hopper"),
     "tlx_bwd_blackwell": (tlx_bwd_blackwell, "kernels_tlx.bwd_blackwell"),
+    "cute_bwd_blackwell": (cute_bwd_blackwell, "kernels_cute.bwd_blackwell"),
 }
 
 

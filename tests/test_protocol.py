@@ -1,6 +1,6 @@
 """The barrier-protocol model checker (harness/protocol.py) and the models of the
-kernels' protocols (the Hopper and Blackwell forwards of both styles, the TLX Hopper
-backward): the checker finds each kind of violation in small hand-written protocols;
+kernels' protocols (forward and backward, Hopper and Blackwell, both styles): the
+checker finds each kind of violation in small hand-written protocols;
 every model runs clean over random jagged tile lists (zero- and one-length sequences,
 causal or not, broadcast-Q, GQA, several programs, tiles from the counter) under random
 interleavings, at every config of its kernel; and mutated models (a release dropped, a
@@ -713,6 +713,40 @@ def test_tlx_bwd_blackwell_mutations_are_caught():
                   and "dq_empty" in op.bar else op)
     assert got and all(k in ("race", "stale", "aliasing") and "dP" in m for k, m in got)
     # a dQ smem stage rewritten while its bulk store still reads it (store_wait dropped)
+    got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
+                  else op)
+    assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
+
+
+# --------------------------------------------------------------- CuteDSL Blackwell backward
+def _cute_bw_bwd_configs():
+    from kernels_cute.bwd_blackwell import CONFIGS
+    return CONFIGS
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_cute_bwd_blackwell_protocol(d):
+    runs, _ = P.sweep(P.cute_bwd_blackwell, _cute_bw_bwd_configs()[d], problems=5, seeds=3,
+                      seed=_seed(("cute bw bwd", d)), max_len=300, head_dim=d)
+    assert runs == 15
+
+
+def test_cute_bwd_blackwell_mutations_are_caught():
+    cfg, d = _cute_bw_bwd_configs()[128], 128
+
+    def reports(**kw):
+        out = []
+        for seed in range(6):
+            try:
+                P.check(lambda sim: P.cute_bwd_blackwell(sim, BWD, cfg, 2, d), [seed], **kw)
+            except ProtocolError as e:
+                out.append((e.kind, str(e)))
+        return out
+    # dP^T issued before reduce_dq has read dQ out of the same columns
+    got = reports(mutate=lambda r, op: None if r.endswith("mma") and type(op) is Wait
+                  and "dq_empty" in op.bar else op)
+    assert got and all(k in ("race", "stale", "aliasing") and "dP" in m for k, m in got)
+    # a staging buffer rewritten while its bulk reduce still reads it (wait_group dropped)
     got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
                   else op)
     assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
