@@ -110,7 +110,8 @@ class Config:
     kv_stages: int        # K / V stages (2: the next tile's K / V load during this one)
     s_slice: int = 16     # S^T / dP^T columns the compute holds in registers at once
     dq_slice: int = 32    # dQ columns a reduce_dq stage holds (the TMA box width)
-    o_slice: int = 16     # dK / dV columns the store holds at once
+    o_slice: int = 8      # dK / dV columns the store holds at once (16 bytes a row: one
+                          # vector store; 16 spilled at the 88 registers of the store)
 
 
 # Defaults by head dim; not measured (no B200 here). Shared memory (2-byte dtype):
