@@ -447,7 +447,8 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
     while t < n_tiles:
         tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
         # a scalar base pointer and int32 offsets (BLOCK_N * stride_tok < 2^31): a thread
-        # holds one row's O_SLICE contiguous, 16-byte aligned columns (vector stores)
+        # holds one row's O_SLICE contiguous columns, 16-byte aligned (dK / dV contiguous,
+        # D and O_SLICE multiples of 8): one 16-byte vector store a row
         off0 = (tile.k_start + tile.n0) * grads.stride_tok + tile.hk * grads.stride_h
         rows = tl.arange(0, BLOCK_N)[:, None]
         mask = tile.n0 + rows < tile.len_k
@@ -456,10 +457,10 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
             for c in tl.static_range(D // O_SLICE):
                 off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 dv = tlx.local_load(tlx.subslice(tmem.dv[0], c * O_SLICE, O_SLICE))
-                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, O_SLICE]),
+                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, 16]),
                          dv.to(grads.dv.dtype.element_ty), mask=mask)
                 dk = tlx.local_load(tlx.subslice(tmem.dk[0], c * O_SLICE, O_SLICE))
-                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, O_SLICE]),
+                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, 16]),
                          (dk * grads.scale).to(grads.dk.dtype.element_ty), mask=mask)
             tlx.barrier_arrive(bars.dkv_empty[0], 1)
             tw += 1
@@ -467,8 +468,8 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
             for c in tl.static_range(D // O_SLICE):
                 off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 z = tl.zeros([BLOCK_N, O_SLICE], grads.dk.dtype.element_ty)
-                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, O_SLICE]), z, mask=mask)
-                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, O_SLICE]), z, mask=mask)
+                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, 16]), z, mask=mask)
+                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, 16]), z, mask=mask)
         i += 1
         t = _next(tiles, bars, t, step, i, DYNAMIC)
 
