@@ -72,10 +72,14 @@ rest; so every task holds a TMEM slice of at most 32 columns, never a whole tile
 warp forms its smem descriptors per step from opaque stage indices (hoisted, 40 of them
 spilled); the store writes from a scalar base with int32, 16-byte aligned offsets.
 
-Not here (these pins): Cluster Launch Control (`ttng.async_clc_try_cancel` is not
-registered in this Triton build; the tile counter stands in: a zeroed counter per launch
-and a global-memory handoff), the 2-CTA MMA of the broadcast-Q backward, early release of
-P^T in slices (P^T is published whole).
+Overlap: TMEM holds one step's S^T and dP^T (512 columns with dK, dV), so within a
+program the compute and the tensor core alternate on a step; a program overlaps its TMA
+loads, the dQ reduce and the dK / dV store with both.
+
+Not here: Cluster Launch Control (these pins do not register
+`ttng.async_clc_try_cancel`; the tile counter stands in, at the cost of a zeroed counter
+per launch and a global-memory handoff per tile), the 2-CTA MMA of the broadcast-Q
+backward and P^T released in slices (not built).
 """
 from __future__ import annotations
 
