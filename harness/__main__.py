@@ -63,7 +63,6 @@ def _groups(problems, names, passes):
 def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
-    from .suites import suite
     suites, names, passes = _csv_list(a.suite), _csv_list(a.backends), _csv_list(a.passes)
     every = list(dict.fromkeys(backends.names() + backends.names("decode")))
     if names == ["all"]:
@@ -86,7 +85,7 @@ def cmd_sweep(a, timing: bool):
               "backend on the CPU (Triton interpreter, TRITON_INTERPRET=1) instead; "
               "its times are not GPU numbers.", file=sys.stderr)
         suites, names, slug = ["smoke"], ["triton"], "cpu"
-    problems = [p for s in suites for p in suite(s)]
+    problems = [p for s in suites for p in _suite(s, a)]
     if a.quick:
         problems = quick_subset(problems)
     problems = [p for p in problems if matches(p, a.match)]
@@ -107,6 +106,15 @@ def cmd_sweep(a, timing: bool):
         from .gpu.clocks import run as clocks
         with torch.cuda.device(gpus[0]):
             clocks([], [], out=out, with_gemm=True)
+
+
+def _suite(name: str, a) -> list:
+    """A suite's problems; `fuzz` drawn from --fuzz-seed / --fuzz-n."""
+    from .problems import fuzz_problems
+    from .suites import suite
+    if name == "fuzz":
+        return fuzz_problems(a.fuzz_n, a.fuzz_seed)
+    return suite(name)
 
 
 def _problem_key(r: dict) -> tuple:
@@ -212,6 +220,10 @@ def main(argv=None):
                             "default: %(default)s)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
         s.add_argument("--match", default="", help=MATCH_HELP)
+        s.add_argument("--fuzz-seed", type=int, default=0,
+                       help="the fuzz suite's seed (default: %(default)s)")
+        s.add_argument("--fuzz-n", type=int, default=40,
+                       help="the fuzz suite's number of problems (default: %(default)s)")
     s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of each backend per "
                     "problem; several backends: an A/B", "gem-jagged", "tlx")
     s.add_argument("--passes", default="fwd,bwd")

@@ -6,6 +6,7 @@ turns it into packed tensors and offsets, deterministically per seed.
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass
 
 import torch
@@ -169,6 +170,66 @@ def _grid(suite, lengths, sparsities, **kw):
             for n in lengths for s in sparsities]
 
 
+# varlen-llm: packed causal training batches, lengths from 1k up to the class's maximum.
+# Under `jagged_lengths`' convention s >= 0.5 draws from [(2s-1)*max, max], so
+# s = 1/2 + 512/max gives [1024, max]: 16k -> s 0.53125, 8k -> s 0.5625, 4k -> s 0.625.
+VARLEN_LLM_CLASSES = ((16384, 5), (8192, 10), (4096, 20))  # (max length, sequences)
+VARLEN_LLM_HEADS = ((32, 8, 128),   # Llama-3-8B, GQA 4:1
+                    (64, 8, 128),   # Llama-3-70B, GQA 8:1
+                    (32, 8, 64),    # Llama-3.2-1B, GQA 4:1
+                    (16, 2, 64))    # GQA 8:1 at D = 64
+VARLEN_LLM_MIN = 1024
+
+
+def varlen_llm() -> list[Problem]:
+    return [Problem(batch=b, heads=h, kv_heads=hkv, head_dim=d, max_seqlen_q=n,
+                    sparsity=0.5 + VARLEN_LLM_MIN / (2 * n), causal=True, suite="varlen-llm")
+            for (n, b) in VARLEN_LLM_CLASSES for (h, hkv, d) in VARLEN_LLM_HEADS]
+
+
+FUZZ_TOKENS = 65536  # cap on packed query and key tokens (broadcast_q: queries as expanded)
+FUZZ_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FUZZ_SPARSITIES = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def _fuzz_one(rng: random.Random) -> Problem:
+    hkv = rng.choice((1, 2, 4, 8))
+    group = rng.choice([g for g in (1, 2, 4, 8) if hkv * g <= 32])
+    mode = rng.choices(("self", "cross", "broadcast_q"), weights=(3, 1, 1))[0]
+    n = rng.choice(FUZZ_LENGTHS)
+    sparsity = rng.choice(FUZZ_SPARSITIES)
+    if mode == "self":
+        lq, lk = n, None
+    elif mode == "cross":
+        lq, lk = n, rng.choice(FUZZ_LENGTHS)
+    else:  # one dense Q of lq rows shared by every sequence
+        lq, lk = rng.choice((16, 64, 128, 256, 512, 1024)), n
+    mean = max(1.0, sparsity * max(lq, lk or lq))
+    batch = rng.randint(1, max(1, min(1024, int(FUZZ_TOKENS / mean))))
+    p = Problem(batch=batch, heads=hkv * group, kv_heads=hkv, head_dim=rng.choice((64, 128)),
+                max_seqlen_q=lq, max_seqlen_k=lk, sparsity=sparsity, mode=mode,
+                causal=rng.random() < 0.5, dtype=rng.choice(("bf16", "fp16")),
+                seed=rng.randrange(1 << 30), suite="fuzz")
+    while p.batch > 1 and fuzz_tokens(p) > FUZZ_TOKENS:
+        p = p.replace(batch=p.batch * 3 // 4)
+    return p
+
+
+def fuzz_tokens(p: Problem) -> int:
+    """The larger of a problem's packed query and key token counts (broadcast_q: the
+    queries expanded over the batch, as a baseline without broadcast runs them)."""
+    lq, lk = p.lengths()
+    return max(int(lq.sum()), int(lk.sum()))
+
+
+def fuzz_problems(n: int = 40, seed: int = 0) -> list[Problem]:
+    """`n` jagged problems drawn from `seed` (deterministic per seed) over batch, heads and
+    group, head dim, maximum lengths, sparsity, causal, mode and dtype; at most
+    FUZZ_TOKENS packed tokens each, seconds per problem on one GPU."""
+    rng = random.Random(seed)
+    return [_fuzz_one(rng) for _ in range(n)]
+
+
 def suites() -> dict[str, list[Problem]]:
     gem = dict(batch=1152, heads=4, head_dim=128)
     jag = _grid("gem-jagged", (256, 512, 1024, 2048), (0.1, 0.5, 0.9), **gem)
@@ -196,4 +257,5 @@ def suites() -> dict[str, list[Problem]]:
              Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=30,
                      mode="broadcast_q", sparsity=0.5, suite="smoke")]
     return {"gem-jagged": jag, "gem-jagged-d64": jag64, "gem-cross": cross, "gem-broadcast-q": bq,
-            "llm-dense": llm, "smoke": smoke}
+            "llm-dense": llm, "smoke": smoke, "varlen-llm": varlen_llm(),
+            "fuzz": fuzz_problems(40, 0)}
