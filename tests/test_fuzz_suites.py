@@ -69,3 +69,26 @@ def test_bench_fuzz_seed_and_count_options(monkeypatch):
     assert cli._suite("smoke", a) == suite("smoke")
     d = argparse.Namespace(fuzz_seed=0, fuzz_n=40)
     assert cli._suite("fuzz", d) == suite("fuzz")
+
+
+def test_report_fuzz_summary_geomean_and_worst(tmp_path):
+    from harness import bench
+    from harness.report import write_report
+    ps = fuzz_problems(6, 2)
+    rows = []
+    for i, p in enumerate(ps):
+        for ps_ in ("fwd", "bwd"):
+            rows.append(bench.row("fa4", p, ps_, "ok", ms="1.0", tflops="100.0", host_ms="0.01",
+                                  gpu="NVIDIA H200"))
+            ratio = 0.5 if (i, ps_) == (3, "bwd") else 2.0  # one slow problem in the bwd
+            rows.append(bench.row("tlx", p, ps_, "ok", ms="1.0", tflops=f"{100 * ratio:.1f}",
+                                  host_ms="0.01", gpu="NVIDIA H200"))
+    bench.merge_rows(tmp_path / "results.csv", rows)
+    md = write_report(tmp_path, charts=False).read_text()
+    lines = {ln.split(" | ")[1]: ln for ln in md.splitlines() if ln.startswith("| tlx | ")
+             and ln.endswith(("met |", "missed |"))}
+    geo_bwd = 2.0 ** (5 / 6) * 0.5 ** (1 / 6)
+    assert "| 6/6 | 2.00 | 2.00 |" in lines["fwd"] and lines["fwd"].endswith("| met |")
+    assert f"| 6/6 | {geo_bwd:.2f} | 0.50 |" in lines["bwd"]
+    assert ps[3].mode in lines["bwd"] and lines["bwd"].endswith("| missed |")
+    assert "worst >= 0.95x, geometric mean >= 1.15x" in md
