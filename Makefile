@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense,decode
+SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense,varlen-llm,fuzz,decode
 TEST_JOBS ?= 2      # pytest processes for the CPU suite (pytest-xdist)
 GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
 GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
