@@ -97,7 +97,7 @@ from jagged.launch import fast
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
-from .bwd_hopper import _bwd_postprocess, _bwd_preprocess, _opaque, lse_log2
+from .bwd_hopper import Grads, RowStats, _bwd_postprocess, _bwd_preprocess, _opaque, lse_log2
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -196,22 +196,6 @@ class Bars(NamedTuple):
     tile_full: object
     tile_empty: object
     sink: object
-
-
-class RowStats(NamedTuple):
-    """lse and delta, [H, Nq] fp32, stride_h elements between heads."""
-    lse: object
-    delta: object
-    stride_h: object
-
-
-class Grads(NamedTuple):
-    """dK and dV ([Nk, H_kv, D] contiguous) and the softmax scale dK takes."""
-    dk: object
-    dv: object
-    stride_tok: object
-    stride_h: object
-    scale: object
 
 
 # ----------------------------------------------------------------------------- schedule

@@ -74,6 +74,7 @@ from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket
 
 from jagged.launch import fast
+from .fwd_hopper import Descs
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -131,13 +132,6 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
 
 
 # ----------------------------------------------------------------------------- bundles
-class Descs(NamedTuple):
-    """TMA descriptors of Q, K and V (2-D views [tokens, heads * D])."""
-    q: object
-    k: object
-    v: object
-
-
 class Smem(NamedTuple):
     """Q slots [buffer * GROUPS + group], the K / V ring, and a float a row of each group
     for alpha (per step), l and m (per tile)."""
