@@ -20,7 +20,9 @@ Per problem the worker
 2. times the full problem with `triton.testing.do_bench` (median; it zeroes a 256 MB
    buffer before every timed run to flush L2): fwd is the call on inputs that need
    no grad; bwd is `torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`
-   after one forward with grad, i.e. the backward alone;
+   after one forward with grad, i.e. the backward alone; then the same call captured
+   in a CUDA graph and replayed (`graph_ms`: the kernels' cost without the host's),
+   empty where the call cannot be captured;
 3. checks that the full-size outputs are finite (else `fail`).
 TFLOP/s = problem.flops(pass) / time.
 
@@ -200,13 +202,14 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
             rows.append(row(b.name, p, ps, "fail" if bad else "ok", "; ".join(map(str, bad or mine))))
             continue
         try:
-            ms, host, finite = _bench_pass(fn, inp, ps, kw, quick)
+            ms, host, graph, finite = _bench_pass(fn, inp, ps, kw, quick)
             if not finite:
                 rows.append(row(b.name, p, ps, "fail", f"non-finite {ps} result at full size"))
                 continue
             rows.append(row(b.name, p, ps, "ok", ms=f"{ms:.5f}",
                             tflops=f"{p.flops(ps) / ms * 1e-9:.4g}",
-                            host_ms="" if host is None else f"{host:.5f}"))
+                            host_ms="" if host is None else f"{host:.5f}",
+                            graph_ms="" if graph is None else f"{graph:.5f}"))
         except Exception as e:
             rows.append(row(b.name, p, ps, "error", f"{type(e).__name__}: {e}"))
         finally:
@@ -259,11 +262,14 @@ def host_ms(call, n: int = 10, windows: int = 3) -> float:
 
 
 def _bench_pass(fn, inp, ps, kw, quick):
-    """(median ms, host ms a call or None, whether the first outputs were finite)."""
+    """(median ms, host ms a call or None, median ms under CUDA-graph replay or None
+    (no GPU, or the call cannot be captured), whether the first outputs were finite)."""
     call, outs = pass_call(fn, inp, ps, kw)
     ms = _time(call, quick)
-    host = host_ms(call) if torch.cuda.is_available() else None
-    return ms, host, all(bool(torch.isfinite(t).all()) for t in outs)
+    gpu = torch.cuda.is_available()
+    host = host_ms(call) if gpu else None
+    graph = graph_time_ms(call, quick, _time) if gpu else None
+    return ms, host, graph, all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _free():
@@ -291,9 +297,10 @@ def time_ms(fn, quick: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def graph_time_ms(fn, quick: bool) -> float | None:
-    """`time_ms` of replaying `fn` captured in a CUDA graph (how a decode loop usually
-    runs: no host work per step); None where the call cannot be captured."""
+def graph_time_ms(fn, quick: bool, timer=None) -> float | None:
+    """`timer` (default `time_ms`) of replaying `fn` captured in a CUDA graph (how a
+    decode loop or a captured training step runs: no host work per call); None where
+    the call cannot be captured."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -307,7 +314,7 @@ def graph_time_ms(fn, quick: bool) -> float | None:
     except Exception:  # a baseline that syncs or allocates on the host side: no column
         torch.cuda.synchronize()
         return None
-    return time_ms(graph.replay, quick)
+    return (timer or time_ms)(graph.replay, quick)
 
 
 def copy_tbps() -> float | None:

@@ -32,6 +32,9 @@ def load(csv_path) -> pd.DataFrame:
     if "packed_q" not in df:
         df["packed_q"] = ""
     df["tbps"] = df.apply(io_bytes, axis=1) / (df["ms"] * 1e-3) / 1e12
+    jag = df["mode"] != "decode"  # decode rows have their own graph columns (KV bytes)
+    df["graph_tflops"] = (df["tflops"] * df["ms"] / df["graph_ms"]).where(jag)
+    df["graph_tbps"] = (df["tbps"] * df["ms"] / df["graph_ms"]).where(jag)
     return df
 
 

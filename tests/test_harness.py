@@ -132,8 +132,9 @@ def _fixture_csv(path):
             for ps in ("fwd", "bwd"):
                 t = base * (0.5 + p.sparsity / 2) * (1 if ps == "fwd" else 0.8)
                 host = "0.9" if (b, ps, p.max_seqlen_q, p.sparsity) == ("tlx", "bwd", 256, 0.1) else "0.05"
+                graph = "0.5" if b == "tlx" else ""  # tlx captured, the others not
                 rows.append(bench.row(b, p, ps, "ok", ms="1.0", tflops=f"{t:.1f}", host_ms=host,
-                                      gpu="NVIDIA H200"))
+                                      graph_ms=graph, gpu="NVIDIA H200"))
     rows.append(bench.row("sdpa-flash", suite("gem-jagged")[0].replace(batch=4), "fwd", "unsupported",
                           "takes no mask", gpu="NVIDIA H200"))
     bench.merge_rows(path, rows)
@@ -154,6 +155,13 @@ def test_plots_and_report(tmp_path):
     host = md[md.index("Host-bound rows:"):].split("\n\n")[1].splitlines()
     assert len(host) == 3 and host[2].startswith("| tlx | bwd | self B4 H4/4 D128 L256 s0.1 "), host
     assert "| sdpa-flash | unsupported | fwd gem-jagged " in md and "takes no mask" in md
+    # graph replay at half the eager time: twice the TFLOP/s and the TB/s, tlx only
+    graph = md[md.index("TFLOP/s under CUDA-graph replay"):].split("\n\n")[1].splitlines()
+    tflops = md[md.index("TFLOP/s:"):].split("\n\n")[1].splitlines()
+    assert graph[0] == "| pass | shape | tlx |"
+    eager, replay = tflops[2].split("|"), graph[2].split("|")
+    assert replay[1:3] == eager[1:3] and float(replay[3]) == 2 * float(eager[3])
+    assert "The same under CUDA-graph replay (TB/s" in md
 
 
 def test_io_bytes_counts_each_tensor_once():
