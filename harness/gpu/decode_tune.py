@@ -358,7 +358,7 @@ def main(argv=None):
     copy = bench.copy_tbps()
     print(f"copy bandwidth {copy:.3f} TB/s; {sms} SMs; {len(rows)} rows", flush=True)
     done, t0 = [], time.perf_counter()
-    data_key, data = None, None
+    data_key, data, failed = None, None, {}
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
@@ -373,8 +373,14 @@ def main(argv=None):
                 torch.cuda.empty_cache()
                 data, data_key = _cells_data(r["problem"]), r["cell"]
             t1 = time.perf_counter()
-            with torch.no_grad():
-                rec = measure(r, *data, quick=True)
+            build = (r["style"], r["cell"], r["cfg"], r["num_splits"] > 1)  # one compile
+            if build in failed:  # a build that did not compile fails at every splits
+                rec = dict(status=failed[build])
+            else:
+                with torch.no_grad():
+                    rec = measure(r, *data, quick=True)
+                if rec["status"].startswith("error: ") and r["cfg_index"] > 0:
+                    failed[build] = rec["status"]
             out = dict(style=r["style"], cell=r["cell"], config=config_name(r["cfg"]),
                        num_splits=r["num_splits"], is_default=r["is_default"],
                        status=rec["status"], copy_tbps=_fmt(copy))
