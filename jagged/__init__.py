@@ -13,16 +13,19 @@ lse is [H, total_q] fp32 (natural log; -inf on rows that see no key). Gradients 
 q, k, v through out and lse.
 
 `backend`: "auto" (the fastest style that runs on q's device, see jagged.dispatch),
-"cute", "tlx" or "portable". `which(q)` says which one "auto" takes. The call never
+"cute", "tlx" or "portable". `which(q)` says which one "auto" takes, `available()`
+which styles run here, and `kernel_arch(device)` which kernels the two styles run on a
+device: "hopper" (compute capability 9.x), "blackwell" (10.x: compiled and
+model-checked, not yet run on a B200) or None (only the portable kernel). The call never
 synchronizes the host; `check_offsets=True` adds a synchronous check of the offsets'
 values (jagged.validate says which error appears when).
 """
 from __future__ import annotations
 
-from .dispatch import available, resolve, style_fn
+from .dispatch import available, kernel_arch, resolve, style_fn
 from .kvcache import kvcache_attention
 
-__all__ = ["jagged_attention", "kvcache_attention", "available", "which"]
+__all__ = ["jagged_attention", "kvcache_attention", "available", "kernel_arch", "which"]
 
 
 def which(q, backend: str = "auto") -> str:

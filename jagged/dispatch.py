@@ -1,10 +1,17 @@
-"""Which kernel style runs where. The core imports neither style: it finds them by
-module name, lazily, so importing the core touches no DSL and no driver.
+"""Which kernel style runs where, and which of its kernels. The core imports neither
+style: it finds them by module name, lazily, so importing the core touches no DSL and
+no driver.
+
+A style has kernels per architecture (`fwd_<arch>`, `bwd_<arch>` in its package):
+"hopper" on compute capability 9.x, "blackwell" on 10.x (tcgen05 and tensor memory:
+data-center Blackwell; consumer Blackwell, 12.x, has neither and gets the portable
+kernel). `kernel_arch(device)` says which a device gets.
 
 `backend="auto"` takes the first style of `AUTO_ORDER` that runs on the device. On
 Hopper CuteDSL comes first: on the H200 sweep it is 1.15x TLX (geometric mean) on the
 gem-jagged forward, 1.12x on broadcast-Q, 1.01x on llm-dense, and 1.00-1.03x on the
-backward suites (reports/h200/results.csv).
+backward suites (reports/h200/results.csv). On Blackwell the same order stands,
+unmeasured: those kernels are compiled and model-checked, not yet run on a B200.
 """
 from __future__ import annotations
 
@@ -13,28 +20,48 @@ import warnings
 
 import torch
 
-# name -> (module with `jagged_attention` and `available()`, what it needs, capability majors)
+# capability major -> the architecture of the kernels that run there
+ARCHS = {9: "hopper", 10: "blackwell"}
+
+# name -> (module with `jagged_attention` and `available()`, what it needs, the
+# architectures it has kernels for; None: every device, the CPU interpreter included)
 STYLES = {
-    "cute": ("kernels_cute", "CuteDSL (nvidia-cutlass-dsl)", (9,)),
-    "tlx": ("kernels_tlx", "Triton + TLX (triton-utlx)", (9,)),
+    "cute": ("kernels_cute", "CuteDSL (nvidia-cutlass-dsl)", ("hopper", "blackwell")),
+    "tlx": ("kernels_tlx", "Triton + TLX (triton-utlx)", ("hopper", "blackwell")),
     "portable": ("jagged.portable", "Triton", None),
 }
 AUTO_ORDER = ("cute", "tlx")
 
 
-def style_available(name: str, device=None) -> tuple[bool, str]:
+def kernel_arch(device=None) -> str | None:
+    """The architecture whose kernels run on CUDA device `device` (default: the current
+    one): "hopper" (9.x), "blackwell" (10.x), or None (no CUDA GPU, or another
+    capability: only the portable kernel runs there). Asks the driver."""
+    if not torch.cuda.is_available():
+        return None
+    return ARCHS.get(torch.cuda.get_device_capability(device)[0])
+
+
+def _needs(archs) -> str:
+    majors = [f"{m}.x" for m, a in ARCHS.items() if a in archs]
+    return f"needs compute capability {' or '.join(majors)}"
+
+
+def style_available(name: str, device=None, archs=None) -> tuple[bool, str]:
     """(True, "") when style `name` can run on `device` (default: the current CUDA
-    device), else (False, why not). Imports the style's module, no kernel compile."""
+    device), else (False, why not). `archs`: the architectures the caller needs kernels
+    for (default: every one the style has; a caller with Hopper-only kernels passes
+    ("hopper",)). Imports the style's module, no kernel compile."""
     if name not in STYLES:
         raise ValueError(f"backend={name!r}: expected 'auto' or one of {sorted(STYLES)}")
-    module, what, majors = STYLES[name]
-    if majors is not None:
+    module, what, has = STYLES[name]
+    if has is not None:
+        archs = has if archs is None else tuple(a for a in has if a in archs)
         if not torch.cuda.is_available():
             return False, "needs a CUDA GPU"
         major, minor = torch.cuda.get_device_capability(device)
-        if major not in majors:
-            return False, (f"needs compute capability {' or '.join(f'{m}.x' for m in majors)}, "
-                           f"found {major}.{minor}")
+        if ARCHS.get(major) not in archs:
+            return False, f"{_needs(archs)}, found {major}.{minor}"
     try:
         importlib.import_module(module)
     except Exception as e:  # a missing or broken package: say which
@@ -42,13 +69,22 @@ def style_available(name: str, device=None) -> tuple[bool, str]:
     return True, ""
 
 
+def style_arch(name: str, device=None) -> str | None:
+    """The architecture of the kernels style `name` runs on `device` ("hopper" or
+    "blackwell"), None where it does not run; the portable style: "portable"."""
+    if STYLES[name][2] is None:
+        return "portable"
+    return kernel_arch(device) if style_available(name, device)[0] else None
+
+
 def available(device=None) -> dict[str, tuple[bool, str]]:
-    """{style: (runs here, why not)} for every style."""
+    """{style: (runs here, why not)} for every style (`style_arch` says which kernels)."""
     return {name: style_available(name, device) for name in STYLES}
 
 
 _CHOSEN: dict = {}
 _FNS: dict = {}  # style -> its jagged_attention, filled by resolve (traceable lookups)
+_KERNELS: dict = {}  # (style, "fwd" | "bwd", device index) -> the kernel module
 
 
 @torch.compiler.assume_constant_result
@@ -91,3 +127,19 @@ def style_fn(name: str):
     if fn is None:
         fn = _FNS[name] = importlib.import_module(STYLES[name][0]).jagged_attention
     return fn
+
+
+def style_kernels(name: str, role: str, device: torch.device):
+    """Style `name`'s `role` ("fwd" or "bwd") module for `device`'s architecture:
+    `<package>.<role>_<arch>`, looked up once per device. A device it has no kernels
+    for raises, saying why."""
+    key = (name, role, device.index)
+    mod = _KERNELS.get(key)
+    if mod is None:
+        ok, why = style_available(name, device.index) if device.type == "cuda" else \
+            (False, f"needs CUDA tensors, got {device.type}")
+        if not ok:
+            raise RuntimeError(f"{STYLES[name][0]} cannot run on {device}: {why}")
+        arch = kernel_arch(device.index)
+        mod = _KERNELS[key] = importlib.import_module(f"{STYLES[name][0]}.{role}_{arch}")
+    return mod

@@ -1,31 +1,39 @@
 """CuteDSL jagged flash attention.
 
 `jagged_attention` (the signature is `jagged.jagged_attention`'s, without `backend`)
-runs the warp-specialized persistent Hopper forward (`fwd_hopper`) and backward
-(`bwd_hopper`). `available()` says whether this machine can run it. Importing this
-package makes no driver call and does not import the DSL.
+runs the warp-specialized persistent kernels of the device's architecture: on compute
+capability 9.x the Hopper forward and backward (`fwd_hopper`, `bwd_hopper`), on 10.x
+the Blackwell ones (`fwd_blackwell`, `bwd_blackwell`: compiled and model-checked, not
+yet run on a B200). `available()` says whether this machine can run it and
+`kernel_arch()` which kernels it runs. Importing this package makes no driver call
+and does not import the DSL.
 """
 from __future__ import annotations
 
 from jagged.api import make_jagged_attention
-from jagged.dispatch import style_available
+from jagged.dispatch import style_arch, style_available, style_kernels
 
 
-def _forward(*args):
-    from . import fwd_hopper
-    return fwd_hopper.forward(*args)
+def _forward(q, *args):
+    return style_kernels("cute", "fwd", q.device).forward(q, *args)
 
 
-def _backward(*args, **kw):
-    from . import bwd_hopper
-    return bwd_hopper.backward(*args, **kw)
+def _backward(dout, *args, **kw):
+    return style_kernels("cute", "bwd", dout.device).backward(dout, *args, **kw)
 
 
-def available() -> tuple[bool, str]:
-    """(True, "") when the CuteDSL Hopper kernels can run here, else (False, why not)."""
-    return style_available("cute")
+def available(device=None) -> tuple[bool, str]:
+    """(True, "") when the CuteDSL kernels can run on `device` (default: the current CUDA
+    device), else (False, why not)."""
+    return style_available("cute", device)
+
+
+def kernel_arch(device=None) -> str | None:
+    """"hopper" or "blackwell": the kernels `jagged_attention` runs on `device`; None
+    where it does not run."""
+    return style_arch("cute", device)
 
 
 jagged_attention = make_jagged_attention("cute", _forward, _backward)
 
-__all__ = ["jagged_attention", "available"]
+__all__ = ["jagged_attention", "available", "kernel_arch"]

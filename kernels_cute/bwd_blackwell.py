@@ -70,15 +70,13 @@ Not here: the KV loop is not peeled (every step masks), tiles are dealt statical
 Cluster Launch Control, no counter for causal lists), and the 2-CTA MMA for broadcast-Q
 at D = 128 is not built.
 """
-import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
-import torch
+from jagged.tiles import kv_tiles
 
-from jagged.tiles import dq_accumulator, kv_tiles
-
-from . import bwd_hopper
+from . import bwd_hopper, host
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 128           # keys per tile (the tcgen05 M of S^T, dP^T, dV, dK)
@@ -118,11 +116,6 @@ class Sched(NamedTuple):
 
 
 _COMPILED = {}
-
-
-def _cute_dtype(torch_dtype):
-    import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
 
 
 def _kernel_class():
@@ -673,88 +666,41 @@ def _kernel_class():
 
 def build(dtype, head_dim: int, causal: bool, broadcast_q: bool, cfg: Config | None = None):
     """The kernel object (its tmem_total, shared_storage, cluster_shape set once compiled)."""
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
     cfg = pick_config(head_dim) if cfg is None else cfg
-    return _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
+    return _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                  cfg: Config | None = None, options: str = "", kernel=None):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_100a)."""
     import cutlass
-    import cutlass.cute as cute
-    _fake, _tok = bwd_hopper._fake, bwd_hopper._tok
     k_ = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
-    cdt = k_.dtype
-    nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
-    q, k, v, do = _tok(cdt, nq, h, head_dim), _tok(cdt, nk, hkv, head_dim), \
-        _tok(cdt, nk, hkv, head_dim), _tok(cdt, no, h, head_dim)
-    dk, dv = _tok(cdt, nk, hkv, head_dim), _tok(cdt, nk, hkv, head_dim)
-    dq_acc = _tok(cutlass.Float32, nacc, h, head_dim)
-    lse = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
-    delta = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
-    nb = cute.sym_int32()
-    cu_q = _fake(cutlass.Int32, (nb,), (1,), 4)
-    cu_k = _fake(cutlass.Int32, (nb,), (1,), 4)
-    nt = cute.sym_int32()
-    tile_b = _fake(cutlass.Int32, (nt,), (1,), 4)
-    tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
-    n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(k_, q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b,
-                        tile_n, n_tiles, cutlass.Float32(1.0), cutlass.Int32(0),
-                        cutlass.Int32(1), cutlass.Int32(1), stream,
-                        options=("--enable-tvm-ffi " + options).strip())
+    return host.compile_kernel(k_, *host.bwd_args(k_.dtype, head_dim), cutlass.Float32(1.0),
+                               cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1),
+                               options=options)
 
 
-def _compiled(kind, *key):
-    k = (kind,) + key
-    if k not in _COMPILED:
-        fn = {"pre": bwd_hopper.compile_preprocess, "main": compile_main,
-              "post": bwd_hopper.compile_postprocess}[kind]
-        _COMPILED[k] = fn(*key)
-    return _COMPILED[k]
+def _main(c: host.BwdCall):
+    """The main kernel over the KV-tile list (module docstring)."""
+    cfg = pick_config(c.q.shape[2])
+    tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal, BLOCK_M,
+                                       BLOCK_N)
+    host.compiled(_COMPILED, compile_main, c.q.dtype, c.q.shape[2], c.causal, c.broadcast_q,
+                  cfg)(
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
+        c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles,
+        c.scale, c.L_q, c.group, c.grid)
+
+
+# the preprocess and postprocess are bwd_hopper's (plain SIMT code)
+KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, bwd_hopper.compile_preprocess),
+                          _main, partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
+                          bwd_hopper.POST_VEC)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype (the module docstring has the design). dlse: the
     gradient on lse, or None."""
-    from jagged.arch import num_sms
-
-    dout = dout.contiguous()
-    out = out.contiguous()
-    lse = lse.contiguous()
-    H, D = q.shape[1], q.shape[2]
-    HKV = k.shape[1]
-    B = cu_k.shape[0] - 1
-    Nq = out.shape[0]
-    dev = q.device
-    L_q = q.shape[0] if broadcast_q else 0
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    if k.shape[0] == 0 or B == 0 or Nq == 0:
-        dk.zero_(); dv.zero_(); dq.zero_()
-        return dq, dk, dv
-
-    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev)
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
-    _compiled("pre", q.dtype, D, not broadcast_q)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
-    if dlse is not None:
-        delta -= dlse
-
-    cfg = pick_config(D)
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), cfg)(
-        q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
-        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles,
-        float(scale), L_q, H // HKV, grid_main)
-
-    n_elem = dq.numel()
-    _compiled("post", q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1),
-                               n_elem // bwd_hopper.POST_VEC, n_slots, float(scale))
-    return dq, dk, dv
+    return host.backward(KERNELS, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
+                         scale, broadcast_q, dlse)

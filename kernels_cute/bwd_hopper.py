@@ -68,12 +68,13 @@ bitwise deterministic.
 """
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
-import torch
+from jagged.arch import SMEM_LIMIT
+from jagged.tiles import bwd_dynamic, kv_tiles
 
-from jagged.arch import SMEM_LIMIT, num_sms
-from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
+from . import host
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 128           # keys per KV tile: 2 compute warpgroups x 64
@@ -256,11 +257,6 @@ class Operands(NamedTuple):
 
 
 _COMPILED = {}
-
-
-def _cute_dtype(torch_dtype):
-    import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
 
 
 # --------------------------------------------------------------------------------------
@@ -1015,49 +1011,33 @@ def _kernel_classes():
 # Host: compile once per config (on symbolic tensors), then launch
 # --------------------------------------------------------------------------------------
 
-def _fake(dtype, shape, stride, align):
-    from cutlass.cute.runtime import make_fake_tensor
-    return make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
-
-
-def _tok(dtype, rows, heads, head_dim):
-    """A packed [tokens, heads, D] tensor, symbolic tokens/heads/strides (16B-aligned)."""
-    import cutlass.cute as cute
-    div = 128 // dtype.width
-    return _fake(dtype, (rows, heads, head_dim),
-                 (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), 1), 16)
-
-
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
     import cutlass
     import cutlass.cute as cute
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    cdt = host.cute_dtype(dtype)
     Pre = _kernel_classes()[0]
     rows = cute.sym_int32()
-    o = _fake(cdt, (rows, head_dim), (head_dim, 1), 16)
-    do = _fake(cdt, (rows, head_dim), (head_dim, 1), 16)
-    delta = _fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1), 4)
-    acc = _fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
-    sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, sched, cutlass.Int32(1),
-                        cutlass.Int32(1), stream,
-                        options=("--enable-tvm-ffi " + options).strip())
+    o = host.fake(cdt, (rows, head_dim), (head_dim, 1), 16)
+    do = host.fake(cdt, (rows, head_dim), (head_dim, 1), 16)
+    delta = host.fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()),
+                      (cute.sym_int64(), 1), 4)
+    acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+    sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, sched,
+                               cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
 def compile_postprocess(dtype, options: str = ""):
     import cutlass
     import cutlass.cute as cute
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    cdt = host.cute_dtype(dtype)
     Post = _kernel_classes()[2]
     n = cute.sym_int32()
-    acc = _fake(cutlass.Float32, (cute.sym_int32(), n),
-                (cute.sym_int64(divisibility=POST_VEC), 1), 16)
-    dq = _fake(cdt, (n,), (1,), 16)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(Post(cdt), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                        cutlass.Float32(1.0), stream,
-                        options=("--enable-tvm-ffi " + options).strip())
+    acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
+                    (cute.sym_int64(divisibility=POST_VEC), 1), 16)
+    dq = host.fake(cdt, (n,), (1,), 16)
+    return host.compile_kernel(Post(cdt), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Float32(1.0), options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1067,83 +1047,36 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     jagged.tiles.bwd_dynamic)."""
     import cutlass
     import cutlass.cute as cute
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
+    cdt = host.cute_dtype(dtype)
     Main = _kernel_classes()[1]
-    nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
-    q, k, v, do = _tok(cdt, nq, h, head_dim), _tok(cdt, nk, hkv, head_dim), \
-        _tok(cdt, nk, hkv, head_dim), _tok(cdt, no, h, head_dim)
-    dk, dv = _tok(cdt, nk, hkv, head_dim), _tok(cdt, nk, hkv, head_dim)
-    dq_acc = _tok(cutlass.Float32, nacc, h, head_dim)
-    lse = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
-    delta = _fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
-    nb = cute.sym_int32()
-    cu_q = _fake(cutlass.Int32, (nb,), (1,), 4)
-    cu_k = _fake(cutlass.Int32, (nb,), (1,), 4)
-    nt = cute.sym_int32()
-    tile_b = _fake(cutlass.Int32, (nt,), (1,), 4)
-    tile_n = _fake(cutlass.Int32, (nt,), (1,), 4)
-    n_tiles = _fake(cutlass.Int32, (1,), (1,), 4)
-    sched = _fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    args = host.bwd_args(cdt, head_dim)
+    sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     cfg = pick_config(head_dim) if cfg is None else cfg
     dynamic = bwd_dynamic(causal, broadcast_q) if dynamic is None else dynamic
-    return cute.compile(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
-                        q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n,
-                        n_tiles, sched, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
-                        cutlass.Int32(1), stream,
-                        options=("--enable-tvm-ffi " + options).strip())
+    return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
+                               *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
+                               cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
-def _compiled(kind, *key):
-    k = (kind,) + key
-    if k not in _COMPILED:
-        fn = {"pre": compile_preprocess, "main": compile_main, "post": compile_postprocess}[kind]
-        _COMPILED[k] = fn(*key)
-    return _COMPILED[k]
+def _main(c: host.BwdCall):
+    """(b): the main kernel over the KV-tile list (module docstring)."""
+    cfg = pick_config(c.q.shape[2])
+    tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal, cfg.block_m,
+                                       BLOCK_N)
+    host.compiled(_COMPILED, compile_main, c.q.dtype, c.q.shape[2], c.causal, c.broadcast_q,
+                  cfg, bwd_dynamic(c.causal, c.broadcast_q))(
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
+        c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
+        c.scale, c.L_q, c.group, c.grid)
+
+
+KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
+                          partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype. See the module docstring for the design. dlse: the
     gradient on lse (jagged.api), or None."""
-    dout = dout.contiguous()
-    out = out.contiguous()
-    lse = lse.contiguous()
-    H, D = q.shape[1], q.shape[2]
-    HKV = k.shape[1]
-    B = cu_k.shape[0] - 1
-    Nq = out.shape[0]
-    dev = q.device
-    L_q = q.shape[0] if broadcast_q else 0
-
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    if k.shape[0] == 0 or B == 0 or Nq == 0:
-        dk.zero_(); dv.zero_(); dq.zero_()
-        return dq, dk, dv
-
-    # (a) preprocess
-    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev)
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
-    _compiled("pre", q.dtype, D, not broadcast_q)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
-    if dlse is not None:  # the gradient on lse (jagged.api)
-        delta -= dlse
-
-    # (b) main
-    cfg = pick_config(D)
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, cfg.block_m, BLOCK_N)
-    _compiled("main", q.dtype, D, bool(causal), bool(broadcast_q), cfg,
-              bwd_dynamic(causal, broadcast_q))(
-        q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
-        cu_q if cu_q is not None else cu_k, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), L_q, H // HKV, grid_main)
-
-    # (c) postprocess
-    n_elem = dq.numel()
-    _compiled("post", q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // POST_VEC,
-                               n_slots, float(scale))
-    return dq, dk, dv
+    return host.backward(KERNELS, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
+                         scale, broadcast_q, dlse)

@@ -75,11 +75,10 @@ One compiled kernel per (dtype, D, causal, broadcast_q, Config), on symbolic sha
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, Optional
 
-import torch
-
-from jagged.tiles import fwd_tiles as build_tiles
+from . import host
 
 HALF_M = 128            # query rows of one softmax warpgroup (a tcgen05 M = 128 MMA)
 NUM_THREADS = 512       # 16 warps (roles in the module docstring)
@@ -170,11 +169,6 @@ def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
 
 
 _COMPILED = {}
-
-
-def _cute_dtype(torch_dtype):
-    import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
 
 
 def _kernel_class():
@@ -817,84 +811,31 @@ def _kernel_class():
 # Host: compile once per config, then launch
 # --------------------------------------------------------------------------------------
 
-def _fake_args(dtype, broadcast_q: bool, head_dim: int):
-    """Symbolic tensors: one compiled kernel serves every shape of this config."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
-
-    def tok(n, heads):
-        return make_fake_tensor(dtype, (n, heads, head_dim),
-                                stride=(cute.sym_int64(divisibility=8),
-                                        cute.sym_int64(divisibility=8), 1),
-                                assumed_align=16)
-
-    q, k, v, o = tok(nq, h), tok(nk, hkv), tok(nk, hkv), tok(no, h)
-    lse = make_fake_tensor(cutlass.Float32, (h, no), stride=(cute.sym_int64(), 1),
-                           assumed_align=4)
-    nb = cute.sym_int32()
-    cu_k = make_fake_tensor(cutlass.Int32, (nb,), stride=(1,), assumed_align=4)
-    cu_q = None if broadcast_q else make_fake_tensor(cutlass.Int32, (nb,), stride=(1,),
-                                                     assumed_align=4)
-    pairs = make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), stride=(1,), assumed_align=8)
-    count = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
-    return q, k, v, o, lse, cu_q, cu_k, pairs, count
-
-
 def build(dtype, head_dim: int, causal: bool, broadcast_q: bool, cfg: Config | None = None):
     """The kernel object (its tmem_total, shared_storage and cluster_shape are set once
     compiled)."""
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
     cfg = CONFIGS[(head_dim, bool(causal))] if cfg is None else cfg
-    return _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
+    return _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
 
 
 def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                     cfg: Config | None = None, options: str = "", kernel=None):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_100a) and return the callable."""
-    import cutlass
-    import cutlass.cute as cute
-
     fwd = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
-    args = _fake_args(fwd.dtype, broadcast_q, head_dim)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = ("--enable-tvm-ffi " + options).strip()
-    return cute.compile(fwd, *args, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
-                        cutlass.Int32(1), cutlass.Int32(1), stream, options=opts)
+    return host.compile_forward(fwd, broadcast_q, head_dim, options)
 
 
-def _compiled(dtype, head_dim, causal, broadcast_q, cfg: Config):
-    key = (dtype, head_dim, bool(causal), bool(broadcast_q), cfg)
-    if key not in _COMPILED:
-        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q, cfg)
-    return _COMPILED[key]
+def programs(cfg: Config, n_tiles: int, device) -> int:
+    """CLC: a CTA per tile of the upper bound (those past the device-side count exit at
+    once); static: one per SM."""
+    return n_tiles if cfg.clc else host.persistent_programs(cfg, n_tiles, device)
+
+
+KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
+                          programs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
-    from jagged.arch import num_sms
-
-    H, D = q.shape[1], q.shape[2]
-    B = cu_k.shape[0] - 1
-    L_q = q.shape[0] if broadcast_q else 0
-    n_out = B * L_q if broadcast_q else q.shape[0]
-    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
-    lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    if n_out == 0 or B == 0:
-        return out, lse
-    if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
-        return out.zero_(), lse.fill_(-math.inf)
-    cfg = pick_config(D, max_k, causal, k.shape[0] / B)
-    pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                     L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
-                                     causal)
-    # CLC: a CTA per tile of the upper bound (those past the device-side count exit at
-    # once); static: one per SM
-    n_tiles = B * nblk * H
-    num_programs = n_tiles if cfg.clc else max(1, min(num_sms(q.device), n_tiles))
-    fn = _compiled(q.dtype, D, causal, broadcast_q, cfg)
-    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
-       scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
-    return out, lse
+    return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                        broadcast_q)

@@ -39,14 +39,13 @@ shapes, lengths, strides and scale are runtime values (compiled on symbolic tens
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, Optional
 
-import torch
-
-from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket, fwd_consumers
 
-from .schedule import build_tiles, kv_block, kv_steps, tile_coords
+from . import host
+from .schedule import kv_block, kv_steps, tile_coords
 
 SPLIT_M = 64           # query rows of one consumer (compute + store) warpgroup
 LOAD_REGS = 24         # setmaxnreg of the load warpgroup (the consumers': fwd_consumers)
@@ -126,11 +125,6 @@ class Operands(NamedTuple):
 
 
 _COMPILED = {}
-
-
-def _cute_dtype(torch_dtype):
-    import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
 
 
 # --------------------------------------------------------------------------------------
@@ -561,75 +555,20 @@ def _kernel_class():
 # Host: compile once per config, then launch
 # --------------------------------------------------------------------------------------
 
-def _fake_args(dtype, broadcast_q: bool, head_dim: int):
-    """Symbolic tensors: one compiled kernel serves every shape of this config."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    align = 16
-    nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
-
-    def tok(n, heads):
-        return make_fake_tensor(dtype, (n, heads, head_dim),
-                                stride=(cute.sym_int64(divisibility=8),
-                                        cute.sym_int64(divisibility=8), 1),
-                                assumed_align=align)
-
-    q, k, v, o = tok(nq, h), tok(nk, hkv), tok(nk, hkv), tok(no, h)
-    lse = make_fake_tensor(cutlass.Float32, (h, no), stride=(cute.sym_int64(), 1),
-                           assumed_align=4)
-    nb = cute.sym_int32()
-    cu_k = make_fake_tensor(cutlass.Int32, (nb,), stride=(1,), assumed_align=4)
-    cu_q = None if broadcast_q else make_fake_tensor(cutlass.Int32, (nb,), stride=(1,),
-                                                     assumed_align=4)
-    pairs = make_fake_tensor(cutlass.Int64, (cute.sym_int32(),), stride=(1,), assumed_align=8)
-    count = make_fake_tensor(cutlass.Int32, (1,), stride=(1,), assumed_align=4)
-    return q, k, v, o, lse, cu_q, cu_k, pairs, count
-
-
 def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                     cfg: Config | None = None, options: str = ""):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable. cfg:
     None, the long bucket's default."""
-    import cutlass
-    import cutlass.cute as cute
-
-    cdt = dtype if not isinstance(dtype, torch.dtype) else _cute_dtype(dtype)
     cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
-    fwd = _kernel_class()(cdt, head_dim, causal, broadcast_q, cfg)
-    args = _fake_args(cdt, broadcast_q, head_dim)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    opts = ("--enable-tvm-ffi " + options).strip()
-    return cute.compile(fwd, *args, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
-                        cutlass.Int32(1), cutlass.Int32(1), stream, options=opts)
+    fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
+    return host.compile_forward(fwd, broadcast_q, head_dim, options)
 
 
-def _compiled(dtype, head_dim, causal, broadcast_q, cfg: Config):
-    key = (dtype, head_dim, bool(causal), bool(broadcast_q), cfg)
-    if key not in _COMPILED:
-        _COMPILED[key] = compile_forward(dtype, head_dim, causal, broadcast_q, cfg)
-    return _COMPILED[key]
+KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
+                          host.persistent_programs)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
-    H, D = q.shape[1], q.shape[2]
-    B = cu_k.shape[0] - 1
-    L_q = q.shape[0] if broadcast_q else 0
-    n_out = B * L_q if broadcast_q else q.shape[0]
-    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
-    lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    if n_out == 0 or B == 0:
-        return out, lse
-    if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
-        return out.zero_(), lse.fill_(-math.inf)
-    cfg = pick_config(D, max_k, causal, k.shape[0] / B)
-    pairs, count, nblk = build_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                     L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
-                                     causal)
-    num_programs = max(1, min(num_sms(q.device), B * nblk * H))
-    fn = _compiled(q.dtype, D, causal, broadcast_q, cfg)
-    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
-       scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
-    return out, lse
+    return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+                        broadcast_q)

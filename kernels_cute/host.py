@@ -1,0 +1,221 @@
+"""Host code of the CuteDSL forward and backward, shared by the Hopper and Blackwell
+kernels: element types, the symbolic tensors a kernel compiles on (one compile serves
+every shape, length and stride), the compile cache, and the launch around an
+architecture's kernel: the forward's outputs, empty cases and tile list; the backward's
+preprocess (delta, dQ accumulator) and postprocess (dQ's slot sum).
+
+The DSL is imported inside the functions only: importing this module touches neither
+the DSL nor the driver.
+"""
+import math
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from jagged.arch import num_sms
+from jagged.tiles import dq_accumulator, fwd_tiles
+
+
+def cute_dtype(dtype):
+    """The DSL element type of a torch dtype (a DSL type passes through)."""
+    import cutlass
+    if not isinstance(dtype, torch.dtype):
+        return dtype
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+
+
+def compiled(cache: dict, make: Callable, *key):
+    """make(*key), compiled once per key (host time per call: one dict lookup)."""
+    k = (make,) + key
+    fn = cache.get(k)
+    if fn is None:
+        fn = cache[k] = make(*key)
+    return fn
+
+
+def compile_kernel(kernel, *args, options: str = ""):
+    """cute.compile through TVM-FFI; the launch runs on the caller's current stream."""
+    import cutlass.cute as cute
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(kernel, *args, stream, options=("--enable-tvm-ffi " + options).strip())
+
+
+def fake(dtype, shape, stride, align):
+    from cutlass.cute.runtime import make_fake_tensor
+    return make_fake_tensor(dtype, shape, stride=stride, assumed_align=align)
+
+
+def tok(dtype, rows, heads, head_dim):
+    """A packed [tokens, heads, D] tensor, symbolic tokens/heads/strides (16B-aligned)."""
+    import cutlass.cute as cute
+    div = 128 // dtype.width
+    return fake(dtype, (rows, heads, head_dim),
+                (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), 1), 16)
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+def fwd_args(dtype, broadcast_q: bool, head_dim: int):
+    """The forward kernel's symbolic tensors: q, k, v, out, lse, cu_q (None in
+    broadcast-Q mode), cu_k, the tile list's pairs and count."""
+    import cutlass
+    import cutlass.cute as cute
+
+    nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
+    q, k, v, o = (tok(dtype, nq, h, head_dim), tok(dtype, nk, hkv, head_dim),
+                  tok(dtype, nk, hkv, head_dim), tok(dtype, no, h, head_dim))
+    lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    nb = cute.sym_int32()
+    cu_k = fake(cutlass.Int32, (nb,), (1,), 4)
+    cu_q = None if broadcast_q else fake(cutlass.Int32, (nb,), (1,), 4)
+    pairs = fake(cutlass.Int64, (cute.sym_int32(),), (1,), 8)
+    count = fake(cutlass.Int32, (1,), (1,), 4)
+    return q, k, v, o, lse, cu_q, cu_k, pairs, count
+
+
+def compile_forward(kernel, broadcast_q: bool, head_dim: int, options: str = ""):
+    """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
+    tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values."""
+    import cutlass
+    args = fwd_args(kernel.dtype, broadcast_q, head_dim)
+    return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
+                          cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                          options=options)
+
+
+class FwdKernels(NamedTuple):
+    """An architecture's forward as `forward` launches it."""
+    pick_config: Callable  # (head_dim, max_k, causal, mean_k) -> Config
+    compiled: Callable     # (dtype, head_dim, causal, broadcast_q, cfg) -> the kernel
+    programs: Callable     # (cfg, n_tiles, device) -> CTAs of the launch
+
+
+def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
+            broadcast_q):
+    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
+    H, D = q.shape[1], q.shape[2]
+    B = cu_k.shape[0] - 1
+    L_q = q.shape[0] if broadcast_q else 0
+    n_out = B * L_q if broadcast_q else q.shape[0]
+    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
+    if n_out == 0 or B == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
+        return out.zero_(), lse.fill_(-math.inf)
+    cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
+    pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
+                                   L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
+                                   causal)
+    num_programs = kern.programs(cfg, B * nblk * H, q.device)
+    fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
+    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
+       scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
+    return out, lse
+
+
+def persistent_programs(cfg, n_tiles: int, device) -> int:
+    """One CTA per SM, no more than the tiles, at least one."""
+    return max(1, min(num_sms(device), n_tiles))
+
+
+# --------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------
+
+def bwd_args(dtype, head_dim: int):
+    """The backward main kernel's symbolic tensors: q, k, v, dO, lse, delta, the fp32
+    dQ accumulator, dK, dV, cu_q, cu_k and the KV-tile list (tile_b, tile_n, n_tiles)."""
+    import cutlass
+    import cutlass.cute as cute
+    nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
+    q, k, v, do = tok(dtype, nq, h, head_dim), tok(dtype, nk, hkv, head_dim), \
+        tok(dtype, nk, hkv, head_dim), tok(dtype, no, h, head_dim)
+    dk, dv = tok(dtype, nk, hkv, head_dim), tok(dtype, nk, hkv, head_dim)
+    dq_acc = tok(cutlass.Float32, nacc, h, head_dim)
+    lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    delta = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
+    nb = cute.sym_int32()
+    cu_q = fake(cutlass.Int32, (nb,), (1,), 4)
+    cu_k = fake(cutlass.Int32, (nb,), (1,), 4)
+    nt = cute.sym_int32()
+    tile_b = fake(cutlass.Int32, (nt,), (1,), 4)
+    tile_n = fake(cutlass.Int32, (nt,), (1,), 4)
+    n_tiles = fake(cutlass.Int32, (1,), (1,), 4)
+    return q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n, n_tiles
+
+
+class BwdCall(NamedTuple):
+    """One backward call as an architecture's main kernel launch reads it."""
+    q: Any
+    k: Any
+    v: Any
+    dout: Any
+    lse: Any
+    delta: Any           # rowsum(dO * O) - dlse, [H, Nq] fp32
+    dq_acc: Any          # fp32 accumulator viewed [rows, H, D]
+    dk: Any
+    dv: Any
+    cu_q: Any            # None in broadcast-Q mode
+    cu_k: Any
+    max_k: int
+    causal: bool
+    scale: float
+    broadcast_q: bool
+    L_q: int
+    group: int           # query heads per KV head
+    grid: int            # programs of the main kernel (jagged.tiles.dq_accumulator)
+    sched: Any           # the scheduling buffer (tile counter and handoffs)
+
+
+class BwdKernels(NamedTuple):
+    """An architecture's backward as `backward` launches it."""
+    preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
+    main: Callable         # (BwdCall) -> None: launch the main kernel
+    postprocess: Callable  # (dtype) -> the compiled postprocess (post_vec per thread)
+    post_vec: int
+
+
+def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
+             scale, broadcast_q, dlse=None):
+    """(dq, dk, dv) in q's dtype: (a) preprocess, (b) the main kernel, (c) postprocess.
+    dlse: the gradient on lse (jagged.api), or None."""
+    dout = dout.contiguous()
+    out = out.contiguous()
+    lse = lse.contiguous()
+    H, D = q.shape[1], q.shape[2]
+    HKV = k.shape[1]
+    B = cu_k.shape[0] - 1
+    Nq = out.shape[0]
+    dev = q.device
+    L_q = q.shape[0] if broadcast_q else 0
+
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if k.shape[0] == 0 or B == 0 or Nq == 0:
+        dk.zero_(); dv.zero_(); dq.zero_()
+        return dq, dk, dv
+
+    # (a) preprocess
+    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
+                                              dev)
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    kern.preprocess(q.dtype, D, not broadcast_q)(
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
+    if dlse is not None:  # the gradient on lse (jagged.api)
+        delta -= dlse
+
+    # (b) main
+    kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
+                      max_k, bool(causal), float(scale), bool(broadcast_q), L_q, H // HKV,
+                      grid_main, sched))
+
+    # (c) postprocess
+    n_elem = dq.numel()
+    kern.postprocess(q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1),
+                              n_elem // kern.post_vec, n_slots, float(scale))
+    return dq, dk, dv
