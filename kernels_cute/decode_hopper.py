@@ -1,7 +1,7 @@
 """KV-cache attention (decode) for Hopper (sm_90a), in CuteDSL.
 
     forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
-            o_part, lse_part, *, len_q, causal, scale, num_splits) -> None
+            o_part, lse_part, *, len_q, causal, scale, num_splits, descale=None) -> None
 
 What it computes: for every sequence b, kv head h_kv and split s, attention of the
 query rows of b (all group = H / H_kv query heads of h_kv, packed into the rows of one
@@ -11,6 +11,13 @@ or paged [pages, page_size, H_kv, D] through an int32 page table, any page size;
 row i (of n_q) sees key j iff j <= i + n_k - n_q when causal (bottom-right), every
 j < n_k otherwise. num_splits == 1 writes out / lse; num_splits > 1 writes each split's
 normalized partial output and its LSE (fp32), which the core's `combine` merges.
+
+FP8 (a float8_e4m3fn cache; q float8_e4m3fn or bfloat16): descale = (q_descale,
+k_descale, v_descale), fp32 [B, H_kv]. The program (b, h_kv, split) multiplies its
+softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized output
+(partials included: the combine is linear) by v_descale[b, h_kv]; out is bf16. The
+products stay 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
+f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16.
 
 One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The roles:
 
@@ -23,7 +30,16 @@ One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). Th
                one block ahead of its copies; j // page_size is a multiply-high divmod.
                Q is gathered once per tile the same way, into the last K slot (it is in
                registers before that slot's first block lands), or its own smem where
-               it does not fit (128 rows).
+               it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
+               16-byte copy is 16 keys' elements, not 8); an fp8 q is read into
+               registers, converted and stored as f16 (8 bytes a thread a copy).
+    `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
+               itself (its own cp.async wait makes them visible: no barrier on the fp8
+               slots) into one 16-bit block in the layout the bf16 kernel reads, then a
+               CTA barrier. Cost a block: per cache element one 1-byte smem read, one
+               2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
+               bf16 q), and a second barrier; the 16-bit block (K and V, block_n keys)
+               is smem the stages do not get.
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
@@ -35,12 +51,13 @@ One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). Th
                Padding rows (past group * n_q) are never written.
 
 The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one CTA
-barrier (so slot (t - 1) % stages is free), issue block t + stages - 1 into it, compute
-block t. The split partition: the tile's visible key blocks cut into num_splits chunks of
-cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
+barrier (so slot (t - 1) % stages is free), issue block t + stages - 1 into it, (FP8:
+convert block t, barrier,) compute block t. The split partition: the tile's visible key
+blocks cut into num_splits chunks of cdiv(n_blocks, num_splits) blocks (split s takes
+chunk s, possibly empty).
 
-One compiled kernel per (dtype, D, Config, causal, paged, packed q, split); shapes,
-lengths, page size, group, splits and scale are runtime values.
+One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
+split); shapes, lengths, page size, group, splits, scale and descales are runtime values.
 """
 
 import math
@@ -48,6 +65,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import torch
+
+FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,8 @@ class Config:
 
     @property
     def q_in_kv_slot(self) -> bool:
-        """Q is staged in the last K slot (it fits), else in its own smem."""
+        """Q is staged in the last K slot (FP8: the 16-bit K block) where it fits, else
+        in its own smem."""
         return self.block_m <= self.block_n
 
 
@@ -85,17 +105,43 @@ CONFIGS = {
     (128, 128): Config(block_m=128, block_n=64, stages=5, warps_m=8, warps=8),
 }
 
+# FP8 caches, keyed the same. The keys of a block, the warps and so the registers are the
+# bf16 table's; a block's fp8 slot is half the bytes, but the 16-bit block it converts to
+# is held once beside the slots, so the stages double where smem allows. Up to 64 rows
+# (two CTAs an SM, <= 96 KB each): 4 stages of 16 KB + the 32 KB block at 128 x 64 and
+# 64 x 128 (48 KB in flight a CTA), 9 of 8 KB + 16 KB at 64 x 64 (64 KB); 128 rows (one
+# CTA an SM, Q 16-bit in its own smem): 15 x 8 KB + 16 KB + 16 KB at D = 64, 9 x 16 KB
+# + 32 KB + 32 KB at D = 128 (112 and 128 KB in flight).
+FP8_CONFIGS = {
+    (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
+    (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
+    (64, 64): Config(block_m=64, block_n=64, stages=9, warps_m=4),
+    (128, 16): Config(block_m=16, block_n=64, stages=4, warps_m=1),
+    (128, 32): Config(block_m=32, block_n=64, stages=4, warps_m=2),
+    (128, 64): Config(block_m=64, block_n=64, stages=4, warps_m=4),
+    (64, 128): Config(block_m=128, block_n=64, stages=15, warps_m=8, warps=8),
+    (128, 128): Config(block_m=128, block_n=64, stages=9, warps_m=8, warps=8),
+}
+
 
 def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
     """Bytes of the K (or V) slots."""
     return cfg.stages * cfg.block_n * head_dim * elem_bytes
 
 
-def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA: the K and V slots (the merge reuses them), and Q where
-    it does not fit the last K slot (each region 1024-byte aligned)."""
-    q = 0 if cfg.q_in_kv_slot else -(-cfg.block_m * head_dim * elem_bytes // 1024) * 1024
-    return q + 2 * smem_kv_bytes(cfg, head_dim, elem_bytes)
+def smem_bytes(cfg: Config, head_dim: int, fp8: bool = False) -> int:
+    """Shared memory of one CTA (each region 1024-byte aligned): the K and V slots (the
+    merge reuses them), FP8 also the 16-bit K and V block, and Q (16-bit) where it does
+    not fit the last K slot / the 16-bit K block."""
+    q = 0 if cfg.q_in_kv_slot else -(-cfg.block_m * head_dim * 2 // 1024) * 1024
+    if not fp8:
+        return q + 2 * smem_kv_bytes(cfg, head_dim)
+    return q + 2 * smem_kv_bytes(cfg, head_dim, 1) + 2 * cfg.block_n * head_dim * 2
+
+
+def store_bytes(cfg: Config, head_dim: int) -> int:
+    """The key groups' fp32 O that `store` stages in the K slots (FP8: K and V slots)."""
+    return cfg.block_m * head_dim * 4 * cfg.key_groups
 
 
 def tile_rows(rows: int) -> int:
@@ -104,9 +150,9 @@ def tile_rows(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
 
 
-def pick_config(head_dim: int, rows: int) -> Config:
-    """The default for a tile of `rows` packed rows."""
-    return CONFIGS[(head_dim, tile_rows(rows))]
+def pick_config(head_dim: int, rows: int, fp8: bool = False) -> Config:
+    """The default for a tile of `rows` packed rows (fp8: of an fp8 cache)."""
+    return (FP8_CONFIGS if fp8 else CONFIGS)[(head_dim, tile_rows(rows))]
 
 
 class Tile(NamedTuple):
@@ -124,11 +170,13 @@ class Tile(NamedTuple):
 
 _COMPILED = {}
 LOG2_E = math.log2(math.e)
+FLT_MIN = 1.1754943508222875e-38   # the smallest normal fp32
 
 
 def _cute_dtype(torch_dtype):
     import cutlass
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[torch_dtype]
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            FP8: cutlass.Float8E4M3FN}[torch_dtype]
 
 
 # --------------------------------------------------------------------------------------
@@ -139,7 +187,7 @@ def _cute_dtype(torch_dtype):
 def _kernel_class():
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Float32, Int32, const_expr
+    from cutlass import BFloat16, Float16, Float32, Int32, const_expr
     from cutlass.cute.nvgpu import cpasync, warp
 
     LN_2 = math.log(2.0)
@@ -170,27 +218,38 @@ def _kernel_class():
         return cute.make_tensor(acc.iterator, a)
 
     class DecodeHopper:
-        def __init__(self, dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
-                     packed: bool, split: bool):
-            self.dtype, self.D = dtype, head_dim
+        def __init__(self, q_dtype, kv_dtype, head_dim: int, cfg: Config, causal: bool,
+                     paged: bool, packed: bool, split: bool):
+            self.fp8 = kv_dtype.width == 8
+            self.q_fp8 = q_dtype.width == 8
+            assert not self.q_fp8 or self.fp8
+            self.q_dtype, self.kv_dtype, self.D = q_dtype, kv_dtype, head_dim
+            # the mma operands (16-bit); e4m3 is exact in both f16 and bf16
+            self.dtype = (Float16 if self.q_fp8 else BFloat16) if self.fp8 else q_dtype
+            assert self.dtype == q_dtype or self.q_fp8
             # split: fp32 partials o [S, Nq, H, D], lse [S, H, Nq]; else out [Nq, H, D] in
-            # the input dtype, lse [H, Nq]
+            # q's dtype (bf16 for an fp8 call), lse [H, Nq]
             self.split = split
-            self.out_dtype = Float32 if split else dtype
+            self.out_dtype = Float32 if split else BFloat16 if self.fp8 else q_dtype
             self.M, self.BN, self.stages = cfg.block_m, cfg.block_n, cfg.stages
             self.wm, self.wn = cfg.warps_m, cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
             self.num_threads = cfg.warps * 32
             self.q_in_kv_slot = cfg.q_in_kv_slot
-            assert head_dim % 64 == 0 and dtype.width == 16
-            self.vec = 128 // dtype.width            # elements of one 16-byte copy
+            assert head_dim % 64 == 0 and self.dtype.width == 16
+            self.vec = 128 // kv_dtype.width         # cache elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
             self.rows_per_pass = self.num_threads // self.row_threads
-            assert self.BN % self.rows_per_pass == 0 and self.M % self.rows_per_pass == 0
+            # q: 8 elements a copy (16 bytes of a 16-bit q, 8 of an fp8 one)
+            self.q_row_threads = head_dim // 8
+            assert self.BN % self.rows_per_pass == 0
+            assert self.M % (self.num_threads // self.q_row_threads) == 0
             assert self.BNg % 16 == 0 and self.M == 16 * self.wm
-            # `store` stages the key groups' fp32 O in the K slots
-            assert self.M * head_dim * self.wn * 4 <= smem_kv_bytes(cfg, head_dim)
+            # `store` stages the key groups' fp32 O in the K slots (FP8: K and V slots)
+            o_room = 2 * smem_kv_bytes(cfg, head_dim, 1) if self.fp8 else \
+                smem_kv_bytes(cfg, head_dim)
+            assert store_bytes(cfg, head_dim) <= o_room
             assert self.stages >= 2
 
         # ------------------------------------------------------------------ host side
@@ -198,12 +257,19 @@ def _kernel_class():
         def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                      mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
                      mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                     mQd: Optional[cute.Tensor], mKd: Optional[cute.Tensor],
+                     mVd: Optional[cute.Tensor],
                      scale_log2: Float32, len_q: Int32, group: Int32,
                      page_size: Int32, num_splits: Int32, stream):
             dt, D = self.dtype, self.D
             atom = smem_atom()
             sQ_layout = cute.tile_to_shape(atom, (self.M, D), (0, 1))
-            sKV_layout = cute.tile_to_shape(atom, (self.BN, D, self.stages), (0, 1, 2))
+            # 16-bit K / V: the slots (bf16 / fp16 cache) or the one converted block (fp8)
+            n_kv16 = 1 if const_expr(self.fp8) else self.stages
+            sKV_layout = cute.tile_to_shape(atom, (self.BN, D, n_kv16), (0, 1, 2))
+            # fp8 slots: plain rows (each thread reads back only the chunks it copied,
+            # a warp 512 contiguous bytes)
+            sKV8_layout = cute.make_ordered_layout((self.BN, D, self.stages), order=(1, 0, 2))
 
             # mma.sync 16x8x16, warps_m warps along M; N tiles of 16 so ldmatrix.x4 fills
             # a B fragment in one instruction
@@ -213,28 +279,43 @@ def _kernel_class():
 
             # gathers: 16-byte cp.async, row_threads threads per cache row
             g2s = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.kv_dtype,
                 num_bits_per_copy=128)
             gather = cute.make_tiled_copy_tv(
                 g2s, cute.make_ordered_layout((self.rows_per_pass, self.row_threads),
                                               order=(1, 0)),
                 cute.make_layout((1, self.vec)))
+            # q: 8 elements a thread a copy (cp.async of a 16-bit q; an fp8 q goes
+            # through registers, where it is converted)
+            q_atom = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                num_bits_per_copy=128)
+            gather_q = cute.make_tiled_copy_tv(
+                q_atom, cute.make_ordered_layout(
+                    (self.num_threads // self.q_row_threads, self.q_row_threads),
+                    order=(1, 0)),
+                cute.make_layout((1, 8)))
 
             q_elems = 0 if self.q_in_kv_slot else cute.cosize(sQ_layout)
+            kv8_elems = 2 * cute.cosize(sKV8_layout) if const_expr(self.fp8) else 0
+            kv16_elems = cute.cosize(sKV_layout)
 
             @cute.struct
             class SharedStorage:
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, kv16_elems], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, kv16_elems], 1024]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
+                # fp8: the K slots then the V slots (`store` stages O across both)
+                sKV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, kv8_elems], 1024]
 
             n_row_blocks = (group * len_q + self.M - 1) // self.M
             # token -> (page, row): a multiply-high divmod, not an integer division
             page_div = cute.FastDivmodDivisorV2(page_size) if const_expr(self.paged) \
                 else page_size
-            self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, scale_log2, len_q,
-                        group, page_div, num_splits, sQ_layout, sKV_layout,
-                        tiled_mma, gather, SharedStorage).launch(
+            self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, mQd, mKd, mVd,
+                        scale_log2, len_q, group, page_div, num_splits, sQ_layout,
+                        sKV_layout, sKV8_layout, tiled_mma, gather, gather_q,
+                        SharedStorage).launch(
                 grid=[num_splits, mK.shape[2] * n_row_blocks, mSeqK.shape[0]],
                 block=[self.num_threads, 1, 1], stream=stream)
 
@@ -243,10 +324,13 @@ def _kernel_class():
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                    mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
                    mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                   mQd: Optional[cute.Tensor], mKd: Optional[cute.Tensor],
+                   mVd: Optional[cute.Tensor],
                    scale_log2: Float32, len_q: Int32, group: Int32,
                    page_div, num_splits: Int32,
                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
-                   tiled_mma: cute.TiledMma, gather: cute.TiledCopy,
+                   sKV8_layout: cute.Layout, tiled_mma: cute.TiledMma,
+                   gather: cute.TiledCopy, gather_q: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
             tidx = cute.arch.thread_idx()[0]
             split, by, b = cute.arch.block_idx()
@@ -261,17 +345,38 @@ def _kernel_class():
                 q_start = b * len_q
                 n_q = len_q
             rows = group * n_q                 # valid tile rows of the sequence
+            v_scale = Float32(1.0)
+            if const_expr(self.fp8):
+                # the real scores are the fp8 ones times q_descale * k_descale (kept
+                # positive, so the raw row max stays the scaled one's argmax and a masked
+                # -inf times the scale stays -inf)
+                scale_log2 = cutlass.max(scale_log2 * mQd[b, hk] * mKd[b, hk], FLT_MIN)
+                v_scale = mVd[b, hk]
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sK = storage.sK.get_tensor(sKV_layout)
+            sV = storage.sV.get_tensor(sKV_layout)
             if const_expr(self.q_in_kv_slot):
-                # Q in the last K slot: it is in registers before that slot's first load
-                # (issued after the loop's first CTA barrier)
-                sQ = cute.make_tensor(sK[None, None, self.stages - 1].iterator, sQ_layout)
+                # Q in the last K slot (FP8: the 16-bit K block): it is in registers
+                # before that slot's first load / conversion (after the loop's first CTA
+                # barrier)
+                sQ = cute.make_tensor(sK[None, None, cute.size(sK, mode=[2]) - 1].iterator,
+                                      sQ_layout)
             else:
                 sQ = storage.sQ.get_tensor(sQ_layout)
-            sV = storage.sV.get_tensor(sKV_layout)
+            sK8, sV8 = sK, sV
+            if const_expr(self.fp8):
+                p8 = storage.sKV8.data_ptr()
+                sK8 = cute.make_tensor(p8, sKV8_layout)
+                sV8 = cute.make_tensor(p8 + cute.cosize(sKV8_layout), sKV8_layout)
+            # `store`: the key groups' fp32 O over the K slots (FP8: the K and V slots),
+            # the row statistics after them (in the V slots / the 16-bit K block)
+            o_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
+            stats_ptr = cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32)
+            if const_expr(self.fp8):
+                o_ptr = cute.recast_ptr(storage.sKV8.data_ptr(), dtype=Float32)
+                stats_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
 
             if row0 < rows:
                 # the KV blocks this split reads: the tile's visible keys in num_splits
@@ -289,57 +394,78 @@ def _kernel_class():
                 n_iter = cutlass.max(cutlass.min(per_split, n_blocks - blk_lo), 0)
                 tile = Tile(b, hk, q_start, n_q, n_k, row0, rows, group, page_div)
 
-                self.load_q(mQ, sQ, gather, tidx, tile)
+                if const_expr(not self.q_fp8):
+                    self.load_q(mQ, sQ, gather_q, tidx, tile)
                 cute.arch.cp_async_commit_group()
                 # (page, row in page) of this thread's rows of the next block to issue
                 rows_kv = cute.make_rmem_tensor((2, self.BN // self.rows_per_pass), Int32)
                 for t in cutlass.range_constexpr(self.stages - 1):
                     if t < n_iter:
                         self.lookup(mPageTable, gather, tidx, blk_lo + t, rows_kv, tile)
-                        self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, t, hk)
+                        self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, t, hk)
                     cute.arch.cp_async_commit_group()
                 if self.stages - 1 < n_iter:
                     self.lookup(mPageTable, gather, tidx, blk_lo + self.stages - 1, rows_kv,
                                 tile)
+                if const_expr(self.q_fp8):
+                    # through registers, once the cache copies are in flight
+                    self.load_q_fp8(mQ, sQ, gather_q, tidx, tile)
 
                 row_max, row_sum, acc_O = self.compute(
-                    sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx, scale_log2,
-                    blk_lo, n_iter, n_full, rows_kv, tile)
+                    sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma, tidx,
+                    scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
 
-                # the K slots become the key groups' fp32 O
+                # the slots become the key groups' fp32 O
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
-                self.store(acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
-                           scale_log2, split, tile)
+                self.store(acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE, tiled_mma,
+                           tidx, scale_log2, v_scale, split, tile)
 
         # ------------------------------------------------------------------ load
         @cute.jit
-        def gmem_row(self, m, coord):  # role: load
-            """A 16-byte-aligned 1-D view of one cache / query row from `coord` on."""
-            return self.gmem_at(m, cute.crd2idx(coord, m.layout))
-
-        @cute.jit
-        def gmem_at(self, m, offset):  # role: load
-            """The 16-byte copy of m at element `offset` (a multiple of 8)."""
+        def gmem_at(self, m, offset, n: cutlass.Constexpr, align: cutlass.Constexpr = 16):
+            """The n-element vector of m at element `offset` (`align`-byte aligned)."""  # role: load
             ptr = cute.make_ptr(m.element_type, (m.iterator + offset).toint(),
-                                cute.AddressSpace.gmem, assumed_align=16)
-            return cute.make_tensor(ptr, cute.make_layout((self.vec,)))
+                                cute.AddressSpace.gmem, assumed_align=align)
+            return cute.make_tensor(ptr, cute.make_layout((n,)))
 
         @cute.jit
-        def load_q(self, mQ, sQ, gather, tidx, tile):  # role: load
-            """The tile's rows r -> q[q_start + r // group, h_kv * group + r % group];
-            padding rows repeat the last valid row (computed, never stored)."""
+        def q_rows(self, sQ, gather_q, tidx, tile):  # role: load
+            """This thread's (smem chunk, gmem offset) pairs of Q: tile row r ->
+            q[q_start + r // group, h_kv * group + r % group]; padding rows repeat the
+            last valid row (computed, never stored)."""
             q_start, hk, row0, rows, group = tile.q_start, tile.hk, tile.row0, tile.rows, tile.group
-            thr = gather.get_slice(tidx)
+            thr = gather_q.get_slice(tidx)
             tQsQ = thr.partition_D(sQ)
             tQcQ = thr.partition_S(cute.make_identity_tensor((self.M, self.D)))
+            return tQsQ, tQcQ
+
+        @cute.jit
+        def q_offset(self, mQ, tQcQ, m, tile):  # role: load
+            r = cutlass.min(tile.row0 + tQcQ[0, m, 0][0], tile.rows - 1)
+            i = r // tile.group
+            return cute.crd2idx((tile.q_start + i, tile.hk * tile.group + (r - i * tile.group),
+                                 tQcQ[0, m, 0][1]), mQ.layout)
+
+        @cute.jit
+        def load_q(self, mQ, sQ, gather_q, tidx, tile):  # role: load
+            """A 16-bit q: cp.async, 16 bytes a copy."""
+            tQsQ, tQcQ = self.q_rows(sQ, gather_q, tidx, tile)
             for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-                r = cutlass.min(row0 + tQcQ[0, m, 0][0], rows - 1)
-                i = r // group
-                src = self.gmem_row(mQ, (q_start + i, hk * group + (r - i * group),
-                                         tQcQ[0, m, 0][1]))
-                cute.copy(gather, cute.make_tensor(src.iterator, tQsQ[None, m, 0].layout),
+                src = self.gmem_at(mQ, self.q_offset(mQ, tQcQ, m, tile), 8)
+                cute.copy(gather_q, cute.make_tensor(src.iterator, tQsQ[None, m, 0].layout),
                           tQsQ[None, m, 0])
+
+        @cute.jit
+        def load_q_fp8(self, mQ, sQ, gather_q, tidx, tile):  # role: load
+            """An fp8 q: 8 bytes a load into registers, converted, 16 bytes a store."""
+            tQsQ, tQcQ = self.q_rows(sQ, gather_q, tidx, tile)
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                src = self.gmem_at(mQ, self.q_offset(mQ, tQcQ, m, tile), 8, 8)
+                src = cute.make_tensor(src.iterator, tQsQ[None, m, 0].layout)
+                r = cute.make_rmem_tensor_like(src)
+                cute.autovec_copy(src, r)
+                tQsQ[None, m, 0].store(r.load().to(self.dtype))
 
         @cute.jit
         def lookup(self, mPageTable, gather, tidx, blk, rows_kv, tile):  # role: load
@@ -371,12 +497,26 @@ def _kernel_class():
             col = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))[0, 0, 0][1]
             for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
                 off = cute.crd2idx((rows_kv[0, m], rows_kv[1, m], hk, col), mK.layout)
-                src_k = self.gmem_at(mK, off)
-                src_v = self.gmem_at(mV, off)
+                src_k = self.gmem_at(mK, off, self.vec)
+                src_v = self.gmem_at(mV, off, self.vec)
                 cute.copy(gather, cute.make_tensor(src_k.iterator, tKsK[None, m, 0].layout),
                           tKsK[None, m, 0])
                 cute.copy(gather, cute.make_tensor(src_v.iterator, tVsV[None, m, 0].layout),
                           tVsV[None, m, 0])
+
+        # ------------------------------------------------------------------ convert
+        @cute.jit
+        def convert_kv(self, sK8, sV8, sK, sV, gather, tidx, stage):  # role: convert
+            """FP8: this thread's chunks of slot `stage` (the ones it copied) -> the
+            16-bit block, in the same (key, D) places."""
+            thr = gather.get_slice(tidx)
+            for src, dst in ((sK8, sK), (sV8, sV)):
+                t8 = thr.partition_D(src[None, None, stage])
+                t16 = thr.partition_D(dst[None, None, 0])
+                for m in cutlass.range_constexpr(cute.size(t8, mode=[1])):
+                    r = cute.make_rmem_tensor_like(t8[None, m, 0])
+                    cute.autovec_copy(t8[None, m, 0], r)
+                    t16[None, m, 0].store(r.load().to(self.dtype))
 
         @cute.jit
         def key_slice(self, s, stage, kg):  # role: compute
@@ -392,8 +532,8 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ compute
         @cute.jit
-        def compute(self, sQ, sK, sV, mK, mV, mPageTable, gather, tiled_mma, tidx,
-                    scale_log2, blk_lo, n_iter, n_full, rows_kv, tile):  # role: compute
+        def compute(self, sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma,
+                    tidx, scale_log2, blk_lo, n_iter, n_full, rows_kv, tile):  # role: compute
             """The KV loop of one tile; returns this thread's (row max, row sum, O) of its
             key group (row sums are per thread: the quad reduces them in `store`)."""
             n_k, n_q, row0, rows, group = tile.n_k, tile.n_q, tile.row0, tile.rows, tile.group
@@ -438,20 +578,26 @@ def _kernel_class():
                 stage = t % self.stages
                 cute.arch.cp_async_wait_group(self.stages - 2)
                 cute.arch.barrier()
-                # slot (t - 1) % stages is free: the next block goes there
+                # slot (t - 1) % stages is free: the next block goes there (FP8: the
+                # 16-bit block is free too)
                 nxt = t + self.stages - 1
                 if nxt < n_iter:
-                    self.load_kv(mK, mV, sK, sV, gather, tidx, rows_kv, nxt % self.stages,
+                    self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
                                  tile.hk)
                     if nxt + 1 < n_iter:
                         self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
                 cute.arch.cp_async_commit_group()
+                kv = stage
+                if const_expr(self.fp8):
+                    self.convert_kv(sK8, sV8, sK, sV, gather, tidx, stage)
+                    cute.arch.barrier()
+                    kv = 0
 
                 blk = blk_lo + t
                 # S = Q K^T over this key group's keys
                 acc_S = cute.make_rmem_tensor(shape_S, Float32)
                 acc_S.fill(0.0)
-                tSsK = s2r_K.partition_S(self.key_slice(sK, stage, kg))
+                tSsK = s2r_K.partition_S(self.key_slice(sK, kv, kg))
                 tSrK_v = s2r_K.retile(tSrK)
                 for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
                     cute.copy(s2r_K, tSsK[None, None, k], tSrK_v[None, None, k])
@@ -485,7 +631,7 @@ def _kernel_class():
                 rP = cute.make_rmem_tensor_like(acc_S, dt)
                 rP.store(acc_S.load().to(dt))
                 tOrP = as_operand_a(rP)
-                tOsV = s2r_V.partition_S(self.key_slice_t(sV, stage, kg))
+                tOsV = s2r_V.partition_S(self.key_slice_t(sV, kv, kg))
                 tOrV_v = s2r_V.retile(tOrV)
                 for k in cutlass.range_constexpr(cute.size(tOrV, mode=[2])):
                     cute.copy(s2r_V, tOsV[None, None, k], tOrV_v[None, None, k])
@@ -494,21 +640,18 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ store
         @cute.jit
-        def store(self, acc_O, row_max, row_sum, storage, mO, mLSE, tiled_mma, tidx,
-                  scale_log2, split, tile):  # role: store
-            """Merge the key groups' partials row by row, normalize, write O and LSE."""
+        def store(self, acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE, tiled_mma,
+                  tidx, scale_log2, v_scale, split, tile):  # role: store
+            """Merge the key groups' partials row by row, normalize (FP8: and scale by
+            v_descale), write O and LSE."""
             hk, q_start, row0, rows, group = tile.hk, tile.q_start, tile.row0, tile.rows, tile.group
             M, D, wn = self.M, self.D, self.wn
             kg = tidx // (32 * self.wm)
             thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
-            # the KV slots are free (the caller waited for every copy and the CTA): O in
-            # the K slots, the row statistics in the V slots
-            sO = cute.make_tensor(cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32),
-                                  cute.make_ordered_layout((M, D, wn), order=(1, 0, 2)))
-            stats = cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32)
-            sMax = cute.make_tensor(stats, cute.make_layout((M, wn)))
-            sSum = cute.make_tensor(stats + M * wn, cute.make_layout((M, wn)))
-
+            # the slots are free (the caller waited for every copy and the CTA)
+            sO = cute.make_tensor(o_ptr, cute.make_ordered_layout((M, D, wn), order=(1, 0, 2)))
+            sMax = cute.make_tensor(stats_ptr, cute.make_layout((M, wn)))
+            sSum = cute.make_tensor(stats_ptr + M * wn, cute.make_layout((M, wn)))
             tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, self.BNg))))
             for r in cutlass.range_constexpr(cute.size(row_sum)):
                 total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
@@ -544,6 +687,8 @@ def _kernel_class():
                         acc.store(acc.load() + part.load() * w)
                     empty = total == 0.0
                     inv = 0.0 if empty else 1.0 / total
+                    if const_expr(self.fp8):
+                        inv = inv * v_scale
                     i = rg // group
                     h = hk * group + (rg - i * group)
                     if const_expr(self.split):
@@ -559,11 +704,15 @@ def _kernel_class():
     return DecodeHopper
 
 
+
+    return DecodeHopper
+
+
 # --------------------------------------------------------------------------------------
 # Host: compile once per configuration, then launch
 # --------------------------------------------------------------------------------------
 
-def _fake_args(dtype, head_dim: int, paged: bool, packed: bool, split: bool):
+def _fake_args(q_dtype, kv_dtype, head_dim: int, paged: bool, packed: bool, split: bool):
     """Symbolic tensors: one compiled kernel serves every shape of its configuration."""
     import cutlass
     import cutlass.cute as cute
@@ -572,14 +721,17 @@ def _fake_args(dtype, head_dim: int, paged: bool, packed: bool, split: bool):
     def i64(div=1):
         return cute.sym_int64(divisibility=div)
 
+    fp8 = kv_dtype.width == 8
     nq, h, hkv, b = (cute.sym_int32() for _ in range(4))
-    q = make_fake_tensor(dtype, (nq, h, head_dim), stride=(i64(8), i64(8), 1),
-                         assumed_align=16)
+    q = make_fake_tensor(q_dtype, (nq, h, head_dim), stride=(i64(8), i64(8), 1),
+                         assumed_align=8 if q_dtype.width == 8 else 16)
     npg, psz = cute.sym_int32(), cute.sym_int32()
+    kv_div = 128 // kv_dtype.width      # 16-byte aligned rows
 
     def cache():
-        return make_fake_tensor(dtype, (npg, psz, hkv, head_dim),
-                                stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
+        return make_fake_tensor(kv_dtype, (npg, psz, hkv, head_dim),
+                                stride=(i64(kv_div), i64(kv_div), i64(kv_div), 1),
+                                assumed_align=16)
 
     k, v = cache(), cache()
     seqk = make_fake_tensor(cutlass.Int32, (b,), stride=(1,), assumed_align=4)
@@ -593,25 +745,34 @@ def _fake_args(dtype, head_dim: int, paged: bool, packed: bool, split: bool):
                              stride=(i64(8), i64(8), i64(8), 1), assumed_align=16)
         lse = make_fake_tensor(cutlass.Float32, (ns, h, nq), stride=(i64(), i64(), 1),
                                assumed_align=4)
-    else:       # out [Nq, H, D] in q's dtype, lse [H, Nq]
-        o = make_fake_tensor(dtype, (nq, h, head_dim), stride=(i64(8), i64(8), 1),
-                             assumed_align=16)
+    else:       # out [Nq, H, D] in q's dtype (bf16 for fp8), lse [H, Nq]
+        o = make_fake_tensor(cutlass.BFloat16 if fp8 else q_dtype, (nq, h, head_dim),
+                             stride=(i64(8), i64(8), 1), assumed_align=16)
         lse = make_fake_tensor(cutlass.Float32, (h, nq), stride=(i64(), 1), assumed_align=4)
-    return q, k, v, seqk, pt, cu_q, o, lse
+    # descales: fp32 [B, H_kv] (contiguous: the core checks), fp8 calls only
+    descales = tuple(make_fake_tensor(cutlass.Float32, (b, hkv), stride=(i64(), 1),
+                                      assumed_align=4) if fp8 else None for _ in range(3))
+    return (q, k, v, seqk, pt, cu_q, o, lse) + descales
 
 
 def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
-                   packed: bool, split: bool, options: str = ""):
+                   packed: bool, split: bool, options: str = "", kv_dtype=None):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable:
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, lse, scale_log2,
-       len_q, group, page_size, num_splits); o, lse: out [Nq, H, D], lse [H, Nq], or
-    (split) o_part [S, Nq, H, D], lse_part [S, H, Nq]."""
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, lse, q_descale,
+       k_descale, v_descale, scale_log2, len_q, group, page_size, num_splits); o, lse:
+    out [Nq, H, D], lse [H, Nq], or (split) o_part [S, Nq, H, D], lse_part [S, H, Nq].
+    dtype: q's; kv_dtype: the cache's (default q's); the descales only (and always) when
+    the cache is fp8."""
     import cutlass
     import cutlass.cute as cute
 
-    cdt = _cute_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype
-    kern = _kernel_class()(cdt, head_dim, cfg, causal, paged, packed, split)
-    args = _fake_args(cdt, head_dim, paged, packed, split)
+    def cute_dt(t):
+        return _cute_dtype(t) if isinstance(t, torch.dtype) else t
+
+    q_dt = cute_dt(dtype)
+    kv_dt = q_dt if kv_dtype is None else cute_dt(kv_dtype)
+    kern = _kernel_class()(q_dt, kv_dt, head_dim, cfg, causal, paged, packed, split)
+    args = _fake_args(q_dt, kv_dt, head_dim, paged, packed, split)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(kern, *args, cutlass.Float32(1.0), cutlass.Int32(1),
@@ -620,27 +781,38 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
 
 
 def _compiled(key):
-    """key: (dtype, head_dim, block_m, causal, paged, packed, split)."""
-    dtype, head_dim, block_m, causal, paged, packed, split = key
-    fn = _COMPILED[key] = compile_decode(dtype, head_dim, CONFIGS[(head_dim, block_m)],
-                                         causal, paged, packed, split)
+    """key: (q dtype, cache dtype, head_dim, block_m, causal, paged, packed, split)."""
+    q_dtype, kv_dtype, head_dim, block_m, causal, paged, packed, split = key
+    table = FP8_CONFIGS if kv_dtype == FP8 else CONFIGS
+    fn = _COMPILED[key] = compile_decode(q_dtype, head_dim, table[(head_dim, block_m)],
+                                         causal, paged, packed, split, kv_dtype=kv_dtype)
     return fn
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q: int, causal: bool, scale: float,
-            num_splits: int) -> None:
+            num_splits: int, descale=None) -> None:
     """See the module docstring and the core's `kvcache_attention`. q [Nq, H, D];
-    num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq]."""
+    num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq].
+    descale: (q_descale, k_descale, v_descale) fp32 [B, H_kv] for an fp8 cache (None:
+    all ones), else None."""
     Nq, H, D = q.shape
     group = H // k_cache.shape[2]
     if Nq == 0 or cache_seqlens.shape[0] == 0 or len_q == 0:
         return
     split = num_splits > 1
-    key = (q.dtype, D, tile_rows(group * len_q), bool(causal), page_table is not None,
-           cu_seqlens_q is not None, split)
+    fp8 = k_cache.dtype == FP8
+    if fp8 and descale is None:
+        ones = torch.ones(cache_seqlens.shape[0], k_cache.shape[2], device=q.device,
+                          dtype=torch.float32)
+        descale = (ones, ones, ones)
+    if not fp8 and descale is not None:
+        raise ValueError("descale is only for a float8_e4m3fn cache")
+    key = (q.dtype, k_cache.dtype, D, tile_rows(group * len_q), bool(causal),
+           page_table is not None, cu_seqlens_q is not None, split)
     fn = _COMPILED.get(key) or _compiled(key)
     if split:
         out, lse = o_part, lse_part
     fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
-       scale * LOG2_E, len_q, group, k_cache.shape[1], num_splits)
+       *(descale or (None, None, None)), scale * LOG2_E, len_q, group, k_cache.shape[1],
+       num_splits)
