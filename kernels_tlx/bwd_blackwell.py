@@ -90,14 +90,14 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.launch import fast
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
 
-from .bwd_hopper import Grads, RowStats, _bwd_postprocess, _bwd_preprocess, _opaque, lse_log2
+from .bwd_hopper import (Grads, RowStats, _bwd_postprocess, _bwd_preprocess, _desc, _opaque,
+                         lse_log2)
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -556,15 +556,6 @@ def signature(head_dim: int, cfg: Config, dtype: str = "bf16") -> dict:
             "stride_k_tok": "i32", "stride_k_h": "i32", "stride_lse_h": "i32"}
 
 
-def _desc(t, rows, cols):
-    """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
-    tensor seen as [tokens, heads * D], box [rows, cols]."""
-    t2 = t.reshape(-1, t.shape[-2] * t.shape[-1])
-    n = max(t2.shape[0], 1)
-    return TensorDescriptor(t2, shape=[n, t2.shape[1]], strides=[t2.shape[1], 1],
-                            block_shape=[rows, cols])
-
-
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype; the `bwd` of jagged.api.make_jagged_attention. dlse:
@@ -600,7 +591,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BN)
     fast(bwd_kernel)[(grid,)](
         _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(dout, BM, D),
-        _desc(dq_acc, BM, cfg.dq_slice), lse, delta, dk, dv,
+        _desc(dq_acc, BM, D, cols=cfg.dq_slice), lse, delta, dk, dv,
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), float(scale) * LOG2E, L_q, dk.stride(0), dk.stride(1), lse.stride(0),
         **kernel_args(cfg, H, HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)

@@ -10,36 +10,20 @@ on the PTX). GQA, dlse and the lengths are runtime values: one build serves them
 default one build (D 128, packed, bf16); with `-m matrix` every (D, causal, broadcast-Q,
 dtype).
 """
-import os
 import re
-import subprocess
-import sys
-import textwrap
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 
-from _cute import ROOT, have_dsl
+from _blackwell import (SMEM_LIMIT, TMEM_COLS, backward_fn, check_on_b200, cute_build,
+                        cute_run, problem, skip_unless_b200)
+from _cute import have_dsl
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 
-SMEM_LIMIT = 227 * 1024
-TMEM_COLS = 512
-
-_SCRIPT = textwrap.dedent("""
-    import json, sys, torch
-    sys.path.insert(0, {root!r})
-    import cutlass.utils, cutlass.utils.hardware_info as hw
-
-    class _Sms:  # the SM count without a driver (nothing here should ask for it)
-        def __init__(self, *a): pass
-        def get_device_multiprocessor_count(self): return 148
-        def get_max_active_clusters(self, n, *a): return 148 // n
-    cutlass.utils.HardwareInfo = hw.HardwareInfo = _Sms
-
+_BODY = """
     from kernels_cute import bwd_blackwell as F
-    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
     k = F.build(dt, {D}, {causal}, {bq})
     F.compile_main(dt, {D}, {causal}, {bq}, kernel=k)
     print("INFO " + json.dumps(dict(
@@ -48,38 +32,18 @@ _SCRIPT = textwrap.dedent("""
         smem=k.shared_storage.size_in_bytes(), cluster=list(k.cluster_shape),
         threads=k.num_threads)))
     print("COMPILED")
-""")
+"""
 
 DEFAULT = [(128, False, False, "bf16")]
 MATRIX = [(d, c, b, dt) for d in (64, 128) for c in (False, True) for b in (False, True)
           for dt in ("bf16", "fp16") if (d, c, b, dt) not in DEFAULT]
 
 
-def _ptxas():
-    import triton
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "ptxas-blackwell")
-
-
 def _build(tmp_path, variant):
     """Compile one variant in its own process -> (info dict, PTX text, ptxas -v log)."""
-    import json
     D, causal, bq, dtype = variant
     d = tmp_path / f"d{D}_c{int(causal)}_b{int(bq)}_{dtype}"
-    d.mkdir()
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a", CUTE_DSL_KEEP="ptx,cubin",
-               CUTE_DSL_DUMP_DIR=str(d), CUTE_DSL_DISABLE_FILE_CACHING="1")
-    script = _SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, dtype=dtype)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                       text=True, timeout=600, cwd=str(d))
-    if "COMPILED" not in r.stdout:
-        return None, None, (r.stdout + r.stderr)[-3000:]
-    info = json.loads(r.stdout.split("INFO ", 1)[1].splitlines()[0])
-    ptx_path = next(str(d / f) for f in os.listdir(d) if f.endswith(".ptx"))
-    ptx = open(ptx_path).read()
-    log = subprocess.run([_ptxas(), "-v", "-arch=sm_100a", "-O3", ptx_path, "-o", os.devnull],
-                         capture_output=True, text=True).stderr
-    return info, ptx, log
+    return cute_build(d, dtype, _BODY.format(D=D, causal=causal, bq=bq))
 
 
 def _check(variant, info, ptx, log):
@@ -104,12 +68,7 @@ def _check(variant, info, ptx, log):
 
 
 def _run(tmp_path, variants):
-    with ThreadPoolExecutor(max_workers=2) as ex:
-        results = list(ex.map(lambda v: _build(tmp_path, v), variants))
-    if all(p is None and ("libcuda" in l or "CUDA driver" in l) for _, p, l in results):
-        pytest.skip("CuteDSL cannot compile here")
-    for v, (info, ptx, log) in zip(variants, results):
-        _check(v, info, ptx, log)
+    cute_run(variants, partial(_build, tmp_path), _check)
 
 
 @needs_dsl
@@ -131,70 +90,15 @@ def test_configs():
 
 
 # ------------------------------------------------------------------------------ B200
-def _problems():
-    from harness.problems import Problem
-    ps = []
-    for d in (64, 128):
-        for causal in (False, True):
-            for mode in ("self", "cross", "broadcast_q"):
-                for dt in ("bf16", "fp16"):
-                    ps.append(Problem(batch=5, heads=4, kv_heads=2 if d == 64 else 4,
-                                      head_dim=d, max_seqlen_q=300,
-                                      max_seqlen_k=None if mode == "self" else 513,
-                                      sparsity=0.5, mode=mode, causal=causal, dtype=dt,
-                                      seed=len(ps)))
-    return ps
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("idx", range(24))
-def test_matches_oracle_on_b200(idx):
-    """Every mode against the oracle (dq, dk, dv, with a gradient on lse), zero-length and
-    length-1 sequences planted in every third problem."""
-    import torch
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
-        pytest.skip("needs a B200 (compute capability 10.x)")
-    from harness.oracle import check
+@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_matches_oracle_on_b200(mode, causal, head_dim, dtype):
+    """Every mode against the oracle (dq, dk, dv, with a gradient on lse; the portable
+    forward), GQA at D = 64, zero-length and length-1 sequences planted."""
+    skip_unless_b200()
     from kernels_cute import bwd_blackwell as B
-    from kernels_cute import fwd_blackwell as F
-    p = _problems()[idx]
-    lengths = None
-    if idx % 3 == 2:
-        lq, lk = (t.clone() for t in p.lengths())
-        lk[0], lk[1] = 0, 1
-        if p.mode != "broadcast_q":
-            lq[1] = 1
-            lq[2] = 0
-        if p.mode == "self":
-            lk = lq.clone()
-        lengths = (lq, lk)
-    inp = p.build("cuda", lengths=lengths)
-
-    class _Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, bq):
-            out, lse = F.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, bq)
-            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-            ctx.args = (max_q, max_k, causal, scale, bq)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, dlse):
-            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            max_q, max_k, causal, scale, bq = ctx.args
-            dq, dk, dv = B.backward(dout, q, k, v, out, lse, cu_q if not bq else None, cu_k,
-                                    max_q, max_k, causal, scale, bq, dlse)
-            return dq, dk, dv, None, None, None, None, None, None, None
-
-    def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
-        scale = softmax_scale or q.shape[-1] ** -0.5
-        return _Fn.apply(q, k, v, cu_q if cu_q is not None else cu_k, cu_k, max_q, max_k,
-                         causal, scale, broadcast_q)
-
-    dlse = None
-    if idx % 2 == 1:  # a gradient on lse too
-        dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda",
-                           generator=torch.Generator("cuda").manual_seed(idx))
-    rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=True,
-                dlse=dlse)
-    assert rep.ok, f"{p.label()} lengths={lengths}\n{rep}"
+    check_on_b200(problem(mode, causal, head_dim, dtype, 2 if head_dim == 64 else 4, 300),
+                  backward_fn("cute_bw_bwd_check", B.backward), backward=True)

@@ -16,13 +16,14 @@ The barrier protocol is model-checked here too (`_protocol`: the five roles as s
 machines over their mbarrier phases and buffers, random tile lists).
 """
 import functools
-import re
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from _blackwell import (Bar, backward_fn, check_on_b200, check_tcgen05,  # noqa: E402
+                        first_then_matrix, problem, skip_unless_b200, xfail_spills)
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import bwd_blackwell as bb  # noqa: E402
 
@@ -55,37 +56,18 @@ def compile_bwd(d, causal, bq, dt, h, hkv):
 
 def _check(d, causal, bq, dt, h, hkv):
     rep = compile_bwd(d, causal, bq, dt, h, hkv)
-    print(rep.row())
-    ptx = rep.ptx
-    assert rep.mma == "tcgen05" and rep.has_mma, rep.row()
+    cols = check_tcgen05(rep)  # dV += P^T dO reads P^T from TMEM
     # S^T, dP^T, dV, dK, dQ: at least one tcgen05.mma each (a k-step each at least)
     assert rep.mma_count >= 5 * (min(d, bb.BLOCK_M.value) // 16), rep.row()
-    cols = [int(x) for x in re.findall(
-        r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32\s+\[[^\]]+\],\s*(\d+);",
-        ptx)]
-    assert cols and all(c <= 512 for c in cols), cols
     assert bb.tmem_cols(d) <= max(cols), (bb.tmem_cols(d), cols)
-    n_alloc = len(re.findall(r"tcgen05\.alloc\.", ptx))
-    assert n_alloc >= 1 and len(re.findall(r"tcgen05\.dealloc\.", ptx)) >= n_alloc, \
-        "a TMEM allocation is never freed"
-    assert "tcgen05.relinquish_alloc_permit" in ptx
-    assert rep.total_smem <= SMEM_LIMIT[100], rep.row()
     assert rep.total_smem >= bb.smem_bytes(bb.CONFIGS[d], d)
-    # dV += P^T dO reads P^T from TMEM (the A operand's kind); dQ is reduce-added by TMA
-    assert re.search(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]+\],\s*\[", ptx), \
-        "no MMA with its A operand in TMEM"
-    assert "cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx
+    assert "cp.reduce.async.bulk.tensor" in rep.ptx and ".add" in rep.ptx  # dQ's reduce
     return rep
 
 
-@pytest.mark.parametrize("v", VARIANTS[:1] + [pytest.param(v, marks=pytest.mark.matrix)
-                                               for v in VARIANTS[1:]],
-                         ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("v", first_then_matrix(VARIANTS), ids=lambda v: "-".join(map(str, v)))
 def test_compiles_sm100(v):
-    rep = _check(*v)
-    if rep.spills:
-        assert rep.spill_insts <= SPILL_BOUND, rep.row()
-        pytest.xfail(f"88 / 24 registers a task (OptimizePartitionWarps): {rep.row()}")
+    xfail_spills(_check(*v), SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
 
 
 def test_config_table():
@@ -121,19 +103,6 @@ def test_empty_inputs_on_cpu():
 
 
 # ----------------------------------------------------------------------------- B200
-def _blackwell():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
-
-
-@functools.lru_cache(maxsize=None)
-def _attention():
-    """The portable forward with this backward, as one autograd op (so a failure is the
-    backward's)."""
-    from jagged import portable
-    from jagged.api import make_jagged_attention
-    return make_jagged_attention("tlx_bw_bwd_check", portable.fwd, bb.backward)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -142,57 +111,15 @@ def _attention():
 @pytest.mark.parametrize("kv_heads", [4, 1])
 @pytest.mark.parametrize("max_len", [100, 1000])
 def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
-    """dQ, dK, dV against the oracle on a B200, gradients through out and lse, every mode:
-    self, cross, broadcast-Q, causal, GQA / MQA, D 64 / 128, bf16 / fp16, short and long
-    sequences (zero-length and length-1 ones planted)."""
-    if not _blackwell():
-        pytest.skip("needs a B200 (compute capability 10.x)")
-    from harness.oracle import check
-    from harness.problems import Problem
-    p = Problem(batch=7, heads=4, kv_heads=kv_heads, head_dim=head_dim, max_seqlen_q=max_len,
-                max_seqlen_k=None if mode == "self" else max_len + 37, sparsity=0.6,
-                mode=mode, causal=causal, dtype=dtype, seed=head_dim + max_len)
-    lq, lk = (t.clone() for t in p.lengths())
-    lk[1] = 0
-    lk[2] = 1
-    if mode != "broadcast_q":
-        lq[2] = 1
-        lq[3] = 0
-    if mode == "self":
-        lk = lq.clone()
-    inp = p.build("cuda", lengths=(lq, lk))
-    attn = _attention()
-
-    def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
-        return attn(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
-                    softmax_scale=softmax_scale, broadcast_q=broadcast_q, return_lse=True)
-
-    g = torch.Generator(device="cuda").manual_seed(3)
-    n_out = inp.cu_seqlens_k.shape[0] - 1 if mode == "broadcast_q" else None
-    rows = n_out * inp.q.shape[0] if n_out is not None else inp.q.shape[0]
-    dlse = torch.randn(inp.q.shape[1], rows, device="cuda", generator=g)
-    rep = check(inp, fn, causal=causal, broadcast_q=mode == "broadcast_q", backward=True,
-                dlse=dlse)
-    assert rep.ok, f"{p.label()} lengths={(lq.tolist(), lk.tolist())}\n{rep}"
+    """dQ, dK, dV against the oracle on a B200 (the portable forward), gradients through
+    out and lse, every mode: self, cross, broadcast-Q, causal, GQA / MQA, D 64 / 128,
+    bf16 / fp16, short and long sequences (zero-length and length-1 ones planted)."""
+    skip_unless_b200()
+    check_on_b200(problem(mode, causal, head_dim, dtype, kv_heads, max_len),
+                  backward_fn("tlx_bw_bwd_check", bb.backward), backward=True)
 
 
 # ----------------------------------------------------------------------------- protocol
-class _Bar:
-    """An mbarrier: `count` arrivals complete a phase; wait(parity) passes while the
-    current (incomplete) phase's parity differs from it."""
-
-    def __init__(self, count=1):
-        self.count, self.pending, self.done = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        if self.pending == self.count:
-            self.pending, self.done = 0, self.done + 1
-
-    def passes(self, parity):
-        return (self.done & 1) != parity
-
-
 def _protocol(steps, NQ, NKV, alias, dynamic, rng, wait_at_dp=None):
     """bwd_blackwell's five roles as generators of ("wait", bar, parity), ("arrive", bar),
     ("write", buf, tag, readers) and ("read", buf, tag) events, transcribed from the
@@ -207,7 +134,7 @@ def _protocol(steps, NQ, NKV, alias, dynamic, rng, wait_at_dp=None):
     B = {}
 
     def bar(name, count=1):
-        B.setdefault(name, _Bar(count))
+        B.setdefault(name, Bar(count))
         return name
 
     for i in range(NQ):

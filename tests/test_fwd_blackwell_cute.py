@@ -8,9 +8,8 @@ once (512 columns, the layout within them), CLC queries, the setmaxnreg split fi
 the register file, shared memory within 227 KB, no spills or stack (ptxas -v on the PTX),
 1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
 them. By default two builds (in parallel) cover D 64 / 128, causal, broadcast-Q, bf16 /
-fp16; with
-`-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default
-configs (static schedule, late TMEM release) compile too.
+fp16; with `-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default configs
+(static schedule, late TMEM release) compile too.
 """
 import json
 import os
@@ -18,31 +17,19 @@ import re
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 
-from _cute import ROOT, have_dsl
+from _blackwell import (SMEM_LIMIT, TMEM_COLS, check_on_b200, cute_build, cute_run, forward_fn,
+                        problem, skip_unless_b200)
+from _cute import have_dsl
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 
-SMEM_LIMIT = 227 * 1024
-TMEM_COLS = 512
-
-_SCRIPT = textwrap.dedent("""
-    import json, sys, torch
-    sys.path.insert(0, {root!r})
-    import cutlass.utils, cutlass.utils.hardware_info as hw
-
-    class _Sms:  # the SM count without a driver (nothing here should ask for it)
-        def __init__(self, *a): pass
-        def get_device_multiprocessor_count(self): return 148
-        def get_max_active_clusters(self, n, *a): return 148 // n
-    cutlass.utils.HardwareInfo = hw.HardwareInfo = _Sms
-
+_BODY = """
     from kernels_cute import fwd_blackwell as F
-    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
     cfg = F.Config(**{cfg!r})
     k = F.build(dt, {D}, {causal}, {bq}, cfg)
     F.compile_forward(dt, {D}, {causal}, {bq}, cfg, kernel=k)
@@ -50,7 +37,7 @@ _SCRIPT = textwrap.dedent("""
           smem=k.shared_storage.size_in_bytes(), cluster=list(k.cluster_shape),
           threads=k.num_threads)))
     print("COMPILED")
-""")
+"""
 
 DEFAULT = [(128, False, False, "bf16", {}), (64, True, True, "fp16", {})]
 MATRIX = [(d, c, b, dt, {}) for d in (64, 128) for c in (False, True) for b in (False, True)
@@ -59,30 +46,11 @@ MATRIX = [(d, c, b, dt, {}) for d in (64, 128) for c in (False, True) for b in (
     (64, False, True, "bf16", {"early_release": False})]
 
 
-def _ptxas():
-    import triton
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "ptxas-blackwell")
-
-
 def _build(tmp_path, variant):
     """Compile one variant in its own process -> (info dict, PTX text, ptxas -v log)."""
     D, causal, bq, dtype, cfg = variant
     d = tmp_path / f"d{D}_c{int(causal)}_b{int(bq)}_{dtype}_{len(cfg)}{''.join(cfg)}"
-    d.mkdir()
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a", CUTE_DSL_KEEP="ptx,cubin",
-               CUTE_DSL_DUMP_DIR=str(d), CUTE_DSL_DISABLE_FILE_CACHING="1")
-    script = _SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, dtype=dtype, cfg=cfg)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                       text=True, timeout=600, cwd=str(d))
-    if "COMPILED" not in r.stdout:
-        return None, None, (r.stdout + r.stderr)[-3000:]
-    info = json.loads(r.stdout.split("INFO ", 1)[1].splitlines()[0])
-    ptx_path = next(str(d / f) for f in os.listdir(d) if f.endswith(".ptx"))
-    ptx = open(ptx_path).read()
-    log = subprocess.run([_ptxas(), "-v", "-arch=sm_100a", "-O3", ptx_path, "-o", os.devnull],
-                         capture_output=True, text=True).stderr
-    return info, ptx, log
+    return cute_build(d, dtype, _BODY.format(D=D, causal=causal, bq=bq, cfg=cfg))
 
 
 def _check(variant, info, ptx, log):
@@ -112,12 +80,7 @@ def _check(variant, info, ptx, log):
 
 
 def _run(tmp_path, variants):
-    with ThreadPoolExecutor(max_workers=2) as ex:
-        results = list(ex.map(lambda v: _build(tmp_path, v), variants))
-    if all(p is None and ("libcuda" in l or "CUDA driver" in l) for _, p, l in results):
-        pytest.skip("CuteDSL cannot compile here")
-    for v, (info, ptx, log) in zip(variants, results):
-        _check(v, info, ptx, log)
+    cute_run(variants, partial(_build, tmp_path), _check)
 
 
 @needs_dsl
@@ -143,71 +106,31 @@ def test_configs():
 
 
 # ------------------------------------------------------------------------------ B200
-def _problems():
-    from harness.problems import Problem
-    ps = []
-    for d in (64, 128):
-        for causal in (False, True):
-            for mode in ("self", "cross", "broadcast_q"):
-                for dt in ("bf16", "fp16"):
-                    ps.append(Problem(batch=5, heads=4, kv_heads=2 if d == 64 else 4,
-                                      head_dim=d, max_seqlen_q=300,
-                                      max_seqlen_k=None if mode == "self" else 513,
-                                      sparsity=0.5, mode=mode, causal=causal, dtype=dt,
-                                      seed=len(ps)))
-    return ps
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("idx", range(24))
-def test_matches_oracle_on_b200(idx):
-    """Every mode against the oracle (out and lse), zero-length and length-1 sequences
-    planted in every third problem; then a long one (many tiles per CTA through CLC)."""
-    import torch
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
-        pytest.skip("needs a B200 (compute capability 10.x)")
-    from harness.oracle import check
+@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_matches_oracle_on_b200(mode, causal, head_dim, dtype):
+    """Every mode against the oracle (out and lse), GQA at D = 64, zero-length and
+    length-1 sequences planted."""
+    skip_unless_b200()
     from kernels_cute import fwd_blackwell as F
-    p = _problems()[idx]
-    lengths = None
-    if idx % 3 == 2:
-        lq, lk = (t.clone() for t in p.lengths())
-        lk[0], lk[1] = 0, 1
-        if p.mode != "broadcast_q":
-            lq[1] = 1
-            lq[2] = 0
-        if p.mode == "self":
-            lk = lq.clone()
-        lengths = (lq, lk)
-    inp = p.build("cuda", lengths=lengths)
-
-    def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
-        scale = softmax_scale or q.shape[-1] ** -0.5
-        return F.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
-
-    rep = check(inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=False)
-    assert rep.ok, f"{p.label()} lengths={lengths}\n{rep}"
+    check_on_b200(problem(mode, causal, head_dim, dtype, 2 if head_dim == 64 else 4, 300),
+                  forward_fn(F.forward), backward=False)
 
 
 @pytest.mark.gpu
 def test_many_tiles_per_cta_on_b200():
     """More tiles than SMs: CLC hands most of them out; the oracle checks them all."""
-    import torch
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
-        pytest.skip("needs a B200 (compute capability 10.x)")
+    skip_unless_b200()
     from harness.oracle import check
     from harness.problems import Problem
     from kernels_cute import fwd_blackwell as F
     for causal in (False, True):
         p = Problem(batch=64, heads=16, kv_heads=4, head_dim=128, max_seqlen_q=2048,
                     sparsity=0.5, causal=causal, seed=7)
-        inp = p.build("cuda")
-
-        def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
-            return F.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal,
-                             q.shape[-1] ** -0.5, broadcast_q)
-
-        rep = check(inp, fn, causal=causal, backward=False)
+        rep = check(p.build("cuda"), forward_fn(F.forward), causal=causal, backward=False)
         assert rep.ok, f"{p.label()}\n{rep}"
 
 

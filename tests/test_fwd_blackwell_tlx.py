@@ -15,15 +15,15 @@ tile once) and the barrier protocol (a model of the five tasks) are CPU tests.
 """
 import functools
 import math
-import os
 import random
-import re
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from _blackwell import (Bar, check_on_b200, check_tcgen05, first_then_matrix,  # noqa: E402
+                        forward_fn, problem, skip_unless_b200, xfail_spills)
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import fwd_blackwell as fb  # noqa: E402
 
@@ -53,40 +53,16 @@ def compile_fwd(d, bucket, causal, bq, dt):
                           num_stages=1, name=name)
 
 
-def _tmem_cols(rep):
-    m = re.findall(r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32"
-                   r"\s+\[[^\]]+\],\s*(\d+);", rep.ptx)
-    return [int(x) for x in m]
-
-
 def _check(d, bucket, causal, bq, dt):
     rep = compile_fwd(d, bucket, causal, bq, dt)
-    print(rep.row())
-    cfg = fb.CONFIGS[(d, bucket, causal)]
-    assert rep.mma == "tcgen05" and rep.has_mma, rep.row()
-    ptx = rep.ptx
-    cols = _tmem_cols(rep)
-    assert cols and all(c <= 512 for c in cols), cols
-    assert 2 * (cfg.block_n + d) <= max(cols)
-    n_alloc = len(re.findall(r"tcgen05\.alloc\.", ptx))
-    assert n_alloc >= 1 and len(re.findall(r"tcgen05\.dealloc\.", ptx)) >= n_alloc, \
-        "a TMEM allocation is never freed"
-    assert "tcgen05.relinquish_alloc_permit" in ptx
-    assert rep.total_smem <= SMEM_LIMIT[100], rep.row()
-    # P V reads P from TMEM (the A operand's kind) and S / O are TMEM accumulators
-    assert re.search(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]+\],\s*\[", ptx), \
-        "no MMA with its A operand in TMEM"
+    cols = check_tcgen05(rep)  # P V reads P from TMEM; S and O are TMEM accumulators
+    assert 2 * (fb.CONFIGS[(d, bucket, causal)].block_n + d) <= max(cols)
     return rep
 
 
-@pytest.mark.parametrize("v", VARIANTS[:1] + [pytest.param(v, marks=pytest.mark.matrix)
-                                               for v in VARIANTS[1:]],
-                         ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("v", first_then_matrix(VARIANTS), ids=lambda v: "-".join(map(str, v)))
 def test_compiles_sm100(v):
-    rep = _check(*v)
-    if rep.spills:
-        assert rep.spill_insts <= SPILL_BOUND, rep.row()
-        pytest.xfail(f"softmax at 88 registers (OptimizePartitionWarps): {rep.row()}")
+    xfail_spills(_check(*v), SPILL_BOUND, "softmax at 88 registers (OptimizePartitionWarps)")
 
 
 def test_config_table():
@@ -165,10 +141,6 @@ def test_tile_list_is_the_core_list():
 
 
 # ----------------------------------------------------------------------------- B200
-def _blackwell():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -180,45 +152,12 @@ def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
     """The forward (out and lse) against the oracle on a B200, every mode: self, cross,
     broadcast-Q, causal, GQA / MQA, D 64 / 128, bf16 / fp16, short and long sequences
     (zero-length and length-1 ones planted)."""
-    if not _blackwell():
-        pytest.skip("needs a B200 (compute capability 10.x)")
-    from harness.oracle import check
-    from harness.problems import Problem
-    p = Problem(batch=7, heads=4, kv_heads=kv_heads, head_dim=head_dim, max_seqlen_q=max_len,
-                max_seqlen_k=None if mode == "self" else max_len + 37, sparsity=0.6,
-                mode=mode, causal=causal, dtype=dtype, seed=head_dim + max_len)
-    lq, lk = (t.clone() for t in p.lengths())
-    lk[1] = 0
-    lk[2] = 1
-    if mode != "broadcast_q":
-        lq[2] = 1
-        lq[3] = 0
-    if mode == "self":
-        lk = lq.clone()
-    inp = p.build("cuda", lengths=(lq, lk))
-
-    def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):
-        scale = softmax_scale or q.shape[-1] ** -0.5
-        return fb.forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
-
-    rep = check(inp, fn, causal=causal, broadcast_q=mode == "broadcast_q", backward=False)
-    assert rep.ok, f"{p.label()} lengths={(lq.tolist(), lk.tolist())}\n{rep}"
+    skip_unless_b200()
+    check_on_b200(problem(mode, causal, head_dim, dtype, kv_heads, max_len),
+                  forward_fn(fb.forward), backward=False)
 
 
 # ----------------------------------------------------------------------------- protocol
-class _Bar:
-    """An mbarrier: `count` arrivals complete a phase; wait(parity) passes while the
-    current (incomplete) phase's parity differs from it."""
-
-    def __init__(self, count=1):
-        self.count, self.pending, self.done = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        if self.pending == self.count:
-            self.pending, self.done = 0, self.done + 1
-
-
 def _protocol(n_ends, NQ, NKV, PS, dynamic, rng):
     """fwd_blackwell's roles as generators of ("wait", bar, parity), ("arrive", bar) and
     buffer events, transcribed from the kernel (a tcgen05 commit arrives at issue: the
@@ -230,7 +169,7 @@ def _protocol(n_ends, NQ, NKV, PS, dynamic, rng):
     B = {}
 
     def bar(name, count=1):
-        B.setdefault(name, _Bar(count))
+        B.setdefault(name, Bar(count))
         return name
 
     for i in range(NQ * G):
