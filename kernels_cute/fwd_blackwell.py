@@ -78,6 +78,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
+import torch
+
 from . import host
 
 HALF_M = 128            # query rows of one softmax warpgroup (a tcgen05 M = 128 MMA)
@@ -89,6 +91,7 @@ TMEM_COLS = 512
 TMEM_BARRIER = 1        # named barrier: TMEM allocation handed to / back from the users
 # setmaxnreg per warpgroup: 2 * 184 + 96 + 48 = 512 (x 128 threads = the 64K registers)
 SOFTMAX_REGS, CORRECTION_REGS, OTHER_REGS = 184, 96, 48
+DTYPES = (torch.bfloat16, torch.float16)  # the element types these kernels are built for
 
 
 @dataclass(frozen=True)
@@ -837,5 +840,7 @@ KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the CuteDSL Blackwell forward takes bf16 or fp16, got {q.dtype}")
     return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
                         broadcast_q)

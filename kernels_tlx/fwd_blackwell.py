@@ -84,6 +84,7 @@ BLOCK_M = tl.constexpr(GROUP_M.value * GROUPS.value)  # query rows a tile
 READERS = tl.constexpr(4)     # tasks that read the tile handoff: mma, 2 softmax, correction
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
+DTYPES = (torch.bfloat16, torch.float16)  # the element types these kernels are built for
 
 
 # ----------------------------------------------------------------------------- config
@@ -610,6 +611,8 @@ def grid_size(n_sms: int, n_tiles: int) -> int:
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of jagged.api.make_jagged_attention."""
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the TLX Blackwell forward takes bf16 or fp16, got {q.dtype}")
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1

@@ -144,6 +144,18 @@ def test_every_arch_has_both_kernels_and_every_mode(style):
                 bwd.pick_config(d)
 
 
+@pytest.mark.parametrize("style", sorted(STYLE_PKGS))
+def test_blackwell_forward_refuses_other_dtypes(style):
+    """An element type the Blackwell kernels are not built for (fp8) is an error naming
+    it, never a launch."""
+    fwd = importlib.import_module(f"{STYLE_PKGS[style].__name__}.fwd_blackwell")
+    q = torch.zeros(4, 2, 64).to(torch.float8_e4m3fn)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(TypeError, match="Blackwell forward takes bf16 or fp16, got "
+                                        "torch.float8_e4m3fn"):
+        fwd.forward(q, q, q, cu, cu, 4, 4, False, 0.125, False)
+
+
 def test_import_makes_no_driver_call():
     """Importing the core and both styles asks the driver nothing and imports no DSL."""
     script = textwrap.dedent(f"""
