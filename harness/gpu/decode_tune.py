@@ -6,7 +6,9 @@
 For each style and each cell of CELLS (bf16, GQA 32/8, D 128):
 1. breakdown at the default config and splits, under CUDA-graph replay: the whole
    `kvcache_attention` call, the style's forward alone (partials allocated once), the
-   device value check (`check_inputs_async`) alone and `combine` alone;
+   device value check (`check_inputs_async`) alone, `combine` alone, and the size's
+   ceiling: a device copy moving the call's KV bytes, timed the same way (at 100 MB a
+   launch and the ramp of the memory system are a visible part of any kernel);
 2. sweep: num_splits around the default x the style's configs. Each pair is checked
    against the oracle first (`harness.decode.check`: outputs NaN-poisoned, the harness's
    allowance; a failure is timed no further), then its forward alone and its whole call
@@ -48,7 +50,8 @@ CELLS = (
 )
 QUICK = ("B1 32k contig", "B8 32k page1", "B8 32k Lq16 contig")
 COLUMNS = ("style", "cell", "config", "num_splits", "is_default", "status", "call_us",
-           "kernel_us", "check_us", "combine_us", "call_tbps", "kernel_tbps", "copy_tbps")
+           "kernel_us", "check_us", "combine_us", "call_tbps", "kernel_tbps", "copy_tbps",
+           "same_copy_us", "same_copy_tbps")
 TLX_GRID = dict(block_n=(32, 64, 128), num_stages=(3, 4, 6), num_warps=(4, 8))
 CUTE_GRID = dict(block_n=(64, 128), stages=(3, 4, 6))
 SMEM_LIMIT = 227 * 1024  # an H100 / H200 CTA's shared memory
@@ -284,6 +287,13 @@ def measure(row: dict, inp, ref, lowp, quick: bool) -> dict:
             rec["check_us"] = _us(parts.check(), quick)
             comb = parts.combine()
             rec["combine_us"] = _us(comb, quick) if comb is not None else None
+            # the ceiling at this size: a device copy moving the call's KV bytes (half
+            # read, half written), graph-replayed and timed the same way
+            src = torch.empty(kv // 2, dtype=torch.uint8, device="cuda").fill_(1)
+            dst = torch.empty_like(src)
+            rec["same_copy_us"] = _us(lambda: dst.copy_(src), quick)
+            rec["same_copy_tbps"] = tb(rec["same_copy_us"])
+            del src, dst
         else:
             call_fn = lambda: decode.call(call, inp, pS, return_lse=False)
         rec["kernel_us"] = _us(parts.forward(fwd), quick)
@@ -384,9 +394,9 @@ def main(argv=None):
             out = dict(style=r["style"], cell=r["cell"], config=config_name(r["cfg"]),
                        num_splits=r["num_splits"], is_default=r["is_default"],
                        status=rec["status"], copy_tbps=_fmt(copy))
-            for c in ("call_us", "kernel_us", "check_us", "combine_us"):
+            for c in ("call_us", "kernel_us", "check_us", "combine_us", "same_copy_us"):
                 out[c] = _fmt(rec.get(c), 5)
-            for c in ("call_tbps", "kernel_tbps"):
+            for c in ("call_tbps", "kernel_tbps", "same_copy_tbps"):
                 out[c] = _fmt(rec.get(c))
             w.writerow(out)
             f.flush()
@@ -396,6 +406,7 @@ def main(argv=None):
                   f"call {out['call_us']:>8s} us {out['call_tbps']:>6s} TB/s  "
                   f"kernel {out['kernel_us']:>8s} us {out['kernel_tbps']:>6s} TB/s  "
                   f"check {out['check_us']:>6s} combine {out['combine_us']:>6s}  "
+                  f"same-size copy {out['same_copy_us']:>6s} us  "
                   f"{out['status'][:60]}  [{time.perf_counter() - t1:.1f} s]", flush=True)
             if any(s in rec["status"] for s in STICKY):
                 print("CUDA context lost: stopping (rows so far are in the CSV)", flush=True)
