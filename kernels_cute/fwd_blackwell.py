@@ -825,7 +825,7 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                     cfg: Config | None = None, options: str = "", kernel=None):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_100a) and return the callable."""
     fwd = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
-    return host.compile_forward(fwd, broadcast_q, head_dim, options)
+    return host.compile_fwd(fwd, broadcast_q, head_dim, options)
 
 
 def programs(cfg: Config, n_tiles: int, device) -> int:

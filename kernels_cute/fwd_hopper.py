@@ -561,7 +561,7 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     None, the long bucket's default."""
     cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
     fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
-    return host.compile_forward(fwd, broadcast_q, head_dim, options)
+    return host.compile_fwd(fwd, broadcast_q, head_dim, options)
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),

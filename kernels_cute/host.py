@@ -75,7 +75,7 @@ def fwd_args(dtype, broadcast_q: bool, head_dim: int):
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
 
-def compile_forward(kernel, broadcast_q: bool, head_dim: int, options: str = ""):
+def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = ""):
     """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
     tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values."""
     import cutlass
