@@ -31,8 +31,8 @@ One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). Th
                Q is gathered once per tile the same way, into the last K slot (it is in
                registers before that slot's first block lands), or its own smem where
                it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
-               16-byte copy is 16 keys' elements, not 8); an fp8 q is read into
-               registers, converted and stored as f16 (8 bytes a thread a copy).
+               16-byte copy is 16 elements of a row, not 8); an fp8 q is read into
+               registers (8 bytes a load), converted and stored as f16.
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
                slots) into one 16-bit block in the layout the bf16 kernel reads, then a
@@ -105,13 +105,14 @@ CONFIGS = {
     (128, 128): Config(block_m=128, block_n=64, stages=5, warps_m=8, warps=8),
 }
 
-# FP8 caches, keyed the same. The keys of a block, the warps and so the registers are the
-# bf16 table's; a block's fp8 slot is half the bytes, but the 16-bit block it converts to
-# is held once beside the slots, so the stages double where smem allows. Up to 64 rows
-# (two CTAs an SM, <= 96 KB each): 4 stages of 16 KB + the 32 KB block at 128 x 64 and
-# 64 x 128 (48 KB in flight a CTA), 9 of 8 KB + 16 KB at 64 x 64 (64 KB); 128 rows (one
-# CTA an SM, Q 16-bit in its own smem): 15 x 8 KB + 16 KB + 16 KB at D = 64, 9 x 16 KB
-# + 32 KB + 32 KB at D = 128 (112 and 128 KB in flight).
+# FP8 caches, keyed the same. A block keeps the bf16 table's keys, and the warps, so the
+# registers of S and O stay the bf16 kernel's: the one 16-bit block the slots convert to
+# grows with the keys (twice the keys a block would double it and S). The fp8 slots are
+# half the bytes, so the stages grow instead. Up to 64 rows (two CTAs an SM, <= 112 KB
+# each): D = 128 (64 keys) and D = 64 (128 keys) 4 stages of 16 KB + the 32 KB block
+# (48 KB in flight a CTA); D = 64, 64 rows, 9 stages of 8 KB + 16 KB (64 KB in flight).
+# 128 rows (one CTA an SM, Q 16-bit in its own smem): D = 64 16 + 15 x 8 + 16 KB (112 KB
+# in flight), D = 128 32 + 9 x 16 + 32 KB (128 KB in flight).
 FP8_CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
     (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
