@@ -202,11 +202,11 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
             rows.append(row(b.name, p, ps, "fail" if bad else "ok", "; ".join(map(str, bad or mine))))
             continue
         try:
-            ms, host, graph, finite = _bench_pass(fn, inp, ps, kw, quick)
+            ms, host, graph, why, finite = _bench_pass(fn, inp, ps, kw, quick)
             if not finite:
                 rows.append(row(b.name, p, ps, "fail", f"non-finite {ps} result at full size"))
                 continue
-            rows.append(row(b.name, p, ps, "ok", ms=f"{ms:.5f}",
+            rows.append(row(b.name, p, ps, "ok", why, ms=f"{ms:.5f}",
                             tflops=f"{p.flops(ps) / ms * 1e-9:.4g}",
                             host_ms="" if host is None else f"{host:.5f}",
                             graph_ms="" if graph is None else f"{graph:.5f}"))
@@ -263,13 +263,15 @@ def host_ms(call, n: int = 10, windows: int = 3) -> float:
 
 def _bench_pass(fn, inp, ps, kw, quick):
     """(median ms, host ms a call or None, median ms under CUDA-graph replay or None
-    (no GPU, or the call cannot be captured), whether the first outputs were finite)."""
+    (no GPU, or the call cannot be captured), why it was not captured or "", whether
+    the first outputs were finite)."""
     call, outs = pass_call(fn, inp, ps, kw)
     ms = _time(call, quick)
     gpu = torch.cuda.is_available()
     host = host_ms(call) if gpu else None
-    graph = graph_time_ms(call, quick, _time) if gpu else None
-    return ms, host, graph, all(bool(torch.isfinite(t).all()) for t in outs)
+    why = []
+    graph = graph_time_ms(call, quick, _time, why) if gpu else None
+    return ms, host, graph, "; ".join(why), all(bool(torch.isfinite(t).all()) for t in outs)
 
 
 def _free():
@@ -297,10 +299,10 @@ def time_ms(fn, quick: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def graph_time_ms(fn, quick: bool, timer=None) -> float | None:
+def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None) -> float | None:
     """`timer` (default `time_ms`) of replaying `fn` captured in a CUDA graph (how a
     decode loop or a captured training step runs: no host work per call); None where
-    the call cannot be captured."""
+    the call cannot be captured (the reason appended to `why`)."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -311,8 +313,11 @@ def graph_time_ms(fn, quick: bool, timer=None) -> float | None:
         with torch.cuda.graph(graph):
             fn()
         torch.cuda.synchronize()
-    except Exception:  # a baseline that syncs or allocates on the host side: no column
+    except Exception as e:  # a call that syncs or copies from the host: no column
         torch.cuda.synchronize()
+        if why is not None:
+            why.append(f"not captured in a CUDA graph: {type(e).__name__}: "
+                       + " ".join(str(e).split())[:200])
         return None
     return (timer or time_ms)(graph.replay, quick)
 
