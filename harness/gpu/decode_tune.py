@@ -117,8 +117,9 @@ def config_name(cfg) -> str:
     return f"m{cfg.block_m}/n{cfg.block_n}/s{cfg.stages}/wm{cfg.warps_m}/w{cfg.warps}"
 
 
-def plan(styles, quick: bool, sms: int) -> list[dict]:
-    """Every row the run measures, in order (the default pair first in each cell)."""
+def plan(styles, quick: bool, sms: int, defaults_only: bool = False) -> list[dict]:
+    """Every row the run measures, in order (the default pair first in each cell);
+    `defaults_only`: the default config alone (at every splits of the list)."""
     rows = []
     for style in styles:
         for name, p in cells(quick):
@@ -127,7 +128,7 @@ def plan(styles, quick: bool, sms: int) -> list[dict]:
                 for s in splits_list(d):
                     rows.append(dict(style=style, cell=name, problem=p, cfg=cfg, cfg_index=ci,
                                      num_splits=s, is_default=ci == 0 and s == d))
-    return rows
+    return [r for r in rows if r["cfg_index"] == 0] if defaults_only else rows
 
 
 # ------------------------------------------------------------------ forwards and calls
@@ -342,6 +343,8 @@ def main(argv=None):
     ap.add_argument("--out", default="decode_tune.csv")
     ap.add_argument("--quick", action="store_true", help=f"only the cells {', '.join(QUICK)}")
     ap.add_argument("--dry-run", action="store_true", help="print the planned rows; no GPU")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="only each cell's default config (the splits sweep kept)")
     ap.add_argument("--budget-s", type=float, default=0,
                     help="stop starting rows after this many seconds (0: no limit)")
     ap.add_argument("--sms", type=int, default=0,
@@ -352,7 +355,7 @@ def main(argv=None):
         if s not in ("tlx", "cute"):
             ap.error(f"--styles: unknown style {s!r} (tlx, cute)")
     if a.dry_run:
-        rows = plan(styles, a.quick, a.sms or H200_SMS)
+        rows = plan(styles, a.quick, a.sms or H200_SMS, a.defaults_only)
         for r in rows:
             print(f"{r['style']:5s} {r['cell']:20s} rows/tile {tile_rows(r['problem']):3d} "
                   f"{config_name(r['cfg']):24s} splits {r['num_splits']:3d}"
@@ -364,7 +367,7 @@ def main(argv=None):
     from harness import bench
     from jagged.arch import num_sms
     sms = a.sms or num_sms(torch.device("cuda"))
-    rows = plan(styles, a.quick, sms)
+    rows = plan(styles, a.quick, sms, a.defaults_only)
     copy = bench.copy_tbps()
     print(f"copy bandwidth {copy:.3f} TB/s; {sms} SMs; {len(rows)} rows", flush=True)
     done, t0 = [], time.perf_counter()
