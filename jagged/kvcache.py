@@ -4,6 +4,7 @@ conventions:
     out = kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
                             cu_seqlens_q=None, max_seqlen_q=None, causal=True,
                             softmax_scale=None, num_splits=0, return_lse=False,
+                            q_descale=None, k_descale=None, v_descale=None,
                             backend="auto", check_inputs=False)
 
 q: dense [B, L_q, H, D], or packed [total_q, H, D] with int32 cu_seqlens_q [B + 1] and
@@ -11,14 +12,24 @@ max_seqlen_q. k_cache / v_cache: contiguous [B, L_max, H_kv, D], or paged
 [num_pages, page_size, H_kv, D] with int32 page_table [B, max_pages] (any page size,
 pages in any order). cache_seqlens int32 [B]: sequence b holds n_k keys, the last n_q of
 them the queries' own. causal is bottom-right: query i of n_q sees key j iff
-j <= i + n_k - n_q; a row that sees no key gets out 0 and lse -inf. bf16 or fp16, D 64 or
-128, H a multiple of H_kv. lse fp32: [B, H, L_q] dense, [H, total_q] packed.
+j <= i + n_k - n_q; a row that sees no key gets out 0 and lse -inf. D 64 or 128, H a
+multiple of H_kv. lse fp32: [B, H, L_q] dense, [H, total_q] packed.
+
+dtypes: k_cache and v_cache share one of bf16, fp16, float8_e4m3fn. A bf16 / fp16 cache
+takes q of its dtype and gives out of it. An fp8 cache takes an fp8 or a bf16 q and
+gives bf16 out, with FA's descales: fp32 contiguous [B, H_kv] on q's device, None
+meaning 1; the values are q[b, :, h] * q_descale[b, h // (H / H_kv)],
+K[b, j, h_kv] * k_descale[b, h_kv], V likewise with v_descale. q_descale only with an
+fp8 q, k_descale / v_descale only with an fp8 cache.
 
 Each style's `decode_hopper.forward` runs one program per (sequence, KV head, split)
-with the KV head's whole query group packed into its rows (pack-GQA). With
-num_splits > 1 (num_splits=0 chooses from the shapes and the SM count) every split
-writes a normalized partial output and its LSE, and `combine` below merges them in a
-fixed order, so the result does not depend on timing.
+with the KV head's whole query group packed into its rows (pack-GQA). An fp8 call
+passes it `descale=(q_descale, k_descale, v_descale)`, each missing one filled with
+ones, so its kernel reads all three or none; the program scales its logits by
+q_descale * k_descale and its output by v_descale (the partials too: the combine is
+linear in them). With num_splits > 1 (num_splits=0 chooses from the shapes and the SM
+count) every split writes a normalized partial output and its LSE, and `combine` below
+merges them in a fixed order, so the result does not depend on timing.
 
 The call never synchronizes the host: `validate` reads shapes only; the values
 (cache_seqlens within the capacity, the page table's used entries inside the pool,
@@ -38,7 +49,10 @@ import triton.language as tl
 
 from .dispatch import STYLES, style_available
 from .launch import fast
-from .validate import DTYPES, HEAD_DIMS, _check_one, _host_check
+from .validate import HEAD_DIMS, _check_one, _host_check
+
+FP8 = torch.float8_e4m3fn
+CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 
 # backend="auto" on Hopper: the first of these that runs
 DECODE_ORDER = ("cute", "tlx")
@@ -59,14 +73,21 @@ def validate(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, max_s
                     ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if k_cache.dtype not in CACHE_DTYPES:
+        raise TypeError(f"k_cache must be bfloat16, float16 or float8_e4m3fn, got "
+                        f"{k_cache.dtype}")
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
+    if k_cache.dtype == FP8:
+        if q.dtype not in (FP8, torch.bfloat16):
+            raise TypeError(f"q must be float8_e4m3fn or bfloat16 with a float8_e4m3fn cache, "
+                            f"got {q.dtype}")
+    elif q.dtype != k_cache.dtype:
+        raise TypeError(f"q must have the cache's dtype {k_cache.dtype} (a float8_e4m3fn q "
+                        f"needs a float8_e4m3fn cache), got {q.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens),
                     ("page_table", page_table), ("cu_seqlens_q", cu_seqlens_q)):
         if t is not None and t.device != q.device:
@@ -131,6 +152,35 @@ def validate(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, max_s
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise TypeError(f"num_splits must be a non-negative int (0: chosen), got {num_splits!r}")
     return B, len_q, capacity
+
+
+def validate_descales(q, k_cache, batch: int, q_descale, k_descale, v_descale) -> bool:
+    """Raise TypeError/ValueError naming the bad descale; return whether the call is
+    fp8 (q or the cache float8_e4m3fn). A descale is fp32, contiguous, [B, H_kv] on q's
+    device, q_descale only with an fp8 q, k_descale / v_descale only with an fp8 cache.
+    Reads no value."""
+    H_kv = k_cache.shape[2]
+    for name, t, fp8 in (("q_descale", q_descale, q.dtype == FP8),
+                         ("k_descale", k_descale, k_cache.dtype == FP8),
+                         ("v_descale", v_descale, k_cache.dtype == FP8)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if not fp8:
+            what = "q" if name == "q_descale" else "k_cache / v_cache"
+            raise ValueError(f"{name} is only for a float8_e4m3fn {what}, got "
+                             f"{q.dtype if name == 'q_descale' else k_cache.dtype}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 [B, H_kv], got {t.dtype}")
+        if tuple(t.shape) != (batch, H_kv):
+            raise ValueError(f"{name} must be [B, H_kv] = [{batch}, {H_kv}], got "
+                             f"{tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return q.dtype == FP8 or k_cache.dtype == FP8
 
 
 def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
@@ -251,26 +301,42 @@ def combine(o_part, lse_part, out, lse):
 
 # ------------------------------------------------------------------ the call
 def run(forward, q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, len_q: int,
-        causal: bool, scale: float, num_splits: int):
+        causal: bool, scale: float, num_splits: int, descale=None):
     """Outputs of one call of a style's `forward` (q3 [Nq, H, D]; num_splits >= 1
-    already chosen): (out [Nq, H, D], lse [H, Nq])."""
+    already chosen; descale None, or (q_descale, k_descale, v_descale) fp32 [B, H_kv]
+    each for an fp8 call): (out [Nq, H, D], bf16 for an fp8 call, else q's dtype;
+    lse [H, Nq])."""
     n_rows, H, D = q3.shape
-    out = torch.empty_like(q3)
+    out_dtype = torch.bfloat16 if descale is not None else q3.dtype
+    out = torch.empty(q3.shape, device=q3.device, dtype=out_dtype)
     lse = torch.empty(H, n_rows, device=q3.device, dtype=torch.float32)
     if n_rows == 0:
         return out, lse
+    # a bf16 / fp16 call passes no descale keyword: the forward's default (None)
+    kw = dict(len_q=len_q, causal=causal, scale=scale, num_splits=num_splits)
+    if descale is not None:
+        kw["descale"] = descale
     if num_splits == 1:
         forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse, None,
-                None, len_q=len_q, causal=causal, scale=scale, num_splits=1)
+                None, **kw)
         return out, lse
     n_o = num_splits * n_rows * H * D  # one allocation for both partials (host time)
     part = torch.empty(n_o + num_splits * H * n_rows, device=q3.device, dtype=torch.float32)
     o_part = part[:n_o].view(num_splits, n_rows, H, D)
     lse_part = part[n_o:].view(num_splits, H, n_rows)
     forward(q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, None, None, o_part,
-            lse_part, len_q=len_q, causal=causal, scale=scale, num_splits=num_splits)
+            lse_part, **kw)
     combine(o_part, lse_part, out, lse)
     return out, lse
+
+
+def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_descale):
+    """The three descales of an fp8 call, each missing one a ones tensor (one fresh
+    allocation a call, shared: nothing held across calls or CUDA graphs)."""
+    ones = None
+    if q_descale is None or k_descale is None or v_descale is None:
+        ones = torch.ones(batch, kv_heads, device=device, dtype=torch.float32)
+    return tuple(ones if t is None else t for t in (q_descale, k_descale, v_descale))
 
 
 _CHOSEN: dict = {}
@@ -320,15 +386,20 @@ def _make_op(name: str):
     def op(q3: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            cache_seqlens: torch.Tensor, page_table: Optional[torch.Tensor],
            cu_seqlens_q: Optional[torch.Tensor], len_q: int, causal: bool, scale: float,
-           num_splits: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+           num_splits: int, capacity: int, q_descale: Optional[torch.Tensor],
+           k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
         check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
                            len_q, capacity)
+        descale = None if q_descale is None else (q_descale, k_descale, v_descale)
         return run(style_forward(name), q3, k_cache, v_cache, cache_seqlens, page_table,
-                   cu_seqlens_q, len_q, causal, scale, num_splits)
+                   cu_seqlens_q, len_q, causal, scale, num_splits, descale)
 
     @op.register_fake
-    def _(q3, *rest):
-        return torch.empty_like(q3), q3.new_empty(q3.shape[1], q3.shape[0], dtype=torch.float32)
+    def _(q3, k_cache, *rest):
+        fp8 = q3.dtype == FP8 or k_cache.dtype == FP8
+        return (q3.new_empty(q3.shape, dtype=torch.bfloat16 if fp8 else q3.dtype),
+                q3.new_empty(q3.shape[1], q3.shape[0], dtype=torch.float32))
 
     return op
 
@@ -338,9 +409,11 @@ _OPS = {name: _make_op(name) for name in ("cute", "tlx")}
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
                       cu_seqlens_q=None, max_seqlen_q=None, causal=True, softmax_scale=None,
-                      num_splits=0, return_lse=False, backend="auto", check_inputs=False):
+                      num_splits=0, return_lse=False, q_descale=None, k_descale=None,
+                      v_descale=None, backend="auto", check_inputs=False):
     B, len_q, capacity = validate(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q,
                                   max_seqlen_q, num_splits)
+    fp8 = validate_descales(q, k_cache, B, q_descale, k_descale, v_descale)
     if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad
                                     or v_cache.requires_grad):
         raise RuntimeError("kvcache_attention is forward only: call it under torch.no_grad() "
@@ -356,14 +429,16 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     if num_splits == 0:
         num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index)
+    descale = fill_descales(B, k_cache.shape[2], q.device, q_descale, k_descale,
+                            v_descale) if fp8 else None
     args = (q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, int(len_q),
             bool(causal), scale, int(num_splits))
     if torch.compiler.is_compiling():
-        out, lse = _OPS[name](*args, capacity)
+        out, lse = _OPS[name](*args, capacity, *(descale or (None, None, None)))
     else:
         check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
                            len_q, capacity)
-        out, lse = run(style_forward(name), *args)
+        out, lse = run(style_forward(name), *args, descale)
     out = out.view(q.shape)
     if not return_lse:
         return out

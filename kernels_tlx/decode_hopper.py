@@ -60,13 +60,14 @@ class Config:
     num_warps: int
 
 
-# Keyed by (head_dim, rows per tile, kind): kind "gather" (pages smaller than a block, or
-# not a whole number of blocks), "page" (PAGE_SIZE % block_n == 0: TMA boxes inside a
-# page), "contig" (contiguous cache: TMA boxes). The K and V ring depth Triton's
-# pipeliner builds from num_stages depends on the load chain (a page-table load ahead
-# of K / V takes stages) and on the MMA (wgmma at 64+ rows is asynchronous), so each
-# entry states the depth it gets (TTGIR) and what fits an SM (228 KB of shared memory,
-# 64 K registers):
+# Keyed by (head_dim, rows per tile, kind, cache element bytes): kind "gather" (pages
+# smaller than a block, or not a whole number of blocks), "page" (PAGE_SIZE % block_n
+# == 0: TMA boxes inside a page), "contig" (contiguous cache: TMA boxes); 2-byte caches
+# (bf16, fp16) and 1-byte ones (fp8 e4m3). The K and V ring depth Triton's pipeliner
+# builds from num_stages depends on the load chain (a page-table load ahead of K / V
+# takes stages) and on the MMA (wgmma at 64+ rows is asynchronous), so each entry
+# states the depth it gets (TTGIR) and what fits an SM (228 KB of shared memory, 64 K
+# registers). 2-byte caches:
 #   16, 32 rows (mma.sync): blocks of 32 KB (K + V), rings of 3; 103-111 KB, two
 #     programs an SM.
 #   64 rows (wgmma, one warpgroup): blocks of 16 KB, rings of 5; 89-98 KB, two
@@ -74,6 +75,11 @@ class Config:
 #     past 128 registers: one).
 #   128 rows: over 128 registers at 8 warps (D = 128), one program an SM: blocks of
 #     32 KB, rings of 4 (146-162 KB).
+#   1-byte caches: K and V blocks are converted to bf16 in registers, which takes
+#     registers a 2-byte block does not: blocks of 32 KB where they fit (16 rows; 128
+#     rows, one program an SM), else 16 KB blocks in deeper rings (32 rows at 4 warps:
+#     8 warps went past 128 registers; 64 rows at D = 128). The resources of each
+#     entry: FP8_CONFIGS.
 def _table() -> dict:  # role: host
     t = {}
     for d in (64, 128):
@@ -84,11 +90,31 @@ def _table() -> dict:  # role: host
             else:
                 warps = 4 if m == 16 else 8
                 gather, contig = Config(big, 7, warps), Config(big, 4, warps)
-            t[(d, m, "gather")] = t[(d, m, "page")] = gather
-            t[(d, m, "contig")] = contig
+            t[(d, m, "gather", 2)] = t[(d, m, "page", 2)] = gather
+            t[(d, m, "contig", 2)] = contig
+    for (d, m), cfgs in FP8_CONFIGS.items():
+        for kind, cfg in zip(("gather", "page", "contig"), cfgs):
+            t[(d, m, kind, 1)] = cfg
     return t
 
 
+# fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
+# memory and registers (sm_90a):
+#   16 rows: D 128: 3; 105-107 KB; 168-177. D 64: 3 / 3 / 6; 103-110 KB; 128-184.
+#   32 rows: 4 / 4 / 6; 78-109 KB; 168.
+#   64 rows: D 128: 3; 97-98 KB; 170-246 (a ring of 4 took 113 KB: one program an SM).
+#     D 64: 4; 105-107 KB; 168-172.
+#   128 rows: D 128: 3; 193-195 KB; 233-242. D 64: 3; 97-99 KB; 167-175.
+FP8_CONFIGS = {
+    (128, 16): (Config(128, 7, 4), Config(128, 7, 4), Config(128, 4, 4)),
+    (64, 16): (Config(256, 7, 4), Config(256, 7, 4), Config(128, 7, 4)),
+    (128, 32): (Config(64, 9, 4), Config(64, 9, 4), Config(64, 7, 4)),
+    (64, 32): (Config(128, 9, 4), Config(128, 9, 4), Config(128, 7, 4)),
+    (128, 64): (Config(64, 8, 4), Config(64, 8, 4), Config(64, 4, 4)),
+    (64, 64): (Config(128, 9, 4), Config(128, 9, 4), Config(128, 5, 4)),
+    (128, 128): (Config(128, 7, 8), Config(128, 7, 8), Config(128, 4, 8)),
+    (64, 128): (Config(128, 7, 8), Config(128, 7, 8), Config(128, 4, 8)),
+}
 CONFIGS = _table()
 
 
@@ -108,11 +134,12 @@ def cache_kind(page_table, page_size: int, block_n: int) -> str:  # role: host
     return "page" if page_size % block_n == 0 else "gather"
 
 
-def pick_config(head_dim: int, block_m: int, page_table, page_size: int) -> tuple[Config, str]:
-    """The default config of a call and its cache kind."""
-    cfg = CONFIGS[(head_dim, block_m, "page" if page_table is not None else "contig")]
+def pick_config(head_dim: int, block_m: int, page_table, page_size: int,
+                elsize: int = 2) -> tuple[Config, str]:
+    """The default config of a call and its cache kind (elsize: the cache's element bytes)."""
+    cfg = CONFIGS[(head_dim, block_m, "page" if page_table is not None else "contig", elsize)]
     kind = cache_kind(page_table, page_size, cfg.block_n)
-    return (cfg if kind != "gather" else CONFIGS[(head_dim, block_m, "gather")]), kind
+    return (cfg if kind != "gather" else CONFIGS[(head_dim, block_m, "gather", elsize)]), kind
 
 
 # ----------------------------------------------------------------------------- roles
@@ -196,7 +223,11 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
     >= n_end and (causal) keys past a row's diagonal get P = 0, and rows that have seen
-    no key keep m = -inf without NaN."""
+    no key keep m = -inf without NaN. K and V in q's dtype or fp8 (converted to q's
+    dtype, bf16, exactly: e4m3 values are bf16 values; the descales live in qk_scale
+    and the store)."""
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     s = mma(q, tl.trans(k)) * qk_scale
     if MASKED:
         j = n0 + tl.arange(0, BLOCK_N)
@@ -230,14 +261,17 @@ def _store(o_row, lse_row, acc, m_i, l_i, d, real):  # role: store
 # ----------------------------------------------------------------------------- kernel
 @triton.jit
 def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table, cu_seqlens_q,
-                  o, lse, Nq, H_kv, max_pages, len_q, L_max, num_splits, qk_scale,
+                  o, lse, q_descale, k_descale, v_descale, Nq, H_kv, max_pages, len_q, L_max,
+                  num_splits, qk_scale,
                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
-                  SPLIT: tl.constexpr, STAGES: tl.constexpr):
+                  SPLIT: tl.constexpr, STAGES: tl.constexpr, FP8: tl.constexpr):
     """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
-    whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous)."""
+    whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
+    FP8: the cache (and maybe q) in e4m3, computed in bf16, with the descales fp32
+    [B, H_kv] (read only then)."""
     H = H_kv * GROUP
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
     stride_ks = H_kv * D                    # a key row of the cache
@@ -262,6 +296,10 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     d = tl.arange(0, D)
     q_rows = q + (q_start + qi).to(tl.int64) * stride_qn + h * D
     q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
+    if FP8:  # the tile's scales: one (sequence, kv head)
+        at = b * H_kv + h_kv
+        q_tile = q_tile.to(tl.bfloat16)
+        qk_scale = qk_scale * tl.load(q_descale + at) * tl.load(k_descale + at)
 
     lo, bulk_end, n_end = _key_range(n_q, n_k, split, num_splits, m0, GROUP, BLOCK_M,
                                      BLOCK_N, CAUSAL)
@@ -290,6 +328,8 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
         acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
                                 n_end, BLOCK_N, True, CAUSAL)
 
+    if FP8:
+        acc = acc * tl.load(v_descale + at)
     o_rows = o + split * stride_os + (q_start + qi).to(tl.int64) * stride_qn + h * D
     lse_rows = lse + split * stride_ls + h * Nq + (q_start + qi)
     _store(o_rows, lse_rows, acc, m_i, l_i, d, real)
@@ -298,22 +338,28 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size: int,
                 kind: str, dense_q: bool, causal: bool, split: bool,
-                paged: bool | None = None) -> dict:
+                paged: bool | None = None, fp8: bool = False) -> dict:
     """The constexpr arguments of `decode_kernel` (shared with the compile checks);
     kind "gather" loads the bulk without TMA, also from a contiguous cache (paged False)."""
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                 PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
                 TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
-                STAGES=cfg.num_stages)
+                STAGES=cfg.num_stages, FP8=fp8)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
-              split: bool = True) -> dict:
-    """Triton types of `decode_kernel`'s runtime arguments (compile-only checks)."""
+              split: bool = True, q_dtype: str | None = None) -> dict:
+    """Triton types of `decode_kernel`'s runtime arguments (compile-only checks). dtype:
+    the cache's ("bf16", "fp16", "fp8e4nv"); q_dtype: q's (None: the cache's)."""
+    fp8 = dtype == "fp8e4nv"
+    q_dtype = q_dtype or dtype
+    out = "fp32" if split else ("bf16" if fp8 else dtype)
     box = f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>" if kind != "gather" else "constexpr"
-    sig = {"q": f"*{dtype}", "k_cache": f"*{dtype}", "v_cache": f"*{dtype}",
+    sig = {"q": f"*{q_dtype}", "k_cache": f"*{dtype}", "v_cache": f"*{dtype}",
            "k_desc": box, "v_desc": box, "cache_seqlens": "*i32", "page_table": "*i32",
-           "cu_seqlens_q": "*i32", "o": "*fp32" if split else f"*{dtype}", "lse": "*fp32"}
+           "cu_seqlens_q": "*i32", "o": f"*{out}", "lse": "*fp32"}
+    for name in ("q_descale", "k_descale", "v_descale"):
+        sig[name] = "*fp32" if fp8 else "constexpr"
     for name in ("Nq", "H_kv", "max_pages", "len_q", "L_max", "num_splits"):
         sig[name] = "i32"
     sig["qk_scale"] = "fp32"
@@ -326,10 +372,12 @@ def _aligned(t: torch.Tensor) -> bool:  # role: host
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q: int, causal: bool, scale: float,
-            num_splits: int, config: Config | None = None) -> None:
+            num_splits: int, descale=None, config: Config | None = None) -> None:
     """Writes out / lse (num_splits == 1) or o_part / lse_part (num_splits > 1); the
     arguments as jagged.kvcache passes them (validated, contiguous, q 3-D [Nq, H, D]).
-    config: instead of the table's default (its block_n decides the cache kind)."""
+    descale: (q_descale, k_descale, v_descale) fp32 [B, H_kv] for an fp8 cache (out
+    bf16), else None. config: instead of the table's default (its block_n decides the
+    cache kind)."""
     Nq, H, D = q.shape
     B = cache_seqlens.shape[0]
     H_kv = k_cache.shape[2]
@@ -338,15 +386,17 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         return
     block_m = rows_per_tile(group, len_q)
     page_size = k_cache.shape[1] if page_table is not None else 1
+    fp8 = descale is not None
+    elsize = k_cache.element_size()
     if config is None:
-        cfg, kind = pick_config(D, block_m, page_table, page_size)
+        cfg, kind = pick_config(D, block_m, page_table, page_size, elsize)
     else:
         cfg, kind = config, cache_kind(page_table, page_size, config.block_n)
     rows = k_cache.shape[0] * k_cache.shape[1]
     if kind != "gather" and not (rows and _aligned(k_cache) and _aligned(v_cache)):
         kind = "gather"  # TMA needs 16-byte aligned bases (and a cache with rows)
         if config is None:
-            cfg = CONFIGS[(D, block_m, "gather")]
+            cfg = CONFIGS[(D, block_m, "gather", elsize)]
     if kind == "gather":
         k_desc = v_desc = None
     else:
@@ -359,7 +409,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     fast(decode_kernel)[grid](
         q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, pt,
         cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, o, l,
+        *(descale if fp8 else (None, None, None)),
         Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,
         **kernel_args(cfg, D, group, block_m, page_size, kind, cu_seqlens_q is None, causal,
-                      split, paged=page_table is not None),
+                      split, paged=page_table is not None, fp8=fp8),
         num_warps=cfg.num_warps, num_stages=1)

@@ -87,10 +87,12 @@ def reference(q, ks, vs, n_q, H, causal, scale):
 
 
 def run(q, k_cache, v_cache, seqlens, page_table, cu_q, len_q, causal, scale, splits,
-        config=None):
-    """`forward` with NaN-poisoned outputs; splits > 1 combined as the core does."""
+        config=None, descale=None):
+    """`forward` with NaN-poisoned outputs; splits > 1 combined as the core does.
+    descale: an fp8 call's three descales (out bf16)."""
     Nq, H, D = q.shape
-    out = torch.full_like(q, float("nan"))
+    out = torch.full(q.shape, float("nan"),
+                     dtype=torch.bfloat16 if descale is not None else q.dtype)
     lse = torch.full((H, Nq), float("nan"))
     o_part = lse_part = None
     if splits > 1:
@@ -98,7 +100,8 @@ def run(q, k_cache, v_cache, seqlens, page_table, cu_q, len_q, causal, scale, sp
         lse_part = torch.full((splits, H, Nq), float("nan"))
     dh.forward(q, k_cache, v_cache, seqlens, page_table, cu_q,
                out if splits == 1 else None, lse if splits == 1 else None, o_part, lse_part,
-               len_q=len_q, causal=causal, scale=scale, num_splits=splits, config=config)
+               len_q=len_q, causal=causal, scale=scale, num_splits=splits, config=config,
+               **({} if descale is None else {"descale": descale}))
     if splits == 1:
         return out.double(), lse.double()
     assert not o_part.isnan().any() and not lse_part.isnan().any()
@@ -144,6 +147,57 @@ def test_decode(case, splits, config):
     want_out, want_lse = reference(q, ks, vs, n_q, H, causal, scale)
     tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
     torch.testing.assert_close(out, want_out, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
+
+
+# fp8 caches: (id, n_q (None: dense), len_q, n_k, H, H_kv, D, page, q dtype, causal)
+FP8_CASES = [
+    ("contig-decode-gqa4-d128", None, 1, [37, 1, 0], 8, 2, 128, None, torch.float8_e4m3fn, True),
+    ("page16-packed-bf16q", [1, 3, 2], 3, [40, 5, 0], 8, 2, 64, 16, torch.bfloat16, True),
+    ("page3-dense-noncausal-mha", None, 2, [29, 2], 2, 2, 64, 3, torch.float8_e4m3fn, False),
+    ("contig-m64-bf16q-lq12", None, 12, [50, 12], 8, 2, 64, None, torch.bfloat16, True),
+]
+
+
+def descales(B, H_kv, seed):
+    """fp32 [B, H_kv] descales away from 1 (so a missed or swapped one shows)."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.rand(B, H_kv, generator=g) * 1.5 + 0.25 for _ in range(3))
+
+
+def dequantized(q, ks, vs, n_q, H, qd, kd, vd):
+    """The real values of an fp8 call (float64): q rows times their (sequence, kv head)
+    q descale, each sequence's K / V times its k / v descale."""
+    H_kv = ks[0].shape[1]
+    seq = torch.repeat_interleave(torch.arange(len(n_q)), torch.tensor(n_q))
+    qx = q.double() * qd[seq].double().repeat_interleave(H // H_kv, 1)[..., None]
+    kx = [k.double() * kd[b].double()[None, :, None] for b, k in enumerate(ks)]
+    vx = [v.double() * vd[b].double()[None, :, None] for b, v in enumerate(vs)]
+    return qx, kx, vx
+
+
+@interp
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_decode_fp8(case, splits, config):
+    """An e4m3 cache (NaN past the ends) with descales per (sequence, kv head), an e4m3 or
+    a bf16 q: out bf16 against float64 on the dequantized values."""
+    _, n_q, len_q, n_k, H, H_kv, D, page, q_dtype, causal = case
+    dense = n_q is None
+    n_q = [len_q] * len(n_k) if dense else n_q
+    scale = 1.0 / math.sqrt(D)
+    q, k_cache, v_cache, seqlens, pt, cu_q, ks, vs = build(
+        n_q, n_k, H, H_kv, D, page, torch.float8_e4m3fn, dense, seed=len(case[0]) + splits)
+    q = (q.float() * 2).to(q_dtype)
+    qd, kd, vd = descales(len(n_k), H_kv, splits)
+    if q_dtype != torch.float8_e4m3fn:
+        qd = torch.ones_like(qd)  # what the core passes for a bf16 q
+    out, lse = run(q, k_cache, v_cache, seqlens, pt, cu_q, len_q, causal, scale, splits, config,
+                   descale=(qd, kd, vd))
+    want_out, want_lse = reference(*dequantized(q, ks, vs, n_q, H, qd, kd, vd), n_q, H,
+                                   causal, scale)
+    torch.testing.assert_close(out, want_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
 
 
@@ -198,34 +252,51 @@ def test_tiles_and_kinds():
     assert dh.rows_per_tile(8, 8) == 64 and dh.rows_per_tile(8, 16) == 128
     assert dh.rows_per_tile(8, 64) == 128
     pt = torch.zeros(1, 1, dtype=torch.int32)
-    bn = dh.CONFIGS[(128, 16, "page")].block_n
+    bn = dh.CONFIGS[(128, 16, "page", 2)].block_n
     assert dh.pick_config(128, 16, None, 1)[1] == "contig"
     assert dh.pick_config(128, 16, pt, bn)[1] == "page"
     assert dh.pick_config(128, 16, pt, 2 * bn)[1] == "page"
-    assert dh.pick_config(128, 16, pt, 16) == (dh.CONFIGS[(128, 16, "gather")], "gather")
+    assert dh.pick_config(128, 16, pt, 16) == (dh.CONFIGS[(128, 16, "gather", 2)], "gather")
     assert dh.pick_config(128, 16, pt, bn + 1)[1] == "gather"
 
 
 # default builds: (head_dim, rows per tile, kind, page size, dtype, split, causal, the K / V
 # ring depth); every entry of dh.CONFIGS compiles spill-free (resources: the table's note)
+# dtype "fp8": q and cache e4m3; "fp8-bf16": a bf16 q over an e4m3 cache
 BUILDS = [
     (128, 16, "gather", 1, "bf16", True, True, 3),
     (128, 16, "page", 64, "fp16", False, False, 3),
+    (128, 16, "contig", 1, "fp8", True, True, 3),
+    (128, 16, "page", 128, "fp8-bf16", False, True, 3),
     (64, 32, "contig", 1, "bf16", False, True, 3),
     (128, 64, "gather", 16, "bf16", True, True, 5),
+    (128, 16, "gather", 16, "fp8", True, True, 3),
+    (64, 16, "contig", 1, "fp8-bf16", True, True, 6),
+    (64, 16, "gather", 1, "fp8", False, True, 3),
+    (128, 32, "gather", 16, "fp8", True, True, 4),
+    (64, 32, "contig", 1, "fp8", True, False, 6),
+    (128, 64, "gather", 16, "fp8", True, True, 3),
+    (128, 64, "contig", 1, "fp8-bf16", False, True, 3),
+    (64, 64, "page", 128, "fp8", True, True, 4),
+    (128, 128, "page", 128, "fp8", True, True, 3),
+    (64, 128, "contig", 1, "fp8", True, True, 3),
 ]
+QUICK_BUILDS = 3  # the first ones run by default, the rest with the matrix
 
 
-@pytest.mark.parametrize("build_", BUILDS[:2] + [pytest.param(b, marks=pytest.mark.matrix)
-                                                for b in BUILDS[2:]],
-                         ids=["-".join(map(str, b[:7])) for b in BUILDS])
+@pytest.mark.parametrize("build_", BUILDS[:QUICK_BUILDS] + [
+    pytest.param(b, marks=pytest.mark.matrix) for b in BUILDS[QUICK_BUILDS:]],
+    ids=["-".join(map(str, b[:7])) for b in BUILDS])
 def test_compile_sm90(build_):
     """No spills, shared memory within the limit (two programs an SM below 128 rows),
     and the bulk loop pipelined into K and V rings of the stated depth."""
     d, m, kind, page, dt, split, causal, ring = build_
-    cfg = dh.CONFIGS[(d, m, kind)]
-    rep = compile_kernel(dh.decode_kernel, dh.signature(cfg, d, kind, dt, split),
-                         dh.kernel_args(cfg, d, 4, m, page, kind, False, causal, split),
+    fp8 = dt.startswith("fp8")
+    cache_dt, q_dt = ("fp8e4nv", dt[4:] or "fp8e4nv") if fp8 else (dt, dt)
+    cfg = dh.CONFIGS[(d, m, kind, 1 if fp8 else 2)]
+    rep = compile_kernel(dh.decode_kernel, dh.signature(cfg, d, kind, cache_dt, split, q_dt),
+                         dh.kernel_args(cfg, d, 4, m, page, kind, False, causal, split,
+                                        fp8=fp8),
                          arch=90, num_warps=cfg.num_warps, num_stages=1,
                          name=f"decode D{d} M{m} {kind} p{page} {dt}")
     print(rep.row())
@@ -235,7 +306,7 @@ def test_compile_sm90(build_):
         assert 2 * (rep.total_smem + 1024) <= 228 * 1024, f"two programs an SM: {rep.row()}"
         regs = -(-rep.registers // 8) * 8
         assert 2 * rep.num_warps * 32 * regs <= 65536, f"two programs an SM: {rep.row()}"
-    ty = "f16" if dt == "fp16" else dt
+    ty = {"fp16": "f16", "bf16": "bf16"}.get(dt, "f8E4M3FN")
     assert rep.ttgir.count(f"memdesc<{ring}x{cfg.block_n}x{d}x{ty}") >= 2, \
         f"K / V not in {ring}-deep rings: {rep.row()}"
     if kind != "gather":
@@ -346,12 +417,13 @@ def test_compile_with_unit_ints(split):
     """Triton specializes an integer argument equal to 1 into a constant (one query row,
     one KV head, pages of one row, a one-entry page table): the kernel must compile
     with each such argument a plain int."""
-    cfg = dh.CONFIGS[(128, 16, "gather")]
+    cfg = dh.CONFIGS[(128, 16, "gather", 2)]
     sig = dh.signature(cfg, 128, "gather", "bf16", split)
     ones = {n: 1 for n in ("Nq", "H_kv", "max_pages", "len_q", "L_max")}
     for n in ones:
         sig[n] = "constexpr"
     rep = compile_kernel(dh.decode_kernel, sig,
-                         {**dh.kernel_args(cfg, 128, 4, 16, 1, "gather", True, True, split), **ones},
+                         {**dh.kernel_args(cfg, 128, 4, 16, 1, "gather", True, True, split),
+                          **ones},
                          arch=90, num_warps=cfg.num_warps, num_stages=1, name="decode unit ints")
     assert not rep.spills, rep.row()

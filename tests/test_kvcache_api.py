@@ -1,6 +1,8 @@
 """jagged.kvcache: validation (errors naming the argument), the host and device value
 checks, the split count, the combine kernel, and one call through `run` with the TLX
-style's kernel, in the Triton interpreter (CPU).
+style's kernel, in the Triton interpreter (CPU). fp8: the descales' validation, what
+the core hands a style (a recording forward), a call through `run` and one traced by
+torch.compile.
 """
 import contextlib
 import dataclasses
@@ -52,8 +54,15 @@ def reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale):
 
 # ------------------------------------------------------------------ validation
 BAD = [
-    (dict(q="float"), TypeError, "q must be bfloat16 or float16"),
-    (dict(k_cache="fp16"), TypeError, "q, k_cache, v_cache must share one dtype"),
+    (dict(q="float"), TypeError, "q must have the cache's dtype torch.bfloat16"),
+    (dict(k_cache="fp16"), TypeError, "v_cache must have k_cache's dtype torch.float16"),
+    (dict(k_cache="fp16", v_cache="fp16"), TypeError, "q must have the cache's dtype"),
+    (dict(k_cache="float", v_cache="float"), TypeError,
+     "k_cache must be bfloat16, float16 or float8_e4m3fn"),
+    (dict(q="fp8"), TypeError, r"q must have the cache's dtype .* \(a float8_e4m3fn q needs"),
+    (dict(q="fp16", k_cache="fp8", v_cache="fp8"), TypeError,
+     "q must be float8_e4m3fn or bfloat16 with a float8_e4m3fn cache"),
+    (dict(k_cache="fp8"), TypeError, "v_cache must have k_cache's dtype torch.float8_e4m3fn"),
     (dict(q="d96"), ValueError, "head_dim 96"),
     (dict(q="heads3"), ValueError, r"q heads \(3\) must be a multiple of k_cache heads \(2\)"),
     (dict(cache_seqlens="int64"), TypeError, "cache_seqlens must be 1-D int32"),
@@ -77,6 +86,8 @@ def _broken(over):
             a[name] = a[name].float()
         elif how == "fp16":
             a[name] = a[name].half()
+        elif how == "fp8":
+            a[name] = a[name].to(torch.float8_e4m3fn)
         elif how == "d96":
             a[name] = torch.randn(2, 2, 4, 96).bfloat16()
         elif how == "heads3":
@@ -237,4 +248,147 @@ def test_compile_fullgraph_traces_the_call(monkeypatch):
         q, k, v, n, page_table=pt, num_splits=3), fullgraph=True, backend="aot_eager")
     got = f(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["page_table"])
     want = kc.kvcache_attention(**a, num_splits=3)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------ fp8: descales
+F8 = torch.float8_e4m3fn
+
+
+def fp8_inputs(q_fp8=True, **kw):
+    a = inputs(**kw)
+    for name in ("k_cache", "v_cache") + (("q",) if q_fp8 else ()):
+        a[name] = a[name].to(F8)
+    return a
+
+
+def _ds(B=2, H_kv=2, value=1.0):
+    return torch.full((B, H_kv), value)
+
+
+BAD_DESCALES = [  # (q fp8, cache fp8, keywords, error, message)
+    (False, True, dict(q_descale=_ds()), ValueError,
+     "q_descale is only for a float8_e4m3fn q, got torch.bfloat16"),
+    (False, False, dict(k_descale=_ds()), ValueError,
+     "k_descale is only for a float8_e4m3fn k_cache / v_cache, got torch.bfloat16"),
+    (False, False, dict(v_descale=_ds()), ValueError, "v_descale is only for a float8_e4m3fn"),
+    (True, True, dict(q_descale=1.0), TypeError, "q_descale must be a torch.Tensor or None"),
+    (True, True, dict(k_descale=_ds().double()), TypeError,
+     "k_descale must be float32 \\[B, H_kv\\], got torch.float64"),
+    (True, True, dict(v_descale=torch.ones(2)), ValueError,
+     r"v_descale must be \[B, H_kv\] = \[2, 2\], got \(2,\)"),
+    (True, True, dict(k_descale=_ds(B=3)), ValueError, r"k_descale must be \[B, H_kv\] = \[2, 2\]"),
+    (True, True, dict(q_descale=_ds(H_kv=4)), ValueError, r"q_descale must be \[B, H_kv\]"),
+    (True, True, dict(k_descale=torch.ones(2, 2).t()), ValueError,
+     "k_descale must be contiguous"),
+    (True, True, dict(v_descale=torch.ones(2, 2, device="meta")), ValueError,
+     "v_descale is on meta but q is on cpu"),
+]
+
+
+@pytest.mark.parametrize("q_fp8, cache_fp8, kw, exc, msg", BAD_DESCALES)
+def test_bad_descales_name_the_argument(q_fp8, cache_fp8, kw, exc, msg):
+    """Raised on the host before anything is allocated or launched (on the CPU, before
+    the style is even looked up)."""
+    a = fp8_inputs(q_fp8) if cache_fp8 else inputs()
+    with pytest.raises(exc, match=msg):
+        kc.kvcache_attention(**a, **kw)
+
+
+def test_fp8_validation_returns_the_mode():
+    for q_fp8, cache_fp8, want in ((True, True, True), (False, True, True), (False, False, False)):
+        a = fp8_inputs(q_fp8) if cache_fp8 else inputs()
+        assert kc.validate_descales(a["q"], a["k_cache"], 2, None, None, None) is want
+
+
+def _fake_style(monkeypatch):
+    """The core's call with a recording style forward (`tlx`), no device check, the
+    splits given: what the core hands a style."""
+    seen = []
+
+    def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+                o_part, lse_part, **kw):
+        seen.append(dict(q=q, k_cache=k_cache, out=out, o_part=o_part, **kw))
+        for t in (out, lse, o_part, lse_part):
+            if t is not None:
+                t.zero_()
+
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    monkeypatch.setattr(kc, "check_inputs_async", lambda *a, **k: None)
+    monkeypatch.setitem(kc._FORWARDS, "tlx", forward)
+    return seen
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_descales_reach_the_style(monkeypatch, splits):
+    seen = _fake_style(monkeypatch)
+    a = fp8_inputs()
+    kd = _ds(value=0.5)
+    out = kc.kvcache_attention(**a, num_splits=splits, k_descale=kd)
+    call = seen[-1]
+    qd, kd_seen, vd = call["descale"]
+    assert kd_seen is kd                                     # passed as given
+    for t in (qd, vd):                                       # the missing ones: ones
+        assert t.dtype == torch.float32 and t.shape == (2, 2) and bool((t == 1).all())
+    assert out.dtype == torch.bfloat16 and out.shape == a["q"].shape
+    target = call["out"] if splits == 1 else call["o_part"]
+    assert target.dtype == (torch.bfloat16 if splits == 1 else torch.float32)
+    assert call["q"].dtype == F8 and call["k_cache"].dtype == F8
+    assert call["num_splits"] == splits
+
+
+def test_bf16_q_over_fp8_cache_and_plain_calls(monkeypatch):
+    seen = _fake_style(monkeypatch)
+    a = fp8_inputs(q_fp8=False)
+    out = kc.kvcache_attention(**a, num_splits=1, v_descale=_ds(value=2.0))
+    qd, kd, vd = seen[-1]["descale"]
+    assert bool((qd == 1).all()) and bool((kd == 1).all())
+    assert bool((vd == 2).all()) and out.dtype == torch.bfloat16
+    out = kc.kvcache_attention(**inputs(dtype=torch.float16), num_splits=2)
+    assert "descale" not in seen[-1] and out.dtype == torch.float16  # no descale, as before
+
+
+@interp
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("q_fp8", [True, False], ids=["fp8-q", "bf16-q"])
+def test_run_fp8_with_tlx_kernel(splits, q_fp8):
+    """The core's run (partials, combine) with the TLX kernel on an fp8 cache with
+    descales, against float64 on the dequantized values."""
+    from kernels_tlx.decode_hopper import forward
+    a = fp8_inputs(q_fp8, lengths=(13, 2))
+    g = torch.Generator().manual_seed(splits)
+    qd, kd, vd = (torch.rand(2, 2, generator=g) + 0.5 for _ in range(3))
+    if not q_fp8:
+        qd = torch.ones(2, 2)
+    q3 = a["q"].reshape(-1, 4, 64)
+    out, lse = kc.run(forward, q3, a["k_cache"], a["v_cache"], a["cache_seqlens"],
+                      a["page_table"], None, 2, True, 0.125, splits, (qd, kd, vd))
+    assert out.dtype == torch.bfloat16
+    # dequantized: per (sequence, kv head); q heads 2h, 2h + 1 share kv head h
+    qx = a["q"].double() * qd.double().repeat_interleave(2, 1)[:, None, :, None]
+    pages = a["page_table"].long()
+    kx = a["k_cache"].double().clone()
+    vx = a["v_cache"].double().clone()
+    for b in range(2):
+        kx[pages[b]] *= kd[b].double()[None, None, :, None]
+        vx[pages[b]] *= vd[b].double()[None, None, :, None]
+    want, want_lse = reference(qx, kx, vx, a["cache_seqlens"], a["page_table"], True, 0.125)
+    torch.testing.assert_close(out.view(a["q"].shape).double(), want, atol=2e-2, rtol=2e-2)
+    got_lse = lse.view(4, 2, 2).permute(1, 0, 2).double()
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-4, rtol=1e-4)
+
+
+@interp
+def test_compile_fullgraph_traces_an_fp8_call(monkeypatch):
+    """torch.compile(fullgraph=True) traces an fp8 call with descales (the op's Optional
+    tensor arguments), giving the eager call's bits."""
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    a = fp8_inputs(lengths=(13, 2))
+    kd = torch.full((2, 2), 0.75)
+    f = torch.compile(lambda q, k, v, n, pt, kd: kc.kvcache_attention(
+        q, k, v, n, page_table=pt, num_splits=3, k_descale=kd), fullgraph=True,
+        backend="aot_eager")
+    got = f(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["page_table"], kd)
+    want = kc.kvcache_attention(**a, num_splits=3, k_descale=kd)
+    assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, want, atol=0, rtol=0)
