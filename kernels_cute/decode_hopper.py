@@ -372,7 +372,7 @@ def _kernel_class():
                 sK8 = cute.make_tensor(p8, sKV8_layout)
                 sV8 = cute.make_tensor(p8 + cute.cosize(sKV8_layout), sKV8_layout)
             # `store`: the key groups' fp32 O over the K slots (FP8: the K and V slots),
-            # the row statistics after them (in the V slots / the 16-bit K block)
+            # the row statistics in the V slots (FP8: the 16-bit K block)
             o_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
             stats_ptr = cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32)
             if const_expr(self.fp8):
@@ -424,18 +424,16 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ load
         @cute.jit
-        def gmem_at(self, m, offset, n: cutlass.Constexpr, align: cutlass.Constexpr = 16):
-            """The n-element vector of m at element `offset` (`align`-byte aligned)."""  # role: load
+        def gmem_at(self, m, offset, n: cutlass.Constexpr,
+                    align: cutlass.Constexpr = 16):  # role: load
+            """The n-element vector of m at element `offset` (`align`-byte aligned)."""
             ptr = cute.make_ptr(m.element_type, (m.iterator + offset).toint(),
                                 cute.AddressSpace.gmem, assumed_align=align)
             return cute.make_tensor(ptr, cute.make_layout((n,)))
 
         @cute.jit
         def q_rows(self, sQ, gather_q, tidx, tile):  # role: load
-            """This thread's (smem chunk, gmem offset) pairs of Q: tile row r ->
-            q[q_start + r // group, h_kv * group + r % group]; padding rows repeat the
-            last valid row (computed, never stored)."""
-            q_start, hk, row0, rows, group = tile.q_start, tile.hk, tile.row0, tile.rows, tile.group
+            """This thread's 8-element chunks of sQ and their (row, col) in the tile."""
             thr = gather_q.get_slice(tidx)
             tQsQ = thr.partition_D(sQ)
             tQcQ = thr.partition_S(cute.make_identity_tensor((self.M, self.D)))
@@ -443,6 +441,9 @@ def _kernel_class():
 
         @cute.jit
         def q_offset(self, mQ, tQcQ, m, tile):  # role: load
+            """Where chunk m lives in q: tile row r -> q[q_start + r // group,
+            h_kv * group + r % group]; padding rows repeat the last valid row (computed,
+            never stored)."""
             r = cutlass.min(tile.row0 + tQcQ[0, m, 0][0], tile.rows - 1)
             i = r // tile.group
             return cute.crd2idx((tile.q_start + i, tile.hk * tile.group + (r - i * tile.group),
