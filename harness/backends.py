@@ -8,11 +8,13 @@ problem, both as (bool, reason). Decode backends (`kind="decode"`, their own reg
 names may repeat the jagged ones) take `kvcache_attention`'s signature instead:
 
     fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-       causal, softmax_scale, num_splits, return_lse, seqlens_host) -> out or (out, lse)
+       causal, softmax_scale, num_splits, return_lse, seqlens_host,
+       q_descale, k_descale, v_descale) -> out or (out, lse)
 
-and raise `harness.decode.Unsupported` for a problem they refuse. Bench workers run in their own process and find a
-backend again by importing `Backend.module` (which must register it) and looking
-its name up, so tests can register fakes from any importable module.
+(the descales fp32 [B, H_kv] or None, for an fp8 q / cache) and raise
+`harness.decode.Unsupported` for a problem they refuse. Bench workers run in their own
+process and find a backend again by importing `Backend.module` (which must register it)
+and looking its name up, so tests can register fakes from any importable module.
 
 Baselines get what their users would do, and that work is timed with them:
 - broadcast_q: Q is expanded over the batch (`expand`, so autograd sums dq);
@@ -442,12 +444,13 @@ def _ours_decode(style: str):
         import jagged
 
         def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-               causal, softmax_scale, num_splits, return_lse, seqlens_host):
+               causal, softmax_scale, num_splits, return_lse, seqlens_host,
+               q_descale=None, k_descale=None, v_descale=None):
             return jagged.kvcache_attention(
                 q, k_cache, v_cache, cache_seqlens, page_table=page_table,
                 cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, causal=causal,
                 softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
-                backend=style)
+                q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, backend=style)
         return fn
 
     def available():
@@ -482,7 +485,11 @@ def _fa4_decode_make():
     from .decode import Unsupported
 
     def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+           causal, softmax_scale, num_splits, return_lse, seqlens_host,
+           q_descale=None, k_descale=None, v_descale=None):
+        if k_cache.dtype == torch.float8_e4m3fn or q.dtype == torch.float8_e4m3fn:
+            raise Unsupported("flash-attn-4: fp8 runs on sm_100 only, and its varlen / "
+                              "KV-cache entry takes no descales")
         gqa = q.shape[-2] != k_cache.shape[-2]
         try:
             # num_splits 0 (ours: choose) is FA4's default, 1: on sm90 FA4 has no split-KV,
@@ -510,10 +517,12 @@ def _sdpa_decode_make():
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+           causal, softmax_scale, num_splits, return_lse, seqlens_host,
+           q_descale=None, k_descale=None, v_descale=None):
         # timed: everything a user of SDPA runs per call. A paged cache is gathered into
         # [B, L, H_kv, D] through the page table (a copy); a contiguous one is a view.
-        # L = the longest sequence, which a serving loop knows on the host.
+        # L = the longest sequence, which a serving loop knows on the host. An fp8 cache
+        # (and q) is dequantized to bf16 (a copy, timed): SDPA has no fp8 kernel.
         L = int(seqlens_host.max()) if len(seqlens_host) else 0
         if page_table is not None:
             ps = k_cache.shape[1]
@@ -521,6 +530,19 @@ def _sdpa_decode_make():
             k, v = (c[idx].flatten(1, 2)[:, :L] for c in (k_cache, v_cache))
         else:
             k, v = k_cache[:, :L], v_cache[:, :L]
+        if k.dtype == torch.float8_e4m3fn:  # descales [B, H_kv] over [B, L, H_kv, D]
+            k, v = (_dequantize(c, None if ds is None else ds[:, None])
+                    for c, ds in ((k, k_descale), (v, v_descale)))
+        if q.dtype == torch.float8_e4m3fn:  # per (sequence, kv head); rows of packed q
+            sq = None
+            if q_descale is not None:
+                sq = q_descale.repeat_interleave(q.shape[-2] // k.shape[2], 1)  # [B, H]
+                if cu_seqlens_q is not None:
+                    rows = torch.arange(q.shape[0], device=q.device)
+                    sq = sq[torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True)]
+                else:
+                    sq = sq[:, None]
+            q = _dequantize(q, sq)
         n_k = cache_seqlens.long()
         if cu_seqlens_q is not None:  # packed rows -> [B, max_q, H, D], zero padded
             cu = cu_seqlens_q.long()
@@ -556,10 +578,17 @@ def _sdpa_decode_make():
     return fn
 
 
+def _dequantize(x, descale):
+    """e4m3 x times descale (broadcast over x's last dim; None: 1) in bf16."""
+    x = x.float()
+    return (x if descale is None else x * descale[..., None]).to(torch.bfloat16)
+
+
 def _sdpa_decode_supports(p) -> tuple[bool, str]:
     masked = p.packed_q or p.sparsity < 1 or (p.causal and p.len_q > 1)
     group = p.heads // p.kv_heads
-    need = p.kv_bytes() * (group if masked else 1) + (p.kv_bytes() if p.page_size else 0)
+    kv = p.kv_bytes() * (2 if p.dtype == "fp8" else 1)  # fp8: dequantized to bf16
+    need = kv * (group if masked else 1) + (p.kv_bytes() if p.page_size else 0)
     if group > 1 and need > 48e9:
         what = "the gathered cache" + (" expanded to H heads" if masked else "")
         return False, f"torch SDPA here needs {what}: {need / 1e9:.0f} GB"
@@ -570,7 +599,8 @@ register(Backend("sdpa", _sdpa_decode_make, _cuda, _sdpa_decode_supports, kind="
     "torch SDPA on the gathered cache, torch picking the kernel: pages gathered through "
     "the table into [B, L, H_kv, D] per call (timed, as a user must), a contiguous cache "
     "as a view; unmasked: `enable_gqa`; a boolean mask for jagged lengths, packed or "
-    "causal rows, with the K/V heads expanded for GQA (timed)")))
+    "causal rows, with the K/V heads expanded for GQA (timed); fp8 cells: q and the "
+    "gathered cache dequantized to bf16 per call (timed), SDPA in bf16")))
 
 
 def _flashinfer_available():
@@ -588,10 +618,14 @@ def _flashinfer_make():
     plans = {}  # one plan per batch layout, as a model plans once per step for all layers
 
     def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-           causal, softmax_scale, num_splits, return_lse, seqlens_host):
+           causal, softmax_scale, num_splits, return_lse, seqlens_host,
+           q_descale=None, k_descale=None, v_descale=None):
         if cu_seqlens_q is not None or q.shape[1] != 1:
             raise Unsupported("flashinfer: only its batch decode (one new row per sequence) "
                               "is wired here")
+        if k_cache.dtype == torch.float8_e4m3fn:
+            raise Unsupported("flashinfer: its fp8 KV cache takes one scale a tensor, not "
+                              "descales per (sequence, KV head)")
         B, H, D = q.shape[0], q.shape[2], q.shape[3]
         ps = k_cache.shape[1]
         table = page_table if page_table is not None else \

@@ -12,6 +12,11 @@ out 0, lse -inf. A result passes when its error is at most 2x PyTorch's own in t
 dtype plus a floor (`harness.oracle.compare`), with the outputs' memory NaN-poisoned
 before the checked call.
 
+fp8 (`dtype="fp8"`): q, K and V in float8_e4m3fn, drawn in bf16 and quantized per
+(sequence, KV head) with descale = amax / 448 (fp32 [B, H_kv], passed as q_descale,
+k_descale, v_descale); out is bf16. The oracle computes on the dequantized values and
+the allowance is 2x PyTorch's error in bf16 on them; the K / V bytes count 1 a value.
+
 The suite is a few sweeps around one base cell (GQA 32/8, D 128, one new row, a
 contiguous cache), not their cross product: `SWEEPS` names them and `cells()` lists
 their cells once each, ordered so cells sharing a kernel build run one after another.
@@ -28,11 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from . import oracle
-from .problems import DTYPES, causal_pairs, jagged_lengths, offsets
+from .problems import DTYPES as JAGGED_DTYPES
+from .problems import causal_pairs, jagged_lengths, offsets
 
 MAX_CACHE_GB = 40.0       # suite cells holding more K + V than this are left out
 GATE_MAX_BATCH = 16       # the correctness gate's cut of a timed cell
 GATE_MAX_CACHE = 8192
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0           # the largest e4m3 value: a descale maps amax onto it
+DTYPES = {**JAGGED_DTYPES, "fp8": FP8}  # "fp8": q, K and V in e4m3 with descales
 
 
 class Unsupported(Exception):
@@ -50,6 +59,9 @@ class DecodeInputs:
     max_seqlen_q: int | None           # packed q only
     lengths_q: torch.Tensor            # int64 on the CPU: new rows per sequence
     lengths_k: torch.Tensor            # int64 on the CPU: cached keys per sequence
+    q_descale: torch.Tensor | None = None  # fp8: fp32 [B, H_kv] each (None: 1)
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
     @property
     def page_size(self) -> int:
@@ -58,12 +70,23 @@ class DecodeInputs:
     def args(self):
         return self.q, self.k_cache, self.v_cache, self.cache_seqlens
 
+    @property
+    def fp8(self) -> bool:
+        return self.k_cache.dtype == FP8 or self.q.dtype == FP8
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """bf16 for an fp8 call, else q's dtype."""
+        return torch.bfloat16 if self.fp8 else self.q.dtype
+
     def kwargs(self) -> dict:
         """Every decode backend's keywords besides causal / scale / splits / return_lse.
         `seqlens_host` is what a serving loop keeps on the host anyway (baselines that
         plan on the host read it; ours do not)."""
         return dict(page_table=self.page_table, cu_seqlens_q=self.cu_seqlens_q,
-                    max_seqlen_q=self.max_seqlen_q, seqlens_host=self.lengths_k)
+                    max_seqlen_q=self.max_seqlen_q, seqlens_host=self.lengths_k,
+                    q_descale=self.q_descale, k_descale=self.k_descale,
+                    v_descale=self.v_descale)
 
 
 @dataclass(frozen=True)
@@ -164,15 +187,19 @@ class DecodeProblem:
         """The call's tensors; values ~ N(0, 1) everywhere in the cache (unused slots
         too: finite, never zero). `lengths` = (n_q, n_k) overrides the drawn ones.
         `unused` (e.g. NaN): the value of every cache slot past a sequence's length and
-        of every page no sequence uses, so a read of one reaches the output."""
+        of every page no sequence uses, so a read of one reaches the output.
+        fp8: q, K and V drawn in bf16 and quantized per (sequence, KV head), descale =
+        amax / 448 (`quantize`)."""
         lq, lk = lengths if lengths is not None else self.lengths()
         lq, lk = torch.as_tensor(lq, dtype=torch.int64), torch.as_tensor(lk, dtype=torch.int64)
         dev = torch.device(device)
         gen = torch.Generator(dev).manual_seed(self.seed + 1)
         dt, B, H, Hkv, D = self.torch_dtype, len(lk), self.heads, self.kv_heads, self.head_dim
+        fp8 = dt == FP8
 
         def randn(*shape):  # drawn in the dtype where it lives: a cache can be tens of GB
-            return torch.randn(*shape, generator=gen, device=dev, dtype=dt)
+            return torch.randn(*shape, generator=gen, device=dev,
+                               dtype=torch.bfloat16 if fp8 else dt)
 
         if self.packed_q:
             q, cu_q, max_q = randn(int(lq.sum()), H, D), offsets(lq).to(dev), int(lq.max())
@@ -198,7 +225,23 @@ class DecodeProblem:
             table = table.to(torch.int32).to(dev)
             k, v = randn(pages, ps, Hkv, D), randn(pages, ps, Hkv, D)
         seqlens = lk.to(torch.int32).to(dev)
-        inp = DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk)
+        descales = {}
+        if fp8:
+            # the unit of each tensor's first dim and the sequence owning it (-1: none)
+            row_seq = torch.repeat_interleave(torch.arange(B), lq).to(dev)
+            if table is None:
+                owner = torch.arange(B, device=dev)
+            else:
+                owner = torch.full((k.shape[0],), -1, dtype=torch.int64)
+                for b in range(B):
+                    owner[table[b, :-(-int(lk[b]) // self.page_size)].long().cpu()] = b
+                owner = owner.to(dev)
+            q3, qd = quantize(q.reshape(-1, 1, Hkv, H // Hkv * D), row_seq, B)
+            q = q3.view(q.shape)
+            k, kd = quantize(k, owner, B)
+            v, vd = quantize(v, owner, B)
+            descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
+        inp = DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk, **descales)
         if unused is not None:
             keep = torch.zeros(k.shape[:2], dtype=torch.bool, device=dev)
             for b, n in enumerate(lk.tolist()):
@@ -207,8 +250,49 @@ class DecodeProblem:
                     keep[b, :n] = True
                 else:
                     keep[table[b].long()[j // self.page_size], j % self.page_size] = True
-            k[~keep], v[~keep] = unused, unused
+            if fp8:  # e4m3 has no masked_fill: its bytes
+                byte = torch.tensor(float(unused)).to(FP8).view(torch.uint8).item()
+                for c in (k, v):
+                    c.view(torch.uint8)[~keep] = byte
+            else:
+                k[~keep], v[~keep] = unused, unused
         return inp
+
+
+def quantize(x: torch.Tensor, owner: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [units, rows, H_kv, cols] (a cache's pages or sequences, or q's rows with a KV
+    head's query heads side by side) -> (e4m3 x / descale, descale fp32 [batch, H_kv]),
+    descale = amax / 448 over the units `owner` gives each sequence (a sequence with
+    nothing: 1). A unit no sequence owns (owner -1) is scaled by its own amax. In
+    slices, so a cache of tens of GB needs little more than its e4m3 copy."""
+    U, Hkv = x.shape[0], x.shape[2]
+    step = max(1, (1 << 28) // max(1, x[:1].numel()))
+    amax = torch.zeros(U, Hkv, device=x.device, dtype=torch.float32)
+    for i in range(0, U, step):
+        amax[i:i + step] = x[i:i + step].abs().amax(dim=(1, 3)).float()
+    owned = owner >= 0
+    seq = torch.zeros(batch, Hkv, device=x.device, dtype=torch.float32)
+    seq.scatter_reduce_(0, owner[owned][:, None].expand(-1, Hkv), amax[owned], "amax")
+    descale = torch.where(seq > 0, seq / FP8_MAX, 1.0).contiguous()
+    own = torch.where(amax > 0, amax / FP8_MAX, 1.0)
+    unit = torch.where(owned[:, None], descale[owner.clamp(min=0)], own)
+    out = torch.empty(x.shape, device=x.device, dtype=FP8)
+    for i in range(0, U, step):
+        y = x[i:i + step].float() / unit[i:i + step, None, :, None]
+        out[i:i + step] = y.clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return out, descale
+
+
+def with_bf16_q(inp: DecodeInputs) -> DecodeInputs:
+    """An fp8 problem's inputs with q dequantized to bf16 (no q_descale): a bf16 q over
+    the e4m3 cache."""
+    if inp.q_descale is None:
+        return inp
+    H, D = inp.q.shape[-2:]
+    seq = torch.repeat_interleave(torch.arange(len(inp.lengths_q)), inp.lengths_q)
+    qd = inp.q_descale[seq.to(inp.q.device)].repeat_interleave(H // inp.k_cache.shape[2], 1)
+    q = (inp.q.reshape(-1, H, D).float() * qd[..., None]).to(torch.bfloat16).view(inp.q.shape)
+    return dataclasses.replace(inp, q=q, q_descale=None)
 
 
 # ------------------------------------------------------------------------- oracle
@@ -231,19 +315,37 @@ def _rows(inp: DecodeInputs) -> list[tuple[int, int]]:
     return [(e - n, e) for e, n in zip(ends, lq)]
 
 
+def lowp_dtype(inp: DecodeInputs) -> torch.dtype:
+    """The dtype PyTorch computes in for the allowance: the input dtype, bf16 for fp8
+    (on the dequantized values); also the output's."""
+    return inp.out_dtype
+
+
 def reference(inp: DecodeInputs, *, causal: bool, softmax_scale=None,
               compute_dtype=None) -> dict[str, torch.Tensor]:
     """out in q's layout and lse (dense [B, H, L_q], packed [H, total_q]), computed in
-    `compute_dtype` (None: fp32 on a GPU, fp64 on the CPU)."""
+    `compute_dtype` (None: fp32 on a GPU, fp64 on the CPU). fp8: on the dequantized
+    values (e4m3 times its descale, formed in fp32 / fp64, then cast to
+    `compute_dtype`)."""
     hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
     dt = compute_dtype or hi
     H, D = inp.q.shape[-2:]
+    G = H // inp.k_cache.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
     q = inp.q.reshape(-1, H, D)
     outs, lses = [], []
+
+    def real(x, descale, b, group=1):  # x [n, heads, D] of sequence b
+        x = x.to(hi)
+        if descale is not None:
+            x = x * descale[b].to(hi).repeat_interleave(group)[None, :, None]
+        return x.to(dt)
+
     for b, (r0, r1) in enumerate(_rows(inp)):
         kb, vb = gather_kv(inp, b)
-        o, lse = oracle._attend(q[r0:r1].to(dt), kb.to(dt), vb.to(dt), causal, scale)
+        o, lse = oracle._attend(real(q[r0:r1], inp.q_descale, b, G),
+                                real(kb, inp.k_descale, b), real(vb, inp.v_descale, b),
+                                causal, scale)
         outs.append(o)
         lses.append(lse)
     out = torch.cat(outs) if outs else q.new_zeros(0, H, D, dtype=dt)
@@ -272,7 +374,8 @@ def poison_outputs(inp: DecodeInputs, p: DecodeProblem, copies: int = 2) -> None
     H, D = inp.q.shape[-2:]
     nq = inp.q.numel() // (H * D)
     splits = p.num_splits or 64
-    sizes = [nq * H * D * inp.q.element_size(), 4 * H * nq]
+    out_size = torch.empty(0, dtype=inp.out_dtype).element_size()
+    sizes = [nq * H * D * out_size, 4 * H * nq]
     if splits > 1:
         sizes += [4 * splits * nq * H * D, 4 * splits * H * nq]
     blocks = [torch.empty(n, dtype=torch.uint8, device=inp.q.device)
@@ -287,17 +390,21 @@ def check(inp: DecodeInputs, p: DecodeProblem, fn, *, check_lse=True, repeat=Fal
     """The oracle on one call: out (and lse with `check_lse`) against the fp32 reference,
     allowed 2x PyTorch's own error in the input dtype plus a floor. `repeat`: a second
     call after poisoning again must give the same bits (`same` check: no dependence on
-    timing, e.g. in the split-KV combine)."""
+    timing, e.g. in the split-KV combine). fp8: the reference and PyTorch's bf16 on the
+    dequantized values; out must be bf16."""
     kw = dict(causal=p.causal, softmax_scale=softmax_scale)
     ref = ref or reference(inp, **kw)
-    lowp = lowp or reference(inp, compute_dtype=inp.q.dtype, **kw)
+    lowp = lowp or reference(inp, compute_dtype=lowp_dtype(inp), **kw)
     results = []
     for _ in range(2 if repeat else 1):
         poison_outputs(inp, p)
         res = call(fn, inp, p, return_lse=check_lse, softmax_scale=softmax_scale)
         results.append(res if isinstance(res, tuple) else (res, None))
     out, lse = results[0]
-    rep = oracle.Report([oracle.compare("out", out, ref["out"], lowp["out"], inp.q.dtype)])
+    rep = oracle.Report([oracle.compare("out", out, ref["out"], lowp["out"], inp.out_dtype)])
+    if out.dtype != inp.out_dtype:
+        rep.checks.append(oracle.Check("dtype", math.inf, 0.0, math.inf,
+                                       (f"out {out.dtype}, expected {inp.out_dtype}",), False))
     if check_lse:
         rep.checks.append(oracle.compare("lse", lse, ref["lse"], lowp["lse"], torch.float32)
                           if lse is not None else
@@ -343,6 +450,7 @@ def _pts(**axes):
 
 _AT = ({"batch": 8, "cache_len": 32 * K}, {"batch": 64, "cache_len": 4 * K})
 _BL = lambda b, n: {"batch": b, "cache_len": n}
+_FP8_AT = (_BL(1, 32 * K), _BL(8, 32 * K), _BL(64, 32 * K), {**_BL(8, 32 * K), "page_size": 16})
 SWEEPS = (
     Sweep("grid", "KV bandwidth against cache length",
           _pts(batch=(1, 8, 64, 256), cache_len=(K, 4 * K, 32 * K, 128 * K)),
@@ -361,6 +469,9 @@ SWEEPS = (
     Sweep("splits", "KV splits (B = 1, 32k cached keys)",
           _pts(num_splits=(0, 1, 2, 4, 8, 16, 32)), fixed=(("batch", 1), ("cache_len", 32 * K)),
           quick=({"num_splits": 1}, {"num_splits": 8})),
+    Sweep("fp8", "fp8 (e4m3) cache and q beside bf16",
+          tuple({**at, "dtype": dt} for at in _FP8_AT for dt in ("bf16", "fp8")),
+          quick=({**_FP8_AT[0], "dtype": "fp8"}, {**_FP8_AT[3], "dtype": "fp8"})),
     Sweep("mixed", "Jagged cache lengths, packed queries, fp16",
           ({"batch": 64, "cache_len": 32 * K, "sparsity": 0.5},
            {"batch": 64, "cache_len": 32 * K, "sparsity": 0.5, "page_size": 16},

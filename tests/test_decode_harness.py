@@ -1,6 +1,9 @@
 """The decode (KV-cache) harness on the CPU: problem building, the reference against a
 direct float64 computation, the oracle's verdicts, the suite's cells, the worker path
-through `bench.sweep`, and the CSV columns, charts and report section on fake rows."""
+through `bench.sweep`, and the CSV columns, charts and report section on fake rows;
+fp8: the quantized problems, the oracle on the dequantized values, the baselines' fp8
+handling and ours in the interpreter."""
+import dataclasses
 import math
 import os
 
@@ -124,7 +127,7 @@ def test_reference_against_float64_definition(kw):
 def _lowp(inp, p):
     """A backend computing in the input dtype (what the oracle allows)."""
     def fn(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kw):
-        r = decode.reference(inp, causal=p.causal, compute_dtype=q.dtype)
+        r = decode.reference(inp, causal=p.causal, compute_dtype=decode.lowp_dtype(inp))
         return (r["out"], r["lse"]) if return_lse else r["out"]
     return fn
 
@@ -178,7 +181,8 @@ def _ok():
 def _make(kind):
     def make():
         def fn(q, k_cache, v_cache, cache_seqlens, *, page_table, cu_seqlens_q, max_seqlen_q,
-               causal, softmax_scale, num_splits, return_lse, seqlens_host):
+               causal, softmax_scale, num_splits, return_lse, seqlens_host, q_descale,
+               k_descale, v_descale):
             if kind == "refuse":
                 raise decode.Unsupported("no page size 3 here")
             if kind == "sticky":
@@ -186,8 +190,9 @@ def _make(kind):
             lq = (torch.full_like(seqlens_host, q.shape[1]) if cu_seqlens_q is None
                   else (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long())
             inp = decode.DecodeInputs(q, k_cache, v_cache, cache_seqlens, page_table,
-                                      cu_seqlens_q, max_seqlen_q, lq, seqlens_host)
-            r = decode.reference(inp, causal=causal, compute_dtype=q.dtype)
+                                      cu_seqlens_q, max_seqlen_q, lq, seqlens_host,
+                                      q_descale, k_descale, v_descale)
+            r = decode.reference(inp, causal=causal, compute_dtype=decode.lowp_dtype(inp))
             return (r["out"], r["lse"]) if return_lse else r["out"]
         return fn
     return make
@@ -296,7 +301,7 @@ def test_gpu_check_cases_build_and_pass_on_the_reference():
     modes = {(p.page_size, p.num_splits > 1, p.len_q > 1, p.packed_q, p.dtype, p.head_dim)
              for _, p, _ in cs}
     assert {m[0] for m in modes} >= {0, 1, 16, 64, 128}
-    assert {m[4] for m in modes} == {"bf16", "fp16"}
+    assert {m[4] for m in modes} == {"bf16", "fp16", "fp8"}
     for name, p, lens in cs:
         if lens is None:
             continue
@@ -326,7 +331,7 @@ def test_gpu_check_bad_inputs_name_the_argument(monkeypatch):
     from harness.gpu.decode_check import bad_inputs, names_argument
     monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: "tlx")
     cases = bad_inputs("tlx", device="cpu")
-    assert len(cases) == 11
+    assert len(cases) == 21
     for name, args, fn in cases:
         with pytest.raises(Exception) as e:
             fn()
@@ -346,5 +351,161 @@ def test_ours_through_the_api_in_the_interpreter(monkeypatch):
                       num_splits=2, sparsity=0.6)
     inp = p.build(unused=float("nan"))
     assert inp.k_cache.isnan().any()
+    rep = decode.check(inp, p, fn, repeat=True)
+    assert rep.ok and [c.name for c in rep.checks] == ["out", "lse", "same"], str(rep)
+
+
+# ------------------------------------------------------------------ fp8
+F8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("kw", [dict(page_size=0, len_q=2), dict(page_size=3, len_q=3,
+                                                                 packed_q=True, sparsity=0.5)])
+def test_fp8_build_quantizes_per_sequence_and_kv_head(kw):
+    """q, K and V in e4m3 with fp32 [B, H_kv] descales = amax / 448 of the same seed's
+    bf16 draw over each (sequence, KV head): the largest |value| of each is 448, and
+    dequantized they are the bf16 draw to e4m3's rounding."""
+    p = DecodeProblem(**{**TINY, "dtype": "fp8", **kw})
+    inp, ref = p.build(), p.replace(dtype="bf16").build()
+    assert inp.fp8 and inp.out_dtype == torch.bfloat16
+    assert inp.q.dtype == inp.k_cache.dtype == inp.v_cache.dtype == F8
+    B, Hkv, D = 4, 2, 16
+    for ds in (inp.q_descale, inp.k_descale, inp.v_descale):
+        assert ds.dtype == torch.float32 and ds.shape == (B, Hkv) and ds.is_contiguous()
+    seq = torch.repeat_interleave(torch.arange(B), inp.lengths_q)
+    q8, qr = inp.q.reshape(-1, Hkv, 2 * D).float(), ref.q.reshape(-1, Hkv, 2 * D).float()
+    for b in range(B):
+        rows = seq == b
+        assert torch.equal(q8[rows].abs().amax(dim=(0, 2)), torch.full((Hkv,), 448.0))
+        torch.testing.assert_close(inp.q_descale[b], qr[rows].abs().amax(dim=(0, 2)) / 448)
+        for c8, cr, ds in ((inp.k_cache, ref.k_cache, inp.k_descale),
+                           (inp.v_cache, ref.v_cache, inp.v_descale)):
+            if inp.page_table is None:
+                units = torch.tensor([b])
+            else:
+                units = inp.page_table[b, :-(-int(inp.lengths_k[b]) // 3)].long()
+            x8, xr = c8[units].float(), cr[units].float()
+            assert torch.equal(x8.abs().amax(dim=(0, 1, 3)), torch.full((Hkv,), 448.0))
+            torch.testing.assert_close(ds[b], xr.abs().amax(dim=(0, 1, 3)) / 448)
+            deq = x8 * ds[b][None, None, :, None]
+            # e4m3: 3 mantissa bits (half an ulp: 1/16 relative), subnormal step 2^-9
+            assert ((deq - xr).abs() <= xr.abs() / 16 + ds[b][None, None, :, None] * 2 ** -10
+                    ).all()
+    assert p.kv_bytes() * 2 == p.replace(dtype="bf16").kv_bytes()
+    assert p.cache_bytes() * 2 == p.replace(dtype="bf16").cache_bytes()
+    nan = p.build(unused=float("nan"))  # e4m3 NaN exactly in the unused slots
+    assert int(nan.k_cache.float()[..., 0, 0].isnan().sum()) == \
+        nan.k_cache.shape[0] * nan.k_cache.shape[1] - int(inp.lengths_k.sum())
+
+
+def test_fp8_reference_is_on_the_dequantized_values():
+    """The fp8 oracle equals the plain one on dequantized float64 inputs; the allowance
+    is PyTorch's bf16 error on them."""
+    p = DecodeProblem(**{**TINY, "dtype": "fp8", "page_size": 4, "len_q": 3,
+                         "packed_q": True, "sparsity": 0.6})
+    inp = p.build()
+    G = 2  # query heads a KV head
+    seq = torch.repeat_interleave(torch.arange(4), inp.lengths_q)
+    q = inp.q.double() * inp.q_descale.double()[seq].repeat_interleave(G, 1)[..., None]
+    owner = torch.full((inp.k_cache.shape[0],), 0)
+    for b, n in enumerate(inp.lengths_k.tolist()):
+        owner[inp.page_table[b, :-(-n // 4)].long()] = b
+    k = inp.k_cache.double() * inp.k_descale.double()[owner][:, None, :, None]
+    v = inp.v_cache.double() * inp.v_descale.double()[owner][:, None, :, None]
+    plain = dataclasses.replace(inp, q=q, k_cache=k, v_cache=v, q_descale=None, k_descale=None,
+                                v_descale=None)
+    got, want = decode.reference(inp, causal=True), decode.reference(plain, causal=True)
+    torch.testing.assert_close(got["out"], want["out"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(got["lse"], want["lse"], rtol=0, atol=1e-6)
+    assert decode.lowp_dtype(inp) == torch.bfloat16
+    low = decode.reference(inp, causal=True, compute_dtype=torch.bfloat16)["out"]
+    assert low.dtype == torch.bfloat16 and 0 < float((low.double() - want["out"]).abs().max())
+
+
+def test_fp8_check_passes_bf16_fails_without_descales():
+    """A backend computing in bf16 on the dequantized values passes; one that drops a
+    descale fails, and so does an out that is not bf16."""
+    p = DecodeProblem(**TINY, page_size=4, len_q=2).replace(dtype="fp8")
+    inp = p.build()
+    assert decode.check(inp, p, _lowp(inp, p), repeat=True).ok
+    no_v = dataclasses.replace(inp, v_descale=None)
+
+    def dropped(*a, return_lse, **k):
+        r = decode.reference(no_v, causal=p.causal, compute_dtype=torch.bfloat16)
+        return (r["out"], r["lse"]) if return_lse else r["out"]
+    assert not decode.check(inp, p, dropped).ok
+    as_f32 = lambda *a, return_lse, **k: _lowp(inp, p)(*a, return_lse=False, **k).float()
+    rep = decode.check(inp, p, as_f32, check_lse=False)
+    assert [c.name for c in rep.checks] == ["out", "dtype"] and not rep.checks[1].ok
+
+
+def test_fp8_bf16_q_and_backend_keywords():
+    p = DecodeProblem(**TINY, len_q=2).replace(dtype="fp8")
+    inp = p.build()
+    kw = inp.kwargs()
+    assert kw["k_descale"] is inp.k_descale and kw["q_descale"] is inp.q_descale
+    bq = decode.with_bf16_q(inp)
+    assert bq.q.dtype == torch.bfloat16 and bq.q_descale is None and bq.fp8
+    seq = torch.repeat_interleave(torch.arange(4), inp.lengths_q)
+    want = inp.q.reshape(-1, 4, 16).float() * inp.q_descale[seq].repeat_interleave(2, 1)[..., None]
+    assert torch.equal(bq.q.reshape(-1, 4, 16), want.bfloat16())
+    assert decode.check(bq, p, _lowp(bq, p)).ok
+    plain = DecodeProblem(**TINY).build()
+    assert plain.q_descale is None and not plain.fp8 and plain.out_dtype == torch.float16
+
+
+def test_fp8_suite_cells():
+    fp8 = decode.sweep_cells("fp8")
+    assert {p.dtype for p in fp8} == {"bf16", "fp8"} and len(fp8) == 8
+    for p in fp8:  # each fp8 cell beside its bf16 twin
+        assert p.replace(dtype="bf16" if p.dtype == "fp8" else "fp8") in fp8
+    quick = [p for p in decode.cells(quick=True) if p.dtype == "fp8"]
+    assert len(quick) == 2
+    for p in quick:
+        assert p.replace(dtype="bf16") in decode.cells(quick=True)
+    assert decode.problem_of(decode.cols(fp8[1])) == fp8[1]
+
+
+def test_sdpa_baseline_on_fp8_passes_the_oracle_on_the_cpu():
+    """SDPA on an fp8 cell: q and the gathered cache dequantized to bf16 (paged, packed,
+    masked and unmasked), and on a bf16 q over the e4m3 cache."""
+    from harness import backends
+    fn = backends.get("sdpa", kind="decode").fn()
+    for p in (DecodeProblem(**TINY, page_size=4, len_q=3, packed_q=True, sparsity=0.6),
+              DecodeProblem(**TINY, len_q=1, causal=False),
+              DecodeProblem(**TINY, len_q=2, page_size=5)):
+        p = p.replace(dtype="fp8")
+        for inp in (p.build(), decode.with_bf16_q(p.build())):
+            assert decode.check(inp, p, fn, check_lse=False).ok, p.label()
+    ok, why = backends.DECODE["sdpa"].supports(DecodeProblem(**TINY).replace(dtype="fp8"))
+    assert ok, why
+
+
+def test_fa4_refuses_fp8():
+    """FA4 (no fp8 on sm_90, no descales at its varlen entry) refuses fp8 cells:
+    `unsupported` rows."""
+    pytest.importorskip("flash_attn.cute")
+    from harness import backends
+    inp = DecodeProblem(**TINY).replace(dtype="fp8").build()
+    fn = backends.get("fa4", kind="decode").fn()
+    with pytest.raises(decode.Unsupported, match="fp8 runs on sm_100 only"):
+        decode.call(fn, inp, DecodeProblem(**TINY).replace(dtype="fp8"), return_lse=False)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="CPU interpreter test (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("bf16_q", [False, True], ids=["fp8-q", "bf16-q"])
+def test_ours_fp8_through_the_api_in_the_interpreter(monkeypatch, bf16_q):
+    """The `tlx` decode backend on an fp8 cell (the harness's quantized inputs, NaN past
+    every sequence's end) passes the fp8 oracle."""
+    import jagged.kvcache
+    from harness import backends
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: backend)
+    fn = backends.get("tlx", kind="decode").fn()
+    p = DecodeProblem(batch=3, heads=8, kv_heads=2, head_dim=64, cache_len=40, page_size=16,
+                      num_splits=2, sparsity=0.6, dtype="fp8", len_q=2)
+    inp = p.build(unused=float("nan"))
+    if bf16_q:
+        inp = decode.with_bf16_q(inp)
     rep = decode.check(inp, p, fn, repeat=True)
     assert rep.ok and [c.name for c in rep.checks] == ["out", "lse", "same"], str(rep)

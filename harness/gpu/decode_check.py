@@ -6,15 +6,19 @@
    pool larger than needed), split and unsplit (num_splits 1, several, chosen), MHA and
    pack-GQA (groups 4 and 8), L_q > 1 causal and not, packed q with different row counts,
    jagged cache lengths, zero-length caches, cache length 1 (rows that see no key), fp16
-   and bf16, D 64 and 128, one 32k-key sequence, and NaN in every cache slot past a
+   and bf16, fp8 (e4m3 q and cache with descales per (sequence, KV head), and a bf16 q
+   over an e4m3 cache: the oracle on the dequantized values, out bf16), D 64 and 128,
+   one 32k-key sequence, and NaN in every cache slot past a
    sequence's length and in unused pages (a kernel that reads one, even under a zero
    probability, shows it). Out and lse (ours), and a second call
    after poisoning again must give the same bits (`same`). One PASS / FAIL line a case
    with each check's error against its allowance;
 2. bad input (ours only): a page table past the pool, cache lengths beyond the table or
-   the cache, heads not divisible, wrong dtypes, non-monotone cu_seqlens_q, an
-   unsupported head dim; each must raise ValueError / TypeError naming the argument
-   (`check_inputs=True` for the value errors: synchronous).
+   the cache, heads not divisible, wrong dtypes (also fp8 q over a bf16 cache, fp16 q
+   over an fp8 cache), non-monotone cu_seqlens_q, an unsupported head dim, descales of
+   the wrong dtype, shape or device or given where nothing is fp8; each must raise
+   ValueError / TypeError naming the argument (`check_inputs=True` for the value
+   errors: synchronous).
 Any decode backend of harness.backends runs part 1 (`--backends fa4,sdpa` checks the
 baselines the bench times). Exit code 1 if anything failed. Each style well under
 3 minutes on an H200, most of it compiling.
@@ -34,11 +38,13 @@ G4 = dict(heads=8, kv_heads=2, head_dim=128)
 
 
 NAN_PAST_END = "NaN past the ends"
+BF16_Q = "bf16 q over fp8"  # an fp8 problem with q dequantized to bf16 (no q_descale)
 
 
 def cases() -> list[tuple[str, DecodeProblem, tuple | None]]:
     """(name, problem, (n_q, n_k) override or None). Cases named NAN_PAST_END hold NaN
-    in every cache slot past a sequence's length and in the unused pages."""
+    in every cache slot past a sequence's length and in the unused pages; those naming
+    BF16_Q take a bf16 q over their e4m3 cache."""
     P = lambda **kw: DecodeProblem(**{**G4, "batch": 3, "cache_len": 1000, **kw})
     out = [
         ("contiguous, unsplit", P(num_splits=1), None),
@@ -90,6 +96,41 @@ def cases() -> list[tuple[str, DecodeProblem, tuple | None]]:
         ("B 1, 32k keys, page 16, splits chosen",
          P(batch=1, heads=32, kv_heads=8, cache_len=32768, page_size=16), None),
     ]
+    F = lambda **kw: P(dtype="fp8", **kw)
+    out += [
+        ("fp8, contiguous, unsplit", F(num_splits=1), None),
+        ("fp8, contiguous, 4 splits", F(num_splits=4), None),
+        ("fp8, page 16, 3 splits, jagged lengths", F(page_size=16, num_splits=3, sparsity=0.6),
+         None),
+        ("fp8, page 1, splits chosen", F(page_size=1), None),
+        ("fp8, page 64, unsplit", F(page_size=64, num_splits=1), None),
+        ("fp8, page 128, 2 splits", F(page_size=128, num_splits=2), None),
+        ("fp8 GQA 16/2, page 16, 2 splits", F(heads=16, kv_heads=2, page_size=16, num_splits=2),
+         None),
+        ("fp8 MHA 4/4, contiguous, 2 splits", F(heads=4, kv_heads=4, num_splits=2), None),
+        ("fp8, L_q 4 causal, page 16", F(len_q=4, page_size=16), None),
+        ("fp8, L_q 16 causal, contiguous, 2 splits", F(len_q=16, num_splits=2), None),
+        ("fp8, L_q 4 non-causal, page 7", F(len_q=4, causal=False, page_size=7), None),
+        ("fp8, packed q (1..16 rows), page 16, 2 splits",
+         F(len_q=16, packed_q=True, sparsity=0.5, page_size=16, num_splits=2, batch=5), None),
+        ("fp8, zero-length caches, page 16, 4 splits", F(page_size=16, num_splits=4, batch=4),
+         ([1] * 4, [0, 37, 0, 300])),
+        ("fp8 D 64, contiguous, unsplit", F(head_dim=64, num_splits=1), None),
+        ("fp8 D 64, page 16, L_q 16, 3 splits", F(head_dim=64, page_size=16, len_q=16,
+                                                  num_splits=3), None),
+        (f"{BF16_Q}, contiguous, unsplit", F(num_splits=1), None),
+        (f"{BF16_Q}, page 16, 3 splits", F(page_size=16, num_splits=3, sparsity=0.6), None),
+        (f"{BF16_Q}, L_q 4 causal, page 64", F(len_q=4, page_size=64), None),
+        (f"{BF16_Q}, D 64, page 1, packed q", F(head_dim=64, page_size=1, len_q=5,
+                                                packed_q=True, batch=4), None),
+        (f"{NAN_PAST_END}, fp8, page 16, 2 splits", F(page_size=16, num_splits=2,
+                                                      sparsity=0.6), None),
+        (f"{NAN_PAST_END}, fp8, contiguous, L_q 4", F(len_q=4, sparsity=0.6), None),
+        ("fp8, B 1, 32k keys, splits chosen",
+         F(batch=1, heads=32, kv_heads=8, cache_len=32768), None),
+        ("fp8, B 1, 32k keys, page 16, splits chosen",
+         F(batch=1, heads=32, kv_heads=8, cache_len=32768, page_size=16), None),
+    ]
     return out
 
 
@@ -98,6 +139,8 @@ def check_case(b, fn, name, p, lengths) -> bool:
     try:
         inp = p.build("cuda", lengths=lengths,
                       unused=float("nan") if name.startswith(NAN_PAST_END) else None)
+        if BF16_Q in name:
+            inp = decode.with_bf16_q(inp)
         rep = decode.check(inp, p, fn, check_lse=b.own, repeat=b.own)
         ok = rep.ok
         detail = "  ".join(f"{c.name} {c.max_err:.2e} <= {c.tol:.2e}" + ("" if c.ok else " BAD")
@@ -145,6 +188,10 @@ def bad_inputs(style: str, device="cuda") -> list[tuple[str, tuple[str, ...], ca
     cu = torch.tensor([c[0], c[2], c[1] - 1, c[3]], dtype=torch.int32, device=device)
     q96 = torch.randn(3, 1, 8, 96, device=device, dtype=good.q.dtype)
     kv96 = torch.randn(3, 100, 2, 96, device=device, dtype=good.q.dtype)
+    f8 = p.replace(dtype="fp8").build(device)
+    bf16_q = decode.with_bf16_q(f8)
+    ds = f8.k_descale
+    elsewhere = "meta" if torch.device(device).type == "cpu" else "cpu"
     return [
         ("page table past the pool", ("page_table",), run(page_table=past, check=True)),
         ("negative page index", ("page_table",), run(page_table=neg, check=True)),
@@ -160,6 +207,18 @@ def bad_inputs(style: str, device="cuda") -> list[tuple[str, tuple[str, ...], ca
         ("page_table int64", ("page_table",), run(page_table=good.page_table.long())),
         ("head dim 96", ("q", "head_dim", "k_cache"),
          run(contig, q=q96, k_cache=kv96, v_cache=kv96.clone())),
+        ("fp8 q over a bf16 cache", ("q",), run(q=f8.q)),
+        ("fp16 q over an fp8 cache", ("q",), run(f8, q=good.q.half())),
+        ("v_cache bf16 beside an fp8 k_cache", ("v_cache", "k_cache"),
+         run(f8, v_cache=good.v_cache)),
+        ("q_descale with a bf16 q", ("q_descale",), run(bf16_q, q_descale=f8.q_descale)),
+        ("k_descale with a bf16 cache", ("k_descale",), run(k_descale=ds)),
+        ("v_descale float16", ("v_descale",), run(f8, v_descale=ds.half())),
+        ("k_descale [B] only", ("k_descale",), run(f8, k_descale=ds[:, 0].contiguous())),
+        ("q_descale [B, H] (not H_kv)", ("q_descale",),
+         run(f8, q_descale=ds.repeat_interleave(4, 1))),
+        ("v_descale not contiguous", ("v_descale",), run(f8, v_descale=ds.t().contiguous().t())),
+        ("k_descale on another device", ("k_descale",), run(f8, k_descale=ds.to(elsewhere))),
     ]
 
 
