@@ -130,12 +130,13 @@ def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
     return cfg.stages * cfg.block_n * head_dim * elem_bytes
 
 
-def smem_bytes(cfg: Config, head_dim: int, fp8: bool = False) -> int:
-    """Shared memory of one CTA (each region 1024-byte aligned): the K and V slots (the
-    merge reuses them), FP8 also the 16-bit K and V block, and Q (16-bit) where it does
-    not fit the last K slot / the 16-bit K block."""
+def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
+    """Shared memory of one CTA with a cache of `elem_bytes`-byte elements (1: fp8), each
+    region 1024-byte aligned: the K and V slots (the merge reuses them), FP8 also the
+    16-bit K and V block, and Q (16-bit) where it does not fit the last K slot / the
+    16-bit K block."""
     q = 0 if cfg.q_in_kv_slot else -(-cfg.block_m * head_dim * 2 // 1024) * 1024
-    if not fp8:
+    if elem_bytes == 2:
         return q + 2 * smem_kv_bytes(cfg, head_dim)
     return q + 2 * smem_kv_bytes(cfg, head_dim, 1) + 2 * cfg.block_n * head_dim * 2
 

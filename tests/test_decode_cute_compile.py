@@ -100,7 +100,7 @@ def test_configs():
             (bf.block_m, bf.block_n, bf.warps_m, bf.warps)
         assert K.store_bytes(cfg, d) <= 2 * K.smem_kv_bytes(cfg, d, 1)
         ctas = 2 if m <= 64 else 1
-        used = K.smem_bytes(cfg, d, fp8=True) + DSL_STATIC
+        used = K.smem_bytes(cfg, d, 1) + DSL_STATIC
         assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
         assert (cfg.stages - 1) * 2 * cfg.block_n * d >= 32 * 1024
         assert cfg.stages >= bf.stages
