@@ -1,7 +1,8 @@
 """KV-cache attention (decode) for Hopper (sm_90a), in CuteDSL.
 
     forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
-            o_part, lse_part, *, len_q, causal, scale, num_splits, descale=None) -> None
+            o_part, lse_part, *, len_q, causal, scale, num_splits, descale=None,
+            config=None) -> None
 
 What it computes: for every sequence b, kv head h_kv and split s, attention of the
 query rows of b (all group = H / H_kv query heads of h_kv, packed into the rows of one
@@ -784,21 +785,23 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
 
 
 def _compiled(key):
-    """key: (q dtype, cache dtype, head_dim, block_m, causal, paged, packed, split)."""
-    q_dtype, kv_dtype, head_dim, block_m, causal, paged, packed, split = key
-    table = FP8_CONFIGS if kv_dtype == FP8 else CONFIGS
-    fn = _COMPILED[key] = compile_decode(q_dtype, head_dim, table[(head_dim, block_m)],
-                                         causal, paged, packed, split, kv_dtype=kv_dtype)
+    """key: (q dtype, cache dtype, head_dim, block_m or a Config, causal, paged, packed,
+    split)."""
+    q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split = key
+    cfg = tile if isinstance(tile, Config) else \
+        (FP8_CONFIGS if kv_dtype == FP8 else CONFIGS)[(head_dim, tile)]
+    fn = _COMPILED[key] = compile_decode(q_dtype, head_dim, cfg, causal, paged, packed,
+                                         split, kv_dtype=kv_dtype)
     return fn
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q: int, causal: bool, scale: float,
-            num_splits: int, descale=None) -> None:
+            num_splits: int, descale=None, config: Optional[Config] = None) -> None:
     """See the module docstring and the core's `kvcache_attention`. q [Nq, H, D];
     num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq].
     descale: (q_descale, k_descale, v_descale) fp32 [B, H_kv] for an fp8 cache (None:
-    all ones), else None."""
+    all ones), else None. config: in place of the table's (a sweep's)."""
     Nq, H, D = q.shape
     group = H // k_cache.shape[2]
     if Nq == 0 or cache_seqlens.shape[0] == 0 or len_q == 0:
@@ -811,8 +814,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         descale = (ones, ones, ones)
     if not fp8 and descale is not None:
         raise ValueError("descale is only for a float8_e4m3fn cache")
-    key = (q.dtype, k_cache.dtype, D, tile_rows(group * len_q), bool(causal),
-           page_table is not None, cu_seqlens_q is not None, split)
+    key = (q.dtype, k_cache.dtype, D, tile_rows(group * len_q) if config is None else config,
+           bool(causal), page_table is not None, cu_seqlens_q is not None, split)
     fn = _COMPILED.get(key) or _compiled(key)
     if split:
         out, lse = o_part, lse_part
