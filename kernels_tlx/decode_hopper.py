@@ -22,7 +22,8 @@ Roles:
              [rows, H_kv * D], used when a block never crosses a page (contiguous
              cache, or PAGE_SIZE % BLOCK_N == 0) and lies below n_k (the box reads no
              row past the sequence, which may hold anything).
-    compute  S = Q K^T, online softmax in the log2 domain, O += P V (fp32).
+    compute  S = Q K^T, online softmax in the log2 domain, O += P V (fp32); e4m3 K
+             and V converted to bf16 first.
     store    O / l and lse (natural log) of the tile's real rows, into out / lse
              (one split) or the split's slice of o_part / lse_part.
 
@@ -32,6 +33,15 @@ later blocks while one is computed, into K and V rings 3 to 5 deep (CONFIGS):
 cp.async for gathered rows and for the page-table entries their addresses depend on,
 TMA with mbarriers for boxes) and a masked tail (the sequence end, the
 causal diagonal: at most a few blocks, gathered with zero fill).
+
+fp8 (FP8, an e4m3 cache with an e4m3 or bf16 q): K and V travel in e4m3, half the
+bytes (TMA boxes of D bytes a row, 64 or 128, or gathered rows), and are converted to
+bf16 in registers, exactly (every e4m3 value is a bf16 value); q is converted once at
+load. The MMAs are bf16, so V reaches P V as a bf16 operand in its cache layout (keys
+outer), which the bf16 MMAs take as it is: no transpose of V, which an e4m3 wgmma
+(K-major operands only) would need. The descales are fp32 [B, H_kv]: the program
+multiplies its qk scale by q_descale * k_descale and its accumulator by v_descale
+before the store (partials too: the combine is linear). Out is bf16.
 """
 from __future__ import annotations
 

@@ -509,3 +509,29 @@ def test_ours_fp8_through_the_api_in_the_interpreter(monkeypatch, bf16_q):
         inp = decode.with_bf16_q(inp)
     rep = decode.check(inp, p, fn, repeat=True)
     assert rep.ok and [c.name for c in rep.checks] == ["out", "lse", "same"], str(rep)
+
+
+def test_report_has_the_fp8_table(tmp_path):
+    """fp8 rows (FA4 unsupported) get their own table beside their bf16 twins; the grid
+    chart's rows stay bf16."""
+    from harness.plots import decode_rows
+    from harness.report import write_report
+    rows = []
+    for c in decode.sweep_cells("fp8"):
+        for b, tb in (("tlx", 3.9), ("fa4", 2.2), ("sdpa", 0.4)):
+            if b == "fa4" and c.dtype == "fp8":
+                rows.append(bench.row(b, c, "fwd", "unsupported", "fp8 runs on sm_100 only",
+                                      gpu="NVIDIA H200"))
+                continue
+            ms = c.kv_bytes() / (tb * 1e12) * 1e3
+            rows.append(bench.row(b, c, "fwd", "ok", ms=f"{ms:.5f}", kv_tbps=f"{tb:.4g}",
+                                  tflops=f"{c.flops() / ms * 1e-9:.4g}", copy_tbps="4.4",
+                                  gpu="NVIDIA H200"))
+    bench.merge_rows(tmp_path / "results.csv", rows)
+    md = write_report(tmp_path).read_text()
+    assert "### fp8 (e4m3) cache and q beside bf16" in md
+    assert "| B1 Lk32768 H32/8 D128 Lq1 contig fp8 | 67 | 3.90 (89%) · 31.2 | unsupported |" in md
+    assert "| B1 Lk32768 H32/8 D128 Lq1 contig | 134 | 3.90 (89%) · 15.6 |" in md
+    import pandas as pd
+    grid = decode_rows(pd.read_csv(tmp_path / "results.csv"), "grid")
+    assert set(grid["dtype"]) == {"bf16"}

@@ -91,19 +91,20 @@ def run(q, k_cache, v_cache, seqlens, page_table, cu_q, len_q, causal, scale, sp
     """`forward` with NaN-poisoned outputs; splits > 1 combined as the core does.
     descale: an fp8 call's three descales (out bf16)."""
     Nq, H, D = q.shape
-    out = torch.full(q.shape, float("nan"),
-                     dtype=torch.bfloat16 if descale is not None else q.dtype)
-    lse = torch.full((H, Nq), float("nan"))
+    nan = dict(fill_value=float("nan"), device=q.device)
+    out = torch.full(q.shape, dtype=torch.bfloat16 if descale is not None else q.dtype, **nan)
+    lse = torch.full((H, Nq), **nan)
     o_part = lse_part = None
     if splits > 1:
-        o_part = torch.full((splits, Nq, H, D), float("nan"))
-        lse_part = torch.full((splits, H, Nq), float("nan"))
+        o_part = torch.full((splits, Nq, H, D), **nan)
+        lse_part = torch.full((splits, H, Nq), **nan)
     dh.forward(q, k_cache, v_cache, seqlens, page_table, cu_q,
                out if splits == 1 else None, lse if splits == 1 else None, o_part, lse_part,
                len_q=len_q, causal=causal, scale=scale, num_splits=splits, config=config,
                **({} if descale is None else {"descale": descale}))
     if splits == 1:
-        return out.double(), lse.double()
+        return out.double().cpu(), lse.double().cpu()
+    o_part, lse_part = o_part.cpu(), lse_part.cpu()
     assert not o_part.isnan().any() and not lse_part.isnan().any()
     lse = torch.logsumexp(lse_part.double(), 0)                           # [H, Nq]
     w = torch.exp(lse_part.double() - lse).nan_to_num(0.0)                # -inf - -inf
@@ -355,25 +356,31 @@ def _bench_cache(B, n_k, H_kv, D, page, dtype=torch.bfloat16):
         per = -(-n_k // page)
         shape = (B * per, page, H_kv, D)
         pt = torch.randperm(B * per, device="cuda", generator=g).to(torch.int32).view(B, per)
-    k = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
-    return k, torch.randn_like(k), pt
+    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g).to(dtype)
+    v = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g).to(dtype)
+    return k, v, pt
 
 
-def _tbps(B, n_k, H, H_kv, D, page, splits, config=None, len_q=1):
-    """K + V bytes read per second (TB/s) of `forward` alone (no combine)."""
+def _tbps(B, n_k, H, H_kv, D, page, splits, config=None, len_q=1, dtype=torch.bfloat16):
+    """K + V bytes read per second (TB/s) of `forward` alone (no combine); dtype fp8:
+    an e4m3 cache and q, descales of ones."""
     from triton.testing import do_bench
-    k, v, pt = _bench_cache(B, n_k, H_kv, D, page)
-    q = torch.randn(B * len_q, H, D, device="cuda", dtype=k.dtype)
+    k, v, pt = _bench_cache(B, n_k, H_kv, D, page, dtype)
+    fp8 = dtype == torch.float8_e4m3fn
+    q = torch.randn(B * len_q, H, D, device="cuda").to(k.dtype)
     seqlens = torch.full((B,), n_k, device="cuda", dtype=torch.int32)
     Nq = q.shape[0]
-    out, lse = torch.empty_like(q), torch.empty(H, Nq, device="cuda")
+    ones = torch.ones(B, H_kv, device="cuda")
+    extra = {"descale": (ones, ones, ones)} if fp8 else {}
+    out = torch.empty(q.shape, device="cuda", dtype=torch.bfloat16 if fp8 else q.dtype)
+    lse = torch.empty(H, Nq, device="cuda")
     o_part = torch.empty(splits, Nq, H, D, device="cuda")
     lse_part = torch.empty(splits, H, Nq, device="cuda")
     parts = (None, None, o_part, lse_part) if splits > 1 else (out, lse, None, None)
 
     def call():
         dh.forward(q, k, v, seqlens, pt, None, *parts, len_q=len_q, causal=True,
-                   scale=D ** -0.5, num_splits=splits, config=config)
+                   scale=D ** -0.5, num_splits=splits, config=config, **extra)
 
     ms = do_bench(call, warmup=25, rep=100, return_mode="median")
     return 2 * k.numel() * k.element_size() / (ms * 1e-3) / 1e12
@@ -427,3 +434,64 @@ def test_compile_with_unit_ints(split):
                           **ones},
                          arch=90, num_warps=cfg.num_warps, num_stages=1, name="decode unit ints")
     assert not rep.spills, rep.row()
+
+
+# ----------------------------------------------------------------------------- GPU, fp8
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 16])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[f"gpu{i}" for i in range(len(GPU_CASES))])
+def test_decode_fp8_gpu(case, splits):
+    """GPU_CASES on an e4m3 cache with descales: an e4m3 q in even cases, bf16 in odd."""
+    n_q, len_q, n_k, H, H_kv, D, page, _, causal = case
+    dense = n_q is None
+    n_q = [len_q] * len(n_k) if dense else n_q
+    scale = 1.0 / math.sqrt(D)
+    q, k_cache, v_cache, seqlens, pt, cu_q, ks, vs = build(
+        n_q, n_k, H, H_kv, D, page, torch.float8_e4m3fn, dense, seed=splits)
+    fp8_q = GPU_CASES.index(case) % 2 == 0
+    q = (q.float() * 2).to(torch.float8_e4m3fn if fp8_q else torch.bfloat16)
+    qd, kd, vd = descales(len(n_k), H_kv, splits)
+    qd = qd if fp8_q else torch.ones_like(qd)
+    dev = [None if t is None else t.cuda() for t in (q, k_cache, v_cache, seqlens, pt, cu_q)]
+    out, lse = run(*dev, len_q, causal, scale, splits,
+                   descale=tuple(t.cuda() for t in (qd, kd, vd)))
+    want_out, want_lse = reference(*dequantized(q, ks, vs, n_q, H, qd, kd, vd), n_q, H,
+                                   causal, scale)
+    torch.testing.assert_close(out.cpu(), want_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page,len_q", BANDWIDTH, ids=[f"page{p}-lq{n}" for p, n in BANDWIDTH])
+def test_decode_bandwidth_fp8(page, len_q):
+    """Prints TB/s of an e4m3 cache beside bf16 at the headline shape (B = 1, 32k keys,
+    GQA 32/8, D = 128) and the speedup in tokens a second (issue 33: 1.8x); run with -s."""
+    for splits in (16, 33, 66):
+        f8 = _tbps(1, 32768, 32, 8, 128, page, splits, len_q=len_q, dtype=torch.float8_e4m3fn)
+        bf = _tbps(1, 32768, 32, 8, 128, page, splits, len_q=len_q)
+        print(f"\ndecode B1 32k GQA32/8 D128 L_q {len_q} page {page} splits {splits}: fp8 "
+              f"{f8:.2f} TB/s, bf16 {bf:.2f} TB/s, speedup {2 * f8 / bf:.2f}x", end="")
+
+
+# fp8 candidates at D = 128, 16 rows: (block_n, num_stages, num_warps)
+SWEEP_FP8 = {"paged": [(128, 7, 4), (128, 9, 4), (64, 9, 4), (64, 11, 4), (128, 7, 8)],
+             "contig": [(128, 4, 4), (128, 5, 4), (64, 5, 4), (64, 7, 4), (256, 4, 4)]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [None, 1, 16, 128], ids=lambda p: f"page{p}")
+def test_decode_fp8_config_sweep(page):
+    """Prints TB/s of each fp8 candidate (B = 1, 32k, GQA 32/8, D = 128, 33 splits;
+    B = 64, 4k, 2 splits): FP8_CONFIGS' 16-row entries come from here; run with -s. A
+    candidate that does not fit prints its error."""
+    f8 = torch.float8_e4m3fn
+    for bn, st, w in SWEEP_FP8["contig" if page is None else "paged"]:
+        cfg = dh.Config(block_n=bn, num_stages=st, num_warps=w)
+        kind = "contig" if page is None else dh.cache_kind(True, page, bn)
+        try:
+            a = _tbps(1, 32768, 32, 8, 128, page, 33, cfg, dtype=f8)
+            b = _tbps(64, 4096, 32, 8, 128, page, 2, cfg, dtype=f8)
+            res = f"B1 32k {a:.2f} TB/s, B64 4k {b:.2f} TB/s"
+        except Exception as e:  # out of shared memory / registers
+            res = f"{type(e).__name__}: {str(e)[:120]}"
+        print(f"\nfp8 page {page} {kind:6s} {cfg}: {res}", end="")
