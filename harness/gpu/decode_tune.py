@@ -16,15 +16,13 @@ For each style and each cell of CELLS (bf16, GQA 32/8, D 128):
    under graph replay.
 One CSV row per (style, cell, config, splits), written and flushed as it is measured;
 a summary per cell at the end (default against best call bandwidth). The cute configs
-are built with the style's own `compile_decode` (its forward's cache is keyed without a
-config), the TLX ones through `forward(config=...)`.
+go through each style's `forward(config=...)`.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import dataclasses
-import importlib
 import math
 import os
 import sys
@@ -89,7 +87,7 @@ def _tlx_default(p: DecodeProblem):
 
 def _cute_default(p: DecodeProblem):
     from kernels_cute.decode_hopper import pick_config
-    return pick_config(p.head_dim, p.heads // p.kv_heads * p.len_q)
+    return pick_config(p.head_dim, p.heads // p.kv_heads * p.len_q, fp8=p.dtype == "fp8")
 
 
 def configs(style: str, p: DecodeProblem) -> list:
@@ -132,38 +130,11 @@ def plan(styles, quick: bool, sms: int, defaults_only: bool = False) -> list[dic
 
 
 # ------------------------------------------------------------------ forwards and calls
-_CUTE_FNS: dict = {}
-
-
-def cute_forward(cfg, q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
-                 o_part, lse_part, *, len_q, causal, scale, num_splits):
-    """kernels_cute.decode_hopper.forward with `cfg` in place of its table's config."""
-    from kernels_cute import decode_hopper as cd
-    Nq, H, D = q.shape
-    group = H // k_cache.shape[2]
-    if Nq == 0 or cache_seqlens.shape[0] == 0 or len_q == 0:
-        return
-    split = num_splits > 1
-    key = (q.dtype, D, cfg, bool(causal), page_table is not None, cu_seqlens_q is not None,
-           split)
-    fn = _CUTE_FNS.get(key)
-    if fn is None:
-        fn = _CUTE_FNS[key] = cd.compile_decode(q.dtype, D, cfg, bool(causal),
-                                                page_table is not None,
-                                                cu_seqlens_q is not None, split)
-    if split:
-        out, lse = o_part, lse_part
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
-       scale * cd.LOG2_E, len_q, group, k_cache.shape[1], num_splits)
-
-
 def style_forward(style: str, cfg, is_default_cfg: bool):
     from jagged import kvcache
     if is_default_cfg:
         return kvcache.style_forward(style)
-    if style == "tlx":
-        return partial(kvcache.style_forward("tlx"), config=cfg)
-    return partial(cute_forward, cfg)
+    return partial(kvcache.style_forward(style), config=cfg)
 
 
 def core_call(forward):
