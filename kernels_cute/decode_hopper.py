@@ -510,7 +510,7 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ convert
         @cute.jit
-        def convert_kv(self, sK8, sV8, sK, sV, gather, tidx, stage):  # role: convert
+        def convert_kv(self, sK8, sV8, sK, sV, gather, tidx, stage):  # role: load
             """FP8: this thread's chunks of slot `stage` (the ones it copied) -> the
             16-bit block, in the same (key, D) places."""
             thr = gather.get_slice(tidx)
