@@ -201,13 +201,28 @@ class DecodeProblem:
             return torch.randn(*shape, generator=gen, device=dev,
                                dtype=torch.bfloat16 if fp8 else dt)
 
+        descales = {}
+
+        def draw(name, owner, *shape):  # fp8: quantized before the next draw (memory)
+            x = randn(*shape)
+            if fp8:
+                x, descales[name] = quantize(x, owner.to(dev), B)
+            return x
+
         if self.packed_q:
-            q, cu_q, max_q = randn(int(lq.sum()), H, D), offsets(lq).to(dev), int(lq.max())
+            cu_q, max_q = offsets(lq).to(dev), int(lq.max())
+            q_shape = (int(lq.sum()), H, D)
         else:
-            q, cu_q, max_q = randn(B, int(lq[0]) if B else self.len_q, H, D), None, None
+            cu_q, max_q = None, None
+            q_shape = (B, int(lq[0]) if B else self.len_q, H, D)
+        # fp8 q: a unit is a row with its KV head's query heads side by side
+        q = draw("q_descale", torch.repeat_interleave(torch.arange(B), lq),
+                 int(lq.sum()), 1, Hkv, H // Hkv * D).view(q_shape)
         cap = self.capacity(lk)
         if not self.page_size:
-            k, v = randn(B, max(cap, 1), Hkv, D), randn(B, max(cap, 1), Hkv, D)
+            owner = torch.arange(B)  # the sequence whose keys a unit (dim 0) holds
+            k = draw("k_descale", owner, B, max(cap, 1), Hkv, D)
+            v = draw("v_descale", owner, B, max(cap, 1), Hkv, D)
             table = None
         else:
             ps = self.page_size
@@ -217,30 +232,17 @@ class DecodeProblem:
             # unused table slots hold valid page indices too (stale entries of a real
             # server); a kernel must not read them
             table = torch.randint(0, pages, (B, max(1, cap // ps)), generator=cpu)
+            owner = torch.full((pages,), -1, dtype=torch.int64)  # -1: no sequence's
             at = 0
             for b in range(B):
                 n = -(-int(lk[b]) // ps)
                 table[b, :n] = perm[at:at + n]
+                owner[perm[at:at + n]] = b
                 at += n
             table = table.to(torch.int32).to(dev)
-            k, v = randn(pages, ps, Hkv, D), randn(pages, ps, Hkv, D)
+            k = draw("k_descale", owner, pages, ps, Hkv, D)
+            v = draw("v_descale", owner, pages, ps, Hkv, D)
         seqlens = lk.to(torch.int32).to(dev)
-        descales = {}
-        if fp8:
-            # the unit of each tensor's first dim and the sequence owning it (-1: none)
-            row_seq = torch.repeat_interleave(torch.arange(B), lq).to(dev)
-            if table is None:
-                owner = torch.arange(B, device=dev)
-            else:
-                owner = torch.full((k.shape[0],), -1, dtype=torch.int64)
-                for b in range(B):
-                    owner[table[b, :-(-int(lk[b]) // self.page_size)].long().cpu()] = b
-                owner = owner.to(dev)
-            q3, qd = quantize(q.reshape(-1, 1, Hkv, H // Hkv * D), row_seq, B)
-            q = q3.view(q.shape)
-            k, kd = quantize(k, owner, B)
-            v, vd = quantize(v, owner, B)
-            descales = dict(q_descale=qd, k_descale=kd, v_descale=vd)
         inp = DecodeInputs(q, k, v, seqlens, table, cu_q, max_q, lq, lk, **descales)
         if unused is not None:
             keep = torch.zeros(k.shape[:2], dtype=torch.bool, device=dev)
@@ -259,7 +261,7 @@ class DecodeProblem:
         return inp
 
 
-def quantize(x: torch.Tensor, owner: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(x: torch.Tensor, owner: torch.Tensor, batch: int) -> tuple:
     """x [units, rows, H_kv, cols] (a cache's pages or sequences, or q's rows with a KV
     head's query heads side by side) -> (e4m3 x / descale, descale fp32 [batch, H_kv]),
     descale = amax / 448 over the units `owner` gives each sequence (a sequence with
