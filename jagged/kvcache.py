@@ -28,8 +28,9 @@ passes it `descale=(q_descale, k_descale, v_descale)`, each missing one filled w
 ones, so its kernel reads all three or none; the program scales its logits by
 q_descale * k_descale and its output by v_descale (the partials too: the combine is
 linear in them). With num_splits > 1 (num_splits=0 chooses from the shapes and the SM
-count) every split writes a normalized partial output and its LSE, and `combine` below
-merges them in a fixed order, so the result does not depend on timing.
+count) every split writes a normalized partial output and its LSE, and `combine`
+(jagged/kvcache_kernels.py) merges them in a fixed order, so the result does not
+depend on timing.
 
 The call never synchronizes the host: `validate` reads shapes only; the values
 (cache_seqlens within the capacity, the page table's used entries inside the pool,
@@ -44,12 +45,10 @@ import math
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
 
 from .dispatch import STYLES, style_available
-from .launch import fast
-from .validate import HEAD_DIMS, _check_one, _host_check
+from .kvcache_kernels import check_inputs_async, combine  # noqa: F401  (the core's kernels)
+from .validate import HEAD_DIMS, _host_check
 
 FP8 = torch.float8_e4m3fn
 CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
@@ -208,43 +207,6 @@ def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, 
         _host_check("cu_seqlens_q", cu_seqlens_q, q_rows, max_seqlen_q)
 
 
-# ------------------------------------------------------------------ device check (default)
-@triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
-def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_pages, num_pages,
-                         page_size, n_q, max_q, PAGED: tl.constexpr, CHECK_Q: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    b = tl.program_id(0)
-    n_k = tl.load(cache_seqlens + b)
-    tl.device_assert(n_k >= 0, "cache_seqlens must not be negative")
-    tl.device_assert(n_k <= capacity, "cache_seqlens exceeds the cache capacity "
-                                      "(page_table.shape[1] * page_size, or k_cache.shape[1])")
-    if PAGED:
-        used = tl.minimum((n_k + page_size - 1) // page_size, max_pages)
-        for start in range(0, used, BLOCK):
-            p = start + tl.arange(0, BLOCK)
-            idx = tl.load(page_table + b.to(tl.int64) * max_pages + p, mask=p < used, other=0)
-            tl.device_assert((idx >= 0) & (idx < num_pages),
-                             "page_table points outside the page pool (k_cache.shape[0])")
-    if CHECK_Q:
-        if b == 0:
-            _check_one(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
-                       "q.shape[0]")
-
-
-def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
-                       capacity):
-    """Queue the device-side check of the values (no host sync): one program a sequence."""
-    B = cache_seqlens.shape[0]
-    if B == 0:
-        return
-    paged = page_table is not None
-    fast(_inputs_check_kernel)[(B,)](
-        cache_seqlens, page_table if paged else cache_seqlens,
-        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, B, capacity,
-        page_table.shape[1] if paged else 0, k_cache.shape[0], k_cache.shape[1], q_rows,
-        max_seqlen_q, PAGED=paged, CHECK_Q=cu_seqlens_q is not None, BLOCK=1024, num_warps=4)
-
-
 # ------------------------------------------------------------------ splits
 def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int) -> int:
     """num_splits from the shapes alone (the lengths live on the device): enough
@@ -254,49 +216,6 @@ def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int) -> int:
     want = math.ceil(PROGRAMS_PER_SM * sms / programs)
     most = max(capacity // MIN_SPLIT_KEYS, 1)
     return max(1, min(want, most, MAX_SPLITS))
-
-
-# ------------------------------------------------------------------ combine
-@triton.jit
-def _combine_kernel(o_part, lse_part, out, lse, n_rows, n_splits, H: tl.constexpr,
-                    D: tl.constexpr, S_POW2: tl.constexpr, BLOCK_R: tl.constexpr):
-    # role: combine
-    # program (row block, head): lse = logsumexp_s lse_s; out = sum_s exp(lse_s - lse) o_s,
-    # summed in split order. A row no split saw (every lse_s = -inf): out 0, lse -inf.
-    h = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_rows = rows < n_rows
-    s = tl.arange(0, S_POW2)
-    lse_ptr = lse_part + s[:, None].to(tl.int64) * (H * n_rows) + h * n_rows + rows[None, :]
-    ls = tl.load(lse_ptr, mask=(s[:, None] < n_splits) & in_rows[None, :], other=float("-inf"))
-    m = tl.max(ls, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp(ls - m[None, :]), 0)  # 0 (no split saw the row) or >= 1
-    inv = 1.0 / tl.maximum(total, 1.0)
-    d = tl.arange(0, D)
-    row_off = rows[:, None].to(tl.int64) * (H * D) + h * D + d[None, :]
-    acc = tl.zeros([BLOCK_R, D], dtype=tl.float32)
-    for i in range(n_splits):
-        li = tl.load(lse_part + i * (H * n_rows) + h * n_rows + rows, mask=in_rows,
-                     other=float("-inf"))
-        w = tl.exp(li - m) * inv
-        o = tl.load(o_part + i * (n_rows * H * D) + row_off, mask=in_rows[:, None], other=0.0)
-        acc += w[:, None] * o
-    tl.store(out + row_off, acc.to(out.dtype.element_ty), mask=in_rows[:, None])
-    lse_row = tl.where(total > 0, m + tl.log(tl.maximum(total, 1.0)), float("-inf"))
-    tl.store(lse + h * n_rows + rows, lse_row, mask=in_rows)
-
-
-def combine(o_part, lse_part, out, lse):
-    """Merge the splits' partials (o_part fp32 [S, Nq, H, D], lse_part fp32 [S, H, Nq])
-    into out [Nq, H, D] and lse [H, Nq]."""
-    S, n_rows, H, D = o_part.shape
-    if n_rows == 0:
-        return
-    block_r = 16
-    fast(_combine_kernel)[(triton.cdiv(n_rows, block_r), H)](
-        o_part, lse_part, out, lse, n_rows, S, H=H, D=D, S_POW2=triton.next_power_of_2(S),
-        BLOCK_R=block_r, num_warps=4)
 
 
 # ------------------------------------------------------------------ the call

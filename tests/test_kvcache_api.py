@@ -1,8 +1,8 @@
 """jagged.kvcache: validation (errors naming the argument), the host and device value
-checks, the split count, the combine kernel, and one call through `run` with the TLX
-style's kernel, in the Triton interpreter (CPU). fp8: the descales' validation, what
-the core hands a style (a recording forward), a call through `run` and one traced by
-torch.compile.
+checks, the split count, and calls through `run` (partials and the combine of
+jagged/kvcache_kernels.py) with the TLX style's kernel, in the Triton interpreter
+(CPU). fp8: the descales' validation, what the core hands a style (a recording
+forward), a call through `run` and one traced by torch.compile.
 """
 import contextlib
 import dataclasses
@@ -178,35 +178,13 @@ def test_check_inputs_on_device_passes_good_input():
         kc.check_inputs_async(4, a["k_cache"], a["cache_seqlens"], a["page_table"], None, 2, 16)
 
 
-# ------------------------------------------------------------------ splits and combine
+# ------------------------------------------------------------------ splits
 def test_choose_splits():
     assert kc.choose_splits(1, 8, 32768, 132) == 33     # 264 programs / 8 heads
     assert kc.choose_splits(256, 8, 32768, 132) == 1    # the batch fills the GPU
     assert kc.choose_splits(1, 8, 1024, 132) == 2       # at least 512 keys a split
     assert kc.choose_splits(1, 1, 1 << 20, 132) == kc.MAX_SPLITS
     assert kc.choose_splits(1, 8, 100, 132) == 1
-
-
-@interp
-def test_combine_matches_logsumexp():
-    g = torch.Generator().manual_seed(1)
-    S, N, H, D = 5, 19, 3, 64
-    o = torch.randn(S, N, H, D, generator=g)
-    lse = torch.randn(S, H, N, generator=g) * 3
-    lse[1:3] = -math.inf                    # splits that saw no key
-    lse[:, 0, 4] = -math.inf                # a row no split saw
-    o[:, 4, 0] = 0.0
-    out = torch.full((N, H, D), float("nan")).bfloat16()
-    lse_out = torch.full((H, N), float("nan"))
-    kc.combine(o, lse, out, lse_out)
-    want_lse = torch.logsumexp(lse, 0)
-    w = torch.nan_to_num(torch.exp(lse - want_lse[None]), nan=0.0)   # [S, H, N]
-    want = torch.einsum("shn,snhd->nhd", w, o)
-    assert torch.equal(torch.isinf(lse_out), torch.isinf(want_lse))
-    fin = torch.isfinite(want_lse)
-    torch.testing.assert_close(lse_out[fin], want_lse[fin], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    assert torch.all(out[4, 0] == 0)
 
 
 # ------------------------------------------------------------------ a call through run
@@ -226,16 +204,6 @@ def test_run_with_tlx_kernel(splits):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     fin = torch.isfinite(want_lse)
     torch.testing.assert_close(got_lse[fin], want_lse[fin], atol=1e-3, rtol=1e-3)
-
-
-def test_combine_compiles_for_sm90():
-    from harness.compile_check import compile_kernel
-    rep = compile_kernel(kc._combine_kernel, signature={
-        "o_part": "*fp32", "lse_part": "*fp32", "out": "*bf16", "lse": "*fp32",
-        "n_rows": "i32", "n_splits": "i32"},
-        constexprs={"H": 32, "D": 128, "S_POW2": 64, "BLOCK_R": 16}, arch=90, num_warps=4)
-    assert not rep.spills, rep
-    assert rep.fits(), rep
 
 
 @interp
