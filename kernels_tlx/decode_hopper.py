@@ -397,6 +397,10 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     block_m = rows_per_tile(group, len_q)
     page_size = k_cache.shape[1] if page_table is not None else 1
     fp8 = descale is not None
+    if fp8 != (k_cache.dtype == torch.float8_e4m3fn):
+        raise ValueError(f"descale must be given exactly for a float8_e4m3fn cache (the "
+                         f"core fills it), got {'a tuple' if fp8 else None} with a "
+                         f"{k_cache.dtype} cache")
     elsize = k_cache.element_size()
     if config is None:
         cfg, kind = pick_config(D, block_m, page_table, page_size, elsize)

@@ -495,3 +495,15 @@ def test_decode_fp8_config_sweep(page):
         except Exception as e:  # out of shared memory / registers
             res = f"{type(e).__name__}: {str(e)[:120]}"
         print(f"\nfp8 page {page} {kind:6s} {cfg}: {res}", end="")
+
+
+def test_forward_wants_descales_exactly_for_fp8():
+    """An e4m3 cache without descales (or descales for a bf16 cache) is an error, not a
+    silent launch of the wrong build."""
+    q, k, v, n, pt, cu, _, _ = build([1], [5], 4, 2, 64, None, torch.float8_e4m3fn, True, 0)
+    with pytest.raises(ValueError, match="descale must be given exactly"):
+        run(q.bfloat16(), k, v, n, pt, cu, 1, True, 0.125, 1)
+    ones = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="descale must be given exactly"):
+        run(q.bfloat16(), k.bfloat16(), v.bfloat16(), n, pt, cu, 1, True, 0.125, 1,
+            descale=(ones, ones, ones))
