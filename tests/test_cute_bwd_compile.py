@@ -182,18 +182,6 @@ def test_bwd_pre_post_compile(tmp_path):
                        "B.compile_postprocess(dt)")
 
 
-def test_backward_dispatch(monkeypatch):
-    """kernels_cute's backward is the CuteDSL one."""
-    import sys
-    import types
-    import kernels_cute
-    fake = types.ModuleType("kernels_cute.bwd_hopper")
-    fake.backward = lambda *a, **kw: "hopper"
-    monkeypatch.setitem(sys.modules, "kernels_cute.bwd_hopper", fake)
-    monkeypatch.setattr(kernels_cute, "bwd_hopper", fake, raising=False)
-    assert kernels_cute._backward() == "hopper"
-
-
 @needs_dsl
 @pytest.mark.parametrize("bm", [64, 128])
 def test_ld_addresses(tmp_path, bm):

@@ -169,7 +169,8 @@ def main():
     ap.add_argument("--verify", action="store_true",
                     help="check every plan launch against Triton's binder (launch.VERIFY)")
     a = ap.parse_args()
-    from kernels_tlx import bwd_hopper, fwd_hopper, jagged_attention, launch
+    from jagged import launch
+    from kernels_tlx import bwd_hopper, fwd_hopper, jagged_attention
     launch.VERIFY = a.verify
     p = next(p for p in suite(a.suite) if a.match in p.label())
     p = p.replace(batch=a.batch) if a.batch else p
