@@ -56,9 +56,12 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 # backend="auto" on Hopper: the first of these that runs
 DECODE_ORDER = ("cute", "tlx")
 
-# num_splits=0: split until B * H_kv * splits fills this many programs per SM, with at
-# least MIN_SPLIT_KEYS keys a split and at most MAX_SPLITS splits.
-PROGRAMS_PER_SM = 2
+# num_splits=0: as many splits as keep B * H_kv * splits within one wave of
+# PROGRAMS_PER_SM programs an SM, with at least MIN_SPLIT_KEYS keys a split and at most
+# MAX_SPLITS splits. One long program an SM streams its keys through a deep ring; a
+# second wave (B8 x 8 heads x 5 splits = 320 programs over 264 slots) or short programs
+# cost more (H200, TLX, B8 32k: 2 splits 4.1 TB/s, 5 splits 3.3).
+PROGRAMS_PER_SM = 1
 MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 64
 
@@ -209,11 +212,12 @@ def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, 
 
 # ------------------------------------------------------------------ splits
 def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int) -> int:
-    """num_splits from the shapes alone (the lengths live on the device): enough
-    programs to fill PROGRAMS_PER_SM per SM, each split at least MIN_SPLIT_KEYS keys of
-    the capacity. A split past a sequence's end costs one early exit."""
+    """num_splits from the shapes alone (the lengths live on the device): the most
+    that keep the programs within one wave of PROGRAMS_PER_SM per SM, each split at
+    least MIN_SPLIT_KEYS keys of the capacity. A split past a sequence's end costs one
+    early exit."""
     programs = max(batch * kv_heads, 1)
-    want = math.ceil(PROGRAMS_PER_SM * sms / programs)
+    want = PROGRAMS_PER_SM * sms // programs
     most = max(capacity // MIN_SPLIT_KEYS, 1)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -275,7 +279,7 @@ def resolve(backend: str, device_index: int) -> str:
         raise RuntimeError("kvcache_attention runs on CUDA tensors (the cute or tlx style)")
     whys = []
     for cand in DECODE_ORDER if backend == "auto" else (backend,):
-        ok, why = style_available(cand, device_index)
+        ok, why = style_available(cand, device_index, archs=("hopper",))
         if ok:
             style_forward(cand)
             _CHOSEN[key] = cand

@@ -180,7 +180,9 @@ def test_check_inputs_on_device_passes_good_input():
 
 # ------------------------------------------------------------------ splits
 def test_choose_splits():
-    assert kc.choose_splits(1, 8, 32768, 132) == 33     # 264 programs / 8 heads
+    assert kc.choose_splits(1, 8, 32768, 132) == 16     # 128 of 132 SMs, one wave
+    assert kc.choose_splits(8, 8, 32768, 132) == 2      # not 3: 192 programs, two waves
+    assert kc.choose_splits(3, 8, 32768, 132) == 5
     assert kc.choose_splits(256, 8, 32768, 132) == 1    # the batch fills the GPU
     assert kc.choose_splits(1, 8, 1024, 132) == 2       # at least 512 keys a split
     assert kc.choose_splits(1, 1, 1 << 20, 132) == kc.MAX_SPLITS
