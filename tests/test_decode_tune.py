@@ -21,7 +21,7 @@ def test_splits_list():
     assert dt.splits_list(33) == [33, 16, 66, 132]
     assert dt.splits_list(1) == [1, 2, 4]
     assert dt.splits_list(2) == [2, 1, 4, 8]
-    assert dt.default_splits(dict(dt.CELLS)["B1 32k contig"], 132) == 33
+    assert dt.default_splits(dict(dt.CELLS)["B1 32k contig"], 132) == 16
 
 
 def test_configs():
