@@ -13,6 +13,7 @@ from .plots import (COPY_TBPS, backends_in, copy_ceiling, decode_rows, latest_cl
 SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense",
                "varlen-llm", "fuzz", "smoke"]
 FUZZ_WORST, FUZZ_GEOMEAN = 0.95, 1.15  # issue 34's targets against FA4
+FP8_SPEEDUP, FP8_COPY_SHARE = 1.8, 0.8  # issue 33: fp8 decode against bf16, and of copy
 SHORT_GRAPH_FRACTION = 0.5  # issue 34: short cells under graph replay, of the copy ceiling
 HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
@@ -217,6 +218,30 @@ def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
     return md + [""]
 
 
+def _fp8_targets(g: pd.DataFrame, copy: float | None) -> list[str]:
+    """Issue 33's decode targets per backend of ours and fp8 cell: tokens per second
+    against the bf16 cell of the same shape (the time ratio; graph replay where both
+    were captured) and the fp8 cell's KV bandwidth against the copy's."""
+    key = ["batch", "heads", "kv_heads", "head_dim", "max_seqlen_q", "max_seqlen_k",
+           "page_size", "num_splits", "packed_q", "sparsity"]
+    md = [f"Targets (issue 33): fp8 at least {FP8_SPEEDUP:.1f}x the bf16 cell's tokens per "
+          f"second, at {FP8_COPY_SHARE:.0%} of copy or better:", ""]
+    for b in ("tlx", "cute"):
+        mine = g[g["backend"] == b]
+        m = mine[mine["dtype"] == "fp8"].merge(mine[mine["dtype"] == "bf16"], on=key,
+                                               suffixes=("", "_bf16"))
+        for _, r in m.iterrows():
+            graph = pd.notna(r["graph_ms"]) and pd.notna(r["graph_ms_bf16"])
+            t8, t16 = (r["graph_ms"], r["graph_ms_bf16"]) if graph else (r["ms"], r["ms_bf16"])
+            x = t16 / t8
+            tb = r["kv_bytes"] / (t8 * 1e-3) / 1e12
+            share = f"{tb / copy:.0%} of copy" if copy else f"{tb:.2f} TB/s"
+            met = x >= FP8_SPEEDUP and (not copy or tb >= FP8_COPY_SHARE * copy)
+            md.append(f"- `{b}` {_decode_shape(r)}: {x:.2f}x bf16{' (graph)' if graph else ''}, "
+                      f"{share}: {'met' if met else 'missed'}")
+    return md + [""] if len(md) > 2 else []
+
+
 def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
     from .decode import SWEEPS
     good = ok(df)
@@ -256,6 +281,8 @@ def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
         md += [f"### {s.title}", "", "KV TB/s (share of copy) · TFLOP/s (†: host-bound, the "
                f"host's time to issue a call at least {HOST_BOUND:.0%} of the row's):", "",
                _decode_table(g, copy), ""]
+        if s.name == "fp8":
+            md += _fp8_targets(g, copy)
         md += [f"![{p.stem}]({p.name})" for p in pngs
                if p.stem == {"grid": "decode_bandwidth", "pages": "decode_pages",
                              "splits": "decode_splits"}.get(s.name)]

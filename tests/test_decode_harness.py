@@ -535,3 +535,21 @@ def test_report_has_the_fp8_table(tmp_path):
     import pandas as pd
     grid = decode_rows(pd.read_csv(tmp_path / "results.csv"), "grid")
     assert set(grid["dtype"]) == {"bf16"}
+
+
+def test_fp8_targets_ratio_and_share():
+    """Issue 33's lines: the bf16 twin's time over the fp8 time (graph replay when both
+    were captured), and the fp8 cell's KV TB/s against the copy's."""
+    import pandas as pd
+    from harness.report import _fp8_targets
+    base = dict(backend="tlx", batch=8, heads=32, kv_heads=8, head_dim=128, max_seqlen_q=1,
+                max_seqlen_k=32768, page_size=16, num_splits=0, packed_q=False, sparsity=1.0,
+                mode="decode", causal=True)
+    g = pd.DataFrame([dict(base, dtype="bf16", ms=0.30, graph_ms=0.26, kv_bytes=1.0e9),
+                      dict(base, dtype="fp8", ms=0.20, graph_ms=0.13, kv_bytes=0.5e9)])
+    md = _fp8_targets(g, copy=4.0)
+    line = next(x for x in md if x.startswith("- `tlx`"))
+    assert "2.00x bf16 (graph)" in line and "96% of copy" in line and line.endswith("met")
+    g.loc[1, "graph_ms"] = float("nan")  # not captured: the eager times, 1.50x: missed
+    line = next(x for x in _fp8_targets(g, copy=4.0) if x.startswith("- `tlx`"))
+    assert "1.50x bf16," in line and line.endswith("missed")
