@@ -82,7 +82,7 @@ def splits_list(default: int) -> list[int]:
 def _tlx_default(p: DecodeProblem):
     from kernels_tlx.decode_hopper import pick_config
     paged = object() if p.page_size else None  # pick_config reads only `is None`
-    return pick_config(p.head_dim, tile_rows(p), paged, p.page_size or 1)[0]
+    return pick_config(p.head_dim, tile_rows(p), paged, p.page_size or 1, p.elsize())[0]
 
 
 def _cute_default(p: DecodeProblem):
@@ -144,16 +144,20 @@ def core_call(forward):
 
     def fn(q, k_cache, v_cache, cache_seqlens, *, page_table=None, cu_seqlens_q=None,
            max_seqlen_q=None, causal=True, softmax_scale=None, num_splits=0,
-           return_lse=False, **_):
+           return_lse=False, q_descale=None, k_descale=None, v_descale=None, **_):
         B, len_q, cap = kvcache.validate(q, k_cache, v_cache, cache_seqlens, page_table,
                                          cu_seqlens_q, max_seqlen_q, num_splits)
+        fp8 = kvcache.validate_descales(q, k_cache, B, q_descale, k_descale, v_descale)
+        descale = (kvcache.fill_descales(B, k_cache.shape[2], q.device, q_descale, k_descale,
+                                         v_descale) if fp8 else None)
         H, D = q.shape[-2:]
         q3 = q.reshape(-1, H, D)
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
         kvcache.check_inputs_async(q3.shape[0], k_cache, cache_seqlens, page_table,
                                    cu_seqlens_q, len_q, cap)
         out, lse = kvcache.run(forward, q3, k_cache, v_cache, cache_seqlens, page_table,
-                               cu_seqlens_q, int(len_q), bool(causal), scale, int(num_splits))
+                               cu_seqlens_q, int(len_q), bool(causal), scale, int(num_splits),
+                               descale)
         out = out.view(q.shape)
         if not return_lse:
             return out
@@ -178,7 +182,12 @@ class Parts:
         self.q3 = inp.q.reshape(-1, H, D)
         self.scale = 1.0 / math.sqrt(D)
         n = self.q3.shape[0]
-        self.out = torch.empty_like(self.q3)
+        fp8 = kvcache.validate_descales(inp.q, inp.k_cache, self.B, inp.q_descale,
+                                        inp.k_descale, inp.v_descale)
+        self.descale = (kvcache.fill_descales(self.B, inp.k_cache.shape[2], inp.q.device,
+                                              inp.q_descale, inp.k_descale, inp.v_descale)
+                        if fp8 else None)
+        self.out = torch.empty_like(self.q3, dtype=torch.bfloat16 if fp8 else self.q3.dtype)
         self.lse = torch.empty(H, n, device=inp.q.device, dtype=torch.float32)
         self.o_part = self.lse_part = None
         if num_splits > 1:
@@ -192,7 +201,8 @@ class Parts:
         return lambda: fwd(self.q3, i.k_cache, i.v_cache, i.cache_seqlens, i.page_table,
                            i.cu_seqlens_q, self.out, self.lse, self.o_part, self.lse_part,
                            len_q=self.len_q, causal=self.p.causal, scale=self.scale,
-                           num_splits=self.S)
+                           num_splits=self.S,
+                           **({} if self.descale is None else {"descale": self.descale}))
 
     def check(self):
         from jagged import kvcache
