@@ -1,8 +1,6 @@
 """Input validation of the public op (each bad input names its argument), the two
 levels of the offsets check, backend dispatch, and tracing through the op with
 torch.library.opcheck / torch.compile."""
-import contextlib
-import dataclasses
 import warnings
 
 import pytest
@@ -10,6 +8,7 @@ import torch
 
 from harness.problems import Problem
 from jagged.portable import jagged_attention
+from _interp import interpreter_asserts
 
 
 @pytest.fixture
@@ -56,20 +55,6 @@ def test_bad_offsets_checked_on_host(inp, over, host_msg, _):
     """check_offsets=True: a ValueError naming the argument, before any launch."""
     with pytest.raises(ValueError, match=host_msg.replace("(", r"\(")):
         call(inp, check_offsets=True, **offsets_override(over))
-
-
-@contextlib.contextmanager
-def interpreter_asserts():
-    """The interpreter compiles no device_assert unless its options ask for debug (the
-    GPU build of the check kernel sets debug=True itself)."""
-    from triton.runtime import interpreter
-    b = interpreter.interpreter_builder
-    old = b.options
-    b.options = dataclasses.replace(old, debug=True)
-    try:
-        yield
-    finally:
-        b.options = old
 
 
 @pytest.mark.parametrize("over, _, device_msg", BAD_OFFSETS)

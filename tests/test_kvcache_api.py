@@ -4,18 +4,13 @@ jagged/kvcache_kernels.py) with the TLX style's kernel, in the Triton interprete
 (CPU). fp8: the descales' validation, what the core hands a style (a recording
 forward), a call through `run` and one traced by torch.compile.
 """
-import contextlib
-import dataclasses
 import math
-import os
 
 import pytest
 import torch
 
 from jagged import kvcache as kc
-
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                            reason="CPU interpreter test (TRITON_INTERPRET=1)")
+from _interp import interp, interpreter_asserts
 
 
 def inputs(B=2, L_q=2, H=4, H_kv=2, D=64, page_size=4, pages=16, max_pages=4, seed=0,
@@ -147,18 +142,6 @@ def test_check_inputs_host(change, host_msg, _):
     a = _bad_values(change)
     with pytest.raises(ValueError, match=host_msg):
         kc.check_inputs_host(4, a["k_cache"], a["cache_seqlens"], a["page_table"], None, 2, 16)
-
-
-@contextlib.contextmanager
-def interpreter_asserts():
-    from triton.runtime import interpreter
-    b = interpreter.interpreter_builder
-    old = b.options
-    b.options = dataclasses.replace(old, debug=True)
-    try:
-        yield
-    finally:
-        b.options = old
 
 
 @interp

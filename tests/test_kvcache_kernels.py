@@ -2,19 +2,14 @@
 against logsumexp at split counts from 1 to MAX_SPLITS, and the device value check
 spread over page-table chunks (a bad entry past the first chunk is caught), in the
 Triton interpreter; both compiled for sm_90a without spills."""
-import contextlib
-import dataclasses
 import math
-import os
 
 import pytest
 import torch
 
 from jagged import kvcache_kernels as kk
 from jagged.kvcache import MAX_SPLITS
-
-interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                            reason="CPU interpreter test (TRITON_INTERPRET=1)")
+from _interp import interp, interpreter_asserts
 
 
 @interp
@@ -39,18 +34,6 @@ def test_combine_matches_logsumexp(S):
     torch.testing.assert_close(lse_out[fin], want_lse[fin], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     assert torch.all(out[4, 0] == 0)
-
-
-@contextlib.contextmanager
-def interpreter_asserts():
-    from triton.runtime import interpreter
-    b = interpreter.interpreter_builder
-    old = b.options
-    b.options = dataclasses.replace(old, debug=True)
-    try:
-        yield
-    finally:
-        b.options = old
 
 
 def _paged(bad_at=None, page_size=1, n_k=(1500, 3)):
