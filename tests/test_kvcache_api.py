@@ -195,7 +195,7 @@ def test_run_with_tlx_kernel(splits):
 def test_compile_fullgraph_traces_the_call(monkeypatch):
     """torch.compile(fullgraph=True) traces kvcache_attention with no graph break (the
     style resolved as on a GPU; the op runs the TLX kernel in the interpreter)."""
-    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index, fp8=False: "tlx")
     a = inputs(lengths=(13, 2))
     f = torch.compile(lambda q, k, v, n, pt: kc.kvcache_attention(
         q, k, v, n, page_table=pt, num_splits=3), fullgraph=True, backend="aot_eager")
@@ -266,7 +266,7 @@ def _fake_style(monkeypatch):
             if t is not None:
                 t.zero_()
 
-    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index, fp8=False: "tlx")
     monkeypatch.setattr(kc, "check_inputs_async", lambda *a, **k: None)
     monkeypatch.setitem(kc._FORWARDS, "tlx", forward)
     return seen
@@ -335,7 +335,7 @@ def test_run_fp8_with_tlx_kernel(splits, q_fp8):
 def test_compile_fullgraph_traces_an_fp8_call(monkeypatch):
     """torch.compile(fullgraph=True) traces an fp8 call with descales (the op's Optional
     tensor arguments), giving the eager call's bits."""
-    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index, fp8=False: "tlx")
     a = fp8_inputs(lengths=(13, 2))
     kd = torch.full((2, 2), 0.75)
     f = torch.compile(lambda q, k, v, n, pt, kd: kc.kvcache_attention(
@@ -345,3 +345,22 @@ def test_compile_fullgraph_traces_an_fp8_call(monkeypatch):
     want = kc.kvcache_attention(**a, num_splits=3, k_descale=kd)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_auto_order_by_cache_kind(monkeypatch):
+    """backend="auto": TLX first for a 16-bit cache, CuteDSL first for fp8, the other
+    style when the first cannot run."""
+    up = {"tlx": True, "cute": True}
+    monkeypatch.setattr(kc, "style_available",
+                        lambda name, dev, archs=None: (up[name], "" if up[name] else "absent"))
+    monkeypatch.setattr(kc, "style_forward", lambda name: None)
+    monkeypatch.setattr(kc, "_CHOSEN", {})
+    assert kc.resolve("auto", 0, False) == "tlx"
+    assert kc.resolve("auto", 0, True) == "cute"
+    up["tlx"] = False
+    monkeypatch.setattr(kc, "_CHOSEN", {})
+    assert kc.resolve("auto", 0, False) == "cute"
+    up["cute"] = False
+    monkeypatch.setattr(kc, "_CHOSEN", {})
+    with pytest.raises(RuntimeError, match="tlx: absent; cute: absent"):
+        kc.resolve("auto", 0, False)
