@@ -7,7 +7,10 @@ dtype, plus a small floor (the FlashAttention test rule).
 """
 from __future__ import annotations
 
+import itertools
 import math
+import sys
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -36,36 +39,80 @@ def _attend(q, k, v, causal: bool, scale: float):
     return out, lse.float()
 
 
+# Query heads are taken in chunks whose score tensor [heads, L_q, L_k] stays under this
+# many bytes (whole KV-head groups while one fits, else slices of one group): the
+# reference's autograd keeps several score-sized tensors alive at once, and a long
+# sequence with many heads does not fit otherwise. One head is the least a chunk holds.
+SCORE_BYTES = 2 << 30
+
+
+def _head_chunks(H: int, Hkv: int, per_head: int, budget: int):
+    """(h0, h1, g0, g1): query heads [h0, h1) read KV heads [g0, g1)."""
+    G = H // Hkv
+    n = max(1, budget // max(per_head, 1))  # heads a chunk may hold
+    if n >= G:
+        step = n // G
+        return [(g * G, min(g + step, Hkv) * G, g, min(g + step, Hkv))
+                for g in range(0, Hkv, step)]
+    return [(h, min(h + n, (g + 1) * G), g, g + 1)
+            for g in range(Hkv) for h in range(g * G, (g + 1) * G, n)]
+
+
 def reference(inp: Inputs, *, causal=False, softmax_scale=None, broadcast_q=False,
-              compute_dtype=None, backward=True, dlse=None) -> dict[str, torch.Tensor]:
+              compute_dtype=None, backward=True, dlse=None,
+              score_bytes=None) -> dict[str, torch.Tensor]:
     """out [Nq,H,D], lse [H,Nq] and, with `backward`, dq/dk/dv (dq summed over the batch
     in broadcast_q mode) for the upstream gradient inp.dout on out and `dlse` ([H,Nq],
-    None: 0) on lse. `compute_dtype` None means the high-precision reference."""
+    None: 0) on lse. `compute_dtype` None means the high-precision reference.
+
+    Per sequence and per chunk of query heads (`score_bytes`, None: SCORE_BYTES), the
+    forward and, with `backward`, its gradient at once: no graph outlives its chunk.
+    dk / dv of a KV head split over several chunks are sums of the chunks' parts."""
     hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
     dt = compute_dtype or hi
+    budget = SCORE_BYTES if score_bytes is None else score_bytes
     D = inp.q.shape[-1]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
-    q, k, v = (t.detach().to(dt).requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
-    cu_k = inp.lengths_k.cumsum(0).tolist()
-    cu_q = inp.lengths_q.cumsum(0).tolist()
-    outs, lses = [], []
+    q, k, v = (t.detach().to(dt) for t in (inp.q, inp.k, inp.v))
+    H, Hkv = q.shape[1], k.shape[1]
+    acc_dt = torch.promote_types(dt, torch.float32)
+    itemsize = acc_dt.itemsize
+    lq, lk = inp.lengths_q.tolist(), inp.lengths_k.tolist()
+    rows = [len(q) if broadcast_q else n for n in lq]
+    starts_q = [0] * len(lk) if broadcast_q else [0, *itertools.accumulate(lq)][:-1]
+    out = q.new_zeros(sum(rows), H, D)
+    lse = q.new_zeros(H, sum(rows), dtype=torch.float32)
+    res = {"out": out, "lse": lse}
+    if backward:
+        dout = inp.dout.detach().to(dt)
+        dl = None if dlse is None else dlse.detach().to(torch.float32)
+        # dk / dv in fp32 at least: a group split over chunks adds its parts rounded once
+        dq = torch.zeros_like(q)
+        dk, dv = (torch.zeros_like(t, dtype=acc_dt) for t in (k, v))
+    starts_out, starts_k = ([0, *itertools.accumulate(x)][:-1] for x in (rows, lk))
     with torch.enable_grad():
-        for b in range(len(inp.lengths_k)):
-            k0, k1 = cu_k[b] - int(inp.lengths_k[b]), cu_k[b]
-            qb = q if broadcast_q else q[cu_q[b] - int(inp.lengths_q[b]):cu_q[b]]
-            o, l = _attend(qb, k[k0:k1], v[k0:k1], causal, scale)
-            outs.append(o)
-            lses.append(l)
-        out = torch.cat(outs) if outs else q.new_zeros(0, *q.shape[1:])
-        lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0).float()
-        res = {"out": out.detach(), "lse": lse.detach()}
-        if backward:
-            outs, grads = (out,), (inp.dout.to(dt),)
-            if dlse is not None:
-                outs, grads = (out, lse), (inp.dout.to(dt), dlse.to(lse.dtype))
-            dq, dk, dv = torch.autograd.grad(outs, (q, k, v), grads, allow_unused=True)
-            for name, g, x in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-                res[name] = torch.zeros_like(x) if g is None else g.detach()
+        # last sequence first: broadcast_q's dq then adds the sequences' parts in the
+        # order autograd adds a shared leaf's gradients
+        for b in reversed(range(len(lk))):
+            n, q0, r, k0 = rows[b], starts_q[b], starts_out[b], starts_k[b]
+            for h0, h1, g0, g1 in _head_chunks(H, Hkv, n * lk[b] * itemsize, budget):
+                qc = q[q0:q0 + n, h0:h1].detach().requires_grad_(backward)
+                kc = k[k0:k0 + lk[b], g0:g1].detach().requires_grad_(backward)
+                vc = v[k0:k0 + lk[b], g0:g1].detach().requires_grad_(backward)
+                o, l = _attend(qc, kc, vc, causal, scale)
+                out[r:r + n, h0:h1] = o.detach()
+                lse[h0:h1, r:r + n] = l.detach()
+                if backward:
+                    outs, grads = (o,), (dout[r:r + n, h0:h1],)
+                    if dl is not None:
+                        outs, grads = (o, l), (grads[0], dl[h0:h1, r:r + n])
+                    g = torch.autograd.grad(outs, (qc, kc, vc), grads, allow_unused=True)
+                    for acc, x in zip((dq[q0:q0 + n, h0:h1], dk[k0:k0 + lk[b], g0:g1],
+                                       dv[k0:k0 + lk[b], g0:g1]), g):
+                        if x is not None:
+                            acc += x
+    if backward:
+        res.update(dq=dq, dk=dk.to(dt), dv=dv.to(dt))
     return res
 
 
@@ -157,7 +204,36 @@ def check(inp: Inputs, fn, *, causal=False, softmax_scale=None, broadcast_q=Fals
           backward=True, ref=None, lowp=None, check_lse=True, dlse=None) -> Report:
     """Run `fn(q, k, v, cu_q, cu_k, max_q, max_k, causal=, softmax_scale=,
     broadcast_q=)` -> out or (out, lse) with autograd, and compare with the oracle.
-    dlse: also a gradient on lse in the backward (fn must return lse)."""
+    dlse: also a gradient on lse in the backward (fn must return lse).
+
+    An exception (e.g. out of memory) propagates with the locals of the frames it
+    unwound below this one cleared: held by a caller, it keeps none of the check's
+    tensors or graphs alive (its traceback still names every line)."""
+    outer = sys.exc_info()[1]
+    try:
+        return _check(inp, fn, causal=causal, softmax_scale=softmax_scale,
+                      broadcast_q=broadcast_q, backward=backward, ref=ref, lowp=lowp,
+                      check_lse=check_lse, dlse=dlse)
+    except BaseException as e:
+        _clear_frames(e, outer)
+        raise
+
+
+def _clear_frames(e: BaseException, outer: BaseException | None) -> None:
+    """Clear the finished frames in the tracebacks of `e` and of the exceptions it
+    chains (cause, context), short of `outer`: the one being handled when the check began."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if x is None or x is outer or id(x) in seen:
+            continue
+        seen.add(id(x))
+        traceback.clear_frames(x.__traceback__)  # skips the frames still executing
+        todo += [x.__cause__, x.__context__]
+
+
+def _check(inp: Inputs, fn, *, causal, softmax_scale, broadcast_q, backward, ref, lowp,
+           check_lse, dlse) -> Report:
     kw = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
     ref = ref or reference(inp, backward=backward, dlse=dlse, **kw)
     lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, dlse=dlse, **kw)

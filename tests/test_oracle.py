@@ -159,3 +159,120 @@ def test_delta_from_the_stored_output_is_allowed_and_bounded():
     assert not compare("dq", dq, ref["dq"], lowp["dq"], inp.q.dtype).ok
     assert check(inp, flash(1.0), causal=True).ok
     assert not check(inp, flash(8.0), causal=True).ok
+
+
+WHOLE = 1 << 62  # a budget every sequence's heads fit at once
+
+
+@pytest.mark.parametrize("problem,lengths,with_dlse", [
+    (Problem(batch=2, heads=8, kv_heads=2, head_dim=16, max_seqlen_q=24, causal=True, seed=3),
+     None, False),
+    (Problem(batch=3, heads=6, kv_heads=2, head_dim=16, max_seqlen_q=9, max_seqlen_k=23,
+             mode="cross", causal=True, seed=4), ([9, 0, 4], [3, 23, 0]), True),
+    (Problem(batch=3, heads=4, kv_heads=1, head_dim=16, max_seqlen_q=11, max_seqlen_k=17,
+             mode="broadcast_q", seed=5), None, True),
+])
+def test_reference_in_head_chunks_matches_all_heads_at_once(problem, lengths, with_dlse):
+    """Chunks of one head, of part of a KV group (G > 2 here) and of whole groups: out,
+    lse and dq are the same numbers; dk / dv of a group split over chunks differ by
+    rounding only."""
+    inp = problem.build(lengths=lengths)
+    kw = dict(causal=problem.causal, broadcast_q=problem.mode == "broadcast_q")
+    gen = torch.Generator().manual_seed(1)
+    if with_dlse:
+        kw["dlse"] = torch.randn(problem.heads, inp.dout.shape[0], generator=gen, dtype=torch.float64)
+    per_head = 8 * max(inp.max_seqlen_q, len(inp.q)) * inp.max_seqlen_k  # fp64 scores of one head
+    G = problem.heads // problem.hkv
+    for dt in (None, torch.bfloat16):
+        whole = reference(inp, compute_dtype=dt, score_bytes=WHOLE, **kw)
+        for budget, split in ((1, True), (per_head * (G - 1), True), (per_head * G, False)):
+            got = reference(inp, compute_dtype=dt, score_bytes=budget // (2 if dt else 1), **kw)
+            tol = 1e-12 if dt is None else 1e-2
+            for name in ("out", "lse", "dq", "dk", "dv"):
+                if split and name in ("dk", "dv"):
+                    torch.testing.assert_close(got[name], whole[name], rtol=tol, atol=tol, msg=name)
+                else:
+                    assert torch.equal(got[name], whole[name]), (dt, budget, name)
+
+
+def test_head_chunks_of_the_llm_shapes():
+    """fp32 scores under 2 GiB a chunk: Llama-70B's heads (64 over 8 KV heads) in one group a
+    chunk at 8k tokens, two heads at 16k; a budget under one head still takes one."""
+    from harness.oracle import SCORE_BYTES, _head_chunks
+    assert _head_chunks(64, 8, 4 * 8192 ** 2, SCORE_BYTES) == [(8 * g, 8 * g + 8, g, g + 1)
+                                                                for g in range(8)]
+    assert _head_chunks(64, 8, 4 * 16384 ** 2, SCORE_BYTES) == [(h, h + 2, h // 8, h // 8 + 1)
+                                                                 for h in range(0, 64, 2)]
+    assert _head_chunks(6, 2, 4 * 1024 ** 2, SCORE_BYTES) == [(0, 6, 0, 2)]
+    assert _head_chunks(4, 1, 100, 1) == [(h, h + 1, 0, 1) for h in range(4)]
+
+
+def test_a_failed_check_holds_no_tensors(monkeypatch):
+    """The exception out of `check` (an out-of-memory error, say) keeps none of the
+    references, inputs or graphs alive while a caller holds it; the frames of an
+    exception the caller was handling are left alone."""
+    import weakref
+
+    import harness.oracle as oracle
+    p = Problem(batch=2, heads=2, head_dim=16, max_seqlen_q=8, seed=1)
+    inp = p.build()
+    alive = []
+    real = oracle.reference
+
+    def recorded(*a, **kw):
+        r = real(*a, **kw)
+        alive.extend(weakref.ref(t) for t in r.values())
+        return r
+
+    def failing(q, k, v, *a, **kw):
+        out = (q * 2).sum(-1, keepdim=True) * v[:1]  # a graph through q and v
+        alive.extend(weakref.ref(t) for t in (q, out))
+        raise RuntimeError("CUDA out of memory. Tried to allocate 13.11 GiB")
+
+    def handled(x):
+        raise KeyError("the caller's")
+
+    monkeypatch.setattr(oracle, "reference", recorded)
+    try:
+        handled(torch.zeros(3))
+    except KeyError as outer:
+        with pytest.raises(RuntimeError, match="Tried to allocate") as info:
+            check(inp, failing)
+        assert outer.__traceback__.tb_next.tb_frame.f_locals["x"] is not None
+    assert len(alive) == 12 and info.value.__traceback__ is not None
+    assert [w for w in alive if w() is not None] == []
+
+    def attend_fails(*a):
+        alive.append(weakref.ref(a[0]))
+        raise RuntimeError("out of memory in the reference")
+
+    alive.clear()
+    monkeypatch.setattr(oracle, "_attend", attend_fails)
+    with pytest.raises(RuntimeError, match="in the reference"):
+        check(inp, failing)
+    assert len(alive) == 1 and alive[0]() is None
+
+
+@pytest.mark.gpu
+def test_gate_of_a_long_many_head_problem_fits_and_a_failure_frees_it():
+    """varlen-llm's B10 H64/8 D128 L8192 causal problem gated on 4 sequences (up to 7415
+    tokens): both references, forward and backward, peak under 24 GiB over the inputs,
+    and a check that fails leaves nothing allocated while its exception is held."""
+    import gc
+
+    from harness.problems import varlen_llm
+    p = next(x for x in varlen_llm() if x.max_seqlen_q == 8192 and x.heads == 64).replace(batch=4)
+    inp = p.build("cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    def failing(*a, **kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test)")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        check(inp, failing, causal=True)
+    gc.collect()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 24 << 30, f"peak {peak / 2 ** 30:.2f} GiB"
+    assert torch.cuda.memory_allocated() == base and info.value is not None
