@@ -257,7 +257,8 @@ def test_a_failed_check_holds_no_tensors(monkeypatch):
 def test_gate_of_a_long_many_head_problem_fits_and_a_failure_frees_it():
     """varlen-llm's B10 H64/8 D128 L8192 causal problem gated on 4 sequences (up to 7415
     tokens): both references, forward and backward, peak under 24 GiB over the inputs,
-    and a check that fails leaves nothing allocated while its exception is held."""
+    and a check that fails leaves no reference tensor allocated while its exception is
+    held (what stays is the first matmuls' cuBLAS workspace: 64 MiB on the H200)."""
     import gc
 
     from harness.problems import varlen_llm
@@ -275,4 +276,5 @@ def test_gate_of_a_long_many_head_problem_fits_and_a_failure_frees_it():
     gc.collect()
     peak = torch.cuda.max_memory_allocated() - base
     assert peak < 24 << 30, f"peak {peak / 2 ** 30:.2f} GiB"
-    assert torch.cuda.memory_allocated() == base and info.value is not None
+    left = torch.cuda.memory_allocated() - base
+    assert left <= 128 << 20 and info.value is not None, f"{left / 2 ** 20:.0f} MiB left"
