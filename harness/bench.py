@@ -371,11 +371,13 @@ def run_decode_problem(b, fn, p: DecodeProblem, passes=("fwd",), *,
         run = lambda: decode.call(fn, inp, p, return_lse=False)
         ms = time_ms(run, quick)
         host = host_ms(run) if torch.cuda.is_available() else None
-        graph = graph_time_ms(run, quick) if torch.cuda.is_available() else None
+        why = []
+        graph = graph_time_ms(run, quick, why=why) if torch.cuda.is_available() else None
         copy = copy_tbps()
         kv = p.kv_bytes() / (ms * 1e-3) / 1e12
         gkv = None if graph is None else p.kv_bytes() / (graph * 1e-3) / 1e12
-        return [row(b.name, p, "fwd", "ok", ms=f"{ms:.5f}", tflops=f"{p.flops() / ms * 1e-9:.4g}",
+        return [row(b.name, p, "fwd", "ok", "; ".join(why), ms=f"{ms:.5f}",
+                    tflops=f"{p.flops() / ms * 1e-9:.4g}",
                     host_ms="" if host is None else f"{host:.5f}", kv_tbps=f"{kv:.4g}",
                     copy_tbps="" if copy is None else f"{copy:.4g}",
                     graph_ms="" if graph is None else f"{graph:.5f}",

@@ -697,27 +697,6 @@ def test_tlx_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
-def test_tlx_bwd_blackwell_mutations_are_caught():
-    cfg, d = _tlx_bw_bwd_configs()[128], 128
-
-    def reports(**kw):
-        out = []
-        for seed in range(6):
-            try:
-                P.check(lambda sim: P.tlx_bwd_blackwell(sim, BWD, cfg, 2, d), [seed], **kw)
-            except ProtocolError as e:
-                out.append((e.kind, str(e)))
-        return out
-    # dP^T issued without waiting for reduce_dq to read dQ out of the same columns
-    got = reports(mutate=lambda r, op: None if r.endswith("mma") and type(op) is Wait
-                  and "dq_empty" in op.bar else op)
-    assert got and all(k in ("race", "stale", "aliasing") and "dP" in m for k, m in got)
-    # a dQ smem stage rewritten while its bulk store still reads it (store_wait dropped)
-    got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
-                  else op)
-    assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
-
-
 # --------------------------------------------------------------- CuteDSL Blackwell backward
 def _cute_bw_bwd_configs():
     from kernels_cute.bwd_blackwell import CONFIGS
@@ -731,22 +710,27 @@ def test_cute_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
-def test_cute_bwd_blackwell_mutations_are_caught():
-    cfg, d = _cute_bw_bwd_configs()[128], 128
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+def test_bwd_blackwell_mutations_are_caught(style):
+    """Both styles' models catch the same two planted bugs (D = 128)."""
+    d = 128
+    model, cfg = ((P.tlx_bwd_blackwell, _tlx_bw_bwd_configs()[d]) if style == "tlx"
+                  else (P.cute_bwd_blackwell, _cute_bw_bwd_configs()[d]))
 
     def reports(**kw):
         out = []
         for seed in range(6):
             try:
-                P.check(lambda sim: P.cute_bwd_blackwell(sim, BWD, cfg, 2, d), [seed], **kw)
+                P.check(lambda sim: model(sim, BWD, cfg, 2, d), [seed], **kw)
             except ProtocolError as e:
                 out.append((e.kind, str(e)))
         return out
-    # dP^T issued before reduce_dq has read dQ out of the same columns
+    # dP^T issued without waiting for reduce_dq to read dQ out of the same columns
     got = reports(mutate=lambda r, op: None if r.endswith("mma") and type(op) is Wait
                   and "dq_empty" in op.bar else op)
     assert got and all(k in ("race", "stale", "aliasing") and "dP" in m for k, m in got)
-    # a staging buffer rewritten while its bulk reduce still reads it (wait_group dropped)
+    # a dQ staging buffer rewritten while its bulk store / reduce still reads it (the
+    # wait on the bulk group dropped)
     got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
                   else op)
     assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
