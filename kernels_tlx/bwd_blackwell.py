@@ -8,10 +8,11 @@ compiles it on the CPU; its `-m gpu` test checks it against the oracle on a B200
 
 Three kernels, as bwd_hopper: its architecture-neutral `_bwd_preprocess` (delta =
 rowsum(dO * O) - dlse, the fp32 dQ accumulator and the tile counter zeroed) and
-`_bwd_postprocess` (dQ = scale * the sum of the accumulator's slots), and `bwd_kernel`
-below. One persistent program per SM walks the core's KV-tile list (jagged.tiles.kv_tiles,
-longest first; schedule.tile_range / kv_tile_coords; causal packed lists from the tile
-counter, tile_counter.py). A tile is BLOCK_N = 128 keys of one (sequence, KV head); it
+`_bwd_postprocess` (dQ = scale * the sum of the accumulator's slots), launched by its host
+steps `_prepare` / `_preprocess` / `_postprocess`, and `bwd_kernel` below. One
+persistent program per SM walks the core's KV-tile list (jagged.tiles.kv_tiles, longest
+first; schedule.tile_range / kv_tile_coords; causal packed lists from the tile counter,
+tile_counter.py). A tile is BLOCK_N = 128 keys of one (sequence, KV head); it
 loops over the Q steps (BLOCK_M = 128 query rows) of every query head of its GQA group.
 Transposed form, a thread a key row (TMEM lane); in tensor memory:
 
@@ -86,17 +87,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jagged.arch import num_sms
 from jagged.launch import fast
 from jagged.seqinfo import causal_visible
-from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
+from jagged.tiles import bwd_dynamic, kv_tiles
 
-from .bwd_hopper import (Grads, RowStats, _bwd_postprocess, _bwd_preprocess, _desc, _opaque,
+from .bwd_hopper import (Grads, RowStats, _desc, _opaque, _postprocess, _prepare, _preprocess,
                          lse_log2)
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -560,45 +559,23 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
              dlse=None):
     """(dq, dk, dv) in q's dtype; the `bwd` of jagged.api.make_jagged_attention. dlse:
     the gradient on lse, or None. See the module docstring for the design."""
-    dout = dout.contiguous()
-    out = out.contiguous()
-    lse = lse.contiguous()
-    H, D = q.shape[1], q.shape[2]
-    HKV = k.shape[1]
-    B = cu_k.shape[0] - 1
-    Nq = out.shape[0]
-    dev = q.device
-    L_q = q.shape[0] if broadcast_q else 0
-    dq = torch.empty_like(q)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)  # contiguous
-    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    if k.shape[0] == 0 or B == 0 or Nq == 0:  # no pair anywhere (and TMA cannot
-        dk.zero_(); dv.zero_(); dq.zero_()     # describe an empty tensor)
-        return dq, dk, dv
+    p = _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
+    if p.empty:
+        return p.dq, p.dk, p.dv
+    D = p.D
     cfg = pick_config(D)
     BM, BN = BLOCK_M.value, BLOCK_N.value
 
-    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev), dev)
-    ROWS = 32 if D <= 64 else 16
-    fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
-        out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0),
-        H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
-    if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
-        delta -= dlse
+    delta, dq_acc, grid, sched = _preprocess(p, broadcast_q, dlse)
 
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BN)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BN)
     fast(bwd_kernel)[(grid,)](
-        _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(dout, BM, D),
-        _desc(dq_acc, BM, D, cols=cfg.dq_slice), lse, delta, dk, dv,
+        _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(p.dout, BM, D),
+        _desc(dq_acc, BM, D, cols=cfg.dq_slice), p.lse, delta, p.dk, p.dv,
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), float(scale) * LOG2E, L_q, dk.stride(0), dk.stride(1), lse.stride(0),
-        **kernel_args(cfg, H, HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)
+        float(scale), float(scale) * LOG2E, p.L_q, p.dk.stride(0), p.dk.stride(1),
+        p.lse.stride(0),
+        **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)
 
-    n_elem = dq.numel()
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
-    PB = 1024
-    fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
-        dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
-    return dq, dk, dv
+    _postprocess(p, dq_acc, scale, broadcast_q)
+    return p.dq, p.dk, p.dv

@@ -716,58 +716,94 @@ def _desc(t, rows, D, cols=None):
                             block_shape=[rows, cols or D])
 
 
+class Prep(NamedTuple):
+    """A backward call's inputs made contiguous, its sizes and its (uninitialized)
+    gradients, as both architectures' `backward` set them up."""
+    dout: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    H: int
+    HKV: int
+    D: int
+    B: int
+    Nq: int
+    L_q: int             # broadcast-Q: the shared query length; 0 otherwise
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+    @property
+    def empty(self) -> bool:
+        """No (query, key) pair anywhere: the gradients are zeros, and nothing launches
+        (TMA cannot describe an empty tensor)."""
+        return self.dk.shape[0] == 0 or self.B == 0 or self.Nq == 0
+
+
+def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
+    """The host prologue of a backward call; an empty call's gradients come zeroed."""
+    dev = q.device
+    # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
+    p = Prep(dout.contiguous(), out.contiguous(), lse.contiguous(), q.shape[1], k.shape[1],
+             q.shape[2], cu_k.shape[0] - 1, out.shape[0], q.shape[0] if broadcast_q else 0,
+             torch.empty_like(q), torch.empty(k.shape, dtype=k.dtype, device=dev),
+             torch.empty(v.shape, dtype=v.dtype, device=dev))
+    if p.empty:
+        p.dk.zero_(); p.dv.zero_(); p.dq.zero_()
+    return p
+
+
+def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
+    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
+    -> (delta, dq_acc, programs of the main kernel, scheduling buffer)."""
+    dev = p.dq.device
+    delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
+    dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
+                                         num_sms(dev), dev)
+    ROWS = 32 if p.D <= 64 else 16
+    fast(_bwd_preprocess)[(triton.cdiv(p.Nq * p.H, ROWS),)](
+        p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0),
+        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
+    if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
+        delta -= dlse
+    return delta, dq_acc, grid, sched
+
+
+def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
+    """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq."""
+    n_elem = p.dq.numel()
+    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    PB = 1024
+    fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
+        dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB,
+        num_warps=4)
+
+
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype; the `bwd` of jagged.api.make_jagged_attention. dlse:
     the gradient on lse, or None. See the module docstring for the design."""
-    dout = dout.contiguous()
-    out = out.contiguous()
-    lse = lse.contiguous()
-    H, D = q.shape[1], q.shape[2]
-    HKV = k.shape[1]
-    B = cu_k.shape[0] - 1
-    Nq = out.shape[0]
-    dev = q.device
-    L_q = q.shape[0] if broadcast_q else 0
-    dq = torch.empty_like(q)
-    # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=dev)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=dev)
-    if k.shape[0] == 0 or B == 0 or Nq == 0:  # no pair anywhere (and TMA cannot
-        dk.zero_(); dv.zero_(); dq.zero_()     # describe an empty tensor)
-        return dq, dk, dv
-    cfg = pick_config(D, k.shape[0] / B)
+    p = _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
+    if p.empty:
+        return p.dq, p.dk, p.dv
+    D = p.D
+    cfg = pick_config(D, k.shape[0] / p.B)
     BM = cfg.block_m
 
-    # (a) preprocess
-    delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev)
-    ROWS = 32 if D <= 64 else 16
-    fast(_bwd_preprocess)[(triton.cdiv(Nq * H, ROWS),)](
-        out, dout, delta, dq_acc, sched, Nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0),
-        H=H, D=D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
-    if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
-        delta -= dlse
+    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
 
     # (b) main
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, L_q, max_k, causal, BM, BLOCK_N)
+    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](
-        _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(dout, BM, D),
-        lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
-        dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), L_q, dk.stride(0), dk.stride(1), lse.stride(0),
-        H=H, HKV=HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
+        _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
+        p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
+        p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
+        float(scale), p.L_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
+        H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
         DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES=cfg.kv_stages,
         Q_LOOP_STAGES=cfg.num_stages, num_warps=4, num_stages=cfg.num_stages)
 
-    # (c) postprocess
-    n_elem = dq.numel()
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
-    PB = 1024
-    fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
-        dq_acc, dq, n_elem, n_slots, L_q * H * D, float(scale), BLOCK=PB, num_warps=4)
-    return dq, dk, dv
+    _postprocess(p, dq_acc, scale, broadcast_q)
+    return p.dq, p.dk, p.dv

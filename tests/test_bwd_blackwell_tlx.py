@@ -85,10 +85,12 @@ def test_config_table():
 
 
 def test_shares_hopper_pre_and_postprocess():
-    """delta, the accumulator's zeroing and dQ's slot sum are the Hopper kernel's own."""
+    """The host prologue, delta, the accumulator's zeroing and dQ's slot sum are the
+    Hopper backward's own."""
     from kernels_tlx import bwd_hopper as bh
-    assert bb._bwd_preprocess is bh._bwd_preprocess
-    assert bb._bwd_postprocess is bh._bwd_postprocess
+    assert bb._prepare is bh._prepare
+    assert bb._preprocess is bh._preprocess
+    assert bb._postprocess is bh._postprocess
 
 
 def test_empty_inputs_on_cpu():
