@@ -124,24 +124,17 @@ def _kernel_class():
     import cutlass.pipeline as pipeline
     import cutlass.utils.blackwell_helpers as sm100
     from cutlass import Float32, Int32, const_expr
-    from cutlass._mlir.dialects import llvm
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
     from .fragments import element_swizzled, head_tile, tma_tiles
+    from .host import tc_fence_after
     from .schedule import kv_tile_coords, tile_range
-
-    def tc_fence_after():
-        """tcgen05.fence::after_thread_sync: tcgen05 work after an mbarrier wait is ordered
-        after the tcgen05 work the arriving threads did before arriving."""
-        llvm.inline_asm(None, [], "tcgen05.fence::after_thread_sync;", "",
-                        has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT)
 
     def with_cols(t, c):
         """The TMEM tensor t moved by c fp32 columns."""
         return cute.make_tensor(t.iterator + c, t.layout)
 
-    class BwdBlackwell:
+    class BwdBlackwell(host.sm100_base()):
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config):
             self.dtype, self.D = dtype, head_dim
@@ -235,15 +228,14 @@ def _kernel_class():
                     cute.struct.MemRange[Float32, 2 * cute.cosize(sdQ_layout)], 1024]
 
             self.shared_storage = SharedStorage
-            self.kernel(
+            self.launch(self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, tma_atom_Q, tma_atom_K, tma_atom_V,
                 tma_atom_dO, tma_atom_dQ, scale, L_q, group,
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sQt_layout, sdOt_layout,
                 sKt_layout, sdSt_layout, sdS_layout, tP_layout, sdQ_layout,
                 mma_s, mma_dv, mma_dk, mma_dq, SharedStorage,
-            ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
-                     cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1)
+            ), num_programs, stream)
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -295,11 +287,7 @@ def _kernel_class():
             pipe_dkv = pipeline.PipelineUmmaAsync.create(
                 barrier_storage=storage.mbar_dkv.data_ptr(), num_stages=1,
                 producer_group=one_thread, consumer_group=rows, defer_sync=True)
-            tmem_barrier = pipeline.NamedBarrier(barrier_id=TMEM_BARRIER,
-                                                 num_threads=32 * (MMA_WARP + 1))
-            tmem = cutlass.utils.TmemAllocator(storage.tmem_holding.ptr,
-                                               barrier_for_retrieve=tmem_barrier,
-                                               allocator_warp_id=MMA_WARP)
+            tmem, tmem_barrier = self.tmem_allocator(storage, TMEM_BARRIER, MMA_WARP)
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()
 
@@ -316,15 +304,11 @@ def _kernel_class():
             sdQ = storage.sdQ.get_tensor(cute.make_layout(2 * cute.cosize(sdQ_layout)))
 
             if warp == MMA_WARP:
-                tmem.allocate(TMEM_COLS)
-                tmem_barrier.arrive_and_wait()
-                tmem_ptr = tmem.retrieve_ptr(Float32)
+                tmem_ptr = self.tmem_acquire(tmem, tmem_barrier, TMEM_COLS)
                 self.mma(mma_s, mma_dv, mma_dk, mma_dq, sK, sV, sQ, sdO, sQt, sdOt, sKt,
                          sdSt, sdS, tP_layout, pipe_kv, pipe_q, pipe_sdp, pipe_dq, pipe_dkv,
                          sched)
-                tmem.relinquish_alloc_permit()
-                tmem_barrier.arrive_and_wait()
-                tmem.free(tmem_ptr)
+                self.tmem_release(tmem, tmem_barrier, tmem_ptr)
             if warp == LOAD_WARP:
                 self.load(mma_s, mQ, mK, mV, mdO, mLSE, mDelta, sK, sV, sQ, sdO, sLD,
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, pipe_kv, pipe_q,
@@ -472,14 +456,6 @@ def _kernel_class():
                     pipe_kv.consumer_release(kv_state)
                     kv_state.advance()
                 t += step
-
-        @cute.jit
-        def gemm(self, tiled_mma, acc, tA, tB, accumulate):
-            """acc (+)= A B over the k-blocks (issued by one thread of the warp)."""
-            atom = cute.make_mma_atom(tiled_mma.op)    # a local atom: its field is state
-            for kb in cutlass.range_constexpr(cute.size(tA.shape[2])):
-                atom.set(tcgen05.Field.ACCUMULATE, accumulate if kb == 0 else True)
-                cute.gemm(atom, acc, tA[None, None, kb], tB[None, None, kb], acc)
 
         # ------------------------------------------------------------------ compute
         @cute.jit

@@ -180,21 +180,14 @@ def _kernel_class():
     import cutlass.pipeline as pipeline
     import cutlass.utils.blackwell_helpers as sm100
     from cutlass import Float32, Int32, const_expr
-    from cutlass._mlir.dialects import llvm
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
     from .fragments import head_tile
+    from .host import tc_fence_after
 
     LN_2 = math.log(2.0)
 
-    def tc_fence_after():
-        """tcgen05.fence::after_thread_sync: tcgen05 work after an mbarrier wait is ordered
-        after the tcgen05 work the arriving threads did before arriving."""
-        llvm.inline_asm(None, [], "tcgen05.fence::after_thread_sync;", "",
-                        has_side_effects=True, is_align_stack=False,
-                        asm_dialect=llvm.AsmDialect.AD_ATT)
-
-    class FwdBlackwell:
+    class FwdBlackwell(host.sm100_base()):
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config):
             assert cfg.block_m == 2 * HALF_M and cfg.block_n == 128
@@ -273,13 +266,12 @@ def _kernel_class():
                 sKV: cute.struct.Align[cute.struct.MemRange[dt, kv_elems], 1024]
 
             self.shared_storage = SharedStorage
-            self.kernel(
+            self.launch(self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
                 sQ_layout, sK_layout, sV_layout, tP_layout, tiled_mma_qk, tiled_mma_pv,
                 SharedStorage,
-            ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
-                     cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1)
+            ), num_programs, stream)
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -334,11 +326,7 @@ def _kernel_class():
                 barrier_storage=storage.mbar_clc.data_ptr(), num_stages=self.clc_stages,
                 producer_group=one_thread, consumer_group=Group(T, 15 * 32), tx_count=16,
                 cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
-            tmem_barrier = pipeline.NamedBarrier(barrier_id=TMEM_BARRIER,
-                                                 num_threads=32 * (MMA_WARP + 1))
-            tmem = cutlass.utils.TmemAllocator(storage.tmem_holding.ptr,
-                                               barrier_for_retrieve=tmem_barrier,
-                                               allocator_warp_id=MMA_WARP)
+            tmem, tmem_barrier = self.tmem_allocator(storage, TMEM_BARRIER, MMA_WARP)
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()
 
@@ -353,14 +341,10 @@ def _kernel_class():
                 if warp >= 12:
                     cute.arch.setmaxregister_decrease(OTHER_REGS)
                     if warp == MMA_WARP:
-                        tmem.allocate(TMEM_COLS)
-                        tmem_barrier.arrive_and_wait()
-                        tmem_ptr = tmem.retrieve_ptr(Float32)
+                        tmem_ptr = self.tmem_acquire(tmem, tmem_barrier, TMEM_COLS)
                         self.mma(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, tP_layout,
                                  pipe_q, pipe_kv, pipe_s_p, pipe_o, sched, clc)
-                        tmem.relinquish_alloc_permit()
-                        tmem_barrier.arrive_and_wait()
-                        tmem.free(tmem_ptr)
+                        self.tmem_release(tmem, tmem_barrier, tmem_ptr)
                     if warp == LOAD_WARP:
                         self.load(tiled_mma_qk, tiled_mma_pv, mQ, mK, mV, sQ, sK, sV,
                                   tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_kv, sched,
@@ -580,14 +564,6 @@ def _kernel_class():
             if live:
                 self.gemm(tiled_mma_qk, acc, tA, tB, False)
             pipe_s_p.sync_object_full.arrive(s, pipe_s_p.producer_mask, pipe_s_p.cta_group)
-
-        @cute.jit
-        def gemm(self, tiled_mma, acc, tA, tB, accumulate):
-            """acc (+)= A B over the k-blocks (issued by one thread of the warp)."""
-            atom = cute.make_mma_atom(tiled_mma.op)    # a local atom: its field is state
-            for kb in cutlass.range_constexpr(cute.size(tA.shape[2])):
-                atom.set(tcgen05.Field.ACCUMULATE, accumulate if kb == 0 else True)
-                cute.gemm(atom, acc, tA[None, None, kb], tB[None, None, kb], acc)
 
         # ------------------------------------------------------------------ softmax
         @cute.jit
