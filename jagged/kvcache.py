@@ -67,6 +67,7 @@ DECODE_ORDER = {False: ("tlx", "cute"), True: ("cute", "tlx")}  # keyed by fp8
 PROGRAMS_PER_SM = 1
 MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 64
+MAX_TILE_ROWS = 128  # both styles' largest row tile (more packed rows: more row blocks)
 
 
 # ------------------------------------------------------------------ host checks
@@ -214,12 +215,14 @@ def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, 
 
 
 # ------------------------------------------------------------------ splits
-def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int) -> int:
+def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int,
+                  rows: int = 1) -> int:
     """num_splits from the shapes alone (the lengths live on the device): the most
     that keep the programs within one wave of PROGRAMS_PER_SM per SM, each split at
-    least MIN_SPLIT_KEYS keys of the capacity. A split past a sequence's end costs one
-    early exit."""
-    programs = max(batch * kv_heads, 1)
+    least MIN_SPLIT_KEYS keys of the capacity. rows: a KV head's packed query rows
+    (group * L_q); past MAX_TILE_ROWS they take several row blocks, each its own
+    program. A split past a sequence's end costs one early exit."""
+    programs = max(batch * kv_heads * -(-rows // MAX_TILE_ROWS), 1)
     want = PROGRAMS_PER_SM * sms // programs
     most = max(capacity // MIN_SPLIT_KEYS, 1)
     return max(1, min(want, most, MAX_SPLITS))
@@ -292,9 +295,11 @@ def resolve(backend: str, device_index: int, fp8: bool = False) -> str:
 
 
 @torch.compiler.assume_constant_result
-def auto_splits(batch: int, kv_heads: int, capacity: int, device_index: int) -> int:
+def auto_splits(batch: int, kv_heads: int, capacity: int, device_index: int,
+                rows: int) -> int:
     from .arch import num_sms
-    return choose_splits(batch, kv_heads, capacity, num_sms(torch.device("cuda", device_index)))
+    return choose_splits(batch, kv_heads, capacity, num_sms(torch.device("cuda", device_index)),
+                         rows)
 
 
 def style_forward(name: str):
@@ -354,7 +359,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
                           len_q, capacity)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     if num_splits == 0:
-        num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index)
+        num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index,
+                                 H // k_cache.shape[2] * len_q)
     descale = fill_descales(B, k_cache.shape[2], q.device, q_descale, k_descale,
                             v_descale) if fp8 else None
     args = (q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, int(len_q),

@@ -170,6 +170,8 @@ def test_choose_splits():
     assert kc.choose_splits(1, 8, 1024, 132) == 2       # at least 512 keys a split
     assert kc.choose_splits(1, 1, 1 << 20, 132) == kc.MAX_SPLITS
     assert kc.choose_splits(1, 8, 100, 132) == 1
+    assert kc.choose_splits(1, 8, 32768, 132, rows=4 * 16) == 16  # one row block
+    assert kc.choose_splits(1, 8, 32768, 132, rows=8 * 32) == 8   # two row blocks
 
 
 # ------------------------------------------------------------------ a call through run
@@ -364,3 +366,10 @@ def test_auto_order_by_cache_kind(monkeypatch):
     monkeypatch.setattr(kc, "_CHOSEN", {})
     with pytest.raises(RuntimeError, match="tlx: absent; cute: absent"):
         kc.resolve("auto", 0, False)
+
+
+def test_max_tile_rows_is_both_styles_largest_tile():
+    """choose_splits counts row blocks of MAX_TILE_ROWS: each style's largest row tile."""
+    from kernels_cute import decode_hopper as cute_dh
+    from kernels_tlx import decode_hopper as tlx_dh
+    assert tlx_dh.ROW_TILES[-1] == kc.MAX_TILE_ROWS == cute_dh.tile_rows(10 ** 6)

@@ -3,7 +3,7 @@
     python -m harness.gpu.decode_tune --styles tlx,cute --out decode_tune.csv [--quick]
     python -m harness.gpu.decode_tune --styles tlx,cute --dry-run     # the plan, no GPU
 
-For each style and each cell of CELLS (bf16, GQA 32/8, D 128):
+For each style and each cell of CELLS (GQA 32/8, D 128; bf16, or --dtype fp16 / fp8):
 1. breakdown at the default config and splits, under CUDA-graph replay: the whole
    `kvcache_attention` call, the style's forward alone (partials allocated once), the
    device value check (`check_inputs_async`) alone, `combine` alone, and the size's
@@ -55,8 +55,10 @@ CUTE_GRID = dict(block_n=(64, 128), stages=(3, 4, 6))
 SMEM_LIMIT = 227 * 1024  # an H100 / H200 CTA's shared memory
 
 
-def cells(quick: bool = False) -> list[tuple[str, DecodeProblem]]:
-    return [c for c in CELLS if not quick or c[0] in QUICK]
+def cells(quick: bool = False, dtype: str = "bf16") -> list[tuple[str, DecodeProblem]]:
+    """CELLS (QUICK's only if `quick`) in `dtype` ("fp8": q and cache in e4m3)."""
+    return [(name, dataclasses.replace(p, dtype=dtype)) for name, p in CELLS
+            if not quick or name in QUICK]
 
 
 def tile_rows(p: DecodeProblem) -> int:
@@ -66,7 +68,8 @@ def tile_rows(p: DecodeProblem) -> int:
 
 def default_splits(p: DecodeProblem, sms: int) -> int:
     from jagged.kvcache import choose_splits
-    return choose_splits(p.batch, p.kv_heads, p.capacity(), sms)
+    return choose_splits(p.batch, p.kv_heads, p.capacity(), sms,
+                         p.heads // p.kv_heads * p.len_q)
 
 
 def splits_list(default: int) -> list[int]:
@@ -115,12 +118,13 @@ def config_name(cfg) -> str:
     return f"m{cfg.block_m}/n{cfg.block_n}/s{cfg.stages}/wm{cfg.warps_m}/w{cfg.warps}"
 
 
-def plan(styles, quick: bool, sms: int, defaults_only: bool = False) -> list[dict]:
+def plan(styles, quick: bool, sms: int, defaults_only: bool = False,
+         dtype: str = "bf16") -> list[dict]:
     """Every row the run measures, in order (the default pair first in each cell);
     `defaults_only`: the default config alone (at every splits of the list)."""
     rows = []
     for style in styles:
-        for name, p in cells(quick):
+        for name, p in cells(quick, dtype):
             d = default_splits(p, sms)
             for ci, cfg in enumerate(configs(style, p)):
                 for s in splits_list(d):
@@ -328,6 +332,8 @@ def main(argv=None):
                     help="only each cell's default config (the splits sweep kept)")
     ap.add_argument("--budget-s", type=float, default=0,
                     help="stop starting rows after this many seconds (0: no limit)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"),
+                    help="the cells' dtype (fp8: q and cache e4m3 with descales)")
     ap.add_argument("--sms", type=int, default=0,
                     help=f"SM count for the default splits (0: the device's; dry run {H200_SMS})")
     a = ap.parse_args(argv)
@@ -336,7 +342,7 @@ def main(argv=None):
         if s not in ("tlx", "cute"):
             ap.error(f"--styles: unknown style {s!r} (tlx, cute)")
     if a.dry_run:
-        rows = plan(styles, a.quick, a.sms or H200_SMS, a.defaults_only)
+        rows = plan(styles, a.quick, a.sms or H200_SMS, a.defaults_only, a.dtype)
         for r in rows:
             print(f"{r['style']:5s} {r['cell']:20s} rows/tile {tile_rows(r['problem']):3d} "
                   f"{config_name(r['cfg']):24s} splits {r['num_splits']:3d}"
@@ -348,7 +354,7 @@ def main(argv=None):
     from harness import bench
     from jagged.arch import num_sms
     sms = a.sms or num_sms(torch.device("cuda"))
-    rows = plan(styles, a.quick, sms, a.defaults_only)
+    rows = plan(styles, a.quick, sms, a.defaults_only, a.dtype)
     copy = bench.copy_tbps()
     print(f"copy bandwidth {copy:.3f} TB/s; {sms} SMs; {len(rows)} rows", flush=True)
     done, t0 = [], time.perf_counter()
