@@ -87,7 +87,7 @@ class Config:
 #     past 128 registers: one).
 #   128 rows: over 128 registers at 8 warps (D = 128), one program an SM: blocks of
 #     32 KB, rings of 4 (146-162 KB).
-#   1-byte caches: K and V blocks are converted to bf16 in registers, which takes
+#   1-byte caches: K and V blocks are converted to f16 in registers, which takes
 #     registers a 2-byte block does not: blocks of 32 KB where they fit (16 rows; 128
 #     rows, one program an SM), else 16 KB blocks in deeper rings (32 rows at 4 warps:
 #     8 warps went past 128 registers; 64 rows at D = 128). The resources of each
@@ -111,16 +111,14 @@ def _table() -> dict:  # role: host
 
 
 # fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
-# memory and registers (sm_90a):
-#   16 rows: D 128: 3; 105-107 KB; 168-179. D 64: 9 / 4 / 6; 71-103 KB; 80-139 (256-key
-#     blocks spilled, gathered 128-key ones too).
-#   32 rows: D 128: 4 / 3 / 6; 61-109 KB; 168-183. D 64: 4 / 6 / 8; 42-73 KB; 128-152
-#     (128-key blocks spilled).
-#   64 rows: D 128: 3; 97-98 KB; 170-246 (a ring of 4 took 113 KB: one program an SM).
-#     D 64: 4; 105-107 KB; 168-172.
-#   128 rows: D 128: 3; 193-195 KB; 233-242. D 64: 3; 97-99 KB; 167-175.
-#   Deeper rings or larger blocks than these spilled in some build (e4m3 or bf16 q,
-#   split or not).
+# memory and registers over e4m3 and bf16 q, split or not (sm_90a):
+#   16 rows: D 128: 3; 105-107 KB; 196-203. D 64: 7 / 4 / 6; 63-103 KB; 102-147.
+#   32 rows: D 128: 4 / 3 / 6; 61-109 KB; 183-196. D 64: 5 / 4 / 8; 41-73 KB; 128-146.
+#   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
+#   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
+#   ptxas caps some builds at 128 registers and spills there: deeper rings of 64-key
+#   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
+#   not), 128-key blocks at 16 rows / D 64 in gathers.
 FP8_CONFIGS = {
     (128, 16): (Config(128, 7, 4), Config(128, 7, 4), Config(128, 4, 4)),
     (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 7, 4)),

@@ -1,9 +1,11 @@
 """harness.gpu.decode_tune on the CPU: the plan (cells, splits, configs), the dry run,
 and (TRITON_INTERPRET=1) the core-call path with a non-default TLX config against the
 oracle on a small cell."""
+import dataclasses
 import os
 
 import pytest
+import torch
 
 from harness.decode import DecodeProblem
 from harness.gpu import decode_tune as dt
@@ -61,4 +63,20 @@ def test_core_call_with_config(page_size, splits):
     inp = p.build("cpu")
     fwd = dt.style_forward("tlx", Config(32, 3, 4), False)
     rep = decode.check(inp, p, dt.core_call(fwd), check_lse=True)
+    assert rep.ok, rep.checks
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="CPU interpreter test (TRITON_INTERPRET=1)")
+def test_fp8_cell_through_the_oracle():
+    """An fp8 cell (--dtype fp8): its references (bf16 the low precision) and the
+    default TLX call passing the oracle with them."""
+    from harness import decode
+    _, p = dt.cells(dtype="fp8")[0]
+    p = dataclasses.replace(p, batch=1, heads=8, kv_heads=2, head_dim=64, cache_len=150,
+                            num_splits=2)
+    inp, ref, lowp = dt._cells_data(p, "cpu")
+    assert inp.k_cache.dtype == torch.float8_e4m3fn and lowp["out"].dtype == torch.bfloat16
+    fwd = dt.style_forward("tlx", None, True)
+    rep = decode.check(inp, p, dt.core_call(fwd), ref=ref, lowp=lowp, check_lse=True)
     assert rep.ok, rep.checks

@@ -293,12 +293,13 @@ def measure(row: dict, inp, ref, lowp, quick: bool) -> dict:
     return rec
 
 
-def _cells_data(p: DecodeProblem):
-    """The cell's inputs on the GPU and its fp32 / low-precision references."""
+def _cells_data(p: DecodeProblem, device: str = "cuda"):
+    """The cell's inputs and its fp32 / low-precision references (the oracle's: fp8
+    cells on the dequantized values, the low precision bf16)."""
     from harness import decode
-    inp = p.build("cuda")
+    inp = p.build(device)
     ref = decode.reference(inp, causal=p.causal)
-    lowp = decode.reference(inp, causal=p.causal, compute_dtype=inp.q.dtype)
+    lowp = decode.reference(inp, causal=p.causal, compute_dtype=decode.lowp_dtype(inp))
     return inp, ref, lowp
 
 
