@@ -43,6 +43,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, NamedTuple
 
 
@@ -133,6 +134,48 @@ def ring(count: int, stages: int) -> tuple[int, int]:
     """Slot and mbarrier parity of the count-th use of a `stages`-deep ring (as the
     kernels compute them)."""
     return count % stages, (count // stages) & 1
+
+
+def publish_tile(slots, full, empty, t: int, i: int, threads: int = 1):
+    """The tile handoff's writer (tile_counter.publish_tile): tile t into the i-th use of
+    the two slots, once its readers have freed it."""
+    s, ph = ring(i, 2)
+    yield Wait(empty[s], ph ^ 1)
+    yield Write(slots[s], t)
+    yield Arrive(full[s], threads)
+
+
+def fetch_tile(slots, full, empty, i: int, threads: int = 1):
+    """A reader of the tile handoff (tile_counter.fetch_tile): its i-th tile id, the
+    slot freed after the read."""
+    s, ph = ring(i, 2)
+    yield Wait(full[s], ph)
+    t = yield Read(slots[s])
+    yield Arrive(empty[s], threads, release=(slots[s],))
+    return t
+
+
+def kv_rings(sim, pre: str, stages: int, readers: int):
+    """Separate K and V rings of `stages` buffers: full mbarriers of one arrival (the
+    producer's expect) plus the TMA bytes, empty ones of `readers` arrivals -> (k, v,
+    k_full, k_empty, v_full, v_empty)."""
+    return (sim.buffers(pre + "k", stages), sim.buffers(pre + "v", stages),
+            sim.mbarriers(pre + "k_full", stages, 1),
+            sim.mbarriers(pre + "k_empty", stages, readers),
+            sim.mbarriers(pre + "v_full", stages, 1),
+            sim.mbarriers(pre + "v_empty", stages, readers))
+
+
+def load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt: int, stages: int, key, blk,
+            nbytes: int):
+    """The producer's K then V copies of block `blk` into the kv_cnt-th ring slot."""
+    kb, ph = ring(kv_cnt, stages)
+    yield Wait(k_empty[kb], ph ^ 1)
+    yield Arrive(k_full[kb], tx=nbytes)                       # barrier_expect_bytes
+    yield Tma(k_full[kb], {k[kb]: ("K", key, blk)}, nbytes)
+    yield Wait(v_empty[kb], ph ^ 1)
+    yield Arrive(v_full[kb], tx=nbytes)
+    yield Tma(v_full[kb], {v[kb]: ("V", key, blk)}, nbytes)
 
 
 class ProtocolError(Exception):
@@ -685,14 +728,9 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     for p, tiles in enumerate(walk.tiles):
         pre = f"cta{p}."
         q = sim.buffers(pre + "q", NBQ * NC)
-        k = sim.buffers(pre + "k", S)
-        v = sim.buffers(pre + "v", S)
+        k, v, k_full, k_empty, v_full, v_empty = kv_rings(sim, pre, S, NC)
         q_full = sim.mbarriers(pre + "q_full", NBQ * NC, 1)
         q_empty = sim.mbarriers(pre + "q_empty", NBQ * NC, 1)
-        k_full = sim.mbarriers(pre + "k_full", S, 1)
-        k_empty = sim.mbarriers(pre + "k_empty", S, NC)
-        v_full = sim.mbarriers(pre + "v_full", S, 1)
-        v_empty = sim.mbarriers(pre + "v_empty", S, NC)
         turn = [sim.named_barrier(f"{pre}bar{9 + c}") for c in range(NC)]
 
         def load(tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
@@ -706,14 +744,8 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield Arrive(q_full[slot], tx=Q_BYTES)           # barrier_expect_bytes
                     yield Tma(q_full[slot], {q[slot]: ("Q", t.key, c)}, Q_BYTES)
                 for j in range(t.n_end):
-                    kb, kph = ring(kv_cnt, S)
-                    blk = kv_block(j, t.n_end, cfg.mask_first)
-                    yield Wait(k_empty[kb], kph ^ 1)
-                    yield Arrive(k_full[kb], tx=KV_BYTES)
-                    yield Tma(k_full[kb], {k[kb]: ("K", t.key, blk)}, KV_BYTES)
-                    yield Wait(v_empty[kb], kph ^ 1)
-                    yield Arrive(v_full[kb], tx=KV_BYTES)
-                    yield Tma(v_full[kb], {v[kb]: ("V", t.key, blk)}, KV_BYTES)
+                    yield from load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt, S,
+                                       t.key, kv_block(j, t.n_end, cfg.mask_first), KV_BYTES)
                     kv_cnt += 1
 
         def consumer(cid, tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
@@ -791,14 +823,9 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     for p, tiles in enumerate(walk.tiles):
         pre = f"cta{p}."
         q = sim.buffers(pre + "q", NBQ * NC)   # slot s, warpgroup c's rows: s * NC + c
-        k = sim.buffers(pre + "k", S)
-        v = sim.buffers(pre + "v", S)
+        k, v, k_full, k_empty, v_full, v_empty = kv_rings(sim, pre, S, NC * 4)
         q_full = sim.mbarriers(pre + "q_full", NBQ, 1)
         q_empty = sim.mbarriers(pre + "q_empty", NBQ, NC * 4)
-        k_full = sim.mbarriers(pre + "k_full", S, 1)
-        k_empty = sim.mbarriers(pre + "k_empty", S, NC * 4)
-        v_full = sim.mbarriers(pre + "v_full", S, 1)
-        v_empty = sim.mbarriers(pre + "v_empty", S, NC * 4)
         turn = [sim.named_barrier(f"{pre}bar{SCHED + c}") for c in range(NC)]
         epi = [sim.named_barrier(f"{pre}bar{SCHED + NC + c}") for c in range(NC)]
 
@@ -813,14 +840,8 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                           Q_BYTES)
                 q_cnt += 1
                 for n in range(t.n_end):
-                    kb, ph = ring(kv_cnt, S)
-                    blk = kv_block(n, t.n_end, cfg.mask_first)
-                    yield Wait(k_empty[kb], ph ^ 1)
-                    yield Arrive(k_full[kb], tx=KV_BYTES)
-                    yield Tma(k_full[kb], {k[kb]: ("K", t.key, blk)}, KV_BYTES)
-                    yield Wait(v_empty[kb], ph ^ 1)
-                    yield Arrive(v_full[kb], tx=KV_BYTES)
-                    yield Tma(v_full[kb], {v[kb]: ("V", t.key, blk)}, KV_BYTES)
+                    yield from load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt, S,
+                                       t.key, kv_block(n, t.n_end, cfg.mask_first), KV_BYTES)
                     kv_cnt += 1
 
         def compute(wg, tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
@@ -913,21 +934,13 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
         tile_full, tile_empty = bar("tile_full", 2), bar("tile_empty", 2, 4)
         sink = bar("sink", 1)
 
-        def publish(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_empty[s], ph ^ 1)
-            yield Write(tile_slot[s], t)
-            yield Arrive(tile_full[s])
+        publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
         def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
             """_fetch: a reading task's i-th tile after t."""
             if not dyn:
                 return t + P
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_full[s], ph)
-            t = yield Read(tile_slot[s])
-            yield Arrive(tile_empty[s], release=(tile_slot[s],))
-            return t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
 
         def load(p=p, q=q, kv=kv, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
                  kv_empty=kv_empty, publish=publish):
@@ -1377,6 +1390,13 @@ class BwdWalk:
         n_m = max(-(-(len_q - m_lo) // BM), 0)
         return (base, hk), hk, b, m_lo, n_m
 
+    def steps(self, t, pid):
+        """-> (key, the tile's Q steps as (b, query head, first row)): its GQA group's
+        heads one after another, each over the rows that see its keys."""
+        key, hk, b, m_lo, n_m = self.coords(t, pid)
+        G, BM = self.problem.heads // self.problem.hkv, self.block_m
+        return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+
     def finish(self):
         if sorted(self.done) != self.want:
             raise ProtocolError("coverage", f"tiles finished {sorted(self.done)}, the list "
@@ -1428,25 +1448,15 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
         meet = sim.named_barrier(pre + "bar8")
         first, step, end = walk.range(p)
 
-        def steps(t, p=p):
-            key, hk, b, m_lo, n_m = walk.coords(t, p)
-            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+        steps = partial(walk.steps, pid=p)
 
-        def publish(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_empty[s], ph ^ 1)
-            yield Write(tile_slot[s], t)
-            yield Arrive(tile_full[s])
+        publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
         def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
                   step=step):
             if not dyn:
                 return t + step if i else t
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_full[s], ph)
-            t = yield Read(tile_slot[s])
-            yield Arrive(tile_empty[s], release=(tile_slot[s],))
-            return t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
 
         def reduce_step(qcnt, qkey, dq=dq, dq_full=dq_full, dq_empty=dq_empty):
             cs = range(NC - 1 if DQS else 0, NC)
@@ -1615,28 +1625,18 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         store_b = [sim.named_barrier(f"{pre}bar{4 + w}") for w in range(NW)]
         first, step, end = walk.range(p)
 
-        def steps(t, p=p):
-            key, hk, b, m_lo, n_m = walk.coords(t, p)
-            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+        steps = partial(walk.steps, pid=p)
 
         def fetch(t, i, threads, tile_slot=tile_slot, tile_full=tile_full,
                   tile_empty=tile_empty, step=step):
             if not dyn:
                 return t + step if i else t
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_full[s], ph)
-            t = yield Read(tile_slot[s])
-            yield Arrive(tile_empty[s], threads, release=(tile_slot[s],))
-            return t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i, threads))
 
         def load(p=p, k=k, v=v, q=q, do=do, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, tile_slot=tile_slot, tile_full=tile_full,
                  tile_empty=tile_empty, first=first, step=step, end=end, steps=steps):
-            def publish(t, i):
-                s, ph = i % 2, (i // 2) & 1
-                yield Wait(tile_empty[s], ph ^ 1)
-                yield Write(tile_slot[s], t)
-                yield Arrive(tile_full[s], 32)
+            publish = partial(publish_tile, tile_slot, tile_full, tile_empty, threads=32)
 
             t, i, qcnt = first, 0, 0
             if dyn:
@@ -1782,28 +1782,18 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
         tile_full, tile_empty = bar("tile_full", 2), bar("tile_empty", 2, 4)
         first, step, end = walk.range(p)
 
-        def steps(t, p=p):
-            key, hk, b, m_lo, n_m = walk.coords(t, p)
-            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+        steps = partial(walk.steps, pid=p)
 
         def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
                   step=step):
             if not dyn:
                 return t + step if i else t
-            s, ph = i % 2, (i // 2) & 1
-            yield Wait(tile_full[s], ph)
-            t = yield Read(tile_slot[s])
-            yield Arrive(tile_empty[s], release=(tile_slot[s],))
-            return t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
 
         def load(p=p, q=q, do=do, k=k, v=v, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
                  kv_empty=kv_empty, tile_slot=tile_slot, tile_full=tile_full,
                  tile_empty=tile_empty, first=first, step=step, end=end, steps=steps):
-            def publish(t, i):
-                s, ph = i % 2, (i // 2) & 1
-                yield Wait(tile_empty[s], ph ^ 1)
-                yield Write(tile_slot[s], t)
-                yield Arrive(tile_full[s])
+            publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
             t, i, kcnt, qcnt = first, 0, 0, 0
             if dyn:
@@ -1983,9 +1973,7 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
         tmem_b, dq_b = sim.named_barrier(pre + "bar1"), sim.named_barrier(pre + "bar2")
         first, step, end = walk.range(p)
 
-        def steps(t, p=p):
-            key, hk, b, m_lo, n_m = walk.coords(t, p)
-            return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+        steps = partial(walk.steps, pid=p)
 
         def load(q=q, do=do, k=k, v=v, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, ld_full=ld_full, ld_empty=ld_empty,
