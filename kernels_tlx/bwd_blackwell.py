@@ -95,8 +95,8 @@ from jagged.launch import fast
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dynamic, kv_tiles
 
-from .bwd_hopper import (Grads, RowStats, _desc, _opaque, _postprocess, _prepare, _preprocess,
-                         lse_log2)
+from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
+                         _prepare, _preprocess, lse_log2)
 from .schedule import KVTiles, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -144,15 +144,7 @@ def tmem_cols(head_dim: int) -> int:  # role: host
 
 
 # ----------------------------------------------------------------------------- bundles
-class Descs(NamedTuple):
-    """TMA descriptors: Q, K, V, dO and the fp32 dQ accumulator (box [BLOCK_M, dq_slice])."""
-    q: object
-    k: object
-    v: object
-    do: object
-    dq: object
-
-
+# (Descs, RowStats, Grads: bwd_hopper's; the dQ accumulator's box is [BLOCK_M, dq_slice])
 class Smem(NamedTuple):
     """Q / dO stages, K / V stages, dS^T (the dK MMA's A, the dQ MMA's A transposed),
     reduce_dq's two fp32 stages."""
@@ -198,12 +190,6 @@ class Bars(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- schedule
-@triton.jit
-def _buf_phase(cnt, NUM: tl.constexpr):
-    """Ring slot and mbarrier parity of the cnt-th use of a NUM-deep ring."""
-    return cnt % NUM, (cnt // NUM) & 1
-
-
 @triton.jit
 def _first(tiles, bars, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr,
            DYNAMIC: tl.constexpr):  # role: schedule
