@@ -1,6 +1,11 @@
 """Shared by the Blackwell kernel tests (tests/test_{fwd,bwd}_blackwell_{tlx,cute}.py):
-the CuteDSL sm_100a builds (a fresh process each, PTX kept, ptxas -v on it), the B200
-oracle problems, and the mbarrier of the TLX protocol models."""
+the CuteDSL builds (a fresh process each, PTX kept, ptxas -v on it) and their common
+checks, the B200 oracle problems and parameters, the mbarrier of the TLX protocol models,
+and the TLX builds' common checks.
+
+Dispatch sends compute capability 10.0 (B200) and 10.3 (B300) to the same kernels: each
+kernel's tests build its default variant for sm_103a too (`-m matrix`)."""
+import re
 import functools
 import json
 import os
@@ -11,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from _cute import ROOT
+from _cute import ROOT, have_dsl
 
 SMEM_LIMIT = 227 * 1024
 TMEM_COLS = 512
@@ -38,12 +43,12 @@ def ptxas() -> str:
                         "ptxas-blackwell")
 
 
-def cute_build(d, dtype: str, body: str):
+def cute_build(d, dtype: str, body: str, arch: str = "sm_100a"):
     """Run CUTE_PRELUDE + `body` (which prints "INFO <json>" and "COMPILED") with
-    CUTE_DSL_ARCH=sm_100a in a fresh process in the new folder `d` -> (info dict, PTX
+    CUTE_DSL_ARCH=arch in a fresh process in the new folder `d` -> (info dict, PTX
     text, ptxas -v log), or (None, None, the output's tail) when it did not compile."""
     d.mkdir()
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a", CUTE_DSL_KEEP="ptx,cubin",
+    env = dict(os.environ, CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="ptx,cubin",
                CUTE_DSL_DUMP_DIR=str(d), CUTE_DSL_DISABLE_FILE_CACHING="1")
     script = f"DTYPE = {dtype!r}\n" + CUTE_PRELUDE + textwrap.dedent(body)
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
@@ -53,9 +58,68 @@ def cute_build(d, dtype: str, body: str):
     info = json.loads(r.stdout.split("INFO ", 1)[1].splitlines()[0])
     ptx_path = next(str(d / f) for f in os.listdir(d) if f.endswith(".ptx"))
     ptx = open(ptx_path).read()
-    log = subprocess.run([ptxas(), "-v", "-arch=sm_100a", "-O3", ptx_path, "-o", os.devnull],
+    assert re.search(rf"^\.target {arch}$", ptx, re.M), f"not built for {arch}"
+    log = subprocess.run([ptxas(), "-v", f"-arch={arch}", "-O3", ptx_path, "-o", os.devnull],
                          capture_output=True, text=True).stderr
     return info, ptx, log
+
+
+def cute_variant(tmp_path, body: str, variant, arch: str = "sm_100a"):
+    """Build `variant` (D, causal, broadcast_q, dtype[, config fields]) from `body` (a
+    template of {D}, {causal}, {bq}, {cfg}) in its own folder -> cute_build's triple."""
+    D, causal, bq, dtype, *rest = variant
+    cfg = rest[0] if rest else {}
+    d = tmp_path / f"{arch}_d{D}_c{int(causal)}_b{int(bq)}_{dtype}_{len(cfg)}{''.join(cfg)}"
+    return cute_build(d, dtype, body.format(D=D, causal=causal, bq=bq, cfg=cfg), arch)
+
+
+def check_cute(variant, info, ptx, log, mmas: int, threads: int, max_regs: int):
+    """What every CuteDSL Blackwell build shows: exactly `mmas` 1-CTA tcgen05 MMAs, one
+    TMEM allocation freed once and the permit relinquished, 1-CTA clusters of `threads`
+    threads, TMEM and shared memory within the limits, no spills or stack and at most
+    `max_regs` registers a thread (ptxas -v)."""
+    assert ptx is not None, f"{variant} did not compile:\n{log}"
+    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16", ptx)
+    assert len(mma) == mmas, len(mma)
+    for op in (r"alloc\.cta_group::1", r"dealloc\.cta_group::1", "relinquish_alloc_permit"):
+        assert len(re.findall(r"tcgen05\." + op, ptx)) == 1, op
+    assert "cta_group::2" not in ptx                        # 1-CTA MMAs, 1-CTA clusters
+    assert info["cluster"] == [1, 1, 1] and info["threads"] == threads
+    assert info["tmem_total"] <= TMEM_COLS
+    assert info["smem"] <= SMEM_LIMIT, info
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+    assert re.search(r"\b0 bytes stack frame", log), log
+    used = int(re.search(r"Used (\d+) registers", log).group(1))
+    assert used <= max_regs, used
+
+
+def cute_tests(body: str, default, matrix, check):
+    """A CuteDSL Blackwell kernel's compile tests, built by cute_variant from `body` and
+    checked by check(variant, info, ptx, log): the `default` variants, the `matrix` ones
+    (`-m matrix`), and the first default for sm_103a (`-m matrix`)."""
+    import pytest
+    ok, why = have_dsl()
+    needs_dsl = pytest.mark.skipif(not ok, reason=why)
+
+    def run(tmp_path, variants, arch="sm_100a"):
+        cute_run(variants, functools.partial(cute_variant, tmp_path, body, arch=arch), check)
+
+    @needs_dsl
+    def test_default_builds(tmp_path):
+        run(tmp_path, default)
+
+    @needs_dsl
+    @pytest.mark.matrix
+    def test_compile_matrix(tmp_path):
+        run(tmp_path, matrix)
+
+    @needs_dsl
+    @pytest.mark.matrix
+    def test_default_build_sm103(tmp_path):
+        """B300 (compute capability 10.3): dispatch sends it these kernels."""
+        run(tmp_path, default[:1], arch="sm_103a")
+
+    return test_default_builds, test_compile_matrix, test_default_build_sm103
 
 
 def cute_run(variants, build, check):
@@ -122,6 +186,15 @@ def backward_fn(name: str, backward):
     return fn
 
 
+def b200_matrix(test):
+    """A `-m gpu` test over every mode, causality, head dim and dtype."""
+    import pytest
+    for name, values in (("dtype", ["bf16", "fp16"]), ("head_dim", [64, 128]),
+                         ("causal", [False, True]), ("mode", ["self", "cross", "broadcast_q"])):
+        test = pytest.mark.parametrize(name, values)(test)
+    return pytest.mark.gpu(test)
+
+
 def check_on_b200(p, fn, backward: bool, seed: int = 3):
     """`fn` against the oracle on problem `p` with short sequences planted; the backward
     with a gradient on lse too."""
@@ -155,6 +228,33 @@ class Bar:
         return (self.done & 1) != parity
 
 
+def publish_tile(slots: dict, t: int):
+    """The tile handoff's writer (the load task, tile_counter.publish_tile): tile t into
+    slot t % 2 once its readers have freed it, as ("wait" | "arrive", barrier[, parity])
+    events."""
+    s, ph = t % 2, (t // 2) & 1
+    yield ("wait", f"tile_empty{s}", ph ^ 1)
+    slots[s] = t
+    yield ("arrive", f"tile_full{s}")
+
+
+def handoff_tiles(slots: dict, total: int, dynamic: bool):
+    """A reading task's tiles ("tile", t) of a list of `total`, with its handoff events
+    (tile_counter.fetch_tile) when `dynamic`, else the round-robin of one program."""
+    i = 0
+    while True:
+        t = i
+        if dynamic:
+            s, ph = i % 2, (i // 2) & 1
+            yield ("wait", f"tile_full{s}", ph)
+            t = slots[s]
+            yield ("arrive", f"tile_empty{s}")
+        if t >= total:
+            return
+        yield ("tile", t)
+        i += 1
+
+
 # ------------------------------------------------------------------------------ TLX builds
 def first_then_matrix(variants):
     """pytest params: the first variant by default, the others under `-m matrix`."""
@@ -162,17 +262,23 @@ def first_then_matrix(variants):
     return variants[:1] + [pytest.param(v, marks=pytest.mark.matrix) for v in variants[1:]]
 
 
-def check_tcgen05(rep) -> list[int]:
-    """What every TLX sm_100a build (harness.compile_check report `rep`) shows: tcgen05
-    MMAs, one with its A operand in TMEM; TMEM allocations within 512 columns, each
-    freed, the allocation permit relinquished; shared memory within the limit. -> the
-    allocations' column counts."""
-    import re
+def tcgen05_mmas(rep) -> int:
+    """The tcgen05 MMAs in a TLX build's PTX (sm_100a or sm_103a)."""
+    from harness.compile_check import MMA_PATTERNS
+    return len(re.findall(MMA_PATTERNS[100], rep.ptx))
 
+
+def check_tcgen05(rep) -> list[int]:
+    """What every TLX Blackwell build (harness.compile_check report `rep`, sm_100a or
+    sm_103a) shows: tcgen05 MMAs, one with its A operand in TMEM; TMEM allocations within
+    512 columns, each freed, the allocation permit relinquished; shared memory within the
+    limit (sm_103a: sm_100a's, the same 227 KB a block). -> the allocations' column
+    counts."""
     from harness.compile_check import SMEM_LIMIT as LIMITS
     print(rep.row())
     ptx = rep.ptx
-    assert rep.mma == "tcgen05" and rep.has_mma, rep.row()
+    assert rep.arch in (100, 103) and tcgen05_mmas(rep) > 0, rep.row()
+    assert re.search(rf"^\.target sm_{rep.arch}a$", ptx, re.M), rep.row()
     cols = [int(x) for x in re.findall(
         r"tcgen05\.alloc\.cta_group::1\.sync\.aligned\.shared::cta\.b32\s+\[[^\]]+\],\s*(\d+);",
         ptx)]
@@ -181,10 +287,29 @@ def check_tcgen05(rep) -> list[int]:
     assert n_alloc >= 1 and len(re.findall(r"tcgen05\.dealloc\.", ptx)) >= n_alloc, \
         "a TMEM allocation is never freed"
     assert "tcgen05.relinquish_alloc_permit" in ptx
-    assert rep.total_smem <= LIMITS[100], rep.row()
+    assert rep.total_smem <= LIMITS[100], rep.row()  # sm_103a: the same limit
     assert re.search(r"tcgen05\.mma\.cta_group::1\.kind::f16\s+\[[^\]]+\],\s*\[", ptx), \
         "no MMA with its A operand in TMEM"
     return cols
+
+
+def tlx_compile_tests(check, variants, spill_bound: int, why: str):
+    """A TLX Blackwell kernel's compile tests: check(*variant, arch=...) -> its report,
+    spills within `spill_bound` an xfail (`why`). Every variant for sm_100a (the first
+    by default, the others under `-m matrix`), and the first for sm_103a (`-m matrix`)."""
+    import pytest
+
+    @pytest.mark.parametrize("v", first_then_matrix(variants),
+                             ids=lambda v: "-".join(map(str, v)))
+    def test_compiles_sm100(v):
+        xfail_spills(check(*v), spill_bound, why)
+
+    @pytest.mark.matrix
+    def test_compiles_sm103():
+        """B300 (compute capability 10.3): dispatch sends it these kernels."""
+        xfail_spills(check(*variants[0], arch=103), spill_bound, why)
+
+    return test_compiles_sm100, test_compiles_sm103
 
 
 def xfail_spills(rep, bound: int, why: str):

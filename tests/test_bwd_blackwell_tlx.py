@@ -3,7 +3,7 @@
 
 Default run: one variant (D = 128, non-causal, bf16, H = H_kv = 4) and the host checks.
 `-m matrix` compiles every other variant (causal, broadcast-Q, GQA / MQA, D = 64, fp16;
-~6-10 s each). `-m gpu` on a B200 runs it against the oracle, gradients through out and lse.
+~6-10 s each), and the default for sm_103a (B300, which dispatch sends here too). `-m gpu` on a B200 runs it against the oracle, gradients through out and lse.
 
 Each compile must show: tcgen05.mma and tcgen05.alloc in the PTX, every alloc matched by a
 dealloc and the allocation permit relinquished, the kernel's TMEM columns within the 512
@@ -16,14 +16,16 @@ The barrier protocol is model-checked here too (`_protocol`: the five roles as s
 machines over their mbarrier phases and buffers, random tile lists).
 """
 import functools
+from functools import partial
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from _blackwell import (Bar, backward_fn, check_on_b200, check_tcgen05,  # noqa: E402
-                        first_then_matrix, problem, skip_unless_b200, xfail_spills)
+from _blackwell import (Bar, b200_matrix, backward_fn, check_on_b200,  # noqa: E402
+                        check_tcgen05, handoff_tiles, problem, publish_tile,
+                        skip_unless_b200, tcgen05_mmas, tlx_compile_tests)
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import bwd_blackwell as bb  # noqa: E402
 
@@ -45,29 +47,28 @@ SPILL_BOUND = 60  # spill instructions (LDL + STL)
 
 
 @functools.lru_cache(maxsize=None)
-def compile_bwd(d, causal, bq, dt, h, hkv):
+def compile_bwd(d, causal, bq, dt, h, hkv, arch=100):
     cfg = bb.CONFIGS[d]
     name = (f"bw bwd D{d} {'causal' if causal else 'full'}{' bq' if bq else ''} {dt} "
             f"H{h}/{hkv}")
     return compile_kernel(bb.bwd_kernel, bb.signature(d, cfg, dt),
-                          bb.kernel_args(cfg, h, hkv, d, causal, bq), arch=100, num_warps=4,
+                          bb.kernel_args(cfg, h, hkv, d, causal, bq), arch=arch, num_warps=4,
                           num_stages=1, name=name)
 
 
-def _check(d, causal, bq, dt, h, hkv):
-    rep = compile_bwd(d, causal, bq, dt, h, hkv)
+def _check(d, causal, bq, dt, h, hkv, arch=100):
+    rep = compile_bwd(d, causal, bq, dt, h, hkv, arch)
     cols = check_tcgen05(rep)  # dV += P^T dO reads P^T from TMEM
     # S^T, dP^T, dV, dK, dQ: at least one tcgen05.mma each (a k-step each at least)
-    assert rep.mma_count >= 5 * (min(d, bb.BLOCK_M.value) // 16), rep.row()
+    assert tcgen05_mmas(rep) >= 5 * (min(d, bb.BLOCK_M.value) // 16), rep.row()
     assert bb.tmem_cols(d) <= max(cols), (bb.tmem_cols(d), cols)
     assert rep.total_smem >= bb.smem_bytes(bb.CONFIGS[d], d)
     assert "cp.reduce.async.bulk.tensor" in rep.ptx and ".add" in rep.ptx  # dQ's reduce
     return rep
 
 
-@pytest.mark.parametrize("v", first_then_matrix(VARIANTS), ids=lambda v: "-".join(map(str, v)))
-def test_compiles_sm100(v):
-    xfail_spills(_check(*v), SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
+test_compiles_sm100, test_compiles_sm103 = tlx_compile_tests(
+    _check, VARIANTS, SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
 
 
 def test_config_table():
@@ -105,11 +106,7 @@ def test_empty_inputs_on_cpu():
 
 
 # ----------------------------------------------------------------------------- B200
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@b200_matrix
 @pytest.mark.parametrize("kv_heads", [4, 1])
 @pytest.mark.parametrize("max_len", [100, 1000])
 def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
@@ -154,29 +151,13 @@ def _protocol(steps, NQ, NKV, alias, dynamic, rng, wait_at_dp=None):
     total, slots = len(steps), {}
     dq_buf = (lambda db: "dp") if alias else (lambda db: f"dq{db}")
 
-    def tiles_of():
-        i = 0
-        while True:
-            if dynamic:
-                s, ph = i % 2, (i // 2) & 1
-                yield W(f"tile_full{s}", ph)
-                t = slots[s]
-                yield A(f"tile_empty{s}")
-            else:
-                t = i
-            if t >= total:
-                return
-            yield ("tile", t)
-            i += 1
+    tiles_of = partial(handoff_tiles, slots, total, dynamic)
 
     def load():
         q = kv = 0
         for t in range(total + 1):
             if dynamic:
-                s, ph = t % 2, (t // 2) & 1
-                yield W(f"tile_empty{s}", ph ^ 1)
-                slots[s] = t
-                yield A(f"tile_full{s}")
+                yield from publish_tile(slots, t)
             if t == total:
                 return
             n = steps[t]

@@ -9,7 +9,8 @@ the register file, shared memory within 227 KB, no spills or stack (ptxas -v on 
 1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
 them. By default two builds (in parallel) cover D 64 / 128, causal, broadcast-Q, bf16 /
 fp16; with `-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default configs
-(static schedule, late TMEM release) compile too.
+(static schedule, late TMEM release) compile too, and the first default for sm_103a (B300,
+which dispatch sends here too) passes the same checks.
 """
 import json
 import os
@@ -17,12 +18,11 @@ import re
 import subprocess
 import sys
 import textwrap
-from functools import partial
 
 import pytest
 
-from _blackwell import (SMEM_LIMIT, TMEM_COLS, check_on_b200, cute_build, cute_run, forward_fn,
-                        problem, skip_unless_b200)
+from _blackwell import (b200_matrix, check_cute, check_on_b200, cute_tests,
+                        forward_fn, problem, skip_unless_b200)
 from _cute import have_dsl
 
 _ok, _why = have_dsl()
@@ -46,52 +46,22 @@ MATRIX = [(d, c, b, dt, {}) for d in (64, 128) for c in (False, True) for b in (
     (64, False, True, "bf16", {"early_release": False})]
 
 
-def _build(tmp_path, variant):
-    """Compile one variant in its own process -> (info dict, PTX text, ptxas -v log)."""
-    D, causal, bq, dtype, cfg = variant
-    d = tmp_path / f"d{D}_c{int(causal)}_b{int(bq)}_{dtype}_{len(cfg)}{''.join(cfg)}"
-    return cute_build(d, dtype, _BODY.format(D=D, causal=causal, bq=bq, cfg=cfg))
-
-
 def _check(variant, info, ptx, log):
     D, causal, bq, dtype, cfg = variant
-    assert ptx is not None, f"{variant} did not compile:\n{log}"
-    # QK: 2 halves x (prologue + loop) x D / 16 k-steps; PV: 2 halves x 128 / 16
-    mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16", ptx)
-    assert len(mma) == 4 * D // 16 + 2 * 128 // 16, len(mma)
-    assert len(re.findall(r"tcgen05\.alloc\.cta_group::1", ptx)) == 1
-    assert len(re.findall(r"tcgen05\.dealloc\.cta_group::1", ptx)) == 1
-    assert len(re.findall(r"tcgen05\.relinquish_alloc_permit", ptx)) == 1
-    assert "cta_group::2" not in ptx                        # 1-CTA MMAs, 1-CTA clusters
-    assert info["cluster"] == [1, 1, 1] and info["threads"] == 512
-    assert info["tmem_total"] <= TMEM_COLS
+    # QK: 2 halves x (prologue + loop) x D / 16 k-steps; PV: 2 halves x 128 / 16;
+    # 512 threads x 128 registers
+    check_cute(variant, info, ptx, log, 4 * D // 16 + 2 * 128 // 16, 512, 128)
     assert info["tmem_o"] == [256, 256 + D] and info["tmem_total"] == 256 + 2 * D
-    assert info["smem"] <= SMEM_LIMIT, info
     clc = cfg.get("clc", True)
     assert ("clusterlaunchcontrol.try_cancel" in ptx) == clc
     incs = [int(v) for v in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)]
     decs = sorted(int(v) for v in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", ptx))
     assert len(incs) == 1 and len(decs) == 2, (incs, decs)
     assert 2 * incs[0] + sum(decs) <= 512                  # 4 warpgroups, 64K registers
-    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
-    assert re.search(r"\b0 bytes stack frame", log), log
-    used = int(re.search(r"Used (\d+) registers", log).group(1))
-    assert used <= 128, used                                # 512 threads x 128
 
 
-def _run(tmp_path, variants):
-    cute_run(variants, partial(_build, tmp_path), _check)
-
-
-@needs_dsl
-def test_default_builds(tmp_path):
-    _run(tmp_path, DEFAULT)
-
-
-@needs_dsl
-@pytest.mark.matrix
-def test_compile_matrix(tmp_path):
-    _run(tmp_path, MATRIX)
+test_default_builds, test_compile_matrix, test_default_build_sm103 = cute_tests(
+    _BODY, DEFAULT, MATRIX, _check)
 
 
 def test_configs():
@@ -106,11 +76,7 @@ def test_configs():
 
 
 # ------------------------------------------------------------------------------ B200
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@b200_matrix
 def test_matches_oracle_on_b200(mode, causal, head_dim, dtype):
     """Every mode against the oracle (out and lse), GQA at D = 64, zero-length and
     length-1 sequences planted."""

@@ -3,7 +3,8 @@
 
 Default run: one variant (D = 128, long, non-causal, bf16), the config table, the host
 checks and the tile hand-out. `-m matrix` compiles every default variant
-(~20-40 s each on 2 cores). `-m gpu` on a B200 runs it against the oracle.
+(~20-40 s each on 2 cores), and the first for sm_103a (B300, which dispatch sends here
+too). `-m gpu` on a B200 runs it against the oracle.
 
 Each compile must show: tcgen05.mma (P V with its A operand in TMEM) and tcgen05.alloc in
 the PTX, every alloc matched by a dealloc and the allocation permit relinquished, TMEM
@@ -15,6 +16,7 @@ tile once) and the barrier protocol (a model of the five tasks) are CPU tests.
 """
 import functools
 import math
+from functools import partial
 import random
 
 import pytest
@@ -22,8 +24,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from _blackwell import (Bar, check_on_b200, check_tcgen05, first_then_matrix,  # noqa: E402
-                        forward_fn, problem, skip_unless_b200, xfail_spills)
+from _blackwell import (Bar, b200_matrix, check_on_b200, check_tcgen05,  # noqa: E402
+                        forward_fn, handoff_tiles, problem, publish_tile, skip_unless_b200,
+                        tlx_compile_tests)
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import fwd_blackwell as fb  # noqa: E402
 
@@ -45,24 +48,23 @@ SPILL_BOUND = 200  # spill instructions (LDL + STL): 31..101 at the defaults
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fwd(d, bucket, causal, bq, dt):
+def compile_fwd(d, bucket, causal, bq, dt, arch=100):
     cfg = fb.CONFIGS[(d, bucket, causal)]
     name = f"bw fwd D{d} {bucket} {'causal' if causal else 'full'}{' bq' if bq else ''} {dt}"
     return compile_kernel(fb.fwd_kernel, fb.signature(cfg, d, dt),
-                          fb.kernel_args(cfg, d, causal, bq), arch=100, num_warps=4,
+                          fb.kernel_args(cfg, d, causal, bq), arch=arch, num_warps=4,
                           num_stages=1, name=name)
 
 
-def _check(d, bucket, causal, bq, dt):
-    rep = compile_fwd(d, bucket, causal, bq, dt)
+def _check(d, bucket, causal, bq, dt, arch=100):
+    rep = compile_fwd(d, bucket, causal, bq, dt, arch)
     cols = check_tcgen05(rep)  # P V reads P from TMEM; S and O are TMEM accumulators
     assert 2 * (fb.CONFIGS[(d, bucket, causal)].block_n + d) <= max(cols)
     return rep
 
 
-@pytest.mark.parametrize("v", first_then_matrix(VARIANTS), ids=lambda v: "-".join(map(str, v)))
-def test_compiles_sm100(v):
-    xfail_spills(_check(*v), SPILL_BOUND, "softmax at 88 registers (OptimizePartitionWarps)")
+test_compiles_sm100, test_compiles_sm103 = tlx_compile_tests(
+    _check, VARIANTS, SPILL_BOUND, "softmax at 88 registers (OptimizePartitionWarps)")
 
 
 def test_config_table():
@@ -141,11 +143,7 @@ def test_tile_list_is_the_core_list():
 
 
 # ----------------------------------------------------------------------------- B200
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["self", "cross", "broadcast_q"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@b200_matrix
 @pytest.mark.parametrize("kv_heads", [4, 1])
 @pytest.mark.parametrize("max_len", [100, 1000])
 def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
@@ -187,27 +185,13 @@ def _protocol(n_ends, NQ, NKV, PS, dynamic, rng):
     A = lambda name: ("arrive", name)  # noqa: E731
     total, slots = len(n_ends), {}
 
-    def tiles_of():  # fetch_tile: the handoff (dynamic) or the round-robin (one program)
-        i, t = 0, 0
-        while True:
-            if dynamic:
-                s, ph = i % 2, (i // 2) & 1
-                yield W(f"tile_full{s}", ph)
-                t = slots[s]
-                yield A(f"tile_empty{s}")
-            if t >= total:
-                return
-            yield ("tile", t)
-            i, t = i + 1, t + 1
+    tiles_of = partial(handoff_tiles, slots, total, dynamic)
 
     def load():
         tw = kv = 0
         for t in range(total + 1):
             if dynamic:
-                s, ph = t % 2, (t // 2) & 1
-                yield W(f"tile_empty{s}", ph ^ 1)
-                slots[s] = t
-                yield A(f"tile_full{s}")
+                yield from publish_tile(slots, t)
             if t == total:
                 return
             n = n_ends[t]
