@@ -267,26 +267,14 @@ def _kernel_class():
             Group = pipeline.CooperativeGroup
             T = pipeline.Agent.Thread
             one_thread, rows, warp_threads = Group(T, 1), Group(T, 128), Group(T, 32)
-            pipe_kv = pipeline.PipelineTmaUmma.create(
-                barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1,
-                producer_group=one_thread, consumer_group=one_thread,
-                tx_count=self.bytes_KV, defer_sync=True)
-            pipe_q = pipeline.PipelineTmaUmma.create(
-                barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.qs,
-                producer_group=one_thread, consumer_group=one_thread,
-                tx_count=self.bytes_Q, defer_sync=True)
+            pipe_kv = self.tma_to_mma(storage.mbar_kv, 1, self.bytes_KV)
+            pipe_q = self.tma_to_mma(storage.mbar_q, self.qs, self.bytes_Q)
             pipe_ld = pipeline.PipelineAsync.create(
                 barrier_storage=storage.mbar_ld.data_ptr(), num_stages=self.qs,
                 producer_group=warp_threads, consumer_group=rows, defer_sync=True)
-            pipe_sdp = pipeline.PipelineUmmaAsync.create(
-                barrier_storage=storage.mbar_sdp.data_ptr(), num_stages=1,
-                producer_group=one_thread, consumer_group=rows, defer_sync=True)
-            pipe_dq = pipeline.PipelineUmmaAsync.create(
-                barrier_storage=storage.mbar_dq.data_ptr(), num_stages=1,
-                producer_group=one_thread, consumer_group=rows, defer_sync=True)
-            pipe_dkv = pipeline.PipelineUmmaAsync.create(
-                barrier_storage=storage.mbar_dkv.data_ptr(), num_stages=1,
-                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            pipe_sdp = self.mma_to(storage.mbar_sdp, 1, 128)
+            pipe_dq = self.mma_to(storage.mbar_dq, 1, 128)
+            pipe_dkv = self.mma_to(storage.mbar_dkv, 1, 128)
             tmem, tmem_barrier = self.tmem_allocator(storage, TMEM_BARRIER, MMA_WARP)
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()

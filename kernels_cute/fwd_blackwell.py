@@ -297,24 +297,14 @@ def _kernel_class():
             T = pipeline.Agent.Thread
             one_thread, rows = Group(T, 1), Group(T, HALF_M)
             # Q, K/V: load (TMA bytes) -> mma (tcgen05.commit frees the slot)
-            pipe_q = pipeline.PipelineTmaUmma.create(
-                barrier_storage=storage.mbar_q.data_ptr(), num_stages=2,
-                producer_group=one_thread, consumer_group=one_thread,
-                tx_count=self.bytes_Q, defer_sync=True)
-            pipe_kv = pipeline.PipelineTmaUmma.create(
-                barrier_storage=storage.mbar_kv.data_ptr(), num_stages=self.stages,
-                producer_group=one_thread, consumer_group=one_thread,
-                tx_count=self.bytes_KV, defer_sync=True)
+            pipe_q = self.tma_to_mma(storage.mbar_q, 2, self.bytes_Q)
+            pipe_kv = self.tma_to_mma(storage.mbar_kv, self.stages, self.bytes_KV)
             # per half s: full = S_s written (mma commit -> softmax s),
             #             empty = P_s written (softmax s, 128 threads -> mma)
-            pipe_s_p = pipeline.PipelineUmmaAsync.create(
-                barrier_storage=storage.mbar_s_p.data_ptr(), num_stages=2,
-                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            pipe_s_p = self.mma_to(storage.mbar_s_p, 2, HALF_M)
             # per half s: full = PV into O_s done (mma commit -> correction),
             #             empty = O_s rescaled or read out (correction, 128 threads -> mma)
-            pipe_o = pipeline.PipelineUmmaAsync.create(
-                barrier_storage=storage.mbar_o.data_ptr(), num_stages=2,
-                producer_group=one_thread, consumer_group=rows, defer_sync=True)
+            pipe_o = self.mma_to(storage.mbar_o, 2, HALF_M)
             # per half s: full = stats written (softmax s -> correction),
             #             empty = stats read (correction -> softmax s); 128 threads each
             pipe_stats = pipeline.PipelineAsync.create(

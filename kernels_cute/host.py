@@ -254,6 +254,25 @@ def sm100_base():
                           cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1)
 
         @staticmethod
+        def tma_to_mma(mbar, stages: int, tx_count: int):
+            """A ring of TMA loads (one thread expects `tx_count` bytes a stage) read by
+            the mma warp (its tcgen05.commit frees the slot); `mbar` its barrier storage."""
+            one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+            return pipeline.PipelineTmaUmma.create(
+                barrier_storage=mbar.data_ptr(), num_stages=stages, producer_group=one,
+                consumer_group=one, tx_count=tx_count, defer_sync=True)
+
+        @staticmethod
+        def mma_to(mbar, stages: int, threads: int):
+            """A ring of MMA results (a tcgen05.commit of the mma warp completes a stage)
+            read by `threads` threads, which hand the stage back."""
+            group = pipeline.CooperativeGroup
+            return pipeline.PipelineUmmaAsync.create(
+                barrier_storage=mbar.data_ptr(), num_stages=stages,
+                producer_group=group(pipeline.Agent.Thread, 1),
+                consumer_group=group(pipeline.Agent.Thread, threads), defer_sync=True)
+
+        @staticmethod
         def tmem_allocator(storage, barrier_id: int, mma_warp: int):
             """-> (the TMEM allocator of `mma_warp`, the named barrier over warps 0 to
             mma_warp that hands the allocation to its readers and back)."""
