@@ -67,6 +67,14 @@ DECODE_ORDER = {False: ("tlx", "cute"), True: ("cute", "tlx")}  # keyed by fp8
 PROGRAMS_PER_SM = 1
 MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 64
+# An fp8 cache in tiles of up to 64 rows: two programs an SM (both styles fit two). The
+# e4m3 conversion makes one program's chain of block steps, not memory, its limit, and a
+# second program overlaps it (H200, graph replay, kernel alone, TLX / CuteDSL, B8 32k:
+# pages of 1, 2 splits 220 / 296 us, 4 splits 180 / 224 us; 16 query rows x GQA 4,
+# 339 / 375 us against 251 / 311 us; B1 32k contiguous, 16 splits 33.2 / 38.3 us, 32
+# splits 32.4 / 36.3 us). 128-row fp8 tiles take 193 KB (TLX): one.
+FP8_PROGRAMS_PER_SM = 2
+FP8_PAIR_ROWS = 64
 MAX_TILE_ROWS = 128  # both styles' largest row tile (more packed rows: more row blocks)
 
 
@@ -215,15 +223,20 @@ def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, 
 
 
 # ------------------------------------------------------------------ splits
+def programs_per_sm(rows: int, fp8: bool) -> int:
+    """The programs an SM runs at once that choose_splits fills one wave of."""
+    return FP8_PROGRAMS_PER_SM if fp8 and rows <= FP8_PAIR_ROWS else PROGRAMS_PER_SM
+
+
 def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int,
-                  rows: int = 1) -> int:
+                  rows: int = 1, fp8: bool = False) -> int:
     """num_splits from the shapes alone (the lengths live on the device): the most
-    that keep the programs within one wave of PROGRAMS_PER_SM per SM, each split at
+    that keep the programs within one wave of `programs_per_sm` per SM, each split at
     least MIN_SPLIT_KEYS keys of the capacity. rows: a KV head's packed query rows
     (group * L_q); past MAX_TILE_ROWS they take several row blocks, each its own
     program. A split past a sequence's end costs one early exit."""
     programs = max(batch * kv_heads * -(-rows // MAX_TILE_ROWS), 1)
-    want = PROGRAMS_PER_SM * sms // programs
+    want = programs_per_sm(rows, fp8) * sms // programs
     most = max(capacity // MIN_SPLIT_KEYS, 1)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -296,10 +309,10 @@ def resolve(backend: str, device_index: int, fp8: bool = False) -> str:
 
 @torch.compiler.assume_constant_result
 def auto_splits(batch: int, kv_heads: int, capacity: int, device_index: int,
-                rows: int) -> int:
+                rows: int, fp8: bool) -> int:
     from .arch import num_sms
     return choose_splits(batch, kv_heads, capacity, num_sms(torch.device("cuda", device_index)),
-                         rows)
+                         rows, fp8)
 
 
 def style_forward(name: str):
@@ -360,7 +373,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     if num_splits == 0:
         num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index,
-                                 H // k_cache.shape[2] * len_q)
+                                 H // k_cache.shape[2] * len_q, fp8)
     descale = fill_descales(B, k_cache.shape[2], q.device, q_descale, k_descale,
                             v_descale) if fp8 else None
     args = (q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, int(len_q),

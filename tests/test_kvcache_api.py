@@ -172,6 +172,10 @@ def test_choose_splits():
     assert kc.choose_splits(1, 8, 100, 132) == 1
     assert kc.choose_splits(1, 8, 32768, 132, rows=4 * 16) == 16  # one row block
     assert kc.choose_splits(1, 8, 32768, 132, rows=8 * 32) == 8   # two row blocks
+    # fp8 up to 64 rows: two programs an SM
+    assert kc.choose_splits(8, 8, 32768, 132, rows=4, fp8=True) == 4
+    assert kc.choose_splits(8, 8, 32768, 132, rows=64, fp8=True) == 4
+    assert kc.choose_splits(8, 8, 32768, 132, rows=128, fp8=True) == 2
 
 
 # ------------------------------------------------------------------ a call through run

@@ -69,7 +69,7 @@ def tile_rows(p: DecodeProblem) -> int:
 def default_splits(p: DecodeProblem, sms: int) -> int:
     from jagged.kvcache import choose_splits
     return choose_splits(p.batch, p.kv_heads, p.capacity(), sms,
-                         p.heads // p.kv_heads * p.len_q)
+                         p.heads // p.kv_heads * p.len_q, p.dtype == "fp8")
 
 
 def splits_list(default: int) -> list[int]:
