@@ -53,11 +53,11 @@ from .validate import HEAD_DIMS, _host_check
 FP8 = torch.float8_e4m3fn
 CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 
-# backend="auto" on Hopper: the first of these that runs, by cache kind. H200, quick
-# decode cut, graph replay, KV TB/s TLX / CuteDSL: 16-bit pages of 1 4.05 / 3.73, of 16
-# 4.12 / 3.82, 64-row tiles (16 query rows x GQA 4) 4.11 / 2.28, the rest within 1 %;
-# fp8 B1 32k 1.34 / 1.61, B8 pages of 16 1.66 / 1.80.
-DECODE_ORDER = {False: ("tlx", "cute"), True: ("cute", "tlx")}  # keyed by fp8
+# backend="auto" on Hopper: the first of these that runs. H200, graph replay, KV TB/s
+# TLX / CuteDSL: 16-bit pages of 1 4.05 / 3.73, of 16 4.12 / 3.82, 64-row tiles (16
+# query rows x GQA 4) 4.11 / 2.28, the rest within 1 %; fp8 (kernel alone, splits as
+# chosen) B1 32k 32.4 / 36.3 us, B8 32k pages of 1 180 / 224 us.
+DECODE_ORDER = ("tlx", "cute")
 
 # num_splits=0: as many splits as keep B * H_kv * splits within one wave of
 # PROGRAMS_PER_SM programs an SM, with at least MIN_SPLIT_KEYS keys a split and at most
@@ -286,18 +286,18 @@ _FORWARDS: dict = {}  # style -> its decode_hopper.forward
 
 
 @torch.compiler.assume_constant_result
-def resolve(backend: str, device_index: int, fp8: bool = False) -> str:
+def resolve(backend: str, device_index: int) -> str:
     """The style `backend` names on CUDA device `device_index`; "auto" takes the first
-    of DECODE_ORDER[fp8] that runs there. There is no portable decode kernel: a device
+    of DECODE_ORDER that runs there. There is no portable decode kernel: a device
     where neither style runs gets a RuntimeError saying why."""
-    key = (backend, device_index, fp8)
+    key = (backend, device_index)
     hit = _CHOSEN.get(key)
     if hit is not None:
         return hit
     if device_index < 0:
         raise RuntimeError("kvcache_attention runs on CUDA tensors (the cute or tlx style)")
     whys = []
-    for cand in DECODE_ORDER[fp8] if backend == "auto" else (backend,):
+    for cand in DECODE_ORDER if backend == "auto" else (backend,):
         ok, why = style_available(cand, device_index, archs=("hopper",))
         if ok:
             style_forward(cand)
@@ -364,7 +364,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
                            "or with tensors that do not require grad")
     if backend not in ("auto", "cute", "tlx"):
         raise ValueError(f"backend={backend!r}: expected 'auto', 'cute' or 'tlx'")
-    name = resolve(backend, q.device.index if q.is_cuda else -1, fp8)
+    name = resolve(backend, q.device.index if q.is_cuda else -1)
     H, D = q.shape[-2], q.shape[-1]
     q3 = q.reshape(-1, H, D)
     if check_inputs:

@@ -329,7 +329,7 @@ def test_gpu_check_bad_inputs_name_the_argument(monkeypatch):
     style's resolution stubbed: its value checks run on the host before any kernel)."""
     import jagged.kvcache
     from harness.gpu.decode_check import bad_inputs, names_argument
-    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index, fp8=False: "tlx")
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: "tlx")
     cases = bad_inputs("tlx", device="cpu")
     assert len(cases) == 21
     for name, args, fn in cases:
@@ -345,7 +345,7 @@ def test_ours_through_the_api_in_the_interpreter(monkeypatch):
     without a device) passes the oracle with NaN past every sequence's end."""
     import jagged.kvcache
     from harness import backends
-    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index, fp8=False: backend)
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: backend)
     fn = backends.get("tlx", kind="decode").fn()
     p = DecodeProblem(batch=3, heads=8, kv_heads=2, head_dim=64, cache_len=40, page_size=16,
                       num_splits=2, sparsity=0.6)
@@ -500,7 +500,7 @@ def test_ours_fp8_through_the_api_in_the_interpreter(monkeypatch, bf16_q):
     every sequence's end) passes the fp8 oracle."""
     import jagged.kvcache
     from harness import backends
-    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index, fp8=False: backend)
+    monkeypatch.setattr(jagged.kvcache, "resolve", lambda backend, index: backend)
     fn = backends.get("tlx", kind="decode").fn()
     p = DecodeProblem(batch=3, heads=8, kv_heads=2, head_dim=64, cache_len=40, page_size=16,
                       num_splits=2, sparsity=0.6, dtype="fp8", len_q=2)

@@ -353,23 +353,21 @@ def test_compile_fullgraph_traces_an_fp8_call(monkeypatch):
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
-def test_auto_order_by_cache_kind(monkeypatch):
-    """backend="auto": TLX first for a 16-bit cache, CuteDSL first for fp8, the other
-    style when the first cannot run."""
+def test_auto_order(monkeypatch):
+    """backend="auto": TLX first, the other style when the first cannot run."""
     up = {"tlx": True, "cute": True}
     monkeypatch.setattr(kc, "style_available",
                         lambda name, dev, archs=None: (up[name], "" if up[name] else "absent"))
     monkeypatch.setattr(kc, "style_forward", lambda name: None)
     monkeypatch.setattr(kc, "_CHOSEN", {})
-    assert kc.resolve("auto", 0, False) == "tlx"
-    assert kc.resolve("auto", 0, True) == "cute"
+    assert kc.resolve("auto", 0) == "tlx"
     up["tlx"] = False
     monkeypatch.setattr(kc, "_CHOSEN", {})
-    assert kc.resolve("auto", 0, False) == "cute"
+    assert kc.resolve("auto", 0) == "cute"
     up["cute"] = False
     monkeypatch.setattr(kc, "_CHOSEN", {})
     with pytest.raises(RuntimeError, match="tlx: absent; cute: absent"):
-        kc.resolve("auto", 0, False)
+        kc.resolve("auto", 0)
 
 
 def test_max_tile_rows_is_both_styles_largest_tile():
