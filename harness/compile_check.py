@@ -19,8 +19,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-MMA_PATTERNS = {90: r"\bwgmma\.mma_async", 100: r"\btcgen05\.mma"}
-MMA_NAMES = {90: "wgmma", 100: "tcgen05"}
+MMA_PATTERNS = {90: r"\bwgmma\.mma_async", 100: r"\btcgen05\.mma", 103: r"\btcgen05\.mma"}
+MMA_NAMES = {90: "wgmma", 100: "tcgen05", 103: "tcgen05"}
 from jagged.arch import SMEM_LIMIT  # noqa: F401  (re-exported for the checks)
 
 

@@ -76,7 +76,7 @@ from typing import Any, NamedTuple
 
 from jagged.tiles import kv_tiles
 
-from . import bwd_hopper, host
+from . import blackwell, bwd_hopper, host
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 128           # keys per tile (the tcgen05 M of S^T, dP^T, dV, dK)
@@ -127,14 +127,14 @@ def _kernel_class():
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
     from .fragments import element_swizzled, head_tile, tma_tiles
-    from .host import tc_fence_after
+    from .blackwell import tc_fence_after
     from .schedule import kv_tile_coords, tile_range
 
     def with_cols(t, c):
         """The TMEM tensor t moved by c fp32 columns."""
         return cute.make_tensor(t.iterator + c, t.layout)
 
-    class BwdBlackwell(host.sm100_base()):
+    class BwdBlackwell(blackwell.kernel_base()):
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config):
             self.dtype, self.D = dtype, head_dim

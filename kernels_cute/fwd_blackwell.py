@@ -80,7 +80,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from . import host
+from . import blackwell, host
 
 HALF_M = 128            # query rows of one softmax warpgroup (a tcgen05 M = 128 MMA)
 NUM_THREADS = 512       # 16 warps (roles in the module docstring)
@@ -183,11 +183,11 @@ def _kernel_class():
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
     from .fragments import head_tile
-    from .host import tc_fence_after
+    from .blackwell import tc_fence_after
 
     LN_2 = math.log(2.0)
 
-    class FwdBlackwell(host.sm100_base()):
+    class FwdBlackwell(blackwell.kernel_base()):
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config):
             assert cfg.block_m == 2 * HALF_M and cfg.block_n == 128
