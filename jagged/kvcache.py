@@ -59,22 +59,13 @@ CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 # chosen) B1 32k 32.4 / 36.3 us, B8 32k pages of 1 180 / 224 us.
 DECODE_ORDER = ("tlx", "cute")
 
-# num_splits=0: as many splits as keep B * H_kv * splits within one wave of
-# PROGRAMS_PER_SM programs an SM, with at least MIN_SPLIT_KEYS keys a split and at most
-# MAX_SPLITS splits. One long program an SM streams its keys through a deep ring; a
-# second wave (B8 x 8 heads x 5 splits = 320 programs over 264 slots) or short programs
-# cost more (H200, TLX, B8 32k: 2 splits 4.1 TB/s, 5 splits 3.3).
-PROGRAMS_PER_SM = 1
+# num_splits=0: as many splits as keep B * H_kv * row blocks * splits within one wave of
+# the style's `decode_hopper.programs_per_sm` programs an SM, with at least MIN_SPLIT_KEYS
+# keys a split and at most MAX_SPLITS splits. A second wave (TLX B8 x 8 heads x 5 splits
+# = 320 programs over 264 slots: 3.3 TB/s against 4.1 at 2 splits) or short programs
+# cost more.
 MIN_SPLIT_KEYS = 512
 MAX_SPLITS = 64
-# An fp8 cache in tiles of up to 64 rows: two programs an SM (both styles fit two). The
-# e4m3 conversion makes one program's chain of block steps, not memory, its limit, and a
-# second program overlaps it (H200, graph replay, kernel alone, TLX / CuteDSL, B8 32k:
-# pages of 1, 2 splits 220 / 296 us, 4 splits 180 / 224 us; 16 query rows x GQA 4,
-# 339 / 375 us against 251 / 311 us; B1 32k contiguous, 16 splits 33.2 / 38.3 us, 32
-# splits 32.4 / 36.3 us). 128-row fp8 tiles take 193 KB (TLX): one.
-FP8_PROGRAMS_PER_SM = 2
-FP8_PAIR_ROWS = 64
 MAX_TILE_ROWS = 128  # both styles' largest row tile (more packed rows: more row blocks)
 
 
@@ -223,20 +214,15 @@ def check_inputs_host(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, 
 
 
 # ------------------------------------------------------------------ splits
-def programs_per_sm(rows: int, fp8: bool) -> int:
-    """The programs an SM runs at once that choose_splits fills one wave of."""
-    return FP8_PROGRAMS_PER_SM if fp8 and rows <= FP8_PAIR_ROWS else PROGRAMS_PER_SM
-
-
 def choose_splits(batch: int, kv_heads: int, capacity: int, sms: int,
-                  rows: int = 1, fp8: bool = False) -> int:
+                  rows: int = 1, per_sm: int = 1) -> int:
     """num_splits from the shapes alone (the lengths live on the device): the most
-    that keep the programs within one wave of `programs_per_sm` per SM, each split at
+    that keep the programs within one wave of `per_sm` programs an SM, each split at
     least MIN_SPLIT_KEYS keys of the capacity. rows: a KV head's packed query rows
     (group * L_q); past MAX_TILE_ROWS they take several row blocks, each its own
     program. A split past a sequence's end costs one early exit."""
     programs = max(batch * kv_heads * -(-rows // MAX_TILE_ROWS), 1)
-    want = programs_per_sm(rows, fp8) * sms // programs
+    want = per_sm * sms // programs
     most = max(capacity // MIN_SPLIT_KEYS, 1)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -282,7 +268,7 @@ def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_des
 
 
 _CHOSEN: dict = {}
-_FORWARDS: dict = {}  # style -> its decode_hopper.forward
+_MODULES: dict = {}  # style -> its decode_hopper module
 
 
 @torch.compiler.assume_constant_result
@@ -308,18 +294,24 @@ def resolve(backend: str, device_index: int) -> str:
 
 
 @torch.compiler.assume_constant_result
-def auto_splits(batch: int, kv_heads: int, capacity: int, device_index: int,
-                rows: int, fp8: bool) -> int:
+def auto_splits(name: str, batch: int, kv_heads: int, capacity: int, device_index: int,
+                head_dim: int, rows: int, fp8: bool) -> int:
     from .arch import num_sms
+    per_sm = style_decode(name).programs_per_sm(head_dim, rows, fp8)
     return choose_splits(batch, kv_heads, capacity, num_sms(torch.device("cuda", device_index)),
-                         rows, fp8)
+                         rows, per_sm)
+
+
+def style_decode(name: str):
+    """Style `name`'s decode module (`forward`, `programs_per_sm`)."""
+    mod = _MODULES.get(name)
+    if mod is None:
+        mod = _MODULES[name] = importlib.import_module(STYLES[name][0] + ".decode_hopper")
+    return mod
 
 
 def style_forward(name: str):
-    fn = _FORWARDS.get(name)
-    if fn is None:
-        fn = _FORWARDS[name] = importlib.import_module(STYLES[name][0] + ".decode_hopper").forward
-    return fn
+    return style_decode(name).forward
 
 
 def _make_op(name: str):
@@ -372,7 +364,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
                           len_q, capacity)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
     if num_splits == 0:
-        num_splits = auto_splits(B, k_cache.shape[2], capacity, q.device.index,
+        num_splits = auto_splits(name, B, k_cache.shape[2], capacity, q.device.index, D,
                                  H // k_cache.shape[2] * len_q, fp8)
     descale = fill_descales(B, k_cache.shape[2], q.device, q_descale, k_descale,
                             v_descale) if fp8 else None

@@ -132,6 +132,17 @@ FP8_CONFIGS = {
 CONFIGS = _table()
 
 
+def programs_per_sm(head_dim: int, rows: int, fp8: bool) -> int:  # role: host
+    """How many programs an SM runs at once, for the core's split count (one wave):
+    tiles of `rows` packed rows over a 16-bit or an fp8 cache. 16-bit: one, each
+    streaming its keys through a deep ring at the copy bandwidth (H200 B8 32k, 2
+    splits: 4.05-4.22 TB/s). fp8 up to 64 rows: two (105 KB, <= 203 registers each),
+    since the conversion, not memory, bounds one program (B8 32k pages of 1, kernel
+    alone: 1 an SM 220 us, 2 an SM 180 us; 16 query rows x GQA 4 339 / 251 us).
+    128-row fp8 tiles take 193 KB: one."""
+    return 2 if fp8 and rows <= 64 else 1
+
+
 def rows_per_tile(group: int, len_q: int) -> int:  # role: host
     """The M tile: the smallest of ROW_TILES holding group * len_q rows, else the largest."""
     rows = group * max(len_q, 1)

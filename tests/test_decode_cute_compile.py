@@ -76,30 +76,33 @@ _FP8_BUILDS = [
 def test_configs():
     """The table: keyed by (D, block_m); warps_m warps along the rows (16 each), the rest
     split the keys (16 keys at least each); the fp32 O of `store` fits the K slots; up to
-    64 rows 4 warps and two CTAs an SM, 128 rows 8 warps and one; pick_config takes the
-    smallest tile holding group * len_q rows."""
+    64 rows 4 warps and two CTAs an SM (the 16-bit 64-row tile at D 128: one), 128 rows
+    8 warps and one, as programs_per_sm says; pick_config takes the smallest tile holding
+    group * len_q rows."""
     from kernels_cute import decode_hopper as K
     assert set(K.CONFIGS) == {(d, m) for d in (64, 128) for m in (16, 32, 64, 128)}
     for (d, m), cfg in K.CONFIGS.items():
         assert cfg.block_m == m == 16 * cfg.warps_m
         assert cfg.block_n % (16 * cfg.key_groups) == 0
         assert m * d * 4 * cfg.key_groups <= K.smem_kv_bytes(cfg, d)
-        ctas = 2 if m <= 64 else 1
+        ctas = K.programs_per_sm(d, m, False)
+        assert ctas == (2 if (d, m) != (128, 64) and m <= 64 else 1), (d, m)
         assert cfg.warps == (4 if m <= 64 else 8)
         assert cfg.q_in_kv_slot == (m <= 64)
         used = K.smem_bytes(cfg, d) + DSL_STATIC
         assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
         # >= 32 KB of K + V in flight per CTA while one block computes
         assert (cfg.stages - 1) * 2 * cfg.block_n * d * 2 >= 32 * 1024
-    # fp8: the bf16 table's tiles, keys and warps (so its registers); the fp8 slots and
+    # fp8: the bf16 table's tiles and warps, at most its keys (so its registers); the fp8 slots and
     # the one 16-bit block within the same CTA limits; fp32 O of `store` in the fp8 slots
     assert set(K.FP8_CONFIGS) == set(K.CONFIGS)
     for (d, m), cfg in K.FP8_CONFIGS.items():
         bf = K.CONFIGS[(d, m)]
-        assert (cfg.block_m, cfg.block_n, cfg.warps_m, cfg.warps) == \
-            (bf.block_m, bf.block_n, bf.warps_m, bf.warps)
+        assert (cfg.block_m, cfg.warps_m, cfg.warps) == (bf.block_m, bf.warps_m, bf.warps)
+        assert cfg.block_n <= bf.block_n
         assert K.store_bytes(cfg, d) <= 2 * K.smem_kv_bytes(cfg, d, 1)
-        ctas = 2 if m <= 64 else 1
+        ctas = K.programs_per_sm(d, m, True)
+        assert ctas == (2 if m <= 64 else 1), (d, m)
         used = K.smem_bytes(cfg, d, 1) + DSL_STATIC
         assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
         assert (cfg.stages - 1) * 2 * cfg.block_n * d >= 32 * 1024

@@ -6,6 +6,8 @@ forward), a call through `run` and one traced by torch.compile.
 """
 import math
 
+import types
+
 import pytest
 import torch
 
@@ -172,10 +174,18 @@ def test_choose_splits():
     assert kc.choose_splits(1, 8, 100, 132) == 1
     assert kc.choose_splits(1, 8, 32768, 132, rows=4 * 16) == 16  # one row block
     assert kc.choose_splits(1, 8, 32768, 132, rows=8 * 32) == 8   # two row blocks
-    # fp8 up to 64 rows: two programs an SM
-    assert kc.choose_splits(8, 8, 32768, 132, rows=4, fp8=True) == 4
-    assert kc.choose_splits(8, 8, 32768, 132, rows=64, fp8=True) == 4
-    assert kc.choose_splits(8, 8, 32768, 132, rows=128, fp8=True) == 2
+    assert kc.choose_splits(8, 8, 32768, 132, rows=4, per_sm=2) == 4  # two programs an SM
+
+
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+def test_programs_per_sm(style):
+    """Each style's rule: 1 or 2 programs an SM, two for fp8 tiles up to 64 rows."""
+    mod = kc.style_decode(style)
+    for d in (64, 128):
+        for rows in (4, 16, 32, 64, 128, 512):
+            for fp8 in (False, True):
+                assert mod.programs_per_sm(d, rows, fp8) in (1, 2)
+        assert mod.programs_per_sm(d, 64, True) == 2 and mod.programs_per_sm(d, 128, True) == 1
 
 
 # ------------------------------------------------------------------ a call through run
@@ -272,9 +282,9 @@ def _fake_style(monkeypatch):
             if t is not None:
                 t.zero_()
 
-    monkeypatch.setattr(kc, "resolve", lambda backend, device_index, fp8=False: "tlx")
+    monkeypatch.setattr(kc, "resolve", lambda backend, device_index: "tlx")
     monkeypatch.setattr(kc, "check_inputs_async", lambda *a, **k: None)
-    monkeypatch.setitem(kc._FORWARDS, "tlx", forward)
+    monkeypatch.setitem(kc._MODULES, "tlx", types.SimpleNamespace(forward=forward))
     return seen
 
 

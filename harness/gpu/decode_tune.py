@@ -66,10 +66,12 @@ def tile_rows(p: DecodeProblem) -> int:
     return rows_per_tile(p.heads // p.kv_heads, p.len_q)
 
 
-def default_splits(p: DecodeProblem, sms: int) -> int:
-    from jagged.kvcache import choose_splits
-    return choose_splits(p.batch, p.kv_heads, p.capacity(), sms,
-                         p.heads // p.kv_heads * p.len_q, p.dtype == "fp8")
+def default_splits(p: DecodeProblem, sms: int, style: str = "tlx") -> int:
+    """The split count kvcache_attention chooses for `p` with `style`."""
+    from jagged.kvcache import choose_splits, style_decode
+    rows = p.heads // p.kv_heads * p.len_q
+    per_sm = style_decode(style).programs_per_sm(p.head_dim, rows, p.dtype == "fp8")
+    return choose_splits(p.batch, p.kv_heads, p.capacity(), sms, rows, per_sm)
 
 
 def splits_list(default: int) -> list[int]:
@@ -125,7 +127,7 @@ def plan(styles, quick: bool, sms: int, defaults_only: bool = False,
     rows = []
     for style in styles:
         for name, p in cells(quick, dtype):
-            d = default_splits(p, sms)
+            d = default_splits(p, sms, style)
             for ci, cfg in enumerate(configs(style, p)):
                 for s in splits_list(d):
                     rows.append(dict(style=style, cell=name, problem=p, cfg=cfg, cfg_index=ci,
