@@ -506,3 +506,27 @@ def test_gemm_ceiling_row_reads_back_for_the_charts(tmp_path):
     assert gemm_ceiling(tmp_path) == 681.3
     append_rows(tmp_path / "clocks.csv", [dict(rows[0], tflops=690.0)])
     assert gemm_ceiling(tmp_path) == 690.0 and ceiling_label(690.0).endswith("(690)")
+
+
+def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
+    """An fp8 problem: the bwd row is `unsupported` saying why (not an error); ours gets
+    the descales, a baseline (here the portable kernel posing as one) q, k, v
+    dequantized to bf16; FA4 refuses fp8."""
+    from harness import backends, bench
+    p = Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=24, sparsity=0.5,
+                causal=True, dtype="fp8", suite="smoke")
+    ours = backends.get("triton")
+    seen = []
+
+    def spy(q, k, v, *a, **kw):
+        seen.append((q.dtype, sorted(kw)))
+        return ours.fn()(q, k, v, *a, **kw)[0]
+    base = backends.Backend("fp8-baseline", lambda: spy, ours.available)
+    rows = bench.run_problem(base, base.fn(), p, ["fwd", "bwd"], gate_batch=0, timing=False)
+    by = {r["pass"]: r for r in rows}
+    assert by["fwd"]["status"] == "ok", by["fwd"]["error"]
+    assert by["bwd"]["status"] == "unsupported" and "forward only" in by["bwd"]["error"]
+    assert by["fwd"]["dtype"] == "fp8"
+    assert seen and all(dt == torch.bfloat16 and "q_descale" not in kw for dt, kw in seen)
+    assert backends.get("fa4").supports(p)[0] is False
+    assert backends.get("fa4").supports(p.replace(dtype="bf16"))[0] is True
