@@ -62,7 +62,7 @@ DECODE_COLS = ["page_size", "num_splits", "packed_q", "kv_bytes", "kv_tbps", "co
 COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
            ["status", "error", "ms", "tflops", "host_ms", "gpu", "gpu_index", "sm_clock_mhz",
             "sm_clock_max_mhz", "mem_clock_mhz", "torch", "triton", "flash_attn_4",
-            "cutlass_dsl", "git_rev", "timestamp"] + DECODE_COLS)
+            "cutlass_dsl", "git_rev", "timestamp", "out_err", "out_tol"] + DECODE_COLS)
 KEY = ["backend", "pass", "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
        "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "gpu", "page_size",
        "num_splits", "packed_q"]
@@ -207,11 +207,17 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
     finally:
         _free()
     inp = p.build(dev) if timing else None
+    out = next((c for c in rep.checks if c.name == "out"), None)
     for ps in passes:
         mine = [c for c in rep.checks if c.name in (FWD_CHECKS if ps == "fwd" else BWD_CHECKS)]
         bad = [c for c in mine if not c.ok]
+        # the gate's out error and its allowance on the fwd row (the report sets fp8's
+        # beside bf16's)
+        err = dict(out_err=f"{out.max_err:.3e}", out_tol=f"{out.tol:.3e}") \
+            if ps == "fwd" and out is not None else {}
         if bad or not timing:
-            rows.append(row(b.name, p, ps, "fail" if bad else "ok", "; ".join(map(str, bad or mine))))
+            rows.append(row(b.name, p, ps, "fail" if bad else "ok",
+                            "; ".join(map(str, bad or mine)), **err))
             continue
         try:
             ms, host, graph, why, finite = _bench_pass(fn, inp, ps, kw, quick)
@@ -221,7 +227,7 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
             rows.append(row(b.name, p, ps, "ok", why, ms=f"{ms:.5f}",
                             tflops=f"{p.flops(ps) / ms * 1e-9:.4g}",
                             host_ms="" if host is None else f"{host:.5f}",
-                            graph_ms="" if graph is None else f"{graph:.5f}"))
+                            graph_ms="" if graph is None else f"{graph:.5f}", **err))
         except Exception as e:
             rows.append(row(b.name, p, ps, "error", f"{type(e).__name__}: {e}"))
         finally:
