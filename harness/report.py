@@ -106,7 +106,8 @@ def _clocks_section(out_dir, pngs) -> list[str]:
           "second half is reported. \"at 1980\" scales TFLOP/s to the boost clock (equal "
           "there: equal cycles); the latest row of each backend, pass and problem, with "
           "its revision. Backend `gemm` (`--gemm`) is the ceiling measured the same way: a "
-          "plain bf16 matmul, drawn as the dashed line of the TFLOP/s charts.", "",
+          "plain bf16 matmul, drawn as the dashed line of the TFLOP/s charts; `gemm-fp8` "
+          "the e4m3 one (`torch._scaled_mm`, bf16 out), the fp8 prefill's S = Q K^T rate.", "",
           "| pass | problem | backend | TFLOP/s | MHz | W | at 1980 | revision |",
           "|---|---|---|---:|---:|---:|---:|---|"]
     md += [f"| {r['pass']} | {r['problem']} | {r['backend']} | "
@@ -243,9 +244,10 @@ def _fp8_targets(g: pd.DataFrame, copy: float | None) -> list[str]:
     return md + [""] if len(md) > 2 else []
 
 
-def _fp8_prefill(good: pd.DataFrame) -> list[str]:
+def _fp8_prefill(good: pd.DataFrame, out_dir) -> list[str]:
     """Issue 33's prefill target per backend of ours and fp8 forward row: its TFLOP/s
-    against the same backend's bf16 twin, and the gate's out error beside the twin's."""
+    against the same backend's bf16 twin, and the gate's out error beside the twin's;
+    the sustained GEMM ceilings (clocks.csv) when measured."""
     jag = good[(good["mode"] != "decode") & (good["pass"] == "fwd")]
     key = ["backend", "suite", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
            "max_seqlen_q", "max_seqlen_k", "sparsity", "seed"]
@@ -262,7 +264,14 @@ def _fp8_prefill(good: pd.DataFrame) -> list[str]:
           "flex) dequantize per call (timed); FA4 has no fp8 on sm_90. The gate's rule: "
           "error against fp32 on the dequantized values at most 2x PyTorch's in bf16 on "
           f"them. Target (issue 33): fp8 at least {FP8_PREFILL_SPEEDUP:.1f}x bf16's TFLOP/s.",
-          "", "| backend | suite | shape | fp8 TFLOP/s | bf16 TFLOP/s | x | target | "
+          ""]
+    clk = latest_clocks(out_dir)
+    gemm = {b: clk.loc[clk["backend"] == b, "tflops"] for b in ("gemm", "gemm-fp8")} \
+        if not clk.empty else {}
+    if gemm and all(len(v) for v in gemm.values()):
+        md += [f"Sustained GEMM ceilings (`harness clocks --gemm`): bf16 "
+               f"{gemm['gemm'].iloc[-1]:.0f}, e4m3 {gemm['gemm-fp8'].iloc[-1]:.0f} TFLOP/s.", ""]
+    md += ["| backend | suite | shape | fp8 TFLOP/s | bf16 TFLOP/s | x | target | "
           "fp8 out err (tol) | bf16 out err (tol) |", "|---|---|---|---:|---:|---:|---|---:|---:|"]
     for _, r in m.sort_values(key).iterrows():
         x = r["tflops"] / r["tflops_bf16"]
@@ -403,7 +412,7 @@ def write_report(out_dir, charts=True) -> Path:
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")
-    md += _fp8_prefill(good)
+    md += _fp8_prefill(good, out_dir)
     md += _decode_section(df, pngs)
     md += _clocks_section(out_dir, pngs)
     bad = df[df["status"] != "ok"]

@@ -550,3 +550,29 @@ def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
     assert seen and all(dt == torch.bfloat16 and "q_descale" not in kw for dt, kw in seen)
     assert backends.get("fa4").supports(p)[0] is False
     assert backends.get("fa4").supports(p.replace(dtype="bf16"))[0] is True
+
+
+def test_fp8_gemm_ceiling_operands_and_row(tmp_path):
+    """The fp8 GEMM row: e4m3 A row-major, B column-major, unit fp32 scales, bf16 out
+    equal to the float product of the e4m3 values (CPU `_scaled_mm`); its clocks line
+    reads back as backend gemm-fp8 and leaves the charts' (bf16) ceiling alone."""
+    from harness.gpu.clocks import GEMM_PROBLEM, append_rows, line, read_log
+    from harness.gpu.fp8_gemm import GEMM8_PROBLEM, matmul, operands
+    from harness.plots import gemm_ceiling
+    a, b, sa, sb = operands(64, "cpu")
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and a.stride() == (64, 1) and b.stride() == (1, 64)
+    assert sa.shape == () and sa.dtype == torch.float32
+    y = matmul(a, b, sa, sb)
+    ref = a.double() @ b.double()
+    assert y.dtype == torch.bfloat16
+    assert float((y.double() - ref).abs().max()) <= float(ref.abs().max()) * 2 ** -7
+    m = dict(tflops=681.3, mhz=1485.0, watts=685.0, temp_c=60.0, at_boost=908.4, calls=1400,
+             samples=20, reasons="0x0000000000000004")
+    log = tmp_path / "clocks.log"
+    log.write_text("\n".join([line("gemm", GEMM_PROBLEM, m),
+                              line("gemm-fp8", GEMM8_PROBLEM, dict(m, tflops=1250.0))]))
+    rows = read_log(log, "abc1234")
+    assert [(r["backend"], r["problem"], r["tflops"]) for r in rows][1] == \
+        ("gemm-fp8", GEMM8_PROBLEM, 1250.0)
+    append_rows(tmp_path / "clocks.csv", rows)
+    assert gemm_ceiling(tmp_path) == 681.3
