@@ -55,7 +55,8 @@ def _dequantize_kernel(x_ptr, descale_ptr, cu_ptr, y_ptr, n_rows, H, B, steps,
     tl.store(dst, y.to(tl.bfloat16), mask=live[:, None] & cols)
 
 
-def dequantize_rows(x: torch.Tensor, descale: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+def dequantize_rows(x: torch.Tensor, descale: torch.Tensor,
+                    cu_seqlens: torch.Tensor) -> torch.Tensor:
     """x e4m3 [N, H_kv, D], descale fp32 [B, H_kv], cu_seqlens int32 [B + 1] -> bf16
     [N, H_kv, D] = x * descale[b(row), h]; rows outside every sequence are 0."""
     N, H, D = x.shape
