@@ -370,28 +370,11 @@ def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _tile_sequence(t, pairs_ptr, n_pairs, H, NBLK):  # role: schedule
-    """The sequence of tile t, which schedule.Tile leaves out: tile_coords' decode (the
-    round-robin flip, chunks of NBLK pairs, heads) up to its pair."""
-    P = tl.num_programs(0)
-    k = t // P
-    flip = (k % 2) * tl.minimum(tl.maximum(n_pairs * H // P - k, 0), 1)
-    t = t + flip * (P - 1 - 2 * (t - k * P))
-    span = NBLK * H
-    first = t // span * NBLK
-    chunk_len = tl.minimum(NBLK, n_pairs - first)
-    r = t - t // span * span
-    pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
-    return pair // NBLK
-
-
-@triton.jit
-def _tile_scale(qk_scale, scales, t, tiles, hk, FP8: tl.constexpr):  # role: compute
-    """The qk scale of tile t (KV head hk): fp8 folds in q_descale * k_descale of its
-    sequence and KV head (fp32 [B, H_kv])."""
+def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: compute
+    """The qk scale of `tile`: fp8 folds in q_descale * k_descale of its sequence and KV
+    head (fp32 [B, H_kv])."""
     if FP8:
-        b = _tile_sequence(t, tiles.pairs, tiles.n_pairs, tiles.H, tiles.NBLK)
-        at = b * (tiles.H // tiles.GROUP) + hk
+        at = tile.b * (tiles.H // tiles.GROUP) + tile.hk
         return qk_scale * tl.load(scales.q + at) * tl.load(scales.k + at)
     else:
         return qk_scale
@@ -442,8 +425,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
-                tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), t, tiles,
-                                         tile.hk, FP8)
+                tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,
+                                         FP8)
                 tlx.barrier_wait(bars.q_full[slot], qph)
                 acc, m_i, l_i, kv_cnt = compute(
                     smem.q[slot], smem, bars, kv_cnt, tile_scale, rows, tile, cid,

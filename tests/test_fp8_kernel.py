@@ -10,8 +10,6 @@ import triton
 import triton.language as tl
 
 from jagged.fp8 import FP8, dequantize_rows
-from kernels_tlx.fwd_hopper import _tile_sequence
-from kernels_tlx.schedule import build_tiles, tile_coords
 from _interp import interp
 
 E4M3_MAX = 448.0
@@ -80,50 +78,6 @@ def test_dequantize_rows_sm90():
     print(rep.row())
     assert not rep.spills, rep.row()
     assert "cvt.rn.bf16" in rep.ptx and "cvt.rn.f16x2.e4m3x2" in rep.ptx, rep.row()
-
-
-# ----------------------------------------------------------------------------- tile -> sequence
-@triton.jit
-def _tile_sequence_kernel(pairs, count, cu_q, cu_k, out, L_q, H, GROUP, NBLK,
-                          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    n_pairs = tl.load(count)
-    for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-        tile = tile_coords(t, pairs, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, 64, 64,
-                           CAUSAL, BROADCAST_Q)
-        tl.store(out + 5 * t, _tile_sequence(t, pairs, n_pairs, H, NBLK))
-        tl.store(out + 5 * t + 1, tile.k_start)
-        tl.store(out + 5 * t + 2, tile.len_k)
-        tl.store(out + 5 * t + 3, tile.q_start)
-        tl.store(out + 5 * t + 4, tile.out_start)
-
-
-@interp
-@pytest.mark.parametrize("causal,bq", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("programs", [1, 3, 4])
-def test_tile_sequence(programs, causal, bq):
-    """fwd_hopper._tile_sequence (the descales' row) names the sequence whose K rows,
-    Q rows and output rows schedule.tile_coords gives the same tile, for every tile of
-    a persistent walk (odd rounds flipped) with chunks and several heads."""
-    len_q = [130, 0, 64, 1, 200, 65]
-    len_k = [70, 5, 0, 1, 300, 64]
-    cu_q = torch.tensor([0] + len_q).cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + len_k).cumsum(0).to(torch.int32)
-    H, group, L_q = 4, 2, 70
-    pairs, count, nblk = build_tiles(None if bq else cu_q, cu_k, len(len_k),
-                                     L_q if bq else max(len_q), L_q if bq else None, 64, 64,
-                                     causal)
-    n = int(count)
-    out = torch.full((5 * n * H,), -1, dtype=torch.int32)
-    _tile_sequence_kernel[(programs,)](pairs, count, cu_k if bq else cu_q, cu_k, out,
-                                         L_q if bq else 0, H, group, nblk, causal, bq)
-    rows = out.view(-1, 5).tolist()
-    assert len(rows) == n * H and min(r[0] for r in rows) >= 0
-    for b, k_start, lk, q_start, out_start in rows:
-        assert (k_start, lk) == (int(cu_k[b]), len_k[b])
-        if bq:
-            assert out_start == b * L_q
-        else:
-            assert q_start == int(cu_q[b]) and len_q[b] > 0
 
 
 # ----------------------------------------------------------------------------- compile (sm_90a)
