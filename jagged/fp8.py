@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import fast
+
 FP8 = torch.float8_e4m3fn
 
 BLOCK_ROWS = 32  # (token, head) rows a program
@@ -30,6 +32,15 @@ def _sequence_of(token, cu, B, steps):  # role: schedule
         lo = tl.where(below, mid, lo)
         hi = tl.where(below, hi, mid - 1)
     return lo
+
+
+@triton.jit
+def _bf16_nearest(y):  # role: compute
+    """fp32 -> bf16 rounded to the nearest (ties to even) by its bits: the same result
+    compiled and in the interpreter (whose cast truncates)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -52,7 +63,7 @@ def _dequantize_kernel(x_ptr, descale_ptr, cu_ptr, y_ptr, n_rows, H, B, steps,
     # x * 0 is NaN for a NaN code: rows outside the sequences are zero whatever they hold
     y = tl.where(inside[:, None], x * scale[:, None], 0.0)
     dst = y_ptr + r.to(tl.int64)[:, None] * D + d[None, :]
-    tl.store(dst, y.to(tl.bfloat16), mask=live[:, None] & cols)
+    tl.store(dst, _bf16_nearest(y), mask=live[:, None] & cols)
 
 
 def dequantize_rows(x: torch.Tensor, descale: torch.Tensor,
@@ -70,7 +81,7 @@ def dequantize_rows(x: torch.Tensor, descale: torch.Tensor,
         x = x.contiguous()
     n_rows = N * H
     grid = (triton.cdiv(n_rows, BLOCK_ROWS),)
-    _dequantize_kernel[grid](x, descale, cu_seqlens, y, n_rows, H, B, B.bit_length(),
+    fast(_dequantize_kernel)[grid](x, descale, cu_seqlens, y, n_rows, H, B, B.bit_length(),
                              x.stride(0), x.stride(1), D=D,
                              BLOCK_D=triton.next_power_of_2(D), BLOCK_R=BLOCK_ROWS)
     return y

@@ -47,8 +47,7 @@ def test_dequantize_rows(d, hkv, lengths, tail):
     y = dequantize_rows(x, descale, cu)
     assert y.dtype == torch.bfloat16 and y.shape == x.shape
     want = dequantize_ref(x, descale, cu)
-    # the interpreter's fp32 -> bf16 truncates (the GPU rounds to nearest): one bf16 ulp
-    torch.testing.assert_close(y.float(), want, rtol=2.0 ** -7, atol=0.0)
+    assert torch.equal(y, want.to(torch.bfloat16))  # fp32 product, rounded to nearest
     assert (y[int(cu[-1]):] == 0).all()
     assert (y[: int(cu[-1])] != 0).all()  # every code is nonzero, every descale too
 
@@ -77,7 +76,7 @@ def test_dequantize_rows_sm90():
                          num_warps=4, name="dequantize_rows D128")
     print(rep.row())
     assert not rep.spills, rep.row()
-    assert "cvt.rn.bf16" in rep.ptx and "cvt.rn.f16x2.e4m3x2" in rep.ptx, rep.row()
+    assert "cvt.rn.f16x2.e4m3x2" in rep.ptx, rep.row()  # e4m3 converts in pairs
 
 
 # ----------------------------------------------------------------------------- compile (sm_90a)
