@@ -20,7 +20,10 @@ def quick_subset(problems):
             "gem-cross": lambda p: p.max_seqlen_q == 1024,
             "gem-broadcast-q": lambda p: p.max_seqlen_q == 64,
             "llm-dense": lambda p: p.heads == 32}
-    return [p for p in problems if keep.get(p.suite, lambda p: True)(p)]
+    # fp8 twins: two cells a suite (llm-dense's heads == 32 pair; gem-jagged's ends at s 0.5)
+    fp8 = {"gem-jagged": lambda p: p.sparsity == 0.5}
+    return [p for p in problems if keep.get(p.suite, lambda p: True)(p)
+            and (p.dtype != "fp8" or fp8.get(p.suite, lambda p: True)(p))]
 
 
 def _csv_list(s):
@@ -159,8 +162,11 @@ def cmd_clocks(a):
         sys.exit("clocks needs a CUDA GPU")
     from .gpu.clocks import run
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
-    run(_csv_list(a.backends), problems, a.seconds, a.out, _csv_list(a.passes),
-        with_gemm=a.gemm)
+    if a.gemm:  # the ceilings first: the bf16 GEMM, then the fp8 (e4m3) one
+        from .gpu.fp8_gemm import run as run_fp8
+        run([], [], a.seconds, a.out, with_gemm=True)
+        run_fp8(a.seconds, a.out)
+    run(_csv_list(a.backends), problems, a.seconds, a.out, _csv_list(a.passes))
 
 
 def _print_table(rows, timing):
@@ -237,7 +243,8 @@ def main(argv=None):
     s.add_argument("--seconds", type=float, default=4.0, help="back-to-back calls per row")
     s.add_argument("--out", help="also append the rows to OUT/clocks.csv (charted by plot)")
     s.add_argument("--gemm", action="store_true",
-                   help="first the sustained bf16 GEMM ceiling (a row of backend gemm)")
+                   help="first the sustained GEMM ceilings: bf16 (a row of backend gemm), "
+                        "then e4m3 -> bf16 (torch._scaled_mm, a row of backend gemm-fp8)")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")

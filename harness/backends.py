@@ -17,6 +17,10 @@ process and find a backend again by importing `Backend.module` (which must regis
 and looking its name up, so tests can register fakes from any importable module.
 
 Baselines get what their users would do, and that work is timed with them:
+- fp8 problems (forward only; ours take q_descale / k_descale / v_descale): a baseline
+  without an fp8 varlen kernel gets q, k, v dequantized to bf16 per call
+  (`dequantizing`), FA4 is `unsupported` (its fp8 runs on sm_100 only, and its varlen
+  entry takes no descales);
 - broadcast_q: Q is expanded over the batch (`expand`, so autograd sums dq);
 - GQA: torch SDPA baselines get K/V heads expanded (`repeat_interleave`); FA4 and
   flex take GQA natively;
@@ -107,6 +111,29 @@ def _expand_q(q, cu_k, broadcast_q):
     return qx, cu_q
 
 
+def dequantize_rows(x, descale, cu):
+    """e4m3 x [N, heads, D] times descale[b(row), head] (fp32 [B, heads]) in bf16; the
+    row's sequence b found on the device (no host sync)."""
+    rows = torch.arange(x.shape[0], device=x.device)
+    seq = torch.searchsorted(cu[1:].long(), rows, right=True).clamp(max=cu.shape[0] - 2)
+    return (x.float() * descale[seq][..., None]).to(torch.bfloat16)
+
+
+def dequantizing(fn):
+    """A bf16 baseline `fn` made to take an fp8 problem as its user would: q, k, v
+    dequantized to bf16 per call (timed), then the bf16 call. broadcast_q: the shared q
+    is expanded over the batch first (its real values differ per sequence)."""
+    def call(q, k, v, cu_q, cu_k, max_q, max_k, *, q_descale, k_descale, v_descale,
+             broadcast_q=False, **kw):
+        G = q.shape[1] // k.shape[1]
+        if broadcast_q:
+            q, cu_q = _expand_q(q, cu_k, True)
+        q = dequantize_rows(q, q_descale.repeat_interleave(G, 1), cu_q)
+        k, v = dequantize_rows(k, k_descale, cu_k), dequantize_rows(v, v_descale, cu_k)
+        return fn(q, k, v, cu_q, cu_k, max_q, max_k, broadcast_q=False, **kw)
+    return call
+
+
 def _expand_kv(q, k, v):
     r = q.shape[1] // k.shape[1]
     return (k, v) if r == 1 else (k.repeat_interleave(r, 1), v.repeat_interleave(r, 1))
@@ -121,10 +148,10 @@ def _ours(style: str):
         import jagged
 
         def fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, softmax_scale=None,
-               broadcast_q=False):
+               broadcast_q=False, **descales):
             return jagged.jagged_attention(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
                                            softmax_scale=softmax_scale, broadcast_q=broadcast_q,
-                                           return_lse=True, backend=style)
+                                           return_lse=True, backend=style, **descales)
         return fn
 
     def available():
@@ -171,7 +198,14 @@ def _fa4_available():
     return ok, why
 
 
-register(Backend("fa4", _fa4_make, _fa4_available, note=(
+def _fa4_supports(p: Problem):
+    if p.dtype == "fp8":
+        return False, ("flash-attn-4: fp8 runs on sm_100 only, and its varlen entry takes no "
+                       "descales")
+    return True, ""
+
+
+register(Backend("fa4", _fa4_make, _fa4_available, _fa4_supports, note=(
     "flash-attn-4 `flash_attn.cute.flash_attn_varlen_func` (bottom-right causal, native "
     "GQA); broadcast_q: Q expanded over the batch")))
 

@@ -62,12 +62,12 @@ DECODE_COLS = ["page_size", "num_splits", "packed_q", "kv_bytes", "kv_tbps", "co
 COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
            ["status", "error", "ms", "tflops", "host_ms", "gpu", "gpu_index", "sm_clock_mhz",
             "sm_clock_max_mhz", "mem_clock_mhz", "torch", "triton", "flash_attn_4",
-            "cutlass_dsl", "git_rev", "timestamp"] + DECODE_COLS)
+            "cutlass_dsl", "git_rev", "timestamp", "out_err", "out_tol"] + DECODE_COLS)
 KEY = ["backend", "pass", "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
        "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "gpu", "page_size",
        "num_splits", "packed_q"]
 PASSES = ("fwd", "bwd")
-FWD_CHECKS, BWD_CHECKS = ("out", "lse"), ("dq", "dk", "dv")
+FWD_CHECKS, BWD_CHECKS = ("out", "lse", "dtype"), ("dq", "dk", "dv")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -178,28 +178,46 @@ def call_kw(p: Problem) -> dict:
     return dict(causal=p.causal, softmax_scale=None, broadcast_q=p.mode == "broadcast_q")
 
 
+FP8_FORWARD_ONLY = "fp8 inputs are forward only (no backward kernel)"
+
+
 def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing=True) -> list[dict]:
-    """Gate, then (with `timing`) time, one problem on one backend (inside the worker)."""
+    """Gate, then (with `timing`) time, one problem on one backend (inside the worker).
+    fp8 problems: the fwd pass only (other passes `unsupported`, saying why)."""
+    from .backends import dequantizing
     from .oracle import check
     dev = default_device()
     kw = call_kw(p)
     ok, why = b.supports(p)
     if not ok:
         return [row(b.name, p, ps, "unsupported", why) for ps in passes]
+    rows = []
+    if p.dtype == "fp8":  # forward only; a baseline gets q, k, v dequantized (timed)
+        rows = [row(b.name, p, ps, "unsupported", FP8_FORWARD_ONLY) for ps in passes if ps != "fwd"]
+        passes = [ps for ps in passes if ps == "fwd"]
+        fn = fn if b.own else dequantizing(fn)
+        if not passes:
+            return rows
     gp = p.replace(batch=gate_batch) if 0 < gate_batch < p.batch else p
     try:
         rep = check(gp.build(dev), fn, backward="bwd" in passes, check_lse=b.own, **kw)
     except Exception as e:
-        return [row(b.name, p, ps, "error", f"gate: {type(e).__name__}: {e}") for ps in passes]
+        return rows + [row(b.name, p, ps, "error", f"gate: {type(e).__name__}: {e}")
+                       for ps in passes]
     finally:
         _free()
-    rows = []
     inp = p.build(dev) if timing else None
+    out = next((c for c in rep.checks if c.name == "out"), None)
     for ps in passes:
         mine = [c for c in rep.checks if c.name in (FWD_CHECKS if ps == "fwd" else BWD_CHECKS)]
         bad = [c for c in mine if not c.ok]
+        # the gate's out error and its allowance on the fwd row (the report sets fp8's
+        # beside bf16's)
+        err = dict(out_err=f"{out.max_err:.3e}", out_tol=f"{out.tol:.3e}") \
+            if ps == "fwd" and out is not None else {}
         if bad or not timing:
-            rows.append(row(b.name, p, ps, "fail" if bad else "ok", "; ".join(map(str, bad or mine))))
+            rows.append(row(b.name, p, ps, "fail" if bad else "ok",
+                            "; ".join(map(str, bad or mine)), **err))
             continue
         try:
             ms, host, graph, why, finite = _bench_pass(fn, inp, ps, kw, quick)
@@ -209,7 +227,7 @@ def run_problem(b, fn, p: Problem, passes, *, gate_batch=64, quick=False, timing
             rows.append(row(b.name, p, ps, "ok", why, ms=f"{ms:.5f}",
                             tflops=f"{p.flops(ps) / ms * 1e-9:.4g}",
                             host_ms="" if host is None else f"{host:.5f}",
-                            graph_ms="" if graph is None else f"{graph:.5f}"))
+                            graph_ms="" if graph is None else f"{graph:.5f}", **err))
         except Exception as e:
             rows.append(row(b.name, p, ps, "error", f"{type(e).__name__}: {e}"))
         finally:
@@ -223,6 +241,8 @@ def pass_call(fn, inp, ps, kw):
     with grad (dq, dk, dv)."""
     args = inp.args()
     if ps == "fwd":
+        kw = {**kw, **inp.descales()}
+
         def call():
             with torch.no_grad():
                 return _outs(fn(*args, **kw))[:1]

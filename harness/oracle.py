@@ -4,9 +4,14 @@ Reference forward (out, lse) and backward (dq, dk, dv) in fp32 on a GPU (fp64 on
 CPU), per sequence, for every mode. A result passes when its max error against that
 reference is at most 2x the error of PyTorch computing the same thing in the input
 dtype, plus a small floor (the FlashAttention test rule).
+
+fp8 inputs (forward only): the reference computes on the dequantized values (e4m3
+times its descale, formed in fp32 / fp64) and the allowance is PyTorch's error
+computing in bf16 on them; out must be bf16.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import sys
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .problems import Inputs
+from .problems import Inputs, offsets
 
 
 def _attend(q, k, v, causal: bool, scale: float):
@@ -114,6 +119,29 @@ def reference(inp: Inputs, *, causal=False, softmax_scale=None, broadcast_q=Fals
     if backward:
         res.update(dq=dq, dk=dk.to(dt), dv=dv.to(dt))
     return res
+
+
+def dequantized(inp: Inputs) -> Inputs:
+    """An fp8 problem's real values, fp64 on the CPU and fp32 on a GPU: each row of
+    sequence b and KV head h times descale[b, h] (q: its KV head's). broadcast_q: q
+    differs per sequence, so it comes expanded over the batch, as a cross attention
+    with L_q rows a sequence (the same out and lse layout)."""
+    hi = torch.float64 if inp.q.device.type == "cpu" else torch.float32
+    dev, B = inp.q.device, len(inp.lengths_k)
+    G = inp.q.shape[1] // inp.k.shape[1]
+    lq = inp.lengths_q
+    q = inp.q.to(hi)
+    if inp.cu_seqlens_q is None:  # broadcast_q
+        q = q.repeat(B, 1, 1)
+
+    def real(x, descale, lens, group=1):
+        seq = torch.repeat_interleave(torch.arange(B), lens).to(dev)
+        return x * descale.to(hi).repeat_interleave(group, 1)[seq][..., None]
+
+    return dataclasses.replace(
+        inp, q=real(q, inp.q_descale, lq, G), k=real(inp.k.to(hi), inp.k_descale, inp.lengths_k),
+        v=real(inp.v.to(hi), inp.v_descale, inp.lengths_k), cu_seqlens_q=offsets(lq).to(dev),
+        q_descale=None, k_descale=None, v_descale=None)
 
 
 @dataclass
@@ -235,13 +263,25 @@ def _clear_frames(e: BaseException, outer: BaseException | None) -> None:
 def _check(inp: Inputs, fn, *, causal, softmax_scale, broadcast_q, backward, ref, lowp,
            check_lse, dlse) -> Report:
     kw = dict(causal=causal, softmax_scale=softmax_scale, broadcast_q=broadcast_q)
-    ref = ref or reference(inp, backward=backward, dlse=dlse, **kw)
-    lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, dlse=dlse, **kw)
+    if inp.fp8:  # forward only, on the real values (dequantized, q expanded if shared)
+        if backward or dlse is not None:
+            raise ValueError("fp8 inputs are forward only: check with backward=False")
+        real = dequantized(inp)
+        ref = ref or reference(real, backward=False, causal=causal, softmax_scale=softmax_scale)
+        lowp = lowp or reference(real, backward=False, compute_dtype=torch.bfloat16,
+                                 causal=causal, softmax_scale=softmax_scale)
+    else:
+        ref = ref or reference(inp, backward=backward, dlse=dlse, **kw)
+        lowp = lowp or reference(inp, backward=backward, compute_dtype=inp.q.dtype, dlse=dlse, **kw)
     q, k, v = (t.detach().clone().requires_grad_(backward) for t in (inp.q, inp.k, inp.v))
-    poison(ref["out"].to(inp.q.dtype), ref["lse"])
-    res = fn(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k, **kw)
+    poison(ref["out"].to(inp.out_dtype), ref["lse"])
+    res = fn(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
+             **kw, **inp.descales())
     out, lse = res if isinstance(res, tuple) else (res, None)
-    rep = Report([compare("out", out, ref["out"], lowp["out"], inp.q.dtype)])
+    rep = Report([compare("out", out, ref["out"], lowp["out"], inp.out_dtype)])
+    if out.dtype != inp.out_dtype:
+        rep.checks.append(Check("dtype", math.inf, 0.0, math.inf,
+                                (f"out {out.dtype}, expected {inp.out_dtype}",), False))
     if lse is not None and check_lse:
         rep.checks.append(compare("lse", lse, ref["lse"], lowp["lse"], torch.float32))
     if backward:

@@ -27,6 +27,8 @@ def load(csv_path) -> pd.DataFrame:
               "kv_heads", "head_dim", "total_q", "total_k"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df["causal"] = df["causal"].astype(str) == "True"
+    for c in ("out_err", "out_tol"):  # absent from a CSV written before they existed
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else float("nan")
     for c in DECODE_NUM:  # absent from a CSV written before decode rows existed
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else float("nan")
     if "packed_q" not in df:
@@ -44,13 +46,14 @@ def io_bytes(r) -> float:
     write dq, dk, dv. Intermediates (delta, an fp32 dq accumulator) are not counted.
     Broadcast-Q: one dense Q (total_q rows), outputs per batch element."""
     el = 4 if r["dtype"] == "fp32" else 2
+    el_in = 1 if r["dtype"] == "fp8" else el  # fp8: e4m3 inputs, bf16 out
     rows_q = r["total_q"]
     rows_o = rows_q * r["batch"] if r["mode"] == "broadcast_q" else rows_q
     q, o = rows_q * r["heads"] * r["head_dim"], rows_o * r["heads"] * r["head_dim"]
     kv = 2 * r["total_k"] * r["kv_heads"] * r["head_dim"]
     lse = 4 * rows_o * r["heads"]
     if r["pass"] == "fwd":
-        return el * (q + kv + o) + lse
+        return el_in * (q + kv) + el * o + lse
     return el * (2 * q + 2 * kv + 2 * o) + lse       # + dq, dk, dv; + out, dout
 
 
@@ -305,6 +308,8 @@ def plot_all(out_dir) -> list[Path]:
     """Write every chart the CSV has data for; return their paths."""
     out_dir = Path(out_dir)
     df = load(out_dir / "results.csv")
+    # the jagged charts are 16-bit: fp8 prefill has the report's own section
+    df = df[(df["dtype"] != "fp8") | (df["mode"] == "decode")]
     good = ok(df)
     done = []
     top = gemm_ceiling(out_dir)

@@ -2,6 +2,11 @@
 
 A `Problem` is a frozen description (shape, sparsity, mode, dtype, seed); `build()`
 turns it into packed tensors and offsets, deterministically per seed.
+
+fp8 (`dtype="fp8"`, forward only): q, k, v in float8_e4m3fn, drawn in bf16 (the same
+values as the bf16 twin's) and quantized per (sequence, KV head) with descale =
+amax / 448 (`harness.decode.quantize`); `Inputs.descales()` gives the call's
+q_descale, k_descale, v_descale (fp32 [B, H_kv]); out is bf16.
 """
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 MODES = ("self", "cross", "broadcast_q")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FP8 = torch.float8_e4m3fn
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": FP8}
 
 
 def jagged_lengths(batch: int, max_len: int, sparsity: float, gen: torch.Generator) -> torch.Tensor:
@@ -58,10 +64,28 @@ class Inputs:
     dout: torch.Tensor
     lengths_q: torch.Tensor  # int64, CPU, per batch element (L_q repeated in broadcast_q)
     lengths_k: torch.Tensor
+    q_descale: torch.Tensor | None = None  # fp8: fp32 [B, H_kv] each
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
     def args(self):
         return (self.q, self.k, self.v, self.cu_seqlens_q, self.cu_seqlens_k,
                 self.max_seqlen_q, self.max_seqlen_k)
+
+    @property
+    def fp8(self) -> bool:
+        return self.q.dtype == FP8
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """bf16 for fp8 inputs, else q's dtype."""
+        return torch.bfloat16 if self.fp8 else self.q.dtype
+
+    def descales(self) -> dict:
+        """The call's descale keywords: {} for 16-bit inputs."""
+        if not self.fp8:
+            return {}
+        return dict(q_descale=self.q_descale, k_descale=self.k_descale, v_descale=self.v_descale)
 
 
 @dataclass(frozen=True)
@@ -152,17 +176,44 @@ class Problem:
         nk = int(lk.sum())
         nout = self.batch * self.max_seqlen_q if bq else nq
 
+        fp8 = dt == FP8
+        drawn = torch.bfloat16 if fp8 else dt
+
         def randn(*shape):
-            return torch.randn(*shape, generator=gen, device=dev).to(dt)
+            return torch.randn(*shape, generator=gen, device=dev).to(drawn)
 
         q, k, v = randn(nq, H, D), randn(nk, Hkv, D), randn(nk, Hkv, D)
         dout = randn(nout, H, D)
+        descales = {}
+        if fp8:
+            (q, k, v), descales = quantize_qkv(q, k, v, lq, lk, bq)
         cu_k = offsets(lk).to(device)
         cu_q = None if bq else offsets(lq).to(device)
         # the declared maxima (what a caller configures), raised to any longer override
         max_q = max(self.max_seqlen_q, int(lq.max()) if len(lq) else 0)
         max_k = max(self.max_k, int(lk.max()) if len(lk) else 0)
-        return Inputs(q, k, v, cu_q, cu_k, max_q, max_k, dout, lq, lk)
+        return Inputs(q, k, v, cu_q, cu_k, max_q, max_k, dout, lq, lk, **descales)
+
+
+def quantize_qkv(q, k, v, lq, lk, broadcast_q: bool):
+    """bf16 q [Nq, H, D], k / v [Nk, H_kv, D] -> their e4m3 values and descales fp32
+    [B, H_kv], per (sequence, KV head): descale = amax / 448 (`harness.decode.quantize`;
+    a query head shares its KV head's). broadcast_q: the one shared q gets one descale
+    per KV head, repeated for every sequence."""
+    from .decode import quantize
+    B, Hkv, dev = len(lk), k.shape[1], q.device
+    seq_k = torch.repeat_interleave(torch.arange(B), lk).to(dev)
+    kq, kd = quantize(k[:, None], seq_k, B)
+    vq, vd = quantize(v[:, None], seq_k, B)
+    # q's unit: a row with its KV head's query heads side by side
+    qv = q.view(q.shape[0], 1, Hkv, -1)
+    if broadcast_q:
+        qq, qd = quantize(qv, torch.zeros(q.shape[0], dtype=torch.int64, device=dev), 1)
+        qd = qd.expand(B, Hkv).contiguous()
+    else:
+        qq, qd = quantize(qv, torch.repeat_interleave(torch.arange(B), lq).to(dev), B)
+    return ((qq.view(q.shape), kq.view(k.shape), vq.view(v.shape)),
+            dict(q_descale=qd, k_descale=kd, v_descale=vd))
 
 
 def _grid(suite, lengths, sparsities, **kw):
@@ -230,9 +281,16 @@ def fuzz_problems(n: int = 40, seed: int = 0) -> list[Problem]:
     return [_fuzz_one(rng) for _ in range(n)]
 
 
+def fp8_twins(problems: list[Problem]) -> list[Problem]:
+    """Each bf16 problem again in fp8 (the same drawn values, quantized): the forward's
+    fp8 rows beside their bf16 twins."""
+    return [p.replace(dtype="fp8") for p in problems if p.dtype == "bf16"]
+
+
 def suites() -> dict[str, list[Problem]]:
     gem = dict(batch=1152, heads=4, head_dim=128)
     jag = _grid("gem-jagged", (256, 512, 1024, 2048), (0.1, 0.5, 0.9), **gem)
+    jag += fp8_twins(jag)
     # the same grid at D = 64 (opt-in: not in `make bench`'s SUITES), where the backward's
     # step size (64 or 128 query rows) turns on the lengths
     jag64 = _grid("gem-jagged-d64", (256, 512, 1024, 2048), (0.1, 0.5, 0.9),
@@ -249,6 +307,7 @@ def suites() -> dict[str, list[Problem]]:
            for (b, h, hkv, d, n) in ((8, 16, 16, 128, 8192), (4, 32, 8, 128, 4096),
                                      (16, 16, 16, 64, 2048))
            for c in (False, True)]
+    llm += fp8_twins(llm)
     smoke = [Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=40, sparsity=0.5, suite="smoke"),
              Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=33, causal=True,
                      sparsity=0.9, suite="smoke"),

@@ -7,7 +7,8 @@ A style has kernels per architecture (`fwd_<arch>`, `bwd_<arch>` in its package)
 data-center Blackwell; consumer Blackwell, 12.x, has neither and gets the portable
 kernel). `kernel_arch(device)` says which a device gets.
 
-`backend="auto"` takes the first style of `AUTO_ORDER` that runs on the device. On
+`backend="auto"` takes the first style of `AUTO_ORDER` that runs on the device (for fp8
+inputs: the first that also has an fp8 forward there, `FP8_ARCHS`). On
 Hopper CuteDSL comes first: on the H200 sweep it is 1.15x TLX (geometric mean) on the
 gem-jagged forward, 1.12x on broadcast-Q, 1.01x on llm-dense, and 1.00-1.03x on the
 backward suites (reports/h200/results.csv). On Blackwell the same order stands,
@@ -31,6 +32,9 @@ STYLES = {
     "portable": ("jagged.portable", "Triton", None),
 }
 AUTO_ORDER = ("cute", "tlx")
+# name -> the architectures it has an fp8 (e4m3) forward for (None: every device); a
+# style not named has none and raises NotImplementedError on fp8 inputs
+FP8_ARCHS = {"tlx": ("hopper",), "portable": None}
 
 
 def kernel_arch(device=None) -> str | None:
@@ -77,6 +81,17 @@ def style_arch(name: str, device=None) -> str | None:
     return kernel_arch(device) if style_available(name, device)[0] else None
 
 
+def style_fp8(name: str, device=None) -> tuple[bool, str]:
+    """(True, "") when style `name` has an fp8 forward for `device`'s architecture,
+    else (False, why not). Asks the driver only for a style with per-arch kernels."""
+    if name not in FP8_ARCHS:
+        return False, "no fp8 kernel"
+    archs = FP8_ARCHS[name]
+    if archs is None or kernel_arch(device) in archs:
+        return True, ""
+    return False, f"fp8 kernels for {', '.join(archs)} only"
+
+
 def available(device=None) -> dict[str, tuple[bool, str]]:
     """{style: (runs here, why not)} for every style (`style_arch` says which kernels)."""
     return {name: style_available(name, device) for name in STYLES}
@@ -88,11 +103,12 @@ _KERNELS: dict = {}  # (style, "fwd" | "bwd", device index) -> the kernel module
 
 
 @torch.compiler.assume_constant_result
-def resolve(backend: str, device_index: int) -> str:
+def resolve(backend: str, device_index: int, fp8: bool = False) -> str:
     """The style `backend` names on CUDA device `device_index` (-1: the CPU). "auto"
-    takes the first of AUTO_ORDER that runs there, else the portable kernel with a
-    warning (once per device) naming why; a named style that cannot run raises."""
-    key = (backend, device_index)
+    takes the first of AUTO_ORDER that runs there (with `fp8`: and has an fp8 forward
+    there), else the portable kernel with a warning (once per device) naming why; a
+    named style that cannot run raises (one without fp8 raises when called)."""
+    key = (backend, device_index, fp8)
     hit = _CHOSEN.get(key)
     if hit is not None:
         return hit
@@ -107,14 +123,17 @@ def resolve(backend: str, device_index: int) -> str:
         whys = []
         for cand in AUTO_ORDER:
             ok, why = style_available(cand, device) if device is not None else (False, "CPU tensors")
+            if ok and fp8:
+                ok, why = style_fp8(cand, device)
             if ok:
                 name = cand
                 break
             whys.append(f"{cand}: {why}")
         else:
             name = "portable"
-            warnings.warn("jagged_attention(backend='auto') runs the portable Triton kernel: "
-                          + "; ".join(whys), RuntimeWarning, stacklevel=3)
+            what = " for fp8 inputs" if fp8 else ""
+            warnings.warn(f"jagged_attention(backend='auto'){what} runs the portable Triton "
+                          "kernel: " + "; ".join(whys), RuntimeWarning, stacklevel=3)
     style_fn(name)
     _CHOSEN[key] = name
     return name

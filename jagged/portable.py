@@ -19,6 +19,12 @@ Layouts: q/out/dout [tokens, H, D], k/v [tokens, H_kv, D], lse/delta [H, Nq] fp3
 Causal is bottom-right aligned (jagged.seqinfo): query i of a sequence sees key j iff
 j <= i + len_k - len_q. Rows that see no key get out = 0, lse = -inf, dq = 0.
 Limits: batch <= 65535 (a grid axis), head_dim a power of two (64, 128).
+
+fp8 (forward only): q, k, v are dequantized to bf16 by `jagged.fp8.dequantize_rows`
+(q with q_descale per sequence and KV head, its query heads sharing their KV head's
+descale), then the bf16 forward runs; out is bf16. broadcast_q: q's real values differ
+per sequence (q_descale[b]), so q is expanded over the batch first and the call runs
+as a cross attention with L_q rows a sequence: the same out and lse layout.
 """
 from __future__ import annotations
 
@@ -250,7 +256,10 @@ def _common(q, k, cu_q, cu_k, broadcast_q):
         GROUP=H // k.shape[1], D=q.shape[2], DENSE_Q=broadcast_q)
 
 
-def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
+    if descale is not None:
+        q, k, v, cu_q = dequantize(q, k, v, cu_q, cu_k, broadcast_q, *descale)
+        broadcast_q = False
     B, H, n_out, args = _common(q, k, cu_q, cu_k, broadcast_q)
     out = q.new_empty(n_out, H, q.shape[2])
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
@@ -260,6 +269,20 @@ def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
             q, k, v, out, lse, qk_scale=scale * LOG2E.value, **args, BLOCK_M=BM, BLOCK_N=BN,
             CAUSAL=causal, num_warps=warps, num_stages=stages)
     return out, lse
+
+
+def dequantize(q, k, v, cu_q, cu_k, broadcast_q, q_descale, k_descale, v_descale):
+    """fp8 q, k, v (e4m3) -> bf16 with their descales applied, and q's offsets;
+    broadcast_q: q expanded over the batch with offsets b * L_q."""
+    from jagged.fp8 import dequantize_rows
+    B, G = cu_k.shape[0] - 1, q.shape[1] // k.shape[1]
+    if broadcast_q:
+        L = q.shape[0]
+        q = q.unsqueeze(0).expand(B, *q.shape).reshape(B * L, *q.shape[1:])
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * L
+    qd = q_descale.repeat_interleave(G, 1) if G > 1 else q_descale  # [B, H]: per query head
+    return (dequantize_rows(q, qd, cu_q), dequantize_rows(k, k_descale, cu_k),
+            dequantize_rows(v, v_descale, cu_k), cu_q)
 
 
 def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

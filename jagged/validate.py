@@ -3,7 +3,8 @@
 Three levels, so that the default call never waits on the GPU:
 - `validate` (every call, on the host, no device access): types, dtypes, shapes,
   devices, contiguity, the batch sizes of the offsets; a TypeError or ValueError that
-  names the argument.
+  names the argument. `validate_descales`: the fp8 descales' dtype, shape, device and
+  layout (no value is read either).
 - `check_offsets_async` (every call, on the device, no host sync): one small kernel
   checks that each `cu_seqlens_*` starts at 0, never decreases, ends at its tensor's
   token count and holds no length above its `max_seqlen_*`. A bad value fails a
@@ -24,7 +25,8 @@ import triton.language as tl
 
 from .tiles import per_offsets
 
-DTYPES = (torch.bfloat16, torch.float16)
+FP8 = torch.float8_e4m3fn
+DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
 HEAD_DIMS = (64, 128)
 
 
@@ -37,13 +39,14 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in DTYPES:
-            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+            raise TypeError(f"{name} must be bfloat16, float16 or float8_e4m3fn, got {t.dtype}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be [tokens, heads, head_dim], got shape {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"q, k, v must share one dtype (fp8: all three float8_e4m3fn), got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
     for name, t in (("k", k), ("v", v), ("cu_seqlens_k", cu_seqlens_k)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
@@ -74,6 +77,33 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     if broadcast_q and max_seqlen_q < q.shape[0]:
         raise ValueError(f"max_seqlen_q={max_seqlen_q} is smaller than L_q={q.shape[0]}")
     return batch
+
+
+def validate_descales(q, k, batch: int, q_descale, k_descale, v_descale) -> bool:
+    """Raise TypeError/ValueError naming the bad descale; return whether the call is fp8.
+    With fp8 q, k, v (validate checked they share a dtype) each descale is None or fp32,
+    contiguous, [B, H_kv] on q's device; with 16-bit inputs every one must be None.
+    Reads no value."""
+    if q_descale is None and k_descale is None and v_descale is None:
+        return q.dtype == FP8
+    want = (batch, k.shape[1])
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if q.dtype != FP8:
+            raise ValueError(f"{name} is only for float8_e4m3fn q, k, v; got {q.dtype}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 [B, H_kv], got {t.dtype}")
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must be [B, H_kv] = [{want[0]}, {want[1]}], got "
+                             f"{tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return True
 
 
 def _check_offsets_tensor(name, cu):

@@ -20,6 +20,12 @@ and described once on the host; a tile's box starts at its sequence's first row
 into the next sequence (or past the tensor, where TMA fills zeros): extra K columns are
 masked to -inf by the tail's softmax mask (so their V rows get P = 0), extra Q rows are
 computed and dropped by the store's row bound. Nothing is ever written through TMA.
+
+fp8 (FP8, `forward(..., descale=)`): Q and K in e4m3, S = Q K^T an e4m3 wgmma (both
+operands K-major as laid out: no transpose) with the tile's q_descale * k_descale of its
+(sequence, KV head) folded into the qk scale; V dequantized to bf16 once a call
+(jagged.fp8.dequantize_rows, v_descale folded in), so P V is the bf16 path. Out bf16,
+staged in a bf16 buffer a consumer (the e4m3 Q slot holds half of O's bytes).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
+from jagged.fp8 import dequantize_rows
 from jagged.tiles import fwd_bucket, fwd_consumers
 
 from jagged.launch import fast
@@ -109,6 +116,12 @@ class Smem(NamedTuple):
     q: object
     k: object
     v: object
+
+
+class Scales(NamedTuple):
+    """fp8: the descales fp32 [B, H_kv] the qk scale of a tile takes (None otherwise)."""
+    q: object
+    k: object
 
 
 class Bars(NamedTuple):
@@ -250,7 +263,8 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
     blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.q))
-    KV_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.k))
+    K_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.k))
+    V_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.v))
     kv_cnt = 0
     i = 0
     for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
@@ -269,11 +283,11 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
             kb, kph = _buf_phase(kv_cnt, NUM_BUFFERS_KV)
             row = tile.k_start + kv_block(j, tile.n_end, MASK_FIRST) * BLOCK_N
             tlx.barrier_wait(bars.k_empty[kb], kph ^ 1)
-            tlx.barrier_expect_bytes(bars.k_full[kb], KV_BYTES)
+            tlx.barrier_expect_bytes(bars.k_full[kb], K_BYTES)
             tlx.async_descriptor_load(descs.k, smem.k[kb], [row, tile.hk * HEAD_DIM],
                                       bars.k_full[kb])
             tlx.barrier_wait(bars.v_empty[kb], kph ^ 1)
-            tlx.barrier_expect_bytes(bars.v_full[kb], KV_BYTES)
+            tlx.barrier_expect_bytes(bars.v_full[kb], V_BYTES)
             tlx.async_descriptor_load(descs.v, smem.v[kb], [row, tile.hk * HEAD_DIM],
                                       bars.v_full[kb])
             kv_cnt += 1
@@ -355,12 +369,23 @@ def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr):
              mask=lse_rows < tile.len_q)
 
 
+@triton.jit
+def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: compute
+    """The qk scale of `tile`: fp8 folds in q_descale * k_descale of its sequence and KV
+    head (fp32 [B, H_kv])."""
+    if FP8:
+        at = tile.b * (tiles.H // tiles.GROUP) + tile.hk
+        return qk_scale * tl.load(scales.q + at) * tl.load(scales.k + at)
+    else:
+        return qk_scale
+
+
 # ----------------------------------------------------------------------------- kernel
 # runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
 @triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
-               L_q, H, GROUP, NBLK, n_out, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               L_q, H, GROUP, NBLK, n_out, qk_scale, q_descale, k_descale,
+               FP8: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
@@ -369,7 +394,9 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
                 k=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
-                v=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV))
+                v=tlx.local_alloc((BLOCK_N, HEAD_DIM), tlx.dtype_of(desc_v), NUM_BUFFERS_KV))
+    if FP8:  # O in bf16 needs twice an e4m3 Q slot: a staging buffer a consumer
+        o_stage = tlx.local_alloc((SPLIT_M, HEAD_DIM), tl.bfloat16, NUM_CONSUMERS)
     NQ: tl.constexpr = NUM_BUFFERS_Q * NUM_CONSUMERS  # a Q slot per (buffer, consumer)
     bars = Bars(q_full=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
                 q_empty=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
@@ -398,37 +425,47 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
+                tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,
+                                         FP8)
                 tlx.barrier_wait(bars.q_full[slot], qph)
                 acc, m_i, l_i, kv_cnt = compute(
-                    smem.q[slot], smem, bars, kv_cnt, qk_scale, rows, tile, cid,
+                    smem.q[slot], smem, bars, kv_cnt, tile_scale, rows, tile, cid,
                     NUM_CONSUMERS, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP,
                     MASK_FIRST)
-                store(acc, m_i, l_i, smem.q[slot], out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM)
+                if FP8:
+                    o_buf = o_stage[cid]
+                else:
+                    o_buf = smem.q[slot]
+                store(acc, m_i, l_i, o_buf, out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(bars.q_empty[slot], 1)
                 i += 1
 
 
 # ----------------------------------------------------------------------------- host
-def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
+def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
+                fp8: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
-    return dict(BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
+    return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                 OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
-    """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of jagged.api.make_jagged_attention."""
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
+    """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of jagged.api.make_jagged_attention.
+    descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
+    each, for e4m3 q, k, v (out bf16)."""
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1
     L_q = Nq_in if broadcast_q else 0
     n_out = batch * Nq_in if broadcast_q else Nq_in
-    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
+    fp8 = descale is not None
+    out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
     if n_out == 0 or batch == 0:
         return out, lse
@@ -437,6 +474,11 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
         lse.fill_(float("-inf"))
         return out, lse
     cfg = pick_config(D, max_k, causal, Nk / batch)
+    if fp8:
+        q_descale, k_descale, v_descale = descale
+        v = dequantize_rows(v, v_descale, cu_k)
+    else:
+        q_descale = k_descale = None
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
                                      L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                      causal)
@@ -446,16 +488,22 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     grid = (min(num_sms(q.device), batch * nblk * H),)
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E,
-        **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)
+        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale,
+        **kernel_args(cfg, D, causal, broadcast_q, fp8), num_warps=4, num_stages=1)
     return out, lse
 
 
 def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
-    """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks)."""
+    """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks). dtype
+    "fp8e4nv": e4m3 q and k, bf16 v and out, the descales fp32 pointers (with
+    kernel_args(..., fp8=True))."""
+    fp8 = dtype == "fp8e4nv"
+    io = "bf16" if fp8 else dtype
     return {"desc_q": f"tensordesc<{dtype}[{SPLIT_M.value},{head_dim}]>",
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
-            "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
-            "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
+            "desc_v": f"tensordesc<{io}[{cfg.block_n},{head_dim}]>",
+            "out_ptr": f"*{io}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
             "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32",
-            "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32"}
+            "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32",
+            "q_descale": "*fp32" if fp8 else "constexpr",
+            "k_descale": "*fp32" if fp8 else "constexpr"}

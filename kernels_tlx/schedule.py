@@ -35,8 +35,8 @@ __all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "kv_block", "kv_steps", "
 
 class Tile(NamedTuple):
     """Where a forward tile lives: head h, KV head hk, first query row m0 (in-sequence),
-    the packed row bases of q / k / out, the lengths, and its KV blocks: [0, n_bulk)
-    need no mask, [n_bulk, n_end) are masked."""
+    the packed row bases of q / k / out, the lengths, its KV blocks ([0, n_bulk) need no
+    mask, [n_bulk, n_end) are masked) and its sequence b."""
     h: object
     hk: object
     m0: object
@@ -47,6 +47,7 @@ class Tile(NamedTuple):
     len_k: object
     n_bulk: object
     n_end: object
+    b: object
 
 
 @triton.jit
@@ -83,7 +84,7 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
         kv_full = len_k
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
-    return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end)
+    return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b)
 
 
 @triton.jit

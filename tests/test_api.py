@@ -90,7 +90,7 @@ def test_device_check_is_not_repeated(inp, monkeypatch):
 
 
 @pytest.mark.parametrize("make, exc, name", [
-    (lambda i: dict(q=i.q.float()), TypeError, "q must be bfloat16 or float16"),
+    (lambda i: dict(q=i.q.float()), TypeError, "q must be bfloat16, float16 or float8_e4m3fn"),
     (lambda i: dict(v=i.v.half()), TypeError, "share one dtype"),
     (lambda i: dict(cu_seqlens_q=i.cu_seqlens_q.long()), TypeError, "cu_seqlens_q must be int32"),
     (lambda i: dict(k=i.k.to("meta")), ValueError, "k is on meta"),

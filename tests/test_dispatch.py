@@ -124,7 +124,8 @@ def test_a_caller_with_hopper_kernels_only(device):
 @pytest.mark.parametrize("style", sorted(STYLE_PKGS))
 def test_every_arch_has_both_kernels_and_every_mode(style):
     """Each architecture a style lists has a forward and a backward with the Hopper
-    host signatures (jagged.api's contract), and config defaults for every head dim the
+    host signatures (jagged.api's contract; an architecture with an fp8 forward takes
+    `descale` last), and config defaults for every head dim the
     API accepts, causal or not (dtypes, GQA, broadcast-Q and lse are runtime or
     compile-time arguments of every build: tests/test_*_blackwell_*.py compile them)."""
     pkg = STYLE_PKGS[style].__name__
@@ -134,7 +135,11 @@ def test_every_arch_has_both_kernels_and_every_mode(style):
     for arch in archs:
         fwd = importlib.import_module(f"{pkg}.fwd_{arch}")
         bwd = importlib.import_module(f"{pkg}.bwd_{arch}")
-        sig = (inspect.signature(fwd.forward), inspect.signature(bwd.backward))
+        fwd_sig = inspect.signature(fwd.forward)
+        if arch in (dispatch.FP8_ARCHS.get(style) or ()):  # an fp8 forward: the descales too
+            assert list(fwd_sig.parameters)[-1] == "descale", (arch, fwd_sig)
+            fwd_sig = fwd_sig.replace(parameters=list(fwd_sig.parameters.values())[:-1])
+        sig = (fwd_sig, inspect.signature(bwd.backward))
         assert ref.setdefault("sig", sig) == sig, (arch, sig)
         for d in HEAD_DIMS:
             for causal in (False, True):

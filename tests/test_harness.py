@@ -128,13 +128,24 @@ def _fixture_csv(path):
     rows = []
     for p in suite("gem-jagged") + suite("llm-dense") + suite("gem-broadcast-q"):
         p = p.replace(batch=min(p.batch, 4))
+        if p.dtype == "fp8":  # forward only, tlx 1.5x its bf16 twin (600 vs 400 dense) at
+            # gem-jagged, 1.2x at llm-dense; FA4 refuses
+            t = (600.0 if p.suite == "gem-jagged" else 480.0) * (0.5 + p.sparsity / 2)
+            rows += [bench.row("tlx", p, "fwd", "ok", ms="1.0", tflops=f"{t:.1f}",
+                               host_ms="0.05", out_err="2.0e-02", out_tol="3.0e-02",
+                               gpu="NVIDIA H200"),
+                     bench.row("tlx", p, "bwd", "unsupported", "fp8 inputs are forward only",
+                               gpu="NVIDIA H200"),
+                     bench.row("fa4", p, "fwd", "unsupported", "no fp8", gpu="NVIDIA H200")]
+            continue
         for b, base in (("tlx", 400.0), ("fa4", 350.0), ("flex", 200.0)):
             for ps in ("fwd", "bwd"):
                 t = base * (0.5 + p.sparsity / 2) * (1 if ps == "fwd" else 0.8)
                 host = "0.9" if (b, ps, p.max_seqlen_q, p.sparsity) == ("tlx", "bwd", 256, 0.1) else "0.05"
                 graph = "0.5" if b == "tlx" else ""  # tlx captured, the others not
+                err = dict(out_err="1.0e-02", out_tol="2.0e-02") if ps == "fwd" else {}
                 rows.append(bench.row(b, p, ps, "ok", ms="1.0", tflops=f"{t:.1f}", host_ms=host,
-                                      graph_ms=graph, gpu="NVIDIA H200"))
+                                      graph_ms=graph, gpu="NVIDIA H200", **err))
     rows.append(bench.row("sdpa-flash", suite("gem-jagged")[0].replace(batch=4), "fwd", "unsupported",
                           "takes no mask", gpu="NVIDIA H200"))
     bench.merge_rows(path, rows)
@@ -162,6 +173,13 @@ def test_plots_and_report(tmp_path):
     eager, replay = tflops[2].split("|"), graph[2].split("|")
     assert replay[1:3] == eager[1:3] and float(replay[3]) == 2 * float(eager[3])
     assert "The same under CUDA-graph replay (TB/s" in md
+    # fp8: its own section, each tlx fwd row against its bf16 twin, errors side by side
+    fp8 = md[md.index("## fp8 prefill (forward)"):].split("\n\n")[2].splitlines()
+    assert len(fp8) == 2 + 12 + 6
+    assert fp8[2].startswith("| tlx | gem-jagged | self B4 H4/4 D128 L256 s0.1 fp8 | ")
+    assert fp8[2].endswith(" | 1.50 | met | 2.00e-02 (3.0e-02) | 1.00e-02 (2.0e-02) |"), fp8[2]
+    assert all(" | 1.20 | missed | " in line for line in fp8 if "llm-dense" in line)
+    assert "fp8" not in md[:md.index("## fp8 prefill")].split("## gem-jagged")[1].split("TFLOP/s:")[0]
 
 
 def test_io_bytes_counts_each_tensor_once():
@@ -437,7 +455,9 @@ def test_match_alternatives():
     from harness.suites import suite
     jag = suite("gem-jagged")
     picked = [p for p in jag if matches(p, "Lq256 Lk256 s0.5|Lq2048 Lk2048 s0.9")]
-    assert [(p.max_seqlen_q, p.sparsity) for p in picked] == [(256, 0.5), (2048, 0.9)]
+    assert [(p.max_seqlen_q, p.sparsity, p.dtype) for p in picked] == \
+        [(256, 0.5, "bf16"), (2048, 0.9, "bf16"), (256, 0.5, "fp8"), (2048, 0.9, "fp8")]
+    assert len([p for p in jag if matches(p, "Lq256 Lk256 s0.5 bf16")]) == 1
     assert all(matches(p, "") for p in jag) and not any(matches(p, "nope") for p in jag)
 
 
@@ -506,3 +526,53 @@ def test_gemm_ceiling_row_reads_back_for_the_charts(tmp_path):
     assert gemm_ceiling(tmp_path) == 681.3
     append_rows(tmp_path / "clocks.csv", [dict(rows[0], tflops=690.0)])
     assert gemm_ceiling(tmp_path) == 690.0 and ceiling_label(690.0).endswith("(690)")
+
+
+def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
+    """An fp8 problem: the bwd row is `unsupported` saying why (not an error); ours gets
+    the descales, a baseline (here the portable kernel posing as one) q, k, v
+    dequantized to bf16; FA4 refuses fp8."""
+    from harness import backends, bench
+    p = Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=24, sparsity=0.5,
+                causal=True, dtype="fp8", suite="smoke")
+    ours = backends.get("triton")
+    seen = []
+
+    def spy(q, k, v, *a, **kw):
+        seen.append((q.dtype, sorted(kw)))
+        return ours.fn()(q, k, v, *a, **kw)[0]
+    base = backends.Backend("fp8-baseline", lambda: spy, ours.available)
+    rows = bench.run_problem(base, base.fn(), p, ["fwd", "bwd"], gate_batch=0, timing=False)
+    by = {r["pass"]: r for r in rows}
+    assert by["fwd"]["status"] == "ok", by["fwd"]["error"]
+    assert by["bwd"]["status"] == "unsupported" and "forward only" in by["bwd"]["error"]
+    assert by["fwd"]["dtype"] == "fp8"
+    assert seen and all(dt == torch.bfloat16 and "q_descale" not in kw for dt, kw in seen)
+    assert backends.get("fa4").supports(p)[0] is False
+    assert backends.get("fa4").supports(p.replace(dtype="bf16"))[0] is True
+
+
+def test_fp8_gemm_ceiling_operands_and_row(tmp_path):
+    """The fp8 GEMM row: e4m3 A row-major, B column-major, unit fp32 scales, bf16 out
+    equal to the float product of the e4m3 values (CPU `_scaled_mm`); its clocks line
+    reads back as backend gemm-fp8 and leaves the charts' (bf16) ceiling alone."""
+    from harness.gpu.clocks import GEMM_PROBLEM, append_rows, line, read_log
+    from harness.gpu.fp8_gemm import GEMM8_PROBLEM, matmul, operands
+    from harness.plots import gemm_ceiling
+    a, b, sa, sb = operands(64, "cpu")
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and a.stride() == (64, 1) and b.stride() == (1, 64)
+    assert sa.shape == () and sa.dtype == torch.float32
+    y = matmul(a, b, sa, sb)
+    ref = a.double() @ b.double()
+    assert y.dtype == torch.bfloat16
+    assert float((y.double() - ref).abs().max()) <= float(ref.abs().max()) * 2 ** -7
+    m = dict(tflops=681.3, mhz=1485.0, watts=685.0, temp_c=60.0, at_boost=908.4, calls=1400,
+             samples=20, reasons="0x0000000000000004")
+    log = tmp_path / "clocks.log"
+    log.write_text("\n".join([line("gemm", GEMM_PROBLEM, m),
+                              line("gemm-fp8", GEMM8_PROBLEM, dict(m, tflops=1250.0))]))
+    rows = read_log(log, "abc1234")
+    assert [(r["backend"], r["problem"], r["tflops"]) for r in rows][1] == \
+        ("gemm-fp8", GEMM8_PROBLEM, 1250.0)
+    append_rows(tmp_path / "clocks.csv", rows)
+    assert gemm_ceiling(tmp_path) == 681.3

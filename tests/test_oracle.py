@@ -278,3 +278,27 @@ def test_gate_of_a_long_many_head_problem_fits_and_a_failure_frees_it():
     assert peak < 24 << 30, f"peak {peak / 2 ** 30:.2f} GiB"
     left = torch.cuda.memory_allocated() - base
     assert left <= 128 << 20 and info.value is not None, f"{left / 2 ** 20:.0f} MiB left"
+
+
+FP8_SHAPES = [dict(mode="self", causal=True), dict(mode="cross", max_seqlen_k=20),
+              dict(mode="broadcast_q", max_seqlen_q=8, max_seqlen_k=20)]
+
+
+@pytest.mark.parametrize("shape", FP8_SHAPES)
+def test_fp8_oracle_on_the_portable_kernel(shape):
+    """fp8 problems through the oracle with the portable kernel (CPU interpreter): the
+    reference on the dequantized values accepts it, and a call that drops a descale
+    fails."""
+    from jagged.portable import jagged_attention
+    p = Problem(**{**dict(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q=24,
+                          sparsity=0.5, dtype="fp8"), **shape})
+    inp = p.build()
+    kw = dict(causal=p.causal, broadcast_q=p.mode == "broadcast_q", backward=False)
+    rep = check(inp, jagged_attention, **kw)
+    assert rep.ok, str(rep)
+
+    def no_v_descale(*a, v_descale, **k):
+        return jagged_attention(*a, v_descale=None, **k)
+    assert not check(inp, no_v_descale, **kw).ok
+    with pytest.raises(ValueError, match="forward only"):
+        check(inp, jagged_attention, causal=p.causal, broadcast_q=kw["broadcast_q"])

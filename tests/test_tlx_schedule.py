@@ -11,6 +11,7 @@ from jagged.tiles import longest_first_tiles
 from kernels_cute.schedule import kv_block as cute_kv_block
 from kernels_cute.schedule import kv_steps as cute_kv_steps
 from kernels_tlx.schedule import build_tiles, tile_coords
+from _interp import interp
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -209,7 +210,7 @@ def test_tile_cache_is_bounded():
 @triton.jit
 def _decode_tiles(pairs, n_pairs, cu, out, H, NBLK):
     for t in range(0, n_pairs * H):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
             t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)
@@ -236,7 +237,7 @@ def test_tile_coords_chunks():
 @triton.jit
 def _kv_split(pairs, n_pairs, cu_q, cu_k, out, NBLK):
     for t in range(0, n_pairs):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
             t, pairs, n_pairs, cu_q, cu_k, 0, 1, 1, NBLK, 64, 64, True, False)
         tl.store(out + 3 * t, q_start + m0)
         tl.store(out + 3 * t + 1, n_bulk)
@@ -268,7 +269,7 @@ def test_tile_coords_causal_kv_split():
 def _decode_rounds(pairs, n_pairs, cu, out, H, NBLK):
     """As a persistent program walks: tiles pid, pid + P, ...; out[t] per loop index."""
     for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
             t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)
@@ -335,3 +336,47 @@ def test_kv_walk_covers_every_block_once(mask_first):
             assert cute == [tuple(x) for x in steps], (n_bulk, n_end, cute, steps)
             if mask_first and n_bulk >= n_end - 1:  # non-causal: one masked step, first
                 assert [m for _, m in steps] == [1] + [0] * (n_end - 1)
+
+
+# ----------------------------------------------------------------------------- tile -> sequence
+@triton.jit
+def _tile_sequence_kernel(pairs, count, cu_q, cu_k, out, L_q, H, GROUP, NBLK,
+                          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    n_pairs = tl.load(count)
+    for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
+        tile = tile_coords(t, pairs, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK, 64, 64,
+                           CAUSAL, BROADCAST_Q)
+        tl.store(out + 5 * t, tile.b)
+        tl.store(out + 5 * t + 1, tile.k_start)
+        tl.store(out + 5 * t + 2, tile.len_k)
+        tl.store(out + 5 * t + 3, tile.q_start)
+        tl.store(out + 5 * t + 4, tile.out_start)
+
+
+@interp
+@pytest.mark.parametrize("causal,bq", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("programs", [1, 3, 4])
+def test_tile_sequence(programs, causal, bq):
+    """Tile.b (the fp8 descales' row) names the sequence whose K rows, Q rows and output
+    rows the same tile has, for every tile of a persistent walk (odd rounds flipped)
+    with chunks and several heads."""
+    len_q = [130, 0, 64, 1, 200, 65]
+    len_k = [70, 5, 0, 1, 300, 64]
+    cu_q = torch.tensor([0] + len_q).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + len_k).cumsum(0).to(torch.int32)
+    H, group, L_q = 4, 2, 70
+    pairs, count, nblk = build_tiles(None if bq else cu_q, cu_k, len(len_k),
+                                     L_q if bq else max(len_q), L_q if bq else None, 64, 64,
+                                     causal)
+    n = int(count)
+    out = torch.full((5 * n * H,), -1, dtype=torch.int32)
+    _tile_sequence_kernel[(programs,)](pairs, count, cu_k if bq else cu_q, cu_k, out,
+                                         L_q if bq else 0, H, group, nblk, causal, bq)
+    rows = out.view(-1, 5).tolist()
+    assert len(rows) == n * H and min(r[0] for r in rows) >= 0
+    for b, k_start, lk, q_start, out_start in rows:
+        assert (k_start, lk) == (int(cu_k[b]), len_k[b])
+        if bq:
+            assert out_start == b * L_q
+        else:
+            assert q_start == int(cu_q[b]) and len_q[b] > 0
