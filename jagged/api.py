@@ -35,20 +35,12 @@ from typing import Callable, Optional
 
 import torch
 
+from .fp8 import fill_descales
 from .validate import (FP8, HEAD_DIMS, check_offsets_async, check_offsets_host, validate,
                        validate_descales)
 
 FORWARD_ONLY = ("fp8 inputs (float8_e4m3fn) are forward only: call jagged_attention under "
                 "torch.no_grad() or with q, k, v that do not require grad")
-
-
-def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_descale):
-    """The three descales of an fp8 call, each missing one a ones tensor (one fresh
-    allocation a call, shared: nothing held across calls or CUDA graphs)."""
-    ones = None
-    if q_descale is None or k_descale is None or v_descale is None:
-        ones = torch.ones(batch, kv_heads, device=device, dtype=torch.float32)
-    return tuple(ones if t is None else t for t in (q_descale, k_descale, v_descale))
 
 
 def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:

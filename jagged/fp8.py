@@ -19,6 +19,31 @@ FP8 = torch.float8_e4m3fn
 BLOCK_ROWS = 32  # (token, head) rows a program
 
 
+def check_descale(name: str, t, batch: int, kv_heads: int, device) -> None:  # role: host
+    """Raise TypeError/ValueError naming descale `name` unless it is an fp32, contiguous
+    [B, H_kv] tensor on `device` (q's). Reads no value."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 [B, H_kv], got {t.dtype}")
+    if tuple(t.shape) != (batch, kv_heads):
+        raise ValueError(f"{name} must be [B, H_kv] = [{batch}, {kv_heads}], got "
+                         f"{tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_descale):
+    """The three descales of an fp8 call, each missing one a ones tensor (one fresh
+    allocation a call, shared: nothing held across calls or CUDA graphs)."""
+    ones = None
+    if q_descale is None or k_descale is None or v_descale is None:
+        ones = torch.ones(batch, kv_heads, device=device, dtype=torch.float32)
+    return tuple(ones if t is None else t for t in (q_descale, k_descale, v_descale))
+
+
 @triton.jit
 def _sequence_of(token, cu, B, steps):  # role: schedule
     """The largest b in [0, B] with cu[b] <= token (an empty sequence shares its start

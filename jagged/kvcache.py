@@ -47,10 +47,10 @@ from typing import Optional
 import torch
 
 from .dispatch import STYLES, style_available
+from .fp8 import FP8, check_descale, fill_descales
 from .kvcache_kernels import check_inputs_async, combine  # noqa: F401  (the core's kernels)
 from .validate import HEAD_DIMS, _host_check
 
-FP8 = torch.float8_e4m3fn
 CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 
 # backend="auto" on Hopper: the first of these that runs. H200, graph replay, KV TB/s
@@ -170,21 +170,11 @@ def validate_descales(q, k_cache, batch: int, q_descale, k_descale, v_descale) -
                          ("v_descale", v_descale, k_cache.dtype == FP8)):
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if not fp8:
+        if isinstance(t, torch.Tensor) and not fp8:
             what = "q" if name == "q_descale" else "k_cache / v_cache"
             raise ValueError(f"{name} is only for a float8_e4m3fn {what}, got "
                              f"{q.dtype if name == 'q_descale' else k_cache.dtype}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32 [B, H_kv], got {t.dtype}")
-        if tuple(t.shape) != (batch, H_kv):
-            raise ValueError(f"{name} must be [B, H_kv] = [{batch}, {H_kv}], got "
-                             f"{tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+        check_descale(name, t, batch, H_kv, q.device)
     return q.dtype == FP8 or k_cache.dtype == FP8
 
 
@@ -256,15 +246,6 @@ def run(forward, q3, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, 
             lse_part, **kw)
     combine(o_part, lse_part, out, lse)
     return out, lse
-
-
-def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_descale):
-    """The three descales of an fp8 call, each missing one a ones tensor (one fresh
-    allocation a call, shared: nothing held across calls or CUDA graphs)."""
-    ones = None
-    if q_descale is None or k_descale is None or v_descale is None:
-        ones = torch.ones(batch, kv_heads, device=device, dtype=torch.float32)
-    return tuple(ones if t is None else t for t in (q_descale, k_descale, v_descale))
 
 
 _CHOSEN: dict = {}

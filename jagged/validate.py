@@ -23,9 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8 import FP8, check_descale
 from .tiles import per_offsets
-
-FP8 = torch.float8_e4m3fn
 DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
 HEAD_DIMS = (64, 128)
 
@@ -90,19 +89,9 @@ def validate_descales(q, k, batch: int, q_descale, k_descale, v_descale) -> bool
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is None:
             continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if q.dtype != FP8:
+        if isinstance(t, torch.Tensor) and q.dtype != FP8:
             raise ValueError(f"{name} is only for float8_e4m3fn q, k, v; got {q.dtype}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32 [B, H_kv], got {t.dtype}")
-        if tuple(t.shape) != want:
-            raise ValueError(f"{name} must be [B, H_kv] = [{want[0]}, {want[1]}], got "
-                             f"{tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
+        check_descale(name, t, *want, q.device)
     return True
 
 

@@ -14,36 +14,13 @@ import pytest
 import torch
 
 import jagged
-import kernels_cute
 import kernels_tlx
+from _capability import STYLE_PKGS, device  # noqa: F401  (a fixture)
 from _cute import ROOT
 from jagged import dispatch
 from jagged.validate import HEAD_DIMS
 
-STYLE_PKGS = {"cute": kernels_cute, "tlx": kernels_tlx}
 CUDA0 = torch.device("cuda", 0)
-
-
-@pytest.fixture
-def device(monkeypatch):
-    """set(major, minor): CUDA device 0 reports that capability; the dispatch caches are
-    emptied before and after."""
-    for style, pkg in STYLE_PKGS.items():  # imported before the mock: no import sees it
-        for mod in ("fwd_hopper", "bwd_hopper", "fwd_blackwell", "bwd_blackwell"):
-            importlib.import_module(f"{pkg.__name__}.{mod}")
-
-    def clear():
-        dispatch._CHOSEN.clear()
-        dispatch._KERNELS.clear()
-
-    def set_capability(major, minor=0):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "get_device_capability",
-                            lambda device=None: (major, minor))
-        clear()
-    clear()
-    yield set_capability
-    clear()
 
 
 def _routes(monkeypatch, style, arch):

@@ -13,6 +13,7 @@ import torch
 import jagged
 import kernels_cute
 import kernels_tlx
+from _capability import STYLE_PKGS, device  # noqa: F401  (a fixture)
 from harness import oracle
 from harness.problems import Inputs, offsets
 from jagged import dispatch
@@ -192,29 +193,6 @@ def test_fake_kernel_and_compile():
 
 
 # ------------------------------------------------------------------------- dispatch
-
-STYLE_PKGS = {"cute": kernels_cute, "tlx": kernels_tlx}
-
-
-@pytest.fixture
-def device(monkeypatch):
-    """set(major): CUDA device 0 reports that capability; the dispatch caches emptied."""
-    for pkg in STYLE_PKGS.values():  # imported before the mock
-        for mod in ("fwd_hopper", "fwd_blackwell"):
-            importlib.import_module(f"{pkg.__name__}.{mod}")
-
-    def clear():
-        dispatch._CHOSEN.clear()
-        dispatch._KERNELS.clear()
-
-    def set_capability(major, minor=0):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
-        clear()
-    clear()
-    yield set_capability
-    clear()
-
 
 def test_auto_fp8_takes_a_style_with_fp8(device):
     device(9)
