@@ -5,7 +5,7 @@ turns it into packed tensors and offsets, deterministically per seed.
 
 fp8 (`dtype="fp8"`, forward only): q, k, v in float8_e4m3fn, drawn in bf16 (the same
 values as the bf16 twin's) and quantized per (sequence, KV head) with descale =
-amax / 448 (`harness.decode.quantize`); `Inputs.descales()` gives the call's
+amax / 448 (`harness.fp8.quantize`); `Inputs.descales()` gives the call's
 q_descale, k_descale, v_descale (fp32 [B, H_kv]); out is bf16.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .fp8 import FP8, quantize
+
 MODES = ("self", "cross", "broadcast_q")
-FP8 = torch.float8_e4m3fn
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": FP8}
 
 
@@ -197,10 +198,9 @@ class Problem:
 
 def quantize_qkv(q, k, v, lq, lk, broadcast_q: bool):
     """bf16 q [Nq, H, D], k / v [Nk, H_kv, D] -> their e4m3 values and descales fp32
-    [B, H_kv], per (sequence, KV head): descale = amax / 448 (`harness.decode.quantize`;
+    [B, H_kv], per (sequence, KV head): descale = amax / 448 (`harness.fp8.quantize`;
     a query head shares its KV head's). broadcast_q: the one shared q gets one descale
     per KV head, repeated for every sequence."""
-    from .decode import quantize
     B, Hkv, dev = len(lk), k.shape[1], q.device
     seq_k = torch.repeat_interleave(torch.arange(B), lk).to(dev)
     kq, kd = quantize(k[:, None], seq_k, B)
