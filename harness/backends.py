@@ -163,6 +163,16 @@ def _ours(style: str):
     return make, available
 
 
+def _ours_supports(style: str):
+    """fp8 problems only for a style with an fp8 forward (`jagged.dispatch.FP8_ARCHS`)."""
+    def supports(p: Problem) -> tuple[bool, str]:
+        from jagged.dispatch import FP8_ARCHS
+        if p.dtype == "fp8" and style not in FP8_ARCHS:
+            return False, f"jagged: the {style} style has no fp8 forward"
+        return True, ""
+    return supports
+
+
 for _name, _style, _note in (
         ("triton", "portable", "`jagged_attention(backend=\"portable\")`: the plain-Triton "
          "portable kernel (also runs on the CPU under TRITON_INTERPRET=1)"),
@@ -172,7 +182,8 @@ for _name, _style, _note in (
         ("cute", "cute", "`jagged_attention(backend=\"cute\")`: CuteDSL, the same algorithm, "
          "roles and tile lists as tlx")):
     _make, _avail = _ours(_style)
-    register(Backend(_name, _make, _avail, own=True, note=_note))
+    register(Backend(_name, _make, _avail, supports=_ours_supports(_style), own=True,
+                     note=_note))
 
 
 # ---------------------------------------------------------------------------- FA4
