@@ -164,11 +164,18 @@ def _ours(style: str):
 
 
 def _ours_supports(style: str):
-    """fp8 problems only for a style with an fp8 forward (`jagged.dispatch.FP8_ARCHS`)."""
+    """fp8 problems only where the style has an fp8 forward for this device's kernels
+    (`jagged.dispatch.FP8_ARCHS`)."""
     def supports(p: Problem) -> tuple[bool, str]:
-        from jagged.dispatch import FP8_ARCHS
-        if p.dtype == "fp8" and style not in FP8_ARCHS:
+        from jagged import dispatch
+        if p.dtype != "fp8":
+            return True, ""
+        if style not in dispatch.FP8_ARCHS:
             return False, f"jagged: the {style} style has no fp8 forward"
+        archs = dispatch.FP8_ARCHS[style]
+        if archs is not None and dispatch.kernel_arch() not in archs:
+            return False, (f"jagged: the {style} style's fp8 forward is built for "
+                           f"{', '.join(archs)} kernels only")
         return True, ""
     return supports
 

@@ -550,11 +550,18 @@ def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
     assert seen and all(dt == torch.bfloat16 and "q_descale" not in kw for dt, kw in seen)
     assert backends.get("fa4").supports(p)[0] is False
     assert backends.get("fa4").supports(p.replace(dtype="bf16"))[0] is True
-    # ours: the styles with an fp8 forward take it, CuteDSL's row says why not
-    assert backends.get("tlx").supports(p) == backends.get("triton").supports(p) == (True, "")
-    ok, why = backends.get("cute").supports(p)
-    assert not ok and "no fp8 forward" in why and backends.get("cute").supports(
-        p.replace(dtype="bf16"))[0]
+    # ours: the styles with an fp8 forward for the device's kernels take it; the others'
+    # rows say why not
+    from jagged import dispatch
+    for arch, tlx_fp8 in (("hopper", True), ("blackwell", False), (None, False)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(dispatch, "kernel_arch", lambda device=None: arch)
+            ok, why = backends.get("tlx").supports(p)
+            assert ok is tlx_fp8 and (ok or "hopper kernels only" in why)
+            assert backends.get("triton").supports(p) == (True, "")
+            ok, why = backends.get("cute").supports(p)
+            assert not ok and "no fp8 forward" in why
+            assert backends.get("cute").supports(p.replace(dtype="bf16"))[0]
 
 
 def test_fp8_gemm_ceiling_operands_and_row(tmp_path):
