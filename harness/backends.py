@@ -165,18 +165,13 @@ def _ours(style: str):
 
 def _ours_supports(style: str):
     """fp8 problems only where the style has an fp8 forward for this device's kernels
-    (`jagged.dispatch.FP8_ARCHS`)."""
+    (`jagged.dispatch.style_fp8`)."""
     def supports(p: Problem) -> tuple[bool, str]:
-        from jagged import dispatch
         if p.dtype != "fp8":
             return True, ""
-        if style not in dispatch.FP8_ARCHS:
-            return False, f"jagged: the {style} style has no fp8 forward"
-        archs = dispatch.FP8_ARCHS[style]
-        if archs is not None and dispatch.kernel_arch() not in archs:
-            return False, (f"jagged: the {style} style's fp8 forward is built for "
-                           f"{', '.join(archs)} kernels only")
-        return True, ""
+        from jagged.dispatch import style_fp8
+        ok, why = style_fp8(style)
+        return ok, "" if ok else f"jagged: the {style} style has {why}"
     return supports
 
 

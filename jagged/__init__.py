@@ -32,7 +32,7 @@ values (jagged.validate says which error appears when).
 from __future__ import annotations
 
 from .dispatch import available, kernel_arch, resolve, style_fn
-from .validate import FP8
+from .fp8 import FP8
 from .kvcache import kvcache_attention
 
 __all__ = ["jagged_attention", "kvcache_attention", "available", "kernel_arch", "which"]

@@ -55,15 +55,10 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
     def call_bwd(dout, q, k, v, out, lse, dlse, *rest):
         return bwd(dout, q, k, v, out, lse, *rest, dlse=dlse)
 
-    def checked_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
+    def checked_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, **descale):
+        # descale: an fp8 call's `descale=` keyword; a 16-bit call passes none
         check_offsets_async(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
-        return fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
-
-    def checked_fwd_fp8(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-                        descale):
-        check_offsets_async(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
-        return fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
-                   descale=descale)
+        return fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, **descale)
 
     @torch.library.custom_op(f"jagged_attn::{name}_fwd", mutates_args=())
     def op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -74,7 +69,7 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
         args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
         if q_descale is None:  # 16-bit (an fp8 call always has its three descales)
             return checked_fwd(*args)
-        return checked_fwd_fp8(*args, (q_descale, k_descale, v_descale))
+        return checked_fwd(*args, descale=(q_descale, k_descale, v_descale))
 
     @op_fwd.register_fake
     def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, *descales):
@@ -142,7 +137,7 @@ def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEA
         args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
         if torch.compiler.is_compiling():
             return op_fwd(*args, *descale)
-        return checked_fwd_fp8(*args, descale)
+        return checked_fwd(*args, descale=descale)
 
     def jagged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                          causal=False, softmax_scale=None, broadcast_q=False, return_lse=False,

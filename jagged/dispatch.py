@@ -85,7 +85,7 @@ def style_fp8(name: str, device=None) -> tuple[bool, str]:
     """(True, "") when style `name` has an fp8 forward for `device`'s architecture,
     else (False, why not). Asks the driver only for a style with per-arch kernels."""
     if name not in FP8_ARCHS:
-        return False, "no fp8 kernel"
+        return False, "no fp8 forward"
     archs = FP8_ARCHS[name]
     if archs is None or kernel_arch(device) in archs:
         return True, ""

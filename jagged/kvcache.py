@@ -53,10 +53,10 @@ from .validate import HEAD_DIMS, _host_check
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 
-# backend="auto" on Hopper: the first of these that runs. H200, graph replay, KV TB/s
-# TLX / CuteDSL: 16-bit pages of 1 4.05 / 3.73, of 16 4.12 / 3.82, 64-row tiles (16
-# query rows x GQA 4) 4.11 / 2.28, the rest within 1 %; fp8 (kernel alone, splits as
-# chosen) B1 32k 32.4 / 36.3 us, B8 32k pages of 1 180 / 224 us.
+# backend="auto" on Hopper: the first of these that runs. H200, the decode suite at
+# 0c19a97, graph replay, KV TB/s TLX / CuteDSL: 64-row tiles (16 query rows x GQA 4)
+# B8 32k 4.17 / 3.68, B64 4k 4.11 / 3.54; fp8 B8 32k 3.45 / 2.56, B64 32k 3.87 / 2.72;
+# 16-bit single rows within 1 % (pages of 1 4.14 / 4.14).
 DECODE_ORDER = ("tlx", "cute")
 
 # num_splits=0: as many splits as keep B * H_kv * row blocks * splits within one wave of

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .fp8 import FP8, check_descale
 from .tiles import per_offsets
+
 DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
 HEAD_DIMS = (64, 128)
 
