@@ -289,8 +289,14 @@ def _bench_pass(fn, inp, ps, kw, quick):
     ms = _time(call, quick)
     gpu = torch.cuda.is_available()
     host = host_ms(call) if gpu else None
-    why = []
-    graph = graph_time_ms(call, quick, _time, why) if gpu else None
+    why, graph = [], None
+    if gpu:  # a call of its own, made on the stream it is captured on: the backward's
+        # ops run on their forward's stream, so a forward on another stream breaks capture
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            gcall, _ = pass_call(fn, inp, ps, kw)
+        graph = graph_time_ms(gcall, quick, _time, why, stream=side)
     return ms, host, graph, "; ".join(why), all(bool(torch.isfinite(t).all()) for t in outs)
 
 
@@ -319,27 +325,44 @@ def time_ms(fn, quick: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None) -> float | None:
+def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None,
+                  stream=None) -> float | None:
     """`timer` (default `time_ms`) of replaying `fn` captured in a CUDA graph (how a
     decode loop or a captured training step runs: no host work per call); None where
-    the call cannot be captured (the reason appended to `why`)."""
+    the call cannot be captured (the reason appended to `why`). `stream`: the stream to
+    warm up and capture on (default a new one). Every capture draws on one memory pool
+    and the graph is reset after timing, so a worker's memory stays that of its largest
+    graph (a private pool per graph was kept past the graph's end: +5 GB a problem)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
     try:
-        side = torch.cuda.Stream()
+        side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=_POOL, stream=side):
             fn()
         torch.cuda.synchronize()
     except Exception as e:  # a call that syncs or copies from the host: no column
         torch.cuda.synchronize()
+        try:
+            graph.reset()
+        except RuntimeError:  # nothing captured to release
+            pass
         if why is not None:
             why.append(f"not captured in a CUDA graph: {type(e).__name__}: "
                        + " ".join(str(e).split())[:200])
         return None
-    return (timer or time_ms)(graph.replay, quick)
+    try:
+        return (timer or time_ms)(graph.replay, quick)
+    finally:
+        graph.reset()
+
+
+_POOL = None
 
 
 def copy_tbps() -> float | None:
