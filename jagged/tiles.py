@@ -94,18 +94,20 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
     return len_q, len_k
 
 
-# tile lists of at most this many pairs are sorted inside their key kernel (tl.sort,
-# one program): no torch.sort, whose host cost (0.1-0.2 ms a call on the H200 node)
-# exceeded the kernels' own time at short sequences (PERF.md)
-SORT_MAX = 8192
+# tile lists of at most this many sequences (and NB_MAX blocks each) are sorted inside
+# their key kernel (tl.sort, one program): no torch.sort, whose host cost (0.1-0.2 ms a
+# call on the H200 node) exceeded the kernels' own time at short sequences (PERF.md)
+SORT_MAX = 4096
+NB_MAX = 4096
 
 
-def sort_launch(n: int) -> dict:
-    """Launch options of a key kernel over n pairs: one in-kernel sorted block when
-    n <= SORT_MAX, else a loop of 1024-pair steps (sorted by torch.sort afterwards)."""
-    if n <= SORT_MAX:
-        block = triton.next_power_of_2(max(n, 128))
-        return dict(BLOCK=block, SORT=True, num_warps=min(16, max(4, block // 256)))
+def sort_launch(batch: int, nb: int) -> dict:
+    """Launch options of a key kernel over `batch` sequences of `nb` blocks: one in-kernel
+    sort of the sequences when batch <= SORT_MAX and nb <= NB_MAX, else a loop of 1024-pair
+    steps (sorted by torch.sort afterwards)."""
+    if batch <= SORT_MAX and nb <= NB_MAX:
+        block = triton.next_power_of_2(max(batch, 128))
+        return dict(BLOCK=block, SORT=True, num_warps=min(8, max(4, block // 256)))
     return dict(BLOCK=1024, SORT=False, num_warps=4)
 
 
@@ -158,6 +160,35 @@ def _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               KV_TILES: tl.constexpr):
+    """(real tiles of sequence b, the work each of them has; 0 and 0 where it has none):
+    its first block's `_pair_work`, which every real block of the sequence shares (the
+    causal forward's composite key aside, whose leading part is this work)."""
+    len_q, len_k = seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q)
+    if KV_TILES:
+        n = tl.cdiv(len_k, BLOCK_N)
+        work = _kv_pair_work(b * NB, inb, cu_q, cu_k, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                             BROADCAST_Q)
+    else:
+        n = tl.cdiv(len_q, BLOCK_M)
+        work = _q_pair_work(b * NB, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                            False, BROADCAST_Q)
+    n = tl.where(inb, tl.minimum(n, NB), 0)
+    return n, tl.where(n > 0, work, 0)
+
+
+@triton.jit
+def _store_pairs(pair, keys_ptr, tiles_ptr, i, m, n_stride, NB, KV_TILES: tl.constexpr):
+    """Sorted pairs at positions i: the forward's int64 keys, or the backward's tiles."""
+    if KV_TILES:
+        _store_tiles(pair, tiles_ptr, i, m, n_stride, NB)
+    else:
+        tl.store(keys_ptr + i, pair.to(tl.int64), mask=m)
+
+
+@triton.jit
 def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
     """Sorted pairs -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
     tl.store(out_ptr + i, pair // NB, mask=m)
@@ -173,27 +204,44 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
 
-    SORT (n_pairs <= BLOCK): sorted here, by the int32 key work << log2(BLOCK) | ~pair
-    descending (longest first, ties by pair), then the pairs go to keys_ptr (forward) or
-    decoded to tiles_ptr (backward). Else the int64 key -work << 32 | pair of every pair,
-    1024 at a time, into keys_ptr (ascending = the same order)."""
+    SORT (at most BLOCK sequences): every real tile of a sequence has its sequence's work,
+    so the sequences are sorted, by the int32 key work << log2(BLOCK) | ~b descending
+    (longest first, ties by sequence), and each is written out as its run of blocks:
+    ascending, except the causal forward's (last block first). The padding pairs follow
+    in pair order. The list equals a sort of every pair by its key (`_pair_work`, the
+    order `longest_first_tiles` and `kv_tiles_reference` give) at a fraction of the
+    cost: a 2304- / 4608-pair forward list at gem 256 / 512, sparsity 0.1, took 17 / 52 us
+    sorted pair by pair. Else the int64 key -work << 32 | pair of every pair, 1024 at a
+    time, into keys_ptr (ascending = the same order)."""
     if SORT:
         BITS: tl.constexpr = BLOCK.bit_length() - 1
-        pair = tl.arange(0, BLOCK)
-        inb = pair < n_pairs
-        work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                          CAUSAL, BROADCAST_Q, KV_TILES)
-        # clamped to fit 31 bits: past 2^(31 - BITS) blocks of work ties break by pair
-        # (the forward's causal int64 work: 63 bits)
-        top: tl.constexpr = 63 if CAUSAL and not KV_TILES else 31
-        work_key = tl.minimum(work, (1 << (top - BITS)) - 1)
-        key = tl.sort((work_key << BITS) | (BLOCK - 1 - pair), descending=True)
-        sorted_pair = BLOCK - 1 - (key & (BLOCK - 1))
-        if KV_TILES:
-            _store_tiles(sorted_pair, tiles_ptr, pair, inb, n_stride, NB)
-        else:
-            tl.store(keys_ptr + pair, sorted_pair.to(tl.int64), mask=inb)
-        total = tl.sum((work > 0).to(tl.int32), 0)
+        n_seq = n_pairs // NB
+        b = tl.arange(0, BLOCK)
+        inb = b < n_seq
+        n, work = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                             CAUSAL, BROADCAST_Q, KV_TILES)
+        total = tl.sum(n, 0)
+        key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - b),
+                      descending=True)
+        sb = BLOCK - 1 - (key & (BLOCK - 1))  # the sequences, longest first
+        sn, _ = _seq_tiles(sb, sb < n_seq, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                           CAUSAL, BROADCAST_Q, KV_TILES)
+        start = tl.cumsum(sn, 0) - sn
+        for j in range(0, NB):
+            if CAUSAL and not KV_TILES:
+                blk = sn - 1 - j
+            else:
+                blk = j + sb * 0
+            _store_pairs(sb * NB + blk, keys_ptr, tiles_ptr, start + j, j < sn, n_stride, NB,
+                         KV_TILES)
+        # the padding pairs (recounted: fewer live registers across the loops)
+        n, _ = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                          BROADCAST_Q, KV_TILES)
+        pad = tl.where(inb, NB - n, 0)
+        pad_start = total + tl.cumsum(pad, 0) - pad - n
+        for j in range(0, NB):
+            _store_pairs(b * NB + j, keys_ptr, tiles_ptr, pad_start + j, inb & (j >= n),
+                         n_stride, NB, KV_TILES)
     else:
         total = 0
         for start in range(0, n_pairs, BLOCK):
@@ -281,7 +329,7 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
     n2 = n_pairs + n_pairs % 2
     buf = torch.empty(n2 + 2, dtype=torch.int64, device=cu_k.device)
     keys, count = buf[:n_pairs], buf[n2:n2 + 1].view(torch.int32)[:1]
-    opts = sort_launch(n_pairs)
+    opts = sort_launch(batch, nblk)
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
         L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
@@ -318,7 +366,7 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     n4 = -(-n // 4) * 4
     tiles = torch.empty(2 * n4 + 4, dtype=torch.int32, device=cu_k.device)
     count = tiles[2 * n4:2 * n4 + 1]
-    opts = sort_launch(n)
+    opts = sort_launch(B, NB)
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
     _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
                             NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),

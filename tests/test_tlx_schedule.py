@@ -32,7 +32,7 @@ def test_tile_order_matches_reference(causal, bq, block_n):
     ref, ref_count, ref_nblk = longest_first_tiles(*args)
     n = int(ref_count)
     assert nblk == ref_nblk and int(count) == n == int(((lq + 127) // 128).sum())
-    assert torch.equal((pairs & 0xFFFFFFFF)[:n], ref[:n].long())
+    assert torch.equal(pairs & 0xFFFFFFFF, ref.long())  # the padding pairs too, in order
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -84,7 +84,7 @@ def test_kv_tiles_match_reference(causal, bq):
     got, ref = kv_tiles(*args), kv_tiles_reference(*args)
     n = int(ref[2])
     assert int(got[2]) == n
-    assert torch.equal(got[0][:n], ref[0][:n]) and torch.equal(got[1][:n], ref[1][:n])
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])  # padding included
     b, t = got[0][:n].tolist(), got[1][:n].tolist()
     runs = [x for i, x in enumerate(b) if i == 0 or b[i - 1] != x]
     assert len(runs) == len(set(runs))
@@ -151,21 +151,23 @@ def test_tile_buffers_are_16_byte_aligned(B):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_long_lists_take_the_torch_sort_path(causal):
-    """Past SORT_MAX pairs the key kernels loop and torch.sort orders the keys: the same
-    lists as the references."""
-    from jagged.tiles import SORT_MAX, kv_tiles, kv_tiles_reference
+@pytest.mark.parametrize("many", ["sequences", "blocks"])
+def test_long_lists_take_the_torch_sort_path(causal, many):
+    """Past SORT_MAX sequences, or NB_MAX blocks a sequence, the key kernels loop and
+    torch.sort orders the keys: the same lists as the references."""
+    from jagged.tiles import NB_MAX, SORT_MAX, kv_tiles, kv_tiles_reference, sort_launch
     g = torch.Generator().manual_seed(5 + causal)
-    B = 1700
-    lq = torch.randint(0, 300, (B,), generator=g)
+    B, max_len = (SORT_MAX + 3, 100) if many == "sequences" else (3, 64 * NB_MAX + 1)
+    lq = torch.randint(0, max_len, (B,), generator=g)
+    lq[0] = max_len
     cq = offsets(lq)
-    args = (cq, cq, B, 300, None, 64, 64, causal)          # 5 query blocks: 8500 pairs
-    assert B * 5 > SORT_MAX
+    assert not sort_launch(B, -(-max_len // 64))["SORT"]
+    args = (cq, cq, B, max_len, None, 64, 64, causal)
     pairs, count, _ = build_tiles(*args)
     ref, ref_count, _ = longest_first_tiles(*args)
     n = int(ref_count)
     assert int(count) == n and torch.equal((pairs & 0xFFFFFFFF)[:n], ref[:n].long())
-    kargs = (cq, cq, 0, 300, causal, 64, 64)               # 5 KV blocks of 64: 8500 pairs
+    kargs = (cq, cq, 0, max_len, causal, 64, 64)
     got, want = kv_tiles(*kargs), kv_tiles_reference(*kargs)
     m = int(want[2])
     assert int(got[2]) == m and torch.equal(got[0][:m], want[0][:m])
