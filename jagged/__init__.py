@@ -17,9 +17,10 @@ fp8 (forward only): q, k, v all float8_e4m3fn with descales (FlashAttention's na
 each fp32 contiguous [B, H_kv] on q's device or None (ones): the real values are
 q[row of sequence b, h] * q_descale[b, h // (H / H_kv)], k[row of b, h_kv] *
 k_descale[b, h_kv], v likewise; out is bf16. Descales with 16-bit inputs raise. A call
-with grad enabled and an fp8 input requiring grad raises a RuntimeError. Styles
-without an fp8 kernel (cute) raise NotImplementedError; "auto" takes the first style
-with one (tlx on Hopper; the portable kernel anywhere).
+with grad enabled and an fp8 input requiring grad raises a RuntimeError. A style
+without an fp8 kernel for the device raises NotImplementedError (cute and tlx have
+Hopper's); "auto" takes the first style with one (cute on Hopper; the portable kernel
+anywhere).
 
 `backend`: "auto" (the fastest style that runs on q's device, see jagged.dispatch),
 "cute", "tlx" or "portable". `which(q)` says which one "auto" takes, `available()`

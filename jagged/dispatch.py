@@ -11,8 +11,10 @@ kernel). `kernel_arch(device)` says which a device gets.
 inputs: the first that also has an fp8 forward there, `FP8_ARCHS`). On
 Hopper CuteDSL comes first: on the H200 sweep it is 1.15x TLX (geometric mean) on the
 gem-jagged forward, 1.12x on broadcast-Q, 1.01x on llm-dense, and 1.00-1.03x on the
-backward suites (reports/h200/results.csv). On Blackwell the same order stands,
-unmeasured: those kernels are compiled and model-checked, not yet run on a B200.
+backward suites (reports/h200/results.csv). For fp8 inputs the same order stands,
+unmeasured (CuteDSL's fp8 forward is compiled, not yet run on a GPU). On Blackwell the
+same order stands, unmeasured: those kernels are compiled and model-checked, not yet
+run on a B200.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ STYLES = {
 AUTO_ORDER = ("cute", "tlx")
 # name -> the architectures it has an fp8 (e4m3) forward for (None: every device); a
 # style not named has none and raises NotImplementedError on fp8 inputs
-FP8_ARCHS = {"tlx": ("hopper",), "portable": None}
+FP8_ARCHS = {"cute": ("hopper",), "tlx": ("hopper",), "portable": None}
 
 
 def kernel_arch(device=None) -> str | None:

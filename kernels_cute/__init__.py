@@ -6,19 +6,23 @@ capability 9.x the Hopper forward and backward (`fwd_hopper`, `bwd_hopper`), on 
 the Blackwell ones (`fwd_blackwell`, `bwd_blackwell`: compiled and model-checked, not
 yet run on a B200). `available()` says whether this machine can run it and
 `kernel_arch()` which kernels it runs. Importing this package makes no driver call
-and does not import the DSL. fp8 inputs raise NotImplementedError (no fp8 kernel).
+and does not import the DSL. fp8 inputs (forward only) run on the Hopper forward
+(`jagged.dispatch.FP8_ARCHS`).
 """
 from __future__ import annotations
 
 from jagged.api import make_jagged_attention
-from jagged.dispatch import style_arch, style_available, style_kernels
+from jagged.dispatch import style_arch, style_available, style_fp8, style_kernels
 
 
-def _forward(q, *args, descale=None):
-    if descale is not None:  # the core passes descale for fp8 calls only
-        raise NotImplementedError("fp8 inputs: the cute style has no fp8 kernel yet; use "
-                                  "backend='tlx' or 'portable'")
-    return style_kernels("cute", "fwd", q.device).forward(q, *args)
+def _forward(q, *args, **descale):
+    """The architecture's forward; `descale` (fp8 calls only) passed through."""
+    if descale:
+        ok, why = style_fp8("cute", q.device.index)
+        if not ok:
+            raise NotImplementedError(f"fp8 inputs: the cute style has {why}; use "
+                                      "backend='portable'")
+    return style_kernels("cute", "fwd", q.device).forward(q, *args, **descale)
 
 
 def _backward(dout, *args, **kw):

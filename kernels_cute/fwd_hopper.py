@@ -1,7 +1,7 @@
 """Jagged (varlen, packed) flash-attention forward for Hopper (sm_90a), in CuteDSL.
 
-    forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q)
-        -> (out [Nq, H, D] in q's dtype, lse [H, Nq] fp32)
+    forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None)
+        -> (out [Nq, H, D] in q's dtype (fp8: bf16), lse [H, Nq] fp32)
 
 The CuteDSL twin of `kernels_tlx/fwd_hopper.py`: same roles, same names, same order.
 
@@ -21,7 +21,8 @@ at block_m = 192, the D = 64 long default):
                                     rows. Block n's softmax runs under the PV wgmma of
                                     block n - 1, and the warpgroups take turns issuing
                                     (a ring of named barriers: ping-pong at 2)
-                          `store`   O / rowsum -> the tile's Q slot (stmatrix) -> global,
+                          `store`   O / rowsum -> the tile's Q slot (stmatrix; fp8: an
+                                    O buffer of its own) -> global,
                                     predicated per row so no row outside the sequence is
                                     written; LSE in fp32 (-inf and O = 0 on rows that see
                                     no key); then the Q slot goes back to `load`
@@ -35,6 +36,13 @@ Modes: self / cross (packed q with cu_q), broadcast_q (one dense q [L_q, H, D] s
 by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head dims
 64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q, Config):
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
+
+fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`), as TLX's: Q and K in e4m3,
+S = Q K^T an e4m3 wgmma (both operands K-major as laid out: no transpose) with the
+tile's q_descale * k_descale of its (sequence, KV head) folded into the softmax scale;
+V dequantized to bf16 once a call (jagged.fp8.dequantize_rows, v_descale folded in), so
+P V is the bf16 path. Out bf16, staged in a bf16 O buffer (an e4m3 Q slot holds half
+of O's bytes).
 """
 
 import math
@@ -62,7 +70,21 @@ class Config:
     num_buffers_kv: int   # depth of the K/V ring
     mask_first: bool      # the masked last KV block first (schedule.kv_block): a
                           # non-causal tile runs one masked softmax, not two
-    num_buffers_q: int = 2    # Q double buffer (a slot also stages its tile's O)
+    num_buffers_q: int = 2    # Q double buffer (16-bit: a slot also stages its tile's O)
+
+
+def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
+    """Bytes of the forward's SharedStorage: the mbarriers (padded to sQ's 1 KB
+    alignment), the Q slots and the K / V rings; fp8: Q and K in e4m3 and an O buffer in
+    bf16 a Q slot. FwdHopper asserts it equals the struct's size at trace time. The
+    largest, fp8 D = 128 long: 193 KB."""
+    D, bm, bn = head_dim, cfg.block_m, cfg.block_n
+    qk = 1 if fp8 else 2                                     # bytes of a Q / K element
+    n = 1024 + qk * D * (bm * cfg.num_buffers_q + bn * cfg.num_buffers_kv)
+    n += 2 * D * bn * cfg.num_buffers_kv                     # V, 16-bit
+    if fp8:
+        n += 2 * D * bm * cfg.num_buffers_q                  # O, bf16
+    return n
 
 
 # The measured defaults, keyed by (head_dim, length bucket, causal); the bucket is
@@ -103,6 +125,13 @@ class Sched(NamedTuple):
     H: Any
     group: Any           # query heads per KV head
     nblk: Any            # query blocks per sequence (the pair encoding's stride)
+
+
+class Scales(NamedTuple):
+    """fp8: the descales fp32 [B, H_kv] the softmax scale of a tile takes (None
+    otherwise)."""
+    q: Any
+    k: Any
 
 
 class Operands(NamedTuple):
@@ -151,13 +180,17 @@ def _kernel_class():
                      cfg: Config):
             # consumer warpgroups, each 64 rows of the tile, and their registers
             self.num_mma_wg, self.mma_regs = fwd_consumers(cfg.block_m, LOAD_REGS)
+            self.cfg = cfg
             self.block_m = cfg.block_m
             self.num_threads = 128 * (self.num_mma_wg + 1)
             self.epilogue_barrier = SCHED_BARRIER + self.num_mma_wg  # after the ring's ids
             self.block_n, self.stages = cfg.block_n, cfg.num_buffers_kv
             self.q_stages = cfg.num_buffers_q
             self.mask_first = cfg.mask_first
-            self.dtype = dtype
+            self.dtype = dtype        # Q's and K's
+            # fp8: e4m3 Q and K; V (dequantized once a call), P and O in bf16
+            self.fp8 = dtype.width == 8
+            self.pv_dtype = cutlass.BFloat16 if self.fp8 else dtype
             self.D = head_dim
             self.causal = causal
             self.broadcast_q = broadcast_q
@@ -167,25 +200,35 @@ def _kernel_class():
         def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                      mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                      mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
+                     mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
                      scale_log2: Float32, L_q: Int32, group: Int32, nblk: Int32,
                      num_programs: Int32, stream):
-            D, dt = self.D, self.dtype
+            D, dt, pv = self.D, self.dtype, self.pv_dtype
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
                               for t in (mQ, mK, mV, mO)]
-            # smem: Q, K, V, O tiles, 128B-swizzled along D (K-major for both GEMMs)
+            # smem: Q, K, V, O tiles, swizzled along D (K-major for both GEMMs)
             atom = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
+            atom_pv = atom                               # V's and O's
+            if const_expr(self.fp8):
+                atom_pv = warpgroup.make_smem_layout_atom(
+                    sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, pv, D), pv)
             sQ_layout = cute.tile_to_shape(atom, (self.block_m, D, self.q_stages), (0, 1, 2))
             sK_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
-            sV_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
+            sV_layout = cute.tile_to_shape(atom_pv, (self.block_n, D, self.stages), (0, 1, 2))
+            # O is staged in the tile's Q slot; fp8: in a bf16 buffer of its own a slot
+            sO_layout = sQ_layout
+            if const_expr(self.fp8):
+                sO_layout = cute.tile_to_shape(atom_pv, (self.block_m, D, self.q_stages),
+                                               (0, 1, 2))
 
             # wgmma: each consumer warpgroup owns 64 rows (atom layout N x 1 x 1)
             tiled_mma_qk = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
                 atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, self.block_n))
             tiled_mma_pv = sm90.make_trivial_tiled_mma(
-                dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                pv, pv, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(self.num_mma_wg, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
 
@@ -198,14 +241,15 @@ def _kernel_class():
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 g2s, mV, cute.select(sV_layout, mode=[0, 1]), (self.block_n, D), 1)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
-            self.bytes_KV = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
+            self.bytes_K = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
+            self.bytes_V = cute.size_in_bytes(pv, cute.select(sV_layout, mode=[0, 1]))
 
             # O: smem -> gmem, 16-byte vectors, one warpgroup's threads laid out inside a
             # swizzle atom (each consumer stores its own rows, `store`)
-            vec = 128 // dt.width
-            cols = atom.outer.shape[1] // vec
+            vec = 128 // pv.width
+            cols = atom_pv.outer.shape[1] // vec
             store_tiled_copy_O = cute.make_tiled_copy_tv(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), pv, num_bits_per_copy=128),
                 cute.make_ordered_layout((128 // cols, cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
 
@@ -216,12 +260,19 @@ def _kernel_class():
                 mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[pv, cute.cosize(sV_layout)], 1024]
+                if const_expr(self.fp8):
+                    sO: cute.struct.Align[cute.struct.MemRange[pv, cute.cosize(sO_layout)],
+                                          1024]
 
+            # the host-side model is the struct
+            assert SharedStorage.size_in_bytes() == smem_bytes(D, self.cfg, self.fp8), \
+                (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg, self.fp8))
             self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
+                mQDescale, mKDescale,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
-                sQ_layout, sK_layout, sV_layout,
+                sQ_layout, sK_layout, sV_layout, sO_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
                      stream=stream, min_blocks_per_mp=1)
@@ -231,11 +282,12 @@ def _kernel_class():
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                    mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                    mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
+                   mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
                    tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
                    tma_atom_V: cute.CopyAtom, scale_log2: Float32, L_q: Int32,
                    group: Int32, nblk: Int32,
                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-                   sV_layout: cute.ComposedLayout,
+                   sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
                    tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                    store_tiled_copy_O: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
@@ -258,18 +310,22 @@ def _kernel_class():
             pipeline_k = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.stages,
                 producer_group=load_warp, consumer_group=mma_warps,
-                tx_count=self.bytes_KV, defer_sync=True)
+                tx_count=self.bytes_K, defer_sync=True)
             pipeline_v = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
                 producer_group=load_warp, consumer_group=mma_warps,
-                tx_count=self.bytes_KV, defer_sync=True)
+                tx_count=self.bytes_V, defer_sync=True)
             pipeline.pipeline_init_arrive()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-            # O is staged through the tile's own Q slot (Q is dead after the last QK)
-            sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            # O is staged through the tile's own Q slot (Q is dead after the last QK); fp8:
+            # its bf16 O buffer
+            if const_expr(self.fp8):
+                sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            else:
+                sO = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             # V^T view (D, self.block_n, stages) for the PV wgmma (B operand, MN-major)
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
@@ -287,7 +343,7 @@ def _kernel_class():
                 tidx = cute.arch.thread_idx()[0] - 128
                 self.compute(mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
                              tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx,
-                             scale_log2, sched)
+                             scale_log2, Scales(mQDescale, mKDescale), sched)
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
@@ -308,9 +364,9 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, seq, n_bulk, n_end = self.schedule(tile, sched)
+                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
-                # q_stages slots (always: the slot also stages this tile's O)
+                # q_stages slots (always: the 16-bit build stages this tile's O there)
                 tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
                                        head_tile(mQ, seq.q_start + m0, h, self.block_m, self.D))
                 pipeline_q.producer_acquire(q_state)
@@ -337,7 +393,8 @@ def _kernel_class():
         # ------------------------------------------------------------------ compute
         @cute.jit
         def compute(self, mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
-                    tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx, scale_log2, sched):
+                    tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx, scale_log2, scales,
+                    sched):
             wg = cute.arch.make_warp_uniform(tidx // 128)
             wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
             wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
@@ -370,13 +427,15 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, seq, n_bulk, n_end = self.schedule(tile, sched)
+                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)
                 geom = (m0, seq)
+                tile_scale = self.tile_scale(scale_log2, scales, b, hk)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
                 pipeline_q.consumer_wait(q_state)
-                mma_t = replaced(mma, tSrQ=tSrQ[None, None, None, q_state.index])
+                mma_t = replaced(mma, tSrQ=tSrQ[None, None, None, q_state.index],
+                                 scale_log2=tile_scale)
                 if n_end > 0:
                     # S_0 first; then each step issues S_n and P_(n-1) V_(n-1) together
                     # and runs the softmax of S_n under the PV wgmma
@@ -396,7 +455,7 @@ def _kernel_class():
                                                unroll=1):                              # tail
                             kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
                     kv_state = self.last_pv(mma_t, kv_state)
-                self.store(acc_O, row_max, row_sum, scale_log2, mO, mLSE,
+                self.store(acc_O, row_max, row_sum, tile_scale, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
                            store_tiled_copy_O, tidx, h, m0, seq)
                 # the slot is free once this warp's reads of O are done; order our generic
@@ -405,6 +464,14 @@ def _kernel_class():
                 pipeline_q.consumer_release(q_state)
                 q_state.advance()
                 tile += cute.arch.grid_dim()[0]
+
+        @cute.jit
+        def tile_scale(self, scale_log2, scales: Scales, b, hk):  # role: compute
+            """The softmax scale (log2 domain) of a tile: fp8 folds in q_descale *
+            k_descale of its sequence b and KV head hk (fp32 [B, H_kv])."""
+            if const_expr(self.fp8):
+                scale_log2 = scale_log2 * scales.q[b, hk] * scales.k[b, hk]
+            return scale_log2
 
         @cute.jit
         def mask(self, acc_S, n, geom, tScS):
@@ -459,7 +526,7 @@ def _kernel_class():
             if const_expr(masked):
                 self.mask(acc_S, n, geom, mma.tScS)
             self.softmax(acc_S, mma.row_max, mma.row_sum, mma.scale_log2)
-            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.pv_dtype))
 
         @cute.jit
         def kv_step(self, n, masked: cutlass.Constexpr, geom, mma: Operands, kv_state):
@@ -490,7 +557,7 @@ def _kernel_class():
             row_scale = self.softmax(acc_S, mma.row_max, mma.row_sum, mma.scale_log2)
             warpgroup.wait_group(0)
             mma.pipeline_v.consumer_release(v_state)
-            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            mma.tOrP.store(acc_as_operand_a(acc_S).load().to(self.pv_dtype))
             self.rescale(mma.acc_O, row_scale)
             return kv_state
 
@@ -530,12 +597,12 @@ def _kernel_class():
                         gLSE[row] = lse[r]
 
             # O: registers -> smem (stmatrix) -> global (16-byte rows, row-predicated)
-            rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-            rO.store(acc_O.load().to(self.dtype))
+            rO = cute.make_rmem_tensor_like(acc_O, self.pv_dtype)
+            rO.store(acc_O.load().to(self.pv_dtype))
             r2s = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
                                                                      num_matrices=4),
-                                    self.dtype),
+                                    self.pv_dtype),
                 tiled_mma_pv)
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
@@ -561,14 +628,17 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     None, the long bucket's default."""
     cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
     fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
-    return host.compile_fwd(fwd, broadcast_q, head_dim, options)
+    return host.compile_fwd(fwd, broadcast_q, head_dim, options,
+                            descale=host.descale_args(fwd.fp8))
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
-                          host.persistent_programs)
+                          host.persistent_programs, fp8=True)
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
-    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
+    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode.
+    descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
+    each, for e4m3 q, k, v (out bf16)."""
     return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
-                        broadcast_q)
+                        broadcast_q, descale)

@@ -1,8 +1,9 @@
 """Host code of the CuteDSL forward and backward, shared by the Hopper and Blackwell
 kernels: element types, the symbolic tensors a kernel compiles on (one compile serves
 every shape, length and stride), the compile cache, and the launch around an
-architecture's kernel: the forward's outputs, empty cases and tile list; the backward's
-preprocess (delta, dQ accumulator) and postprocess (dQ's slot sum).
+architecture's kernel: the forward's outputs, empty cases and tile list (fp8: V
+dequantized to bf16, the descales); the backward's preprocess (delta, dQ accumulator)
+and postprocess (dQ's slot sum).
 
 The DSL is imported inside the functions only: importing this module touches neither
 the DSL nor the driver.
@@ -14,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from jagged.arch import num_sms
+from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import dq_accumulator, fwd_tiles
 
 
@@ -22,7 +24,8 @@ def cute_dtype(dtype):
     import cutlass
     if not isinstance(dtype, torch.dtype):
         return dtype
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            FP8: cutlass.Float8E4M3FN}[dtype]
 
 
 def compiled(cache: dict, make: Callable, *key):
@@ -60,13 +63,15 @@ def tok(dtype, rows, heads, head_dim):
 
 def fwd_args(dtype, broadcast_q: bool, head_dim: int):
     """The forward kernel's symbolic tensors: q, k, v, out, lse, cu_q (None in
-    broadcast-Q mode), cu_k, the tile list's pairs and count."""
+    broadcast-Q mode), cu_k, the tile list's pairs and count. An 8-bit dtype (fp8): q and
+    k in it, v and out bf16."""
     import cutlass
     import cutlass.cute as cute
 
+    pv = cutlass.BFloat16 if dtype.width == 8 else dtype
     nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
     q, k, v, o = (tok(dtype, nq, h, head_dim), tok(dtype, nk, hkv, head_dim),
-                  tok(dtype, nk, hkv, head_dim), tok(dtype, no, h, head_dim))
+                  tok(pv, nk, hkv, head_dim), tok(pv, no, h, head_dim))
     lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
     nb = cute.sym_int32()
     cu_k = fake(cutlass.Int32, (nb,), (1,), 4)
@@ -76,11 +81,22 @@ def fwd_args(dtype, broadcast_q: bool, head_dim: int):
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
 
-def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = ""):
-    """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
-    tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values."""
+def descale_args(fp8: bool):
+    """q_descale and k_descale of a forward with an fp8 build, after the tile list:
+    symbolic fp32 [B, H_kv] for the fp8 build, None for a 16-bit one."""
     import cutlass
-    args = fwd_args(kernel.dtype, broadcast_q, head_dim)
+    import cutlass.cute as cute
+    return tuple(fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()),
+                      (cute.sym_int64(), 1), 4) if fp8 else None for _ in range(2))
+
+
+def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = "",
+                descale: tuple = ()):
+    """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
+    tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values.
+    descale: the descale arguments of a forward with an fp8 build (`descale_args`)."""
+    import cutlass
+    args = fwd_args(kernel.dtype, broadcast_q, head_dim) + tuple(descale)
     return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
                           cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                           options=options)
@@ -91,28 +107,38 @@ class FwdKernels(NamedTuple):
     pick_config: Callable  # (head_dim, max_k, causal, mean_k) -> Config
     compiled: Callable     # (dtype, head_dim, causal, broadcast_q, cfg) -> the kernel
     programs: Callable     # (cfg, n_tiles, device) -> CTAs of the launch
+    fp8: bool = False      # an fp8 build: the kernel takes q_descale, k_descale after
+                           # the tile list (None, None for 16-bit inputs)
 
 
 def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
-            broadcast_q):
-    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode."""
+            broadcast_q, descale=None):
+    """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode.
+    descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
+    each, for e4m3 q, k, v (out bf16; kern.fp8 only)."""
     H, D = q.shape[1], q.shape[2]
     B = cu_k.shape[0] - 1
     L_q = q.shape[0] if broadcast_q else 0
     n_out = B * L_q if broadcast_q else q.shape[0]
-    out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
+    fp8 = descale is not None
+    out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
     if n_out == 0 or B == 0:
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
     cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
+    descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
+    if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product
+        q_descale, k_descale, v_descale = descale
+        v = dequantize_rows(v, v_descale, cu_k)
+        descales = (q_descale, k_descale)
     pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
                                    L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
                                    causal)
     num_programs = kern.programs(cfg, B * nblk * H, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
-    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count,
+    fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,
        scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
     return out, lse
 

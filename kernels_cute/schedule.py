@@ -33,9 +33,9 @@ __all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
                 BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
     """Forward tile id -> where it lives: head h, kv head, first query row m0
-    (in-sequence), its sequence (SeqlenInfo), and the KV block split: blocks [0, n_bulk)
-    need no mask, blocks [n_bulk, n_end) are masked. BROADCAST_Q: q is one dense
-    [L_q, H, D] for every sequence (mCuQ unused)."""
+    (in-sequence), its sequence (SeqlenInfo), the KV block split (blocks [0, n_bulk)
+    need no mask, blocks [n_bulk, n_end) are masked) and its sequence b. BROADCAST_Q: q
+    is one dense [L_q, H, D] for every sequence (mCuQ unused)."""
     import cutlass
     import cutlass.cute as cute
 
@@ -62,7 +62,7 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
         kv_full = seq.len_k
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
-    return h, h // group, m0, seq, n_bulk, n_end
+    return h, h // group, m0, seq, n_bulk, n_end, b
 
 
 def kv_block(j, n_end, mask_first: bool):

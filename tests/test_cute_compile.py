@@ -4,8 +4,10 @@ CuteDSL compiles without a GPU when CUTE_DSL_ARCH names the target; the kernel i
 compiled on symbolic (fake) tensors, so no device memory is touched. The PTX is kept
 (CUTE_DSL_KEEP=ptx) and checked for what the design relies on: wgmma, TMA bulk-tensor
 loads, setmaxnreg (warp specialization), a store barrier per consumer warpgroup and the
-KV mask as one select per score.
+KV mask as one select per score; the fp8 build also for its e4m3 S = Q K^T, its TMA
+byte counts and (from the cubin the DSL built) no spills.
 """
+import os
 import re
 import textwrap
 
@@ -21,7 +23,8 @@ _SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper as F
-    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
+    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16,
+           "fp8": torch.float8_e4m3fn}}[{dtype!r}]
     F.compile_forward(dt, {D}, {causal}, {bq}, F.CONFIGS[({D}, {bucket!r}, {causal})])
     print("COMPILED")
 """)
@@ -67,10 +70,51 @@ def test_forward_default_builds(tmp_path, D, causal, bq, bucket, dtype):
     assert places * block_n // 2 <= selp <= places * block_n + 64, selp
 
 
+@needs_dsl
+@pytest.mark.parametrize("D,causal,bq,bucket", [
+    (128, True, False, "long"), (64, False, False, "long"), (128, False, True, "short"),
+    (64, True, True, "short")])
+def test_forward_fp8_builds(tmp_path, D, causal, bq, bucket):
+    """The fp8 build (e4m3 q and k): S = Q K^T an e4m3 x e4m3 -> fp32 wgmma (k32 steps),
+    P V the bf16 one (P packed to bf16); the TMA byte counts those of an e4m3 Q slot and
+    K block and a bf16 V block; the consumers' registers as the 16-bit build's; no spills
+    in the cubin. Its SharedStorage (asserted equal to smem_bytes when traced) fits:
+    test_forward_configs."""
+    from kernels_cute import fwd_hopper as F
+    cfg = F.CONFIGS[(D, bucket, causal)]
+    script = _SCRIPT.format(root=ROOT, D=D, causal=causal, bq=bq, bucket=bucket, dtype="fp8")
+    path = compile_in_subprocess(tmp_path, script, timeout=900)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k\d+\.f32\.\w+\.\w+)", ptx)
+    e4m3 = [m for m in mma if m == f"m64n{cfg.block_n}k32.f32.e4m3.e4m3"]
+    bf16 = [m for m in mma if m == f"m64n{D}k16.f32.bf16.bf16"]
+    print(f"D={D} causal={causal} bq={bq} {bucket}: e4m3 wgmma x{len(e4m3)}, "
+          f"bf16 wgmma x{len(bf16)}")
+    assert e4m3 and bf16 and len(e4m3) + len(bf16) == len(mma), sorted(set(mma))
+    assert "cvt.rn.bf16x2.f32" in ptx
+    # expect_tx of Q (block_m x D e4m3), K (block_n x D e4m3) and V (block_n x D bf16)
+    tx = re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);\s*\n\s*mbarrier\.arrive\.expect_tx\S*"
+                    r"\s+\S+,\s*\[[^\]]+\],\s*(%r\d+);", ptx)
+    assert sorted(int(n) for r, n, r2 in tx if r == r2) == \
+        sorted([cfg.block_m * D, cfg.block_n * D, 2 * cfg.block_n * D]), tx
+    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    assert sorted(regs) == [("dec", "24"), ("inc", "160" if cfg.block_m == 192 else "240")]
+    cubin = path[:-len(".ptx")] + ".cubin"
+    if os.path.exists(cubin):
+        from harness.compile_check import _resource_usage
+        use = _resource_usage(open(cubin, "rb").read())
+        print(use)
+        assert use["STACK"] + use["LOCAL"] + use["spill_insts"] == 0, use
+
+
 def test_forward_configs():
     """The measured table: one config per (D, bucket, causal), mask_first exactly where
     the call is non-causal, 192-row tiles at D = 64 long, 64-key blocks in the short
-    bucket; pick_config reads the table through the shared bucket rule."""
+    bucket, each within the shared-memory limit (16-bit and fp8); pick_config reads the
+    table through the shared bucket rule."""
+    from jagged.arch import SMEM_LIMIT
     from jagged.tiles import fwd_bucket, fwd_consumers
     from kernels_cute import fwd_hopper as F
     assert set(F.CONFIGS) == {(d, b, c) for d in (64, 128) for b in ("short", "long")
@@ -80,6 +124,9 @@ def test_forward_configs():
         assert cfg.block_m == (192 if (d, bucket) == (64, "long") else 128)
         assert cfg.block_n == (64 if bucket == "short" else 128)
         fwd_consumers(cfg.block_m, F.LOAD_REGS)               # 2 or 3 consumers fit
+        for fp8 in (False, True):                              # fp8: the bf16 O buffers
+            assert F.smem_bytes(d, cfg, fp8) <= SMEM_LIMIT[90], (d, bucket, causal, fp8)
+    assert F.smem_bytes(128, F.CONFIGS[(128, "long", True)], True) == 193 * 1024
     for d in (64, 128):
         for causal in (False, True):
             for max_k, mean_k in ((64, None), (8192, None), (2048, 100.0)):

@@ -2,7 +2,8 @@
 argument, nothing read), forward only, the portable style against a float64 reference
 on the dequantized values, descales None = ones, the 16-bit call reaching the style
 exactly as without fp8 (no `descale` keyword), backend="auto" choosing a style with an
-fp8 kernel, cute refusing fp8, and torch.compile through the op."""
+fp8 kernel, the styles passing descale to their Hopper forward (and refusing fp8
+elsewhere), and torch.compile through the op."""
 import importlib
 import types
 import warnings
@@ -11,8 +12,6 @@ import pytest
 import torch
 
 import jagged
-import kernels_cute
-import kernels_tlx
 from _capability import STYLE_PKGS, device  # noqa: F401  (a fixture)
 from harness import oracle
 from harness.problems import Inputs, offsets
@@ -194,37 +193,46 @@ def test_fake_kernel_and_compile():
 
 # ------------------------------------------------------------------------- dispatch
 
-def test_auto_fp8_takes_a_style_with_fp8(device):
+def test_auto_fp8_takes_a_style_with_fp8(device, monkeypatch):
     device(9)
     assert dispatch.resolve("auto", 0) == "cute"
-    assert dispatch.resolve("auto", 0, True) == "tlx"  # cute has no fp8 kernel
+    assert dispatch.resolve("auto", 0, True) == "cute"
     q = types.SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True, dtype=FP8)
-    assert jagged.which(q) == "tlx"
-    device(10)  # TLX's fp8 forward is Hopper's: the portable kernel, with a warning
+    assert jagged.which(q) == "cute"
+    with monkeypatch.context() as m:  # a style without an fp8 forward is passed over
+        m.delitem(dispatch.FP8_ARCHS, "cute")
+        dispatch._CHOSEN.clear()
+        assert dispatch.resolve("auto", 0, True) == "tlx"
+        assert dispatch.resolve("auto", 0) == "cute"
+    device(10)  # the fp8 forwards are Hopper's: the portable kernel, with a warning
     with pytest.warns(RuntimeWarning, match="for fp8 inputs runs the portable"):
         assert dispatch.resolve("auto", 0, True) == "portable"
     assert dispatch.resolve("auto", 0) == "cute"
-    assert list(dispatch.FP8_ARCHS) == ["tlx", "portable"]
+    assert dispatch.FP8_ARCHS == {"cute": ("hopper",), "tlx": ("hopper",), "portable": None}
 
 
-def test_tlx_passes_descale_through(device, monkeypatch):
+@pytest.mark.parametrize("style", sorted(STYLE_PKGS))
+def test_style_passes_descale_through(style, device, monkeypatch):
     device(9)
-    mod = importlib.import_module("kernels_tlx.fwd_hopper")
+    pkg = STYLE_PKGS[style]
+    mod = importlib.import_module(f"{pkg.__name__}.fwd_hopper")
     seen = []
     monkeypatch.setattr(mod, "forward", lambda *a, **kw: seen.append(kw) or "out")
     q = types.SimpleNamespace(device=torch.device("cuda", 0))
-    assert kernels_tlx._forward(q, 1, 2) == "out" and seen[-1] == {}
-    kernels_tlx._forward(q, 1, 2, descale=("q", "k", "v"))
+    assert pkg._forward(q, 1, 2) == "out" and seen[-1] == {}
+    pkg._forward(q, 1, 2, descale=("q", "k", "v"))
     assert seen[-1] == {"descale": ("q", "k", "v")}
     device(10)
-    with pytest.raises(NotImplementedError, match="tlx style has fp8 kernels for hopper only"):
-        kernels_tlx._forward(q, 1, 2, descale=("q", "k", "v"))
+    with pytest.raises(NotImplementedError,
+                       match=f"{style} style has fp8 kernels for hopper only"):
+        pkg._forward(q, 1, 2, descale=("q", "k", "v"))
 
 
-def test_cute_refuses_fp8():
+@pytest.mark.parametrize("style", sorted(STYLE_PKGS))
+def test_style_refuses_fp8_on_the_cpu(style):
     args, ds, _ = fp8_inputs([5, 9], [7, 9], 2, 2, 64)
-    with pytest.raises(NotImplementedError, match="the cute style has no fp8 kernel yet"):
-        kernels_cute.jagged_attention(*args, **ds)
+    with pytest.raises(NotImplementedError, match=f"{style} style has fp8 kernels for hopper"):
+        STYLE_PKGS[style].jagged_attention(*args, **ds)
 
 
 def test_auto_on_cpu_runs_portable_fp8():

@@ -1,7 +1,9 @@
 """fp8 (e4m3) prefill: `jagged.fp8.dequantize_rows` in the interpreter, the TLX Hopper
 forward's fp8 build compiled for sm_90a (S = Q K^T an e4m3 wgmma, P V bf16, no spills,
-shared memory within the limit), and on the GPU (`-m gpu`) `kernels_tlx.fwd_hopper.forward`
-with descales against an fp32 reference on the dequantized values."""
+shared memory within the limit; the CuteDSL build's: tests/test_cute_compile.py), and on
+the GPU (`-m gpu`) both styles' `fwd_hopper.forward` with descales against an fp32
+reference on the dequantized values."""
+import importlib
 import math
 
 import pytest
@@ -186,8 +188,16 @@ def _poison(*shapes_dtypes):
     del blocks
 
 
-def run_fp8_case(d, causal, case, broadcast_q, heads=8, hkv=2, seed=0):
-    from kernels_tlx import fwd_hopper
+STYLES = ["cute", "tlx"]
+
+
+def fwd_hopper_of(style: str):
+    """The Hopper forward module of a style (kernels_<style>.fwd_hopper)."""
+    return importlib.import_module(f"kernels_{style}.fwd_hopper")
+
+
+def run_fp8_case(style, d, causal, case, broadcast_q, heads=8, hkv=2, seed=0):
+    fwd_hopper = fwd_hopper_of(style)
     gen = torch.Generator().manual_seed(seed)
     len_q, len_k = GPU_CASES[case]
     len_k = len_k or len_q
@@ -257,23 +267,26 @@ def run_fp8_case(d, causal, case, broadcast_q, heads=8, hkv=2, seed=0):
 @pytest.mark.parametrize("case", list(GPU_CASES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_fwd_fp8_gpu(d, causal, case):
+@pytest.mark.parametrize("style", STYLES)
+def test_fwd_fp8_gpu(style, d, causal, case):
     """e4m3 q / k / v with descales per (sequence, kv head), GQA 4:1, jagged lengths with
     0 and 1 (cross: sequences with no keys, causal rows that see none)."""
-    run_fp8_case(d, causal, case, broadcast_q=False, seed=d + causal)
+    run_fp8_case(style, d, causal, case, broadcast_q=False, seed=d + causal)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,causal", [(128, False), (64, True)])
-def test_fwd_fp8_gpu_broadcast_q(d, causal):
+@pytest.mark.parametrize("style", STYLES)
+def test_fwd_fp8_gpu_broadcast_q(style, d, causal):
     """Broadcast-Q: one dense e4m3 q, its descale still the tile's sequence's."""
-    run_fp8_case(d, causal, "cross", broadcast_q=True, seed=100 + d)
+    run_fp8_case(style, d, causal, "cross", broadcast_q=True, seed=100 + d)
 
 
 @pytest.mark.gpu
-def test_fwd_16bit_unchanged_gpu():
+@pytest.mark.parametrize("style", STYLES)
+def test_fwd_16bit_unchanged_gpu(style):
     """Without descale the 16-bit path: bf16 in, bf16 out, no fp8 build involved."""
-    from kernels_tlx import fwd_hopper
+    fwd_hopper = fwd_hopper_of(style)
     torch.manual_seed(0)
     cu = torch.tensor([0, 0, 100, 101, 300], dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(300, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -550,18 +550,20 @@ def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
     assert seen and all(dt == torch.bfloat16 and "q_descale" not in kw for dt, kw in seen)
     assert backends.get("fa4").supports(p)[0] is False
     assert backends.get("fa4").supports(p.replace(dtype="bf16"))[0] is True
-    # ours: the styles with an fp8 forward for the device's kernels take it; the others'
-    # rows say why not
+    # ours: the styles with an fp8 forward for the device's kernels take it (cute and
+    # tlx: Hopper's); the others' rows say why not
     from jagged import dispatch
-    for arch, tlx_fp8 in (("hopper", True), ("blackwell", False), (None, False)):
+    for arch, hopper in (("hopper", True), ("blackwell", False), (None, False)):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(dispatch, "kernel_arch", lambda device=None: arch)
-            ok, why = backends.get("tlx").supports(p)
-            assert ok is tlx_fp8 and (ok or "for hopper only" in why)
+            for style in ("cute", "tlx"):
+                ok, why = backends.get(style).supports(p)
+                assert ok is hopper and (ok or "for hopper only" in why), (style, why)
+                assert backends.get(style).supports(p.replace(dtype="bf16"))[0]
             assert backends.get("triton").supports(p) == (True, "")
+            mp.delitem(dispatch.FP8_ARCHS, "cute")  # a style without one: "no fp8 forward"
             ok, why = backends.get("cute").supports(p)
             assert not ok and "no fp8 forward" in why
-            assert backends.get("cute").supports(p.replace(dtype="bf16"))[0]
 
 
 def test_fp8_gemm_ceiling_operands_and_row(tmp_path):
