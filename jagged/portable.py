@@ -35,7 +35,9 @@ import triton
 import triton.language as tl
 
 from jagged.api import make_jagged_attention
-from jagged.seqinfo import causal_kv_end, causal_q_start, causal_visible, seq_range
+from jagged.tiles import windows
+from jagged.seqinfo import (causal_kv_end, causal_q_start, causal_visible, row_kv_range,
+                            row_seq, seq_range)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -147,6 +149,55 @@ def fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, qk_scale, n_out, L_q,
     tl.store(LSE + h * n_out + o_start + rows, lse, mask=rows < len_q)
 
 
+@triton.jit
+def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, L_q,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                      GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
+    """The forward over windows of BLOCK_M packed query rows (jagged.tiles.windows): a
+    window may hold several short sequences; each row sees its own sequence's keys
+    (seqinfo.row_kv_range), and the window reads the keys of the sequences it spans."""
+    w, h = tl.program_id(0), tl.program_id(1)
+    s_first = tl.load(WIN + w)
+    if s_first < 0:
+        return
+    s_last = tl.load(WIN + n_win + w)
+    n_rows = tl.load(CU_Q + s_last + 1)  # one past the window's last real row
+    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
+    seq = row_seq(CU_Q, s_first, s_last, rows, 16)
+    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
+    hi = tl.where(rows < n_rows, hi, lo)  # rows past the window's sequences see nothing
+    kv_lo = tl.load(CU_K + s_first)
+    kv_hi = tl.max(hi, 0)
+    Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
+
+    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for n_start in range(kv_lo, kv_hi, BLOCK_N):
+        cols = n_start + tl.arange(0, BLOCK_N)
+        k = load(Kh, cols, kv_hi, stride_kt, D)
+        v = load(Vh, cols, kv_hi, stride_kt, D)
+        s = mma(q, tl.trans(k)) * qk_scale
+        ok = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_i = tl.where(empty, 1.0, l_i)
+    out = acc / l_i[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    store(O + h * stride_oh, rows, n_rows, stride_ot, out, D)
+    tl.store(LSE + h * n_out + rows, lse, mask=rows < n_rows)
+
+
 # ----------------------------------------------------------------------------- backward
 
 @triton.jit
@@ -240,6 +291,7 @@ def _config(kernel: str, D: int, device: torch.device):
         return 16, 16, 4, 1
     return {
         "fwd": (128, 64, 4 if D == 64 else 8, 3),
+        "fwd_window": (128, 32, 4 if D == 64 else 8, 3),  # 64-key blocks spill at D = 128
         "dkdv": (32, 128, 4 if D == 64 else 8, 3),
         "dq": (128, 32, 4 if D == 64 else 8, 3),
     }[kernel]
@@ -264,11 +316,33 @@ def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=N
     out = q.new_empty(n_out, H, q.shape[2])
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
     BM, BN, warps, stages = _config("fwd", q.shape[2], q.device)
-    if B and H and max_q:
-        fwd_kernel[(triton.cdiv(max_q, BM), B, H)](
-            q, k, v, out, lse, qk_scale=scale * LOG2E.value, **args, BLOCK_M=BM, BLOCK_N=BN,
-            CAUSAL=causal, num_warps=warps, num_stages=stages)
+    if not (B and H and max_q):
+        return out, lse
+    meta = dict(qk_scale=scale * LOG2E.value, **args, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal,
+                num_warps=warps, num_stages=stages)
+    if windowed(q.shape[0], B, max_q, BM, broadcast_q):
+        BM, BN, warps, stages = _config("fwd_window", q.shape[2], q.device)
+        win = windows(args["CU_Q"], q.shape[0], BM)
+        meta.update(BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
+        fwd_window_kernel[(win.shape[1], H)](q, k, v, out, lse, WIN=win, n_win=win.shape[1],
+                                             **meta)
+    else:
+        fwd_kernel[(triton.cdiv(max_q, BM), B, H)](q, k, v, out, lse, **meta)
     return out, lse
+
+
+# the forward runs over windows of packed rows when the mean query length is at most this
+# fraction of a block (and sequences may be shorter than a block): several sequences a
+# program, where a program per (sequence, block) would leave most of its rows empty
+WINDOW_MEAN_FRACTION = 0.5
+
+
+def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool) -> bool:
+    """Whether the forward takes row windows (`fwd_window_kernel`): packed queries (not
+    broadcast-Q) whose mean length (rows / batch: no sync) is at most
+    WINDOW_MEAN_FRACTION of a block."""
+    return (not broadcast_q and batch > 1 and max_q > 1
+            and n_rows <= WINDOW_MEAN_FRACTION * block_m * batch)
 
 
 def dequantize(q, k, v, cu_q, cu_k, broadcast_q, q_descale, k_descale, v_descale):

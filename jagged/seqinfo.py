@@ -14,6 +14,10 @@ every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
 - key n0 is seen by the rows [causal_q_start(n0, len_q, len_k), len_q) (the backward's
   view: a KV block starting at n0 meets no query row before it).
 
+A block of packed rows may also span sequences (a window of short sequences): each row
+then sees the packed key columns [lo, hi) of its own sequence (`row_seq`,
+`row_kv_range`), the causal cut included.
+
 Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
 helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`
 functions are their torch references (the tile lists' and the tests').
@@ -55,6 +59,32 @@ def causal_q_start(n0, len_q, len_k):
     return tl.minimum(tl.maximum(n0 - (len_k - len_q), 0), len_q)
 
 
+@triton.jit
+def row_seq(cu, s_first, s_last, rows, CHUNK: tl.constexpr):
+    """The sequence holding each packed row of `rows` (a block), given the sequences
+    s_first..s_last that hold the block's first and last row: s_first plus the count of
+    the offsets cu[s_first + 1 .. s_last] at or below the row (empty sequences included),
+    CHUNK offsets a pass."""
+    seq = rows * 0 + s_first
+    for j0 in range(s_first + 1, s_last + 1, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        starts = tl.load(cu + j, mask=j <= s_last, other=2147483647)
+        seq += tl.sum((starts[None, :] <= rows[:, None]).to(tl.int32), 1)
+    return seq
+
+
+@triton.jit
+def row_kv_range(cu_q, cu_k, seq, rows, CAUSAL: tl.constexpr):
+    """[lo, hi): the packed key columns packed query row `rows` (of sequence `seq`, both
+    blocks) sees: its sequence's keys, CAUSAL up to row - q_end + k_end (bottom-right:
+    query i sees key j iff j <= i + len_k - len_q, in packed coordinates)."""
+    lo = tl.load(cu_k + seq)
+    hi = tl.load(cu_k + seq + 1)
+    if CAUSAL:
+        hi = tl.minimum(hi, rows + 1 + hi - tl.load(cu_q + seq + 1))
+    return lo, hi
+
+
 # ----------------------------------------------------------------------------- torch references
 
 def seq_range_ref(cu, dense_len: int | None = None, batch: int | None = None):
@@ -79,3 +109,13 @@ def causal_kv_end_ref(row_end, len_q, len_k):
 def causal_q_start_ref(n0, len_q, len_k):
     len_q = torch.as_tensor(len_q)
     return torch.minimum(torch.clamp(torch.as_tensor(n0) - (len_k - len_q), min=0), len_q)
+
+
+def row_kv_range_ref(cu_q, cu_k, rows, causal: bool):
+    """`row_seq` and `row_kv_range` for packed rows (int64 tensors): (seq, lo, hi)."""
+    cu_q, cu_k, rows = cu_q.to(torch.int64), cu_k.to(torch.int64), torch.as_tensor(rows)
+    seq = torch.searchsorted(cu_q, rows, right=True) - 1
+    lo, hi = cu_k[seq], cu_k[seq + 1]
+    if causal:
+        hi = torch.minimum(hi, rows + 1 + hi - cu_q[seq + 1])
+    return seq, lo, hi

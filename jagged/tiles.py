@@ -337,6 +337,70 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
+# ----------------------------------------------------------------------------- row windows
+# Short sequences leave most of a per-sequence query block empty (gem 256 / 0.1: 26 rows
+# of 128 on average). A window is instead a block of BLOCK_M consecutive packed query
+# rows, whatever sequences hold them: each row sees its own sequence's keys
+# (seqinfo.row_kv_range), and the window reads the keys of every sequence it touches.
+
+@triton.jit
+def _windows_kernel(cu_q, out_ptr, n_win, B, N_ITER, BLOCK_M: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """(first sequence, last sequence) of each window w (rows [w * BLOCK_M, ...)): each
+    the sequence holding the row, the largest s with cu_q[s] <= row (a binary search of
+    N_ITER steps, so empty sequences are passed over); -1, -1 past the last row."""
+    w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = w < n_win
+    total = tl.load(cu_q + B)
+    r0 = w * BLOCK_M
+    r1 = tl.minimum(r0 + BLOCK_M, total) - 1
+    live = inb & (r0 < total)
+    s0 = _holder(cu_q, r0, B, N_ITER)
+    s1 = _holder(cu_q, r1, B, N_ITER)
+    tl.store(out_ptr + w, tl.where(live, s0, -1), mask=inb)
+    tl.store(out_ptr + n_win + w, tl.where(live, s1, -1), mask=inb)
+
+
+@triton.jit
+def _holder(cu, row, B, N_ITER):
+    lo = row * 0
+    hi = lo + B - 1
+    for _ in range(N_ITER):  # invariant: cu[lo] <= row, the answer in [lo, hi]
+        mid = (lo + hi + 1) // 2
+        go = tl.load(cu + mid, mask=mid <= hi, other=0) <= row
+        lo = tl.where(go & (mid <= hi), mid, lo)
+        hi = tl.where(go | (mid > hi), hi, mid - 1)
+    return lo
+
+
+def windows(cu_q, n_rows: int, block_m: int):
+    """int32 [2, ceil(n_rows / block_m)]: each window's first and last sequence (-1 past
+    the last packed row). `n_rows` bounds the packed rows (q.shape[0]: no sync). Cached
+    like the tile lists."""
+    return per_offsets(_build_windows, cu_q, cu_q, n_rows, block_m)
+
+
+def _build_windows(cu_q, _cu, n_rows, block_m):
+    n_win = max(1, -(-n_rows // block_m))
+    B = cu_q.shape[0] - 1
+    out = torch.empty(2, n_win, dtype=torch.int32, device=cu_q.device)
+    _windows_kernel[(triton.cdiv(n_win, 1024),)](cu_q, out, n_win, B, max(1, B.bit_length()),
+                                                BLOCK_M=block_m, BLOCK=1024)
+    return out
+
+
+def windows_reference(cu_q, n_rows: int, block_m: int):
+    cu = cu_q.to(torch.int64)
+    n_win = max(1, -(-n_rows // block_m))
+    total = int(cu[-1])
+    r0 = torch.arange(n_win, dtype=torch.int64) * block_m
+    r1 = torch.clamp(r0 + block_m, max=total) - 1
+    hold = lambda r: torch.searchsorted(cu, r, right=True) - 1
+    live = r0 < total
+    return torch.stack([torch.where(live, hold(r0), -1),
+                        torch.where(live, hold(r1), -1)]).to(torch.int32)
+
+
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     """Backward KV-tile list, longest work first: one kernel up to SORT_MAX pairs, else a
     key kernel, torch.sort and a decode kernel (few host operations: at short sequences

@@ -120,9 +120,11 @@ def test_fwd_three_consumers():
 
 
 @pytest.mark.parametrize("arch", [90, 100])
-@pytest.mark.parametrize("d,causal,dense_q", [(64, False, False), (128, True, False),
-                                              (128, False, True)])
-def test_portable_fwd_compiles(arch, d, causal, dense_q):
+@pytest.mark.parametrize("d,causal,dense_q,window", [(64, False, False, False),
+                                                     (128, True, False, False),
+                                                     (128, False, True, False),
+                                                     (128, True, False, True)])
+def test_portable_fwd_compiles(arch, d, causal, dense_q, window):
     """The portable forward compiles to the tensor-core MMA of each target (wgmma on
     sm_90a, tcgen05 on sm_100a); on Blackwell it is the kernel that must at least
     compile, since the TLX Hopper kernels are wgmma-only."""
@@ -132,10 +134,13 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q):
            "L_q": "i32"}
     sig.update({n: "i32" for n in ("stride_qt", "stride_qh", "stride_kt", "stride_kh",
                                     "stride_ot", "stride_oh")})
-    rep = compile_kernel(portable.fwd_kernel, sig,
-                         dict(GROUP=1, D=d, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal,
-                              DENSE_Q=dense_q), arch=arch, num_warps=8, num_stages=3,
-                         name=f"portable fwd D{d} sm_{arch}")
+    if window:  # the forward over row windows (short sequences)
+        sig.update(WIN="*i32", n_win="i32")
+    rep = compile_kernel(portable.fwd_window_kernel if window else portable.fwd_kernel, sig,
+                         dict(GROUP=1, D=d, BLOCK_M=128, BLOCK_N=32 if window else 64,
+                              CAUSAL=causal, DENSE_Q=dense_q), arch=arch, num_warps=8,
+                         num_stages=3,
+                         name=f"portable fwd{' window' if window else ''} D{d} sm_{arch}")
     print(rep.row())
     assert rep.total_smem <= SMEM_LIMIT[arch], rep.row()
     assert rep.has_mma and not rep.spills, rep.row()

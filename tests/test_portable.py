@@ -6,10 +6,13 @@ with len_q > len_k and len_q < len_k, GQA/MQA, both head dims and both dtypes.
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from harness.oracle import check
 from harness.problems import Problem
 from jagged.portable import jagged_attention
+from jagged.seqinfo import row_kv_range, row_seq
 
 
 def run_check(p: Problem, lengths=None, device="cpu", softmax_scale=None):
@@ -93,6 +96,10 @@ GPU_CASES = [
                                max_seqlen_k=64, mode="cross", sparsity=0.5, causal=True)),
     ("bcast", Problem(batch=64, heads=4, head_dim=128, max_seqlen_q=64, max_seqlen_k=512,
                       mode="broadcast_q", sparsity=0.5)),
+    # mean lengths 26 and 13: the forward over row windows
+    ("short-windows", Problem(batch=512, heads=4, head_dim=128, max_seqlen_q=256, sparsity=0.1)),
+    ("short-windows-causal-gqa", Problem(batch=512, heads=8, kv_heads=2, head_dim=64,
+                                         max_seqlen_q=128, sparsity=0.1, causal=True)),
 ]
 
 
@@ -100,3 +107,84 @@ GPU_CASES = [
 @pytest.mark.parametrize("p", [c[1] for c in GPU_CASES], ids=[c[0] for c in GPU_CASES])
 def test_gpu_against_oracle(p):
     run_check(p, device="cuda")
+
+
+# Short sequences: the forward over windows of packed rows (several sequences a program).
+# On the CPU a block is 16 rows, so a mean length of at most 8 takes the windows.
+WINDOW_CASES = [
+    ("self-short", Problem(batch=12, heads=2, head_dim=64, max_seqlen_q=11),
+     ([3, 0, 11, 1, 7, 2, 0, 9, 5, 1, 4, 6],) * 2),
+    ("self-causal-gqa-fp16", Problem(batch=10, heads=4, kv_heads=2, head_dim=128, max_seqlen_q=14,
+                                     causal=True, dtype="fp16"),
+     ([14, 1, 2, 0, 5, 9, 3, 1, 0, 6],) * 2),
+    # 20 empty sequences and 17 of length 1 inside one 16-row window: more offsets than a
+    # pass of row_seq reads
+    ("self-empties-and-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=9),
+     ([9] + [0] * 20 + [1] * 17 + [3, 2],) * 2),
+    ("cross-causal-mixed", Problem(batch=9, heads=2, head_dim=64, max_seqlen_q=8, max_seqlen_k=21,
+                                   mode="cross", causal=True),
+     ([8, 0, 3, 5, 1, 7, 0, 2, 6], [21, 4, 0, 2, 9, 3, 5, 0, 12])),
+    ("cross-mqa-lq>lk", Problem(batch=8, heads=4, kv_heads=1, head_dim=64, max_seqlen_q=12,
+                                max_seqlen_k=5, mode="cross", causal=True, dtype="fp16"),
+     ([12, 4, 6, 0, 9, 1, 3, 5], [5, 1, 2, 3, 0, 1, 5, 4])),
+]
+
+
+@pytest.mark.parametrize("p, lengths", [c[1:] for c in WINDOW_CASES],
+                         ids=[c[0] for c in WINDOW_CASES])
+def test_windows_against_oracle(p, lengths):
+    from jagged.portable import _config, windowed
+    BM = _config("fwd", p.head_dim, torch.device("cpu"))[0]
+    assert windowed(sum(lengths[0]), p.batch, p.max_seqlen_q, BM, False)
+    run_check(p, lengths)
+
+
+def test_windowed_choice():
+    """Windows for short packed queries only: not broadcast-Q, not one sequence, not
+    a mean above half a block."""
+    from jagged.portable import windowed
+    assert windowed(30552, 1152, 256, 128, False)           # gem 256 / 0.1
+    assert not windowed(30552, 1152, 256, 128, True)
+    assert not windowed(147000, 1152, 256, 128, False)      # gem 256 / 0.5
+    assert not windowed(40, 1, 64, 128, False)
+
+
+@triton.jit
+def _row_probe(cu_q, cu_k, win, out, n_win, BM: tl.constexpr, CAUSAL: tl.constexpr):
+    w = tl.program_id(0)
+    s0 = tl.load(win + w)
+    s1 = tl.load(win + n_win + w)
+    rows = w * BM + tl.arange(0, BM)
+    seq = row_seq(cu_q, s0, s1, rows, 4)
+    lo, hi = row_kv_range(cu_q, cu_k, seq, rows, CAUSAL)
+    tl.store(out + rows, seq)
+    tl.store(out + n_win * BM + rows, lo)
+    tl.store(out + 2 * n_win * BM + rows, hi)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_ranges_and_windows(causal):
+    """tiles.windows and seqinfo.row_seq / row_kv_range against their references, with
+    empty sequences everywhere (first, last, runs) and rows past the last sequence."""
+    from jagged.seqinfo import row_kv_range_ref
+    from jagged.tiles import windows, windows_reference
+
+    g = torch.Generator().manual_seed(7 + causal)
+    lq = torch.randint(0, 6, (30,), generator=g)
+    lq[:3] = 0
+    lq[-2:] = 0
+    lq[10:17] = 0
+    lk = torch.randint(0, 9, (30,), generator=g)
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+    BM, n_rows = 8, int(cu_q[-1]) + 5
+    win = windows(cu_q, n_rows, BM)
+    assert torch.equal(win, windows_reference(cu_q, n_rows, BM))
+    live = int((win[0] >= 0).sum())
+    assert live == -(-int(cu_q[-1]) // BM) and (win[:, live:] == -1).all()
+    out = torch.empty(3, win.shape[1] * BM, dtype=torch.int32)
+    _row_probe[(live,)](cu_q, cu_k, win, out, win.shape[1], BM=BM, CAUSAL=causal)
+    rows = torch.arange(int(cu_q[-1]))
+    seq, lo, hi = row_kv_range_ref(cu_q, cu_k, rows, causal)
+    assert torch.equal(out[0, rows].long(), seq) and (lq[seq] > 0).all()
+    assert torch.equal(out[1, rows].long(), lo) and torch.equal(out[2, rows].long(), hi)
