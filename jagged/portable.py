@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from jagged.api import make_jagged_attention
-from jagged.tiles import windows
+from jagged.tiles import windowed, windows
 from jagged.seqinfo import (causal_kv_end, causal_q_start, causal_visible, row_kv_range,
                             row_seq, seq_range)
 
@@ -329,20 +329,6 @@ def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=N
     else:
         fwd_kernel[(triton.cdiv(max_q, BM), B, H)](q, k, v, out, lse, **meta)
     return out, lse
-
-
-# the forward runs over windows of packed rows when the mean query length is at most this
-# fraction of a block (and sequences may be shorter than a block): several sequences a
-# program, where a program per (sequence, block) would leave most of its rows empty
-WINDOW_MEAN_FRACTION = 0.5
-
-
-def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool) -> bool:
-    """Whether the forward takes row windows (`fwd_window_kernel`): packed queries (not
-    broadcast-Q) whose mean length (rows / batch: no sync) is at most
-    WINDOW_MEAN_FRACTION of a block."""
-    return (not broadcast_q and batch > 1 and max_q > 1
-            and n_rows <= WINDOW_MEAN_FRACTION * block_m * batch)
 
 
 def dequantize(q, k, v, cu_q, cu_k, broadcast_q, q_descale, k_descale, v_descale):

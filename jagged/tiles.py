@@ -343,6 +343,19 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
 # rows, whatever sequences hold them: each row sees its own sequence's keys
 # (seqinfo.row_kv_range), and the window reads the keys of every sequence it touches.
 
+# the forward runs over windows when the mean query length is at most this fraction of a
+# block: several sequences a program, where a program per (sequence, block) would leave
+# most of its rows empty
+WINDOW_MEAN_FRACTION = 0.5
+
+
+def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool) -> bool:
+    """Whether a forward takes row windows: packed queries (not broadcast-Q) whose mean
+    length (rows / batch: no sync) is at most WINDOW_MEAN_FRACTION of a block."""
+    return (not broadcast_q and batch > 1 and max_q > 1
+            and n_rows <= WINDOW_MEAN_FRACTION * block_m * batch)
+
+
 @triton.jit
 def _windows_kernel(cu_q, out_ptr, n_win, B, N_ITER, BLOCK_M: tl.constexpr,
                     BLOCK: tl.constexpr):

@@ -133,7 +133,8 @@ WINDOW_CASES = [
 @pytest.mark.parametrize("p, lengths", [c[1:] for c in WINDOW_CASES],
                          ids=[c[0] for c in WINDOW_CASES])
 def test_windows_against_oracle(p, lengths):
-    from jagged.portable import _config, windowed
+    from jagged.portable import _config
+    from jagged.tiles import windowed
     BM = _config("fwd", p.head_dim, torch.device("cpu"))[0]
     assert windowed(sum(lengths[0]), p.batch, p.max_seqlen_q, BM, False)
     run_check(p, lengths)
@@ -142,7 +143,7 @@ def test_windows_against_oracle(p, lengths):
 def test_windowed_choice():
     """Windows for short packed queries only: not broadcast-Q, not one sequence, not
     a mean above half a block."""
-    from jagged.portable import windowed
+    from jagged.tiles import windowed
     assert windowed(30552, 1152, 256, 128, False)           # gem 256 / 0.1
     assert not windowed(30552, 1152, 256, 128, True)
     assert not windowed(147000, 1152, 256, 128, False)      # gem 256 / 0.5
