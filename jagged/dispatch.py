@@ -164,3 +164,20 @@ def style_kernels(name: str, role: str, device: torch.device):
         arch = kernel_arch(device.index)
         mod = _KERNELS[key] = importlib.import_module(f"{STYLES[name][0]}.{role}_{arch}")
     return mod
+
+
+def style_calls(name: str):
+    """(forward, backward) of style `name`, what its package hands `make_jagged_attention`:
+    the kernels of the device's architecture; fp8 inputs (`descale`, passed only for fp8
+    calls) where FP8_ARCHS has kernels for it, else NotImplementedError."""
+    def forward(q, *args, **descale):
+        if descale:
+            ok, why = style_fp8(name, q.device.index)
+            if not ok:
+                raise NotImplementedError(f"fp8 inputs: the {name} style has {why}; use "
+                                          "backend='portable'")
+        return style_kernels(name, "fwd", q.device).forward(q, *args, **descale)
+
+    def backward(dout, *args, **kw):
+        return style_kernels(name, "bwd", dout.device).backward(dout, *args, **kw)
+    return forward, backward

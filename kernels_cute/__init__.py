@@ -12,21 +12,9 @@ and does not import the DSL. fp8 inputs (forward only) run on the Hopper forward
 from __future__ import annotations
 
 from jagged.api import make_jagged_attention
-from jagged.dispatch import style_arch, style_available, style_fp8, style_kernels
+from jagged.dispatch import style_arch, style_available, style_calls
 
-
-def _forward(q, *args, **descale):
-    """The architecture's forward; `descale` (fp8 calls only) passed through."""
-    if descale:
-        ok, why = style_fp8("cute", q.device.index)
-        if not ok:
-            raise NotImplementedError(f"fp8 inputs: the cute style has {why}; use "
-                                      "backend='portable'")
-    return style_kernels("cute", "fwd", q.device).forward(q, *args, **descale)
-
-
-def _backward(dout, *args, **kw):
-    return style_kernels("cute", "bwd", dout.device).backward(dout, *args, **kw)
+_forward, _backward = style_calls("cute")
 
 
 def available(device=None) -> tuple[bool, str]:
