@@ -36,8 +36,8 @@ import triton.language as tl
 
 from jagged.api import make_jagged_attention
 from jagged.tiles import windowed, windows
-from jagged.seqinfo import (causal_kv_end, causal_q_start, causal_visible, row_kv_range,
-                            row_seq, seq_range)
+from jagged.seqinfo import (causal_kv_end, causal_q_start, causal_visible, col_q_range,
+                            row_kv_range, row_seq, seq_range)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -282,6 +282,84 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, scale, qk_scale, n_out, L
     store(DQ + qoff, rows, len_q, stride_qt, dq * scale, D, ATOMIC=DENSE_Q)
 
 
+@triton.jit
+def dkdv_window_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, WIN, scale, qk_scale,
+                       n_out, n_win, L_q, stride_qt, stride_qh, stride_kt, stride_kh,
+                       stride_ot, stride_oh, GROUP: tl.constexpr, D: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                       DENSE_Q: tl.constexpr):
+    """dK, dV over windows of BLOCK_N packed key columns (tiles.windows over cu_k): each
+    column meets the query rows of its own sequence (seqinfo.col_q_range)."""
+    w, hkv = tl.program_id(0), tl.program_id(1)
+    s_first = tl.load(WIN + w)
+    if s_first < 0:
+        return
+    s_last = tl.load(WIN + n_win + w)
+    n_cols = tl.load(CU_K + s_last + 1)
+    cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+    seq = row_seq(CU_K, s_first, s_last, cols, 16)
+    lo, hi = col_q_range(CU_Q, CU_K, seq, cols, CAUSAL)
+    hi = tl.where(cols < n_cols, hi, lo)  # columns past the window's keys meet no row
+    q_lo = tl.min(tl.where(hi > lo, lo, 2147483647), 0) // BLOCK_M * BLOCK_M
+    q_hi = tl.load(CU_Q + s_last + 1)
+    koff = hkv * stride_kh
+    k = load(K + koff, cols, n_cols, stride_kt, D)
+    v = load(V + koff, cols, n_cols, stride_kt, D)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    for g in range(GROUP):
+        h = hkv * GROUP + g
+        Qh, DOh = Q + h * stride_qh, DO + h * stride_oh
+        for m_start in range(q_lo, q_hi, BLOCK_M):
+            rows = m_start + tl.arange(0, BLOCK_M)
+            q = load(Qh, rows, q_hi, stride_qt, D)
+            do = load(DOh, rows, q_hi, stride_ot, D)
+            lse2 = tl.load(LSE + h * n_out + rows, mask=rows < q_hi, other=0.0) * LOG2E
+            delta = tl.load(DELTA + h * n_out + rows, mask=rows < q_hi, other=0.0)
+            ok = (rows[None, :] >= lo[:, None]) & (rows[None, :] < hi[:, None])
+            pT = probs(mma(k, tl.trans(q)) * qk_scale, lse2[None, :], ok)
+            dv += mma(pT.to(do.dtype), do)
+            dsT = pT * (mma(v, tl.trans(do)) - delta[None, :])
+            dk += mma(dsT.to(q.dtype), q)
+    store(DK + koff, cols, n_cols, stride_kt, dk * scale, D)
+    store(DV + koff, cols, n_cols, stride_kt, dv, D)
+
+
+@triton.jit
+def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_scale, n_out,
+                     n_win, L_q, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot,
+                     stride_oh, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
+    """dQ over windows of BLOCK_M packed query rows, as fwd_window_kernel."""
+    w, h = tl.program_id(0), tl.program_id(1)
+    s_first = tl.load(WIN + w)
+    if s_first < 0:
+        return
+    s_last = tl.load(WIN + n_win + w)
+    n_rows = tl.load(CU_Q + s_last + 1)
+    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
+    seq = row_seq(CU_Q, s_first, s_last, rows, 16)
+    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
+    hi = tl.where(rows < n_rows, hi, lo)
+    kv_lo = tl.load(CU_K + s_first)
+    kv_hi = tl.max(hi, 0)
+    Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
+    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
+    do = load(DO + h * stride_oh, rows, n_rows, stride_ot, D)
+    lse2 = tl.load(LSE + h * n_out + rows, mask=rows < n_rows, other=0.0) * LOG2E
+    delta = tl.load(DELTA + h * n_out + rows, mask=rows < n_rows, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    for n_start in range(kv_lo, kv_hi, BLOCK_N):
+        cols = n_start + tl.arange(0, BLOCK_N)
+        k = load(Kh, cols, kv_hi, stride_kt, D)
+        v = load(Vh, cols, kv_hi, stride_kt, D)
+        ok = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        p = probs(mma(q, tl.trans(k)) * qk_scale, lse2[:, None], ok)
+        ds = p * (mma(do, tl.trans(v)) - delta[:, None])
+        dq += mma(ds.to(k.dtype), k)
+    store(DQ + h * stride_qh, rows, n_rows, stride_qt, dq * scale, D)
+
+
 # ----------------------------------------------------------------------------- host side
 
 def _config(kernel: str, D: int, device: torch.device):
@@ -363,16 +441,25 @@ def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadc
             out, dout, delta, n_out, H * D, D, D=D, BLOCK_M=BM)
         if dlse is not None:  # the gradient on lse (jagged.api)
             delta -= dlse
-    if max_k:
+    if max_k:  # key windows where the keys are short, as the queries' for the forward
         BM, BN, warps, stages = _config("dkdv", D, q.device)
-        dkdv_kernel[(triton.cdiv(max_k, BN), B, Hkv)](
-            q, k, v, dout, lse, delta, dk, dv, **args, **kw, BLOCK_M=BM, BLOCK_N=BN,
-            num_warps=warps, num_stages=stages)
+        meta = dict(**args, **kw, BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
+        if windowed(k.shape[0], B, max_k, BN, broadcast_q):
+            win = windows(cu_k, k.shape[0], BN)
+            dkdv_window_kernel[(win.shape[1], Hkv)](q, k, v, dout, lse, delta, dk, dv,
+                                                    WIN=win, n_win=win.shape[1], **meta)
+        else:
+            dkdv_kernel[(triton.cdiv(max_k, BN), B, Hkv)](q, k, v, dout, lse, delta, dk, dv,
+                                                          **meta)
     if max_q:
         BM, BN, warps, stages = _config("dq", D, q.device)
-        dq_kernel[(triton.cdiv(max_q, BM), B, H)](
-            q, k, v, dout, lse, delta, dq, **args, **kw, BLOCK_M=BM, BLOCK_N=BN,
-            num_warps=warps, num_stages=stages)
+        meta = dict(**args, **kw, BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
+        if windowed(q.shape[0], B, max_q, BM, broadcast_q):
+            win = windows(args["CU_Q"], q.shape[0], BM)
+            dq_window_kernel[(win.shape[1], H)](q, k, v, dout, lse, delta, dq, WIN=win,
+                                                n_win=win.shape[1], **meta)
+        else:
+            dq_kernel[(triton.cdiv(max_q, BM), B, H)](q, k, v, dout, lse, delta, dq, **meta)
     return dq.to(q.dtype), dk, dv
 
 

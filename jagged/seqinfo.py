@@ -16,7 +16,8 @@ every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
 
 A block of packed rows may also span sequences (a window of short sequences): each row
 then sees the packed key columns [lo, hi) of its own sequence (`row_seq`,
-`row_kv_range`), the causal cut included.
+`row_kv_range`), the causal cut included; a block of key columns, the rows
+`col_q_range` gives.
 
 Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
 helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`
@@ -85,6 +86,18 @@ def row_kv_range(cu_q, cu_k, seq, rows, CAUSAL: tl.constexpr):
     return lo, hi
 
 
+@triton.jit
+def col_q_range(cu_q, cu_k, seq, cols, CAUSAL: tl.constexpr):
+    """[lo, hi): the packed query rows that see packed key column `cols` (of sequence
+    `seq`): its sequence's rows, CAUSAL from col - k_end + q_end on (the transpose of
+    row_kv_range)."""
+    lo = tl.load(cu_q + seq)
+    hi = tl.load(cu_q + seq + 1)
+    if CAUSAL:
+        lo = tl.maximum(lo, cols + hi - tl.load(cu_k + seq + 1))
+    return lo, hi
+
+
 # ----------------------------------------------------------------------------- torch references
 
 def seq_range_ref(cu, dense_len: int | None = None, batch: int | None = None):
@@ -118,4 +131,14 @@ def row_kv_range_ref(cu_q, cu_k, rows, causal: bool):
     lo, hi = cu_k[seq], cu_k[seq + 1]
     if causal:
         hi = torch.minimum(hi, rows + 1 + hi - cu_q[seq + 1])
+    return seq, lo, hi
+
+
+def col_q_range_ref(cu_q, cu_k, cols, causal: bool):
+    """`row_seq` over key offsets and `col_q_range` for packed key columns: (seq, lo, hi)."""
+    cu_q, cu_k, cols = cu_q.to(torch.int64), cu_k.to(torch.int64), torch.as_tensor(cols)
+    seq = torch.searchsorted(cu_k, cols, right=True) - 1
+    lo, hi = cu_q[seq], cu_q[seq + 1]
+    if causal:
+        lo = torch.maximum(lo, cols + hi - cu_k[seq + 1])
     return seq, lo, hi

@@ -12,7 +12,7 @@ import triton.language as tl
 from harness.oracle import check
 from harness.problems import Problem
 from jagged.portable import jagged_attention
-from jagged.seqinfo import row_kv_range, row_seq
+from jagged.seqinfo import col_q_range, row_kv_range, row_seq
 
 
 def run_check(p: Problem, lengths=None, device="cpu", softmax_scale=None):
@@ -127,6 +127,10 @@ WINDOW_CASES = [
     ("cross-mqa-lq>lk", Problem(batch=8, heads=4, kv_heads=1, head_dim=64, max_seqlen_q=12,
                                 max_seqlen_k=5, mode="cross", causal=True, dtype="fp16"),
      ([12, 4, 6, 0, 9, 1, 3, 5], [5, 1, 2, 3, 0, 1, 5, 4])),
+    # short queries over long keys: query windows (forward, dQ), per-sequence dK / dV
+    ("cross-causal-long-keys", Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=7,
+                                       max_seqlen_k=40, mode="cross", causal=True),
+     ([7, 1, 0, 5, 3, 2], [40, 17, 9, 0, 33, 26])),
 ]
 
 
@@ -137,7 +141,7 @@ def test_windows_against_oracle(p, lengths):
     from jagged.tiles import windowed
     BM = _config("fwd", p.head_dim, torch.device("cpu"))[0]
     assert windowed(sum(lengths[0]), p.batch, p.max_seqlen_q, BM, False)
-    run_check(p, lengths)
+    run_check(p, lengths)  # forward and backward
 
 
 def test_windowed_choice():
@@ -163,11 +167,22 @@ def _row_probe(cu_q, cu_k, win, out, n_win, BM: tl.constexpr, CAUSAL: tl.constex
     tl.store(out + 2 * n_win * BM + rows, hi)
 
 
+@triton.jit
+def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    w = tl.program_id(0)
+    cols = w * BN + tl.arange(0, BN)
+    seq = row_seq(cu_k, tl.load(win + w), tl.load(win + n_win + w), cols, 4)
+    lo, hi = col_q_range(cu_q, cu_k, seq, cols, CAUSAL)
+    tl.store(out + cols, seq)
+    tl.store(out + n_win * BN + cols, lo)
+    tl.store(out + 2 * n_win * BN + cols, hi)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_row_ranges_and_windows(causal):
     """tiles.windows and seqinfo.row_seq / row_kv_range against their references, with
     empty sequences everywhere (first, last, runs) and rows past the last sequence."""
-    from jagged.seqinfo import row_kv_range_ref
+    from jagged.seqinfo import col_q_range_ref, row_kv_range_ref
     from jagged.tiles import windows, windows_reference
 
     g = torch.Generator().manual_seed(7 + causal)
@@ -189,3 +204,13 @@ def test_row_ranges_and_windows(causal):
     seq, lo, hi = row_kv_range_ref(cu_q, cu_k, rows, causal)
     assert torch.equal(out[0, rows].long(), seq) and (lq[seq] > 0).all()
     assert torch.equal(out[1, rows].long(), lo) and torch.equal(out[2, rows].long(), hi)
+    # key windows: the query rows each key column meets
+    n_cols = int(cu_k[-1])
+    kwin = windows(cu_k, n_cols, BM)
+    assert torch.equal(kwin, windows_reference(cu_k, n_cols, BM))
+    out = torch.empty(3, kwin.shape[1] * BM, dtype=torch.int32)
+    _col_probe[(kwin.shape[1],)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)
+    cols = torch.arange(n_cols)
+    seq, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
+    assert torch.equal(out[0, cols].long(), seq) and (lk[seq] > 0).all()
+    assert torch.equal(out[1, cols].long(), lo) and torch.equal(out[2, cols].long(), hi)
