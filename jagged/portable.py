@@ -149,6 +149,23 @@ def fwd_kernel(Q, K, V, O, LSE, CU_Q, CU_K, qk_scale, n_out, L_q,
     tl.store(LSE + h * n_out + o_start + rows, lse, mask=rows < len_q)
 
 
+ROW_SEQ_CHUNK: tl.constexpr = tl.constexpr(16)  # offsets a pass of row_seq compares
+
+
+@triton.jit
+def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
+                 CAUSAL: tl.constexpr):
+    """Live window w of BLOCK_M packed query rows (tiles.windows; s_first its first
+    sequence): (its rows, one past its last real row, each row's keys [lo, hi); rows past
+    the window's sequences see none)."""
+    s_last = tl.load(WIN + n_win + w)
+    n_rows = tl.load(CU_Q + s_last + 1)
+    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
+    seq = row_seq(CU_Q, s_first, s_last, rows, ROW_SEQ_CHUNK)
+    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
+    return rows, n_rows, lo, tl.where(rows < n_rows, hi, lo)
+
+
 @triton.jit
 def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, L_q,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
@@ -161,12 +178,7 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    s_last = tl.load(WIN + n_win + w)
-    n_rows = tl.load(CU_Q + s_last + 1)  # one past the window's last real row
-    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
-    seq = row_seq(CU_Q, s_first, s_last, rows, 16)
-    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
-    hi = tl.where(rows < n_rows, hi, lo)  # rows past the window's sequences see nothing
+    rows, n_rows, lo, hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M, CAUSAL)
     kv_lo = tl.load(CU_K + s_first)
     kv_hi = tl.max(hi, 0)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
@@ -297,7 +309,7 @@ def dkdv_window_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, WIN, scale, 
     s_last = tl.load(WIN + n_win + w)
     n_cols = tl.load(CU_K + s_last + 1)
     cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
-    seq = row_seq(CU_K, s_first, s_last, cols, 16)
+    seq = row_seq(CU_K, s_first, s_last, cols, ROW_SEQ_CHUNK)
     lo, hi = col_q_range(CU_Q, CU_K, seq, cols, CAUSAL)
     hi = tl.where(cols < n_cols, hi, lo)  # columns past the window's keys meet no row
     q_lo = tl.min(tl.where(hi > lo, lo, 2147483647), 0) // BLOCK_M * BLOCK_M
@@ -335,12 +347,7 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    s_last = tl.load(WIN + n_win + w)
-    n_rows = tl.load(CU_Q + s_last + 1)
-    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
-    seq = row_seq(CU_Q, s_first, s_last, rows, 16)
-    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
-    hi = tl.where(rows < n_rows, hi, lo)
+    rows, n_rows, lo, hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M, CAUSAL)
     kv_lo = tl.load(CU_K + s_first)
     kv_hi = tl.max(hi, 0)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
