@@ -156,14 +156,15 @@ ROW_SEQ_CHUNK: tl.constexpr = tl.constexpr(16)  # offsets a pass of row_seq comp
 def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
                  CAUSAL: tl.constexpr):
     """Live window w of BLOCK_M packed query rows (tiles.windows; s_first its first
-    sequence): (its rows, one past its last real row, each row's keys [lo, hi); rows past
-    the window's sequences see none)."""
+    sequence): (its rows, one past its last real row, each row's keys [lo, hi) (rows past
+    the window's sequences see none), and the key range the window reads)."""
     s_last = tl.load(WIN + n_win + w)
     n_rows = tl.load(CU_Q + s_last + 1)
     rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
     seq = row_seq(CU_Q, s_first, s_last, rows, ROW_SEQ_CHUNK)
     lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
-    return rows, n_rows, lo, tl.where(rows < n_rows, hi, lo)
+    hi = tl.where(rows < n_rows, hi, lo)
+    return rows, n_rows, lo, hi, tl.load(CU_K + s_first), tl.max(hi, 0)
 
 
 @triton.jit
@@ -178,9 +179,8 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M, CAUSAL)
-    kv_lo = tl.load(CU_K + s_first)
-    kv_hi = tl.max(hi, 0)
+    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
+                                                      BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
 
     q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
@@ -347,9 +347,8 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M, CAUSAL)
-    kv_lo = tl.load(CU_K + s_first)
-    kv_hi = tl.max(hi, 0)
+    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
+                                                      BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
     q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
     do = load(DO + h * stride_oh, rows, n_rows, stride_ot, D)
