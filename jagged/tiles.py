@@ -414,6 +414,70 @@ def windows_reference(cu_q, n_rows: int, block_m: int):
                         torch.where(live, hold(r1), -1)]).to(torch.int32)
 
 
+@triton.jit
+def _window_order_kernel(cu_k, win_ptr, order_ptr, count_ptr, n_win,
+                         BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, SORT: tl.constexpr):
+    """One program: the live windows (s_first >= 0) longest first, by the KV blocks they
+    read (their sequences' keys), ties by window; order_ptr[i] is the i-th window, the
+    dead ones last, count_ptr the live count. Without SORT (more than BLOCK windows) the
+    windows stay in row order, where the live ones come first already."""
+    live_total = 0
+    for w0 in range(0, n_win, BLOCK):
+        w = w0 + tl.arange(0, BLOCK)
+        inb = w < n_win
+        s0 = tl.load(win_ptr + w, mask=inb, other=-1)
+        s1 = tl.load(win_ptr + n_win + w, mask=inb, other=-1)
+        live = s0 >= 0
+        live_total += tl.sum(live.to(tl.int32), 0)
+        if SORT:
+            keys = (tl.load(cu_k + s1 + 1, mask=live, other=0)
+                    - tl.load(cu_k + s0, mask=live, other=0))
+            work = tl.where(live, tl.cdiv(keys, BLOCK_N) + 1, 0)
+            BITS: tl.constexpr = BLOCK.bit_length() - 1
+            key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - w),
+                          descending=True)
+            tl.store(order_ptr + w, BLOCK - 1 - (key & (BLOCK - 1)), mask=inb)
+        else:
+            tl.store(order_ptr + w, w, mask=inb)
+    tl.store(count_ptr, live_total)
+
+
+def window_tiles(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
+    """The forward's tile list over row windows (the Hopper kernels of both styles):
+    (order int32 [n_win], the windows longest first (by the keys of the sequences they
+    span), dead ones last; count int32 [1] of live windows; win int32 [2, n_win], each
+    window's first and last sequence, `windows`). No host sync; cached like the others.
+    Up to SORT_MAX windows are sorted in the kernel, more stay in row order."""
+    return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, block_m, block_n)
+
+
+def _build_window_tiles(cu_q, cu_k, n_rows, block_m, block_n):
+    win = _build_windows(cu_q, cu_q, n_rows, block_m)
+    n_win = win.shape[1]
+    # order, then the count at a 16-byte aligned offset (as in _build_fwd_tiles)
+    n4 = -(-n_win // 4) * 4
+    buf = torch.empty(n4 + 4, dtype=torch.int32, device=cu_q.device)
+    sort = n_win <= SORT_MAX
+    block = triton.next_power_of_2(max(n_win, 128)) if sort else 1024
+    _window_order_kernel[(1,)](cu_k, win, buf, buf[n4:], n_win, BLOCK_N=block_n, BLOCK=block,
+                               SORT=sort, num_warps=min(8, max(4, block // 256)))
+    return buf[:n_win], buf[n4:n4 + 1], win
+
+
+def window_tiles_reference(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
+    """`window_tiles` in torch ops (its test's reference)."""
+    win = windows_reference(cu_q, n_rows, block_m).to(torch.int64)
+    cu_k = cu_k.to(torch.int64).cpu()
+    live = win[0] >= 0
+    keys = torch.where(live, cu_k[win[1] + 1] - cu_k[win[0].clamp(min=0)], 0)
+    work = torch.where(live, (keys + block_n - 1) // block_n + 1, 0)
+    if win.shape[1] <= SORT_MAX:
+        order = torch.sort(work, descending=True, stable=True).indices
+    else:
+        order = torch.arange(win.shape[1])
+    return order.to(torch.int32), live.sum().to(torch.int32).reshape(1), win.to(torch.int32)
+
+
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     """Backward KV-tile list, longest work first: one kernel up to SORT_MAX pairs, else a
     key kernel, torch.sort and a decode kernel (few host operations: at short sequences
