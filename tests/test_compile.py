@@ -54,6 +54,22 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     assert len(rep.setmaxnreg) >= 2, rep.row()
 
 
+@pytest.mark.parametrize("d,causal,dt", [(64, False, "bf16"), (64, True, "bf16"),
+                                         (128, False, "bf16"), (128, True, "fp16")])
+def test_fwd_windows_sm90(d, causal, dt):
+    """The forward over row windows (short queries): wgmma, no spills, shared memory
+    within the limit."""
+    cfg = fh.WINDOW_CONFIG
+    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt, windows=True),
+                         fh.kernel_args(cfg, d, causal, False, windows=True), arch=90,
+                         num_warps=4, num_stages=1,
+                         name=f"fwd windows D{d} {'causal' if causal else 'full'} {dt}")
+    print(rep.row())
+    assert rep.has_mma and rep.mma == "wgmma", rep.row()
+    assert not rep.spills, f"spills / local memory: {rep.row()}"
+    assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
 def _commits_per_turn(ptx: str) -> list[int]:
     """wgmma commit groups between each ping-pong barrier wait and the next arrive."""
     out, inside = [], None
