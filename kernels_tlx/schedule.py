@@ -111,8 +111,10 @@ def window_coords(tile, order_ptr, n_live, win_ptr, n_win, cu_q, cu_k, H, GROUP,
     len_q = tl.minimum(q_end - q_start, BLOCK_M)
     k_start = tl.load(cu_k + s_first)
     kv_hi = tl.load(cu_k + s_last + 1)
-    if CAUSAL:  # the keys the window's last real row sees (seqinfo.row_kv_range)
-        kv_hi = tl.minimum(kv_hi, q_start + len_q + kv_hi - q_end)
+    if CAUSAL:  # its last sequence's rows see up to the last real row's cut
+        # (seqinfo.row_kv_range), the earlier sequences' rows all their keys
+        kv_hi = tl.maximum(tl.load(cu_k + s_last),
+                           tl.minimum(kv_hi, q_start + len_q + kv_hi - q_end))
     len_k = tl.maximum(kv_hi - k_start, 0)
     return Tile(h, h // GROUP, 0, q_start, k_start, q_start, len_q, len_k, 0,
                 tl.cdiv(len_k, BLOCK_N), s_first, s_last)
