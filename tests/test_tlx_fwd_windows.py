@@ -94,8 +94,8 @@ CASES = [  # (id, problem, (len_q, len_k)): windows spanning many sequences, emp
     # a window ending among rows that see no key (len_q > len_k, causal): the earlier
     # sequences' keys are still read
     ("cross-causal-blind-tail", Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=100,
-                                        max_seqlen_k=50, mode="cross", causal=True),
-     ([60, 100, 5], [50, 2, 7])),
+                                        max_seqlen_k=150, mode="cross", causal=True),
+     ([60, 100, 5], [150, 2, 7])),
     ("cross-lq>lk", Problem(batch=50, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=20,
                             max_seqlen_k=6, mode="cross", causal=True),
      (_short(50, 0, 20, 5), _short(50, 0, 6, 6))),
