@@ -534,7 +534,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     else:
         q_descale = k_descale = None
     if windows:  # NBLK carries the window count
-        pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, cfg.block_m, cfg.block_n)
+        pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
+                                         cfg.block_n)
         nblk, n_tiles = win.shape[1], win.shape[1] * H
     else:
         pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,

@@ -180,3 +180,23 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
                          name=f"{which} tile keys B={batch} NB={nb}")
     assert not rep.spills and not rep.stack_bytes, rep.row()
+
+
+@pytest.mark.parametrize("order,block,sort", [(False, 1024, False), (True, 128, True),
+                                              (True, 4096, True), (True, 1024, False)])
+def test_windows_kernel_sm90(order, block, sort):
+    """The row-window builder (portable windows; with ORDER the Hopper forwards' window
+    list, sorted up to 4096 windows) compiles for the GPU without spills."""
+    from jagged.tiles import _windows_kernel
+    sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
+               count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32", SPAN="i32",
+               cu_k="*i32" if order else "constexpr")
+    const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort)
+    if not order:
+        const.update(order_ptr=None, count_ptr=None, cu_k=None)
+    sig.update({k: "constexpr" for k in const})
+    rep = compile_kernel(_windows_kernel, sig, const, arch=90,
+                         num_warps=min(8, max(4, block // 256)),
+                         name=f"windows order={order} BLOCK={block}")
+    print(rep.row())
+    assert not rep.spills and not rep.stack_bytes, rep.row()

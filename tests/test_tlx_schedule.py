@@ -400,7 +400,7 @@ def test_window_tiles_match_reference(n_seq, extra):
     cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
     BM = 2 if n_seq > 1000 else 8  # over SORT_MAX windows: row order
     n_rows = int(cu_q[-1]) + extra * BM
-    order, count, win = window_tiles(cu_q, cu_k, n_rows, BM, 16)
+    order, count, win = window_tiles(cu_q, cu_k, n_rows, int(lq.max()), BM, 16)
     ref = window_tiles_reference(cu_q, cu_k, n_rows, BM, 16)
     assert (win.shape[1] > SORT_MAX) == (n_seq == 5000)
     assert torch.equal(win, ref[2]) and torch.equal(count, ref[1])
