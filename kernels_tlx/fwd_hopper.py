@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
-from jagged.tiles import fwd_bucket, fwd_consumers, window_tiles, windowed
+from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, window_tiles, windowed
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -112,9 +112,14 @@ WINDOW_CONFIG = Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
                        mask_first=False)
 
 
-def takes_windows(n_rows: int, batch: int, max_q: int, broadcast_q: bool, fp8: bool) -> bool:
-    """Whether a forward runs over row windows (16-bit packed queries, short on average)."""
-    return not fp8 and windowed(n_rows, batch, max_q, WINDOW_CONFIG.block_m, broadcast_q)
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
+                  fp8: bool) -> bool:
+    """Whether a forward runs over row windows: 16-bit packed queries, short on average,
+    over short keys (mean at most FWD_SHORT_MEAN_K). Over long keys a window's rows would
+    skip most of the keys it reads, as many as a per-sequence tile's empty rows compute,
+    and every step would be masked."""
+    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+            and windowed(n_rows, batch, max_q, WINDOW_CONFIG.block_m, broadcast_q))
 
 
 # ----------------------------------------------------------------------------- bundles
@@ -526,7 +531,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    windows = takes_windows(Nq_in, batch, max_q, broadcast_q, fp8)
+    windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
     cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
     if fp8:
         q_descale, k_descale, v_descale = descale

@@ -136,7 +136,7 @@ def test_windows(impl, idx):
     else:
         import importlib
         fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
-        assert fh.takes_windows(n_rows, batch, inp.max_seqlen_q, False, False)
+        assert fh.takes_windows(n_rows, inp.k.shape[0], batch, inp.max_seqlen_q, False, False)
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
     rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal)
     assert rep.ok, f"{what}\n{rep}"

@@ -66,7 +66,7 @@ def emulated_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_sc
     cfg = fh.WINDOW_CONFIG
     n_q, H, D = q.shape
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    assert fh.takes_windows(n_q, cu_q.shape[0] - 1, max_q, broadcast_q, False)
+    assert fh.takes_windows(n_q, k.shape[0], cu_q.shape[0] - 1, max_q, broadcast_q, False)
     order, count, win = window_tiles(cu_q, cu_k, n_q, max_q, cfg.block_m, cfg.block_n)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((H, n_q), float("nan"), dtype=torch.float32)
