@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
-from jagged.tiles import fwd_bucket, fwd_consumers, windowed
+from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, windowed
 
 from . import host
 from .schedule import kv_block, kv_steps, tile_coords, window_coords
@@ -132,10 +132,14 @@ def window_config(head_dim: int) -> Config:
     return Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=False, windows=True)
 
 
-def takes_windows(n_rows: int, batch: int, max_q: int, broadcast_q: bool, fp8: bool) -> bool:
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
+                  fp8: bool) -> bool:
     """Whether a call runs on row windows (jagged.tiles.windowed: short packed queries,
-    decided on the host without a sync); fp8 and broadcast-Q never do."""
-    return not fp8 and windowed(n_rows, batch, max_q, 128, broadcast_q)
+    decided on the host without a sync) over short keys (mean at most FWD_SHORT_MEAN_K:
+    over long keys a window's rows skip most of what it reads, every step masked); fp8
+    and broadcast-Q never do."""
+    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+            and windowed(n_rows, batch, max_q, 128, broadcast_q))
 
 
 # role: schedule

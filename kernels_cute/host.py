@@ -125,7 +125,7 @@ class FwdKernels(NamedTuple):
     programs: Callable     # (cfg, n_tiles, device) -> CTAs of the launch
     fp8: bool = False      # an fp8 build: the kernel takes q_descale, k_descale after
                            # the tile list (None, None for 16-bit inputs)
-    takes_windows: Callable | None = None  # row windows: (n_rows, batch, max_q,
+    takes_windows: Callable | None = None  # row windows: (n_rows, n_keys, batch, max_q,
                            # broadcast_q, fp8) -> whether a call runs on them; the kernel
                            # takes the window table after the descales (None on a
                            # build without them)
@@ -149,7 +149,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
     windows = kern.takes_windows is not None and kern.takes_windows(
-        q.shape[0], B, max_q, broadcast_q, fp8)
+        q.shape[0], k.shape[0], B, max_q, broadcast_q, fp8)
     if windows:
         cfg = kern.window_config(D)
     else:
@@ -161,7 +161,8 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         descales = (q_descale, k_descale)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
     if windows:  # windows of block_m packed rows, heads folded in (nblk: the windows)
-        pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], cfg.block_m, cfg.block_n)
+        pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], max_q, cfg.block_m,
+                                         cfg.block_n)
         table, nblk = (win,), win.shape[1]
         n_tiles = nblk * H
     else:

@@ -240,10 +240,11 @@ def test_window_config():
     for n_rows, batch, max_q in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
                                  (5, 1, 5), (40, 40, 1)):
         for bq in (False, True):
-            assert F.takes_windows(n_rows, batch, max_q, bq, False) == \
+            assert F.takes_windows(n_rows, n_rows, batch, max_q, bq, False) == \
                 windowed(n_rows, batch, max_q, 128, bq)
-            assert not F.takes_windows(n_rows, batch, max_q, bq, True)
-    assert F.takes_windows(26 * 100, 100, 60, False, False)
+            assert not F.takes_windows(n_rows, n_rows, batch, max_q, bq, True)
+    assert F.takes_windows(26 * 100, 26 * 100, 100, 60, False, False)
+    assert not F.takes_windows(26 * 100, 129 * 100, 100, 60, False, False)  # long keys
 
 
 class _Ints:
@@ -362,7 +363,7 @@ def test_host_forward_launches_windows(short):
         (key, args), = calls
         scalars = args[-5:]
         if windows and short:
-            order, count, win = window_tiles(cu, cu, q.shape[0], 128, 64)
+            order, count, win = window_tiles(cu, cu, q.shape[0], max_q, 128, 64)
             assert key == (q.dtype, D, True, False, F.window_config(D))
             assert all(torch.equal(a, b) for a, b in zip(args[7:9], (order, count)))
             assert args[9:11] == (None, None) and torch.equal(args[11], win)
