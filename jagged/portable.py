@@ -406,7 +406,7 @@ def fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=N
                 num_warps=warps, num_stages=stages)
     if windowed(q.shape[0], B, max_q, BM, broadcast_q):
         BM, BN, warps, stages = _config("fwd_window", q.shape[2], q.device)
-        win = windows(args["CU_Q"], q.shape[0], BM)
+        win = windows(args["CU_Q"], q.shape[0], max_q, BM)
         meta.update(BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
         fwd_window_kernel[(win.shape[1], H)](q, k, v, out, lse, WIN=win, n_win=win.shape[1],
                                              **meta)
@@ -451,7 +451,7 @@ def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadc
         BM, BN, warps, stages = _config("dkdv", D, q.device)
         meta = dict(**args, **kw, BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
         if windowed(k.shape[0], B, max_k, BN, broadcast_q):
-            win = windows(cu_k, k.shape[0], BN)
+            win = windows(cu_k, k.shape[0], max_k, BN)
             dkdv_window_kernel[(win.shape[1], Hkv)](q, k, v, dout, lse, delta, dk, dv,
                                                     WIN=win, n_win=win.shape[1], **meta)
         else:
@@ -461,7 +461,7 @@ def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadc
         BM, BN, warps, stages = _config("dq", D, q.device)
         meta = dict(**args, **kw, BLOCK_M=BM, BLOCK_N=BN, num_warps=warps, num_stages=stages)
         if windowed(q.shape[0], B, max_q, BM, broadcast_q):
-            win = windows(args["CU_Q"], q.shape[0], BM)
+            win = windows(args["CU_Q"], q.shape[0], max_q, BM)
             dq_window_kernel[(win.shape[1], H)](q, k, v, dout, lse, delta, dq, WIN=win,
                                                 n_win=win.shape[1], **meta)
         else:

@@ -357,49 +357,103 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 
 
 @triton.jit
-def _windows_kernel(cu_q, out_ptr, n_win, B, N_ITER, BLOCK_M: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    """(first sequence, last sequence) of each window w (rows [w * BLOCK_M, ...)): each
-    the sequence holding the row, the largest s with cu_q[s] <= row (a binary search of
-    N_ITER steps, so empty sequences are passed over); -1, -1 past the last row."""
-    w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inb = w < n_win
-    total = tl.load(cu_q + B)
-    r0 = w * BLOCK_M
-    r1 = tl.minimum(r0 + BLOCK_M, total) - 1
-    live = inb & (r0 < total)
-    s0 = _holder(cu_q, r0, B, N_ITER)
-    s1 = _holder(cu_q, r1, B, N_ITER)
-    tl.store(out_ptr + w, tl.where(live, s0, -1), mask=inb)
-    tl.store(out_ptr + n_win + w, tl.where(live, s1, -1), mask=inb)
+def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN,
+                    BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
+                    cu_k=None, BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
+                    SORT: tl.constexpr = False):
+    """One program. Each window w (rows [w * BLOCK_M, ...)) gets its first and last
+    sequence, those holding its first and last row (-1, -1 past the last row): every
+    sequence writes itself into the windows whose first (last) row it holds, at most
+    SPAN = cdiv(max length, BLOCK_M) + 1 of them; no search, no dependent loads.
+    ORDER: then the window tile list (`window_tiles`) from them."""
+    total = tl.load(cu + B)
+    n_live = tl.cdiv(total, BLOCK_M)
+    for w0 in range(n_live, n_win, SEQS):  # dead windows
+        w = w0 + tl.arange(0, SEQS)
+        tl.store(win_ptr + w, -1, mask=w < n_win)
+        tl.store(win_ptr + n_win + w, -1, mask=w < n_win)
+    for s0 in range(0, B, SEQS):
+        s = s0 + tl.arange(0, SEQS)
+        start = tl.load(cu + s, mask=s < B, other=0)
+        end = tl.load(cu + s + 1, mask=s < B, other=0)
+        first = tl.cdiv(start, BLOCK_M)        # windows whose first row is in [start, end)
+        last = tl.cdiv(start + 1, BLOCK_M) - 1  # ... whose last row w * BM + BM - 1 is
+        for j in range(0, SPAN):
+            tl.store(win_ptr + first + j, s, mask=(first + j) * BLOCK_M < end)
+            tl.store(win_ptr + n_win + last + j, s, mask=(last + j + 1) * BLOCK_M - 1 < end)
+        # the last live window ends at the last row, which the last non-empty sequence holds
+        tl.store(win_ptr + n_win + n_live - 1 + s * 0, s, mask=(end == total) & (start < end))
+    if ORDER:
+        tl.debug_barrier()  # the windows this program wrote, visible to all its threads
+        _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
+        tl.store(count_ptr, n_live)
 
 
 @triton.jit
-def _holder(cu, row, B, N_ITER):
-    lo = row * 0
-    hi = lo + B - 1
-    for _ in range(N_ITER):  # invariant: cu[lo] <= row, the answer in [lo, hi]
-        mid = (lo + hi + 1) // 2
-        go = tl.load(cu + mid, mask=mid <= hi, other=0) <= row
-        lo = tl.where(go & (mid <= hi), mid, lo)
-        hi = tl.where(go | (mid > hi), hi, mid - 1)
-    return lo
+def _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N: tl.constexpr,
+                  BLOCK: tl.constexpr, SORT: tl.constexpr):
+    """The live windows longest first, by the KV blocks they read (their sequences'
+    keys), ties by window, the dead ones last (SORT: n_win <= BLOCK); else row order,
+    where the live ones come first already."""
+    w = tl.arange(0, BLOCK)
+    inb = w < n_win
+    if SORT:
+        s0 = tl.load(win_ptr + w, mask=inb, other=-1)
+        s1 = tl.load(win_ptr + n_win + w, mask=inb, other=-1)
+        live = s0 >= 0
+        keys = (tl.load(cu_k + s1 + 1, mask=live, other=0)
+                - tl.load(cu_k + s0, mask=live, other=0))
+        work = tl.where(live, tl.cdiv(keys, BLOCK_N) + 1, 0)
+        BITS: tl.constexpr = BLOCK.bit_length() - 1
+        key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - w),
+                      descending=True)
+        tl.store(order_ptr + w, BLOCK - 1 - (key & (BLOCK - 1)), mask=inb)
+    else:
+        for w0 in range(0, n_win, BLOCK):
+            tl.store(order_ptr + w0 + w, w0 + w, mask=w0 + w < n_win)
 
 
-def windows(cu_q, n_rows: int, block_m: int):
+def _span(max_len: int, block: int) -> int:
+    return -(-max(max_len, 1) // block) + 1
+
+
+def windows(cu_q, n_rows: int, max_len: int, block_m: int):
     """int32 [2, ceil(n_rows / block_m)]: each window's first and last sequence (-1 past
-    the last packed row). `n_rows` bounds the packed rows (q.shape[0]: no sync). Cached
-    like the tile lists."""
-    return per_offsets(_build_windows, cu_q, cu_q, n_rows, block_m)
+    the last packed row). `n_rows` bounds the packed rows (q.shape[0]: no sync),
+    `max_len` the sequences' lengths. Cached like the tile lists."""
+    return per_offsets(_build_windows, cu_q, cu_q, n_rows, max_len, block_m)
 
 
-def _build_windows(cu_q, _cu, n_rows, block_m):
+def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
     n_win = max(1, -(-n_rows // block_m))
-    B = cu_q.shape[0] - 1
     out = torch.empty(2, n_win, dtype=torch.int32, device=cu_q.device)
-    _windows_kernel[(triton.cdiv(n_win, 1024),)](cu_q, out, n_win, B, max(1, B.bit_length()),
-                                                BLOCK_M=block_m, BLOCK=1024)
+    _windows_kernel[(1,)](cu_q, out, None, None, cu_q.shape[0] - 1, n_win,
+                          _span(max_len, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=False)
     return out
+
+
+def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int):
+    """The forward's tile list over row windows (the Hopper kernels of both styles):
+    (order int32 [n_win], the windows longest first (by the keys of the sequences they
+    span), dead ones last; count int32 [1] of live windows; win int32 [2, n_win], each
+    window's first and last sequence, `windows`). One kernel, no host sync; cached like
+    the others. Up to SORT_MAX windows are sorted, more stay in row order."""
+    return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, max_q, block_m, block_n)
+
+
+def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n):
+    n_win = max(1, -(-n_rows // block_m))
+    # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
+    o1 = -(-2 * n_win // 4) * 4
+    o2 = o1 + -(-n_win // 4) * 4
+    buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
+    sort = n_win <= SORT_MAX
+    block = triton.next_power_of_2(max(n_win, 128)) if sort else 1024
+    _windows_kernel[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
+                          _span(max_q, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=True,
+                          cu_k=cu_k, BLOCK_N=block_n, BLOCK=block, SORT=sort,
+                          num_warps=min(8, max(4, block // 256)))
+    return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:2 * n_win].view(2, n_win)
 
 
 def windows_reference(cu_q, n_rows: int, block_m: int):
@@ -412,6 +466,20 @@ def windows_reference(cu_q, n_rows: int, block_m: int):
     live = r0 < total
     return torch.stack([torch.where(live, hold(r0), -1),
                         torch.where(live, hold(r1), -1)]).to(torch.int32)
+
+
+def window_tiles_reference(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
+    """`window_tiles` in torch ops (its test's reference)."""
+    win = windows_reference(cu_q, n_rows, block_m).to(torch.int64)
+    cu_k = cu_k.to(torch.int64).cpu()
+    live = win[0] >= 0
+    keys = torch.where(live, cu_k[win[1] + 1] - cu_k[win[0].clamp(min=0)], 0)
+    work = torch.where(live, (keys + block_n - 1) // block_n + 1, 0)
+    if win.shape[1] <= SORT_MAX:
+        order = torch.sort(work, descending=True, stable=True).indices
+    else:
+        order = torch.arange(win.shape[1])
+    return order.to(torch.int32), live.sum().to(torch.int32).reshape(1), win.to(torch.int32)
 
 
 def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):

@@ -37,6 +37,15 @@ by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head
 64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q, Config):
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
 
+Row windows (`takes_windows`: short packed queries, mean length at most half a tile;
+the `window_config` build): a tile is a window of 128 consecutive packed query rows,
+whatever sequences hold them (jagged.tiles.window_tiles, schedule.window_coords), so a
+tile of short sequences is not mostly empty rows. `load` is unchanged (Q at the
+window's first row, K / V from its first sequence's first key, up to the last key any
+of its rows sees); `compute` finds each of its rows' sequence and key columns once a
+tile (`row_ranges`) and masks every KV block to them (`window_mask`: no unmasked bulk);
+`store` writes the window's real rows. Not for fp8 or broadcast-Q.
+
 fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`), as TLX's: Q and K in e4m3,
 S = Q K^T an e4m3 wgmma (both operands K-major as laid out: no transpose) with the
 tile's q_descale * k_descale of its (sequence, KV head) folded into the softmax scale;
@@ -50,10 +59,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
-from jagged.tiles import fwd_bucket, fwd_consumers
+from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, windowed
 
 from . import host
-from .schedule import kv_block, kv_steps, tile_coords
+from .schedule import kv_block, kv_steps, tile_coords, window_coords
+from .seqinfo import ROW_SEQ_CHUNK, row_kv_range, row_seq_chunk
 
 SPLIT_M = 64           # query rows of one consumer (compute + store) warpgroup
 LOAD_REGS = 24         # setmaxnreg of the load warpgroup (the consumers': fwd_consumers)
@@ -71,6 +81,8 @@ class Config:
     mask_first: bool      # the masked last KV block first (schedule.kv_block): a
                           # non-causal tile runs one masked softmax, not two
     num_buffers_q: int = 2    # Q double buffer (16-bit: a slot also stages its tile's O)
+    windows: bool = False     # tiles are row windows (`window_config`), not (sequence,
+                              # query block) pairs
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
@@ -114,17 +126,36 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
     return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
 
 
+def window_config(head_dim: int) -> Config:
+    """Row windows: the short bucket's tile, its first KV block read first (every block
+    of a window is masked, so mask_first would only reorder them)."""
+    return Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=False, windows=True)
+
+
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
+                  fp8: bool) -> bool:
+    """Whether a call runs on row windows (jagged.tiles.windowed: short packed queries,
+    decided on the host without a sync) over short keys (mean at most FWD_SHORT_MEAN_K:
+    over long keys a window's rows skip most of what it reads, every step masked); fp8
+    and broadcast-Q never do."""
+    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+            and windowed(n_rows, batch, max_q, 128, broadcast_q))
+
+
 # role: schedule
 class Sched(NamedTuple):
     """What every role needs to decode a tile id (schedule.tile_coords)."""
-    mPairs: Any          # the tile list: (batch element, query block) pairs
-    n_pairs: Any         # valid pairs (on the device)
+    mPairs: Any          # the tile list: (batch element, query block) pairs; row
+                         # windows: the window order
+    n_pairs: Any         # valid pairs (live windows), on the device
     mCuQ: Any
     mCuK: Any
     L_q: Any             # broadcast-Q: the dense query length
     H: Any
     group: Any           # query heads per KV head
-    nblk: Any            # query blocks per sequence (the pair encoding's stride)
+    nblk: Any            # query blocks per sequence (the pair encoding's stride);
+                         # row windows: the windows (unused)
+    mWin: Any            # row windows: each window's first and last sequence [2, n_win]
 
 
 class Scales(NamedTuple):
@@ -194,6 +225,8 @@ def _kernel_class():
             self.D = head_dim
             self.causal = causal
             self.broadcast_q = broadcast_q
+            self.windows = cfg.windows
+            assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -201,8 +234,8 @@ def _kernel_class():
                      mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                      mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                      mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
-                     scale_log2: Float32, L_q: Int32, group: Int32, nblk: Int32,
-                     num_programs: Int32, stream):
+                     mWin: Optional[cute.Tensor], scale_log2: Float32, L_q: Int32,
+                     group: Int32, nblk: Int32, num_programs: Int32, stream):
             D, dt, pv = self.D, self.dtype, self.pv_dtype
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
@@ -270,7 +303,7 @@ def _kernel_class():
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg, self.fp8))
             self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
-                mQDescale, mKDescale,
+                mQDescale, mKDescale, mWin,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
                 sQ_layout, sK_layout, sV_layout, sO_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
@@ -283,9 +316,9 @@ def _kernel_class():
                    mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                    mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                    mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
-                   tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
-                   tma_atom_V: cute.CopyAtom, scale_log2: Float32, L_q: Int32,
-                   group: Int32, nblk: Int32,
+                   mWin: Optional[cute.Tensor], tma_atom_Q: cute.CopyAtom,
+                   tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, scale_log2: Float32,
+                   L_q: Int32, group: Int32, nblk: Int32,
                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                    sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
                    tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
@@ -330,7 +363,7 @@ def _kernel_class():
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
-            sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
+            sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk, mWin)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -348,7 +381,12 @@ def _kernel_class():
         # ------------------------------------------------------------------ schedule
         @cute.jit
         def schedule(self, tile: Int32, sched: Sched):
-            """Tile id -> where it lives (schedule.tile_coords)."""
+            """Tile id -> where it lives (schedule.tile_coords); row windows:
+            schedule.window_coords, which also gives the window's last sequence."""
+            if const_expr(self.windows):
+                return window_coords(tile, sched.mPairs, sched.n_pairs, sched.mWin,
+                                     sched.mCuQ, sched.mCuK, sched.H, sched.group,
+                                     self.block_m, self.block_n, self.causal)
             return tile_coords(tile, sched.mPairs, sched.n_pairs, sched.mCuQ, sched.mCuK,
                                sched.L_q, sched.H, sched.group, sched.nblk, self.block_m,
                                self.block_n, self.causal, self.broadcast_q)
@@ -364,7 +402,7 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)
+                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
                 # q_stages slots (always: the 16-bit build stages this tile's O there)
                 tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
@@ -411,6 +449,11 @@ def _kernel_class():
                 cute.make_identity_tensor((M, self.block_n))))
             row_max = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             row_sum = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
+            if const_expr(self.windows):
+                # row windows: the key columns [kv_lo, kv_hi) of each of this thread's rows,
+                # counted from the window's first key (`row_ranges`)
+                kv_lo = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
+                kv_hi = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
             mma = Operands(tiled_mma_qk, tiled_mma_pv,
                            wg_mma_qk.partition_shape_C((M, self.block_n)), None, tSrK, tOrVt,
                            tOrP, acc_O, tScS, row_max, row_sum, scale_log2, pipeline_k,
@@ -427,8 +470,12 @@ def _kernel_class():
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
-                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)
+                coords = self.schedule(tile, sched)
+                h, hk, m0, seq, n_bulk, n_end, b = coords[:7]
                 geom = (m0, seq)
+                if const_expr(self.windows):
+                    # n_bulk = 0: the first step and the tail take every block, masked
+                    geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi)
                 tile_scale = self.tile_scale(scale_log2, scales, b, hk)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
@@ -474,9 +521,53 @@ def _kernel_class():
             return scale_log2
 
         @cute.jit
+        def row_ranges(self, sched: Sched, seq, s_first, s_last, tScS, kv_lo, kv_hi):
+            """Row windows, once a tile: the key columns [kv_lo, kv_hi) each of this
+            thread's rows sees, relative to the window's first key: its own sequence's
+            (found among s_first..s_last), the causal cut included; none for the rows past
+            the window's last sequence. The mask's geometry."""
+            rows = cute.size(kv_lo)
+            for r in cutlass.range_constexpr(rows):
+                kv_lo[r] = s_first                      # row r's sequence, counted up
+            # the rows of a thread share each pass's loads of the offsets
+            for j0 in cutlass.range(s_first + 1, s_last + 1, ROW_SEQ_CHUNK, unroll=1):
+                for r in cutlass.range_constexpr(rows):
+                    kv_lo[r] = row_seq_chunk(sched.mCuQ, j0, s_last,
+                                             seq.q_start + tScS[r, 0][0], kv_lo[r])
+            for r in cutlass.range_constexpr(rows):
+                lo, hi = row_kv_range(sched.mCuQ, sched.mCuK, kv_lo[r],
+                                      seq.q_start + tScS[r, 0][0], self.causal)
+                hi = hi if tScS[r, 0][0] < seq.len_q else lo
+                kv_lo[r] = lo - seq.k_start
+                kv_hi[r] = hi - seq.k_start
+            return kv_lo, kv_hi
+
+        @cute.jit
         def mask(self, acc_S, n, geom, tScS):
             """-inf on keys past the sequence end and (causal) right of the diagonal.
-            geom: (m0, the tile's SeqlenInfo)."""
+            geom: (m0, the tile's SeqlenInfo); row windows: (kv_lo, kv_hi), `row_ranges`."""
+            if const_expr(self.windows):
+                self.window_mask(acc_S, n, geom, tScS)
+            else:
+                self.tile_mask(acc_S, n, geom, tScS)
+
+        @cute.jit
+        def window_mask(self, acc_S, n, geom, tScS):
+            """Row windows: -inf outside each row's key columns [kv_lo, kv_hi)."""
+            kv_lo, kv_hi = geom
+            S = acc_rows_cols(acc_S)
+            for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                lo = kv_lo[r] - n * self.block_n
+                width = cutlass.Uint32(cutlass.max(kv_hi[r] - kv_lo[r], 0))
+                # lo <= col < lo + width as one unsigned compare (col < lo wraps around);
+                # the bitcast makes it unsigned (arithmetic on a coordinate stays signed:
+                # Uint32() of it compares signed), one select a score against two
+                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                    off = Int32(tScS[0, c][1] - lo).bitcast(cutlass.Uint32)
+                    S[r, c] = -Float32.inf if off >= width else S[r, c]
+
+        @cute.jit
+        def tile_mask(self, acc_S, n, geom, tScS):
             m0, seq = geom
             S = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
@@ -625,15 +716,16 @@ def _kernel_class():
 def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                     cfg: Config | None = None, options: str = ""):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable. cfg:
-    None, the long bucket's default."""
+    None, the long bucket's default; window_config(head_dim): the row-windows build."""
     cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
     fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
     return host.compile_fwd(fwd, broadcast_q, head_dim, options,
-                            descale=host.descale_args(fwd.fp8))
+                            descale=host.descale_args(fwd.fp8), windows=fwd.windows)
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
-                          host.persistent_programs, fp8=True)
+                          host.persistent_programs, fp8=True, takes_windows=takes_windows,
+                          window_config=window_config)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):

@@ -16,7 +16,7 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import dq_accumulator, fwd_tiles
+from jagged.tiles import dq_accumulator, fwd_tiles, window_tiles
 
 
 def cute_dtype(dtype):
@@ -61,10 +61,10 @@ def tok(dtype, rows, heads, head_dim):
 # Forward
 # --------------------------------------------------------------------------------------
 
-def fwd_args(dtype, broadcast_q: bool, head_dim: int):
+def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False):
     """The forward kernel's symbolic tensors: q, k, v, out, lse, cu_q (None in
-    broadcast-Q mode), cu_k, the tile list's pairs and count. An 8-bit dtype (fp8): q and
-    k in it, v and out bf16."""
+    broadcast-Q mode), cu_k, the tile list's pairs and count (row windows: the int32
+    window order and count). An 8-bit dtype (fp8): q and k in it, v and out bf16."""
     import cutlass
     import cutlass.cute as cute
 
@@ -76,7 +76,10 @@ def fwd_args(dtype, broadcast_q: bool, head_dim: int):
     nb = cute.sym_int32()
     cu_k = fake(cutlass.Int32, (nb,), (1,), 4)
     cu_q = None if broadcast_q else fake(cutlass.Int32, (nb,), (1,), 4)
-    pairs = fake(cutlass.Int64, (cute.sym_int32(),), (1,), 8)
+    if windows:
+        pairs = fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
+    else:
+        pairs = fake(cutlass.Int64, (cute.sym_int32(),), (1,), 8)
     count = fake(cutlass.Int32, (1,), (1,), 4)
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
@@ -90,13 +93,26 @@ def descale_args(fp8: bool):
                       (cute.sym_int64(), 1), 4) if fp8 else None for _ in range(2))
 
 
+def window_args(windows: bool):
+    """The window table of a forward that has row-window builds, after the descales:
+    symbolic int32 [2, n_win] for a windows build, None for the others."""
+    import cutlass
+    import cutlass.cute as cute
+    return (fake(cutlass.Int32, (2, cute.sym_int32()), (cute.sym_int64(), 1), 4)
+            if windows else None,)
+
+
 def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = "",
-                descale: tuple = ()):
+                descale: tuple = (), windows: bool | None = None):
     """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
     tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values.
-    descale: the descale arguments of a forward with an fp8 build (`descale_args`)."""
+    descale: the descale arguments of a forward with an fp8 build (`descale_args`).
+    windows: None for a forward without row windows, else whether this build runs them
+    (`window_args`)."""
     import cutlass
-    args = fwd_args(kernel.dtype, broadcast_q, head_dim) + tuple(descale)
+    args = fwd_args(kernel.dtype, broadcast_q, head_dim, bool(windows)) + tuple(descale)
+    if windows is not None:
+        args += window_args(windows)
     return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
                           cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                           options=options)
@@ -109,6 +125,11 @@ class FwdKernels(NamedTuple):
     programs: Callable     # (cfg, n_tiles, device) -> CTAs of the launch
     fp8: bool = False      # an fp8 build: the kernel takes q_descale, k_descale after
                            # the tile list (None, None for 16-bit inputs)
+    takes_windows: Callable | None = None  # row windows: (n_rows, n_keys, batch, max_q,
+                           # broadcast_q, fp8) -> whether a call runs on them; the kernel
+                           # takes the window table after the descales (None on a
+                           # build without them)
+    window_config: Callable | None = None  # (head_dim) -> the windows build's Config
 
 
 def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
@@ -127,19 +148,32 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
         return out.zero_(), lse.fill_(-math.inf)
-    cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
+    windows = kern.takes_windows is not None and kern.takes_windows(
+        q.shape[0], k.shape[0], B, max_q, broadcast_q, fp8)
+    if windows:
+        cfg = kern.window_config(D)
+    else:
+        cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product
         q_descale, k_descale, v_descale = descale
         v = dequantize_rows(v, v_descale, cu_k)
         descales = (q_descale, k_descale)
-    pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                   L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
-                                   causal)
-    num_programs = kern.programs(cfg, B * nblk * H, q.device)
+    table = () if kern.takes_windows is None else (None,)  # the kernel's window table
+    if windows:  # windows of block_m packed rows, heads folded in (nblk: the windows)
+        pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], max_q, cfg.block_m,
+                                         cfg.block_n)
+        table, nblk = (win,), win.shape[1]
+        n_tiles = nblk * H
+    else:
+        pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
+                                       L_q if broadcast_q else None, cfg.block_m,
+                                       cfg.block_n, causal)
+        n_tiles = B * nblk * H
+    num_programs = kern.programs(cfg, n_tiles, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,
-       scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
+       *table, scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
     return out, lse
 
 

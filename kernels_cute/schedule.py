@@ -12,6 +12,11 @@ one head's K/V. CTA p takes the p-th tile of every round of P tiles, in odd full
 counted from the right (boustrophedon), which keeps the per-sequence sawtooth of causal
 tiles balanced.
 
+Row windows (short sequences, `window_coords`): a tile is a window of BLOCK_M
+consecutive packed query rows, whatever sequences hold them (jagged.tiles.window_tiles:
+live windows longest first), times the heads; each row sees its own sequence's keys, the
+window reads the keys of every sequence it spans.
+
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA walks the
 list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Causal
@@ -26,8 +31,8 @@ from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 from .seqinfo import SeqlenInfo
 
-__all__ = ["build_tiles", "kv_block", "kv_steps", "kv_tile_coords", "tile_coords",
-           "tile_range"]
+__all__ = ["boustrophedon", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
+           "tile_coords", "tile_range", "window_coords"]
 
 
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
@@ -37,13 +42,8 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     need no mask, blocks [n_bulk, n_end) are masked) and its sequence b. BROADCAST_Q: q
     is one dense [L_q, H, D] for every sequence (mCuQ unused)."""
     import cutlass
-    import cutlass.cute as cute
 
-    # boustrophedon round-robin: odd full rounds run right to left
-    P = cute.arch.grid_dim()[0]
-    k = tile // P
-    flip = (k % 2) * cutlass.min(cutlass.max(n_pairs * H // P - k, 0), 1)  # odd and full
-    tile = tile + flip * (P - 1 - 2 * (tile - k * P))
+    tile = boustrophedon(tile, n_pairs * H)
     # chunks of nblk pairs (the last may be short), pairs fastest, then heads
     span = nblk * H
     first = tile // span * nblk
@@ -63,6 +63,53 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
     return h, h // group, m0, seq, n_bulk, n_end, b
+
+
+def boustrophedon(tile, n_tiles):
+    """The tile CTA slot `tile` takes when CTA p takes the p-th tile of each round of P:
+    odd full rounds run right to left (P: the grid)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    P = cute.arch.grid_dim()[0]
+    k = tile // P
+    flip = (k % 2) * cutlass.min(cutlass.max(n_tiles // P - k, 0), 1)  # odd and full
+    return tile + flip * (P - 1 - 2 * (tile - k * P))
+
+
+def window_coords(tile, mOrder, n_live, mWin, mCuQ, mCuK, H, group, BLOCK_M: int,
+                  BLOCK_N: int, CAUSAL: bool):
+    """Forward tile id over row windows -> tile_coords' tuple and the window's last
+    sequence: (h, kv head, m0 = 0, the window as a SeqlenInfo, n_bulk = 0 (every KV block
+    masked), n_end, its first sequence, its last sequence).
+
+    A window w is the packed query rows [w * BLOCK_M, + BLOCK_M) (jagged.tiles.
+    window_tiles: mOrder the live windows longest first, n_live of them, mWin [2, n_win]
+    their first and last sequence). Its SeqlenInfo: q_start = out_start the first row,
+    len_q the real rows, k_start its first sequence's first key, len_k up to the last key
+    any of its rows sees. Tiles walk the list heads fastest, in boustrophedon rounds."""
+    import cutlass
+
+    tile = boustrophedon(tile, n_live * H)
+    idx = tile // H
+    h = tile - idx * H
+    w = mOrder[idx]
+    s_first = mWin[0, w]
+    s_last = mWin[1, w]
+    q_start = w * BLOCK_M
+    k_start = mCuK[s_first]
+    rows_end = mCuQ[s_last + 1]                   # one past the last sequence's rows
+    len_q = cutlass.min(rows_end - q_start, BLOCK_M)
+    kv_end = mCuK[s_last + 1]
+    if cutlass.const_expr(CAUSAL):
+        # the last row's bottom-right cut; the earlier sequences' rows see keys up to
+        # cu_k[s_last] (a last sequence cut short by the window may see none of its own)
+        kv_end = cutlass.min(kv_end, cutlass.max(q_start + len_q + kv_end - rows_end,
+                                                 mCuK[s_last]))
+    len_k = cutlass.max(kv_end - k_start, 0)
+    seq = SeqlenInfo(q_start, q_start, k_start, len_q, len_k)
+    n_end = (len_k + BLOCK_N - 1) // BLOCK_N
+    return h, h // group, 0, seq, 0, n_end, s_first, s_last
 
 
 def kv_block(j, n_end, mask_first: bool):

@@ -10,6 +10,10 @@ j <= i + len_k - len_q (`causal_visible`). The rows [0, row_end) see the keys
 [0, causal_kv_end(row_end)), and key n0 is seen by the rows [causal_q_start(n0), len_q);
 both clamped to the sequence.
 
+A window of packed query rows may span sequences (row windows, the forward of short
+sequences): each row sees the packed key columns [lo, hi) of its own sequence
+(`row_seq_chunk` finds it, `row_kv_range` gives the range, the causal cut included).
+
 Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
 module does not load the DSL.
 """
@@ -77,3 +81,30 @@ class SeqlenInfo(NamedTuple):
 
     def causal_q_start(self, n0):
         return causal_q_start(n0, self.len_q, self.len_k)
+
+
+# role: compute (row windows)
+ROW_SEQ_CHUNK = 8  # offsets a pass of row_seq_chunk compares (loads in flight at once)
+
+
+def row_seq_chunk(cu, j0, s_last, row, seq):
+    """One pass of `row_seq` (jagged.seqinfo): seq plus the count of the offsets
+    cu[j0 .. min(j0 + ROW_SEQ_CHUNK, s_last + 1)) at or below packed row `row`. Starting
+    from s_first, the passes over j0 = s_first + 1, + ROW_SEQ_CHUNK, ... up to s_last give
+    the sequence holding the row (empty sequences passed over). Loads stay inside
+    cu[.. s_last] (the index is clamped, the count guarded), so they need no branch."""
+    for i in range(ROW_SEQ_CHUNK):
+        j = j0 + i
+        seq = seq + ((j <= s_last) & (cu[_min(j, s_last)] <= row))
+    return seq
+
+
+def row_kv_range(cu_q, cu_k, seq, row, causal: bool):
+    """[lo, hi): the packed key columns packed query row `row` (of sequence `seq`) sees:
+    its sequence's keys, causal up to row - q_end + k_end (bottom-right, in packed
+    coordinates; hi < lo when the row sees none)."""
+    lo = cu_k[seq]
+    hi = cu_k[seq + 1]
+    if causal:
+        hi = _min(hi, row + 1 + hi - cu_q[seq + 1])
+    return lo, hi

@@ -40,12 +40,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
-from jagged.tiles import fwd_bucket, fwd_consumers
+from jagged.seqinfo import row_kv_range, row_seq
+from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, window_tiles, windowed
 
 from jagged.launch import fast
-from .schedule import build_tiles, kv_block, kv_steps, tile_coords
+from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
 
 SPLIT_M = tl.constexpr(64)        # query rows of one consumer warpgroup (a wgmma's M)
+ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (windows)
 PINGPONG_BAR = tl.constexpr(9)    # named barriers 9, 10, (11): consumer c's issue turn
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -103,6 +105,23 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
     return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
 
 
+# Row windows (short queries, jagged.tiles.windowed): 128 packed rows a tile, whatever
+# sequences hold them; every KV block is masked (each row to its own sequence's keys), so
+# no masked block goes first and nothing overlaps across steps.
+WINDOW_CONFIG = Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
+                       mask_first=False)
+
+
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
+                  fp8: bool) -> bool:
+    """Whether a forward runs over row windows: 16-bit packed queries, short on average,
+    over short keys (mean at most FWD_SHORT_MEAN_K). Over long keys a window's rows would
+    skip most of the keys it reads, as many as a per-sequence tile's empty rows compute,
+    and every step would be masked."""
+    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+            and windowed(n_rows, batch, max_q, WINDOW_CONFIG.block_m, broadcast_q))
+
+
 # ----------------------------------------------------------------------------- bundles
 class Descs(NamedTuple):
     """TMA descriptors of Q, K and V (2-D views [tokens, heads * D])."""
@@ -137,7 +156,8 @@ class Bars(NamedTuple):
 class Tiles(NamedTuple):
     """The forward tile list (schedule.build_tiles: pairs, the count of valid ones) and
     what `tile_coords` reads with it: offsets, broadcast-Q's query length L_q, heads, the
-    GQA group and the query blocks per sequence."""
+    GQA group and the query blocks per sequence. Row windows (window_coords): the window
+    order, the live count, each window's sequences `win` and the window count in NBLK."""
     pairs: object
     n_pairs: object
     cu_q: object
@@ -146,6 +166,7 @@ class Tiles(NamedTuple):
     H: object
     GROUP: object
     NBLK: object
+    win: object
 
 
 class Out(NamedTuple):
@@ -184,21 +205,52 @@ def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):  # role: compute
 
 
 @triton.jit
+def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+            BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr):  # role: schedule
+    """Tile id t -> Tile, from the (sequence, block) list or the row-window list."""
+    if WINDOWS:
+        return window_coords(t, tiles.pairs, tiles.n_pairs, tiles.win, tiles.NBLK, tiles.cu_q,
+                             tiles.cu_k, tiles.H, tiles.GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+    else:
+        return tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
+                           tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL,
+                           BROADCAST_Q)
+
+
+@triton.jit
+def _row_bounds(tiles, tile, cid: tl.constexpr, CAUSAL: tl.constexpr):  # role: compute
+    """A window consumer's rows: the keys [lo, hi) of the tile's K/V blocks (from
+    tile.k_start) each row sees, its own sequence's (seqinfo.row_seq, row_kv_range);
+    rows past the window's sequences see none."""
+    rows = tile.q_start + cid * SPLIT_M + tl.arange(0, SPLIT_M)
+    seq = row_seq(tiles.cu_q, tile.b, tile.s_last, rows, ROW_SEQ_CHUNK)
+    lo, hi = row_kv_range(tiles.cu_q, tiles.cu_k, seq, rows, CAUSAL)
+    hi = tl.where(rows < tile.q_start + tile.len_q, hi, lo)
+    return lo - tile.k_start, hi - tile.k_start
+
+
+@triton.jit
 def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
-             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+             WINDOWS: tl.constexpr = False):
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
-    rows that have seen no key yet (m = -inf). alpha's exp2 comes last: issued first
+    rows that have seen no key yet (m = -inf); WINDOWS: `rows` is each row's key range
+    (lo, hi) (_row_bounds) and the mask keeps it. alpha's exp2 comes last: issued first
     (so the O rescale runs under the others) it measured causal llm +5.8 %."""
     if MASKED:
-        # keys [n0, n0 + limit) of this block are visible to a row
-        if CAUSAL:
-            # jagged.seqinfo.causal_kv_end(rows + 1) without its clamp at 0 (a negative
-            # limit keeps no key either): two max a masked step fewer
-            limit = tl.minimum(rows + (len_k - len_q + 1), len_k) - n0
+        if WINDOWS:  # each row its own sequence's keys [lo, hi)
+            cols = n0 + tl.arange(0, BLOCK_N)[None, :]
+            keep = (cols >= rows[0][:, None]) & (cols < rows[1][:, None])
         else:
-            limit = len_k - n0 + rows * 0
-        keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
+            # keys [n0, n0 + limit) of this block are visible to a row
+            if CAUSAL:
+                # jagged.seqinfo.causal_kv_end(rows + 1) without its clamp at 0 (a
+                # negative limit keeps no key either): two max a masked step fewer
+                limit = tl.minimum(rows + (len_k - len_q + 1), len_k) - n0
+            else:
+                limit = len_k - n0 + rows * 0
+            keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
         s = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -216,7 +268,7 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
 def _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i, qk_scale, rows, n0, tile,
              cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr, BLOCK_N: tl.constexpr,
              NUM_BUFFERS_KV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-             OVERLAP: tl.constexpr):
+             OVERLAP: tl.constexpr, WINDOWS: tl.constexpr):
     """One KV block after the first: S_j = Q K_j^T overlaps O += P_{j-1} V_{j-1}."""
     qk = _issue_qk(q_buf, smem.k, bars.k_full, kv_cnt, cid, NUM_CONSUMERS, NUM_BUFFERS_KV,
                    not OVERLAP)
@@ -229,7 +281,7 @@ def _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i, qk_scale, rows, n0, ti
     kb = kv_cnt % NUM_BUFFERS_KV
     tlx.barrier_arrive(bars.k_empty[kb], 1)
     p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, n0, tile.len_q, tile.len_k,
-                                  BLOCK_N, MASKED, CAUSAL)
+                                  BLOCK_N, MASKED, CAUSAL, WINDOWS)
     acc = tlx.async_dot_wait(0, acc)
     tlx.barrier_arrive(bars.v_empty[vb], 1)
     # P_j goes into the registers P_{j-1} V_{j-1} reads: convert after its wait, or
@@ -258,7 +310,8 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 @triton.jit
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
-         CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr):
+         CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr,
+         WINDOWS: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
     blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
@@ -268,9 +321,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
     kv_cnt = 0
     i = 0
     for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
-        tile = tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
-                           tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL,
-                           BROADCAST_Q)
+        tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
@@ -298,8 +349,9 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
 def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
             NUM_CONSUMERS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
             NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, OVERLAP: tl.constexpr,
-            MASK_FIRST: tl.constexpr):
-    """One consumer's share of a tile: its 64 query rows against blocks [0, n_end).
+            MASK_FIRST: tl.constexpr, WINDOWS: tl.constexpr):
+    """One consumer's share of a tile: its 64 query rows against blocks [0, n_end)
+    (`rows`: their in-sequence indices, or under WINDOWS their key ranges).
     Returns the unnormalized O, the running max m (log2 domain) and sum l.
 
     Triton 3.8's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts a
@@ -321,15 +373,17 @@ def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
         qk = tlx.async_dot_wait(0, qk)
         tlx.barrier_arrive(bars.k_empty[kv_cnt % NUM_BUFFERS_KV], 1)
         p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, qk_scale, rows, first * BLOCK_N,
-                                      tile.len_q, tile.len_k, BLOCK_N, True, CAUSAL)
+                                      tile.len_q, tile.len_k, BLOCK_N, True, CAUSAL, WINDOWS)
         p = _pack_p(p, smem.v.dtype)
         kv_cnt += 1
-        # bulk: every row sees every key, no mask, no branch
-        for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
-            p, acc, m_i, l_i = _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i, qk_scale,
-                                        rows, j * BLOCK_N, tile, cid, NUM_CONSUMERS, BLOCK_N,
-                                        NUM_BUFFERS_KV, False, CAUSAL, OVERLAP)
-            kv_cnt += 1
+        # bulk: every row sees every key, no mask, no branch (windows: none)
+        if not WINDOWS:
+            for j in tl.range(bulk_lo, bulk_end, num_stages=STAGES):
+                p, acc, m_i, l_i = _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i,
+                                            qk_scale, rows, j * BLOCK_N, tile, cid,
+                                            NUM_CONSUMERS, BLOCK_N, NUM_BUFFERS_KV, False,
+                                            CAUSAL, OVERLAP, WINDOWS)
+                kv_cnt += 1
         # tail: the sequence end and the causal diagonal. Non-causal under MASK_FIRST the
         # first step took the one masked block: no tail, and no code for it
         if CAUSAL or not MASK_FIRST:
@@ -337,7 +391,7 @@ def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
                 p, acc, m_i, l_i = _kv_step(q_buf, smem, bars, kv_cnt, p, acc, m_i, l_i,
                                             qk_scale, rows, j * BLOCK_N, tile, cid,
                                             NUM_CONSUMERS, BLOCK_N, NUM_BUFFERS_KV, True,
-                                            CAUSAL, OVERLAP)
+                                            CAUSAL, OVERLAP, WINDOWS)
                 kv_cnt += 1
         # the last block's P V
         vb, vph = _buf_phase(kv_cnt - 1, NUM_BUFFERS_KV)
@@ -384,12 +438,13 @@ def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: comp
 # runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
 @triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
-               L_q, H, GROUP, NBLK, n_out, qk_scale, q_descale, k_descale,
+               L_q, H, GROUP, NBLK, n_out, qk_scale, q_descale, k_descale, win_ptr,
                FP8: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
-               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr):
+               PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
+               WINDOWS: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
@@ -406,13 +461,13 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 v_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
                 v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
                                            arrive_count=NUM_CONSUMERS))
-    tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK)
+    tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK, win_ptr)
     out = Out(out_ptr, lse_ptr, H, n_out)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
-                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST)
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
@@ -420,9 +475,11 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             kv_cnt = 0
             i = 0
             for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
-                tile = tile_coords(t, pairs_ptr, tiles.n_pairs, cu_q, cu_k, L_q, H, GROUP,
-                                   NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
-                rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
+                tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+                if WINDOWS:
+                    rows = _row_bounds(tiles, tile, cid, CAUSAL)
+                else:
+                    rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
                 tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,
@@ -431,7 +488,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 acc, m_i, l_i, kv_cnt = compute(
                     smem.q[slot], smem, bars, kv_cnt, tile_scale, rows, tile, cid,
                     NUM_CONSUMERS, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP,
-                    MASK_FIRST)
+                    MASK_FIRST, WINDOWS)
                 if FP8:
                     o_buf = o_stage[cid]
                 else:
@@ -444,15 +501,16 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
-                fp8: bool = False) -> dict:
+                fp8: bool = False, windows: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
-    group is a runtime argument, so it costs no extra compile."""
+    group is a runtime argument, so it costs no extra compile. windows: over row windows
+    (with WINDOW_CONFIG)."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
@@ -473,37 +531,45 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    cfg = pick_config(D, max_k, causal, Nk / batch)
+    windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
+    cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
     if fp8:
         q_descale, k_descale, v_descale = descale
         v = dequantize_rows(v, v_descale, cu_k)
     else:
         q_descale = k_descale = None
-    pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
-                                     L_q if broadcast_q else None, cfg.block_m, cfg.block_n,
-                                     causal)
+    if windows:  # NBLK carries the window count
+        pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
+                                         cfg.block_n)
+        nblk, n_tiles = win.shape[1], win.shape[1] * H
+    else:
+        pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
+                                         L_q if broadcast_q else None, cfg.block_m,
+                                         cfg.block_n, causal)
+        win, n_tiles = None, batch * nblk * H
     desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [SPLIT_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
-    grid = (min(num_sms(q.device), batch * nblk * H),)
+    grid = (min(num_sms(q.device), n_tiles),)
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale,
-        **kernel_args(cfg, D, causal, broadcast_q, fp8), num_warps=4, num_stages=1)
+        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows), num_warps=4, num_stages=1)
     return out, lse
 
 
-def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
+def signature(cfg: Config, head_dim: int, dtype: str = "bf16", windows: bool = False) -> dict:
     """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks). dtype
     "fp8e4nv": e4m3 q and k, bf16 v and out, the descales fp32 pointers (with
-    kernel_args(..., fp8=True))."""
+    kernel_args(..., fp8=True)); windows: the row-window list (int32) and `win`."""
     fp8 = dtype == "fp8e4nv"
     io = "bf16" if fp8 else dtype
     return {"desc_q": f"tensordesc<{dtype}[{SPLIT_M.value},{head_dim}]>",
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{io}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{io}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
-            "pairs_ptr": "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32",
+            "pairs_ptr": "*i32" if windows else "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32",
             "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32",
             "q_descale": "*fp32" if fp8 else "constexpr",
-            "k_descale": "*fp32" if fp8 else "constexpr"}
+            "k_descale": "*fp32" if fp8 else "constexpr",
+            "win_ptr": "*i32" if windows else "constexpr"}

@@ -30,7 +30,7 @@ from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 __all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
-           "tile_coords", "tile_range"]
+           "tile_coords", "tile_range", "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -48,6 +48,16 @@ class Tile(NamedTuple):
     n_bulk: object
     n_end: object
     b: object
+    s_last: object
+
+
+@triton.jit
+def _snake(tile, n_tiles):  # role: schedule
+    """Boustrophedon round-robin: odd full rounds of num_programs tiles run right to left."""
+    P = tl.num_programs(0)
+    k = tile // P
+    flip = (k % 2) * tl.minimum(tl.maximum(n_tiles // P - k, 0), 1)  # odd and full
+    return tile + flip * (P - 1 - 2 * (tile - k * P))
 
 
 @triton.jit
@@ -56,11 +66,7 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BROADCAST_Q: tl.constexpr):
     """Forward tile id -> Tile. BROADCAST_Q: q is one dense [L_q, H, D] for every
     sequence (cu_q unused)."""
-    # boustrophedon round-robin: odd full rounds run right to left
-    P = tl.num_programs(0)
-    k = tile // P
-    flip = (k % 2) * tl.minimum(tl.maximum(n_pairs * H // P - k, 0), 1)  # odd and full
-    tile = tile + flip * (P - 1 - 2 * (tile - k * P))
+    tile = _snake(tile, n_pairs * H)
     # chunks of NBLK pairs (the last may be short), pairs fastest, then heads
     span = NBLK * H
     first = tile // span * NBLK
@@ -84,7 +90,34 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
         kv_full = len_k
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
-    return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b)
+    return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b,
+                b)
+
+
+@triton.jit
+def window_coords(tile, order_ptr, n_live, win_ptr, n_win, cu_q, cu_k, H, GROUP,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Forward tile id over row windows (jagged.tiles.window_tiles: order, live count,
+    each window's first / last sequence) -> Tile: the window's BLOCK_M packed rows from
+    q_start (len_q of them real, m0 = 0), the keys of the sequences it spans from k_start,
+    every block masked (n_bulk = 0: each row sees its own sequence's keys only)."""
+    tile = _snake(tile, n_live * H)
+    h = tile % H
+    w = tl.load(order_ptr + tile // H)
+    s_first = tl.load(win_ptr + w)
+    s_last = tl.load(win_ptr + n_win + w)
+    q_start = w * BLOCK_M
+    q_end = tl.load(cu_q + s_last + 1)
+    len_q = tl.minimum(q_end - q_start, BLOCK_M)
+    k_start = tl.load(cu_k + s_first)
+    kv_hi = tl.load(cu_k + s_last + 1)
+    if CAUSAL:  # its last sequence's rows see up to the last real row's cut
+        # (seqinfo.row_kv_range), the earlier sequences' rows all their keys
+        kv_hi = tl.maximum(tl.load(cu_k + s_last),
+                           tl.minimum(kv_hi, q_start + len_q + kv_hi - q_end))
+    len_k = tl.maximum(kv_hi - k_start, 0)
+    return Tile(h, h // GROUP, 0, q_start, k_start, q_start, len_q, len_k, 0,
+                tl.cdiv(len_k, BLOCK_N), s_first, s_last)
 
 
 @triton.jit

@@ -54,6 +54,22 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     assert len(rep.setmaxnreg) >= 2, rep.row()
 
 
+@pytest.mark.parametrize("d,causal,dt", [(64, False, "bf16"), (64, True, "bf16"),
+                                         (128, False, "bf16"), (128, True, "fp16")])
+def test_fwd_windows_sm90(d, causal, dt):
+    """The forward over row windows (short queries): wgmma, no spills, shared memory
+    within the limit."""
+    cfg = fh.WINDOW_CONFIG
+    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt, windows=True),
+                         fh.kernel_args(cfg, d, causal, False, windows=True), arch=90,
+                         num_warps=4, num_stages=1,
+                         name=f"fwd windows D{d} {'causal' if causal else 'full'} {dt}")
+    print(rep.row())
+    assert rep.has_mma and rep.mma == "wgmma", rep.row()
+    assert not rep.spills, f"spills / local memory: {rep.row()}"
+    assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+
+
 def _commits_per_turn(ptx: str) -> list[int]:
     """wgmma commit groups between each ping-pong barrier wait and the next arrive."""
     out, inside = [], None
@@ -163,4 +179,24 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
                          name=f"{which} tile keys B={batch} NB={nb}")
+    assert not rep.spills and not rep.stack_bytes, rep.row()
+
+
+@pytest.mark.parametrize("order,block,sort", [(False, 1024, False), (True, 128, True),
+                                              (True, 4096, True), (True, 1024, False)])
+def test_windows_kernel_sm90(order, block, sort):
+    """The row-window builder (portable windows; with ORDER the Hopper forwards' window
+    list, sorted up to 4096 windows) compiles for the GPU without spills."""
+    from jagged.tiles import _windows_kernel
+    sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
+               count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32", SPAN="i32",
+               cu_k="*i32" if order else "constexpr")
+    const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort)
+    if not order:
+        const.update(order_ptr=None, count_ptr=None, cu_k=None)
+    sig.update({k: "constexpr" for k in const})
+    rep = compile_kernel(_windows_kernel, sig, const, arch=90,
+                         num_warps=min(8, max(4, block // 256)),
+                         name=f"windows order={order} BLOCK={block}")
+    print(rep.row())
     assert not rep.spills and not rep.stack_bytes, rep.row()

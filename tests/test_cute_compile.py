@@ -5,7 +5,9 @@ compiled on symbolic (fake) tensors, so no device memory is touched. The PTX is 
 (CUTE_DSL_KEEP=ptx) and checked for what the design relies on: wgmma, TMA bulk-tensor
 loads, setmaxnreg (warp specialization), a store barrier per consumer warpgroup and the
 KV mask as one select per score; the fp8 build also for its e4m3 S = Q K^T, its TMA
-byte counts and (from the cubin the DSL built) no spills.
+byte counts and (from the cubin the DSL built) no spills. The row-windows build too (its
+masks, no bulk loop, no spills); and, on plain ints, the window schedule and per-row key
+ranges against jagged's torch references, and the host's launch of either build.
 """
 import os
 import re
@@ -14,6 +16,7 @@ import textwrap
 import pytest
 
 from _cute import ROOT, compile_in_subprocess, have_dsl
+from _interp import interp
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
@@ -163,3 +166,213 @@ def test_seqinfo_matches_the_core():
         seq = S.SeqlenInfo.of(b, None, cu_k, 9, True)
         assert (seq.q_start, seq.out_start, seq.len_q) == (0, 9 * b, 9)
         assert seq.causal_kv_end(9) == core.causal_kv_end_ref(9, 9, seq.len_k)
+
+
+# ----------------------------------------------------------------------------- row windows
+
+_WINDOW_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from kernels_cute import fwd_hopper as F
+    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
+    F.compile_forward(dt, {D}, {causal}, False, F.window_config({D}))
+    print("COMPILED")
+""")
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal,dtype", [
+    (64, False, "bf16"), (64, True, "bf16"), (128, False, "bf16"), (128, True, "bf16"),
+    (128, True, "fp16")])
+def test_forward_window_builds(tmp_path, D, causal, dtype):
+    """The row-windows build (window_config): every KV block masked, so the wgmmas are
+    those of the first step, one tail step and the last PV (no bulk-loop code); the mask
+    one unsigned compare and one select a score in both masked places (first step, tail);
+    the consumers' registers as the short build's; no spills in the cubin; its
+    SharedStorage (asserted equal to smem_bytes when traced) within the limit."""
+    from jagged.arch import SMEM_LIMIT
+    from kernels_cute import fwd_hopper as F
+    cfg = F.window_config(D)
+    assert F.smem_bytes(D, cfg) <= SMEM_LIMIT[90]
+    script = _WINDOW_SCRIPT.format(root=ROOT, D=D, causal=causal, dtype=dtype)
+    path = compile_in_subprocess(tmp_path, script, timeout=900)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    kind = "bf16" if dtype == "bf16" else "f16"
+    mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(\w+)\.", ptx)
+    qk = [m for m in mma if m == (str(cfg.block_n), kind)]
+    pv = [m for m in mma if m == (str(D), kind)]
+    if D == cfg.block_n:                                   # one shape for both products
+        assert len(mma) == len(qk) == 2 * D // 16 + 2 * cfg.block_n // 16, mma
+    else:
+        assert (len(qk), len(pv), len(mma)) == (2 * D // 16, 2 * cfg.block_n // 16,
+                                                len(qk) + len(pv)), mma
+    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    assert sorted(regs) == [("dec", "24"), ("inc", "240")], regs
+    scores = 2 * cfg.block_n // 2                          # two masked places
+    unsigned = len(re.findall(r"\bsetp\.(?:lt|ge)\.u32\b", ptx))
+    # -inf as a float or (fp16 build) as its bits
+    minus_inf = len(re.findall(r"\bselp\.(?:f32|b32)\s+%r\d+,\s*%r\d+,\s*"
+                               r"(?:0fFF800000|-8388608),", ptx))
+    assert scores <= unsigned <= scores + 8 and scores <= minus_inf <= scores + 8, \
+        (unsigned, minus_inf)
+    cubin = path[:-len(".ptx")] + ".cubin"
+    if os.path.exists(cubin):
+        from harness.compile_check import _resource_usage
+        use = _resource_usage(open(cubin, "rb").read())
+        print(f"windows D={D} causal={causal} {dtype}: {use}, smem "
+              f"{F.smem_bytes(D, cfg)} B")
+        assert use["STACK"] + use["LOCAL"] + use["spill_insts"] == 0, use
+
+
+def test_window_config():
+    """Row windows: the short bucket's tile, mask_first off, and only where
+    jagged.tiles.windowed says so, never fp8 or broadcast-Q."""
+    from jagged.tiles import windowed
+    from kernels_cute import fwd_hopper as F
+    for d in (64, 128):
+        cfg = F.window_config(d)
+        short = F.CONFIGS[(d, "short", True)]
+        assert cfg.windows and not cfg.mask_first and not short.windows
+        assert (cfg.block_m, cfg.block_n, cfg.num_buffers_kv, cfg.num_buffers_q) == \
+            (short.block_m, short.block_n, short.num_buffers_kv, short.num_buffers_q)
+    for n_rows, batch, max_q in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
+                                 (5, 1, 5), (40, 40, 1)):
+        for bq in (False, True):
+            assert F.takes_windows(n_rows, n_rows, batch, max_q, bq, False) == \
+                windowed(n_rows, batch, max_q, 128, bq)
+            assert not F.takes_windows(n_rows, n_rows, batch, max_q, bq, True)
+    assert F.takes_windows(26 * 100, 26 * 100, 100, 60, False, False)
+    assert not F.takes_windows(26 * 100, 129 * 100, 100, 60, False, False)  # long keys
+
+
+class _Ints:
+    """A tensor read as the kernel reads it (t[i], t[i, j]), in plain ints."""
+    def __init__(self, t):
+        self.t = t
+
+    def __getitem__(self, i):
+        return int(self.t[i])
+
+
+@needs_dsl
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_coords_match_the_reference(monkeypatch, causal):
+    """schedule.window_coords and the compute role's row ranges (seqinfo.row_seq_chunk,
+    row_kv_range, mirrored as `row_ranges` runs them), on plain ints against jagged's
+    torch references: every (live window, head) tile once per grid size; a window's first
+    row, real rows and first key; its KV blocks cover every key its rows see and stop at
+    its last sequence's keys; each row's key columns those of row_kv_range_ref (none past
+    the real rows), and the unsigned mask keeps exactly them. The lengths include empty
+    sequences, single rows, a sequence over several windows, and a causal last sequence
+    cut by its window before it sees any key (its first sequence's rows still read)."""
+    import cutlass.cute as cute
+    import torch
+    from jagged.seqinfo import row_kv_range_ref
+    from jagged.tiles import window_tiles_reference
+    from kernels_cute import schedule as Sch
+    from kernels_cute import seqinfo as S
+
+    BM, BN, H, group = 128, 64, 3, 3
+    g = torch.Generator().manual_seed(7 + causal)
+    lq = torch.randint(0, 50, (60,), generator=g)
+    lk = torch.randint(0, 90, (60,), generator=g)
+    lq[:2], lk[:2] = torch.tensor([10, 1000]), torch.tensor([100, 10])  # the cut last sequence
+    lq[5:12] = torch.tensor([0, 1, 0, 0, 300, 1, 0])
+    lk[5:12] = torch.tensor([3, 0, 0, 7, 40, 1, 0])
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)])
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)])
+    total = int(cu_q[-1])
+    order, count, win = window_tiles_reference(cu_q, cu_k, total + 300, BM, BN)  # dead ones
+    n_live = int(count)
+    cq, ck = _Ints(cu_q), _Ints(cu_k)
+
+    for P in (1, 5, 132):
+        monkeypatch.setattr(cute.arch, "grid_dim", lambda: (P, 1, 1))
+        seen = []
+        for p in range(P):
+            for t in range(p, n_live * H, P):
+                c = Sch.window_coords(t, _Ints(order), n_live, _Ints(win), cq, ck, H, group,
+                                      BM, BN, causal)
+                seen.append((c[3].q_start // BM, c[0]))
+        assert sorted(seen) == sorted((int(w), h) for w in order[:n_live] for h in range(H))
+
+    for idx in range(n_live):
+        h, hk, m0, seq, n_bulk, n_end, s_first, s_last = Sch.window_coords(
+            idx * H + 2, _Ints(order), n_live, _Ints(win), cq, ck, H, group, BM, BN, causal)
+        w = int(order[idx])
+        rows = torch.arange(w * BM, min(w * BM + BM, total))
+        ref_seq, ref_lo, ref_hi = row_kv_range_ref(cu_q, cu_k, rows, causal)
+        assert (h, hk, m0, n_bulk) == (2, 0, 0, 0)
+        assert (s_first, s_last) == (int(ref_seq[0]), int(ref_seq[-1]))
+        assert seq.q_start == seq.out_start == w * BM and seq.len_q == len(rows)
+        assert seq.k_start == int(cu_k[s_first])
+        seen_keys = ref_hi > ref_lo
+        if seen_keys.any():                 # the blocks read cover every key a row sees
+            assert int(ref_hi[seen_keys].max()) <= seq.k_start + n_end * BN
+        assert n_end == -(-max(int(cu_k[s_last + 1]) - seq.k_start, 0) // BN) or causal
+        assert seq.k_start + (n_end - 1) * BN < max(int(cu_k[s_last + 1]), seq.k_start + 1)
+        for row in range(BM):               # row_ranges, as the compute role runs it
+            packed = seq.q_start + row
+            s = s_first
+            for j0 in range(s_first + 1, s_last + 1, S.ROW_SEQ_CHUNK):
+                s = S.row_seq_chunk(cq, j0, s_last, packed, s)
+            lo, hi = S.row_kv_range(cq, ck, s, packed, causal)
+            hi = hi if row < seq.len_q else lo
+            if row < seq.len_q:
+                assert (s, lo, hi) == (int(ref_seq[row]), int(ref_lo[row]), int(ref_hi[row]))
+            kv_lo, kv_hi = lo - seq.k_start, hi - seq.k_start
+            for n in range(n_end):          # window_mask
+                width = max(kv_hi - kv_lo, 0)
+                for col in range(BN):
+                    keep = (col - (kv_lo - n * BN)) % 2 ** 32 < width
+                    assert keep == (lo <= seq.k_start + n * BN + col < hi), (row, n, col)
+
+
+@interp
+@pytest.mark.parametrize("short", [True, False])
+def test_host_forward_launches_windows(short):
+    """host.forward (the tile lists in the interpreter, the kernel a recorder): short
+    packed queries launch the window_config build on window_tiles' order, count and
+    table (nblk: the windows; programs over windows x heads); otherwise the pair build
+    with no table (None); a forward without windows (takes_windows None, Blackwell)
+    passes no table argument at all."""
+    import torch
+    from jagged.tiles import fwd_tiles, window_tiles
+    from kernels_cute import fwd_hopper as F
+    from kernels_cute import host
+
+    calls = []
+
+    def compiled(*key):
+        return lambda *args: calls.append((key, args))
+
+    H, D = 4, 64
+    lq = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    q = torch.zeros(int(cu[-1]), H, D, dtype=torch.bfloat16)
+    k = torch.zeros(int(cu[-1]), 2, D, dtype=torch.bfloat16)
+    max_q = int(lq.max())
+    for windows in (True, False):
+        calls.clear()
+        kern = host.FwdKernels(F.pick_config, compiled, lambda cfg, n, dev: n, fp8=True,
+                               **(dict(takes_windows=F.takes_windows,
+                                       window_config=F.window_config) if windows else {}))
+        host.forward(kern, q, k, k, cu, cu, max_q, max_q, True, 0.125, False)
+        (key, args), = calls
+        scalars = args[-5:]
+        if windows and short:
+            order, count, win = window_tiles(cu, cu, q.shape[0], max_q, 128, 64)
+            assert key == (q.dtype, D, True, False, F.window_config(D))
+            assert all(torch.equal(a, b) for a, b in zip(args[7:9], (order, count)))
+            assert args[9:11] == (None, None) and torch.equal(args[11], win)
+            assert scalars[1:] == (0, 2, win.shape[1], win.shape[1] * H)
+        else:
+            cfg = F.pick_config(D, max_q, True, k.shape[0] / len(lq))
+            pairs, count, nblk = fwd_tiles(cu, cu, len(lq), max_q, None, cfg.block_m,
+                                           cfg.block_n, True)
+            assert key == (q.dtype, D, True, False, cfg) and not cfg.windows
+            assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
+            assert args[9:] == ((None, None, None) if windows else (None, None)) + scalars
+            assert scalars[1:] == (0, 2, nblk, len(lq) * nblk * H)

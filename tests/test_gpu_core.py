@@ -21,6 +21,9 @@ PROBLEMS = {  # (mode, causal): a small jagged problem with an empty and a lengt
                      mode="cross", seed=12),
     "broadcast-q": Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=64, max_seqlen_k=200,
                            mode="broadcast_q", seed=13),
+    # short sequences: the forward over row windows
+    "short-windows": Problem(batch=300, heads=4, kv_heads=2, head_dim=128, max_seqlen_q=128,
+                             sparsity=0.1, causal=True, seed=14),
 }
 
 

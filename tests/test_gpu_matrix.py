@@ -92,3 +92,51 @@ def test_matrix(impl, idx):
     except Exception as e:  # name the problem and the seed that replays it
         raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
     assert rep.ok, f"{what}\n{rep}"
+
+
+def window_problems():
+    """Short queries that take the row windows of the forward (mean length <= 64):
+    gem-like batches, empties and ones planted, causal, cross, GQA, both head dims."""
+    rng = random.Random(SEED)
+    out = []
+    for i, (mode, causal, d, dt, kv) in enumerate([
+            ("self", False, 128, "bf16", 4), ("self", True, 64, "bf16", 2),
+            ("self", True, 128, "fp16", 1), ("cross", False, 64, "fp16", 4),
+            ("cross", True, 128, "bf16", 2), ("self", False, 64, "bf16", 4)]):
+        p = Problem(batch=rng.choice([300, 1152]), heads=4, kv_heads=kv, head_dim=d,
+                    max_seqlen_q=rng.choice([64, 128, 256]),
+                    max_seqlen_k=None if mode == "self" else rng.choice([40, 300]),
+                    sparsity=0.1, mode=mode, causal=causal, dtype=dt,
+                    seed=rng.randrange(1 << 30))
+        lq, lk = (t.clone() for t in p.lengths())
+        for b in rng.sample(range(p.batch), p.batch // 5):  # empty and length-1 sequences
+            lq[b] = rng.choice([0, 1])
+            lk[b] = rng.choice([0, 1, lk[b]]) if mode == "cross" else lq[b]
+        if mode == "self":
+            lk = lq.clone()
+        out.append((p, (lq, lk)))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["tlx", "cute", "triton"])
+@pytest.mark.parametrize("idx", range(6))
+def test_windows(impl, idx):
+    """The forwards over row windows (every style) against the oracle, forward and
+    backward; each problem is checked to take the windows."""
+    (ok, why), fn = implementations()[impl]()
+    if not ok:
+        pytest.skip(f"{impl}: {why}")
+    p, lengths = window_problems()[idx]
+    inp = p.build("cuda", lengths=lengths)
+    n_rows, batch = inp.q.shape[0], inp.cu_seqlens_k.shape[0] - 1
+    if impl == "triton":
+        from jagged.tiles import windowed
+        assert windowed(n_rows, batch, inp.max_seqlen_q, 128, False)
+    else:
+        import importlib
+        fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
+        assert fh.takes_windows(n_rows, inp.k.shape[0], batch, inp.max_seqlen_q, False, False)
+    what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
+    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal)
+    assert rep.ok, f"{what}\n{rep}"

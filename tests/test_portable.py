@@ -194,7 +194,7 @@ def test_row_ranges_and_windows(causal):
     cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
     cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
     BM, n_rows = 8, int(cu_q[-1]) + 5
-    win = windows(cu_q, n_rows, BM)
+    win = windows(cu_q, n_rows, int(lq.max()), BM)
     assert torch.equal(win, windows_reference(cu_q, n_rows, BM))
     live = int((win[0] >= 0).sum())
     assert live == -(-int(cu_q[-1]) // BM) and (win[:, live:] == -1).all()
@@ -206,7 +206,7 @@ def test_row_ranges_and_windows(causal):
     assert torch.equal(out[1, rows].long(), lo) and torch.equal(out[2, rows].long(), hi)
     # key windows: the query rows each key column meets
     n_cols = int(cu_k[-1])
-    kwin = windows(cu_k, n_cols, BM)
+    kwin = windows(cu_k, n_cols, int(lk.max()), BM)
     assert torch.equal(kwin, windows_reference(cu_k, n_cols, BM))
     out = torch.empty(3, kwin.shape[1] * BM, dtype=torch.int32)
     _col_probe[(kwin.shape[1],)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)

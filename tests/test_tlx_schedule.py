@@ -382,3 +382,29 @@ def test_tile_sequence(programs, causal, bq):
             assert out_start == b * L_q
         else:
             assert q_start == int(cu_q[b]) and len_q[b] > 0
+
+
+@interp
+@pytest.mark.parametrize("n_seq,extra", [(40, 0), (40, 9), (5000, 0)])  # sorted; row order
+def test_window_tiles_match_reference(n_seq, extra):
+    """The row-window tile list against its torch reference: empty sequences (first,
+    last, runs), rows past the last sequence (dead windows last), longest first."""
+    from jagged.tiles import SORT_MAX, window_tiles, window_tiles_reference
+    g = torch.Generator().manual_seed(n_seq + extra)
+    lq = torch.randint(0, 7, (n_seq,), generator=g)
+    lq[:2] = 0
+    lq[-3:] = 0
+    lq[10:15] = 0
+    lk = torch.randint(0, 60, (n_seq,), generator=g)
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+    BM = 2 if n_seq > 1000 else 8  # over SORT_MAX windows: row order
+    n_rows = int(cu_q[-1]) + extra * BM
+    order, count, win = window_tiles(cu_q, cu_k, n_rows, int(lq.max()), BM, 16)
+    ref = window_tiles_reference(cu_q, cu_k, n_rows, BM, 16)
+    assert (win.shape[1] > SORT_MAX) == (n_seq == 5000)
+    assert torch.equal(win, ref[2]) and torch.equal(count, ref[1])
+    assert torch.equal(order, ref[0])
+    live = int(count)
+    assert live == -(-int(cu_q[-1]) // BM)
+    assert sorted(order[:live].tolist()) == list(range(live))
