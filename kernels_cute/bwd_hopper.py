@@ -63,16 +63,26 @@ causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) tri
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
+Key windows (`takes_windows`: short packed keys, mean length at most half a tile; the
+`window_config` build): a tile is a window of BLOCK_N consecutive packed key columns,
+whatever sequences hold them (jagged.tiles.window_tiles over the key offsets,
+schedule.kv_window_coords), dealt round-robin over windows x KV heads (never from the
+counter, causal or not). Its Q blocks run over every query row of the sequences it spans,
+from its first sequence's first row; each key column meets only its own sequence's rows
+(`col_ranges`, once a tile) and every step masks P^T to them (`window_keep`: one
+unsigned compare); dK / dV go to the window's real columns, dQ partials to the packed
+rows as above. Not for broadcast-Q. Measured: not yet (compile-checked only).
+
 Determinism: as TLX's (TMA bulk reduce): dK/dV are (each row written once), dQ is not
 bitwise deterministic.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import bwd_dynamic, kv_tiles
+from jagged.tiles import bwd_dynamic, kv_tiles, window_tiles, windowed
 
 from . import host
 
@@ -99,6 +109,8 @@ DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle sp
 class Config:
     block_m: int     # query rows a step: 64, or 128 at D = 64 (the dots one after another)
     kv_stages: int   # K/V stages (2: the next tile's K/V load overlaps this tile's end)
+    windows: bool = False   # tiles are key windows (`window_config`), not (sequence, KV
+                            # block) pairs
 
 
 # The measured defaults, keyed by head dim.
@@ -115,6 +127,19 @@ CONFIGS = {
 def pick_config(head_dim: int) -> Config:
     """The measured default for a head dim."""
     return CONFIGS[head_dim]
+
+
+def window_config(head_dim: int) -> Config:
+    """Key windows: the head dim's default step (D = 64: 128 rows, two K/V stages; D =
+    128: 64 rows, one stage), its tiles key windows."""
+    return replace(CONFIGS[head_dim], windows=True)
+
+
+def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
+    """Whether a call's main kernel runs on key windows (jagged.tiles.windowed over the
+    keys: short packed keys, decided on the host without a sync); broadcast-Q never
+    does."""
+    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q)
 
 
 def check_config(head_dim: int, cfg: Config) -> None:
@@ -203,9 +228,11 @@ def dq_store_view(layout):
 class Sched(NamedTuple):
     """What every role of BwdMain needs to walk the tile list (schedule.tile_range,
     schedule.kv_tile_coords, tile_counter)."""
-    mTileB: Any          # the list: batch element of each tile
-    mTileN: Any          # and its KV block
-    mNTiles: Any         # the list's length (on the device)
+    mTileB: Any          # the list: batch element of each tile; key windows: the
+                         # window order
+    mTileN: Any          # and its KV block; key windows: each window's first and last
+                         # sequence [2, n_win]
+    mNTiles: Any         # the list's length (live windows), on the device
     mCuQ: Any
     mCuK: Any
     L_q: Any             # broadcast-Q: the dense query length
@@ -275,7 +302,8 @@ def _kernel_classes():
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             replaced, store_rows, tma_tiles, wgmma)
-    from .schedule import kv_tile_coords, tile_range
+    from .schedule import kv_tile_coords, kv_window_coords, tile_range
+    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
     def transposed(s, shape, order):
@@ -340,6 +368,8 @@ def _kernel_classes():
             check_config(head_dim, cfg)
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
+            self.windows = cfg.windows                        # key windows
+            assert not (self.windows and (broadcast_q or dynamic))
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.cfg = cfg
             self.kv_stages = cfg.kv_stages
@@ -530,7 +560,10 @@ def _kernel_classes():
 
         @cute.jit
         def kv_tile_coords(self, t: Int32, pinned: Int32, sched):
-            """Tile t -> where it lives (schedule.kv_tile_coords)."""
+            """Tile t -> where it lives (schedule.kv_tile_coords); key windows:
+            schedule.kv_window_coords, which also gives the window's last sequence."""
+            if const_expr(self.windows):
+                return kv_window_coords(t, sched, self.bm, BLOCK_N)
             return kv_tile_coords(t, pinned, sched, self.bm, BLOCK_N, self.causal,
                                   self.broadcast_q)
 
@@ -553,7 +586,7 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 publish_tile(sched.mSched, sched.pipeline_tile, t, i)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
                 if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
                     self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group, seq, m_lo)
                 self.load_kv(mK, mV, s.sK, s.sV, tma_atom_K, tma_atom_V, pipeline_kv,
@@ -698,6 +731,12 @@ def _kernel_classes():
             mma = Operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
                            tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS,
                            tdQrKt, acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
+            cols = None
+            if const_expr(self.windows):
+                # key windows: the query rows [q_lo, q_lo + q_w) each of this thread's
+                # key columns meets, counted from the window's first row (`col_ranges`)
+                cols = (cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32),
+                        cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32))
 
             lane = cute.arch.lane_idx()
             # byte offset in sLD of this thread's first query column (2 (lane % 4): wgmma
@@ -716,7 +755,10 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
+                coords = self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = coords[:6]
+                if const_expr(self.windows):
+                    self.col_ranges(sched, seq, b, coords[6], tScS, cols)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
                 jm = m_lo * 0     # step j's Q block (j % n_m), carried; the head is not read
@@ -728,7 +770,7 @@ def _kernel_classes():
                 for j in cutlass.range(group * n_m, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                      seq, scale_log2, (s.sLD, ld_off), kv)
+                                      seq, scale_log2, (s.sLD, ld_off), kv, cols)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
                 # ---- store dK, dV
@@ -744,6 +786,29 @@ def _kernel_classes():
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
 
         # role: compute
+        @cute.jit
+        def col_ranges(self, sched, seq, s_first, s_last, tScS, cols):
+            """Key windows, once a tile: the packed query rows each of this thread's key
+            columns meets, into cols = (q_lo, q_w): rows [q_lo, q_lo + q_w) relative to
+            the window's first row; its own sequence's (found among s_first..s_last over
+            the key offsets), the causal cut included; none for the columns past the
+            window's real ones. The mask's geometry (`window_keep`)."""
+            q_lo, q_w = cols
+            keys = cute.size(q_lo)
+            for r in cutlass.range_constexpr(keys):
+                q_lo[r] = s_first                      # column r's sequence, counted up
+            # the columns of a thread share each pass's loads of the offsets
+            for j0 in cutlass.range(s_first + 1, s_last + 1, ROW_SEQ_CHUNK, unroll=1):
+                for r in cutlass.range_constexpr(keys):
+                    q_lo[r] = row_seq_chunk(sched.mCuK, j0, s_last,
+                                            seq.k_start + tScS[r, 0][0], q_lo[r])
+            for r in cutlass.range_constexpr(keys):
+                lo, hi = col_q_range(sched.mCuQ, sched.mCuK, q_lo[r],
+                                     seq.k_start + tScS[r, 0][0], self.causal)
+                hi = hi if tScS[r, 0][0] < seq.len_k else lo
+                q_lo[r] = lo - seq.q_start
+                q_w[r] = cutlass.max(hi - lo, 0)
+
         @cute.jit
         def read_ld(self, ld, x, ncol):
             """lse*log2e (x = 0) or delta (x = 1) of this thread's ncol query columns
@@ -763,22 +828,25 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                         ld, kv=None):
+                         ld, kv=None, cols=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
-            offset), `read_ld`. kv: the tile's K/V stage (None: one stage)."""
+            offset), `read_ld`. kv: the tile's K/V stage (None: one stage). cols: key
+            windows' row ranges (`col_ranges`)."""
             if const_expr(kv is not None):
                 mma = replaced(mma, tSrK=mma.tSrK[None, None, None, kv],
                                tPrV=mma.tPrV[None, None, None, kv],
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm > 64):
-                self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld)
+                self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
+                                      cols)
             else:
-                self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld)
+                self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
+                                     cols)
 
         @cute.jit
         def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                            ld):
+                            ld, cols=None):
             """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
             starts from -delta, so it returns dP^T - delta and no delta register lives
             through the step's peak (dS^T); lse is read after the S^T wait, at use (read
@@ -796,7 +864,7 @@ def _kernel_classes():
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
-            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2)
+            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2, cols)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
@@ -810,7 +878,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                             ld):
+                             ld, cols=None):
             """compute_step at 128 query rows, the dots one after the other, as the TLX
             twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
             [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
@@ -823,7 +891,7 @@ def _kernel_classes():
             wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
                   zero_init=True, wait=0)
             St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                            scale_log2)
+                            scale_log2, cols)
             mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
             wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
                   mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
@@ -852,20 +920,39 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2):
+        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None):
             """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 on every step
-            (keys past the sequence; causal: right of the diagonal), as TLX; returns the
-            (key, query) view."""
+            (keys past the sequence; causal: right of the diagonal; key windows: rows
+            outside each column's range, `window_keep`), as TLX; returns the (key, query)
+            view."""
             St = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                 key = n0 + tScS[r, 0][0]
+                if const_expr(self.windows):
+                    lo, width = self.window_range(cols, r, m0)
                 for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
                     p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
-                    keep = key < seq.len_k
-                    if const_expr(self.causal):
-                        keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
+                    if const_expr(self.windows):
+                        keep = self.window_keep(tScS[0, c][1], lo, width)
+                    else:
+                        keep = key < seq.len_k
+                        if const_expr(self.causal):
+                            keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
                     St[r, c] = p if keep else Float32(0.0)
             return St
+
+        @cute.jit
+        def window_range(self, cols, r, m0):
+            """Key windows: (first query column of the step that key row r meets, how
+            many), from `col_ranges`."""
+            q_lo, q_w = cols
+            return q_lo[r] - m0, cutlass.Uint32(q_w[r])
+
+        @cute.jit
+        def window_keep(self, q, lo, width):
+            """lo <= q < lo + width as one unsigned compare (q < lo wraps around); the
+            bitcast makes it unsigned (arithmetic on a coordinate stays signed)."""
+            return Int32(q - lo).bitcast(cutlass.Uint32) < width
 
         @cute.jit
         def dk_dq(self, mma: Operands, acc_dP, q_state, pipeline_q):
@@ -912,7 +999,7 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
@@ -1043,28 +1130,37 @@ def compile_postprocess(dtype, options: str = ""):
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                  cfg: Config | None = None, dynamic: bool | None = None, options: str = ""):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). cfg: None, the
-    default for head_dim (pick_config). dynamic: tiles from the counter (None:
-    jagged.tiles.bwd_dynamic)."""
+    default for head_dim (pick_config); window_config(head_dim): the key-windows build.
+    dynamic: tiles from the counter (None: jagged.tiles.bwd_dynamic; key windows never)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
     Main = _kernel_classes()[1]
-    args = host.bwd_args(cdt, head_dim)
-    sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     cfg = pick_config(head_dim) if cfg is None else cfg
-    dynamic = bwd_dynamic(causal, broadcast_q) if dynamic is None else dynamic
+    args = host.bwd_args(cdt, head_dim, cfg.windows)
+    sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
+    if dynamic is None:
+        dynamic = bwd_dynamic(causal, broadcast_q) and not cfg.windows
     return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
                                *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
                                cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
 def _main(c: host.BwdCall):
-    """(b): the main kernel over the KV-tile list (module docstring)."""
-    cfg = pick_config(c.q.shape[2])
-    tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal, cfg.block_m,
-                                       BLOCK_N)
-    host.compiled(_COMPILED, compile_main, c.q.dtype, c.q.shape[2], c.causal, c.broadcast_q,
-                  cfg, bwd_dynamic(c.causal, c.broadcast_q))(
+    """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
+    window_tiles over the key offsets, the window order, count and table in place of the
+    list; module docstring)."""
+    D = c.q.shape[2]
+    if takes_windows(c.k.shape[0], c.cu_k.shape[0] - 1, c.max_k, c.broadcast_q):
+        cfg, dynamic = window_config(D), False
+        tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
+                                               BLOCK_N, cfg.block_m)
+    else:
+        cfg, dynamic = pick_config(D), bwd_dynamic(c.causal, c.broadcast_q)
+        tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
+                                           cfg.block_m, BLOCK_N)
+    host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
+                  dynamic)(
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.group, c.grid)

@@ -186,9 +186,10 @@ def persistent_programs(cfg, n_tiles: int, device) -> int:
 # Backward
 # --------------------------------------------------------------------------------------
 
-def bwd_args(dtype, head_dim: int):
+def bwd_args(dtype, head_dim: int, windows: bool = False):
     """The backward main kernel's symbolic tensors: q, k, v, dO, lse, delta, the fp32
-    dQ accumulator, dK, dV, cu_q, cu_k and the KV-tile list (tile_b, tile_n, n_tiles)."""
+    dQ accumulator, dK, dV, cu_q, cu_k and the KV-tile list (tile_b, tile_n, n_tiles);
+    key windows: the window order, table int32 [2, n_win] and count in its place."""
     import cutlass
     import cutlass.cute as cute
     nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
@@ -204,6 +205,8 @@ def bwd_args(dtype, head_dim: int):
     nt = cute.sym_int32()
     tile_b = fake(cutlass.Int32, (nt,), (1,), 4)
     tile_n = fake(cutlass.Int32, (nt,), (1,), 4)
+    if windows:
+        tile_n = fake(cutlass.Int32, (2, nt), (cute.sym_int64(), 1), 4)
     n_tiles = fake(cutlass.Int32, (1,), (1,), 4)
     return q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n, n_tiles
 

@@ -22,6 +22,13 @@ longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA 
 list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Causal
 packed lists are taken from a counter instead (tile_counter.py).
 
+Key windows (short sequences, `kv_window_coords`): a tile is a window of BLOCK_N
+consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles
+over the key offsets: live windows longest first), times the KV heads, dealt by the same
+static round-robin (`tile_range`; never from the counter, causal or not); each column
+meets its own sequence's query rows, the window reads the rows of every sequence it
+spans.
+
 Every role of a kernel decodes the same tile ids with these, so the `load` warp and the
 `compute` warpgroups agree on every tile without talking. The device-side helpers are
 traced inside a @cute.jit role; importing this module does not load the DSL.
@@ -32,7 +39,7 @@ from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 from .seqinfo import SeqlenInfo
 
 __all__ = ["boustrophedon", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
-           "tile_coords", "tile_range", "window_coords"]
+           "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
 
 
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
@@ -172,3 +179,32 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
         m_lo = seq.causal_q_start(n0) // BLOCK_M * BLOCK_M   # the block of the first row
     n_m = cutlass.max((seq.len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
     return b, hk, n0, seq, m_lo, n_m
+
+
+def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
+    """Backward tile t over key windows -> kv_tile_coords' tuple and the window's last
+    sequence: (first sequence, KV head hk, n0 = 0, the window as a SeqlenInfo, m_lo = 0,
+    number of Q blocks n_m, last sequence).
+
+    A window w is the packed key columns [w * BLOCK_N, + BLOCK_N) (sched.mTileB: the live
+    windows longest first, sched.mNTiles of them; sched.mTileN [2, n_win]: each one's
+    first and last sequence). Its SeqlenInfo: k_start the first column, len_k its real
+    columns; q_start = out_start the first sequence's first query row, len_q every row
+    up to the last sequence's end: a first sequence that starts before the window still
+    sees its columns, so no row is cut (no causal bound of one column). Tiles walk the
+    list x KV heads, heads fastest."""
+    import cutlass
+
+    HKV = sched.HKV
+    idx = t // HKV
+    hk = t - idx * HKV
+    w = sched.mTileB[idx]
+    s_first = sched.mTileN[0, w]
+    s_last = sched.mTileN[1, w]
+    k_start = w * BLOCK_N
+    len_k = cutlass.min(sched.mCuK[s_last + 1] - k_start, BLOCK_N)
+    q_start = sched.mCuQ[s_first]
+    len_q = sched.mCuQ[s_last + 1] - q_start
+    seq = SeqlenInfo(q_start, q_start, k_start, len_q, len_k)
+    n_m = (len_q + BLOCK_M - 1) // BLOCK_M
+    return s_first, hk, w * 0, seq, w * 0, n_m, s_last

@@ -13,6 +13,9 @@ both clamped to the sequence.
 A window of packed query rows may span sequences (row windows, the forward of short
 sequences): each row sees the packed key columns [lo, hi) of its own sequence
 (`row_seq_chunk` finds it, `row_kv_range` gives the range, the causal cut included).
+A window of packed key columns (key windows, the backward of short sequences) is the
+transpose: each column meets the packed query rows [lo, hi) of its own sequence
+(`row_seq_chunk` over the key offsets, `col_q_range`).
 
 Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
 module does not load the DSL.
@@ -107,4 +110,15 @@ def row_kv_range(cu_q, cu_k, seq, row, causal: bool):
     hi = cu_k[seq + 1]
     if causal:
         hi = _min(hi, row + 1 + hi - cu_q[seq + 1])
+    return lo, hi
+
+
+def col_q_range(cu_q, cu_k, seq, col, causal: bool):
+    """[lo, hi): the packed query rows that see packed key column `col` (of sequence
+    `seq`): its sequence's rows, causal from col + q_end - k_end on (bottom-right, the
+    transpose of row_kv_range; hi <= lo when no row sees it)."""
+    lo = cu_q[seq]
+    hi = cu_q[seq + 1]
+    if causal:
+        lo = _max(lo, col + hi - cu_k[seq + 1])
     return lo, hi

@@ -46,6 +46,14 @@ up to SHORT_MEAN_K at both:
   * 128 rows (D = 64 only): as 64 rows, and the consumers split dQ by query rows
     (`_step_rows`); 195 KB with one K/V stage (two spilled in causal).
 
+Key windows (short keys on average, `takes_windows`): a tile is instead BLOCK_N
+consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles
+over cu_k, schedule.kv_window_coords), against every query row of those sequences; each
+key column meets its own sequence's rows (`_col_bounds`, `_keep`), every step masked; the
+rows of every column come from `_window_rows`, launched before the main kernel. At gem 256
+/ 0.1 (mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked
+statically, causal too, in the short bucket's steps (`window_config`).
+
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and each pinned program accumulates into its own fp32 slot
 `dq_acc[slot]` ([n_slots, L_q, H, D], slot = p // H_kv), so the reduce-adds never contend
@@ -72,11 +80,11 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_visible
-from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles
+from jagged.seqinfo import causal_visible, col_q_range, row_seq
+from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles, window_tiles, windowed
 
 from jagged.launch import fast
-from .schedule import KVTiles, kv_tile_coords, tile_range
+from .schedule import KVTiles, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -115,6 +123,22 @@ def pick_config(head_dim: int, mean_k: float) -> Config:
     return CONFIGS[(head_dim, "short" if mean_k <= SHORT_MEAN_K else "long")]
 
 
+# Key windows (short keys, jagged.tiles.windowed): a tile is BLOCK_N packed key columns,
+# whatever sequences hold them, against every query row of those sequences. The windows
+# take the short bucket's steps (32 rows, two K/V stages): windowed calls have mean keys
+# of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured fastest in;
+# a window's rows are its sequences' (~BLOCK_N + the two end sequences' spill-over at
+# len_q = len_k), so 32-row steps leave the least padding at the row range's end; and a
+# window has few steps, so the next window's K/V loading under this one's pays.
+def window_config(head_dim: int) -> Config:
+    return CONFIGS[(head_dim, "short")]
+
+
+def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
+    """Whether a backward runs over key windows (packed queries, short keys on average)."""
+    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q)
+
+
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
 # setmaxnreg per role: producer (the compiler's at 32-row steps), 2 x 4 consumer warps,
@@ -123,6 +147,7 @@ REGS_COMPUTE = tl.constexpr(232)
 REGS_COMPUTE_M64 = tl.constexpr(240)  # 64- and 128-row steps: no reduce warp, 3 warpgroups
 REGS_REDUCE = tl.constexpr(24)
 DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
+ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (windows)
 
 
 class Descs(NamedTuple):
@@ -214,6 +239,27 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
             tl.store(sched_ptr, 0)
 
 
+@triton.jit
+def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key windows (jagged.tiles.window_tiles over cu_k: win = each window's first and last
+    sequence): one program per window; each of its BLOCK_N packed key columns gets the
+    packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
+    col_q_range; lo = hi past the window's keys), into col_rows [2, n_win * BLOCK_N]. The
+    main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
+    at D = 128 (and 6-22 in the load task, which runs on the compiler's few registers)."""
+    w = tl.program_id(0)
+    s_first = tl.load(win_ptr + w)
+    if s_first >= 0:  # live
+        s_last = tl.load(win_ptr + n_win + w)
+        cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+        seq = row_seq(cu_k_ptr, s_first, s_last, cols, ROW_SEQ_CHUNK)
+        lo, hi = col_q_range(cu_q_ptr, cu_k_ptr, seq, cols, CAUSAL)
+        hi = tl.where(cols < tl.load(cu_k_ptr + s_last + 1), hi, lo)
+        tl.store(col_rows_ptr + cols, lo)
+        tl.store(col_rows_ptr + n_win * BLOCK_N + cols, hi)
+
+
 # ----------------------------------------------------------------------------- helpers
 @triton.jit
 def _buf_phase(cnt, NUM: tl.constexpr):
@@ -235,6 +281,45 @@ def lse_log2(lse):  # role: compute
     return tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
 
 
+@triton.jit
+def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+            WINDOWS: tl.constexpr):  # role: schedule
+    """Tile t -> KVTile, from the (sequence, KV block) list or the key-window list."""
+    if WINDOWS:
+        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N)
+    else:
+        return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+
+
+@triton.jit
+def _col_bounds(col_rows, tiles, tile, c0: tl.constexpr, N: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # role: compute
+    """Key window columns [c0, c0 + N): the query rows [lo, hi) (from tile.q_start) each
+    meets, as `_window_rows` wrote them (col_rows [2, windows * BLOCK_N])."""
+    cols = tile.k_start + c0 + tl.arange(0, N)
+    lo = tl.load(col_rows + cols)
+    hi = tl.load(col_rows + tiles.L_q * BLOCK_N + cols)
+    return lo - tile.q_start, hi - tile.q_start
+
+
+@triton.jit
+def _keep(offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
+          WINDOWS: tl.constexpr):  # role: compute
+    """P^T's mask (keys x query rows): keys inside the sequence and CAUSAL its bottom-right
+    triangle; WINDOWS: row offs_m (from tile.q_start) in each key's [lo, hi) (`bounds`,
+    _col_bounds)."""
+    if WINDOWS:
+        lo, hi = bounds
+        keep = (offs_m[None, :] >= lo[:, None]) & (offs_m[None, :] < hi[:, None])
+    else:
+        keep = (offs_n < tile.len_k)[:, None]
+        if CAUSAL:
+            keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
+                                         tile.len_k)
+    return keep
+
+
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(descs, smem, bars, tiles, stats,
@@ -242,7 +327,8 @@ def load(descs, smem, bars, tiles, stats,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
          BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
          NKV: tl.constexpr, DQ_COLS: tl.constexpr, REDUCE_DQ: tl.constexpr,
-         DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr):
+         DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr,
+         WINDOWS: tl.constexpr):
     """The producer: per tile K and V, per Q step Q and dO, by TMA. With smem.lse (64- and
     128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
     work, one step behind."""
@@ -264,7 +350,7 @@ def load(descs, smem, bars, tiles, stats,
     if DYNAMIC:
         publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
     while t < n_tiles:
-        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
         # K, V of the tile into stage i % NKV, freed by both consumers at the end of the tile
         kvb, kph = _buf_phase(i, NKV)
         tlx.barrier_wait(bars.kv_empty[kvb], kph ^ 1)
@@ -327,13 +413,13 @@ def load(descs, smem, bars, tiles, stats,
 
 
 @triton.jit
-def compute(smem, bars, tiles, stats, grads,
+def compute(smem, bars, tiles, stats, grads, col_rows,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
-            ROW_SPLIT: tl.constexpr):
+            ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -355,7 +441,10 @@ def compute(smem, bars, tiles, stats, grads,
     carried in the S^T accumulator's slice layout, so no LDG result is read in the
     iteration that loads it (llm B8 H16 8192: 30.3 -> 25.4 ms, causal 18.06 -> 15.85 ms
     against loading them in their own step). At 64- and 128-row steps the load task
-    stages them in smem (smem.lse / smem.delta), read at use."""
+    stages them in smem (smem.lse / smem.delta), read at use.
+
+    WINDOWS: the tile is a key window; each key's query rows (_col_bounds, read at the
+    tile's start) mask every step."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     pid = tl.program_id(0)
@@ -368,9 +457,13 @@ def compute(smem, bars, tiles, stats, grads,
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
         nc0 = tile.n0 + cid * BNC
         offs_n = nc0 + tl.arange(0, BNC)
+        if WINDOWS:
+            bounds = _col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
+        else:
+            bounds = None
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
         kvb, kph = _buf_phase(i, NKV)
@@ -403,8 +496,8 @@ def compute(smem, bars, tiles, stats, grads,
                 vc = smem.v[kvq * NC + cid]
             if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
                 dk, dv, dqt = _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n,
-                                         offs_m, tile, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
-                                         cid)
+                                         offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M,
+                                         BNC, NC, cid, WINDOWS)
             else:
                 # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
                 st = tlx.async_dot(kc, tlx.local_trans(qb))
@@ -431,11 +524,7 @@ def compute(smem, bars, tiles, stats, grads,
                 if smem.lse is not None:  # read at use: no registers held across the step
                     lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-                keep = (offs_n < tile.len_k)[:, None]
-                if CAUSAL:
-                    keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
-                                                 tile.len_k)
-                pt = tl.where(keep, pt, 0.0)
+                pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
                 lp = pt.to(grads.dk.dtype.element_ty)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
@@ -496,9 +585,9 @@ def compute(smem, bars, tiles, stats, grads,
 
 
 @triton.jit
-def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile,
+def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile, bounds,
                qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
-               NC: tl.constexpr, cid: tl.constexpr):
+               NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
     dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
     transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
@@ -511,11 +600,7 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
     st = tlx.async_dot_wait(0, st)
     pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
-    keep = (offs_n < tile.len_k)[:, None]
-    if CAUSAL:
-        keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
-                                     tile.len_k)
-    pt = tl.where(keep, pt, 0.0)
+    pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
     dv = tlx.async_dot(pt.to(dt), dob, dv)                           # dV_c += P^T dO
     dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
     dpt = tlx.async_dot(vc, tlx.local_trans(dob))                    # dP^T = V_c dO^T
@@ -573,7 +658,7 @@ def reduce_dq(dq_desc, smem, bars, tiles,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
-              DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr):
+              DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, WINDOWS: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
@@ -587,7 +672,7 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
         for j in range(0, G * tile.n_m):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
@@ -632,7 +717,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
                DYNAMIC: tl.constexpr,        # tiles from the counter (bwd_dynamic)
                KV_STAGES: tl.constexpr,      # Config.kv_stages
-               Q_LOOP_STAGES: tl.constexpr):  # the Q-step loop's num_stages (Config)
+               Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
+               WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
+               col_rows=None):  # WINDOWS: each key column's query rows (_window_rows)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -645,6 +732,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # 128-row steps (D = 64 only): the consumers split dQ by query rows (ROW_SPLIT)
     M128: tl.constexpr = BLOCK_M >= 128
     tl.static_assert(D == 64 or not M128, "128-row steps are built for D = 64 only")
+    # key windows: packed queries, walked statically (no tile counter, even causal)
+    tl.static_assert(not WINDOWS or not (BROADCAST_Q or DYNAMIC), "windows: packed, static")
     NKV: tl.constexpr = KV_STAGES
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
@@ -683,15 +772,16 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     with tlx.async_tasks():
         with tlx.async_task("default", registers=REGS_LOAD):
             load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS)
+                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
-            compute(smem, bars, tiles, stats, grads, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                    BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES, M128)
+            compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
+                    CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
+                    M128, WINDOWS)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 reduce_dq(dq_desc, smem, bars, tiles, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS)
+                          BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS, WINDOWS)
 
 
 # ----------------------------------------------------------------------------- postprocess
@@ -769,6 +859,16 @@ def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
     return delta, dq_acc, grid, sched
 
 
+def window_rows(cu_q, cu_k, win, causal):  # role: host
+    """Each key column's query rows over the key windows `win` ([2, n_win], window_tiles
+    over cu_k): int32 [2, n_win * BLOCK_N], (lo, hi) packed rows (_window_rows)."""
+    n_win = win.shape[1]
+    out = torch.empty((2, n_win * BLOCK_N), dtype=torch.int32, device=win.device)
+    fast(_window_rows)[(n_win,)](cu_q, cu_k, win, n_win, out, BLOCK_N=BLOCK_N,
+                                 CAUSAL=bool(causal), num_warps=4)
+    return out
+
+
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq."""
     n_elem = p.dq.numel()
@@ -787,23 +887,30 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     if p.empty:
         return p.dq, p.dk, p.dv
     D = p.D
-    cfg = pick_config(D, k.shape[0] / p.B)
+    windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
+    cfg = window_config(D) if windows else pick_config(D, k.shape[0] / p.B)
     BM = cfg.block_m
 
     delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
 
     # (b) main
-    tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
+    if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
+        tile_b, n_tiles, tile_n = window_tiles(cu_k, cu_q, k.shape[0], max_k, BLOCK_N, BM)
+        l_q, dynamic = tile_n.shape[1], False
+        col_rows = window_rows(cu_q, cu_k, tile_n, causal)
+    else:
+        tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
+        l_q, dynamic, col_rows = p.L_q, bwd_dynamic(causal, broadcast_q), None
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), p.L_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
+        float(scale), l_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-        BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D),
-        DYNAMIC=bwd_dynamic(causal, broadcast_q), KV_STAGES=cfg.kv_stages,
-        Q_LOOP_STAGES=cfg.num_stages, num_warps=4, num_stages=cfg.num_stages)
+        BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
+        KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
+        col_rows=col_rows, num_warps=4, num_stages=cfg.num_stages)
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

@@ -17,7 +17,9 @@ balanced.
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks
 the list (packed: tiles x KV heads round-robin; broadcast-Q: programs pinned to a KV
-head). Causal packed lists are taken from a counter instead (tile_counter.py).
+head). Causal packed lists are taken from a counter instead (tile_counter.py). Short keys
+take key windows instead (`kv_window_coords`): BLOCK_N consecutive packed key columns,
+whatever sequences hold them (jagged.tiles.window_tiles over cu_k), walked statically.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 __all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
-           "tile_coords", "tile_range", "window_coords"]
+           "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -163,7 +165,9 @@ def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.const
 class KVTiles(NamedTuple):
     """The backward's KV-tile list (jagged.tiles.kv_tiles: tile_b, tile_n, n_tiles), the
     offsets it indexes (cu_q, cu_k; L_q, broadcast-Q's query length) and the scheduling
-    buffer (the tile counter and handoff slots, jagged.tiles.dq_accumulator)."""
+    buffer (the tile counter and handoff slots, jagged.tiles.dq_accumulator). Key windows
+    (kv_window_coords): tile_b the window order, n_tiles the live count, tile_n each
+    window's first sequence and tile_n + L_q its last (`win`), L_q the window count."""
     tile_b: object
     tile_n: object
     n_tiles: object
@@ -176,7 +180,8 @@ class KVTiles(NamedTuple):
 class KVTile(NamedTuple):
     """Where a backward tile lives: sequence b, KV head hk, first key n0, the sequence's
     keys and queries, the token offsets of its k rows, q rows and dO / O / lse rows, and
-    its Q blocks: n_m of BLOCK_M rows from row m_lo."""
+    its Q blocks: n_m of BLOCK_M rows from row m_lo; s_last: the last sequence of a key
+    window (b its first; b itself for a (sequence, KV block) tile)."""
     b: object
     hk: object
     n0: object
@@ -187,6 +192,7 @@ class KVTile(NamedTuple):
     o_start: object
     m_lo: object
     n_m: object
+    s_last: object
 
 
 @triton.jit
@@ -219,4 +225,24 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
     if BROADCAST_Q:
         hk = pid % HKV
-    return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m)
+    return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, b)
+
+
+@triton.jit
+def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Backward tile t over key windows (tiles: KVTiles of a window list) -> KVTile: KV
+    head t % HKV of window order[t // HKV], its real key columns [k_start, k_start + len_k)
+    (n0 = 0) and every query row of the sequences b..s_last it spans, n_m blocks from
+    q_start (m_lo = 0). All rows: the first sequence may start before the window and the
+    last end after it, and each key column's rows are the mask's (seqinfo.col_q_range),
+    so no causal cut of the row range holds for every sequence of the window."""
+    w = tl.load(tiles.tile_b + t // HKV)
+    s_first = tl.load(tiles.tile_n + w)
+    s_last = tl.load(tiles.tile_n + tiles.L_q + w)
+    k_start = w * BLOCK_N
+    len_k = tl.minimum(tl.load(tiles.cu_k + s_last + 1) - k_start, BLOCK_N)
+    q_start = tl.load(tiles.cu_q + s_first)
+    len_q = tl.load(tiles.cu_q + s_last + 1) - q_start
+    return KVTile(s_first, t % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
+                  q_start.to(tl.int64), 0, tl.cdiv(len_q, BLOCK_M), s_last)

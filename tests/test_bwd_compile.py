@@ -26,6 +26,9 @@ MODES = [(c, bq) for c in (False, True) for bq in (False, True)]
 # (head dim, bucket, causal, broadcast-Q, dtype)
 CASES = [(d, b, c, bq, "bf16") for d, b in bw.CONFIGS for c, bq in MODES]
 CASES += [(128, "long", True, False, "fp16"), (64, "long", False, True, "fp16")]
+# key windows (bw.window_config, packed, static walk): (head dim, causal, dtype)
+# the key-window builds: both head dims, causal and not, both 16-bit dtypes
+WINDOW_CASES = [(64, True, "bf16"), (128, False, "bf16"), (128, True, "fp16")]
 
 
 def signature(dt, d, cfg):
@@ -38,21 +41,26 @@ def signature(dt, d, cfg):
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
                                     "n_tiles_ptr", "sched_ptr")})
     sig.update(scale="fp32", L_q="i32", stride_k_tok="i32", stride_k_h="i32",
-               stride_lse_h="i32")
+               stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
     return sig
 
 
-def main_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2):
+def main_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False):
     """A harness.compile_check job (the dict `_run_job` takes): the main kernel as
-    `backward` launches it."""
-    cfg = bw.CONFIGS[(d, bucket)]
+    `backward` launches it (windows: over key windows, bw.window_config)."""
+    cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
     const = dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal,
-                 BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d), DYNAMIC=bwd_dynamic(causal, bq),
-                 KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages)
-    return dict(module=bw.__name__, qualname="bwd_kernel", signature=signature(dt, d, cfg),
+                 BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
+                 DYNAMIC=bwd_dynamic(causal, bq) and not windows,
+                 KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows)
+    sig = signature(dt, d, cfg)
+    if windows:  # with each key column's query rows (bw.window_rows)
+        sig["col_rows"] = "*i32"
+    return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
-                name=f"bwd D{d} {bucket} {'causal' if causal else 'full'} "
-                     f"{'bq' if bq else 'packed'} {dt}", opts={})
+                name=f"bwd D{d} {'windows' if windows else bucket} "
+                     f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
+                opts={})
 
 
 _BATCH = ("import pickle, sys\n"
@@ -97,6 +105,12 @@ def reports():
     return dict(zip(CASES, compile_batch([main_job(*c) for c in CASES])))
 
 
+@pytest.fixture(scope="module")
+def window_reports():
+    jobs = [main_job(d, None, c, False, dt, windows=True) for d, c, dt in WINDOW_CASES]
+    return dict(zip(WINDOW_CASES, compile_batch(jobs)))
+
+
 WAIT0 = "wgmma.wait_group.sync.aligned 0;"
 
 
@@ -129,6 +143,26 @@ def test_main_compiles(reports, case):
         assert "wgmma.mma_async.sync.aligned.m64n128k16" in rep.ptx
     if cfg.num_stages == 0:  # the Q loop out of the pipeliner: 3 waits of 0 a consumer
         assert rep.ptx.count(WAIT0) == 3 * bw.NUM_CONSUMERS.value, rep.ptx.count(WAIT0)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=["-".join(map(str, c))
+                                                   for c in WINDOW_CASES])
+def test_windows_compile(window_reports, case):
+    """The key-window builds: the short bucket's structure (32-row steps, the 1-warp
+    reduce_dq task, LSE / delta carried a step ahead), spill-free, and a static walk (no
+    tile counter, causal too)."""
+    d, causal, dt = case
+    rep = window_reports[case]
+    assert not isinstance(rep, str), rep
+    print(rep.row())
+    assert rep.has_mma, "no wgmma in the PTX"
+    assert rep.fits(), f"shared memory {rep.total_smem} B > 227 KB"
+    assert not rep.spills, f"spills: {rep.row()}"
+    assert "atom.global.gpu.relaxed.add" not in rep.ptx
+    assert bw.window_config(d).block_m == 32
+    assert 232 in rep.setmaxnreg and "num_warps(1)" in rep.ttgir, rep.setmaxnreg
+    _lse_carried(rep.ttgir, 32)
+    assert rep.ptx.count("cp.reduce.async.bulk") == (2 if d == 64 else 4)
 
 
 def _lse_carried(ttgir: str, bm: int):
@@ -173,6 +207,20 @@ def test_config_table():
     assert bw.dq_cols(128) == 64 and bw.dq_cols(64) == 64
 
 
+def test_window_decision():
+    """Key windows for packed calls whose mean keys are at most half a tile (gem 256 / 0.1:
+    1152 sequences, mean ~26), never broadcast-Q or one sequence; they run the short
+    bucket's 32-row steps."""
+    assert bw.takes_windows(1152 * 26, 1152, 256, False)
+    assert not bw.takes_windows(1152 * 26, 1152, 256, True)
+    assert not bw.takes_windows(26, 1, 26, False)
+    assert not bw.takes_windows(8 * 2048, 8, 4096, False)
+    assert bw.takes_windows(64 * 10, 10, 128, False)
+    assert not bw.takes_windows(65 * 10, 10, 128, False)
+    for d in (64, 128):
+        assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
+
+
 @pytest.mark.parametrize("d", (64, 128))
 def test_pre_post_compile(d):
     pre = compile_kernel(
@@ -187,3 +235,14 @@ def test_pre_post_compile(d):
          "slot_stride": "i32", "scale": "fp32"},
         constexprs=dict(BLOCK=1024), arch=90, num_warps=4)
     assert not pre.spills and not post.spills
+
+
+@pytest.mark.parametrize("causal", (False, True))
+def test_window_rows_compile(causal):
+    """The key windows' column-rows kernel (bw.window_rows), spill-free."""
+    rep = compile_kernel(
+        bw._window_rows,
+        {"cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "win_ptr": "*i32", "n_win": "i32",
+         "col_rows_ptr": "*i32"},
+        constexprs=dict(BLOCK_N=bw.BLOCK_N, CAUSAL=causal), arch=90, num_warps=4)
+    assert not rep.spills, rep.row()

@@ -4,7 +4,9 @@ Like tests/test_cute_compile.py: CUTE_DSL_ARCH=sm_90a, compiled on symbolic tens
 a subprocess (CUTE_DSL_* must be set before the DSL is imported), PTX kept and checked
 for what the design relies on. The cubin the DSL built gives registers and spills (else
 the ptxas on PATH, where there is one). The address checks run the layout algebra at
-trace time against the hardware's rules.
+trace time against the hardware's rules. The key-windows build too (no counter, the
+unsigned mask, no spills); and, on plain ints, the window schedule and per-column row
+ranges against jagged's torch references, and the host's launch of either build.
 """
 import os
 import re
@@ -15,6 +17,7 @@ import textwrap
 import pytest
 
 from _cute import ROOT, compile_in_subprocess, have_dsl, traced_check
+from _interp import interp
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
@@ -357,3 +360,214 @@ def test_dq_smem_addresses(tmp_path):
             for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
                 assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
     """)
+
+
+# ----------------------------------------------------------------------------- key windows
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal,dtype", [  # two in CI, the rest in `make test-matrix`
+    (64, False, "bf16"), (128, True, "fp16"),
+    *(pytest.param(*v, marks=pytest.mark.matrix)
+      for v in ((64, True, "bf16"), (128, False, "bf16"), (128, True, "bf16")))])
+def test_bwd_window_builds(tmp_path, D, causal, dtype):
+    """The key-windows build (window_config): tiles round-robin, never from the counter
+    (no atomic add, causal or not); P^T masked by one unsigned compare a score (bm / 2
+    a compute thread a step: 64 keys x bm queries / 128 threads); the default build's
+    dQ reduces, dK / dV stores and wgmma shapes; no spills in the cubin; its
+    SharedStorage (asserted equal to smem_bytes when traced) within the limit."""
+    from jagged.arch import SMEM_LIMIT
+    from kernels_cute import bwd_hopper as B
+    cfg = B.window_config(D)
+    bm = cfg.block_m
+    assert B.smem_bytes(D, cfg) <= SMEM_LIMIT[90]
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, B.window_config({D}))",
+                    dtype)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert not re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)
+    unsigned = _count(r"\bsetp\.(?:lt|ge)\.u32\b", ptx)
+    assert bm // 2 <= unsigned <= bm // 2 + 8, unsigned
+    red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
+    assert _count(red, ptx) == D // B.DQ_WIDE
+    assert _count(r"st\.global\.v4\.b32", ptx) == D // 8
+    assert _count(r"mbarrier\.arrive\.expect_tx", ptx) == 2
+    if bm == 128:
+        assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx) == 8
+        assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx) == 24
+    res, adv = _ptxas(path), _ptxas_advisories(path)
+    print(f"windows D={D} causal={causal} {dtype}: ptxas (registers, spill bytes): {res}, "
+          f"advisories {adv}, smem {B.smem_bytes(D, cfg)} B")
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+    assert not adv, adv
+
+
+def test_bwd_window_config():
+    """Key windows: the head dim's default step with windows on, and only where
+    jagged.tiles.windowed over the keys (128-key blocks) says so, never broadcast-Q."""
+    from jagged.tiles import windowed
+    from kernels_cute import bwd_hopper as B
+    for d in (64, 128):
+        cfg, base = B.window_config(d), B.pick_config(d)
+        assert cfg.windows and not base.windows
+        assert (cfg.block_m, cfg.kv_stages) == (base.block_m, base.kv_stages)
+        B.check_config(d, cfg)
+    for n_keys, batch, max_k in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
+                                 (5, 1, 5), (40, 40, 1)):
+        for bq in (False, True):
+            assert B.takes_windows(n_keys, batch, max_k, bq) == \
+                windowed(n_keys, batch, max_k, 128, bq)
+    assert B.takes_windows(26 * 1152, 1152, 256, False)        # gem-jagged 256
+    assert not B.takes_windows(26 * 1152, 1152, 256, True)
+    assert not B.takes_windows(65 * 100, 100, 256, False)
+
+
+class _Ints:
+    """A tensor read as the kernel reads it (t[i], t[i, j]), in plain ints."""
+    def __init__(self, t):
+        self.t = t
+
+    def __getitem__(self, i):
+        return int(self.t[i])
+
+
+def _col_ranges(S, cq, ck, seq, s_first, s_last, col, causal):
+    """`col_ranges` for one key column (in the window) as the compute role runs it:
+    (its sequence, packed rows lo, hi), hi = lo past the window's real columns."""
+    packed = seq.k_start + col
+    s = s_first
+    for j0 in range(s_first + 1, s_last + 1, S.ROW_SEQ_CHUNK):
+        s = S.row_seq_chunk(ck, j0, s_last, packed, s)
+    lo, hi = S.col_q_range(cq, ck, s, packed, causal)
+    return s, lo, (hi if col < seq.len_k else lo)
+
+
+@needs_dsl
+@pytest.mark.parametrize("causal", [False, True])
+def test_kv_window_coords_match_the_reference(causal):
+    """schedule.kv_window_coords and the compute role's column ranges
+    (seqinfo.row_seq_chunk over the key offsets, col_q_range, mirrored as `col_ranges`
+    runs them), on plain ints against jagged's torch references: every (live window, KV
+    head) tile once per grid size under the round-robin; a window's first column, real
+    columns, first / last sequence, its rows all those of the sequences it spans (a
+    first sequence that starts before the window included, no causal cut) in n_m blocks;
+    each column's rows those of col_q_range_ref (none past the real columns), and the
+    unsigned mask (`window_keep`) over every step keeps exactly the (row, column) pairs of
+    one sequence that attention sees (bottom-right causal). The lengths include empty
+    sequences, single keys, a sequence over several windows, queries without keys and
+    keys without queries."""
+    import torch
+    from jagged.seqinfo import causal_visible_ref, col_q_range_ref
+    from jagged.tiles import window_tiles_reference
+    from kernels_cute import schedule as Sch
+    from kernels_cute import seqinfo as S
+    from kernels_cute.bwd_hopper import Sched
+
+    BN, HKV = 128, 3
+    g = torch.Generator().manual_seed(11 + causal)
+    lq = torch.randint(0, 50, (60,), generator=g)
+    lk = torch.randint(0, 90, (60,), generator=g)
+    lq[:2], lk[:2] = torch.tensor([10, 300]), torch.tensor([100, 10])
+    lq[5:12] = torch.tensor([0, 1, 0, 9, 40, 1, 0])
+    lk[5:12] = torch.tensor([3, 0, 0, 7, 300, 1, 5])
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)])
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)])
+    total_k = int(cu_k[-1])
+    for BM in (64, 128):
+        # key windows: the table over the key offsets, sorted by the query blocks spanned
+        order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
+        n_live = int(count)
+        sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
+                      HKV, 3, None, None)
+        for P in (1, 5, 132):              # tile_range's packed round-robin
+            seen = [Sch.kv_window_coords(t, sched, BM, BN)
+                    for p in range(P) for t in range(p, n_live * HKV, P)]
+            assert sorted((c[3].k_start // BN, c[1]) for c in seen) == \
+                sorted((int(w), hk) for w in order[:n_live] for hk in range(HKV))
+        for idx in range(n_live):
+            s_first, hk, n0, seq, m_lo, n_m, s_last = Sch.kv_window_coords(
+                idx * HKV + 2, sched, BM, BN)
+            w = int(order[idx])
+            cols = torch.arange(w * BN, min(w * BN + BN, total_k))
+            ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
+            assert (hk, n0, m_lo) == (2, 0, 0)
+            assert (s_first, s_last) == (int(ref_seq[0]), int(ref_seq[-1]))
+            assert seq.k_start == w * BN and seq.len_k == len(cols)
+            assert seq.q_start == seq.out_start == int(cu_q[s_first])
+            assert seq.q_start + seq.len_q == int(cu_q[s_last + 1])
+            assert n_m == -(-seq.len_q // BM)
+            for col in range(BN):
+                s, lo, hi = _col_ranges(S, _Ints(cu_q), _Ints(cu_k), seq, s_first, s_last,
+                                        col, causal)
+                if col < seq.len_k:
+                    assert (s, lo, hi) == (int(ref_seq[col]), int(ref_lo[col]),
+                                           int(ref_hi[col]))
+                    assert seq.q_start <= lo and hi <= seq.q_start + seq.len_q
+                q_lo, q_w = lo - seq.q_start, max(hi - lo, 0)
+                # the pairs attention sees: one sequence, bottom-right causal
+                q0, q1, k0 = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s])
+                rows = torch.arange(seq.q_start, seq.q_start + n_m * BM)
+                sees = (rows >= q0) & (rows < q1) & (col < seq.len_k)
+                if causal:
+                    sees &= causal_visible_ref(rows - q0, seq.k_start + col - k0,
+                                               int(lq[s]), int(lk[s]))
+                keep = [(q - (q_lo - m * BM)) % 2 ** 32 < q_w      # window_range, _keep
+                        for m in range(n_m) for q in range(BM)]
+                assert keep == sees.tolist(), (w, col)
+
+
+@interp
+@pytest.mark.parametrize("short", [True, False])
+def test_host_backward_launches_windows(monkeypatch, short):
+    """host.backward with bwd_hopper's main (the tile lists in the interpreter, the
+    kernels recorders): short packed keys launch the window_config build, never from
+    the counter, on window_tiles over the key offsets (order, table, count in the tile
+    list's places); otherwise, and always in broadcast-Q, the default build on kv_tiles.
+    Preprocess and postprocess run as before."""
+    import torch
+    from jagged.tiles import bwd_dynamic, kv_tiles, window_tiles
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append((key, args))
+
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
+    lq = lk.flip(0)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu_q = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    max_k = int(lk.max())
+    k = torch.zeros(int(cu_k[-1]), HKV, D, dtype=torch.bfloat16)
+    for bq in (False, True):
+        n_q = 7 if bq else int(cu_q[-1])
+        n_out = n_q * len(lk) if bq else n_q
+        q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)
+        o = torch.zeros(n_out, H, D, dtype=torch.bfloat16)
+        lse = torch.zeros(H, n_out)
+        for causal in (False, True):
+            calls.clear()
+            host.backward(kern, o, q, k, k, o, lse, None if bq else cu_q, cu_k, n_q, max_k,
+                          causal, 0.125, bq)
+            (pre, _), (main, args), (post, _) = calls
+            assert pre == (q.dtype, D, not bq) and post == (q.dtype,)
+            if short and not bq:
+                cfg = B.window_config(D)
+                order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
+                                                 cfg.block_m)
+                assert main == (q.dtype, D, causal, False, cfg, False)
+                assert all(torch.equal(a, b) for a, b in zip(args[11:14], (order, win, count)))
+            else:
+                cfg = B.pick_config(D)
+                tiles = kv_tiles(None if bq else cu_q, cu_k, n_q if bq else 0, max_k, causal,
+                                 cfg.block_m, B.BLOCK_N)
+                assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(causal, bq))
+                assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))
+            assert args[15:18] == (0.125, n_q if bq else 0, H // HKV)
+            assert bq or args[18] == 132

@@ -212,7 +212,7 @@ def test_tile_cache_is_bounded():
 @triton.jit
 def _decode_tiles(pairs, n_pairs, cu, out, H, NBLK):
     for t in range(0, n_pairs * H):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b, _ = tile_coords(
             t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)
@@ -239,7 +239,7 @@ def test_tile_coords_chunks():
 @triton.jit
 def _kv_split(pairs, n_pairs, cu_q, cu_k, out, NBLK):
     for t in range(0, n_pairs):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b, _ = tile_coords(
             t, pairs, n_pairs, cu_q, cu_k, 0, 1, 1, NBLK, 64, 64, True, False)
         tl.store(out + 3 * t, q_start + m0)
         tl.store(out + 3 * t + 1, n_bulk)
@@ -271,7 +271,7 @@ def test_tile_coords_causal_kv_split():
 def _decode_rounds(pairs, n_pairs, cu, out, H, NBLK):
     """As a persistent program walks: tiles pid, pid + P, ...; out[t] per loop index."""
     for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b, _ = tile_coords(
             t, pairs, n_pairs, cu, cu, 0, H, 1, NBLK, 64, 64, False, False)
         tl.store(out + 2 * t, q_start + m0)
         tl.store(out + 2 * t + 1, h)

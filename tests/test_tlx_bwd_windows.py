@@ -1,0 +1,207 @@
+"""The TLX Hopper backward's key windows, emulated in the Triton interpreter: the kernel's
+own tile decoding (`_coords` -> schedule.kv_window_coords), each key column's query rows
+(`window_rows` / `_window_rows`, read back by `_col_bounds`) and mask (`_keep`, WINDOWS)
+over its key-window list (jagged.tiles.window_tiles over cu_k), with plain loads, dots
+and atomic adds in place of TMA, wgmma and the bulk dQ reduce, between the kernel's own
+preprocess and postprocess, against the oracle. The forward is jagged.portable's."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from harness.oracle import check
+from harness.problems import Problem
+from _interp import interp
+
+bw = pytest.importorskip("kernels_tlx.bwd_hopper")
+from kernels_tlx.schedule import KVTiles  # noqa: E402
+
+
+@triton.jit
+def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
+              n_q, n_k, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """bw.compute's math for consumer cid's 64 keys (32-row steps), TMA's zero fill and
+    clipping past the tensors' ends as masks."""
+    G = H // HKV
+    BNC: tl.constexpr = BLOCK_N // 2
+    nc0 = tile.n0 + cid * BNC
+    offs_n = nc0 + tl.arange(0, BNC)
+    bounds = bw._col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
+    d = tl.arange(0, D)
+    kr = tile.k_start + offs_n
+    at = (kr * HKV + tile.hk)[:, None] * D + d[None, :]
+    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
+    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
+    dt = kc.dtype
+    kc = kc.to(tl.float32)  # interpreter: fp32 dots
+    dk_c = tl.zeros([BNC, D], tl.float32)
+    dv_c = tl.zeros([BNC, D], tl.float32)
+    qk_scale2 = scale * 1.4426950408889634
+    for j in range(0, G * tile.n_m):
+        h = tile.hk * G + j // tile.n_m
+        m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        rows = tile.q_start + offs_m
+        orows = tile.o_start + offs_m
+        qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
+                     other=0.0).to(tl.float32)
+        dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
+                      mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
+        inb = offs_m < tile.len_q
+        lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
+        dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
+        st = tl.dot(kc, tl.trans(qb))
+        pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
+        pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
+        dv_c += tl.dot(pt.to(dt).to(tl.float32), dob)
+        dpt = tl.dot(vc, tl.trans(dob))
+        dst = (pt * (dpt - dl[None, :])).to(dt).to(tl.float32)
+        dk_c += tl.dot(dst, qb)
+        # the whole step's box is reduce-added (rows past the tile's hold zeros), clipped
+        # at the tensor's end
+        tl.atomic_add(dq_acc + (rows * H + h)[:, None] * D + d[None, :],
+                      tl.dot(tl.trans(dst), kc), mask=(rows < n_q)[:, None])
+    # bw.store's arithmetic and row bound, without its shared-memory staging
+    out = (tile.k_start + offs_n)[:, None] * HKV * D + tile.hk * D + d[None, :]
+    keep = (offs_n < tile.len_k)[:, None]
+    tl.store(dk + out, (dk_c * scale).to(dk.dtype.element_ty), mask=keep)
+    tl.store(dv + out, dv_c.to(dv.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _emulate(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, cu_q, cu_k, order, count,
+             win, n_win, scale, n_q, n_k, H, HKV: tl.constexpr, D: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """One program per (window, KV head) slot t of the static walk."""
+    tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
+    t = tl.program_id(0)
+    if t < tl.load(count) * HKV:
+        tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+        for cid in tl.static_range(2):
+            _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
+                      n_q, n_k, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
+
+
+def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                      broadcast_q, dlse=None):
+    """bw.backward's windows path with the main kernel emulated (_emulate)."""
+    from jagged.tiles import window_tiles
+    n_q, H, D = q.shape
+    n_k, HKV = k.shape[:2]
+    B = cu_k.shape[0] - 1
+    assert bw.takes_windows(n_k, B, max_k, broadcast_q)
+    cfg = bw.window_config(D)
+    p = bw._prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
+    delta = torch.empty((H, n_q), dtype=torch.float32)
+    dq_acc = torch.full((n_q, H, D), float("nan"))
+    sched = torch.zeros(4, dtype=torch.int32)
+    rows = 32 if D <= 64 else 16
+    bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
+        p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), H=H, D=D, ROWS=rows,
+        ZERO_DQ=True)
+    if dlse is not None:
+        delta -= dlse
+    order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
+    col_rows = bw.window_rows(cu_q, cu_k, win, causal)
+    p.dk.fill_(float("nan"))  # every real key row must be stored
+    p.dv.fill_(float("nan"))
+    _emulate[(win.shape[1] * HKV,)](
+        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dk, p.dv,
+        col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H, HKV=HKV,
+        D=D, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal)
+    bw._postprocess(p, dq_acc, scale, broadcast_q)
+    return p.dq, p.dk, p.dv
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        from jagged import portable
+        out, lse = portable.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.args = (max_q, max_k, causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, causal, scale = ctx.args
+        dq, dk, dv = emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
+                                       causal, scale, False)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def emulated(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None,
+             broadcast_q=False):
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+
+
+def _short(n, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, (n,), generator=g).tolist()
+
+
+# a window whose first sequence starts before it and whose last ends after it (keys
+# [0, 30), [30, 230), [230, 240), [240, 420): window 1 = [128, 256) spans 1..3)
+SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
+
+CASES = [  # (id, problem, (len_q, len_k))
+    ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
+     ([0, 1, 100, 0, 0, 1, 1] + _short(33, 0, 12, 1),) * 2),
+    ("self-spanning-d128", Problem(batch=50, heads=2, head_dim=128, max_seqlen_q=200),
+     (SPAN,) * 2),
+    ("self-causal-gqa-d128", Problem(batch=30, heads=4, kv_heads=2, head_dim=128,
+                                     max_seqlen_q=60, causal=True),
+     ([60] + _short(28, 0, 9, 2) + [1],) * 2),
+    # len_q > len_k, causal: a 128-key window spans ~40 sequences (row_seq's chunks)
+    ("cross-causal-lq>lk-gqa", Problem(batch=60, heads=4, kv_heads=1, head_dim=64,
+                                       max_seqlen_q=20, max_seqlen_k=6, mode="cross",
+                                       causal=True),
+     (_short(60, 0, 20, 5), _short(60, 0, 6, 6))),
+    # len_q < len_k, causal, and sequences spanning windows
+    ("cross-causal-lq<lk", Problem(batch=24, heads=2, head_dim=64, max_seqlen_q=12,
+                                   max_seqlen_k=150, mode="cross", causal=True),
+     (_short(24, 0, 12, 3), [150, 3, 0, 140] + _short(20, 0, 40, 4))),
+    ("cross-spanning-fp16", Problem(batch=50, heads=2, head_dim=64, max_seqlen_q=30,
+                                    max_seqlen_k=200, mode="cross", dtype="fp16"),
+     (_short(50, 0, 30, 8), SPAN)),
+    # many empty sequences inside a window (a span past row_seq's chunk of 16); seed 1:
+    # seed 0 puts dv 2 % past the oracle's bound for jagged.portable's backward as well
+    ("self-causal-many-empty", Problem(batch=60, heads=2, head_dim=64, max_seqlen_q=90,
+                                       causal=True, seed=1),
+     ([5] + [0] * 40 + [90, 7] + [0] * 10 + _short(7, 0, 30, 9),) * 2),
+]
+
+
+@interp
+@pytest.mark.parametrize("p, lengths", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_window_backward_against_oracle(p, lengths):
+    inp = p.build(lengths=lengths)
+    assert bw.takes_windows(inp.k.shape[0], p.batch, inp.max_seqlen_k, False)
+    rep = check(inp, emulated, causal=p.causal, backward=True)
+    assert rep.ok, f"{p.label()}\n{rep}"
+
+
+@interp
+def test_window_rows_against_reference():
+    """`window_rows` against seqinfo.col_q_range_ref per key column (lo = hi past the
+    window's keys: the last window's tail)."""
+    from jagged.seqinfo import col_q_range_ref
+    from jagged.tiles import window_tiles
+    def cu(lengths):
+        return torch.nn.functional.pad(torch.tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
+    for causal in (False, True):
+        lq, lk = _short(50, 0, 30, 8), SPAN
+        cu_q, cu_k = cu(lq), cu(lk)
+        n_k = int(cu_k[-1])
+        _, _, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, 32)
+        got = bw.window_rows(cu_q, cu_k, win, causal)
+        cols = torch.arange(n_k)
+        _, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
+        assert torch.equal(got[0, :n_k].long(), lo)
+        assert torch.equal(got[1, :n_k].long(), hi)
+        pad = torch.arange(n_k, win.shape[1] * bw.BLOCK_N)
+        assert torch.equal(got[0, pad], got[1, pad])
