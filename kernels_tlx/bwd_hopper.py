@@ -712,14 +712,14 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                dq_desc, dk_ptr, dv_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
                scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+               col_rows,  # key windows: each key column's query rows (_window_rows); None
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
                DYNAMIC: tl.constexpr,        # tiles from the counter (bwd_dynamic)
                KV_STAGES: tl.constexpr,      # Config.kv_stages
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
-               WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
-               col_rows=None):  # WINDOWS: each key column's query rows (_window_rows)
+               WINDOWS: tl.constexpr = False):  # tiles are key windows (kv_window_coords)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -906,11 +906,11 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), l_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
+        float(scale), l_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0), col_rows,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        col_rows=col_rows, num_warps=4, num_stages=cfg.num_stages)
+        num_warps=4, num_stages=cfg.num_stages)
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

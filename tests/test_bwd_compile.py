@@ -56,6 +56,8 @@ def main_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False):
     sig = signature(dt, d, cfg)
     if windows:  # with each key column's query rows (bw.window_rows)
         sig["col_rows"] = "*i32"
+    else:
+        const["col_rows"] = None
     return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
                 name=f"bwd D{d} {'windows' if windows else bucket} "

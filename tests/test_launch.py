@@ -301,3 +301,30 @@ def test_plans_by_default_on_the_verified_triton(monkeypatch):
     assert not launch._default_fast()
     monkeypatch.setenv("JAGGED_FAST_LAUNCH", "1")
     assert launch._default_fast()
+
+
+def test_kernels_take_runtime_arguments_by_position():
+    """A launch plan needs every runtime argument positional (one by keyword takes
+    Triton's path, ~40 us of host time a launch): the kernels launched through `fast`
+    list their runtime parameters before their constexprs, as their calls pass them."""
+    import importlib
+    import inspect
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    launched = set()
+    for path in [*root.glob("jagged/*.py"), *root.glob("kernels_tlx/*.py")]:
+        for name in re.findall(r"\bfast\((\w+)\)", path.read_text()):
+            mod = ".".join(path.relative_to(root).with_suffix("").parts)
+            launched.add((mod, name))
+    assert ("kernels_tlx.bwd_hopper", "bwd_kernel") in launched
+    checked = 0
+    for mod, name in sorted(launched):
+        fn = getattr(importlib.import_module(mod), name, None)
+        if not hasattr(fn, "fn"):  # not a kernel (launch.py's own text)
+            continue
+        checked += 1
+        params = inspect.signature(fn.fn).parameters.values()  # jitted or interpreted
+        kinds = [str(p.annotation).endswith("constexpr") for p in params]
+        assert kinds == sorted(kinds), f"{mod}.{name}: a runtime parameter after a constexpr"
+    assert checked >= 8, sorted(launched)
