@@ -240,7 +240,7 @@ def _walk(pairs, n_pairs, cu_q, cu_k, out, H, NBLK, CAUSAL: tl.constexpr):
     from kernels_tlx.schedule import tile_coords
     i = 0
     for t in range(tl.program_id(0), n_pairs * H, tl.num_programs(0)):
-        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b = tile_coords(
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b, _ = tile_coords(
             t, pairs, n_pairs, cu_q, cu_k, 0, H, 1, NBLK, 64, 64, CAUSAL, False)
         base = out + (tl.program_id(0) * 64 + i) * 5
         tl.store(base, k_start)
