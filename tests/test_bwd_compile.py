@@ -239,7 +239,7 @@ def test_pre_post_compile(d):
     assert not pre.spills and not post.spills
 
 
-@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))
 def test_window_rows_compile(causal):
     """The key windows' column-rows kernel (bw.window_rows), spill-free."""
     rep = compile_kernel(

@@ -151,7 +151,7 @@ SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
 CASES = [  # (id, problem, (len_q, len_k))
     ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
      ([0, 1, 100, 0, 0, 1, 1] + _short(33, 0, 12, 1),) * 2),
-    ("self-spanning-d128", Problem(batch=50, heads=2, head_dim=128, max_seqlen_q=200),
+    ("self-spanning-d128", Problem(batch=50, heads=1, head_dim=128, max_seqlen_q=200),
      (SPAN,) * 2),
     ("self-causal-gqa-d128", Problem(batch=30, heads=4, kv_heads=2, head_dim=128,
                                      max_seqlen_q=60, causal=True),
