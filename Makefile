@@ -6,6 +6,7 @@ SUITES ?= gem-jagged,gem-cross,gem-broadcast-q,llm-dense,varlen-llm,fuzz,decode
 TEST_JOBS ?= 2      # pytest processes for the CPU suite (pytest-xdist)
 GPUS ?=            # empty: every visible GPU; N: the first N; 0,2: those GPUs
 GPU_ARG := $(if $(strip $(GPUS)),--gpus $(strip $(GPUS)))
+WARM ?= 8          # processes that gate (and so compile) every job in parallel before timing
 
 .PHONY: setup setup-bench test test-matrix test-gpu bench bench-quick report lines clean
 
@@ -34,11 +35,11 @@ test-gpu:
 # regenerates charts, line counts, the side-by-side page and the report. Without a GPU
 # it says so and runs `smoke` on the CPU.
 bench: setup-bench
-	$(BIN)/python -m harness bench --suite $(SUITES) --passes fwd,bwd $(GPU_ARG)
+	$(BIN)/python -m harness bench --suite $(SUITES) --passes fwd,bwd --warm $(WARM) $(GPU_ARG)
 	$(MAKE) report
 
 bench-quick: setup-bench
-	$(BIN)/python -m harness bench --quick --suite $(SUITES) --passes fwd,bwd $(GPU_ARG)
+	$(BIN)/python -m harness bench --quick --suite $(SUITES) --passes fwd,bwd --warm $(WARM) $(GPU_ARG)
 	$(MAKE) report
 
 report: setup-bench

@@ -98,7 +98,7 @@ def cmd_sweep(a, timing: bool):
     for bs, probs, ps in _groups(problems, names, passes):
         path = bench.sweep(bs, probs, ps, out_dir=out, gpus=gpus or None, fake_gpus=fake,
                            gate_batch=a.gate_batch, quick=a.quick,
-                           timeout=a.timeout, timing=timing)
+                           timeout=a.timeout, timing=timing, warm=a.warm)
     path = out / ("results.csv" if timing else "checks.csv")
     ran = {_problem_key(bench.problem_cols(p)) for p in problems}
     rows = [r for r in bench.read_rows(path) if r["backend"] in names and r["pass"] in passes
@@ -225,6 +225,10 @@ def main(argv=None):
                        help="seconds per job (one backend on one problem, all passes; "
                             "default: %(default)s)")
         s.add_argument("--limit", type=int, default=0, help="only the first N problems")
+        s.add_argument("--warm", type=int, default=0, help=(
+            "bench: first gate every job in N processes spread over the GPUs, compiling "
+            "the kernels in parallel into the disk caches, then time one job a GPU "
+            "(default: %(default)s, no warm-up)"))
         s.add_argument("--match", default="", help=MATCH_HELP)
         s.add_argument("--fuzz-seed", type=int, default=0,
                        help="the fuzz suite's seed (default: %(default)s)")

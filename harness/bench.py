@@ -532,6 +532,10 @@ def lane_env(gpu: int | None, fake: bool = False, lanes: int = 1, parent=None) -
     # a parent list is read in the parent's device order; with none, PCI order (nvidia-smi's)
     order = parent.get("CUDA_DEVICE_ORDER") or ("" if "CUDA_VISIBLE_DEVICES" in parent else "PCI_BUS_ID")
     env.update(CUDA_VISIBLE_DEVICES=phys, HARNESS_GPU_INDEX=phys)
+    # FA4 keeps its compiled kernels on disk too (off by default in FA4): a fresh worker,
+    # or a warm lane's build, is loaded rather than compiled again; run time is unchanged
+    env["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] = parent.get(
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     if order:
         env["CUDA_DEVICE_ORDER"] = order
     return env
@@ -660,11 +664,12 @@ class Lane:
     of that backend starts a fresh worker."""
 
     def __init__(self, k: int, gpu: int | None, env: dict, log_dir: Path, n_lanes: int,
-                 base: dict):
+                 base: dict, by_lane: bool = False):
         self.k, self.gpu, self.env, self.log_dir = k, gpu, env, log_dir
         self.gpu_index = env.get("HARNESS_GPU_INDEX", "")
         self.suffix = ("" if n_lanes == 1 else
-                       f".gpu{self.gpu_index}" if self.gpu_index else f".lane{k}")
+                       f".gpu{self.gpu_index}" if self.gpu_index and not by_lane
+                       else f".lane{k}")
         self.base = {**base, "gpu_index": self.gpu_index}  # env columns for rows made here
         self.workers: dict[str, Worker] = {}
         self.unavailable: dict[str, tuple[str, dict]] = {}
@@ -703,7 +708,8 @@ class Lane:
 
 
 def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_gpus=False,
-          gate_batch=64, quick=False, timeout=600.0, timing=True, progress=True) -> Path:
+          gate_batch=64, quick=False, timeout=600.0, timing=True, progress=True,
+          warm=0) -> Path:
     """Run every backend over every problem; return the CSV path (results.csv, or
     checks.csv without `timing`).
 
@@ -715,15 +721,27 @@ def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_g
     merged into the CSV as jobs finish and rewritten at the end in (backend, problem,
     pass) order, so the file has the same rows and keys as a one-lane run (timings and
     gpu_index aside). `<out>/logs/jobs.jsonl` records each job's start (order, lane,
-    estimate) and end; worker logs are `logs/<backend>[.gpu<i>|.lane<k>].log`."""
+    estimate) and end; worker logs are `logs/<backend>[.gpu<i>|.lane<k>].log`.
+
+    `warm` (timing only): first gate every job in `warm` lanes spread over the devices,
+    several to a GPU, so the kernels compile in parallel into the disk caches (Triton's,
+    `kernels_cute.disk_cache`, FA4's); their rows go to `logs/warm/checks.csv`. Then the
+    timed sweep runs one job a device, its workers loading what the warm lanes built."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
+    if warm and timing:
+        devs = list(gpus) if gpus else [None]
+        sweep(backends, problems, passes, out_dir=out_dir / "logs" / "warm",
+              gpus=[devs[i % len(devs)] for i in range(warm)], fake_gpus=fake_gpus,
+              gate_batch=gate_batch, quick=quick, timeout=timeout, timing=False,
+              progress=progress)
     csv_path = out_dir / ("results.csv" if timing else "checks.csv")
     opts = dict(gate_batch=gate_batch, quick=quick, timing=timing)
     devices = list(gpus) if gpus else [None]
     base = {"git_rev": git_rev()}
-    lanes = [Lane(k, g, lane_env(g, fake_gpus, len(devices)), out_dir / "logs", len(devices), base)
-             for k, g in enumerate(devices)]
+    shared = len(set(devices)) < len(devices)  # several lanes on one device: name by lane
+    lanes = [Lane(k, g, lane_env(g, fake_gpus, len(devices)), out_dir / "logs",
+                  len(devices), base, by_lane=shared) for k, g in enumerate(devices)]
     todo = plan(backends, problems, passes)
     pending = list(reversed(todo))  # pop() from the end: longest first
     done: dict[tuple[int, int], list[dict]] = {}

@@ -801,14 +801,19 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
                         options=opts)
 
 
-def _compiled(key):
-    """key: (q dtype, cache dtype, head_dim, block_m or a Config, causal, paged, packed,
-    split)."""
-    q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split = key
+def _build(q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split):
+    """The build of a `_compiled` key."""
     cfg = tile if isinstance(tile, Config) else \
         (FP8_CONFIGS if kv_dtype == FP8 else CONFIGS)[(head_dim, tile)]
-    fn = _COMPILED[key] = compile_decode(q_dtype, head_dim, cfg, causal, paged, packed,
-                                         split, kv_dtype=kv_dtype)
+    return compile_decode(q_dtype, head_dim, cfg, causal, paged, packed, split,
+                          kv_dtype=kv_dtype)
+
+
+def _compiled(key):
+    """key: (q dtype, cache dtype, head_dim, block_m or a Config, causal, paged, packed,
+    split); loaded from `disk_cache` where an earlier process stored it."""
+    from .disk_cache import load_or_compile
+    fn = _COMPILED[key] = load_or_compile(_build, key)
     return fn
 
 

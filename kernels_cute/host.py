@@ -1,9 +1,9 @@
 """Host code of the CuteDSL forward and backward, shared by the Hopper and Blackwell
 kernels: element types, the symbolic tensors a kernel compiles on (one compile serves
-every shape, length and stride), the compile cache, and the launch around an
-architecture's kernel: the forward's outputs, empty cases and tile list (fp8: V
-dequantized to bf16, the descales); the backward's preprocess (delta, dQ accumulator)
-and postprocess (dQ's slot sum).
+every shape, length and stride), the compile cache (in memory, and on disk through
+`disk_cache`), and the launch around an architecture's kernel: the forward's outputs,
+empty cases and tile list (fp8: V dequantized to bf16, the descales); the backward's
+preprocess (delta, dQ accumulator) and postprocess (dQ's slot sum).
 
 The DSL is imported inside the functions only: importing this module touches neither
 the DSL nor the driver.
@@ -18,6 +18,8 @@ from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import dq_accumulator, fwd_tiles, window_tiles
 
+from . import disk_cache
+
 
 def cute_dtype(dtype):
     """The DSL element type of a torch dtype (a DSL type passes through)."""
@@ -29,11 +31,12 @@ def cute_dtype(dtype):
 
 
 def compiled(cache: dict, make: Callable, *key):
-    """make(*key), compiled once per key (host time per call: one dict lookup)."""
+    """make(*key), compiled once per key (host time per call: one dict lookup); a new
+    process loads it from `disk_cache` where an earlier one stored it."""
     k = (make,) + key
     fn = cache.get(k)
     if fn is None:
-        fn = cache[k] = make(*key)
+        fn = cache[k] = disk_cache.load_or_compile(make, key)
     return fn
 
 
