@@ -98,7 +98,8 @@ def cmd_sweep(a, timing: bool):
     for bs, probs, ps in _groups(problems, names, passes):
         path = bench.sweep(bs, probs, ps, out_dir=out, gpus=gpus or None, fake_gpus=fake,
                            gate_batch=a.gate_batch, quick=a.quick,
-                           timeout=a.timeout, timing=timing, warm=a.warm)
+                           timeout=a.timeout, timing=timing, warm=a.warm,
+                           resume=a.resume)
     path = out / ("results.csv" if timing else "checks.csv")
     ran = {_problem_key(bench.problem_cols(p)) for p in problems}
     rows = [r for r in bench.read_rows(path) if r["backend"] in names and r["pass"] in passes
@@ -229,6 +230,9 @@ def main(argv=None):
             "bench: first gate every job in N processes spread over the GPUs, compiling "
             "the kernels in parallel into the disk caches, then time one job a GPU "
             "(default: %(default)s, no warm-up)"))
+        s.add_argument("--resume", action="store_true", help=(
+            "leave out the (backend, problem) jobs that have their rows in the results "
+            "already (a stopped run goes on)"))
         s.add_argument("--match", default="", help=MATCH_HELP)
         s.add_argument("--fuzz-seed", type=int, default=0,
                        help="the fuzz suite's seed (default: %(default)s)")

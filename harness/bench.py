@@ -657,6 +657,15 @@ def plan(backends, problems, passes=PASSES) -> list[Job]:
                                        else (-j.gflop, j.pi, j.bi)))
 
 
+_JOB_KEY = ["backend"] + [c for c in KEY if c not in ("backend", "pass", "gpu")]
+
+
+def _job_key(j: Job) -> tuple:
+    """A job's row key without pass and GPU, as the CSV spells it."""
+    cols = dict(problem_cols(j.problem), backend=j.backend.name)
+    return tuple("" if cols.get(c) is None else str(cols.get(c, "")) for c in _JOB_KEY)
+
+
 class Lane:
     """One device (a GPU, a fake GPU or the CPU) running one job at a time. It keeps a
     warm worker per backend it has seen (compiled kernels and caches survive from one
@@ -709,7 +718,7 @@ class Lane:
 
 def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_gpus=False,
           gate_batch=64, quick=False, timeout=600.0, timing=True, progress=True,
-          warm=0) -> Path:
+          warm=0, resume=False) -> Path:
     """Run every backend over every problem; return the CSV path (results.csv, or
     checks.csv without `timing`).
 
@@ -726,23 +735,31 @@ def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_g
     `warm` (timing only): first gate every job in `warm` lanes spread over the devices,
     several to a GPU, so the kernels compile in parallel into the disk caches (Triton's,
     `kernels_cute.disk_cache`, FA4's); their rows go to `logs/warm/checks.csv`. Then the
-    timed sweep runs one job a device, its workers loading what the warm lanes built."""
+    timed sweep runs one job a device, its workers loading what the warm lanes built.
+
+    `resume`: leave out the jobs that have a row for every pass in the CSV already (a
+    run that was stopped goes on where it stopped)."""
     from tqdm import tqdm
     out_dir = Path(out_dir)
-    if warm and timing:
+    csv_path = out_dir / ("results.csv" if timing else "checks.csv")
+    todo = plan(backends, problems, passes)
+    if resume:
+        have = {tuple(r.get(c, "") for c in _JOB_KEY) + (r["pass"],) for r in read_rows(csv_path)}
+        todo = [j for j in todo if not all(_job_key(j) + (ps,) in have for ps in passes)]
+    if warm and timing and todo:
         devs = list(gpus) if gpus else [None]
-        sweep(backends, problems, passes, out_dir=out_dir / "logs" / "warm",
+        sweep([backends[bi] for bi in sorted({j.bi for j in todo})],
+              [problems[pi] for pi in sorted({j.pi for j in todo})], passes,
+              out_dir=out_dir / "logs" / "warm",
               gpus=[devs[i % len(devs)] for i in range(warm)], fake_gpus=fake_gpus,
               gate_batch=gate_batch, quick=quick, timeout=timeout, timing=False,
               progress=progress)
-    csv_path = out_dir / ("results.csv" if timing else "checks.csv")
     opts = dict(gate_batch=gate_batch, quick=quick, timing=timing)
     devices = list(gpus) if gpus else [None]
     base = {"git_rev": git_rev()}
     shared = len(set(devices)) < len(devices)  # several lanes on one device: name by lane
     lanes = [Lane(k, g, lane_env(g, fake_gpus, len(devices)), out_dir / "logs",
                   len(devices), base, by_lane=shared) for k, g in enumerate(devices)]
-    todo = plan(backends, problems, passes)
     pending = list(reversed(todo))  # pop() from the end: longest first
     done: dict[tuple[int, int], list[dict]] = {}
     lock = threading.Lock()

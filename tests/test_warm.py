@@ -1,8 +1,8 @@
 """The sweep's warm-up (`bench.sweep(warm=N)`, `harness bench --warm N`), on the CPU: every
 job is first gated in N lanes sharing one (fake) GPU, then timed one job at a time by a
 lane of its own; the timed rows are those of a run without the warm-up."""
+import csv
 import json
-import os
 
 import pytest
 
@@ -63,3 +63,21 @@ def test_warm_lanes_gate_then_one_lane_times(tmp_path, monkeypatch):
     first_timed = next(i for i, c in enumerate(calls) if c["pid"] == timed_pid)
     assert all(c["pid"] == timed_pid for c in calls[first_timed:])
     assert {c["max_q"] for c in calls[:first_timed]} == {p.max_seqlen_q for p in problems}
+    # resume: a finished run starts nothing; a job with a missing row runs again, alone
+    n = len(calls)
+    again = bench.sweep([backends.get("warm-fake")], problems, ("fwd",), out_dir=out,
+                        gpus=[0], fake_gpus=True, progress=False, timeout=120, warm=2,
+                        resume=True)
+    assert len(open(rec).readlines()) == n and len(bench.read_rows(again)) == 3
+    lost = rows[1]["max_seqlen_q"]
+    kept = [r for r in bench.read_rows(path) if r["max_seqlen_q"] != lost]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(kept)
+    bench.sweep([backends.get("warm-fake")], problems, ("fwd",), out_dir=out, gpus=[0],
+                fake_gpus=True, progress=False, timeout=120, resume=True)
+    redo = [json.loads(line) for line in open(rec)][n:]
+    assert {c["max_q"] for c in redo} == {int(lost)}
+    assert sorted(r["max_seqlen_q"] for r in bench.read_rows(path)) == \
+        sorted(r["max_seqlen_q"] for r in rows)
