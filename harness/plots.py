@@ -116,15 +116,16 @@ def _panels(df, suite, pass_, y, ylabel, title, path, hline=None, hline_label=No
     return path
 
 
-def speedup(df, base="fa4") -> pd.DataFrame:
-    """Each ok row with `speedup` = its TFLOP/s over `base`'s on the same problem."""
+def speedup(df, base="fa4", col="tflops") -> pd.DataFrame:
+    """Each ok row with `speedup` = its `col` (TFLOP/s, or `graph_tflops`: under graph
+    replay) over `base`'s on the same problem; rows without the column are left out."""
     key = ["suite", "pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
            "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity"]
     d = ok(df)
-    d = d[d["mode"] != "decode"]
-    b = d[d["backend"] == base][key + ["tflops"]].rename(columns={"tflops": "base"})
+    d = d[(d["mode"] != "decode") & d[col].notna()]
+    b = d[d["backend"] == base][key + [col]].rename(columns={col: "base"})
     m = d.merge(b, on=key)
-    m["speedup"] = m["tflops"] / m["base"]
+    m["speedup"] = m[col] / m["base"]
     return m
 
 

@@ -57,14 +57,23 @@ def longest_first_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | No
 FWD_SHORT_MEAN_K = 128
 
 
+# causal: 64-key blocks win while every sequence has at most this many keys (a tile's
+# few KV blocks are mostly on the diagonal, masked, and nothing overlaps across them);
+# kernel ms, 128-key / 64-key blocks, H200 (TLX, CuteDSL): max 256-512 -10..-28 % /
+# -6..-30 % over four fuzz shapes; gem 1024 / 0.5 -3 / +3 %, 2048 / 0.9 +8 / +4 %, llm
+# 8192 +19 / +6 %, D = 64 4096 +25 / +18 %
+FWD_CAUSAL_SHORT_MAX_K = 512
+
+
 def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None, causal: bool = False) -> str:
     """The forward's length bucket, shared by both styles' `pick_config`: "short" (64-key
-    blocks) when every sequence's KV fits in one 64-key block or, without causal masking,
-    the mean KV length (total keys / batch, known without a sync) is at most
-    FWD_SHORT_MEAN_K, else "long". (64-key blocks over several blocks per sequence have
-    passed the GPU oracle non-causal only: the bench gate.)"""
+    blocks) when every sequence's KV fits in one 64-key block; without causal masking,
+    when the mean KV length (total keys / batch, known without a sync) is at most
+    FWD_SHORT_MEAN_K; causal, when the longest is at most FWD_CAUSAL_SHORT_MAX_K. Else
+    "long"."""
     by_mean = mean_k is not None and not causal and mean_k <= FWD_SHORT_MEAN_K
-    return "short" if max_seqlen_k <= 64 or by_mean else "long"
+    by_max = causal and max_seqlen_k <= FWD_CAUSAL_SHORT_MAX_K
+    return "short" if max_seqlen_k <= 64 or by_mean or by_max else "long"
 
 
 def fwd_consumers(block_m: int, producer_regs: int) -> tuple[int, int]:

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
+from jagged.tiles import FWD_CAUSAL_SHORT_MAX_K  # noqa: E402
 
 try:
     from kernels_tlx import fwd_hopper as fh
@@ -116,13 +117,16 @@ def test_fwd_config_table():
         assert cfg.block_n == (128 if bucket == "long" else 64)
         assert 2 <= cfg.num_buffers_kv <= 3
     for d in (64, 128):
-        for max_k in (1, 64, 65, 8192):
+        for max_k in (1, 64, 65, 512, 513, 8192):
             for causal in (False, True):
                 cfg = fh.pick_config(d, max_k, causal)
-                assert cfg is fh.CONFIGS[(d, "short" if max_k <= 64 else "long", causal)]
-        # the mean KV length picks the short bucket without causal masking only
+                short = max_k <= 64 or (causal and max_k <= FWD_CAUSAL_SHORT_MAX_K)
+                assert cfg is fh.CONFIGS[(d, "short" if short else "long", causal)]
+        # the mean KV length picks the short bucket without causal masking only; causal,
+        # the longest sequence does
         assert fh.pick_config(d, 8192, False, mean_k=100.0).block_n == 64
         assert fh.pick_config(d, 8192, True, mean_k=100.0).block_n == 128
+        assert fh.pick_config(d, 512, True, mean_k=500.0).block_n == 64
 
 
 def test_fwd_three_consumers():
