@@ -1,7 +1,9 @@
-"""Compile-only checks of kernels_tlx.bwd_hopper for sm_90a (no GPU needed): every default
-build (bwd_hopper.CONFIGS x causal x broadcast-Q, bf16, and fp16 spot checks) has its
-wgmmas, no spill, shared memory within 227 KB and the structure its step is built on.
-The main-kernel compiles run batched in two subprocesses (one Triton import each)."""
+"""Compile-only checks of kernels_tlx.bwd_hopper for sm_90a (no GPU needed): the default
+builds (bwd_hopper.CONFIGS x causal x broadcast-Q, bf16, and fp16 spot checks) have their
+wgmmas, no spill, shared memory within 227 KB and the structure their step is built on.
+CI builds CI_CASES, the first key-window build and one head dim's pre/postprocess; the
+rest run under `-m matrix`. The main-kernel compiles run batched in two subprocesses (one
+Triton import each)."""
 import os
 import pickle
 import re
@@ -26,8 +28,14 @@ MODES = [(c, bq) for c in (False, True) for bq in (False, True)]
 # (head dim, bucket, causal, broadcast-Q, dtype)
 CASES = [(d, b, c, bq, "bf16") for d, b in bw.CONFIGS for c, bq in MODES]
 CASES += [(128, "long", True, False, "fp16"), (64, "long", False, True, "fp16")]
+# in CI: each config (32-, 64- and 128-row steps, the Q loop in and out of the
+# pipeliner), the tile counter (causal packed) and without it, broadcast-Q, fp16
+CI_CASES = [(64, "short", False, False, "bf16"), (64, "long", True, False, "bf16"),
+            (128, "short", True, True, "bf16"), (128, "long", True, False, "fp16")]
+MATRIX_CASES = [c for c in CASES if c not in CI_CASES]
 # key windows (bw.window_config, packed, static walk): (head dim, causal, dtype)
-# the key-window builds: both head dims, causal and not, both 16-bit dtypes
+# the key-window builds: both head dims, causal and not, both 16-bit dtypes (the first in
+# CI)
 WINDOW_CASES = [(64, True, "bf16"), (128, False, "bf16"), (128, True, "fp16")]
 
 
@@ -102,25 +110,47 @@ def compile_batch(jobs, procs=2):
     return out
 
 
+# the builds of a set compile together when its first test asks for them: the CI set in
+# CI, the matrix set only under `-m matrix`
 @pytest.fixture(scope="module")
 def reports():
-    return dict(zip(CASES, compile_batch([main_job(*c) for c in CASES])))
+    return dict(zip(CI_CASES, compile_batch([main_job(*c) for c in CI_CASES])))
+
+
+@pytest.fixture(scope="module")
+def matrix_reports():
+    return dict(zip(MATRIX_CASES, compile_batch([main_job(*c) for c in MATRIX_CASES])))
+
+
+def _window_jobs(cases):
+    return dict(zip(cases, compile_batch([main_job(d, None, c, False, dt, windows=True)
+                                          for d, c, dt in cases])))
 
 
 @pytest.fixture(scope="module")
 def window_reports():
-    jobs = [main_job(d, None, c, False, dt, windows=True) for d, c, dt in WINDOW_CASES]
-    return dict(zip(WINDOW_CASES, compile_batch(jobs)))
+    return _window_jobs(WINDOW_CASES[:1])
+
+
+@pytest.fixture(scope="module")
+def matrix_window_reports():
+    return _window_jobs(WINDOW_CASES[1:])
+
+
+def _ids(cases):
+    return ["-".join(map(str, c)) for c in cases]
 
 
 WAIT0 = "wgmma.wait_group.sync.aligned 0;"
 
 
-@pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
-def test_main_compiles(reports, case):
+@pytest.mark.parametrize("case", CI_CASES + [pytest.param(c, marks=pytest.mark.matrix)
+                                             for c in MATRIX_CASES],
+                         ids=_ids(CI_CASES + MATRIX_CASES))
+def test_main_compiles(request, case):
     d, bucket, causal, bq, dt = case
     cfg = bw.CONFIGS[(d, bucket)]
-    rep = reports[case]
+    rep = request.getfixturevalue("reports" if case in CI_CASES else "matrix_reports")[case]
     assert not isinstance(rep, str), rep
     print(rep.row())
     assert rep.has_mma, "no wgmma in the PTX"
@@ -147,14 +177,16 @@ def test_main_compiles(reports, case):
         assert rep.ptx.count(WAIT0) == 3 * bw.NUM_CONSUMERS.value, rep.ptx.count(WAIT0)
 
 
-@pytest.mark.parametrize("case", WINDOW_CASES, ids=["-".join(map(str, c))
-                                                   for c in WINDOW_CASES])
-def test_windows_compile(window_reports, case):
+@pytest.mark.parametrize("case", WINDOW_CASES[:1] + [
+    pytest.param(c, marks=pytest.mark.matrix) for c in WINDOW_CASES[1:]],
+    ids=_ids(WINDOW_CASES))
+def test_windows_compile(request, case):
     """The key-window builds: the short bucket's structure (32-row steps, the 1-warp
     reduce_dq task, LSE / delta carried a step ahead), spill-free, and a static walk (no
     tile counter, causal too)."""
     d, causal, dt = case
-    rep = window_reports[case]
+    rep = request.getfixturevalue("window_reports" if case == WINDOW_CASES[0]
+                                  else "matrix_window_reports")[case]
     assert not isinstance(rep, str), rep
     print(rep.row())
     assert rep.has_mma, "no wgmma in the PTX"
@@ -223,7 +255,7 @@ def test_window_decision():
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
 
 
-@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("d", (pytest.param(64, marks=pytest.mark.matrix), 128))
 def test_pre_post_compile(d):
     pre = compile_kernel(
         bw._bwd_preprocess,

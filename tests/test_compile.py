@@ -1,6 +1,7 @@
 """Compile-only checks (no GPU): the TLX Hopper forward for sm_90a (wgmma present, no
-spills or local memory, shared memory within 227 KB) over its config table, and the
-portable kernel's forward for sm_100a (Blackwell) when jagged.portable exists."""
+spills or local memory, shared memory within 227 KB) over its config table, the portable
+kernel's forward for sm_90a and sm_100a (Blackwell), and the tile-list kernels. CI builds
+a few representatives of each; the other variants run under `-m matrix`."""
 import functools
 import re
 from dataclasses import replace
@@ -31,6 +32,14 @@ FWD_CONFIGS = [
     (128, "short", False, False, "bf16"),
     (128, "short", True, False, "bf16"),
 ]
+# in CI: three consumers with `overlap` (long), and an fp16 broadcast-Q causal build
+# without it (short); the same builds serve test_fwd_issue_turn / _three_consumers
+FWD_CI = [(64, "long", False, False, "bf16"), (64, "short", True, True, "fp16")]
+
+
+def ci_first(variants, ci):
+    """pytest params: `ci` as they are, the other variants under `-m matrix`."""
+    return [v if v in ci else pytest.param(*v, marks=pytest.mark.matrix) for v in variants]
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +51,7 @@ def compile_fwd(d, bucket, causal, bq, dt, arch=90):
                           num_warps=4, num_stages=1, name=name)
 
 
-@pytest.mark.parametrize("d,bucket,causal,bq,dt", FWD_CONFIGS)
+@pytest.mark.parametrize("d,bucket,causal,bq,dt", ci_first(FWD_CONFIGS, FWD_CI))
 def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     rep = compile_fwd(d, bucket, causal, bq, dt)
     print(rep.row())
@@ -88,16 +97,17 @@ def _commits_per_turn(ptx: str) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("d,bucket,causal", [(128, "long", False), (64, "long", True),
-                                             (128, "short", False)])
-def test_fwd_issue_turn(d, bucket, causal):
+@pytest.mark.parametrize("d,bucket,causal,bq,dt", ci_first(
+    FWD_CI + [(128, "long", False, False, "bf16"), (64, "long", True, False, "bf16"),
+              (128, "short", False, False, "bf16")], FWD_CI))
+def test_fwd_issue_turn(d, bucket, causal, bq, dt):
     """`overlap` (the long buckets) keeps the KV loops out of Triton's pipeliner, whose
     wait-0 after every dot would serialize S_j and P_{j-1} V_{j-1}, and a consumer's
     issue turn (named-barrier wait .. arrive) holds both wgmma groups of a step (S0 PV0
     S1 PV1; handed over after S, the tensor pipe ran S0 S1 PV0 PV1, 5-18 % slower at
     gem). Without it (the short buckets) a turn holds one."""
     cfg = fh.CONFIGS[(d, bucket, causal)]
-    rep = compile_fwd(d, bucket, causal, False, "bf16")
+    rep = compile_fwd(d, bucket, causal, bq, dt)
     assert max(_commits_per_turn(rep.ptx)) == (2 if cfg.overlap else 1), rep.row()
     # wgmma waits of 0 a consumer (PTX): 3 non-causal, 4 causal with overlap; 5 and 8
     # with a wait 0 after every dot of the KV loops
@@ -142,11 +152,14 @@ def test_fwd_three_consumers():
         fh.kernel_args(replace(fh.CONFIGS[(64, "long", False)], block_m=100), 64, False, False)
 
 
-@pytest.mark.parametrize("arch", [90, 100])
-@pytest.mark.parametrize("d,causal,dense_q,window", [(64, False, False, False),
-                                                     (128, True, False, False),
-                                                     (128, False, True, False),
-                                                     (128, True, False, True)])
+# in CI: the forward and the windows forward, each for both targets
+@pytest.mark.parametrize("d,causal,dense_q,window,arch", ci_first(
+    [(*v, arch) for arch in (90, 100) for v in ((64, False, False, False),
+                                                (128, True, False, False),
+                                                (128, False, True, False),
+                                                (128, True, False, True))],
+    [(64, False, False, False, 90), (64, False, False, False, 100),
+     (128, True, False, True, 90), (128, True, False, True, 100)]))
 def test_portable_fwd_compiles(arch, d, causal, dense_q, window):
     """The portable forward compiles to the tensor-core MMA of each target (wgmma on
     sm_90a, tcgen05 on sm_100a); on Blackwell it is the kernel that must at least
@@ -169,9 +182,12 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q, window):
     assert rep.has_mma and not rep.spills, rep.row()
 
 
-@pytest.mark.parametrize("causal,bq", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("batch,nb", [(1152, 4), (4096, 2), (4097, 1)])  # in-kernel, looped
-@pytest.mark.parametrize("which", ["fwd", "bwd"])
+# batch 1152 and 4096 sort in the kernel, 4097 loops; in CI the largest in-kernel sort
+# (fwd) and the loop (bwd)
+@pytest.mark.parametrize("which,batch,nb,causal,bq", ci_first(
+    [(w, b, n, c, q) for w in ("fwd", "bwd") for b, n in ((1152, 4), (4096, 2), (4097, 1))
+     for c, q in ((False, False), (True, False), (True, True))],
+    [("fwd", 4096, 2, True, True), ("bwd", 4097, 1, False, False)]))
 def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
     not spill (the interpreter accepts more, e.g. non-constexpr globals, so the CPU

@@ -92,9 +92,12 @@ def _count(pattern, ptx):
 
 @needs_dsl
 @pytest.mark.parametrize("D,causal,bq,dtype", [
-    (128, False, False, "bf16"), (128, True, False, "bf16"), (128, False, True, "fp16"),
-    (128, True, True, "bf16"), (64, False, False, "bf16"), (64, True, False, "bf16"),
-    (64, False, True, "bf16"), (64, True, True, "fp16")])
+    # in CI: both head dims (their steps and K/V stages), the tile counter (causal packed)
+    # and without it (broadcast-Q), fp16; the rest in `make test-matrix`
+    (128, True, False, "bf16"), (64, True, True, "fp16"),
+    *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
+        (128, False, False, "bf16"), (128, False, True, "fp16"), (128, True, True, "bf16"),
+        (64, False, False, "bf16"), (64, True, False, "bf16"), (64, False, True, "bf16")))])
 def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
     """The default main kernel of a (D, mode): spill-free with no ptxas-injected wgmma wait,
     and in its PTX:
@@ -214,21 +217,25 @@ def test_ld_addresses(tmp_path, bm):
                 warpgroup.OperandMajorMode.K, cutlass.Float32,
                 atom_layout_mnk=(B.NUM_MMA_WG, 1, 1), tiler_mn=(64, BM))
             bad, n = [], 0
+            sld = {}  # crd2idx((q, x, s), L), each traced once (tracing is the slow part)
             for t in range(128 * B.NUM_MMA_WG):
                 tScS = acc_rows_cols(tiled.get_slice(t).partition_C(
                     cute.make_identity_tensor((B.BLOCK_N, BM))))
                 lane = t % 32
+                cols = [[tScS[r, c][1] for c in range(cute.size(tScS, mode=[1]))]
+                        for r in range(cute.size(tScS, mode=[0]))]
                 for s in range(B.Q_STAGES):
                     off = B.ld_thread_offset(lane, s, BM)
                     if off % 8 or off ^ B.ld_flip(BM) != B.ld_thread_offset(lane, 1 - s, BM):
                         bad.append(("offset", t, s, off))
-                    for r in range(cute.size(tScS, mode=[0])):
-                        for c in range(cute.size(tScS, mode=[1])):
-                            q = tScS[r, c][1]
+                    for r, qs in enumerate(cols):
+                        for c, q in enumerate(qs):
                             for x in range(2):
                                 n += 1
                                 got = off + 4 * (x * BM + B.ld_column(c))
-                                if got != 4 * cute.crd2idx((q, x, s), L):
+                                if (q, x, s) not in sld:
+                                    sld[q, x, s] = 4 * cute.crd2idx((q, x, s), L)
+                                if got != sld[q, x, s]:
                                     bad.append((t, s, r, c, x, got))
             FOUND["bad"], FOUND["n"] = bad, n
     """, f"""
@@ -319,23 +326,32 @@ def test_dq_smem_addresses(tmp_path):
                     cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.MN,
                     warpgroup.OperandMajorMode.MN, cutlass.Float32, atom_layout_mnk=split,
                     tiler_mn=(64, D) if bm > 64 else (64, D // B.NUM_MMA_WG))
+                # each thread's (row, col) a register, traced once for the three views
+                # (tracing is the slow part)
+                coords = []
+                for t in range(128 * B.NUM_MMA_WG):
+                    C = tiled.get_slice(t).partition_C(cute.make_identity_tensor((bm, D)))
+                    coords.append([tuple(C[i]) for i in range(cute.size(C))])
                 views = {"kernel": B.dq_store_view(L), "plain": L.outer,
                          "byteswz": cute.make_composed_layout(L.inner, 0, L.outer)}
                 for name, V in views.items():
-                    seen, bad, pairs, insn = {}, [], [], {}
-                    for t in range(128 * B.NUM_MMA_WG):
-                        C = tiled.get_slice(t).partition_C(
-                            cute.make_identity_tensor((bm, D)))
-                        for i in range(cute.size(C)):
-                            r, c = C[i]
-                            got = 4 * cute.crd2idx((r, c), V)
+                    seen, bad, pairs, insn, at = {}, [], [], {}, {}
+
+                    def byte(r, c):
+                        if (r, c) not in at:
+                            at[r, c] = 4 * cute.crd2idx((r, c), V)
+                        return at[r, c]
+
+                    for t, C in enumerate(coords):
+                        for i, (r, c) in enumerate(C):
+                            got = byte(r, c)
                             seen[(r, c)] = seen.get((r, c), 0) + 1
                             if got != hw_byte(r, c, bm):
                                 bad.append((t, i, r, c, got, hw_byte(r, c, bm)))
                             if i % 2 == 0:   # register pair i, i + 1: one STS.64
                                 r1, c1 = C[i + 1]
                                 if r1 != r or c1 != c + 1 or got % 8 or \\
-                                        4 * cute.crd2idx((r1, c1), V) != got + 4:
+                                        byte(r1, c1) != got + 4:
                                     pairs.append((t, i))
                                 insn.setdefault((t // 32, i), []).append(got)
                     banks = []    # instructions reaching a bank other than twice

@@ -35,10 +35,13 @@ _SCRIPT = textwrap.dedent("""
 
 @needs_dsl
 @pytest.mark.parametrize("D,causal,bq,bucket,dtype", [
-    (64, False, False, "long", "bf16"), (64, True, False, "long", "bf16"),
-    (64, True, False, "short", "bf16"),
-    (128, False, False, "long", "bf16"), (128, True, True, "long", "bf16"),
-    (128, False, True, "short", "fp16"), (128, True, False, "short", "bf16")])
+    # in CI: 192 rows (three consumers) non-causal with 128-key blocks, and 128 rows causal
+    # with 64-key blocks; the rest in `make test-matrix`
+    (64, False, False, "long", "bf16"), (128, True, False, "short", "bf16"),
+    *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
+        (64, True, False, "long", "bf16"), (64, True, False, "short", "bf16"),
+        (128, False, False, "long", "bf16"), (128, True, True, "long", "bf16"),
+        (128, False, True, "short", "fp16")))])
 def test_forward_default_builds(tmp_path, D, causal, bq, bucket, dtype):
     """The default build of a (D, bucket, causal) cell. Each consumer warpgroup stores its
     own 64 O rows behind a 128-thread named barrier (no 256-thread epilogue barrier, as
@@ -74,9 +77,10 @@ def test_forward_default_builds(tmp_path, D, causal, bq, bucket, dtype):
 
 
 @needs_dsl
-@pytest.mark.parametrize("D,causal,bq,bucket", [
-    (128, True, False, "long"), (64, False, False, "long"), (128, False, True, "short"),
-    (64, True, True, "short")])
+@pytest.mark.parametrize("D,causal,bq,bucket", [  # one in CI, the rest in `make test-matrix`
+    (128, True, False, "long"),
+    *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
+        (64, False, False, "long"), (128, False, True, "short"), (64, True, True, "short")))])
 def test_forward_fp8_builds(tmp_path, D, causal, bq, bucket):
     """The fp8 build (e4m3 q and k): S = Q K^T an e4m3 x e4m3 -> fp32 wgmma (k32 steps),
     P V the bf16 one (P packed to bf16); the TMA byte counts those of an e4m3 Q slot and

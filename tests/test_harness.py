@@ -355,7 +355,16 @@ def _cpu_inductor():
         raise
 
 
-def test_flex_forward_on_cpu():
+# one inductor compile each (most of the time): a causal document mask, and (`-m matrix`)
+# Q shared by jagged keys; the block mask's non-causal path is checked against a dense
+# mask above
+@pytest.mark.parametrize("p", [
+    Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
+            seed=4, causal=True),
+    pytest.param(Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=150,
+                         mode="broadcast_q", sparsity=0.5, dtype="fp16", seed=6),
+                 marks=pytest.mark.matrix)], ids=["causal", "broadcast_q"])
+def test_flex_forward_on_cpu(p):
     """The flex baseline's forward through torch's CPU FlexAttention (its backward
     needs a GPU): the BlockMask's index tensors must span every KV block, or torch
     misreads the KV extent (a device-side assert on the H200, a lowering error here)."""
@@ -363,16 +372,10 @@ def test_flex_forward_on_cpu():
     from harness.backends import _flex_make
     from harness.oracle import check
     fn = _flex_make()
-    # one compile each: a causal document mask, and Q shared by jagged keys (the block
-    # mask's non-causal path is checked against a dense mask above)
-    for p in (Problem(batch=6, heads=2, head_dim=64, max_seqlen_q=200, sparsity=0.9, dtype="fp16",
-                      seed=4, causal=True),
-              Problem(batch=4, heads=2, head_dim=64, max_seqlen_q=16, max_seqlen_k=150,
-                      mode="broadcast_q", sparsity=0.5, dtype="fp16", seed=6)):
-        with _cpu_inductor():
-            rep = check(p.build(), fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
-                        backward=False)
-        assert rep.ok, f"{p.label()}\n{rep}"
+    with _cpu_inductor():
+        rep = check(p.build(), fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
+                    backward=False)
+    assert rep.ok, f"{p.label()}\n{rep}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
