@@ -19,6 +19,7 @@ run on a B200.
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 import torch
@@ -99,12 +100,23 @@ def available(device=None) -> dict[str, tuple[bool, str]]:
     return {name: style_available(name, device) for name in STYLES}
 
 
+def constant_result(fn):
+    """torch.compiler.assume_constant_result (torch.compile folds fn's result into the
+    graph), without importing torch._dynamo at import time (3.5 s of every `import
+    jagged`): that decorator only marks the function, as this does until dynamo is
+    loaded (tests/test_dispatch.py compares the two)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 _CHOSEN: dict = {}
 _FNS: dict = {}  # style -> its jagged_attention, filled by resolve (traceable lookups)
 _KERNELS: dict = {}  # (style, "fwd" | "bwd", device index) -> the kernel module
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def resolve(backend: str, device_index: int, fp8: bool = False) -> str:
     """The style `backend` names on CUDA device `device_index` (-1: the CPU). "auto"
     takes the first of AUTO_ORDER that runs there (with `fp8`: and has an fp8 forward

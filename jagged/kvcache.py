@@ -46,7 +46,7 @@ from typing import Optional
 
 import torch
 
-from .dispatch import STYLES, style_available
+from .dispatch import STYLES, constant_result, style_available
 from .fp8 import FP8, check_descale, fill_descales
 from .kvcache_kernels import check_inputs_async, combine  # noqa: F401  (the core's kernels)
 from .validate import HEAD_DIMS, _host_check
@@ -252,7 +252,7 @@ _CHOSEN: dict = {}
 _MODULES: dict = {}  # style -> its decode_hopper module
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def resolve(backend: str, device_index: int) -> str:
     """The style `backend` names on CUDA device `device_index`; "auto" takes the first
     of DECODE_ORDER that runs there. There is no portable decode kernel: a device
@@ -274,7 +274,7 @@ def resolve(backend: str, device_index: int) -> str:
     raise RuntimeError(f"kvcache_attention(backend={backend!r}) cannot run here: " + "; ".join(whys))
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def auto_splits(name: str, batch: int, kv_heads: int, capacity: int, device_index: int,
                 head_dim: int, rows: int, fp8: bool) -> int:
     from .arch import num_sms

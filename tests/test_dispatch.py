@@ -157,3 +157,25 @@ def test_import_makes_no_driver_call():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=120)
     assert "IMPORTED" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_import_leaves_dynamo_out_and_marks_as_dynamo_does():
+    """`import jagged` does not load torch._dynamo (seconds), and `constant_result` marks a
+    function exactly as torch.compiler.assume_constant_result does (compared once dynamo
+    is loaded, on this torch)."""
+    code = textwrap.dedent("""
+        import sys
+        import jagged
+        from jagged.dispatch import constant_result
+        assert "torch._dynamo" not in sys.modules, "import jagged loaded torch._dynamo"
+        def ours(): return 1
+        def theirs(): return 1
+        constant_result(ours)
+        import torch
+        torch.compiler.assume_constant_result(theirs)
+        assert vars(ours) == vars(theirs) and vars(ours), (vars(ours), vars(theirs))
+        print("PASSED")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert "PASSED" in r.stdout, (r.stdout + r.stderr)[-2000:]
