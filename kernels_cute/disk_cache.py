@@ -78,6 +78,7 @@ def entry(make: Callable, key: tuple) -> Path:
     return root() / fingerprint() / (hashlib.sha256(name.encode()).hexdigest()[:32] + ".o")
 
 
+# role: host
 @functools.cache
 def _preload_runtime():
     """The DSL's runtime libraries, loaded globally: a module loaded from a file resolves
@@ -90,6 +91,7 @@ def _preload_runtime():
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
 
 
+# role: host
 def load(path: Path):
     """The function exported in `path`, or None (missing or unloadable)."""
     if not path.is_file():
@@ -102,6 +104,7 @@ def load(path: Path):
         return None
 
 
+# role: host
 def store(path: Path, fn) -> bool:
     """Export `fn` to `path` (a temporary file renamed into place); False if it failed."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.o")
