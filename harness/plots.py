@@ -10,6 +10,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -305,6 +306,49 @@ def plot_decode(df, out_dir) -> list[Path]:
     ) if p is not None]
 
 
+def plot_fuzz(df, path, worst=0.95) -> Path | None:
+    """The fuzz suite against FA4: per pass a panel of every problem, x its FA4 time
+    under graph replay (log), y each style's speedup over FA4, filled under graph replay
+    and hollow for the eager call; lines at 1 and at the `worst` target."""
+    eager, graph = speedup(df), speedup(df, col="graph_tflops")
+    if eager[eager["suite"] == "fuzz"].empty:
+        return None
+    fa = df[(df["suite"] == "fuzz") & (df["backend"] == "fa4")]
+    key = ["pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
+           "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    fa_ms = fa[key + ["graph_ms", "ms"]].rename(columns={"graph_ms": "fa_graph", "ms": "fa_ms"})
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), squeeze=False)
+    for ax, ps in zip(axes[0], ("fwd", "bwd")):
+        for how, d, filled in (("graph", graph, True), ("eager", eager, False)):
+            d = d[(d["suite"] == "fuzz") & (d["pass"] == ps) & (d["backend"] != "fa4")]
+            d = d.merge(fa_ms, on=key)
+            for name in backends_in(d):
+                b = d[d["backend"] == name]
+                x = b["fa_graph"].fillna(b["fa_ms"])
+                st = _style(name, f"{name} ({how})")
+                ax.scatter(x, b["speedup"], marker=st["marker"], s=34, label=st["label"],
+                           facecolors=st["color"] if filled else "none",
+                           edgecolors=st["color"], alpha=0.85)
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.axhline(worst, color="k", linewidth=0.8, linestyle=":",
+                   label=f"target worst {worst:g}x")
+        ax.set_xscale("log")
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("FA4 time, graph replay (ms)")
+        ax.set_title(ps)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("speedup over FA4 (x)")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    gpu = df["gpu"].dropna()
+    fig.suptitle(f"Fuzz problems against flash-attn-4 ({len(fa) // 2} shapes"
+                 + (f", {gpu.iloc[0]}" if len(gpu) else "") + ")")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(out_dir) -> list[Path]:
     """Write every chart the CSV has data for; return their paths."""
     out_dir = Path(out_dir)
@@ -336,6 +380,7 @@ def plot_all(out_dir) -> list[Path]:
                       "Broadcast Q (dense Q shared by the batch) beside a Q per sequence",
                       lambda r: f"Lq{r.max_seqlen_q} Lk{r.max_seqlen_k} s{r.sparsity:g}"
                                 + (" shared Q" if r["mode"] == "broadcast_q" else " own Q")))
+    done.append(plot_fuzz(df, out_dir / "fuzz.png"))
     done.append(plot_clocks(out_dir, out_dir / "clocks.png"))
     done += plot_decode(df, out_dir)
     return [p for p in done if p is not None]

@@ -385,6 +385,7 @@ def write_report(out_dir, charts=True) -> Path:
             sg = speedup(df, col="graph_tflops")
             md += _fuzz_summary(sg[(sg["suite"] == suite) & (sg["backend"] != "fa4")], df,
                                 ", both under CUDA-graph replay")
+            md += [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "fuzz"] + [""]
         gr = g[g["graph_tflops"].notna()]
         if not gr.empty:
             md += ["TFLOP/s under CUDA-graph replay (the call captured once and replayed: "
