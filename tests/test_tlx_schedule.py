@@ -107,13 +107,16 @@ def test_fwd_tiles_causal_order_by_sequence():
 
 
 def test_fwd_bucket():
-    """The forward's length bucket: 64-key blocks when every sequence fits one, or by
-    the mean KV length without causal masking."""
-    from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket
+    """The forward's length bucket: 64-key blocks when every sequence fits one, by the
+    mean KV length without causal masking, by the longest sequence with it."""
+    from jagged.tiles import FWD_CAUSAL_SHORT_MAX_K, FWD_SHORT_MEAN_K, fwd_bucket
     assert fwd_bucket(64) == "short" and fwd_bucket(65) == "long"
     assert fwd_bucket(256, mean_k=26.5) == "short" and fwd_bucket(2048, mean_k=209) == "long"
     assert fwd_bucket(8192, mean_k=FWD_SHORT_MEAN_K) == "short"
-    assert fwd_bucket(256, mean_k=26.5, causal=True) == "long"
+    assert fwd_bucket(1024, mean_k=26.5, causal=True) == "long"
+    assert fwd_bucket(FWD_CAUSAL_SHORT_MAX_K, mean_k=500.0, causal=True) == "short"
+    assert fwd_bucket(FWD_CAUSAL_SHORT_MAX_K + 1, causal=True) == "long"
+    assert fwd_bucket(FWD_CAUSAL_SHORT_MAX_K, mean_k=500.0) == "long"
 
 
 def test_bwd_dynamic():
