@@ -101,9 +101,9 @@ def cmd_sweep(a, timing: bool):
                            timeout=a.timeout, timing=timing, warm=a.warm,
                            resume=a.resume)
     path = out / ("results.csv" if timing else "checks.csv")
-    ran = {_problem_key(bench.problem_cols(p)) for p in problems}
+    ran = {bench.row_key(bench.problem_cols(p), bench.PROBLEM_KEY) for p in problems}
     rows = [r for r in bench.read_rows(path) if r["backend"] in names and r["pass"] in passes
-            and _problem_key(r) in ran]  # this run's rows, not the whole file's
+            and bench.row_key(r, bench.PROBLEM_KEY) in ran]  # this run's rows, not the whole file's
     _print_table(rows, timing)
     print(f"rows in {path}")
     if timing and gpus and not fake:  # the charts' ceiling line, measured as the rows were
@@ -119,13 +119,6 @@ def _suite(name: str, a) -> list:
     if name == "fuzz":
         return fuzz_problems(a.fuzz_n, a.fuzz_seed)
     return suite(name)
-
-
-def _problem_key(r: dict) -> tuple:
-    return tuple(str(r.get(c, "")) for c in (
-        "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
-        "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "page_size", "num_splits",
-        "packed_q"))
 
 
 MATCH_HELP = "only problems whose label contains this (a|b: either)"

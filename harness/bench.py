@@ -66,6 +66,7 @@ COLUMNS = (["backend", "pass"] + PROBLEM_COLS +
 KEY = ["backend", "pass", "suite", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
        "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity", "seed", "gpu", "page_size",
        "num_splits", "packed_q"]
+PROBLEM_KEY = [c for c in KEY if c not in ("backend", "pass", "gpu")]  # a problem's key
 PASSES = ("fwd", "bwd")
 FWD_CHECKS, BWD_CHECKS = ("out", "lse", "dtype"), ("dq", "dk", "dv")
 REPO = Path(__file__).resolve().parents[1]
@@ -619,13 +620,17 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def row_key(r: dict, cols=KEY) -> tuple:
+    """A row's values in `cols` as the CSV spells them (None and missing: empty)."""
+    return tuple("" if r.get(c) is None else str(r[c]) for c in cols)
+
+
 def merge_rows(path: Path, new: list[dict]) -> None:
     """Replace rows with the same key (backend, pass, problem, gpu), keep the rest."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = lambda r: tuple(str(r.get(c, "")) for c in KEY)
-    fresh = {key(r) for r in new}
-    rows = [r for r in read_rows(path) if key(r) not in fresh] + new
+    fresh = {row_key(r) for r in new}
+    rows = [r for r in read_rows(path) if row_key(r) not in fresh] + new
     cols = COLUMNS + sorted({c for r in rows for c in r} - set(COLUMNS))
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
@@ -655,15 +660,6 @@ def plan(backends, problems, passes=PASSES) -> list[Job]:
             for bi, b in enumerate(backends)]
     return sorted(jobs, key=lambda j: ((j.pi, j.bi) if isinstance(j.problem, DecodeProblem)
                                        else (-j.gflop, j.pi, j.bi)))
-
-
-_JOB_KEY = ["backend"] + [c for c in KEY if c not in ("backend", "pass", "gpu")]
-
-
-def _job_key(j: Job) -> tuple:
-    """A job's row key without pass and GPU, as the CSV spells it."""
-    cols = dict(problem_cols(j.problem), backend=j.backend.name)
-    return tuple("" if cols.get(c) is None else str(cols.get(c, "")) for c in _JOB_KEY)
 
 
 class Lane:
@@ -743,9 +739,12 @@ def sweep(backends, problems, passes=PASSES, *, out_dir: Path, gpus=(0,), fake_g
     out_dir = Path(out_dir)
     csv_path = out_dir / ("results.csv" if timing else "checks.csv")
     todo = plan(backends, problems, passes)
-    if resume:
-        have = {tuple(r.get(c, "") for c in _JOB_KEY) + (r["pass"],) for r in read_rows(csv_path)}
-        todo = [j for j in todo if not all(_job_key(j) + (ps,) in have for ps in passes)]
+    if resume:  # a job is done when each of its passes has a row (the GPU aside)
+        cols = ["backend", "pass"] + PROBLEM_KEY
+        have = {row_key(r, cols) for r in read_rows(csv_path)}
+        todo = [j for j in todo if not all(
+            row_key({**problem_cols(j.problem), "backend": j.backend.name, "pass": ps}, cols)
+            in have for ps in passes)]
     if warm and timing and todo:
         devs = list(gpus) if gpus else [None]
         sweep([backends[bi] for bi in sorted({j.bi for j in todo})],

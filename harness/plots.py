@@ -19,6 +19,9 @@ ORDER = ["tlx", "cute", "triton", "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-neste
          "sdpa-nested-cudnn", "flex", "sdpa", "flashinfer"]
 DECODE_NUM = ("page_size", "num_splits", "kv_bytes", "kv_tbps", "copy_tbps", "graph_ms",
               "graph_kv_tbps")
+# a problem's shape columns: a row of one backend meets the same problem of another
+SHAPE_KEY = ["mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
+             "max_seqlen_q", "max_seqlen_k", "sparsity"]
 COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PERF.md)
 
 
@@ -120,8 +123,7 @@ def _panels(df, suite, pass_, y, ylabel, title, path, hline=None, hline_label=No
 def speedup(df, base="fa4", col="tflops") -> pd.DataFrame:
     """Each ok row with `speedup` = its `col` (TFLOP/s, or `graph_tflops`: under graph
     replay) over `base`'s on the same problem; rows without the column are left out."""
-    key = ["suite", "pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads",
-           "head_dim", "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    key = ["suite", "pass"] + SHAPE_KEY
     d = ok(df)
     d = d[(d["mode"] != "decode") & d[col].notna()]
     b = d[d["backend"] == base][key + [col]].rename(columns={col: "base"})
@@ -314,8 +316,7 @@ def plot_fuzz(df, path, worst=0.95) -> Path | None:
     if eager[eager["suite"] == "fuzz"].empty:
         return None
     fa = df[(df["suite"] == "fuzz") & (df["backend"] == "fa4")]
-    key = ["pass", "mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
-           "max_seqlen_q", "max_seqlen_k", "sparsity"]
+    key = ["pass"] + SHAPE_KEY
     fa_ms = fa[key + ["graph_ms", "ms"]].rename(columns={"graph_ms": "fa_graph", "ms": "fa_ms"})
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), squeeze=False)
     for ax, ps in zip(axes[0], ("fwd", "bwd")):

@@ -102,7 +102,7 @@ def available(device=None) -> dict[str, tuple[bool, str]]:
 
 def constant_result(fn):
     """torch.compiler.assume_constant_result (torch.compile folds fn's result into the
-    graph), without importing torch._dynamo at import time (3.5 s of every `import
+    graph), without importing torch._dynamo at import time (about 1.2 s of every `import
     jagged`): that decorator only marks the function, as this does until dynamo is
     loaded (tests/test_dispatch.py compares the two)."""
     if "torch._dynamo" in sys.modules:
