@@ -67,6 +67,8 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from . import host
+
 FP8 = torch.float8_e4m3fn
 
 
@@ -802,19 +804,12 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
 
 
 def _build(q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split):
-    """The build of a `_compiled` key."""
+    """The kernel of a key (q dtype, cache dtype, head_dim, block_m or a Config, causal,
+    paged, packed, split), compiled once through `host.compiled`."""
     cfg = tile if isinstance(tile, Config) else \
         (FP8_CONFIGS if kv_dtype == FP8 else CONFIGS)[(head_dim, tile)]
     return compile_decode(q_dtype, head_dim, cfg, causal, paged, packed, split,
                           kv_dtype=kv_dtype)
-
-
-def _compiled(key):
-    """key: (q dtype, cache dtype, head_dim, block_m or a Config, causal, paged, packed,
-    split); loaded from `disk_cache` where an earlier process stored it."""
-    from .disk_cache import load_or_compile
-    fn = _COMPILED[key] = load_or_compile(_build, key)
-    return fn
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
@@ -838,7 +833,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         raise ValueError("descale is only for a float8_e4m3fn cache")
     key = (q.dtype, k_cache.dtype, D, tile_rows(group * len_q) if config is None else config,
            bool(causal), page_table is not None, cu_seqlens_q is not None, split)
-    fn = _COMPILED.get(key) or _compiled(key)
+    fn = host.compiled(_COMPILED, _build, *key)
     if split:
         out, lse = o_part, lse_part
     fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
