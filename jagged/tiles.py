@@ -13,8 +13,9 @@ else the keys, torch.sort and a decode kernel); `kv_tiles_reference` is its torc
 reference. `dq_accumulator` makes the fp32 dQ buffer they reduce into.
 
 Both lists are reused while their offsets tensors are unchanged (`per_offsets`). The
-forward's length bucket and consumer count (`fwd_bucket`, `fwd_consumers`) and the
-backward's scheduling mode (`bwd_dynamic`) live here too, since both styles share them.
+forward's length bucket and consumer count (`fwd_bucket`, `fwd_consumers`), broadcast-Q's
+GQA head packing (`gqa_pack`, `pack_heads`) and the backward's scheduling mode
+(`bwd_dynamic`) live here too, since both styles share them.
 """
 from __future__ import annotations
 
@@ -85,6 +86,30 @@ def fwd_consumers(block_m: int, producer_regs: int) -> tuple[int, int]:
                          f"(2 or 3 consumer warpgroups of 64 rows; 3 at 160 registers)")
     n = block_m // 64
     return n, (512 - producer_regs) // n // 8 * 8
+
+
+# --------------------------------------------------------------------- GQA head packing
+def gqa_pack(broadcast_q: bool, causal: bool, L_q: int, group: int, block_m: int) -> int:
+    """How many query heads a broadcast-Q forward tile packs into its rows (1: none).
+
+    A tile holds L_q shared query rows of one head, so a short L_q leaves most of its
+    block_m rows empty (fuzz B531 H32/4, L_q 16: 16 of 128). Under GQA the `group` heads
+    of a KV head read the same keys: packed, tile row r is query row r // group of head
+    hk * group + r % group (`pack_heads`), and H_kv * cdiv(L_q * group, block_m) tiles
+    replace H * cdiv(L_q, block_m). Packed only where that makes fewer tiles, at a group
+    dividing a 64-row consumer block (its rows start on a query row), and not causal: a
+    packed row's causal limit is its query row's, which the tile list does not model."""
+    if not broadcast_q or causal or group <= 1 or 64 % group:
+        return 1
+    packed = -(-L_q * group // block_m)
+    return group if packed < group * -(-L_q // block_m) else 1
+
+
+def pack_heads(q: torch.Tensor, group: int) -> torch.Tensor:
+    """Broadcast-Q's q [L_q, H, D] -> [L_q * group, H_kv, D], row l * group + j of KV head
+    hk being q[l, hk * group + j] (a copy of the small shared q)."""
+    L_q, H, D = q.shape
+    return q.view(L_q, H // group, group, D).transpose(1, 2).reshape(L_q * group, H // group, D)
 
 
 # broadcast-Q: per-program dQ slots are capped at this many bytes in all

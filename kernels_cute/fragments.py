@@ -39,7 +39,9 @@ def store_rows(tiled_copy, t, s, g, rows_left):
     r = cute.make_fragment_like(src)
     cute.autovec_copy(src, r)
     dst = thr.partition_D(g)
-    crd = thr.partition_S(cute.make_identity_tensor(g.shape))
+    # flat (row, col) coordinates, also where g's rows mode is hierarchical (packed heads)
+    crd = thr.partition_S(cute.make_identity_tensor((cute.size(g, mode=[0]),
+                                                     cute.size(g, mode=[1]))))
     for i in cutlass.range_constexpr(cute.size(dst, mode=[1])):
         if crd[0, i, 0][0] < rows_left:
             cute.copy(tiled_copy, r[None, i, None], dst[None, i, None])

@@ -83,6 +83,8 @@ class Config:
     num_buffers_q: int = 2    # Q double buffer (16-bit: a slot also stages its tile's O)
     windows: bool = False     # tiles are row windows (`window_config`), not (sequence,
                               # query block) pairs
+    pack: int = 1             # broadcast-Q: query heads a tile's rows hold (a call's
+                              # jagged.tiles.gqa_pack; q comes in packed, O and LSE out not)
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
@@ -226,7 +228,9 @@ def _kernel_class():
             self.causal = causal
             self.broadcast_q = broadcast_q
             self.windows = cfg.windows
+            self.pack = cfg.pack
             assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
+            assert self.pack == 1 or (broadcast_q and not causal and 64 % self.pack == 0)
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -237,6 +241,8 @@ def _kernel_class():
                      mWin: Optional[cute.Tensor], scale_log2: Float32, L_q: Int32,
                      group: Int32, nblk: Int32, num_programs: Int32, stream):
             D, dt, pv = self.D, self.dtype, self.pv_dtype
+            if const_expr(self.pack > 1):
+                mO, mLSE = self.packed_views(mO, mLSE)
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
                               for t in (mQ, mK, mV, mO)]
@@ -309,6 +315,19 @@ def _kernel_class():
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
                      stream=stream, min_blocks_per_mp=1)
+
+        def packed_views(self, mO, mLSE):
+            """O [n, H, D] and LSE [H, n] as the packed tiles index them: row r of KV head
+            hk is query row r // pack of head hk * pack + r % pack, so the rows mode is
+            (pack, n) with the head stride inside it (jagged.tiles.gqa_pack)."""
+            g = self.pack
+            (n, h, d), (sn, sh, sd) = mO.shape, mO.stride
+            mO = cute.make_tensor(mO.iterator, cute.make_layout(
+                ((g, n), h // g, d), stride=((sh, sn), sh * g, sd)))
+            sl = mLSE.stride[0]
+            mLSE = cute.make_tensor(mLSE.iterator, cute.make_layout(
+                (h // g, (g, n)), stride=(sl * g, (sl, 1))))
+            return mO, mLSE
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -725,7 +744,7 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
                           host.persistent_programs, fp8=True, takes_windows=takes_windows,
-                          window_config=window_config)
+                          window_config=window_config, pack_gqa=True)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):

@@ -10,13 +10,14 @@ the DSL nor the driver.
 """
 import functools
 import math
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import dq_accumulator, fwd_tiles, window_tiles
+from jagged.tiles import dq_accumulator, fwd_tiles, gqa_pack, pack_heads, window_tiles
 
 from . import disk_cache
 
@@ -133,6 +134,8 @@ class FwdKernels(NamedTuple):
                            # takes the window table after the descales (None on a
                            # build without them)
     window_config: Callable | None = None  # (head_dim) -> the windows build's Config
+    pack_gqa: bool = False  # broadcast-Q tiles may pack a GQA group's heads (the Config's
+                            # `pack`, jagged.tiles.gqa_pack)
 
 
 def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
@@ -163,20 +166,26 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         v = dequantize_rows(v, v_descale, cu_k)
         descales = (q_descale, k_descale)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
+    # the tiles' query rows and heads: a packing tile holds `pack` heads
+    pack = gqa_pack(broadcast_q, causal, L_q, H // k.shape[1], cfg.block_m) \
+        if kern.pack_gqa else 1
+    if pack > 1:
+        q, cfg = pack_heads(q, pack), replace(cfg, pack=pack)
+    L_t, H_t = L_q * pack, q.shape[1]
     if windows:  # windows of block_m packed rows, heads folded in (nblk: the windows)
         pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], max_q, cfg.block_m,
                                          cfg.block_n)
         table, nblk = (win,), win.shape[1]
         n_tiles = nblk * H
     else:
-        pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_q if broadcast_q else max_q,
-                                       L_q if broadcast_q else None, cfg.block_m,
+        pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
+                                       L_t if broadcast_q else None, cfg.block_m,
                                        cfg.block_n, causal)
-        n_tiles = B * nblk * H
+        n_tiles = B * nblk * H_t
     num_programs = kern.programs(cfg, n_tiles, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,
-       *table, scale * math.log2(math.e), L_q, H // k.shape[1], nblk, num_programs)
+       *table, scale * math.log2(math.e), L_t, H_t // k.shape[1], nblk, num_programs)
     return out, lse
 
 

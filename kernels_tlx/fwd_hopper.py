@@ -41,7 +41,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
-from jagged.tiles import FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, window_tiles, windowed
+from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, gqa_pack, pack_heads,
+                          window_tiles, windowed)
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -170,7 +171,7 @@ class Tiles(NamedTuple):
 
 
 class Out(NamedTuple):
-    """O [n_out, H, D] and LSE [H, n_out]."""
+    """O [n_out, H, D] and LSE [H, n_out] (H: every query head, packed ones included)."""
     o: object
     lse: object
     H: object
@@ -403,10 +404,11 @@ def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
 
 
 @triton.jit
-def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr):
+def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr, PACK: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
-    coalesced rows, so the row bound costs one predicate per 16-byte vector."""
+    coalesced rows, so the row bound costs one predicate per 16-byte vector. PACK > 1
+    (jagged.tiles.gqa_pack): tile row r is query row r // PACK of head h * PACK + r % PACK."""
     empty = l_i == 0.0
     l_use = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
@@ -414,13 +416,13 @@ def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr):
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
-    out_rows = (tile.out_start + rows).to(tl.int64)
+    packed = tile.out_start + rows  # out_start is a multiple of PACK
+    out_rows = (packed // PACK).to(tl.int64)
+    heads = (tile.h * PACK + packed % PACK).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
-    o_ptrs = out.o + (out_rows * out.H + tile.h)[:, None] * HEAD_DIM + cols[None, :]
+    o_ptrs = out.o + (out_rows * out.H + heads)[:, None] * HEAD_DIM + cols[None, :]
     tl.store(o_ptrs, o, mask=(rows < tile.len_q)[:, None])
-    lse_rows = row0 + tl.arange(0, SPLIT_M)
-    tl.store(out.lse + tile.h.to(tl.int64) * out.n_out + tile.out_start + lse_rows, lse,
-             mask=lse_rows < tile.len_q)
+    tl.store(out.lse + heads * out.n_out + out_rows, lse, mask=rows < tile.len_q)
 
 
 @triton.jit
@@ -444,7 +446,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               WINDOWS: tl.constexpr):
+               WINDOWS: tl.constexpr, PACK: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
@@ -462,7 +464,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
                                            arrive_count=NUM_CONSUMERS))
     tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK, win_ptr)
-    out = Out(out_ptr, lse_ptr, H, n_out)
+    out = Out(out_ptr, lse_ptr, H * PACK, n_out)  # H: the tiles' heads (KV heads if packed)
 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
@@ -493,7 +495,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                     o_buf = o_stage[cid]
                 else:
                     o_buf = smem.q[slot]
-                store(acc, m_i, l_i, o_buf, out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM)
+                store(acc, m_i, l_i, o_buf, out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM, PACK)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(bars.q_empty[slot], 1)
                 i += 1
@@ -501,16 +503,16 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
-                fp8: bool = False, windows: bool = False) -> dict:
+                fp8: bool = False, windows: bool = False, pack: int = 1) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile. windows: over row windows
-    (with WINDOW_CONFIG)."""
+    (with WINDOW_CONFIG); pack: query heads a tile's rows hold (jagged.tiles.gqa_pack)."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows, PACK=pack)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
@@ -538,23 +540,30 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         v = dequantize_rows(v, v_descale, cu_k)
     else:
         q_descale = k_descale = None
+    # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
+    pack = gqa_pack(broadcast_q, causal, L_q, H // Hkv, cfg.block_m)
+    if pack > 1:
+        q = pack_heads(q, pack)
+    Nq_t, H_t = q.shape[0], q.shape[1]
+    L_t = Nq_t if broadcast_q else 0
     if windows:  # NBLK carries the window count
         pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
                                          cfg.block_n)
         nblk, n_tiles = win.shape[1], win.shape[1] * H
     else:
-        pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
-                                         L_q if broadcast_q else None, cfg.block_m,
+        pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
+                                         L_t if broadcast_q else None, cfg.block_m,
                                          cfg.block_n, causal)
-        win, n_tiles = None, batch * nblk * H
-    desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [SPLIT_M.value, D])
+        win, n_tiles = None, batch * nblk * H_t
+    desc_q = TensorDescriptor(q, [Nq_t, H_t * D], [H_t * D, 1], [SPLIT_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     grid = (min(num_sms(q.device), n_tiles),)
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        L_q, H, H // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
-        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows), num_warps=4, num_stages=1)
+        L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack), num_warps=4,
+        num_stages=1)
     return out, lse
 
 
