@@ -65,16 +65,20 @@ def tok(dtype, rows, heads, head_dim):
 # Forward
 # --------------------------------------------------------------------------------------
 
-def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False):
+def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False,
+             packed: bool = False):
     """The forward kernel's symbolic tensors: q, k, v, out, lse, cu_q (None in
     broadcast-Q mode), cu_k, the tile list's pairs and count (row windows: the int32
-    window order and count). An 8-bit dtype (fp8): q and k in it, v and out bf16."""
+    window order and count). An 8-bit dtype (fp8): q and k in it, v and out bf16.
+    packed (GQA heads packed into broadcast-Q tiles): q has the KV heads' count of
+    heads, out and lse every query head."""
     import cutlass
     import cutlass.cute as cute
 
     pv = cutlass.BFloat16 if dtype.width == 8 else dtype
     nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
-    q, k, v, o = (tok(dtype, nq, h, head_dim), tok(dtype, nk, hkv, head_dim),
+    hq = cute.sym_int32() if packed else h
+    q, k, v, o = (tok(dtype, nq, hq, head_dim), tok(dtype, nk, hkv, head_dim),
                   tok(pv, nk, hkv, head_dim), tok(pv, no, h, head_dim))
     lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
     nb = cute.sym_int32()
@@ -114,7 +118,8 @@ def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = "",
     windows: None for a forward without row windows, else whether this build runs them
     (`window_args`)."""
     import cutlass
-    args = fwd_args(kernel.dtype, broadcast_q, head_dim, bool(windows)) + tuple(descale)
+    args = fwd_args(kernel.dtype, broadcast_q, head_dim, bool(windows),
+                    getattr(kernel, "pack", 1) > 1) + tuple(descale)
     if windows is not None:
         args += window_args(windows)
     return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
