@@ -89,7 +89,7 @@ def fwd_consumers(block_m: int, producer_regs: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------- GQA head packing
-def gqa_pack(broadcast_q: bool, causal: bool, L_q: int, group: int, block_m: int) -> int:
+def gqa_pack(broadcast_q: bool, L_q: int, group: int, block_m: int) -> int:
     """How many query heads a broadcast-Q forward tile packs into its rows (1: none).
 
     A tile holds L_q shared query rows of one head, so a short L_q leaves most of its
@@ -97,9 +97,9 @@ def gqa_pack(broadcast_q: bool, causal: bool, L_q: int, group: int, block_m: int
     of a KV head read the same keys: packed, tile row r is query row r // group of head
     hk * group + r % group (`pack_heads`), and H_kv * cdiv(L_q * group, block_m) tiles
     replace H * cdiv(L_q, block_m). Packed only where that makes fewer tiles, at a group
-    dividing a 64-row consumer block (its rows start on a query row), and not causal: a
-    packed row's causal limit is its query row's, which the tile list does not model."""
-    if not broadcast_q or causal or group <= 1 or 64 % group:
+    dividing a 64-row consumer block (its rows start on a query row). Causal: a packed
+    row's cut is its query row's (both styles' tile_coords and masks)."""
+    if not broadcast_q or group <= 1 or 64 % group:
         return 1
     packed = -(-L_q * group // block_m)
     return group if packed < group * -(-L_q // block_m) else 1

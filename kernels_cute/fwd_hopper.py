@@ -230,7 +230,7 @@ def _kernel_class():
             self.windows = cfg.windows
             self.pack = cfg.pack
             assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
-            assert self.pack == 1 or (broadcast_q and not causal and 64 % self.pack == 0)
+            assert self.pack == 1 or (broadcast_q and 64 % self.pack == 0)
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -408,7 +408,7 @@ def _kernel_class():
                                      self.block_m, self.block_n, self.causal)
             return tile_coords(tile, sched.mPairs, sched.n_pairs, sched.mCuQ, sched.mCuK,
                                sched.L_q, sched.H, sched.group, sched.nblk, self.block_m,
-                               self.block_n, self.causal, self.broadcast_q)
+                               self.block_n, self.causal, self.broadcast_q, self.pack)
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -591,7 +591,11 @@ def _kernel_class():
             S = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
                 end = seq.len_k                                     # the keys row r sees
-                if const_expr(self.causal):
+                if const_expr(self.causal and self.pack > 1):
+                    # a packed row's cut is its query row's, r // pack of len_q // pack
+                    row = (m0 + tScS[r, 0][0]) // self.pack
+                    end = seq.causal_kv_end(row + 1 + seq.len_q - seq.len_q // self.pack)
+                elif const_expr(self.causal):
                     end = seq.causal_kv_end(m0 + tScS[r, 0][0] + 1)
                 limit = end - n * self.block_n
                 # one select per element, as TLX's tl.where (an `if` per element: ~1000

@@ -172,8 +172,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         descales = (q_descale, k_descale)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
     # the tiles' query rows and heads: a packing tile holds `pack` heads
-    pack = gqa_pack(broadcast_q, causal, L_q, H // k.shape[1], cfg.block_m) \
-        if kern.pack_gqa else 1
+    pack = gqa_pack(broadcast_q, L_q, H // k.shape[1], cfg.block_m) if kern.pack_gqa else 1
     if pack > 1:
         q, cfg = pack_heads(q, pack), replace(cfg, pack=pack)
     L_t, H_t = L_q * pack, q.shape[1]

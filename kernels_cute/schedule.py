@@ -43,11 +43,13 @@ __all__ = ["boustrophedon", "build_tiles", "kv_block", "kv_steps", "kv_tile_coor
 
 
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
-                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool):
+                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool, PACK: int = 1):
     """Forward tile id -> where it lives: head h, kv head, first query row m0
     (in-sequence), its sequence (SeqlenInfo), the KV block split (blocks [0, n_bulk)
     need no mask, blocks [n_bulk, n_end) are masked) and its sequence b. BROADCAST_Q: q
-    is one dense [L_q, H, D] for every sequence (mCuQ unused)."""
+    is one dense [L_q, H, D] for every sequence (mCuQ unused). PACK > 1
+    (jagged.tiles.gqa_pack): row r of a tile is query row r // PACK, of len_q // PACK,
+    for the causal cut."""
     import cutlass
 
     tile = boustrophedon(tile, n_pairs * H)
@@ -61,7 +63,11 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
     seq = SeqlenInfo.of(b, mCuQ, mCuK, L_q, BROADCAST_Q)
-    if cutlass.const_expr(CAUSAL):
+    if cutlass.const_expr(CAUSAL and PACK > 1):
+        shift = seq.len_q - seq.len_q // PACK  # row_end's query row, aligned bottom right
+        kv_end = seq.causal_kv_end((m0 + BLOCK_M - 1) // PACK + 1 + shift)
+        kv_full = seq.causal_kv_end(m0 // PACK + 1 + shift)  # seen by every row
+    elif cutlass.const_expr(CAUSAL):
         kv_end = seq.causal_kv_end(m0 + BLOCK_M)
         kv_full = seq.causal_kv_end(m0 + 1)  # seen by every row
     else:

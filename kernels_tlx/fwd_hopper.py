@@ -207,7 +207,7 @@ def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):  # role: compute
 
 @triton.jit
 def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr):  # role: schedule
+            BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr, PACK: tl.constexpr):  # role: schedule
     """Tile id t -> Tile, from the (sequence, block) list or the row-window list."""
     if WINDOWS:
         return window_coords(t, tiles.pairs, tiles.n_pairs, tiles.win, tiles.NBLK, tiles.cu_q,
@@ -215,7 +215,7 @@ def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.c
     else:
         return tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
                            tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL,
-                           BROADCAST_Q)
+                           BROADCAST_Q, PACK)
 
 
 @triton.jit
@@ -312,7 +312,7 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr,
-         WINDOWS: tl.constexpr):
+         WINDOWS: tl.constexpr, PACK: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
     blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
@@ -322,7 +322,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
     kv_cnt = 0
     i = 0
     for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
-        tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+        tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
@@ -469,7 +469,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
-                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS)
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
@@ -477,11 +477,14 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             kv_cnt = 0
             i = 0
             for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
-                tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+                tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK)
                 if WINDOWS:
                     rows = _row_bounds(tiles, tile, cid, CAUSAL)
                 else:
                     rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
+                    if PACK > 1:  # the causal mask aligns rows to len_q at the bottom right:
+                        # a packed row's is its query row's, r // PACK of len_q // PACK
+                        rows = rows // PACK + (tile.len_q - tile.len_q // PACK)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
                 tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,
@@ -541,7 +544,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     else:
         q_descale = k_descale = None
     # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
-    pack = gqa_pack(broadcast_q, causal, L_q, H // Hkv, cfg.block_m)
+    pack = gqa_pack(broadcast_q, L_q, H // Hkv, cfg.block_m)
     if pack > 1:
         q = pack_heads(q, pack)
     Nq_t, H_t = q.shape[0], q.shape[1]

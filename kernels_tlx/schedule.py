@@ -65,9 +65,10 @@ def _snake(tile, n_tiles):  # role: schedule
 @triton.jit
 def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                BROADCAST_Q: tl.constexpr):
+                BROADCAST_Q: tl.constexpr, PACK: tl.constexpr = 1):
     """Forward tile id -> Tile. BROADCAST_Q: q is one dense [L_q, H, D] for every
-    sequence (cu_q unused)."""
+    sequence (cu_q unused). PACK > 1 (jagged.tiles.gqa_pack): row r of a tile is query
+    row r // PACK, of len_q // PACK, for the causal cut."""
     tile = _snake(tile, n_pairs * H)
     # chunks of NBLK pairs (the last may be short), pairs fastest, then heads
     span = NBLK * H
@@ -85,8 +86,9 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
     else:
         out_start = q_start
     if CAUSAL:
-        kv_end = causal_kv_end(m0 + BLOCK_M, len_q, len_k)
-        kv_full = causal_kv_end(m0 + 1, len_q, len_k)  # seen by every row of the block
+        kv_end = causal_kv_end((m0 + BLOCK_M - 1) // PACK + 1, len_q // PACK, len_k)
+        # seen by every row of the block
+        kv_full = causal_kv_end(m0 // PACK + 1, len_q // PACK, len_k)
     else:
         kv_end = len_k
         kv_full = len_k

@@ -145,15 +145,19 @@ def test_windows(impl, idx):
 def packed_problems():
     """Broadcast-Q with short L_q under GQA, where the forward packs a group's heads into
     a tile's rows (jagged.tiles.gqa_pack): groups 2 to 16, both head dims and buckets
-    (192-row tiles at D = 64 long), fp16, empty and length-1 key sets, one fp8."""
+    (192-row tiles at D = 64 long), causal (keys shorter and longer than L_q), fp16,
+    empty and length-1 key sets, fp8."""
     rng = random.Random(SEED)
     out = []
-    for heads, kv, d, lq, lk, dt in [(32, 4, 64, 16, 128, "bf16"), (8, 2, 128, 24, 700, "fp16"),
-                                     (16, 1, 128, 5, 300, "bf16"), (8, 2, 64, 80, 2000, "bf16"),
-                                     (12, 3, 64, 7, 64, "bf16"), (32, 4, 64, 16, 128, "fp8")]:
+    for heads, kv, d, lq, lk, dt, causal in [
+            (32, 4, 64, 16, 128, "bf16", False), (8, 2, 128, 24, 700, "fp16", False),
+            (16, 1, 128, 5, 300, "bf16", False), (8, 2, 64, 80, 2000, "bf16", False),
+            (12, 3, 64, 7, 64, "bf16", False), (32, 4, 64, 16, 128, "fp8", False),
+            (32, 4, 64, 16, 128, "bf16", True), (8, 2, 128, 40, 700, "fp16", True),
+            (16, 1, 128, 60, 2000, "bf16", True), (32, 8, 64, 64, 1000, "fp8", True)]:
         p = Problem(batch=rng.choice([5, 37]), heads=heads, kv_heads=kv, head_dim=d,
                     max_seqlen_q=lq, max_seqlen_k=lk, sparsity=0.5, mode="broadcast_q",
-                    dtype=dt, seed=rng.randrange(1 << 30))
+                    dtype=dt, causal=causal, seed=rng.randrange(1 << 30))
         lq_t, lk_t = (t.clone() for t in p.lengths())
         lk_t[0], lk_t[1] = 0, 1
         out.append((p, (lq_t, lk_t)))
@@ -162,7 +166,7 @@ def packed_problems():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["tlx", "cute"])
-@pytest.mark.parametrize("idx", range(6))
+@pytest.mark.parametrize("idx", range(10))
 def test_broadcast_q_packed(impl, idx):
     """The forwards that pack GQA heads against the oracle: out, lse (with a gradient on
     it) and the backward through the packed forward's out and lse (fp8: forward only).
@@ -174,12 +178,12 @@ def test_broadcast_q_packed(impl, idx):
         pytest.skip(f"{impl}: {why}")
     p, lengths = packed_problems()[idx]
     fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
-    cfg = fh.pick_config(p.head_dim, p.max_k, False, float(lengths[1].float().mean()))
-    assert gqa_pack(True, False, p.max_seqlen_q, p.heads // p.kv_heads, cfg.block_m) > 1
+    cfg = fh.pick_config(p.head_dim, p.max_k, p.causal, float(lengths[1].float().mean()))
+    assert gqa_pack(True, p.max_seqlen_q, p.heads // p.kv_heads, cfg.block_m) > 1
     inp = p.build("cuda", lengths=lengths)
     fp8 = p.dtype == "fp8"
     dlse = None if fp8 else torch.randn(p.heads, inp.dout.shape[0], device="cuda")
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
-    rep = check(inp, functools.partial(fn, return_lse=True), broadcast_q=True,
-                backward=not fp8, dlse=dlse)
+    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
+                broadcast_q=True, backward=not fp8, dlse=dlse)
     assert rep.ok, f"{what}\n{rep}"
