@@ -47,17 +47,22 @@ def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEAD_DIMS):
+def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEAD_DIMS,
+                          checks_offsets: bool = False):
     """Register `fwd`/`bwd` as the custom op `jagged_attn::{name}` with autograd and a
     fake (meta) kernel, and return the public `jagged_attention` function: the op under
-    torch.compile, a plain autograd.Function (same forward, backward) in eager mode."""
+    torch.compile, a plain autograd.Function (same forward, backward) in eager mode.
+    checks_offsets: `fwd` runs the device-side offsets check itself, before anything
+    reads the offsets (inside its tile-list kernel, jagged.tiles `check=`), so the call
+    does not queue jagged.validate's kernel ahead of it."""
 
     def call_bwd(dout, q, k, v, out, lse, dlse, *rest):
         return bwd(dout, q, k, v, out, lse, *rest, dlse=dlse)
 
     def checked_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, **descale):
         # descale: an fp8 call's `descale=` keyword; a 16-bit call passes none
-        check_offsets_async(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        if not checks_offsets:
+            check_offsets_async(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
         return fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, **descale)
 
     @torch.library.custom_op(f"jagged_attn::{name}_fwd", mutates_args=())

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .launch import fast
-from .validate import _check_one
+from .offsets import offsets_ok
 
 CHECK_BLOCK = 1024  # page-table entries one check program reads
 
@@ -36,7 +36,7 @@ def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_p
                          "page_table points outside the page pool (k_cache.shape[0])")
     if CHECK_Q:
         if (b == 0) & (c == 0):
-            _check_one(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
+            offsets_ok(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
                        "q.shape[0]")
 
 

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .offsets import check_offsets
 from .seqinfo import causal_q_start, causal_q_start_ref
 
 
@@ -233,7 +234,8 @@ def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
 def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr):
+                      BLOCK: tl.constexpr, SORT: tl.constexpr, n_q=0, n_k=0, max_q=0, max_k=0,
+                      CHECK: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
@@ -246,47 +248,55 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
     order `longest_first_tiles` and `kv_tiles_reference` give) at a fraction of the
     cost: a 2304- / 4608-pair forward list at gem 256 / 512, sparsity 0.1, took 17 / 52 us
     sorted pair by pair. Else the int64 key -work << 32 | pair of every pair, 1024 at a
-    time, into keys_ptr (ascending = the same order)."""
-    if SORT:
-        BITS: tl.constexpr = BLOCK.bit_length() - 1
-        n_seq = n_pairs // NB
-        b = tl.arange(0, BLOCK)
-        inb = b < n_seq
-        n, work = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                             CAUSAL, BROADCAST_Q, KV_TILES)
-        total = tl.sum(n, 0)
-        key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - b),
-                      descending=True)
-        sb = BLOCK - 1 - (key & (BLOCK - 1))  # the sequences, longest first
-        sn, _ = _seq_tiles(sb, sb < n_seq, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                           CAUSAL, BROADCAST_Q, KV_TILES)
-        start = tl.cumsum(sn, 0) - sn
-        for j in range(0, NB):
-            if CAUSAL and not KV_TILES:
-                blk = sn - 1 - j
-            else:
-                blk = j + sb * 0
-            _store_pairs(sb * NB + blk, keys_ptr, tiles_ptr, start + j, j < sn, n_stride, NB,
-                         KV_TILES)
-        # the padding pairs (recounted: fewer live registers across the loops)
-        n, _ = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q, KV_TILES)
-        pad = tl.where(inb, NB - n, 0)
-        pad_start = total + tl.cumsum(pad, 0) - pad - n
-        for j in range(0, NB):
-            _store_pairs(b * NB + j, keys_ptr, tiles_ptr, pad_start + j, inb & (j >= n),
-                         n_stride, NB, KV_TILES)
-    else:
-        total = 0
-        for start in range(0, n_pairs, BLOCK):
-            pair = start + tl.arange(0, BLOCK)
-            inb = pair < n_pairs
-            work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
-                              CAUSAL, BROADCAST_Q, KV_TILES)
-            key = ((-tl.minimum(work, 2**31 - 1)).to(tl.int64) << 32) | pair.to(tl.int64)
-            tl.store(keys_ptr + pair, key, mask=inb)
-            total += tl.sum((work > 0).to(tl.int32), 0)
-    tl.store(count_ptr, total)
+    time, into keys_ptr (ascending = the same order).
+
+    CHECK: the offsets check first (jagged.offsets, the forward's `check=`; the launch
+    compiles its asserts in), and nothing written from offsets that fail it."""
+    ok = True
+    if CHECK:
+        ok = check_offsets(cu_q, cu_k, n_pairs // NB, n_q, n_k, max_q, max_k, not BROADCAST_Q,
+                           1024)
+    if ok:
+        if SORT:
+            BITS: tl.constexpr = BLOCK.bit_length() - 1
+            n_seq = n_pairs // NB
+            b = tl.arange(0, BLOCK)
+            inb = b < n_seq
+            n, work = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                                 CAUSAL, BROADCAST_Q, KV_TILES)
+            total = tl.sum(n, 0)
+            key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - b),
+                          descending=True)
+            sb = BLOCK - 1 - (key & (BLOCK - 1))  # the sequences, longest first
+            sn, _ = _seq_tiles(sb, sb < n_seq, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                               CAUSAL, BROADCAST_Q, KV_TILES)
+            start = tl.cumsum(sn, 0) - sn
+            for j in range(0, NB):
+                if CAUSAL and not KV_TILES:
+                    blk = sn - 1 - j
+                else:
+                    blk = j + sb * 0
+                _store_pairs(sb * NB + blk, keys_ptr, tiles_ptr, start + j, j < sn, n_stride, NB,
+                             KV_TILES)
+            # the padding pairs (recounted: fewer live registers across the loops)
+            n, _ = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
+                              BROADCAST_Q, KV_TILES)
+            pad = tl.where(inb, NB - n, 0)
+            pad_start = total + tl.cumsum(pad, 0) - pad - n
+            for j in range(0, NB):
+                _store_pairs(b * NB + j, keys_ptr, tiles_ptr, pad_start + j, inb & (j >= n),
+                             n_stride, NB, KV_TILES)
+        else:
+            total = 0
+            for start in range(0, n_pairs, BLOCK):
+                pair = start + tl.arange(0, BLOCK)
+                inb = pair < n_pairs
+                work = _pair_work(pair, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
+                                  CAUSAL, BROADCAST_Q, KV_TILES)
+                key = ((-tl.minimum(work, 2**31 - 1)).to(tl.int64) << 32) | pair.to(tl.int64)
+                tl.store(keys_ptr + pair, key, mask=inb)
+                total += tl.sum((work > 0).to(tl.int32), 0)
+        tl.store(count_ptr, total)
 
 
 @triton.jit
@@ -331,7 +341,7 @@ def per_offsets(build, cu_q, cu_k, *params):
 
 
 def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
-              block_m: int, block_n: int, causal: bool):
+              block_m: int, block_n: int, causal: bool, check: tuple | None = None):
     """Forward tile list, the `build_tiles` of both styles' schedule (cached, above).
 
     -> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
@@ -340,6 +350,8 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
     order and count as `longest_first_tiles`.
 
     `L_q`: the broadcast query length in broadcast-Q mode (cu_q is None), else None.
+    `check`: (n_q, n_k, max_q, max_k), the call's token counts and maxima: the key kernel
+    first runs jagged.validate's device-side offsets check on them (`checked_launch`).
 
     Causal order: each sequence's tiles together, sequences by their KV length, a
     sequence's query blocks last (longest) to first, so the programs that run at once
@@ -352,10 +364,21 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
     streams at once (120+ at D64), this order 2-3. Without the boustrophedon, a sequence's
     sawtooth of causal tiles unbalanced the static round-robin (cycles +6 %)."""
     return per_offsets(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
-                   block_n, bool(causal))
+                       block_n, bool(causal), check)
 
 
-def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, causal):
+def checked_launch(check: tuple | None) -> dict:
+    """The extra launch arguments of a tile kernel that checks the offsets (`check`:
+    (n_q, n_k, max_q, max_k)): its asserts compiled in (debug), without the overflow
+    checks debug adds to every integer add of the tile arithmetic."""
+    if check is None:
+        return {}
+    n_q, n_k, max_q, max_k = check
+    return dict(n_q=n_q, n_k=n_k, max_q=max_q, max_k=max_k, CHECK=True, debug=True,
+                sanitize_overflow=False)
+
+
+def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, causal, check):
     nblk = max(1, -(-max_seqlen_q // block_m))
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
@@ -367,7 +390,7 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
         L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=L_q is not None, KV_TILES=False, **opts)
+        BROADCAST_Q=L_q is not None, KV_TILES=False, **opts, **checked_launch(check))
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
@@ -394,33 +417,39 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
                     cu_k=None, BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
-                    SORT: tl.constexpr = False):
+                    SORT: tl.constexpr = False, n_q=0, n_k=0, max_q=0, max_k=0,
+                    CHECK: tl.constexpr = False):
     """One program. Each window w (rows [w * BLOCK_M, ...)) gets its first and last
     sequence, those holding its first and last row (-1, -1 past the last row): every
     sequence writes itself into the windows whose first (last) row it holds, at most
     SPAN = cdiv(max length, BLOCK_M) + 1 of them; no search, no dependent loads.
-    ORDER: then the window tile list (`window_tiles`) from them."""
-    total = tl.load(cu + B)
-    n_live = tl.cdiv(total, BLOCK_M)
-    for w0 in range(n_live, n_win, SEQS):  # dead windows
-        w = w0 + tl.arange(0, SEQS)
-        tl.store(win_ptr + w, -1, mask=w < n_win)
-        tl.store(win_ptr + n_win + w, -1, mask=w < n_win)
-    for s0 in range(0, B, SEQS):
-        s = s0 + tl.arange(0, SEQS)
-        start = tl.load(cu + s, mask=s < B, other=0)
-        end = tl.load(cu + s + 1, mask=s < B, other=0)
-        first = tl.cdiv(start, BLOCK_M)        # windows whose first row is in [start, end)
-        last = tl.cdiv(start + 1, BLOCK_M) - 1  # ... whose last row w * BM + BM - 1 is
-        for j in range(0, SPAN):
-            tl.store(win_ptr + first + j, s, mask=(first + j) * BLOCK_M < end)
-            tl.store(win_ptr + n_win + last + j, s, mask=(last + j + 1) * BLOCK_M - 1 < end)
-        # the last live window ends at the last row, which the last non-empty sequence holds
-        tl.store(win_ptr + n_win + n_live - 1 + s * 0, s, mask=(end == total) & (start < end))
-    if ORDER:
-        tl.debug_barrier()  # the windows this program wrote, visible to all its threads
-        _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
-        tl.store(count_ptr, n_live)
+    ORDER: then the window tile list (`window_tiles`) from them. CHECK: the offsets
+    check first (cu: cu_seqlens_q; as _tile_keys_kernel's)."""
+    ok = True
+    if CHECK:
+        ok = check_offsets(cu, cu_k, B, n_q, n_k, max_q, max_k, True, 1024)
+    if ok:
+        total = tl.load(cu + B)
+        n_live = tl.cdiv(total, BLOCK_M)
+        for w0 in range(n_live, n_win, SEQS):  # dead windows
+            w = w0 + tl.arange(0, SEQS)
+            tl.store(win_ptr + w, -1, mask=w < n_win)
+            tl.store(win_ptr + n_win + w, -1, mask=w < n_win)
+        for s0 in range(0, B, SEQS):
+            s = s0 + tl.arange(0, SEQS)
+            start = tl.load(cu + s, mask=s < B, other=0)
+            end = tl.load(cu + s + 1, mask=s < B, other=0)
+            first = tl.cdiv(start, BLOCK_M)        # windows whose first row is in [start, end)
+            last = tl.cdiv(start + 1, BLOCK_M) - 1  # ... whose last row w * BM + BM - 1 is
+            for j in range(0, SPAN):
+                tl.store(win_ptr + first + j, s, mask=(first + j) * BLOCK_M < end)
+                tl.store(win_ptr + n_win + last + j, s, mask=(last + j + 1) * BLOCK_M - 1 < end)
+            # the last live window ends at the last row, which the last non-empty sequence holds
+            tl.store(win_ptr + n_win + n_live - 1 + s * 0, s, mask=(end == total) & (start < end))
+        if ORDER:
+            tl.debug_barrier()  # the windows this program wrote, visible to all its threads
+            _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
+            tl.store(count_ptr, n_live)
 
 
 @triton.jit
@@ -466,16 +495,19 @@ def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
     return out
 
 
-def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int):
+def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int,
+                 check: tuple | None = None):
     """The forward's tile list over row windows (the Hopper kernels of both styles):
     (order int32 [n_win], the windows longest first (by the keys of the sequences they
     span), dead ones last; count int32 [1] of live windows; win int32 [2, n_win], each
     window's first and last sequence, `windows`). One kernel, no host sync; cached like
-    the others. Up to SORT_MAX windows are sorted, more stay in row order."""
-    return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, max_q, block_m, block_n)
+    the others. Up to SORT_MAX windows are sorted, more stay in row order. `check`: as
+    fwd_tiles' (the forward's windows only: cu_q the query offsets)."""
+    return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, max_q, block_m, block_n,
+                       check)
 
 
-def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n):
+def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     n_win = max(1, -(-n_rows // block_m))
     # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
     o1 = -(-2 * n_win // 4) * 4
@@ -486,7 +518,7 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n):
     _windows_kernel[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
                           _span(max_q, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=True,
                           cu_k=cu_k, BLOCK_N=block_n, BLOCK=block, SORT=sort,
-                          num_warps=min(8, max(4, block // 256)))
+                          num_warps=min(8, max(4, block // 256)), **checked_launch(check))
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:2 * n_win].view(2, n_win)
 
 

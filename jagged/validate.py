@@ -7,12 +7,13 @@ Three levels, so that the default call never waits on the GPU:
   layout (no value is read either).
 - `check_offsets_async` (every call, on the device, no host sync): one small kernel
   checks that each `cu_seqlens_*` starts at 0, never decreases, ends at its tensor's
-  token count and holds no length above its `max_seqlen_*`. A bad value fails a
-  device-side assertion whose message names the argument; CUDA reports it at the next
-  synchronization, and the attention kernels queued behind it never run. As with every
-  device-side assertion, the process's CUDA context is unusable afterwards. A check of
-  unchanged offsets is not repeated (the tile lists' cache, keyed by tensor identity and
-  version).
+  token count and holds no length above its `max_seqlen_*` (jagged.offsets). A bad value
+  fails a device-side assertion whose message names the argument; CUDA reports it at
+  the next synchronization, and the attention kernels queued behind it never run. As
+  with every device-side assertion, the process's CUDA context is unusable afterwards.
+  A check of unchanged offsets is not repeated (the tile lists' cache, keyed by tensor
+  identity and version). The TLX and CuteDSL forwards run the same check inside their
+  tile-list kernel instead (`jagged.tiles`, `check=`): one launch fewer a call.
 - `check_offsets_host` (`check_offsets=True`): the same conditions, read on the host
   (one device-to-host copy), raising a ValueError with the offending entry before
   anything is launched.
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .fp8 import FP8, check_descale
+from .offsets import check_offsets
 from .tiles import per_offsets
 
 DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
@@ -131,25 +133,10 @@ def _host_check(name, cu, total, max_len):
 
 
 # ------------------------------------------------------------------ device (default)
-@triton.jit
-def _check_one(cu, batch, total, max_len, BLOCK: tl.constexpr, NAME: tl.constexpr,
-               MAX_NAME: tl.constexpr, TOTAL_NAME: tl.constexpr):
-    tl.device_assert(tl.load(cu) == 0, NAME + " must start at 0")
-    tl.device_assert(tl.load(cu + batch) == total, NAME + " must end at " + TOTAL_NAME)
-    for start in range(0, batch, BLOCK):
-        b = start + tl.arange(0, BLOCK)
-        inb = b < batch
-        n = tl.load(cu + b + 1, mask=inb, other=0) - tl.load(cu + b, mask=inb, other=0)
-        tl.device_assert(n >= 0, NAME + " must not decrease")
-        tl.device_assert(n <= max_len, MAX_NAME + " is smaller than a length in " + NAME)
-
-
 @triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
 def _offsets_check_kernel(cu_q, cu_k, batch, n_q, n_k, max_q, max_k,
                           CHECK_Q: tl.constexpr, BLOCK: tl.constexpr):
-    _check_one(cu_k, batch, n_k, max_k, BLOCK, "cu_seqlens_k", "max_seqlen_k", "k.shape[0]")
-    if CHECK_Q:
-        _check_one(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q", "q.shape[0]")
+    check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q, BLOCK)
 
 
 def _launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k):

@@ -29,6 +29,7 @@ def kernel_arch(device=None) -> str | None:
     return style_arch("cute", device)
 
 
-jagged_attention = make_jagged_attention("cute", _forward, _backward)
+# the forwards check the offsets in their tile-list kernel (jagged.tiles `check=`)
+jagged_attention = make_jagged_attention("cute", _forward, _backward, checks_offsets=True)
 
 __all__ = ["jagged_attention", "available", "kernel_arch"]

@@ -18,6 +18,7 @@ import torch
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import dq_accumulator, fwd_tiles, gqa_pack, pack_heads, window_tiles
+from jagged.validate import check_offsets_async
 
 from . import disk_cache
 
@@ -155,21 +156,20 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     fp8 = descale is not None
     out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    if n_out == 0 or B == 0:
+    # the device-side offsets check (jagged.validate), run by the tile-list kernel
+    check = (q.shape[0], k.shape[0], max_q, max_k)
+    if n_out == 0 or B == 0 or k.shape[0] == 0:  # no tile list: the check alone
+        check_offsets_async(cu_q, cu_k, *check)
+        if n_out and B:  # no key anywhere (TMA cannot describe an empty tensor)
+            out.zero_()
+            lse.fill_(-math.inf)
         return out, lse
-    if k.shape[0] == 0:  # no key anywhere (TMA cannot describe an empty tensor)
-        return out.zero_(), lse.fill_(-math.inf)
     windows = kern.takes_windows is not None and kern.takes_windows(
         q.shape[0], k.shape[0], B, max_q, broadcast_q, fp8)
     if windows:
         cfg = kern.window_config(D)
     else:
         cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
-    descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
-    if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product
-        q_descale, k_descale, v_descale = descale
-        v = dequantize_rows(v, v_descale, cu_k)
-        descales = (q_descale, k_descale)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
     # the tiles' query rows and heads: a packing tile holds `pack` heads
     pack = gqa_pack(broadcast_q, L_q, H // k.shape[1], cfg.block_m) if kern.pack_gqa else 1
@@ -178,14 +178,20 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     L_t, H_t = L_q * pack, q.shape[1]
     if windows:  # windows of block_m packed rows, heads folded in (nblk: the windows)
         pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], max_q, cfg.block_m,
-                                         cfg.block_n)
+                                         cfg.block_n, check)
         table, nblk = (win,), win.shape[1]
         n_tiles = nblk * H
     else:
         pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
                                        L_t if broadcast_q else None, cfg.block_m,
-                                       cfg.block_n, causal)
+                                       cfg.block_n, causal, check)
         n_tiles = B * nblk * H_t
+    descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
+    if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product (after
+        # the check: the V pass reads the key offsets)
+        q_descale, k_descale, v_descale = descale
+        v = dequantize_rows(v, v_descale, cu_k)
+        descales = (q_descale, k_descale)
     num_programs = kern.programs(cfg, n_tiles, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,

@@ -28,6 +28,7 @@ def kernel_arch(device=None) -> str | None:
     return style_arch("tlx", device)
 
 
-jagged_attention = make_jagged_attention("tlx", _forward, _backward)
+# the forwards check the offsets in their tile-list kernel (jagged.tiles `check=`)
+jagged_attention = make_jagged_attention("tlx", _forward, _backward, checks_offsets=True)
 
 __all__ = ["jagged_attention", "available", "kernel_arch"]

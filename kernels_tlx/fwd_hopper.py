@@ -43,6 +43,7 @@ from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
 from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, gqa_pack, pack_heads,
                           window_tiles, windowed)
+from jagged.validate import check_offsets_async
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -530,19 +531,16 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fp8 = descale is not None
     out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    if n_out == 0 or batch == 0:
-        return out, lse
-    if Nk == 0 or Nq_in == 0:  # no keys anywhere: every row is empty
-        out.zero_()
-        lse.fill_(float("-inf"))
+    # the device-side offsets check (jagged.validate), run by the tile-list kernel
+    check = (Nq_in, Nk, max_q, max_k)
+    if n_out == 0 or batch == 0 or Nk == 0 or Nq_in == 0:  # no tile list: the check alone
+        check_offsets_async(cu_q, cu_k, *check)
+        if n_out and batch:  # no keys anywhere: every row is empty
+            out.zero_()
+            lse.fill_(float("-inf"))
         return out, lse
     windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
     cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
-    if fp8:
-        q_descale, k_descale, v_descale = descale
-        v = dequantize_rows(v, v_descale, cu_k)
-    else:
-        q_descale = k_descale = None
     # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
     pack = gqa_pack(broadcast_q, L_q, H // Hkv, cfg.block_m)
     if pack > 1:
@@ -551,13 +549,18 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     L_t = Nq_t if broadcast_q else 0
     if windows:  # NBLK carries the window count
         pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
-                                         cfg.block_n)
+                                         cfg.block_n, check)
         nblk, n_tiles = win.shape[1], win.shape[1] * H
     else:
         pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
                                          L_t if broadcast_q else None, cfg.block_m,
-                                         cfg.block_n, causal)
+                                         cfg.block_n, causal, check)
         win, n_tiles = None, batch * nblk * H_t
+    if fp8:  # after the check: the V pass reads the key offsets
+        q_descale, k_descale, v_descale = descale
+        v = dequantize_rows(v, v_descale, cu_k)
+    else:
+        q_descale = k_descale = None
     desc_q = TensorDescriptor(q, [Nq_t, H_t * D], [H_t * D, 1], [SPLIT_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])

@@ -150,24 +150,33 @@ BAD = textwrap.dedent("""
     import torch
     from harness.problems import Problem
     from jagged.dispatch import style_fn
-    inp = Problem(batch=3, heads=2, head_dim=64, max_seqlen_q=64).build("cuda")
-    bad = torch.tensor([0, 50, 20, inp.k.shape[0]], dtype=torch.int32, device="cuda")
-    out = style_fn("{style}")(inp.q, inp.k, inp.v, inp.cu_seqlens_q, bad, 64, 64)
+    p = Problem(batch=3, heads=4, kv_heads=2, head_dim=64, max_seqlen_q={lq}, mode={mode!r})
+    inp = p.build("cuda")
+    n = inp.k.shape[0]
+    bad = torch.tensor([0, n // 2, n // 4, n], dtype=torch.int32, device="cuda")
+    # max_seqlen_k = n: only the order is wrong, one assertion fails
+    out = style_fn("{style}")(inp.q, inp.k, inp.v, inp.cu_seqlens_q, bad, inp.max_seqlen_q, n,
+                              broadcast_q={mode!r} == "broadcast_q")
     torch.cuda.synchronize()
     print("NOT REACHED", flush=True)
 """)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lq, mode", [(64, "self"), (300, "self"), (16, "broadcast_q")],
+                         ids=["windows", "pairs", "broadcast-q"])
 @pytest.mark.parametrize("style", STYLES)
-def test_bad_offsets_fail_on_device(style):
+def test_bad_offsets_fail_on_device(style, lq, mode):
     """In a child process (a device-side assert leaves the CUDA context unusable): the
-    next CUDA call or sync raises (the check kernel runs first on the stream, so the
-    attention kernels never run), and the assertion names the argument."""
+    next CUDA call or sync raises (the check runs first on the stream, alone or inside
+    the forward's tile-list kernel, so the attention kernels never run), and the
+    assertion names the argument. Short queries (the forward's row windows), longer
+    ones (its (sequence, block) tiles) and broadcast-Q (packed GQA heads)."""
     style_fn(style)
     env = dict(os.environ)
-    r = subprocess.run([sys.executable, "-c", BAD.format(style=style)], capture_output=True,
-                       text=True, timeout=600, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    r = subprocess.run([sys.executable, "-c", BAD.format(style=style, lq=lq, mode=mode)],
+                       capture_output=True, text=True, timeout=600, env=env,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
     assert "NOT REACHED" not in r.stdout, r.stdout + r.stderr[-3000:]
     assert r.returncode != 0
     assert "cu_seqlens_k must not decrease" in r.stderr, r.stderr[-3000:]

@@ -1,0 +1,45 @@
+"""The device-side check of `cu_seqlens_*` (jagged.validate), as Triton functions that
+kernels call: the validate module's own one-program kernel, and the forward tile-list
+kernels of jagged.tiles, which run it first so that a call launches one kernel fewer.
+
+Its `tl.device_assert`s name the argument; they are compiled in only where a kernel is
+built with debug=True (the calling kernels are, with overflow sanitizing off where the
+rest of the kernel is tile arithmetic)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def offsets_ok(cu, batch, total, max_len, BLOCK: tl.constexpr, NAME: tl.constexpr,
+               MAX_NAME: tl.constexpr, TOTAL_NAME: tl.constexpr):
+    """Assert that the offsets cu [batch + 1] start at 0, end at `total`, never decrease
+    and hold no length above max_len; return whether they do (a caller skips its writes
+    when they do not, so nothing is written from bad offsets before the assert stops the
+    kernel)."""
+    first = tl.load(cu)
+    last = tl.load(cu + batch)
+    tl.device_assert(first == 0, NAME + " must start at 0")
+    tl.device_assert(last == total, NAME + " must end at " + TOTAL_NAME)
+    bad = (first != 0).to(tl.int32) + (last != total).to(tl.int32)
+    for start in range(0, batch, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        inb = b < batch
+        n = tl.load(cu + b + 1, mask=inb, other=0) - tl.load(cu + b, mask=inb, other=0)
+        tl.device_assert(n >= 0, NAME + " must not decrease")
+        tl.device_assert(n <= max_len, MAX_NAME + " is smaller than a length in " + NAME)
+        bad += tl.sum(((n < 0) | (n > max_len)).to(tl.int32), 0)
+    return bad == 0
+
+
+@triton.jit
+def check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """offsets_ok of cu_seqlens_k and (CHECK_Q: not broadcast-Q) cu_seqlens_q."""
+    ok = offsets_ok(cu_k, batch, n_k, max_k, BLOCK, "cu_seqlens_k", "max_seqlen_k",
+                    "k.shape[0]")
+    if CHECK_Q:
+        ok = ok & offsets_ok(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
+                             "q.shape[0]")
+    return ok
