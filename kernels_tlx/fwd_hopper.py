@@ -208,7 +208,8 @@ def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):  # role: compute
 
 @triton.jit
 def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr, PACK: tl.constexpr):  # role: schedule
+            BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr,
+            PACK: tl.constexpr = 1):  # role: schedule
     """Tile id t -> Tile, from the (sequence, block) list or the row-window list."""
     if WINDOWS:
         return window_coords(t, tiles.pairs, tiles.n_pairs, tiles.win, tiles.NBLK, tiles.cu_q,

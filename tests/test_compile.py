@@ -191,18 +191,24 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q, window):
 def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
     not spill (the interpreter accepts more, e.g. non-constexpr globals, so the CPU
-    schedule tests alone do not prove this)."""
-    from jagged.tiles import _tile_keys_kernel, sort_launch
+    schedule tests alone do not prove this). The forward's lists check the offsets
+    (checked_launch: the asserts compiled in, no overflow checks), the backward's not."""
+    from jagged.tiles import _tile_keys_kernel, checked_launch, sort_launch
     opts = sort_launch(batch, nb)
     assert opts["SORT"] == (batch <= 4096)
+    check = checked_launch((1, 1, 1, 1) if which == "fwd" else None)
     sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", tiles_ptr="*i32", count_ptr="*i32",
-               n_pairs="i32", n_stride="i32", NB="i32", L_q="i32")
+               n_pairs="i32", n_stride="i32", NB="i32", L_q="i32", n_q="i32", n_k="i32",
+               max_q="i32", max_k="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
-                 KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"])
+                 KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"],
+                 CHECK=check.get("CHECK", False))
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
-                         name=f"{which} tile keys B={batch} NB={nb}")
+                         name=f"{which} tile keys B={batch} NB={nb}",
+                         **{k: check[k] for k in ("debug", "sanitize_overflow") if k in check})
     assert not rep.spills and not rep.stack_bytes, rep.row()
+    assert ("__assertfail" in rep.ptx) == (which == "fwd"), rep.row()
 
 
 @pytest.mark.parametrize("order,block,sort", [  # the largest sort in CI
@@ -211,17 +217,22 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
       for v in ((False, 1024, False), (True, 128, True), (True, 1024, False)))])
 def test_windows_kernel_sm90(order, block, sort):
     """The row-window builder (portable windows; with ORDER the Hopper forwards' window
-    list, sorted up to 4096 windows) compiles for the GPU without spills."""
-    from jagged.tiles import _windows_kernel
+    list, sorted up to 4096 windows, which checks the offsets) compiles for the GPU
+    without spills."""
+    from jagged.tiles import _windows_kernel, checked_launch
+    check = checked_launch((1, 1, 1, 1) if order else None)
     sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
                count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32", SPAN="i32",
-               cu_k="*i32" if order else "constexpr")
-    const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort)
+               cu_k="*i32" if order else "constexpr", n_q="i32", n_k="i32", max_q="i32",
+               max_k="i32")
+    const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort,
+                 CHECK=check.get("CHECK", False))
     if not order:
         const.update(order_ptr=None, count_ptr=None, cu_k=None)
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_windows_kernel, sig, const, arch=90,
                          num_warps=min(8, max(4, block // 256)),
-                         name=f"windows order={order} BLOCK={block}")
+                         name=f"windows order={order} BLOCK={block}",
+                         **{k: check[k] for k in ("debug", "sanitize_overflow") if k in check})
     print(rep.row())
     assert not rep.spills and not rep.stack_bytes, rep.row()
