@@ -145,6 +145,22 @@ def _launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k):
                                 max_k, CHECK_Q=cu_q is not None, BLOCK=1024, num_warps=4)
 
 
+def forward_without_tiles(out, lse, cu_q, cu_k, check) -> bool:
+    """A forward with no tile list to build (no output rows, sequences, keys or queries):
+    queue the offsets check alone (`check`: n_q, n_k, max_q, max_k; the list kernel would
+    have run it) and write the rows that see no key (O = 0, LSE = -inf). Returns whether
+    the call was one; the others build their list with `check=`."""
+    n_q, n_k = check[0], check[1]
+    batch = cu_k.shape[0] - 1
+    if out.shape[0] and batch and n_k and n_q:
+        return False
+    check_offsets_async(cu_q, cu_k, *check)
+    if out.shape[0] and batch:
+        out.zero_()
+        lse.fill_(float("-inf"))
+    return True
+
+
 def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k):
     """Queue the device-side offsets check (no host sync); skipped for offsets already
     checked with the same token counts and maxima (and never skipped under CUDA-graph

@@ -18,7 +18,7 @@ import torch
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import dq_accumulator, fwd_tiles, gqa_pack, pack_heads, window_tiles
-from jagged.validate import check_offsets_async
+from jagged.validate import forward_without_tiles
 
 from . import disk_cache
 
@@ -156,13 +156,10 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     fp8 = descale is not None
     out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    # the device-side offsets check (jagged.validate), run by the tile-list kernel
+    # the offsets check, run by the tile-list kernel; no key anywhere: TMA cannot
+    # describe an empty tensor
     check = (q.shape[0], k.shape[0], max_q, max_k)
-    if n_out == 0 or B == 0 or k.shape[0] == 0:  # no tile list: the check alone
-        check_offsets_async(cu_q, cu_k, *check)
-        if n_out and B:  # no key anywhere (TMA cannot describe an empty tensor)
-            out.zero_()
-            lse.fill_(-math.inf)
+    if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     windows = kern.takes_windows is not None and kern.takes_windows(
         q.shape[0], k.shape[0], B, max_q, broadcast_q, fp8)

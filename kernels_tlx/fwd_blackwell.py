@@ -72,7 +72,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket
-from jagged.validate import check_offsets_async
+from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast
 from .fwd_hopper import Descs
@@ -621,13 +621,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     n_out = batch * Nq_in if broadcast_q else Nq_in
     out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    # the device-side offsets check (jagged.validate), run by the tile-list kernel
-    check = (Nq_in, Nk, max_q, max_k)
-    if n_out == 0 or batch == 0 or Nk == 0 or Nq_in == 0:  # no tile list: the check alone
-        check_offsets_async(cu_q, cu_k, *check)
-        if n_out and batch:  # no keys anywhere: every row is empty
-            out.zero_()
-            lse.fill_(float("-inf"))
+    check = (Nq_in, Nk, max_q, max_k)  # the offsets check, run by the tile-list kernel
+    if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     cfg = pick_config(D, max_k, causal, Nk / batch)
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,

@@ -43,7 +43,7 @@ from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
 from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, gqa_pack, pack_heads,
                           window_tiles, windowed)
-from jagged.validate import check_offsets_async
+from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -532,13 +532,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fp8 = descale is not None
     out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    # the device-side offsets check (jagged.validate), run by the tile-list kernel
-    check = (Nq_in, Nk, max_q, max_k)
-    if n_out == 0 or batch == 0 or Nk == 0 or Nq_in == 0:  # no tile list: the check alone
-        check_offsets_async(cu_q, cu_k, *check)
-        if n_out and batch:  # no keys anywhere: every row is empty
-            out.zero_()
-            lse.fill_(float("-inf"))
+    check = (Nq_in, Nk, max_q, max_k)  # the offsets check, run by the tile-list kernel
+    if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
     cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
