@@ -36,6 +36,9 @@ Modes: self / cross (packed q with cu_q), broadcast_q (one dense q [L_q, H, D] s
 by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head dims
 64 and 128, bf16 and fp16. One compiled kernel per (dtype, D, causal, broadcast_q, Config):
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
+Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows
+(Config.pack, jagged.tiles.gqa_pack): q comes in packed, O and LSE are viewed through a
+(pack, rows) layout (`packed_views`) that puts each row back in its query row and head.
 
 Row windows (`takes_windows`: short packed queries, mean length at most half a tile;
 the `window_config` build): a tile is a window of 128 consecutive packed query rows,

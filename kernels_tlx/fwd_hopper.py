@@ -21,6 +21,10 @@ into the next sequence (or past the tensor, where TMA fills zeros): extra K colu
 masked to -inf by the tail's softmax mask (so their V rows get P = 0), extra Q rows are
 computed and dropped by the store's row bound. Nothing is ever written through TMA.
 
+Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
+jagged.tiles.gqa_pack): q comes in packed, the store maps row r to query row r // PACK
+of head h * PACK + r % PACK, and the causal cut is the query row's.
+
 fp8 (FP8, `forward(..., descale=)`): Q and K in e4m3, S = Q K^T an e4m3 wgmma (both
 operands K-major as laid out: no transpose) with the tile's q_descale * k_descale of its
 (sequence, KV head) folded into the qk scale; V dequantized to bf16 once a call
