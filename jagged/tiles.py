@@ -106,6 +106,13 @@ def gqa_pack(broadcast_q: bool, L_q: int, group: int, block_m: int) -> int:
     return group if packed < group * -(-L_q // block_m) else 1
 
 
+def packed_query(q: torch.Tensor, broadcast_q: bool, kv_heads: int, block_m: int):
+    """A forward's q as its tiles read it, and the heads a tile packs (`gqa_pack`): the
+    packed copy (`pack_heads`) where it packs, else q itself."""
+    pack = gqa_pack(broadcast_q, q.shape[0], q.shape[1] // kv_heads, block_m)
+    return (pack_heads(q, pack) if pack > 1 else q), pack
+
+
 def pack_heads(q: torch.Tensor, group: int) -> torch.Tensor:
     """Broadcast-Q's q [L_q, H, D] -> [L_q * group, H_kv, D], row l * group + j of KV head
     hk being q[l, hk * group + j] (a copy of the small shared q)."""

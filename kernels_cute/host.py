@@ -17,7 +17,7 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import dq_accumulator, fwd_tiles, gqa_pack, pack_heads, window_tiles
+from jagged.tiles import dq_accumulator, fwd_tiles, packed_query, window_tiles
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -169,9 +169,9 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
     # the tiles' query rows and heads: a packing tile holds `pack` heads
-    pack = gqa_pack(broadcast_q, L_q, H // k.shape[1], cfg.block_m) if kern.pack_gqa else 1
+    q, pack = packed_query(q, broadcast_q and kern.pack_gqa, k.shape[1], cfg.block_m)
     if pack > 1:
-        q, cfg = pack_heads(q, pack), replace(cfg, pack=pack)
+        cfg = replace(cfg, pack=pack)
     L_t, H_t = L_q * pack, q.shape[1]
     if windows:  # windows of block_m packed rows, heads folded in (nblk: the windows)
         pairs, count, win = window_tiles(cu_q, cu_k, q.shape[0], max_q, cfg.block_m,

@@ -45,7 +45,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
-from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, gqa_pack, pack_heads,
+from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, packed_query,
                           window_tiles, windowed)
 from jagged.validate import forward_without_tiles
 
@@ -531,7 +531,6 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1
-    L_q = Nq_in if broadcast_q else 0
     n_out = batch * Nq_in if broadcast_q else Nq_in
     fp8 = descale is not None
     out = torch.empty(n_out, H, D, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
@@ -542,9 +541,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
     cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
     # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
-    pack = gqa_pack(broadcast_q, L_q, H // Hkv, cfg.block_m)
-    if pack > 1:
-        q = pack_heads(q, pack)
+    q, pack = packed_query(q, broadcast_q, Hkv, cfg.block_m)
     Nq_t, H_t = q.shape[0], q.shape[1]
     L_t = Nq_t if broadcast_q else 0
     if windows:  # NBLK carries the window count
