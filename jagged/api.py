@@ -30,21 +30,16 @@ offsets check runs inside the forward op.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
 
 from .fp8 import fill_descales
-from .validate import (FP8, HEAD_DIMS, check_offsets_async, check_offsets_host, validate,
-                       validate_descales)
+from .validate import (FP8, HEAD_DIMS, check_offsets_async, check_offsets_host, default_scale,
+                       validate, validate_descales)
 
 FORWARD_ONLY = ("fp8 inputs (float8_e4m3fn) are forward only: call jagged_attention under "
                 "torch.no_grad() or with q, k, v that do not require grad")
-
-
-def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:
-    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
 
 
 def make_jagged_attention(name: str, fwd: Callable, bwd: Callable, head_dims=HEAD_DIMS,

@@ -41,7 +41,6 @@ host first and raises a ValueError instead.
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Optional
 
 import torch
@@ -49,7 +48,7 @@ import torch
 from .dispatch import STYLES, constant_result, style_available
 from .fp8 import FP8, check_descale, fill_descales
 from .kvcache_kernels import check_inputs_async, combine  # noqa: F401  (the core's kernels)
-from .validate import HEAD_DIMS, _host_check
+from .validate import HEAD_DIMS, _host_check, default_scale
 
 CACHE_DTYPES = (torch.bfloat16, torch.float16, FP8)
 
@@ -343,7 +342,7 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, page_table=None,
     if check_inputs:
         check_inputs_host(q3.shape[0], k_cache, cache_seqlens, page_table, cu_seqlens_q,
                           len_q, capacity)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(D)
+    scale = default_scale(D, softmax_scale)
     if num_splits == 0:
         num_splits = auto_splits(name, B, k_cache.shape[2], capacity, q.device.index, D,
                                  H // k_cache.shape[2] * len_q, fp8)

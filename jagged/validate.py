@@ -17,8 +17,12 @@ Three levels, so that the default call never waits on the GPU:
 - `check_offsets_host` (`check_offsets=True`): the same conditions, read on the host
   (one device-to-host copy), raising a ValueError with the offending entry before
   anything is launched.
+`default_scale`: the softmax scale, 1 / sqrt(head_dim) or a positive finite number given.
 """
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 import torch
 import triton
@@ -166,3 +170,14 @@ def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_
     checked with the same token counts and maxima (and never skipped under CUDA-graph
     capture, so a replay checks the values it finds)."""
     per_offsets(_launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k)
+
+
+def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:
+    """1 / sqrt(head_dim), or softmax_scale: a positive finite number, since the kernels
+    take the row max of the raw scores and scale it (a negative scale would flip it)."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    scale = float(softmax_scale)
+    if not (0.0 < scale < math.inf):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    return scale

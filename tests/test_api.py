@@ -26,7 +26,7 @@ def call(inp, **over):
     a = dict(q=inp.q, k=inp.k, v=inp.v, cu_seqlens_q=inp.cu_seqlens_q,
              cu_seqlens_k=inp.cu_seqlens_k, max_seqlen_q=inp.max_seqlen_q,
              max_seqlen_k=inp.max_seqlen_k)
-    kw = {k: over.pop(k) for k in ("causal", "broadcast_q", "check_offsets") if k in over}
+    kw = {k: over.pop(k) for k in ("causal", "broadcast_q", "check_offsets", "softmax_scale") if k in over}
     a.update(over)
     return jagged_attention(*a.values(), **kw)
 
@@ -101,6 +101,8 @@ def test_device_check_is_not_repeated(inp, monkeypatch):
     (lambda i: dict(q=i.q[:, :1].repeat(1, 3, 1)), ValueError,
      "q heads (3) must be a multiple of k heads (2)"),
     (lambda i: dict(cu_seqlens_k=i.cu_seqlens_k[:3]), ValueError, "the same batch"),
+    (lambda i: dict(softmax_scale=-0.125), ValueError, "softmax_scale must be a positive"),
+    (lambda i: dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a positive"),
 ])
 def test_bad_input(inp, make, exc, name):
     """Checked on the host with no device access, whatever check_offsets says."""
