@@ -20,11 +20,13 @@ GQA head packing (`gqa_pack`, `pack_heads`) and the backward's scheduling mode
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .offsets import check_offsets
 from .seqinfo import causal_q_start, causal_q_start_ref
@@ -242,7 +244,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
                       BLOCK: tl.constexpr, SORT: tl.constexpr, n_q=0, n_k=0, max_q=0, max_k=0,
-                      CHECK: tl.constexpr = False):
+                      CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
@@ -258,7 +260,10 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
     time, into keys_ptr (ascending = the same order).
 
     CHECK: the offsets check first (jagged.offsets, the forward's `check=`; the launch
-    compiles its asserts in), and nothing written from offsets that fail it."""
+    compiles its asserts in), and nothing written from offsets that fail it. PDL: the
+    kernel queued behind may launch at once (it waits for this one's writes itself)."""
+    if PDL:
+        gdc_launch_dependents()
     ok = True
     if CHECK:
         ok = check_offsets(cu_q, cu_k, n_pairs // NB, n_q, n_k, max_q, max_k, not BROADCAST_Q,
@@ -374,6 +379,12 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
                        block_n, bool(causal), check)
 
 
+# Programmatic dependent launch: a forward's list kernel lets the attention kernel queued
+# behind it launch at once, so that kernel's launch and prologue (up to its gdc_wait) run
+# under the list; the interpreter has no griddepcontrol
+PDL = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def checked_launch(check: tuple | None) -> dict:
     """The extra launch arguments of a tile kernel that checks the offsets (`check`:
     (n_q, n_k, max_q, max_k)): its asserts compiled in (debug), without the overflow
@@ -397,7 +408,7 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
     _tile_keys_kernel[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
         L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=L_q is not None, KV_TILES=False, **opts, **checked_launch(check))
+        BROADCAST_Q=L_q is not None, KV_TILES=False, PDL=PDL, **opts, **checked_launch(check))
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
@@ -425,13 +436,15 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
                     cu_k=None, BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
                     SORT: tl.constexpr = False, n_q=0, n_k=0, max_q=0, max_k=0,
-                    CHECK: tl.constexpr = False):
+                    CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program. Each window w (rows [w * BLOCK_M, ...)) gets its first and last
     sequence, those holding its first and last row (-1, -1 past the last row): every
     sequence writes itself into the windows whose first (last) row it holds, at most
     SPAN = cdiv(max length, BLOCK_M) + 1 of them; no search, no dependent loads.
     ORDER: then the window tile list (`window_tiles`) from them. CHECK: the offsets
-    check first (cu: cu_seqlens_q; as _tile_keys_kernel's)."""
+    check first (cu: cu_seqlens_q; as _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
+    if PDL:
+        gdc_launch_dependents()
     ok = True
     if CHECK:
         ok = check_offsets(cu, cu_k, B, n_q, n_k, max_q, max_k, True, 1024)
@@ -525,7 +538,8 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     _windows_kernel[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
                           _span(max_q, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=True,
                           cu_k=cu_k, BLOCK_N=block_n, BLOCK=block, SORT=sort,
-                          num_warps=min(8, max(4, block // 256)), **checked_launch(check))
+                          num_warps=min(8, max(4, block // 256)), PDL=PDL,
+                          **checked_launch(check))
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:2 * n_win].view(2, n_win)
 
 

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
@@ -472,15 +473,23 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 v_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
                 v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
                                            arrive_count=NUM_CONSUMERS))
-    tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK, win_ptr)
     out = Out(out_ptr, lse_ptr, H * PACK, n_out)  # H: the tiles' heads (KV heads if packed)
 
+    # Launched as a programmatic dependent of the tile-list kernel (jagged.tiles PDL):
+    # each role reads and writes global memory only after its gdc_wait, when the kernels
+    # ahead have finished
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
+            gdc_wait()
+            tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK,
+                          win_ptr)
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
                  NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
+            gdc_wait()
+            tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK,
+                          win_ptr)
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
                 _hand_over(cid, NUM_CONSUMERS)
             kv_cnt = 0
@@ -569,7 +578,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
         **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack), num_warps=4,
-        num_stages=1)
+        num_stages=1, launch_pdl=True)
     return out, lse
 
 

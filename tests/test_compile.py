@@ -58,6 +58,10 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     assert rep.has_mma and rep.mma == "wgmma", rep.row()
     assert not rep.spills, f"spills / local memory: {rep.row()}"
     assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+    # a programmatic dependent launch: every role (producer, each consumer) waits for
+    # the kernels ahead before its first global access
+    roles = 1 + fh.CONFIGS[(d, bucket, causal)].block_m // fh.SPLIT_M.value
+    assert rep.ptx.count("griddepcontrol.wait") == roles, rep.row()
     # P packed two a cvt (_pack_p), not per element
     assert f"cvt.rn.{'bf16' if dt == 'bf16' else 'f16'}x2.f32" in rep.ptx, rep.row()
     # producer gives registers back, consumers take them (warp specialization)
@@ -202,13 +206,15 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
                max_q="i32", max_k="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
                  KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"],
-                 CHECK=check.get("CHECK", False))
+                 CHECK=check.get("CHECK", False), PDL=which == "fwd")
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
                          name=f"{which} tile keys B={batch} NB={nb}",
                          **{k: check[k] for k in ("debug", "sanitize_overflow") if k in check})
     assert not rep.spills and not rep.stack_bytes, rep.row()
     assert ("__assertfail" in rep.ptx) == (which == "fwd"), rep.row()
+    # the forward's attention kernel is its programmatic dependent
+    assert ("griddepcontrol.launch_dependents" in rep.ptx) == (which == "fwd"), rep.row()
 
 
 @pytest.mark.parametrize("order,block,sort", [  # the largest sort in CI
@@ -226,7 +232,7 @@ def test_windows_kernel_sm90(order, block, sort):
                cu_k="*i32" if order else "constexpr", n_q="i32", n_k="i32", max_q="i32",
                max_k="i32")
     const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort,
-                 CHECK=check.get("CHECK", False))
+                 CHECK=check.get("CHECK", False), PDL=order)
     if not order:
         const.update(order_ptr=None, count_ptr=None, cu_k=None)
     sig.update({k: "constexpr" for k in const})
@@ -236,3 +242,4 @@ def test_windows_kernel_sm90(order, block, sort):
                          **{k: check[k] for k in ("debug", "sanitize_overflow") if k in check})
     print(rep.row())
     assert not rep.spills and not rep.stack_bytes, rep.row()
+    assert ("griddepcontrol.launch_dependents" in rep.ptx) == order, rep.row()
