@@ -122,7 +122,12 @@ def pack_heads(q: torch.Tensor, group: int) -> torch.Tensor:
     return q.view(L_q, H // group, group, D).transpose(1, 2).reshape(L_q * group, H // group, D)
 
 
-# broadcast-Q: per-program dQ slots are capped at this many bytes in all
+# Broadcast-Q dQ slots. A slot costs its zeroing and its read in the postprocess, 8 bytes
+# per (query row, head, column): about the main kernel's work over 90 keys. So a call
+# gets one slot per SLOT_KEYS of its keys (~5 % of the main kernel), within
+# MAX_SLOT_BYTES in all; the programs pinned to a KV head share them round-robin, their
+# reduce-adds meeting in L2 as the packed modes' do.
+SLOT_KEYS = 2048
 MAX_SLOT_BYTES = 512 * 1024 * 1024
 
 
@@ -632,13 +637,13 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     return tile_b, tile_n, n_tiles
 
 
-def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device):
+def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
     Packed modes: one [Nq, H, D] buffer (the preprocess zeroes it), one program per SM.
-    Broadcast-Q: a private zeroed [L_q, H, D] slot per group of programs pinned to one
-    KV head (program p: head p % H_kv, slot p // H_kv), so reduce-adds never contend
-    across SMs; the postprocess sums the slots in a fixed order.
+    Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
+    programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
+    the postprocess sums the slots.
 
     The scheduling buffer (`bwd_dynamic`) shares the accumulator's allocation, so it is
     fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
@@ -646,12 +651,17 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device):
     if not broadcast_q:
         shape, make, grid = (Nq, H, D), torch.empty, n_sms
     else:
-        per_slot = L_q * H * D * 4
-        n_slots = max(1, min(n_sms // H_kv, MAX_SLOT_BYTES // max(per_slot, 1)))
-        shape, make, grid = (n_slots, L_q, H, D), torch.zeros, n_slots * H_kv
+        programs = max(1, n_sms // H_kv)  # a KV head's
+        shape = (dq_slots(programs, L_q * H * D * 4, n_k), L_q, H, D)
+        make, grid = torch.zeros, programs * H_kv
     n = math.prod(shape)
     buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
+
+
+def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
+    """Broadcast-Q: dQ slots for `programs` programs a KV head over n_k keys in all."""
+    return max(1, min(programs, MAX_SLOT_BYTES // max(slot_bytes, 1), -(-n_k // SLOT_KEYS)))
 
 
 def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:

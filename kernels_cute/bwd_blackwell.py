@@ -113,6 +113,7 @@ class Sched(NamedTuple):
     H: Any
     HKV: Any
     group: Any
+    n_slots: Any  # broadcast-Q: the dQ accumulator's slots
 
 
 _COMPILED = {}
@@ -157,7 +158,7 @@ def _kernel_class():
                      mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                      mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
                      mTileN: cute.Tensor, mNTiles: cute.Tensor, scale: Float32, L_q: Int32,
-                     group: Int32, num_programs: Int32, stream):
+                     n_slots: Int32, group: Int32, num_programs: Int32, stream):
             D, dt, QS = self.D, self.dtype, self.qs
             # [tokens, heads, D] -> (tokens, D, heads)
             mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
@@ -231,7 +232,7 @@ def _kernel_class():
             self.launch(self.kernel(
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, tma_atom_Q, tma_atom_K, tma_atom_V,
-                tma_atom_dO, tma_atom_dQ, scale, L_q, group,
+                tma_atom_dO, tma_atom_dQ, scale, L_q, n_slots, group,
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sQt_layout, sdOt_layout,
                 sKt_layout, sdSt_layout, sdS_layout, tP_layout, sdQ_layout,
                 mma_s, mma_dv, mma_dk, mma_dq, SharedStorage,
@@ -246,7 +247,8 @@ def _kernel_class():
                    mTileN: cute.Tensor, mNTiles: cute.Tensor,
                    tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
                    tma_atom_V: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
-                   tma_atom_dQ: cute.CopyAtom, scale: Float32, L_q: Int32, group: Int32,
+                   tma_atom_dQ: cute.CopyAtom, scale: Float32, L_q: Int32, n_slots: Int32,
+                   group: Int32,
                    sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                    sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                    sQt_layout: cute.ComposedLayout, sdOt_layout: cute.ComposedLayout,
@@ -257,7 +259,7 @@ def _kernel_class():
                    mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
-                          group)
+                          group, n_slots)
             if warp == LOAD_WARP:
                 for a in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
                     cpasync.prefetch_descriptor(a)
@@ -641,7 +643,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     k_ = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
     return host.compile_kernel(k_, *host.bwd_args(k_.dtype, head_dim), cutlass.Float32(1.0),
                                cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1),
-                               options=options)
+                               cutlass.Int32(1), options=options)
 
 
 def _main(c: host.BwdCall):
@@ -653,7 +655,7 @@ def _main(c: host.BwdCall):
                   cfg)(
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles,
-        c.scale, c.L_q, c.group, c.grid)
+        c.scale, c.L_q, c.n_slots, c.group, c.grid)
 
 
 # the preprocess and postprocess are bwd_hopper's (plain SIMT code)

@@ -55,8 +55,9 @@ step's registers would not hold both 64-register accumulators beside dK, dV and 
 dQ split by query rows between the warpgroups.
 
 Broadcast-Q (dQ is a sum over the whole batch): CTAs are pinned to a KV head (CTA p owns
-head p % H_kv) and each accumulates into its own fp32 slot dq_acc[p // H_kv]
-([n_slots, L_q, H, D]); `Postprocess` sums the slots in a fixed order. Exactly as TLX.
+head p % H_kv) and accumulate into fp32 slots dq_acc[(p // H_kv) % n_slots]
+([n_slots, L_q, H, D], jagged.tiles.dq_slots); `Postprocess` sums the slots. Exactly as
+TLX.
 
 Masking: keys past the sequence end, query rows past the sequence end (lse = +inf), the
 causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle
@@ -241,6 +242,7 @@ class Sched(NamedTuple):
     group: Any           # query heads per KV head
     mSched: Any          # the counter and the tile hand-over slots (tile_counter)
     pipeline_tile: Any   # the hand-over's barriers
+    n_slots: Any         # broadcast-Q: the dQ accumulator's slots (schedule.tile_range)
 
 
 class Smem(NamedTuple):
@@ -383,7 +385,8 @@ def _kernel_classes():
                      mdQacc: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                      mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
                      mTileN: cute.Tensor, mNTiles: cute.Tensor, mSched: cute.Tensor,
-                     scale: Float32, L_q: Int32, group: Int32, num_programs: Int32, stream):
+                     scale: Float32, L_q: Int32, n_slots: Int32, group: Int32,
+                     num_programs: Int32, stream):
             D, dt = self.D, self.dtype
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
@@ -465,7 +468,7 @@ def _kernel_classes():
                 tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
-                scale, L_q, group,
+                scale, L_q, n_slots, group,
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
@@ -481,7 +484,7 @@ def _kernel_classes():
                    tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom,
                    tma_atom_V: cute.CopyAtom, tma_atom_dO: cute.CopyAtom,
                    tma_atom_dQ: cute.CopyAtom,
-                   scale: Float32, L_q: Int32, group: Int32,
+                   scale: Float32, L_q: Int32, n_slots: Int32, group: Int32,
                    sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                    sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                    sdS_layout: cute.ComposedLayout, sdQ_layout,
@@ -534,7 +537,7 @@ def _kernel_classes():
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
-                          group, mSched, pipeline_tile)
+                          group, mSched, pipeline_tile, n_slots)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -1084,7 +1087,7 @@ def _kernel_classes():
                 acc = cute.make_rmem_tensor((POST_VEC,), Float32)
                 acc.fill(0.0)
                 part = cute.make_rmem_tensor((POST_VEC,), Float32)
-                for s in cutlass.range(n_slots, unroll=1):  # fixed order -> deterministic
+                for s in cutlass.range(n_slots, unroll=1):  # in a fixed order
                     cute.autovec_copy(cute.local_tile(mdQacc[s, None], (POST_VEC,), (i,)), part)
                     acc.store(acc.load() + part.load())
                 out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
@@ -1143,7 +1146,8 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
         dynamic = bwd_dynamic(causal, broadcast_q) and not cfg.windows
     return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
                                *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
-                               cutlass.Int32(1), cutlass.Int32(1), options=options)
+                               cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                               options=options)
 
 
 def _main(c: host.BwdCall):
@@ -1163,7 +1167,7 @@ def _main(c: host.BwdCall):
                   dynamic)(
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
-        c.scale, c.L_q, c.group, c.grid)
+        c.scale, c.L_q, c.n_slots, c.group, c.grid)
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,

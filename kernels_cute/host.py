@@ -248,6 +248,7 @@ class BwdCall(NamedTuple):
     scale: float
     broadcast_q: bool
     L_q: int
+    n_slots: int         # broadcast-Q: the dQ accumulator's slots (1 otherwise)
     group: int           # query heads per KV head
     grid: int            # programs of the main kernel (jagged.tiles.dq_accumulator)
     sched: Any           # the scheduling buffer (tile counter and handoffs)
@@ -285,7 +286,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
     dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev)
+                                              dev, k.shape[0])
     n_slots = dq_acc.shape[0] if broadcast_q else 1
     kern.preprocess(q.dtype, D, not broadcast_q)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
@@ -294,8 +295,8 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
 
     # (b) main
     kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
-                      max_k, bool(causal), float(scale), bool(broadcast_q), L_q, H // HKV,
-                      grid_main, sched))
+                      max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
+                      H // HKV, grid_main, sched))
 
     # (c) postprocess
     n_elem = dq.numel()

@@ -146,8 +146,8 @@ def kv_steps(n_bulk, n_end, mask_first: bool):
 def tile_range(sched, BROADCAST_Q: bool):
     """Backward: (first tile, step, tile count, dQ slot row, pinned KV head) of this CTA's
     static walk. Packed modes deal the list x H_kv heads round-robin; broadcast-Q CTAs are
-    pinned to KV head p % H_kv (and dQ slot p // H_kv, rows slot * L_q) and deal the list
-    only. sched: the kernel's `Sched`."""
+    pinned to KV head p % H_kv (and dQ slot (p // H_kv) % n_slots, rows slot * L_q:
+    jagged.tiles.dq_accumulator) and deal the list only. sched: the kernel's `Sched`."""
     import cutlass
     import cutlass.cute as cute
 
@@ -159,7 +159,7 @@ def tile_range(sched, BROADCAST_Q: bool):
     if cutlass.const_expr(BROADCAST_Q):
         first = pid // HKV
         step = nprog // HKV
-        slot_row = (pid // HKV) * sched.L_q
+        slot_row = (pid // HKV) % sched.n_slots * sched.L_q
         pinned = pid % HKV
     else:
         n_tiles = n_tiles * HKV

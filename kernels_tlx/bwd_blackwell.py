@@ -97,7 +97,7 @@ from jagged.tiles import bwd_dynamic, kv_tiles
 
 from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
                          _prepare, _preprocess, lse_log2)
-from .schedule import KVTiles, kv_tile_coords, tile_range
+from .schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 BLOCK_M = tl.constexpr(128)  # query rows a step (the dQ MMA's M)
@@ -376,10 +376,7 @@ def reduce_dq(descs, smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr
     G: tl.constexpr = H // HKV
     NSL: tl.constexpr = D // DQ_SLICE
     t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC)
-    if BROADCAST_Q:
-        slot_row = (tl.program_id(0) // HKV) * tiles.L_q
-    else:
-        slot_row = 0
+    slot_row = dq_slot_row(tl.program_id(0), tiles, HKV, BROADCAST_Q)
     i = 0
     qcnt = 0
     scnt = 0
@@ -448,10 +445,10 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
 
 
 # ----------------------------------------------------------------------------- kernel
-@triton.jit(do_not_specialize=["L_q", "stride_k_tok", "stride_k_h", "stride_lse_h"])
+@triton.jit(do_not_specialize=["L_q", "n_slots", "stride_k_tok", "stride_k_h", "stride_lse_h"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
-               scale, qk_scale2, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+               scale, qk_scale2, L_q, n_slots, stride_k_tok, stride_k_h, stride_lse_h,
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DYNAMIC: tl.constexpr,
                Q_STAGES: tl.constexpr, KV_STAGES: tl.constexpr, S_SLICE: tl.constexpr,
@@ -490,7 +487,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_
                 tile_empty=tlx.alloc_barriers(2, arrive_count=READERS),
                 sink=tlx.alloc_barriers(1))
     descs = Descs(q_desc, k_desc, v_desc, do_desc, dq_desc)
-    tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr)
+    tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr,
+                    n_slots)
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
     grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
 
@@ -538,7 +536,7 @@ def signature(head_dim: int, cfg: Config, dtype: str = "bf16") -> dict:
             "dv_ptr": f"*{dtype}", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
             "tile_b_ptr": "*i32", "tile_n_ptr": "*i32", "n_tiles_ptr": "*i32",
             "sched_ptr": "*i32", "scale": "fp32", "qk_scale2": "fp32", "L_q": "i32",
-            "stride_k_tok": "i32", "stride_k_h": "i32", "stride_lse_h": "i32"}
+            "n_slots": "i32", "stride_k_tok": "i32", "stride_k_h": "i32", "stride_lse_h": "i32"}
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -559,8 +557,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(p.dout, BM, D),
         _desc(dq_acc, BM, D, cols=cfg.dq_slice), p.lse, delta, p.dk, p.dv,
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), float(scale) * LOG2E, p.L_q, p.dk.stride(0), p.dk.stride(1),
-        p.lse.stride(0),
+        float(scale), float(scale) * LOG2E, p.L_q, dq_acc.shape[0] if broadcast_q else 1,
+        p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
         **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)
 
     _postprocess(p, dq_acc, scale, broadcast_q)

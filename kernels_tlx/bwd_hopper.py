@@ -55,14 +55,14 @@ rows of every column come from `_window_rows`, launched before the main kernel. 
 statically, causal too, in the short bucket's steps (`window_config`).
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
-p owns head p % H_kv) and each pinned program accumulates into its own fp32 slot
-`dq_acc[slot]` ([n_slots, L_q, H, D], slot = p // H_kv), so the reduce-adds never contend
-across SMs and a slot stays L2-resident; `_bwd_postprocess` then sums the slots in a fixed
-order. Tiles of a head are dealt to that head's programs longest first.
+p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
+slot = (p // H_kv) % n_slots: one slot per 2048 keys of the call at most, since each
+slot is zeroed and read once more; jagged.tiles.dq_slots); `_bwd_postprocess` sums the
+slots. Tiles of a head are dealt to that head's programs longest first.
 
 Determinism: dK / dV are (each row written once, summed in registers); dQ is not: bulk
-reduce-adds from several programs into one dQ row (packed modes), and a program's
-consumers' boxes of one step (issued back to back), apply in no fixed order.
+reduce-adds from several programs into one dQ row (packed modes, a broadcast-Q slot), and
+a program's consumers' boxes of one step (issued back to back), apply in no fixed order.
 
 Masking: keys past the sequence end, query rows past the sequence end, the causal
 (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and rows
@@ -84,7 +84,7 @@ from jagged.seqinfo import causal_visible, col_q_range, row_seq
 from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles, window_tiles, windowed
 
 from jagged.launch import fast
-from .schedule import KVTiles, kv_tile_coords, kv_window_coords, tile_range
+from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -340,10 +340,7 @@ def load(descs, smem, bars, tiles, stats,
     i = 0
     qcnt = 0
     if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
-        if BROADCAST_Q:
-            slot_row = (pid // HKV) * tiles.L_q
-        else:
-            slot_row = 0
+        slot_row = dq_slot_row(pid, tiles, HKV, BROADCAST_Q)
         dq_row = pid * 0  # the previous step's dQ rows and head
         dq_h = pid * 0
     t = first
@@ -662,10 +659,7 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
     first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
-    if BROADCAST_Q:
-        slot_row = (pid // HKV) * tiles.L_q
-    else:
-        slot_row = 0
+    slot_row = dq_slot_row(pid, tiles, HKV, BROADCAST_Q)
     qcnt = 0
     i = 0
     t = first
@@ -707,11 +701,11 @@ def _reduce_step(dq_desc, smem, bars, row, h, qcnt,
 
 
 # ----------------------------------------------------------------------------- kernel
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])  # one build whatever the slot count
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                dq_desc, dk_ptr, dv_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
-               scale, L_q, stride_k_tok, stride_k_h, stride_lse_h,
+               scale, L_q, n_slots, stride_k_tok, stride_k_h, stride_lse_h,
                col_rows,  # key windows: each key column's query rows (_window_rows); None
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -765,7 +759,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
         tile_empty=tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1))
     descs = Descs(q_desc, k_desc, v_desc, do_desc, dq_desc)
-    tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr)
+    tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr,
+                    n_slots)
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
     grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
 
@@ -791,7 +786,7 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elem
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(0, n_slots):  # fixed order -> deterministic
+    for s in range(0, n_slots):  # in a fixed order
         acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
 
@@ -848,7 +843,7 @@ def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
     dev = p.dq.device
     delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
     dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
-                                         num_sms(dev), dev)
+                                         num_sms(dev), dev, p.dk.shape[0])
     ROWS = 32 if p.D <= 64 else 16
     fast(_bwd_preprocess)[(triton.cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
@@ -906,7 +901,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), l_q, p.dk.stride(0), p.dk.stride(1), p.lse.stride(0), col_rows,
+        float(scale), l_q, dq_acc.shape[0] if broadcast_q else 1, p.dk.stride(0),
+        p.dk.stride(1), p.lse.stride(0), col_rows,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,

@@ -31,7 +31,7 @@ import triton.language as tl
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps", "kv_tile_coords",
            "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
 
 
@@ -152,7 +152,7 @@ def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):  # role: schedule
 def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr):
     """Backward: (first tile, step, end) of program pid's static walk. Packed modes deal
     the list x HKV heads round-robin; broadcast-Q programs are pinned to KV head
-    pid % HKV (and dQ slot pid // HKV) and deal the list only."""
+    pid % HKV (dQ slot: dq_slot_row) and deal the list only."""
     n_tiles = tl.load(n_tiles_ptr)
     if BROADCAST_Q:
         first = pid // HKV
@@ -162,6 +162,17 @@ def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.const
         step = nprog
         n_tiles = n_tiles * HKV
     return first, step, n_tiles
+
+
+@triton.jit
+def dq_slot_row(pid, tiles, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+    """The first dQ accumulator row of program pid's slot: broadcast-Q programs of a KV
+    head share tiles.n_slots slots round-robin (jagged.tiles.dq_accumulator); 0 in the
+    packed modes."""
+    if BROADCAST_Q:
+        return ((pid // HKV) % tiles.n_slots) * tiles.L_q
+    else:
+        return 0
 
 
 class KVTiles(NamedTuple):
@@ -177,6 +188,7 @@ class KVTiles(NamedTuple):
     cu_k: object
     L_q: object
     sched: object
+    n_slots: object = 1  # broadcast-Q: the dQ accumulator's slots (dq_slot_row)
 
 
 class KVTile(NamedTuple):

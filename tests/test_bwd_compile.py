@@ -48,7 +48,7 @@ def signature(dt, d, cfg):
            "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
                                     "n_tiles_ptr", "sched_ptr")})
-    sig.update(scale="fp32", L_q="i32", stride_k_tok="i32", stride_k_h="i32",
+    sig.update(scale="fp32", L_q="i32", n_slots="i32", stride_k_tok="i32", stride_k_h="i32",
                stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
     return sig
 

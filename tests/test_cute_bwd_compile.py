@@ -495,7 +495,7 @@ def test_kv_window_coords_match_the_reference(causal):
         order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
         n_live = int(count)
         sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
-                      HKV, 3, None, None)
+                      HKV, 3, None, None, 1)
         for P in (1, 5, 132):              # tile_range's packed round-robin
             seen = [Sch.kv_window_coords(t, sched, BM, BN)
                     for p in range(P) for t in range(p, n_live * HKV, P)]
@@ -542,7 +542,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     list's places); otherwise, and always in broadcast-Q, the default build on kv_tiles.
     Preprocess and postprocess run as before."""
     import torch
-    from jagged.tiles import bwd_dynamic, kv_tiles, window_tiles
+    from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
 
@@ -585,5 +585,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
                                  cfg.block_m, B.BLOCK_N)
                 assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(causal, bq))
                 assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))
-            assert args[15:18] == (0.125, n_q if bq else 0, H // HKV)
-            assert bq or args[18] == 132
+            # broadcast-Q: one dQ slot per SLOT_KEYS keys (jagged.tiles.dq_slots)
+            slots = dq_slots(132 // HKV, n_q * H * D * 4, k.shape[0]) if bq else 1
+            assert args[15:19] == (0.125, n_q if bq else 0, slots, H // HKV)
+            assert bq or args[19] == 132

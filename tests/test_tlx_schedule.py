@@ -132,9 +132,10 @@ def test_dq_accumulator_sched_buffer(bq):
     """The scheduling buffer follows the dQ accumulator in one allocation (fresh per
     call): the counter, then two handoff slots a program, 16-byte aligned."""
     from jagged.tiles import dq_accumulator
-    acc, grid, sched = dq_accumulator(10, 7, 4, 2, 64, bq, 132, "cpu")
+    acc, grid, sched = dq_accumulator(10, 7, 4, 2, 64, bq, 132, "cpu", 5000)
     assert acc.dtype == torch.float32 and sched.dtype == torch.int32
-    assert acc.shape == ((10, 4, 64) if not bq else (66, 7, 4, 64)) and acc.is_contiguous()
+    # broadcast-Q: a slot per SLOT_KEYS keys (3 for 5000), 66 programs a KV head
+    assert acc.shape == ((10, 4, 64) if not bq else (3, 7, 4, 64)) and acc.is_contiguous()
     assert grid == 132 and sched.numel() == 4 + 2 * grid
     assert sched.data_ptr() == acc.data_ptr() + acc.numel() * 4 and sched.data_ptr() % 16 == 0
     if bq:  # the slots start zeroed (the packed accumulator is zeroed by the preprocess)
@@ -427,3 +428,13 @@ def test_window_tiles_match_reference(n_seq, extra):
     live = int(count)
     assert live == -(-int(cu_q[-1]) // BM)
     assert sorted(order[:live].tolist()) == list(range(live))
+
+
+def test_dq_slots():
+    """Broadcast-Q slots: one per SLOT_KEYS keys of the call, at most one per program of
+    a KV head, within MAX_SLOT_BYTES, at least one."""
+    from jagged.tiles import MAX_SLOT_BYTES, SLOT_KEYS, dq_slots
+    assert dq_slots(33, 8 << 20, 5200) == 3
+    assert dq_slots(33, 8 << 20, 33 * SLOT_KEYS + 1) == 33
+    assert dq_slots(66, 1 << 20, 1) == 1 and dq_slots(66, 1 << 20, 0) == 1
+    assert dq_slots(132, MAX_SLOT_BYTES // 4, 10 ** 6) == 4
