@@ -19,7 +19,7 @@ import triton.language as tl  # noqa: E402
 
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
-from kernels_tlx.schedule import KVTiles, kv_tile_coords, tile_range  # noqa: E402
+from kernels_tlx.schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range  # noqa: E402
 
 
 @pytest.mark.parametrize("zero_dq", [False, True])
@@ -58,31 +58,33 @@ def test_postprocess():
 
 
 @triton.jit
-def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, out_ptr, HKV: tl.constexpr,
+def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, n_slots, out_ptr, HKV: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
           BROADCAST_Q: tl.constexpr):
-    """Every tile of every program's static walk: its program and coordinates, 11 int64
-    values a tile at out_ptr + 11 * tile."""
+    """Every tile of every program's static walk: its program, coordinates and dQ slot
+    row, 12 int64 values a tile at out_ptr + 12 * tile."""
     pid = tl.program_id(0)
-    tiles = KVTiles(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, None)
+    tiles = KVTiles(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, None, n_slots)
     first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
     for t in range(first, n, step):
         tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
         if BROADCAST_Q:
             t = t * HKV + tile.hk  # a slot per (tile, head)
         vals = (pid, tile.b, tile.hk, tile.n0, tile.len_k, tile.len_q, tile.k_start,
-                tile.q_start, tile.o_start, tile.m_lo, tile.n_m)
-        for i in tl.static_range(11):
-            tl.store(out_ptr + 11 * t + i, vals[i])
+                tile.q_start, tile.o_start, tile.m_lo, tile.n_m,
+                pid * 0 + dq_slot_row(pid, tiles, HKV, BROADCAST_Q))
+        for i in tl.static_range(12):
+            tl.store(out_ptr + 12 * t + i, vals[i])
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("bq", [False, True])
-def test_kv_tile_walk(causal, bq):
+@pytest.mark.parametrize("bq,n_slots", [(False, 1), (True, 1), (True, 2), (True, 3)])
+def test_kv_tile_walk(causal, bq, n_slots):
     """Each (KV tile, KV head) is visited once, by the program tile_range deals it to, and
     its Q blocks [m_lo, m_lo + n_m * BLOCK_M) are the blocks holding a row that sees one
-    of its keys (bottom-right causal, len_q above and below len_k)."""
-    BM, BN, HKV, n_prog = 32, 128, 2, 4
+    of its keys (bottom-right causal, len_q above and below len_k). Broadcast-Q: the
+    programs of a KV head share n_slots dQ slots round-robin (dq_slot_row)."""
+    BM, BN, HKV, n_prog = 32, 128, 2, 6
     lk = torch.tensor([300, 1, 0, 129, 40])
     lq = torch.tensor([64] * 5) if bq else torch.tensor([100, 1, 3, 129, 200])
     cu = lambda x: torch.nn.functional.pad(torch.cumsum(x, 0), (1, 0)).to(torch.int32)  # noqa
@@ -90,12 +92,14 @@ def test_kv_tile_walk(causal, bq):
     L_q = 64 if bq else 0
     tile_b, tile_n, n_tiles = kv_tiles_reference(cu_q, cu_k, L_q, int(lk.max()), causal, BM, BN)
     n = int(n_tiles)
-    out = torch.full((n * HKV, 11), -1, dtype=torch.int64)
-    _walk[(n_prog,)](tile_b, tile_n, n_tiles, cu_k if bq else cu_q, cu_k, L_q, out, HKV=HKV,
-                     BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq)
+    out = torch.full((n * HKV, 12), -1, dtype=torch.int64)
+    _walk[(n_prog,)](tile_b, tile_n, n_tiles, cu_k if bq else cu_q, cu_k, L_q, n_slots, out,
+                     HKV=HKV, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq)
     assert (out[:, 0] >= 0).all(), "a (tile, head) never visited"
     for t in range(n * HKV):
-        pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m = out[t].tolist()
+        pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, slot_row = \
+            out[t].tolist()
+        assert slot_row == ((pid // HKV) % n_slots * L_q if bq else 0)
         base = t // HKV
         assert (b, n0) == (int(tile_b[base]), int(tile_n[base]) * BN)
         assert hk == t % HKV
