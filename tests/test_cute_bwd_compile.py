@@ -589,3 +589,27 @@ def test_host_backward_launches_windows(monkeypatch, short):
             slots = dq_slots(132 // HKV, n_q * H * D * 4, k.shape[0]) if bq else 1
             assert args[15:19] == (0.125, n_q if bq else 0, slots, H // HKV)
             assert bq or args[19] == 132
+
+
+@pytest.mark.parametrize("bq,n_slots", [(False, 1), (True, 1), (True, 3)])
+def test_tile_range_slots(monkeypatch, bq, n_slots):
+    """`schedule.tile_range` read in plain Python (block and grid indices patched): packed
+    CTAs deal tiles x heads round-robin from slot row 0; broadcast-Q CTA p is pinned to
+    KV head p % H_kv and its dQ rows start at slot (p // H_kv) % n_slots (as TLX's
+    dq_slot_row)."""
+    import cutlass.cute as cute
+    from kernels_cute import schedule as Sch
+    from kernels_cute.bwd_hopper import Sched
+
+    HKV, L_q, P = 2, 64, 12
+    sched = Sched(None, None, _Ints([7]), None, None, L_q, 4 * HKV, HKV, 4, None, None,
+                  n_slots)
+    monkeypatch.setattr(cute.arch, "grid_dim", lambda: (P, 1, 1))
+    for p in range(P):
+        monkeypatch.setattr(cute.arch, "block_idx", lambda p=p: (p, 0, 0))
+        first, step, n_tiles, slot_row, pinned = Sch.tile_range(sched, bq)
+        if bq:
+            assert (first, step, n_tiles, pinned) == (p // HKV, P // HKV, 7, p % HKV)
+            assert slot_row == (p // HKV) % n_slots * L_q
+        else:
+            assert (first, step, n_tiles, slot_row) == (p, P, 7 * HKV, 0)
