@@ -21,6 +21,11 @@ into the next sequence (or past the tensor, where TMA fills zeros): extra K colu
 masked to -inf by the tail's softmax mask (so their V rows get P = 0), extra Q rows are
 computed and dropped by the store's row bound. Nothing is ever written through TMA.
 
+The kernel is launched as a programmatic dependent of its tile-list kernel (launch_pdl;
+the list kernels call griddepcontrol.launch_dependents first): its launch and barrier
+setup run under the list kernel, and each role waits (gdc_wait) before it touches
+global memory.
+
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
 jagged.tiles.gqa_pack): q comes in packed, the store maps row r to query row r // PACK
 of head h * PACK + r % PACK, and the causal cut is the query row's.
