@@ -58,6 +58,11 @@ tcgen05.commit tracks every tcgen05 op the warp issued before it):
 How the jagged layout meets TMA is as in fwd_hopper: a box may run past a sequence's end
 (extra K columns are masked to -inf by the softmax, extra Q rows computed and dropped by
 the store's row bound) or past the tensor (TMA fills zeros). Nothing is written by TMA.
+
+Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
+jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, the correction's stores
+map row r to query row r // PACK of head h * PACK + r % PACK (`_out_rows`), and the
+causal cut is the query row's.
 """
 from __future__ import annotations
 
@@ -71,7 +76,7 @@ import triton.language.extra.tlx as tlx
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
-from jagged.tiles import fwd_bucket
+from jagged.tiles import fwd_bucket, packed_query
 from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast
@@ -217,9 +222,18 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 @triton.jit
 def _tile(t, tiles, n_pairs, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          BROADCAST_Q: tl.constexpr):
+          BROADCAST_Q: tl.constexpr, PACK: tl.constexpr):
     return tile_coords(t, tiles.pairs, n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
-                       tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+                       tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
+                       PACK)
+
+
+@triton.jit
+def _out_rows(tile, rows, PACK: tl.constexpr):  # role: store
+    """Rows of O (int64) and heads of tile rows `rows`: PACK > 1 (jagged.tiles.gqa_pack)
+    maps tile row r to query row r // PACK of head h * PACK + r % PACK."""
+    packed = tile.out_start + rows  # out_start is a multiple of PACK
+    return (packed // PACK).to(tl.int64), (tile.h * PACK + packed % PACK).to(tl.int64)
 
 
 @triton.jit
@@ -234,7 +248,8 @@ def _fetch(tiles, bars, t, i, DYNAMIC: tl.constexpr):  # role: schedule
 @triton.jit
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
          NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
-         BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, DYNAMIC: tl.constexpr):
+         BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, DYNAMIC: tl.constexpr,
+         PACK: tl.constexpr):
     """Producer: per tile with keys, Q_0 and Q_1, then K_j, V_j for its blocks in
     kv_block order; takes (DYNAMIC) and publishes the next tile after issuing them."""
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
@@ -247,7 +262,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr
     tw = 0      # tiles with keys so far (Q ring uses)
     kv_cnt = 0  # K / V ring uses
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
         if tile.n_end > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
             for g in tl.static_range(GROUPS):
@@ -314,7 +329,8 @@ def _pv(smem, tmem, bars, vb, step, use_acc, g: tl.constexpr, BLOCK_N: tl.conste
 @triton.jit
 def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
-        BROADCAST_Q: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr):
+        BROADCAST_Q: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr,
+        PACK: tl.constexpr):
     """The tensor core's issue order per tile of n steps:
     S_0(0) S_1(0) PV_0(0) | S_0(j) PV_1(j-1) S_1(j) PV_0(j) for j in 1..n-1 | PV_1(n-1):
     one group's MMAs run while the other group's softmax does."""
@@ -326,7 +342,7 @@ def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     kv_cnt = 0
     step = 0    # KV steps so far (the phase of the per-step barriers)
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
         n = tile.n_end
         if n > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
@@ -424,8 +440,7 @@ def _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
 @triton.jit
 def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, S_SLICE: tl.constexpr,
-            P_SLICES: tl.constexpr,
-            DYNAMIC: tl.constexpr):
+            P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr, PACK: tl.constexpr):
     """Group g's 128 rows of each tile: the peeled first (masked) step, the branch-free
     bulk, the masked tail (none without causal masking under MASK_FIRST); then l and m
     to TMEM for the epilogue."""
@@ -436,9 +451,12 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
         if tile.n_end > 0:
             rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
+            if PACK > 1:  # the causal mask aligns rows to len_q at the bottom right: a
+                # packed row's is its query row's, r // PACK of len_q // PACK
+                rows = rows // PACK + (tile.len_q - tile.len_q // PACK)
             first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
             m_i = tl.full([GROUP_M], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_M], tl.float32)
@@ -467,7 +485,7 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
 @triton.jit
 def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DYNAMIC: tl.constexpr,
-               O_SLICE: tl.constexpr):
+               O_SLICE: tl.constexpr, PACK: tl.constexpr):
     """O_g *= alpha between steps (not at a tile's first: P V overwrites O then), and the
     epilogue: O = O / l and LSE for rows < len_q; rows with no key (and tiles with no
     keys at all, which touch no TMEM) get O = 0 and LSE = -inf."""
@@ -478,7 +496,7 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
         n = tile.n_end
         if n > 0:
             for g in tl.static_range(GROUPS):
@@ -502,15 +520,15 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
                 inv_l = 1.0 / l_use
                 lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
-                tl.store(out.lse + tile.h.to(tl.int64) * out.n_out + tile.out_start + rows,
-                         lse, mask=rows < tile.len_q)
+                out_rows, heads = _out_rows(tile, rows, PACK)
+                tl.store(out.lse + heads * out.n_out + out_rows, lse, mask=rows < tile.len_q)
                 rows2 = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)[:, None]
+                out_rows2, heads2 = _out_rows(tile, rows2, PACK)
                 tlx.barrier_wait(bars.o_full[g], tw & 1)
                 for c in tl.static_range(HEAD_DIM // O_SLICE):
                     o_c = tlx.local_load(tlx.subslice(tmem.o[g], c * O_SLICE, O_SLICE))
                     cols = c * O_SLICE + tl.arange(0, O_SLICE)[None, :]
-                    out_rows = (tile.out_start + rows2).to(tl.int64)
-                    ptrs = out.o + (out_rows * out.H + tile.h) * HEAD_DIM + cols
+                    ptrs = out.o + (out_rows2 * out.H + heads2) * HEAD_DIM + cols
                     tl.store(ptrs, (o_c * inv_l[:, None]).to(out.o.dtype.element_ty),
                              mask=rows2 < tile.len_q)
             step += n
@@ -518,14 +536,15 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
         else:
             for g in tl.static_range(GROUPS):
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
-                tl.store(out.lse + tile.h.to(tl.int64) * out.n_out + tile.out_start + rows,
+                out_rows, heads = _out_rows(tile, rows, PACK)
+                tl.store(out.lse + heads * out.n_out + out_rows,
                          tl.full([GROUP_M], float("-inf"), tl.float32),
                          mask=rows < tile.len_q)
                 rows2 = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)[:, None]
+                out_rows2, heads2 = _out_rows(tile, rows2, PACK)
                 for c in tl.static_range(HEAD_DIM // O_SLICE):
                     cols = c * O_SLICE + tl.arange(0, O_SLICE)[None, :]
-                    out_rows = (tile.out_start + rows2).to(tl.int64)
-                    ptrs = out.o + (out_rows * out.H + tile.h) * HEAD_DIM + cols
+                    ptrs = out.o + (out_rows2 * out.H + heads2) * HEAD_DIM + cols
                     tl.store(ptrs, tl.zeros([GROUP_M, O_SLICE], out.o.dtype.element_ty),
                              mask=rows2 < tile.len_q)
         i += 1
@@ -541,7 +560,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                MASK_FIRST: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr,
                SOFTMAX_REGS: tl.constexpr, SMALL_REGS: tl.constexpr, O_SLICE: tl.constexpr,
-               S_SLICE: tl.constexpr):
+               S_SLICE: tl.constexpr, PACK: tl.constexpr):
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((GROUP_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * GROUPS),
                 kv=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
@@ -569,27 +588,29 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tile_empty=tlx.alloc_barriers(2, arrive_count=READERS),
                 sink=tlx.alloc_barriers(1))
     tiles = Tiles(pairs_ptr, count_ptr, cu_q, cu_k, L_q, H, GROUP, NBLK, sched_ptr)
-    out = Out(out_ptr, lse_ptr, H, n_out)
+    out = Out(out_ptr, lse_ptr, H * PACK, n_out)  # H: the tiles' heads (KV heads if packed)
 
     with tlx.async_tasks():
         with tlx.async_task("default"):
             correction(smem, tmem, bars, tiles, out, HEAD_DIM, BLOCK_N, CAUSAL, BROADCAST_Q,
-                       DYNAMIC, O_SLICE)
+                       DYNAMIC, O_SLICE, PACK)
         with tlx.async_task(num_warps=4, registers=SOFTMAX_REGS, replicate=GROUPS):
             softmax(smem, tmem, bars, tiles, qk_scale, tlx.async_task_replica_id(), BLOCK_N,
-                    CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC)
+                    CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC, PACK)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             mma(smem, tmem, bars, tiles, HEAD_DIM, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                CAUSAL, BROADCAST_Q, P_SLICES, DYNAMIC)
+                CAUSAL, BROADCAST_Q, P_SLICES, DYNAMIC, PACK)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_N,
-                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, DYNAMIC)
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, DYNAMIC, PACK)
 
 
 # ----------------------------------------------------------------------------- host
-def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> dict:
+def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
+                pack: int = 1) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with the compile checks); the GQA
-    group is a runtime argument, so it costs no extra compile."""
+    group is a runtime argument, so it costs no extra compile. pack: query heads a tile's
+    rows hold (jagged.tiles.gqa_pack)."""
     if cfg.p_slices not in (1, 2) or cfg.block_n % (16 * cfg.p_slices):
         raise ValueError(f"forward Config p_slices={cfg.p_slices}: 1 or 2, dividing "
                          f"block_n={cfg.block_n} into slices of a multiple of 16 keys")
@@ -602,7 +623,7 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool) -> 
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, CAUSAL=causal, BROADCAST_Q=broadcast_q,
                 MASK_FIRST=cfg.mask_first, P_SLICES=cfg.p_slices, DYNAMIC=cfg.dynamic,
                 SOFTMAX_REGS=cfg.softmax_regs, SMALL_REGS=cfg.small_regs,
-                O_SLICE=min(cfg.o_slice, head_dim), S_SLICE=cfg.s_slice)
+                O_SLICE=min(cfg.o_slice, head_dim), S_SLICE=cfg.s_slice, PACK=pack)
 
 
 def grid_size(n_sms: int, n_tiles: int) -> int:
@@ -617,7 +638,6 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1
-    L_q = Nq_in if broadcast_q else 0
     n_out = batch * Nq_in if broadcast_q else Nq_in
     out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
@@ -625,19 +645,23 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     cfg = pick_config(D, max_k, causal, Nk / batch)
-    pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_q if broadcast_q else max_q,
-                                     L_q if broadcast_q else None, BLOCK_M.value, cfg.block_n,
+    # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
+    q, pack = packed_query(q, broadcast_q, Hkv, BLOCK_M.value)
+    Nq_t, H_t = q.shape[0], q.shape[1]
+    L_t = Nq_t if broadcast_q else 0
+    pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
+                                     L_t if broadcast_q else None, BLOCK_M.value, cfg.block_n,
                                      causal, check)
-    grid = grid_size(num_sms(q.device), batch * nblk * H)
+    grid = grid_size(num_sms(q.device), batch * nblk * H_t)
     sched = (torch.zeros if cfg.dynamic else torch.empty)(4 + 2 * grid, dtype=torch.int32,
                                                           device=q.device)
-    desc_q = TensorDescriptor(q, [Nq_in, H * D], [H * D, 1], [GROUP_M.value, D])
+    desc_q = TensorDescriptor(q, [Nq_t, H_t * D], [H_t * D, 1], [GROUP_M.value, D])
     desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
     fast(fwd_kernel)[(grid,)](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
-        sched, L_q, H, H // Hkv, nblk, n_out, scale * LOG2E,
-        **kernel_args(cfg, D, causal, broadcast_q), num_warps=4, num_stages=1)
+        sched, L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E,
+        **kernel_args(cfg, D, causal, broadcast_q, pack), num_warps=4, num_stages=1)
     return out, lse
 
 

@@ -1,8 +1,9 @@
 """The TLX Blackwell forward (kernels_tlx/fwd_blackwell.py), compiled for sm_100a on the CPU
 (no B200 here: it has not run).
 
-Default run: one variant (D = 128, long, non-causal, bf16), the config table, the host
-checks and the tile hand-out. `-m matrix` compiles every default variant
+Default run: one variant (D = 128, long, non-causal, bf16) and a broadcast-Q build that
+packs GQA heads, the config table, the host checks (a packing call's launch, recorded)
+and the tile hand-out. `-m matrix` compiles every default variant
 (~20-40 s each on 2 cores), and the first for sm_103a (B300, which dispatch sends here
 too). `-m gpu` on a B200 runs it against the oracle.
 
@@ -26,13 +27,15 @@ pytest.importorskip("triton")
 
 from _blackwell import (Bar, b200_matrix, check_on_b200, check_tcgen05,  # noqa: E402
                         forward_fn, handoff_tiles, problem, publish_tile, skip_unless_b200,
-                        tlx_compile_tests)
+                        tlx_compile_tests, xfail_spills)
+from _interp import interp  # noqa: E402
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import fwd_blackwell as fb  # noqa: E402
 
 
-# (head_dim, bucket, causal, broadcast_q, dtype): every config of fb.CONFIGS, broadcast-Q
-# and fp16 on some (GQA is a runtime argument: no build of its own)
+# (head_dim, bucket, causal, broadcast_q, dtype[, pack]): every config of fb.CONFIGS,
+# broadcast-Q and fp16 on some (GQA is a runtime argument: no build of its own), and
+# broadcast-Q packing GQA heads into a tile's rows (pack: jagged.tiles.gqa_pack)
 VARIANTS = [
     (128, "long", False, False, "bf16"),
     (128, "long", True, False, "bf16"),
@@ -43,21 +46,24 @@ VARIANTS = [
     (64, "long", True, False, "fp16"),
     (64, "short", False, True, "bf16"),
     (64, "short", True, False, "bf16"),
+    (64, "short", False, True, "bf16", 8),
+    (128, "long", True, True, "bf16", 4),
 ]
 SPILL_BOUND = 200  # spill instructions (LDL + STL): 31..101 at the defaults
 
 
 @functools.lru_cache(maxsize=None)
-def compile_fwd(d, bucket, causal, bq, dt, arch=100):
+def compile_fwd(d, bucket, causal, bq, dt, pack=1, arch=100):
     cfg = fb.CONFIGS[(d, bucket, causal)]
-    name = f"bw fwd D{d} {bucket} {'causal' if causal else 'full'}{' bq' if bq else ''} {dt}"
+    name = (f"bw fwd D{d} {bucket} {'causal' if causal else 'full'}{' bq' if bq else ''}"
+            f"{f' pack {pack}' if pack > 1 else ''} {dt}")
     return compile_kernel(fb.fwd_kernel, fb.signature(cfg, d, dt),
-                          fb.kernel_args(cfg, d, causal, bq), arch=arch, num_warps=4,
+                          fb.kernel_args(cfg, d, causal, bq, pack), arch=arch, num_warps=4,
                           num_stages=1, name=name)
 
 
-def _check(d, bucket, causal, bq, dt, arch=100):
-    rep = compile_fwd(d, bucket, causal, bq, dt, arch)
+def _check(d, bucket, causal, bq, dt, pack=1, arch=100):
+    rep = compile_fwd(d, bucket, causal, bq, dt, pack, arch)
     cols = check_tcgen05(rep)  # P V reads P from TMEM; S and O are TMEM accumulators
     assert 2 * (fb.CONFIGS[(d, bucket, causal)].block_n + d) <= max(cols)
     return rep
@@ -65,6 +71,13 @@ def _check(d, bucket, causal, bq, dt, arch=100):
 
 test_compiles_sm100, test_compiles_sm103 = tlx_compile_tests(
     _check, VARIANTS, SPILL_BOUND, "softmax at 88 registers (OptimizePartitionWarps)")
+
+
+def test_packed_compiles_sm100():
+    """A broadcast-Q build packing 8 GQA heads into a tile's rows (its stores map rows
+    back to (query row, head)) compiles for sm_100a as the unpacked builds do."""
+    xfail_spills(_check(64, "short", False, True, "bf16", 8), SPILL_BOUND,
+                 "softmax at 88 registers (OptimizePartitionWarps)")
 
 
 def test_config_table():
@@ -153,6 +166,56 @@ def test_b200_oracle(mode, causal, head_dim, dtype, kv_heads, max_len):
     skip_unless_b200()
     check_on_b200(problem(mode, causal, head_dim, dtype, kv_heads, max_len),
                   forward_fn(fb.forward), backward=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_b200_packed(causal, head_dim):
+    """Broadcast-Q with a short L_q under GQA (L_q 16, H 32 / H_kv 4: 8 heads a tile's
+    rows, jagged.tiles.gqa_pack) against the oracle on a B200."""
+    from jagged.tiles import gqa_pack
+    skip_unless_b200()
+    assert gqa_pack(True, 16, 8, fb.BLOCK_M.value) == 8
+    check_on_b200(problem("broadcast_q", causal, head_dim, "bf16", 4, 16, heads=32),
+                  forward_fn(fb.forward), backward=False)
+
+
+@interp
+def test_host_launches_a_packing_build(monkeypatch):
+    """forward() (the tile list in the interpreter, the launch recorded): a broadcast-Q
+    GQA call with a short L_q, causal or not, launches PACK = G on the packed q (its
+    descriptor over L_q * G rows of H_kv heads), L_q * G query rows, H_kv heads of group
+    1 and the list over L_q * G rows; O and lse keep the caller's shapes."""
+    from jagged.tiles import fwd_tiles, pack_heads
+    calls = []
+
+    class Rec:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(fb, "fast", lambda fn: Rec())
+    monkeypatch.setattr(fb, "num_sms", lambda dev: 148)
+    B, L_q, H, Hkv, D = 5, 16, 32, 4, 64
+    G = H // Hkv
+    q = torch.randn(L_q, H, D).to(torch.bfloat16)
+    cu = torch.arange(0, 100 * (B + 1), 100, dtype=torch.int32)
+    k = torch.zeros(int(cu[-1]), Hkv, D, dtype=torch.bfloat16)
+    for causal in (False, True):
+        calls.clear()
+        out, lse = fb.forward(q, k, k, None, cu, L_q, 100, causal, 0.125, True)
+        (grid, args, kw), = calls
+        cfg = fb.pick_config(D, 100, causal, 100.0)
+        pairs, count, nblk = fwd_tiles(None, cu, B, L_q * G, L_q * G, fb.BLOCK_M.value,
+                                       cfg.block_n, causal)
+        assert kw["PACK"] == G and kw == fb.kernel_args(cfg, D, causal, True, G) | {
+            "num_warps": 4, "num_stages": 1}
+        assert torch.equal(args[0].base, pack_heads(q, G))
+        assert list(args[0].shape) == [L_q * G, Hkv * D]
+        assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
+        assert args[10:15] == (L_q * G, Hkv, 1, nblk, B * L_q)
+        assert grid == (min(148, B * nblk * Hkv),)
+        assert out.shape == (B * L_q, H, D) and lse.shape == (H, B * L_q)
 
 
 # ----------------------------------------------------------------------------- protocol
