@@ -88,3 +88,16 @@ def wgmma(tiled_mma, acc, tCrA, tCrB, zero_init, wait):
     warpgroup.commit_group()
     if wait >= 0:
         warpgroup.wait_group(wait)
+
+
+def packed_views(mO, mLSE, pack: int):
+    """O [n, H, D] and LSE [H, n] as tiles that pack GQA heads index them: row r of KV
+    head hk is query row r // pack of head hk * pack + r % pack, so the rows mode is
+    (pack, n) with the head stride inside it (jagged.tiles.gqa_pack)."""
+    (n, h, d), (sn, sh, sd) = mO.shape, mO.stride
+    mO = cute.make_tensor(mO.iterator, cute.make_layout(
+        ((pack, n), h // pack, d), stride=((sh, sn), sh * pack, sd)))
+    sl = mLSE.stride[0]
+    mLSE = cute.make_tensor(mLSE.iterator, cute.make_layout(
+        (h // pack, (pack, n)), stride=(sl * pack, (sl, 1))))
+    return mO, mLSE

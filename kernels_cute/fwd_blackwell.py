@@ -71,6 +71,10 @@ aligned: query i sees key j iff j <= i + len_k - len_q.
 Modes: self / cross, broadcast_q (one dense q [L_q, H, D] for all B sequences; out
 [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head dims 64 and 128, bf16 and fp16.
 One compiled kernel per (dtype, D, causal, broadcast_q, Config), on symbolic shapes.
+Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows
+(Config.pack, jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, O and LSE
+are viewed through a (pack, rows) layout (`fragments.packed_views`) that puts each row
+back in its query row and head, and the causal cut is the query row's (`causal_end`).
 """
 
 import math
@@ -103,6 +107,8 @@ class Config:
     clc: bool = True            # tiles by Cluster Launch Control (else the static
                                 # round-robin of schedule.tile_coords)
     block_m: int = 2 * HALF_M   # query rows per tile (two softmax halves)
+    pack: int = 1               # broadcast-Q: query heads a tile's rows hold (a call's
+                                # jagged.tiles.gqa_pack; q comes in packed, O and LSE out not)
 
 
 # Defaults keyed by (head_dim, causal). Not yet measured on a B200: FA4's sm100 shapes
@@ -141,10 +147,12 @@ class Tile(NamedTuple):
 
 
 def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
-            BROADCAST_Q: bool) -> Tile:
+            BROADCAST_Q: bool, PACK: int = 1) -> Tile:
     """Tile id -> where it lives: chunks of nblk pairs of the list, pairs fastest, then
     heads (schedule.tile_coords' order without its round-robin flip: CLC hands ids out in
-    order). Plain arithmetic: traced inside a role, or run on ints."""
+    order). Plain arithmetic: traced inside a role, or run on ints. PACK > 1
+    (jagged.tiles.gqa_pack): tile row r is query row r // PACK, of len_q // PACK, for the
+    causal cut (`causal_end`)."""
     from .seqinfo import SeqlenInfo, _min
 
     span = sched.nblk * sched.H
@@ -160,15 +168,23 @@ def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     m0 = (pair % sched.nblk) * BLOCK_M
     seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
     if CAUSAL:
-        n_end = (seq.causal_kv_end(m0 + BLOCK_M) + BLOCK_N - 1) // BLOCK_N
-        n_bulk0 = seq.causal_kv_end(m0 + 1) // BLOCK_N
-        n_bulk1 = seq.causal_kv_end(m0 + HALF_M + 1) // BLOCK_N
+        n_end = (causal_end(seq, m0 + BLOCK_M - 1, PACK) + BLOCK_N - 1) // BLOCK_N
+        n_bulk0 = causal_end(seq, m0, PACK) // BLOCK_N
+        n_bulk1 = causal_end(seq, m0 + HALF_M, PACK) // BLOCK_N
     else:
         n_end = (seq.len_k + BLOCK_N - 1) // BLOCK_N
         n_bulk0 = seq.len_k // BLOCK_N
         n_bulk1 = n_bulk0
     return Tile(h, h // sched.group, m0, seq, _min(n_bulk0, n_end), _min(n_bulk1, n_end),
                 n_end)
+
+
+def causal_end(seq, row, PACK: int = 1):
+    """Keys [0, result) that tile row `row` sees under the causal mask: a packed row's
+    (PACK > 1) are its query row's, row // PACK of len_q // PACK, aligned bottom right."""
+    if PACK > 1:
+        return seq.causal_kv_end(row // PACK + 1 + seq.len_q - seq.len_q // PACK)
+    return seq.causal_kv_end(row + 1)
 
 
 _COMPILED = {}
@@ -182,7 +198,7 @@ def _kernel_class():
     from cutlass import Float32, Int32, const_expr
     from cutlass.cute.nvgpu import cpasync, tcgen05
 
-    from .fragments import head_tile
+    from .fragments import head_tile, packed_views
     from .blackwell import tc_fence_after
 
     LN_2 = math.log(2.0)
@@ -198,6 +214,8 @@ def _kernel_class():
             self.early_release = cfg.early_release
             self.clc = cfg.clc
             self.clc_stages = 1
+            self.pack = cfg.pack
+            assert self.pack == 1 or (broadcast_q and HALF_M % self.pack == 0)
             # TMEM columns (fp32): S_0, S_1, O_0, O_1; P_s over S_s's upper half
             self.tmem_s = [0, self.block_n]
             self.tmem_o = [2 * self.block_n, 2 * self.block_n + head_dim]
@@ -215,6 +233,8 @@ def _kernel_class():
                      scale_log2: Float32, L_q: Int32, group: Int32, nblk: Int32,
                      num_programs: Int32, stream):
             D, dt, BN = self.D, self.dtype, self.block_n
+            if const_expr(self.pack > 1):
+                mO, mLSE = packed_views(mO, mLSE, self.pack)
             # [tokens, heads, D] -> (tokens, D, heads); V as (D, tokens, heads): the PV
             # MMA reads V MN-major
             mQ, mK, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
@@ -363,7 +383,7 @@ def _kernel_class():
         @cute.jit
         def tile_at(self, tile: Int32, sched: Sched) -> Tile:
             return tile_of(tile, sched, self.block_m, self.block_n, self.causal,
-                           self.broadcast_q)
+                           self.broadcast_q, self.pack)
 
         @cute.jit
         def next_tile(self, tile: Int32, i: Int32, sched: Sched, clc):
@@ -641,7 +661,7 @@ def _kernel_class():
             if const_expr(masked):
                 end = t.seq.len_k
                 if const_expr(self.causal):
-                    end = t.seq.causal_kv_end(row + 1)
+                    end = causal_end(t.seq, row, self.pack)
                 limit = end - n * BN
                 for c in cutlass.range_constexpr(cute.size(tSrS)):
                     tSrS[c] = -Float32.inf if tScS_t2r[c][1] >= limit else tSrS[c]
@@ -801,7 +821,7 @@ def programs(cfg: Config, n_tiles: int, device) -> int:
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
-                          programs)
+                          programs, pack_gqa=True)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

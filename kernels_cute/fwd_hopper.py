@@ -38,7 +38,8 @@ by all B sequences; out [B * L_q, H, D]), GQA (kv head = h // (H // H_kv)), head
 shapes, lengths, strides and scale are runtime values (compiled on symbolic tensors).
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows
 (Config.pack, jagged.tiles.gqa_pack): q comes in packed, O and LSE are viewed through a
-(pack, rows) layout (`packed_views`) that puts each row back in its query row and head.
+(pack, rows) layout (`fragments.packed_views`) that puts each row back in its query row
+and head.
 
 Row windows (`takes_windows`: short packed queries, mean length at most half a tile;
 the `window_config` build): a tile is a window of 128 consecutive packed query rows,
@@ -208,8 +209,8 @@ def _kernel_class():
 
     LN_2 = math.log(2.0)
 
-    from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, replaced, store_rows,
-                            tma_tiles, wgmma)
+    from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, packed_views,
+                            replaced, store_rows, tma_tiles, wgmma)
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -245,7 +246,7 @@ def _kernel_class():
                      group: Int32, nblk: Int32, num_programs: Int32, stream):
             D, dt, pv = self.D, self.dtype, self.pv_dtype
             if const_expr(self.pack > 1):
-                mO, mLSE = self.packed_views(mO, mLSE)
+                mO, mLSE = packed_views(mO, mLSE, self.pack)
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
                               for t in (mQ, mK, mV, mO)]
@@ -318,19 +319,6 @@ def _kernel_class():
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
                      stream=stream, min_blocks_per_mp=1)
-
-        def packed_views(self, mO, mLSE):
-            """O [n, H, D] and LSE [H, n] as the packed tiles index them: row r of KV head
-            hk is query row r // pack of head hk * pack + r % pack, so the rows mode is
-            (pack, n) with the head stride inside it (jagged.tiles.gqa_pack)."""
-            g = self.pack
-            (n, h, d), (sn, sh, sd) = mO.shape, mO.stride
-            mO = cute.make_tensor(mO.iterator, cute.make_layout(
-                ((g, n), h // g, d), stride=((sh, sn), sh * g, sd)))
-            sl = mLSE.stride[0]
-            mLSE = cute.make_tensor(mLSE.iterator, cute.make_layout(
-                (h // g, (g, n)), stride=(sl * g, (sl, 1))))
-            return mO, mLSE
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel

@@ -381,3 +381,25 @@ def test_host_forward_launches_windows(short):
             assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
             assert args[9:] == ((None, None, None) if windows else (None, None)) + scalars
             assert scalars[1:] == (0, 2, nblk, len(lq) * nblk * H)
+
+
+@needs_dsl
+def test_forward_packed_build(tmp_path):
+    """A broadcast-Q build that packs 8 GQA heads into a tile's rows (Config.pack): its O
+    and LSE go through fragments.packed_views, causal with the query row's cut; it
+    compiles for sm_90a with its wgmma and TMA loads."""
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from dataclasses import replace
+        sys.path.insert(0, {ROOT!r})
+        from kernels_cute import fwd_hopper as F
+        cfg = replace(F.CONFIGS[(64, "short", True)], pack=8)
+        F.compile_forward(torch.bfloat16, 64, True, True, cfg)
+        print("COMPILED")
+    """)
+    path = compile_in_subprocess(tmp_path, script, timeout=900)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16", ptx)
+    assert re.search(r"cp\.async\.bulk\.tensor", ptx), "no TMA load in the PTX"

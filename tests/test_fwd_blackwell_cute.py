@@ -7,8 +7,8 @@ relies on: tcgen05 MMAs (exactly the count the roles issue), one TMEM allocation
 once (512 columns, the layout within them), CLC queries, the setmaxnreg split filling
 the register file, shared memory within 227 KB, no spills or stack (ptxas -v on the PTX),
 1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
-them. By default two builds (in parallel) cover D 64 / 128, causal, broadcast-Q, bf16 /
-fp16; with `-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default configs
+them. By default three builds (two at a time) cover D 64 / 128, causal, broadcast-Q (one
+packing GQA heads into a tile's rows), bf16 / fp16; with `-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default configs
 (static schedule, late TMEM release) compile too, and the first default for sm_103a (B300,
 which dispatch sends here too) passes the same checks.
 """
@@ -24,6 +24,7 @@ import pytest
 from _blackwell import (b200_matrix, check_cute, check_on_b200, cute_tests,
                         forward_fn, problem, skip_unless_b200)
 from _cute import have_dsl
+from _interp import interp
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
@@ -39,7 +40,9 @@ _BODY = """
     print("COMPILED")
 """
 
-DEFAULT = [(128, False, False, "bf16", {}), (64, True, True, "fp16", {})]
+# the third: broadcast-Q packing 8 GQA heads into a tile's rows (Config.pack), causal
+DEFAULT = [(128, False, False, "bf16", {}), (64, True, True, "fp16", {}),
+           (128, True, True, "bf16", {"pack": 8})]
 MATRIX = [(d, c, b, dt, {}) for d in (64, 128) for c in (False, True) for b in (False, True)
           for dt in ("bf16", "fp16")] + [
     (128, True, False, "bf16", {"clc": False}),
@@ -83,6 +86,20 @@ def test_matches_oracle_on_b200(mode, causal, head_dim, dtype):
     skip_unless_b200()
     from kernels_cute import fwd_blackwell as F
     check_on_b200(problem(mode, causal, head_dim, dtype, 2 if head_dim == 64 else 4, 300),
+                  forward_fn(F.forward), backward=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_packed_on_b200(causal, head_dim):
+    """Broadcast-Q with a short L_q under GQA (L_q 16, H 32 / H_kv 4: 8 heads a tile's
+    rows, jagged.tiles.gqa_pack) against the oracle."""
+    skip_unless_b200()
+    from jagged.tiles import gqa_pack
+    from kernels_cute import fwd_blackwell as F
+    assert gqa_pack(True, 16, 8, F.Config().block_m) == 8
+    check_on_b200(problem("broadcast_q", causal, head_dim, "bf16", 4, 16, heads=32),
                   forward_fn(F.forward), backward=False)
 
 
@@ -143,6 +160,71 @@ def test_tile_decode_covers_the_list():
             assert sorted(seen) == sorted({(int(p), h) for p in pairs[:n] for h in range(H)})
             order = [p for p, _ in seen]
             assert order[:min(nblk, n)] == [int(p) for p in pairs[:min(nblk, n)]]
+
+
+@interp
+def test_host_launches_a_packing_build():
+    """host.forward with this architecture's kernels (the tile list in the interpreter,
+    the kernel a recorder): a broadcast-Q GQA call with a short L_q launches the build
+    with Config.pack = G on the packed q, L_q * G rows, group 1, B * nblk * H_kv tiles."""
+    from dataclasses import replace
+
+    import torch
+    from jagged.tiles import fwd_tiles, pack_heads
+    from kernels_cute import fwd_blackwell as F
+    from kernels_cute import host
+
+    calls = []
+    kern = F.KERNELS._replace(compiled=lambda *key: lambda *a: calls.append((key, a)),
+                              programs=lambda cfg, n, dev: n)
+    B, L_q, H, Hkv, D = 5, 16, 32, 4, 128
+    G = H // Hkv
+    q = torch.randn(L_q, H, D).to(torch.bfloat16)
+    cu = torch.arange(0, 100 * (B + 1), 100, dtype=torch.int32)
+    k = torch.zeros(int(cu[-1]), Hkv, D, dtype=torch.bfloat16)
+    for causal in (False, True):
+        calls.clear()
+        host.forward(kern, q, k, k, None, cu, L_q, 100, causal, 0.125, True)
+        (key, args), = calls
+        cfg = replace(F.pick_config(D, 100, causal), pack=G)
+        assert key == (q.dtype, D, causal, True, cfg)
+        assert torch.equal(args[0], pack_heads(q, G))
+        pairs, count, nblk = fwd_tiles(None, cu, B, L_q * G, L_q * G, cfg.block_m,
+                                       cfg.block_n, causal)
+        assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
+        assert args[-4:] == (L_q * G, 1, nblk, B * nblk * Hkv)
+        assert args[3].shape == (B * L_q, H, D) and args[4].shape == (H, B * L_q)
+
+
+def test_tile_decode_packed():
+    """Broadcast-Q packing G heads (Config.pack): tile row r is query row r // G of L_q,
+    so tile_of's causal split is that of the query rows a tile holds: blocks [0, n_bulk_s)
+    visible to every row of half s, block n_end - 1 to some row, none past it."""
+    import torch
+    from jagged.seqinfo import causal_visible_ref
+    from jagged.tiles import longest_first_tiles
+    from kernels_cute import fwd_blackwell as F
+    BM, BN, HM, H = 256, 128, F.HALF_M, 2
+    for L_q, G, lk in ((16, 8, [300, 0, 1, 700]), (48, 4, [40, 600, 129])):
+        L_t = L_q * G
+        cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+        pairs, count, nblk = longest_first_tiles(None, cu_k, len(lk), L_t, L_t, BM, BN, True)
+        n = int(count[0])
+        sched = F.Sched([int(x) for x in pairs], [n], None, cu_k.tolist(), L_t, H, 1, nblk)
+        for t in range(n * H):
+            T = F.tile_of(t, sched, BM, BN, True, True, G)
+            b = T.seq.out_start // L_t
+            assert T.seq.len_q == L_t and T.seq.len_k == lk[b]
+            nb_max = -(-lk[b] // BN) + 1
+            q_row = torch.arange(T.m0, T.m0 + BM)[:, None] // G
+            j = torch.arange(nb_max * BN)[None, :]
+            vis = ((j < lk[b]) & causal_visible_ref(q_row, j, L_q, lk[b])).reshape(BM, nb_max, BN)
+            any_ = vis.any(2).any(0)
+            n_end = int(any_.nonzero().max()) + 1 if any_.any() else 0
+            assert T.n_end == n_end, (t, T)
+            for s, nb in enumerate((T.n_bulk0, T.n_bulk1)):
+                full = vis[s * HM:(s + 1) * HM, :n_end].all(2).all(0).tolist()
+                assert nb == (full.index(False) if False in full else n_end), (t, s, T)
 
 
 _TMEM_MAP = textwrap.dedent("""
