@@ -59,6 +59,9 @@ How the jagged layout meets TMA is as in fwd_hopper: a box may run past a sequen
 (extra K columns are masked to -inf by the softmax, extra Q rows computed and dropped by
 the store's row bound) or past the tensor (TMA fills zeros). Nothing is written by TMA.
 
+The kernel is launched as a programmatic dependent of its tile-list kernel, as
+fwd_hopper's: each task waits (gdc_wait) before it first reads global memory.
+
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
 jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, the correction's stores
 map row r to query row r // PACK of head h * PACK + r % PACK (`_out_rows`), and the
@@ -73,6 +76,7 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
@@ -253,6 +257,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr
     """Producer: per tile with keys, Q_0 and Q_1, then K_j, V_j for its blocks in
     kv_block order; takes (DYNAMIC) and publishes the next tile after issuing them."""
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
+    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
     n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
     total = n_pairs * tiles.H
     t = tl.program_id(0)
@@ -334,6 +339,7 @@ def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     """The tensor core's issue order per tile of n steps:
     S_0(0) S_1(0) PV_0(0) | S_0(j) PV_1(j-1) S_1(j) PV_0(j) for j in 1..n-1 | PV_1(n-1):
     one group's MMAs run while the other group's softmax does."""
+    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
     n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
@@ -444,6 +450,7 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
     """Group g's 128 rows of each tile: the peeled first (masked) step, the branch-free
     bulk, the masked tail (none without causal masking under MASK_FIRST); then l and m
     to TMEM for the epilogue."""
+    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
     n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
@@ -489,6 +496,7 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
     """O_g *= alpha between steps (not at a tile's first: P V overwrites O then), and the
     epilogue: O = O / l and LSE for rows < len_q; rows with no key (and tiles with no
     keys at all, which touch no TMEM) get O = 0 and LSE = -inf."""
+    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
     n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
@@ -661,7 +669,8 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     fast(fwd_kernel)[(grid,)](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         sched, L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E,
-        **kernel_args(cfg, D, causal, broadcast_q, pack), num_warps=4, num_stages=1)
+        **kernel_args(cfg, D, causal, broadcast_q, pack), num_warps=4, num_stages=1,
+        launch_pdl=True)
     return out, lse
 
 

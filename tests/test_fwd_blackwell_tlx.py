@@ -7,9 +7,10 @@ and the tile hand-out. `-m matrix` compiles every default variant
 (~20-40 s each on 2 cores), and the first for sm_103a (B300, which dispatch sends here
 too). `-m gpu` on a B200 runs it against the oracle.
 
-Each compile must show: tcgen05.mma (P V with its A operand in TMEM) and tcgen05.alloc in
-the PTX, every alloc matched by a dealloc and the allocation permit relinquished, TMEM
-within 512 columns (the alloc), shared memory within the limit. Spills: Triton 3.8's
+Each compile must show: a griddepcontrol.wait a task (the launch is a programmatic
+dependent of the tile-list kernel), tcgen05.mma (P V with its A operand in TMEM) and
+tcgen05.alloc in the PTX, every alloc matched by a dealloc and the allocation permit
+relinquished, TMEM within 512 columns (the alloc), shared memory within the limit. Spills: Triton 3.8's
 OptimizePartitionWarps pass (sm_100 only) overwrites the tasks' requested registers with
 its fixed guess (88 for a task with tensors, 24 without), so the softmax tasks spill a
 little; an xfail, bounded by SPILL_BOUND. The hand-out (one program per SM at most, every
@@ -66,6 +67,9 @@ def _check(d, bucket, causal, bq, dt, pack=1, arch=100):
     rep = compile_fwd(d, bucket, causal, bq, dt, pack, arch)
     cols = check_tcgen05(rep)  # P V reads P from TMEM; S and O are TMEM accumulators
     assert 2 * (fb.CONFIGS[(d, bucket, causal)].block_n + d) <= max(cols)
+    # a dependent launch of the list kernel: every task (correction, the softmax groups,
+    # mma, load) waits before it reads global memory
+    assert rep.ptx.count("griddepcontrol.wait") == 3 + fb.GROUPS.value, rep.row()
     return rep
 
 
@@ -209,7 +213,7 @@ def test_host_launches_a_packing_build(monkeypatch):
         pairs, count, nblk = fwd_tiles(None, cu, B, L_q * G, L_q * G, fb.BLOCK_M.value,
                                        cfg.block_n, causal)
         assert kw["PACK"] == G and kw == fb.kernel_args(cfg, D, causal, True, G) | {
-            "num_warps": 4, "num_stages": 1}
+            "num_warps": 4, "num_stages": 1, "launch_pdl": True}
         assert torch.equal(args[0].base, pack_heads(q, G))
         assert list(args[0].shape) == [L_q * G, Hkv * D]
         assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
