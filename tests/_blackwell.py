@@ -164,6 +164,17 @@ def problem(mode, causal, head_dim, dtype, kv_heads, max_len, heads=4, batch=7):
                    sparsity=0.6, mode=mode, causal=causal, dtype=dtype, seed=head_dim + max_len)
 
 
+def packing_call(D: int):
+    """A broadcast-Q GQA call whose forward packs heads (L_q 16, H 32 / H_kv 4: G = 8), on
+    the CPU: (q, k, cu_k, B, L_q, G, H_kv); k serves as v."""
+    import torch
+    B, L_q, H, Hkv = 5, 16, 32, 4
+    q = torch.randn(L_q, H, D).to(torch.bfloat16)
+    cu = torch.arange(0, 100 * (B + 1), 100, dtype=torch.int32)
+    k = torch.zeros(int(cu[-1]), Hkv, D, dtype=torch.bfloat16)
+    return q, k, cu, B, L_q, H // Hkv, Hkv
+
+
 def forward_fn(forward):
     """An architecture's `forward` in the oracle's calling convention."""
     def fn(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, broadcast_q):

@@ -22,7 +22,7 @@ import textwrap
 import pytest
 
 from _blackwell import (b200_matrix, check_cute, check_on_b200, cute_tests,
-                        forward_fn, problem, skip_unless_b200)
+                        forward_fn, packing_call, problem, skip_unless_b200)
 from _cute import have_dsl
 from _interp import interp
 
@@ -117,6 +117,20 @@ def test_many_tiles_per_cta_on_b200():
         assert rep.ok, f"{p.label()}\n{rep}"
 
 
+def _check_split(T, vis, t):
+    """tile_of's KV split against vis [rows, blocks, keys] (which keys each tile row
+    sees): n_end - 1 the last block any row sees, [0, n_bulk_s) the blocks every row of
+    half s sees."""
+    from kernels_cute import fwd_blackwell as F
+    HM = F.HALF_M
+    any_ = vis.any(2).any(0)
+    n_end = int(any_.nonzero().max()) + 1 if any_.any() else 0
+    assert T.n_end == n_end, (t, T)
+    for s, nb in enumerate((T.n_bulk0, T.n_bulk1)):
+        full = vis[s * HM:(s + 1) * HM, :n_end].all(2).all(0).tolist()
+        assert nb == (full.index(False) if False in full else n_end), (t, s, T)
+
+
 def test_tile_decode_covers_the_list():
     """tile_of (traced in every role, run here on ints) visits every (valid pair, head)
     of the shared longest-first list exactly once, in list order (a chunk's pairs, then
@@ -127,7 +141,7 @@ def test_tile_decode_covers_the_list():
     from jagged.seqinfo import causal_visible_ref
     from jagged.tiles import longest_first_tiles
     from kernels_cute import fwd_blackwell as F
-    BM, BN, HM = 256, 128, F.HALF_M
+    BM, BN = 256, 128
     for lq, lk in (([300, 0, 1, 700], [300, 0, 1, 700]), ([5, 1, 600], [900, 0, 130])):
         cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
         cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
@@ -150,13 +164,7 @@ def test_tile_decode_covers_the_list():
                 j = torch.arange(nb_max * BN)[None, :]
                 vis = (j < lk[b]) & (causal_visible_ref(i, j, lq[b], lk[b]) if causal
                                      else torch.ones_like(i * j, dtype=torch.bool))
-                vis = vis.reshape(BM, nb_max, BN)
-                any_ = vis.any(2).any(0)
-                n_end = int(any_.nonzero().max()) + 1 if any_.any() else 0
-                assert T.n_end == n_end, (t, T)
-                for s, nb in enumerate((T.n_bulk0, T.n_bulk1)):
-                    full = vis[s * HM:(s + 1) * HM, :n_end].all(2).all(0).tolist()
-                    assert nb == (full.index(False) if False in full else n_end), (t, s, T)
+                _check_split(T, vis.reshape(BM, nb_max, BN), t)
             assert sorted(seen) == sorted({(int(p), h) for p in pairs[:n] for h in range(H)})
             order = [p for p, _ in seen]
             assert order[:min(nblk, n)] == [int(p) for p in pairs[:min(nblk, n)]]
@@ -177,11 +185,9 @@ def test_host_launches_a_packing_build():
     calls = []
     kern = F.KERNELS._replace(compiled=lambda *key: lambda *a: calls.append((key, a)),
                               programs=lambda cfg, n, dev: n)
-    B, L_q, H, Hkv, D = 5, 16, 32, 4, 128
-    G = H // Hkv
-    q = torch.randn(L_q, H, D).to(torch.bfloat16)
-    cu = torch.arange(0, 100 * (B + 1), 100, dtype=torch.int32)
-    k = torch.zeros(int(cu[-1]), Hkv, D, dtype=torch.bfloat16)
+    D = 128
+    q, k, cu, B, L_q, G, Hkv = packing_call(D)
+    H = q.shape[1]
     for causal in (False, True):
         calls.clear()
         host.forward(kern, q, k, k, None, cu, L_q, 100, causal, 0.125, True)
@@ -204,7 +210,7 @@ def test_tile_decode_packed():
     from jagged.seqinfo import causal_visible_ref
     from jagged.tiles import longest_first_tiles
     from kernels_cute import fwd_blackwell as F
-    BM, BN, HM, H = 256, 128, F.HALF_M, 2
+    BM, BN, H = 256, 128, 2
     for L_q, G, lk in ((16, 8, [300, 0, 1, 700]), (48, 4, [40, 600, 129])):
         L_t = L_q * G
         cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
@@ -218,13 +224,8 @@ def test_tile_decode_packed():
             nb_max = -(-lk[b] // BN) + 1
             q_row = torch.arange(T.m0, T.m0 + BM)[:, None] // G
             j = torch.arange(nb_max * BN)[None, :]
-            vis = ((j < lk[b]) & causal_visible_ref(q_row, j, L_q, lk[b])).reshape(BM, nb_max, BN)
-            any_ = vis.any(2).any(0)
-            n_end = int(any_.nonzero().max()) + 1 if any_.any() else 0
-            assert T.n_end == n_end, (t, T)
-            for s, nb in enumerate((T.n_bulk0, T.n_bulk1)):
-                full = vis[s * HM:(s + 1) * HM, :n_end].all(2).all(0).tolist()
-                assert nb == (full.index(False) if False in full else n_end), (t, s, T)
+            vis = (j < lk[b]) & causal_visible_ref(q_row, j, L_q, lk[b])
+            _check_split(T, vis.reshape(BM, nb_max, BN), t)
 
 
 _TMEM_MAP = textwrap.dedent("""

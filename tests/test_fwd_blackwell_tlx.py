@@ -27,8 +27,8 @@ import torch
 pytest.importorskip("triton")
 
 from _blackwell import (Bar, b200_matrix, check_on_b200, check_tcgen05,  # noqa: E402
-                        forward_fn, handoff_tiles, problem, publish_tile, skip_unless_b200,
-                        tlx_compile_tests, xfail_spills)
+                        forward_fn, handoff_tiles, packing_call, problem, publish_tile,
+                        skip_unless_b200, tlx_compile_tests, xfail_spills)
 from _interp import interp  # noqa: E402
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import fwd_blackwell as fb  # noqa: E402
@@ -200,11 +200,9 @@ def test_host_launches_a_packing_build(monkeypatch):
 
     monkeypatch.setattr(fb, "fast", lambda fn: Rec())
     monkeypatch.setattr(fb, "num_sms", lambda dev: 148)
-    B, L_q, H, Hkv, D = 5, 16, 32, 4, 64
-    G = H // Hkv
-    q = torch.randn(L_q, H, D).to(torch.bfloat16)
-    cu = torch.arange(0, 100 * (B + 1), 100, dtype=torch.int32)
-    k = torch.zeros(int(cu[-1]), Hkv, D, dtype=torch.bfloat16)
+    D = 64
+    q, k, cu, B, L_q, G, Hkv = packing_call(D)
+    H = q.shape[1]
     for causal in (False, True):
         calls.clear()
         out, lse = fb.forward(q, k, k, None, cu, L_q, 100, causal, 0.125, True)
