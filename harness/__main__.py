@@ -1,4 +1,5 @@
-"""python -m harness {bench,check,profile,clocks,plot,report,lines,sidebyside} ...   (see --help)."""
+"""python -m harness {bench,check,profile,clocks,compare,plot,report,lines,sidebyside} ...
+(see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -246,6 +247,9 @@ def main(argv=None):
     s.add_argument("--gemm", action="store_true",
                    help="first the sustained GEMM ceilings: bf16 (a row of backend gemm), "
                         "then e4m3 -> bf16 (torch._scaled_mm, a row of backend gemm-fp8)")
+    s = sub.add_parser("compare", help="results folders side by side: each backend against "
+                       "FA4 in its folder and against the first folder (an A/B of trees)")
+    s.add_argument("dirs", nargs="+", help="results folders (bench --out); the first is the base")
     for name in ("plot", "report"):
         sub.add_parser(name, help=f"{name} from reports/<gpu>/results.csv").add_argument("--out")
     s = sub.add_parser("lines", help="code lines of each kernel style by role")
@@ -268,6 +272,9 @@ def main(argv=None):
         cmd_profile(a)
     elif a.cmd == "clocks":
         cmd_clocks(a)
+    elif a.cmd == "compare":
+        from .compare import compare
+        print("\n".join(compare(a.dirs)))
     elif a.cmd == "plot":
         from .plots import plot_all
         for d in _report_dirs(a.out):

@@ -593,3 +593,31 @@ def test_fp8_gemm_ceiling_operands_and_row(tmp_path):
         ("gemm-fp8", GEMM8_PROBLEM, 1250.0)
     append_rows(tmp_path / "clocks.csv", rows)
     assert gemm_ceiling(tmp_path) == 681.3
+
+
+def test_compare_folders(tmp_path):
+    """`harness compare A B`: per problem, each backend against FA4 in its own folder
+    (eager / replayed) and, in B, against A's row; a backend missing from a folder is
+    left out, a failed row has no ratio."""
+    from harness.bench import merge_rows
+    from harness.compare import compare
+    problem = dict(suite="fuzz", mode="self", causal=True, dtype="bf16", batch=4, heads=8,
+                   kv_heads=2, head_dim=128, max_seqlen_q=512, max_seqlen_k="",
+                   sparsity=0.5, seed=1, gpu="H200")
+
+    def row(be, ms, graph, status="ok"):
+        return dict(problem, backend=be, status=status, ms=ms, graph_ms=graph, host_ms=0.1,
+                    **{"pass": "fwd"})
+
+    merge_rows(tmp_path / "a" / "results.csv", [row("fa4", 2.0, 1.0), row("tlx", 1.0, 1.0),
+                                                row("cute", 1.0, 1.0, "fail")])
+    merge_rows(tmp_path / "b" / "results.csv", [row("fa4", 2.2, 1.0), row("tlx", 0.8, 0.5)])
+    lines = compare([tmp_path / "a", tmp_path / "b"])
+    assert lines[0] == "fwd fuzz self B4 H8/2 D128 Lq512 Lk512 s0.5 bf16 causal"
+    body = {tuple(l.split()[:2]): l for l in lines[1:]}
+    assert set(body) == {("tlx", "a"), ("tlx", "b"), ("cute", "a"), ("fa4", "a"), ("fa4", "b")}
+    assert "x FA4  2.00 /  1.00" in body["tlx", "a"] and "vs" not in body["tlx", "a"]
+    assert "x FA4  2.75 /  2.00" in body["tlx", "b"]
+    assert "vs a:  -20.0 % /  -50.0 %" in body["tlx", "b"]
+    assert "x FA4" not in body["cute", "a"]
+    assert "vs a:  +10.0 % /   +0.0 %" in body["fa4", "b"]
