@@ -659,6 +659,11 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
 
 
+def slot_count(dq_acc: torch.Tensor, broadcast_q: bool) -> int:
+    """The slots of a `dq_accumulator` buffer (1 in the packed modes)."""
+    return dq_acc.shape[0] if broadcast_q else 1
+
+
 def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
     """Broadcast-Q: dQ slots for `programs` programs a KV head over n_k keys in all."""
     return max(1, min(programs, MAX_SLOT_BYTES // max(slot_bytes, 1), -(-n_k // SLOT_KEYS)))

@@ -74,7 +74,8 @@ One compiled kernel per (dtype, D, causal, broadcast_q, Config), on symbolic sha
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows
 (Config.pack, jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, O and LSE
 are viewed through a (pack, rows) layout (`fragments.packed_views`) that puts each row
-back in its query row and head, and the causal cut is the query row's (`causal_end`).
+back in its query row and head, and the causal cut is the query row's
+(SeqlenInfo.row_kv_end).
 """
 
 import math
@@ -152,7 +153,7 @@ def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     heads (schedule.tile_coords' order without its round-robin flip: CLC hands ids out in
     order). Plain arithmetic: traced inside a role, or run on ints. PACK > 1
     (jagged.tiles.gqa_pack): tile row r is query row r // PACK, of len_q // PACK, for the
-    causal cut (`causal_end`)."""
+    causal cut (SeqlenInfo.row_kv_end)."""
     from .seqinfo import SeqlenInfo, _min
 
     span = sched.nblk * sched.H
@@ -168,23 +169,15 @@ def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     m0 = (pair % sched.nblk) * BLOCK_M
     seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
     if CAUSAL:
-        n_end = (causal_end(seq, m0 + BLOCK_M - 1, PACK) + BLOCK_N - 1) // BLOCK_N
-        n_bulk0 = causal_end(seq, m0, PACK) // BLOCK_N
-        n_bulk1 = causal_end(seq, m0 + HALF_M, PACK) // BLOCK_N
+        n_end = (seq.row_kv_end(m0 + BLOCK_M - 1, PACK) + BLOCK_N - 1) // BLOCK_N
+        n_bulk0 = seq.row_kv_end(m0, PACK) // BLOCK_N
+        n_bulk1 = seq.row_kv_end(m0 + HALF_M, PACK) // BLOCK_N
     else:
         n_end = (seq.len_k + BLOCK_N - 1) // BLOCK_N
         n_bulk0 = seq.len_k // BLOCK_N
         n_bulk1 = n_bulk0
     return Tile(h, h // sched.group, m0, seq, _min(n_bulk0, n_end), _min(n_bulk1, n_end),
                 n_end)
-
-
-def causal_end(seq, row, PACK: int = 1):
-    """Keys [0, result) that tile row `row` sees under the causal mask: a packed row's
-    (PACK > 1) are its query row's, row // PACK of len_q // PACK, aligned bottom right."""
-    if PACK > 1:
-        return seq.causal_kv_end(row // PACK + 1 + seq.len_q - seq.len_q // PACK)
-    return seq.causal_kv_end(row + 1)
 
 
 _COMPILED = {}
@@ -661,7 +654,7 @@ def _kernel_class():
             if const_expr(masked):
                 end = t.seq.len_k
                 if const_expr(self.causal):
-                    end = causal_end(t.seq, row, self.pack)
+                    end = t.seq.row_kv_end(row, self.pack)
                 limit = end - n * BN
                 for c in cutlass.range_constexpr(cute.size(tSrS)):
                     tSrS[c] = -Float32.inf if tScS_t2r[c][1] >= limit else tSrS[c]

@@ -582,12 +582,8 @@ def _kernel_class():
             S = acc_rows_cols(acc_S)
             for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
                 end = seq.len_k                                     # the keys row r sees
-                if const_expr(self.causal and self.pack > 1):
-                    # a packed row's cut is its query row's, r // pack of len_q // pack
-                    row = (m0 + tScS[r, 0][0]) // self.pack
-                    end = seq.causal_kv_end(row + 1 + seq.len_q - seq.len_q // self.pack)
-                elif const_expr(self.causal):
-                    end = seq.causal_kv_end(m0 + tScS[r, 0][0] + 1)
+                if const_expr(self.causal):
+                    end = seq.row_kv_end(m0 + tScS[r, 0][0], self.pack)
                 limit = end - n * self.block_n
                 # one select per element, as TLX's tl.where (an `if` per element: ~1000
                 # more SASS a 128-key masked block; 256 / 0.5 0.380 -> 0.272 ms)

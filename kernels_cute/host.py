@@ -17,7 +17,7 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import dq_accumulator, fwd_tiles, packed_query, window_tiles
+from jagged.tiles import dq_accumulator, fwd_tiles, packed_query, slot_count, window_tiles
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -287,7 +287,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
     dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
                                               dev, k.shape[0])
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    n_slots = slot_count(dq_acc, broadcast_q)
     kern.preprocess(q.dtype, D, not broadcast_q)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
     if dlse is not None:  # the gradient on lse (jagged.api)

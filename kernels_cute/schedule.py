@@ -63,13 +63,9 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
     seq = SeqlenInfo.of(b, mCuQ, mCuK, L_q, BROADCAST_Q)
-    if cutlass.const_expr(CAUSAL and PACK > 1):
-        shift = seq.len_q - seq.len_q // PACK  # row_end's query row, aligned bottom right
-        kv_end = seq.causal_kv_end((m0 + BLOCK_M - 1) // PACK + 1 + shift)
-        kv_full = seq.causal_kv_end(m0 // PACK + 1 + shift)  # seen by every row
-    elif cutlass.const_expr(CAUSAL):
-        kv_end = seq.causal_kv_end(m0 + BLOCK_M)
-        kv_full = seq.causal_kv_end(m0 + 1)  # seen by every row
+    if cutlass.const_expr(CAUSAL):
+        kv_end = seq.row_kv_end(m0 + BLOCK_M - 1, PACK)
+        kv_full = seq.row_kv_end(m0, PACK)  # seen by every row
     else:
         kv_end = seq.len_k
         kv_full = seq.len_k

@@ -82,6 +82,14 @@ class SeqlenInfo(NamedTuple):
     def causal_kv_end(self, row_end):
         return causal_kv_end(row_end, self.len_q, self.len_k)
 
+    def row_kv_end(self, row, pack: int = 1):
+        """Keys [0, result) that tile row `row` sees under the causal mask; a tile that
+        packs `pack` GQA heads (jagged.tiles.gqa_pack) gives row r its query row's cut,
+        r // pack of len_q // pack, aligned bottom right."""
+        if pack > 1:
+            return self.causal_kv_end(row // pack + 1 + (self.len_q - self.len_q // pack))
+        return self.causal_kv_end(row + 1)
+
     def causal_q_start(self, n0):
         return causal_q_start(n0, self.len_q, self.len_k)
 

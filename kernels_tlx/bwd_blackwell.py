@@ -93,7 +93,7 @@ import triton.language.extra.tlx as tlx
 
 from jagged.launch import fast
 from jagged.seqinfo import causal_visible
-from jagged.tiles import bwd_dynamic, kv_tiles
+from jagged.tiles import bwd_dynamic, kv_tiles, slot_count
 
 from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
                          _prepare, _preprocess, lse_log2)
@@ -445,7 +445,8 @@ def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.co
 
 
 # ----------------------------------------------------------------------------- kernel
-@triton.jit(do_not_specialize=["L_q", "n_slots", "stride_k_tok", "stride_k_h", "stride_lse_h"])
+@triton.jit(do_not_specialize=["L_q", "n_slots", "stride_k_tok", "stride_k_h",
+                               "stride_lse_h"])
 def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
                scale, qk_scale2, L_q, n_slots, stride_k_tok, stride_k_h, stride_lse_h,
@@ -557,7 +558,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(p.dout, BM, D),
         _desc(dq_acc, BM, D, cols=cfg.dq_slice), p.lse, delta, p.dk, p.dv,
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), float(scale) * LOG2E, p.L_q, dq_acc.shape[0] if broadcast_q else 1,
+        float(scale), float(scale) * LOG2E, p.L_q, slot_count(dq_acc, broadcast_q),
         p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
         **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)
 

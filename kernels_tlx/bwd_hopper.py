@@ -81,7 +81,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import bwd_dynamic, dq_accumulator, kv_tiles, window_tiles, windowed
+from jagged.tiles import (bwd_dynamic, dq_accumulator, kv_tiles, slot_count, window_tiles,
+                          windowed)
 
 from jagged.launch import fast
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -867,7 +868,7 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq."""
     n_elem = p.dq.numel()
-    n_slots = dq_acc.shape[0] if broadcast_q else 1
+    n_slots = slot_count(dq_acc, broadcast_q)
     PB = 1024
     fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
         dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB,
@@ -901,8 +902,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
-        float(scale), l_q, dq_acc.shape[0] if broadcast_q else 1, p.dk.stride(0),
-        p.dk.stride(1), p.lse.stride(0), col_rows,
+        float(scale), l_q, slot_count(dq_acc, broadcast_q), p.dk.stride(0), p.dk.stride(1),
+        p.lse.stride(0), col_rows,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,

@@ -64,7 +64,7 @@ fwd_hopper's: each task waits (gdc_wait) before it first reads global memory.
 
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
 jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, the correction's stores
-map row r to query row r // PACK of head h * PACK + r % PACK (`_out_rows`), and the
+map row r to query row r // PACK of head h * PACK + r % PACK (`out_rows_heads`), and the
 causal cut is the query row's.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ from jagged.tiles import fwd_bucket, packed_query
 from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast
-from .fwd_hopper import Descs
+from .fwd_hopper import Descs, causal_rows, out_rows_heads
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -231,13 +231,6 @@ def _tile(t, tiles, n_pairs, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                        tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
                        PACK)
 
-
-@triton.jit
-def _out_rows(tile, rows, PACK: tl.constexpr):  # role: store
-    """Rows of O (int64) and heads of tile rows `rows`: PACK > 1 (jagged.tiles.gqa_pack)
-    maps tile row r to query row r // PACK of head h * PACK + r % PACK."""
-    packed = tile.out_start + rows  # out_start is a multiple of PACK
-    return (packed // PACK).to(tl.int64), (tile.h * PACK + packed % PACK).to(tl.int64)
 
 
 @triton.jit
@@ -460,10 +453,7 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
     while t < total:
         tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
         if tile.n_end > 0:
-            rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
-            if PACK > 1:  # the causal mask aligns rows to len_q at the bottom right: a
-                # packed row's is its query row's, r // PACK of len_q // PACK
-                rows = rows // PACK + (tile.len_q - tile.len_q // PACK)
+            rows = causal_rows(tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M), tile, PACK)
             first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
             m_i = tl.full([GROUP_M], float("-inf"), tl.float32)
             l_i = tl.zeros([GROUP_M], tl.float32)
@@ -528,10 +518,10 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
                 inv_l = 1.0 / l_use
                 lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_use)) * LN2)
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
-                out_rows, heads = _out_rows(tile, rows, PACK)
+                out_rows, heads = out_rows_heads(tile, rows, PACK)
                 tl.store(out.lse + heads * out.n_out + out_rows, lse, mask=rows < tile.len_q)
                 rows2 = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)[:, None]
-                out_rows2, heads2 = _out_rows(tile, rows2, PACK)
+                out_rows2, heads2 = out_rows_heads(tile, rows2, PACK)
                 tlx.barrier_wait(bars.o_full[g], tw & 1)
                 for c in tl.static_range(HEAD_DIM // O_SLICE):
                     o_c = tlx.local_load(tlx.subslice(tmem.o[g], c * O_SLICE, O_SLICE))
@@ -544,12 +534,12 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
         else:
             for g in tl.static_range(GROUPS):
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
-                out_rows, heads = _out_rows(tile, rows, PACK)
+                out_rows, heads = out_rows_heads(tile, rows, PACK)
                 tl.store(out.lse + heads * out.n_out + out_rows,
                          tl.full([GROUP_M], float("-inf"), tl.float32),
                          mask=rows < tile.len_q)
                 rows2 = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)[:, None]
-                out_rows2, heads2 = _out_rows(tile, rows2, PACK)
+                out_rows2, heads2 = out_rows_heads(tile, rows2, PACK)
                 for c in tl.static_range(HEAD_DIM // O_SLICE):
                     cols = c * O_SLICE + tl.arange(0, O_SLICE)[None, :]
                     ptrs = out.o + (out_rows2 * out.H + heads2) * HEAD_DIM + cols

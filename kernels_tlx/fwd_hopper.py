@@ -419,6 +419,24 @@ def compute(q_buf, smem, bars, kv_cnt, qk_scale, rows, tile, cid: tl.constexpr,
 
 
 @triton.jit
+def causal_rows(rows, tile, PACK: tl.constexpr):  # role: compute
+    """The rows the causal mask aligns bottom right: a packed tile's row r
+    (jagged.tiles.gqa_pack) is query row r // PACK, of len_q // PACK."""
+    if PACK > 1:
+        return rows // PACK + (tile.len_q - tile.len_q // PACK)
+    else:
+        return rows
+
+
+@triton.jit
+def out_rows_heads(tile, rows, PACK: tl.constexpr):  # role: store
+    """Rows of O (int64) and heads of tile rows `rows`: a packed tile's row r is query
+    row r // PACK of head h * PACK + r % PACK (jagged.tiles.gqa_pack)."""
+    packed = tile.out_start + rows  # out_start is a multiple of PACK
+    return (packed // PACK).to(tl.int64), (tile.h * PACK + packed % PACK).to(tl.int64)
+
+
+@triton.jit
 def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr, PACK: tl.constexpr):
     """O = acc / l and LSE (natural log) for rows < len_q only; rows with no key get
     O = 0 and LSE = -inf. O goes registers -> smem (the consumer's spent Q slot) ->
@@ -431,9 +449,7 @@ def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr, PACK: t
     tlx.local_store(o_buf, o.to(o_buf.dtype))
     o = tlx.local_load(o_buf)
     rows = row0 + tl.arange(0, SPLIT_M)
-    packed = tile.out_start + rows  # out_start is a multiple of PACK
-    out_rows = (packed // PACK).to(tl.int64)
-    heads = (tile.h * PACK + packed % PACK).to(tl.int64)
+    out_rows, heads = out_rows_heads(tile, rows, PACK)
     cols = tl.arange(0, HEAD_DIM)
     o_ptrs = out.o + (out_rows * out.H + heads)[:, None] * HEAD_DIM + cols[None, :]
     tl.store(o_ptrs, o, mask=(rows < tile.len_q)[:, None])
@@ -504,10 +520,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 if WINDOWS:
                     rows = _row_bounds(tiles, tile, cid, CAUSAL)
                 else:
-                    rows = tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M)
-                    if PACK > 1:  # the causal mask aligns rows to len_q at the bottom right:
-                        # a packed row's is its query row's, r // PACK of len_q // PACK
-                        rows = rows // PACK + (tile.len_q - tile.len_q // PACK)
+                    rows = causal_rows(tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M), tile,
+                                       PACK)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
                 tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,

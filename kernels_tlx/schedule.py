@@ -31,8 +31,8 @@ import triton.language as tl
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps", "kv_tile_coords",
-           "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps",
+           "kv_tile_coords", "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
 
 
 class Tile(NamedTuple):

@@ -26,7 +26,8 @@ def call(inp, **over):
     a = dict(q=inp.q, k=inp.k, v=inp.v, cu_seqlens_q=inp.cu_seqlens_q,
              cu_seqlens_k=inp.cu_seqlens_k, max_seqlen_q=inp.max_seqlen_q,
              max_seqlen_k=inp.max_seqlen_k)
-    kw = {k: over.pop(k) for k in ("causal", "broadcast_q", "check_offsets", "softmax_scale") if k in over}
+    kw = {k: over.pop(k) for k in ("causal", "broadcast_q", "check_offsets", "softmax_scale")
+          if k in over}
     a.update(over)
     return jagged_attention(*a.values(), **kw)
 

@@ -8,8 +8,9 @@ once (512 columns, the layout within them), CLC queries, the setmaxnreg split fi
 the register file, shared memory within 227 KB, no spills or stack (ptxas -v on the PTX),
 1-CTA clusters (cta_group::1). GQA and the lengths are runtime values: one build serves
 them. By default three builds (two at a time) cover D 64 / 128, causal, broadcast-Q (one
-packing GQA heads into a tile's rows), bf16 / fp16; with `-m matrix` every (D, causal, broadcast-Q, dtype) and the non-default configs
-(static schedule, late TMEM release) compile too, and the first default for sm_103a (B300,
+packing GQA heads into a tile's rows), bf16 / fp16; with `-m matrix` every (D, causal,
+broadcast-Q, dtype) and the non-default configs (static schedule, late TMEM release)
+compile too, and the first default for sm_103a (B300,
 which dispatch sends here too) passes the same checks.
 """
 import json

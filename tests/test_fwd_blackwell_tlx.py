@@ -10,8 +10,8 @@ too). `-m gpu` on a B200 runs it against the oracle.
 Each compile must show: a griddepcontrol.wait a task (the launch is a programmatic
 dependent of the tile-list kernel), tcgen05.mma (P V with its A operand in TMEM) and
 tcgen05.alloc in the PTX, every alloc matched by a dealloc and the allocation permit
-relinquished, TMEM within 512 columns (the alloc), shared memory within the limit. Spills: Triton 3.8's
-OptimizePartitionWarps pass (sm_100 only) overwrites the tasks' requested registers with
+relinquished, TMEM within 512 columns (the alloc), shared memory within the limit.
+Spills: Triton 3.8's OptimizePartitionWarps pass (sm_100 only) overwrites the tasks' requested registers with
 its fixed guess (88 for a task with tensors, 24 without), so the softmax tasks spill a
 little; an xfail, bounded by SPILL_BOUND. The hand-out (one program per SM at most, every
 tile once) and the barrier protocol (a model of the five tasks) are CPU tests.
