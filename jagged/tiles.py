@@ -384,9 +384,9 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
                        block_n, bool(causal), check)
 
 
-# Programmatic dependent launch: a forward's list kernel lets the attention kernel queued
-# behind it launch at once, so that kernel's launch and prologue (up to its gdc_wait) run
-# under the list; the interpreter has no griddepcontrol
+# Programmatic dependent launch: a list kernel lets the attention kernel queued behind it
+# (the forward's, the backward's main) launch at once, so that kernel's launch and prologue
+# (up to its gdc_wait) run under the list; the interpreter has no griddepcontrol
 PDL = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
@@ -607,7 +607,7 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
     _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
                             NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                            BROADCAST_Q=cu_q is None, KV_TILES=True, **opts)
+                            BROADCAST_Q=cu_q is None, KV_TILES=True, PDL=PDL, **opts)
     if keys is not None:
         _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                    BLOCK=1024)

@@ -34,6 +34,11 @@ Three kernels:
     are summed in registers and stored once (no atomics on dK / dV).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype.
+The three chain as programmatic dependent launches (jagged.tiles.PDL): the preprocess,
+the list kernel and `_window_rows` trigger their dependents first, the main kernel is
+launched as a dependent (each role waits, gdc_wait, before its first global access) and
+triggers, and the postprocess, launched as its dependent, waits before it reads: each
+kernel's launch and prologue run under the kernel ahead.
 
 Steps (CONFIGS). 128 query rows a step at D = 64, 64 at D = 128, 32 for mean KV lengths
 up to SHORT_MEAN_K at both:
@@ -77,12 +82,13 @@ import torch
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import (bwd_dynamic, dq_accumulator, kv_tiles, slot_count, window_tiles,
-                          windowed)
+from jagged.tiles import (PDL, bwd_dynamic, dq_accumulator, kv_tiles, slot_count,
+                          window_tiles, windowed)
 
 from jagged.launch import fast
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -220,9 +226,12 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
                     stride_delta_h,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    ZERO_DQ: tl.constexpr):
+                    ZERO_DQ: tl.constexpr, PDL: tl.constexpr = False):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator)."""
+    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator). PDL:
+    the kernel queued behind may launch at once (it waits for these writes itself)."""
+    if PDL:
+        gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     tok = r // H
     h = r % H
@@ -242,13 +251,16 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
 
 @triton.jit
 def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
-                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr = False):
     """Key windows (jagged.tiles.window_tiles over cu_k: win = each window's first and last
     sequence): one program per window; each of its BLOCK_N packed key columns gets the
     packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
     col_q_range; lo = hi past the window's keys), into col_rows [2, n_win * BLOCK_N]. The
     main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
-    at D = 128 (and 6-22 in the load task, which runs on the compiler's few registers)."""
+    at D = 128 (and 6-22 in the load task, which runs on the compiler's few registers).
+    PDL: as _bwd_preprocess's."""
+    if PDL:
+        gdc_launch_dependents()
     w = tl.program_id(0)
     s_first = tl.load(win_ptr + w)
     if s_first >= 0:  # live
@@ -765,17 +777,26 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
     grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
 
+    # Launched as a programmatic dependent of the kernel before it (the preprocess, a list
+    # kernel or _window_rows, which trigger first): each role waits (gdc_wait) before it
+    # touches global memory, and lets the postprocess launch under this kernel
     with tlx.async_tasks():
         with tlx.async_task("default", registers=REGS_LOAD):
+            gdc_wait()
+            gdc_launch_dependents()
             load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
                  BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
+            gdc_wait()
+            gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
                     M128, WINDOWS)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
+                gdc_wait()
+                gdc_launch_dependents()
                 reduce_dq(dq_desc, smem, bars, tiles, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
                           BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS, WINDOWS)
 
@@ -783,7 +804,10 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
 # ----------------------------------------------------------------------------- postprocess
 @triton.jit
 def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """PDL: launched as a dependent of the main kernel, so its reads wait for it."""
+    if PDL:
+        gdc_wait()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elem
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -849,7 +873,7 @@ def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
     fast(_bwd_preprocess)[(triton.cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0),
-        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, num_warps=4)
+        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
@@ -861,7 +885,7 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     n_win = win.shape[1]
     out = torch.empty((2, n_win * BLOCK_N), dtype=torch.int32, device=win.device)
     fast(_window_rows)[(n_win,)](cu_q, cu_k, win, n_win, out, BLOCK_N=BLOCK_N,
-                                 CAUSAL=bool(causal), num_warps=4)
+                                 CAUSAL=bool(causal), PDL=PDL, num_warps=4)
     return out
 
 
@@ -871,8 +895,8 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
     n_slots = slot_count(dq_acc, broadcast_q)
     PB = 1024
     fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
-        dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB,
-        num_warps=4)
+        dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB, PDL=PDL,
+        num_warps=4, launch_pdl=PDL)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -907,7 +931,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        num_warps=4, num_stages=cfg.num_stages)
+        num_warps=4, num_stages=cfg.num_stages, launch_pdl=True)
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

@@ -175,6 +175,16 @@ def test_main_compiles(request, case):
         assert "wgmma.mma_async.sync.aligned.m64n128k16" in rep.ptx
     if cfg.num_stages == 0:  # the Q loop out of the pipeliner: 3 waits of 0 a consumer
         assert rep.ptx.count(WAIT0) == 3 * bw.NUM_CONSUMERS.value, rep.ptx.count(WAIT0)
+    _dependent(rep, cfg.block_m)
+
+
+def _dependent(rep, block_m):
+    """A programmatic dependent launch: every role (load, each consumer, the 1-warp
+    reduce_dq at 32-row steps) waits for the kernel ahead before its first global access,
+    and triggers the postprocess's launch."""
+    roles = 1 + bw.NUM_CONSUMERS.value + (block_m == 32)
+    assert rep.ptx.count("griddepcontrol.wait") == roles, rep.row()
+    assert rep.ptx.count("griddepcontrol.launch_dependents") == roles, rep.row()
 
 
 @pytest.mark.parametrize("case", WINDOW_CASES[:1] + [
@@ -197,6 +207,7 @@ def test_windows_compile(request, case):
     assert 232 in rep.setmaxnreg and "num_warps(1)" in rep.ttgir, rep.setmaxnreg
     _lse_carried(rep.ttgir, 32)
     assert rep.ptx.count("cp.reduce.async.bulk") == (2 if d == 64 else 4)
+    _dependent(rep, 32)
 
 
 def _lse_carried(ttgir: str, bm: int):
@@ -262,13 +273,17 @@ def test_pre_post_compile(d):
         {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
          "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
          "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32"},
-        constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True), arch=90, num_warps=4)
+        constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True, PDL=True), arch=90, num_warps=4)
     post = compile_kernel(
         bw._bwd_postprocess,
         {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
          "slot_stride": "i32", "scale": "fp32"},
-        constexprs=dict(BLOCK=1024), arch=90, num_warps=4)
+        constexprs=dict(BLOCK=1024, PDL=True), arch=90, num_warps=4)
     assert not pre.spills and not post.spills
+    # the chain of dependent launches: the preprocess lets the main kernel launch under
+    # it; the postprocess, launched under the main kernel, waits for it
+    assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
+    assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 
 
 @pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))
@@ -278,5 +293,6 @@ def test_window_rows_compile(causal):
         bw._window_rows,
         {"cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "win_ptr": "*i32", "n_win": "i32",
          "col_rows_ptr": "*i32"},
-        constexprs=dict(BLOCK_N=bw.BLOCK_N, CAUSAL=causal), arch=90, num_warps=4)
+        constexprs=dict(BLOCK_N=bw.BLOCK_N, CAUSAL=causal, PDL=True), arch=90, num_warps=4)
     assert not rep.spills, rep.row()
+    assert "griddepcontrol.launch_dependents" in rep.ptx, rep.row()
