@@ -334,7 +334,9 @@ def _kernel_classes():
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator)."""
+            tile counter mSched[0] (jagged.tiles.dq_accumulator). The main kernel queued
+            behind may launch at once: it waits for these writes itself."""
+            cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
             r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
@@ -472,7 +474,7 @@ def _kernel_classes():
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
-                     stream=stream, min_blocks_per_mp=1)
+                     stream=stream, min_blocks_per_mp=1, use_pdl=True)
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -539,6 +541,11 @@ def _kernel_classes():
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
                           group, mSched, pipeline_tile, n_slots)
             pipeline.pipeline_init_wait()
+            # a programmatic dependent of the kernel ahead (the preprocess or a list kernel,
+            # which trigger first): global memory only after its writes; the postprocess
+            # may then launch under this kernel
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(LOAD_REGS)
@@ -1076,12 +1083,14 @@ def _kernel_classes():
                      n_slots: Int32, scale: Float32, stream):
             self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
-                block=[POST_THREADS, 1, 1], stream=stream)
+                block=[POST_THREADS, 1, 1], stream=stream, use_pdl=True)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
                    n_slots: Int32, scale: Float32):
-            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread."""
+            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
+            Launched as a dependent of the main kernel: its reads wait for it."""
+            cute.arch.griddepcontrol_wait()
             i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
             if i < n_vec:
                 acc = cute.make_rmem_tensor((POST_VEC,), Float32)

@@ -154,6 +154,10 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
     if res is not None:
         assert res[1] == 0, f"register spills: {res}"
     assert not adv, adv
+    # a programmatic dependent launch: one wait before any global access, then the trigger
+    # that lets the postprocess launch under it
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    assert _count(r"griddepcontrol\.launch_dependents;", ptx) == 1
 
 
 def test_bwd_configs():
