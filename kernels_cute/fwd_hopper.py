@@ -27,6 +27,10 @@ at block_m = 192, the D = 64 long default):
                                     written; LSE in fp32 (-inf and O = 0 on rows that see
                                     no key); then the Q slot goes back to `load`
 
+The kernel is launched as a programmatic dependent of its tile-list kernel (use_pdl; the
+list kernels trigger first): its launch and barrier setup run under the list kernel, and
+it waits (griddepcontrol.wait) before it reads global memory.
+
 The KV loop is peeled: blocks [0, n_bulk) are visible to every row of the tile and run
 branch-free; blocks [n_bulk, n_end) (the sequence tail and the causal diagonal) are
 masked. Causal masking is bottom-right aligned: query i sees key j iff
@@ -318,7 +322,7 @@ def _kernel_class():
                 sQ_layout, sK_layout, sV_layout, sO_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
-                     stream=stream, min_blocks_per_mp=1)
+                     stream=stream, min_blocks_per_mp=1, use_pdl=True)
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -373,6 +377,9 @@ def _kernel_class():
             sVt = cute.composition(
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
+            # a programmatic dependent of the tile-list kernel (jagged.tiles PDL): global
+            # memory (the tile count first) only once the kernels ahead have finished
+            cute.arch.griddepcontrol_wait()
             sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk, mWin)
             pipeline.pipeline_init_wait()
 

@@ -74,6 +74,8 @@ def test_forward_default_builds(tmp_path, D, causal, bq, bucket, dtype):
     places = 2 if causal else 1
     selp = len(re.findall(r"\bselp\.", ptx))
     assert places * block_n // 2 <= selp <= places * block_n + 64, selp
+    # a programmatic dependent of the list kernel: one wait, before any global access
+    assert len(re.findall(r"griddepcontrol\.wait;", ptx)) == 1
 
 
 @needs_dsl
