@@ -28,10 +28,12 @@ def kernel_base():
     from cutlass.cute.nvgpu import tcgen05
 
     class Sm100Kernel:
-        def launch(self, kernel, num_programs, stream):
-            """The launch of `kernel` (a bound @cute.kernel call): `num_programs` CTAs."""
+        def launch(self, kernel, num_programs, stream, use_pdl: bool = False):
+            """The launch of `kernel` (a bound @cute.kernel call): `num_programs` CTAs;
+            use_pdl: as a programmatic dependent of the kernel ahead."""
             kernel.launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
-                          cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1)
+                          cluster=list(self.cluster_shape), stream=stream, min_blocks_per_mp=1,
+                          use_pdl=use_pdl)
 
         @staticmethod
         def tma_to_mma(mbar, stages: int, tx_count: int):

@@ -9,7 +9,9 @@ Compiled for sm_100a, not run: no B200 was available; the `-m gpu` test
 The same contract, tile list and names as `fwd_hopper.py`; tcgen05 MMAs with S, P and O
 in tensor memory (TMEM). A CTA tile is two 128-row query halves of one (sequence, head)
 (block_m = 256 in the shared tile list, longest first); both halves share every K/V block.
-One CTA per SM (512 threads x 128 registers fill the register file), 16 warps:
+One CTA per SM (512 threads x 128 registers fill the register file), 16 warps. Launched
+as a programmatic dependent of the tile-list kernel, as fwd_hopper: one griddepcontrol.wait
+after the barrier setup, before any global access.
 
     warps 0-3, 4-7  `softmax` s   half s (thread = query row = TMEM lane): S_s from TMEM,
                                   the online softmax in exp2, P_s (16-bit) back into TMEM
@@ -284,7 +286,7 @@ def _kernel_class():
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
                 sQ_layout, sK_layout, sV_layout, tP_layout, tiled_mma_qk, tiled_mma_pv,
                 SharedStorage,
-            ), num_programs, stream)
+            ), num_programs, stream, use_pdl=True)
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -332,6 +334,9 @@ def _kernel_class():
             tmem, tmem_barrier = self.tmem_allocator(storage, TMEM_BARRIER, MMA_WARP)
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()
+            # a programmatic dependent of the tile-list kernel (jagged.tiles PDL): global
+            # memory (the tile count first) only once the kernels ahead have finished
+            cute.arch.griddepcontrol_wait()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)

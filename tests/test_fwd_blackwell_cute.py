@@ -56,6 +56,8 @@ def _check(variant, info, ptx, log):
     # 512 threads x 128 registers
     check_cute(variant, info, ptx, log, 4 * D // 16 + 2 * 128 // 16, 512, 128)
     assert info["tmem_o"] == [256, 256 + D] and info["tmem_total"] == 256 + 2 * D
+    # a programmatic dependent of the list kernel: one wait, before any global access
+    assert len(re.findall(r"griddepcontrol\.wait;", ptx)) == 1
     clc = cfg.get("clc", True)
     assert ("clusterlaunchcontrol.try_cancel" in ptx) == clc
     incs = [int(v) for v in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)]
