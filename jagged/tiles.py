@@ -669,6 +669,15 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
     return max(1, min(programs, MAX_SLOT_BYTES // max(slot_bytes, 1), -(-n_k // SLOT_KEYS)))
 
 
+def bwd_dependent(broadcast_q: bool) -> bool:
+    """Whether the backward's main kernel and postprocess launch as programmatic dependents
+    of the kernel ahead (both styles; the kernels wait for it themselves either way). In
+    the packed modes: replayed, fuzz seed 0, -4..-10 % at 20-50 us calls (TLX and CuteDSL),
+    -1 % at 0.25 ms. Not in broadcast-Q, where it lost: B356 H4/1 +17 % / +7 %, B76 H2/1
+    causal +12 % / +2 % (TLX / CuteDSL), the cause not located."""
+    return not broadcast_q
+
+
 def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the

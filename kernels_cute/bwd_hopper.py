@@ -47,6 +47,9 @@ and its load task reduces 64 x 64 boxes.
     once (no atomics on dK/dV).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
     accumulator, cast to the input dtype.
+In the packed modes the three chain as programmatic dependent launches, as TLX's
+(jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
+any global access and triggers, the postprocess waits before it reads.
 
 Steps (CONFIGS, by head dim): 64 query rows at D = 128 with one K/V stage (two need
 242 KB of smem), S^T and dP^T issued together; 128 rows at D = 64 with two K/V stages,
@@ -83,7 +86,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import bwd_dynamic, kv_tiles, window_tiles, windowed
+from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, window_tiles, windowed
 
 from . import host
 
@@ -474,7 +477,8 @@ def _kernel_classes():
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
-                     stream=stream, min_blocks_per_mp=1, use_pdl=True)
+                     stream=stream, min_blocks_per_mp=1,
+                     use_pdl=bwd_dependent(self.broadcast_q))
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -542,8 +546,8 @@ def _kernel_classes():
                           group, mSched, pipeline_tile, n_slots)
             pipeline.pipeline_init_wait()
             # a programmatic dependent of the kernel ahead (the preprocess or a list kernel,
-            # which trigger first): global memory only after its writes; the postprocess
-            # may then launch under this kernel
+            # which trigger first; jagged.tiles.bwd_dependent): global memory only after
+            # its writes; the postprocess may then launch under this kernel
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
 
@@ -1075,21 +1079,21 @@ def _kernel_classes():
     # ================================================================================
     # role: reduce_dq
     class Postprocess:
-        def __init__(self, dtype):
-            self.dtype = dtype
+        def __init__(self, dtype, pdl: bool):
+            self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
                      n_slots: Int32, scale: Float32, stream):
             self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
-                block=[POST_THREADS, 1, 1], stream=stream, use_pdl=True)
+                block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
                    n_slots: Int32, scale: Float32):
             """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
-            Launched as a dependent of the main kernel: its reads wait for it."""
+            Its reads wait for the main kernel (where launched as its dependent)."""
             cute.arch.griddepcontrol_wait()
             i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
             if i < n_vec:
@@ -1126,7 +1130,7 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
                                cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
-def compile_postprocess(dtype, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1135,7 +1139,7 @@ def compile_postprocess(dtype, options: str = ""):
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
                     (cute.sym_int64(divisibility=POST_VEC), 1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Float32(1.0), options=options)
 
 

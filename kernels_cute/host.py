@@ -17,7 +17,8 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import dq_accumulator, fwd_tiles, packed_query, slot_count, window_tiles
+from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_tiles, packed_query, slot_count,
+                          window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -258,7 +259,8 @@ class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
     preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
     main: Callable         # (BwdCall) -> None: launch the main kernel
-    postprocess: Callable  # (dtype) -> the compiled postprocess (post_vec per thread)
+    postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
+                           # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
     post_vec: int
 
 
@@ -300,6 +302,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
 
     # (c) postprocess
     n_elem = dq.numel()
-    kern.postprocess(q.dtype)(dq_acc.view(n_slots, n_elem), dq.view(-1),
-                              n_elem // kern.post_vec, n_slots, float(scale))
+    kern.postprocess(q.dtype, bwd_dependent(broadcast_q))(
+        dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
+        float(scale))
     return dq, dk, dv

@@ -34,11 +34,12 @@ Three kernels:
     are summed in registers and stored once (no atomics on dK / dV).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype.
-The three chain as programmatic dependent launches (jagged.tiles.PDL): the preprocess,
-the list kernel and `_window_rows` trigger their dependents first, the main kernel is
-launched as a dependent (each role waits, gdc_wait, before its first global access) and
-triggers, and the postprocess, launched as its dependent, waits before it reads: each
-kernel's launch and prologue run under the kernel ahead.
+In the packed modes the three chain as programmatic dependent launches
+(jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
+their dependents first, the main kernel is launched as a dependent (each role waits,
+gdc_wait, before its first global access) and triggers, and the postprocess, launched as
+its dependent, waits before it reads: each kernel's launch and prologue run under the
+kernel ahead.
 
 Steps (CONFIGS). 128 query rows a step at D = 64, 64 at D = 128, 32 for mean KV lengths
 up to SHORT_MEAN_K at both:
@@ -87,8 +88,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import (PDL, bwd_dynamic, dq_accumulator, kv_tiles, slot_count,
-                          window_tiles, windowed)
+from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, dq_accumulator, kv_tiles,
+                          slot_count, window_tiles, windowed)
 
 from jagged.launch import fast
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -896,7 +897,7 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
     PB = 1024
     fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
         dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB, PDL=PDL,
-        num_warps=4, launch_pdl=PDL)
+        num_warps=4, launch_pdl=PDL and bwd_dependent(broadcast_q))
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -931,7 +932,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        num_warps=4, num_stages=cfg.num_stages, launch_pdl=True)
+        num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

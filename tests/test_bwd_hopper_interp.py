@@ -119,3 +119,41 @@ def test_kv_tile_walk(causal, bq, n_slots):
         want = list(range(blocks[0], blocks[-1] + 1)) if blocks else []
         got = list(range(m_lo // BM, m_lo // BM + n_m))
         assert m_lo % BM == 0 and got == want, (b, n0, got, want)
+
+
+@pytest.mark.parametrize("bq", [False, True])
+def test_host_launches_the_dependent_chain(monkeypatch, bq):
+    """backward's launches (recorded; the tile list in the interpreter): in the packed
+    modes the main kernel and the postprocess launch as programmatic dependents
+    (jagged.tiles.bwd_dependent), in broadcast-Q as plain launches. Their kernels wait
+    for the kernel ahead either way (test_bwd_compile's PTX checks)."""
+    from jagged.tiles import bwd_dependent
+    launches = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, kw))
+
+    monkeypatch.setattr(bw, "fast", Recorder)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
+    H, HKV, D = 4, 2, 128
+    lk = torch.tensor([300, 200, 5])
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu_q = None if bq else cu_k
+    n_q = 7 if bq else int(cu_k[-1])
+    n_out = n_q * len(lk) if bq else n_q
+    q = torch.zeros(n_q, H, D, dtype=torch.float16)
+    k = torch.zeros(int(cu_k[-1]), HKV, D, dtype=torch.float16)
+    o = torch.zeros(n_out, H, D, dtype=torch.float16)
+    bw.backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q, cu_k, n_q, int(lk.max()), False,
+                0.125, bq)
+    kw = dict(launches)
+    assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
+    assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
+    assert bwd_dependent(bq) == (not bq)
+    assert kw["bwd_kernel"]["launch_pdl"] == (not bq)
+    assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]

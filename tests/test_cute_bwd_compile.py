@@ -189,7 +189,7 @@ def test_bwd_configs():
 def test_bwd_pre_post_compile(tmp_path):
     """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_postprocess(dt)")
+                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
 
 
 @needs_dsl
@@ -576,7 +576,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
             host.backward(kern, o, q, k, k, o, lse, None if bq else cu_q, cu_k, n_q, max_k,
                           causal, 0.125, bq)
             (pre, _), (main, args), (post, _) = calls
-            assert pre == (q.dtype, D, not bq) and post == (q.dtype,)
+            # the postprocess launches as the main kernel's dependent in the packed modes
+            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq)
             if short and not bq:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
