@@ -402,7 +402,7 @@ def checked_launch(check: tuple | None) -> dict:
 
 
 def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, causal, check):
-    nblk = max(1, -(-max_seqlen_q // block_m))
+    nblk = pairs_per_sequence(max_seqlen_q, block_m)
     n_pairs = batch * nblk
     # keys, then the count at a 16-byte aligned offset (Triton specializes kernels on
     # pointer alignment: a shifting one would recompile them)
@@ -415,6 +415,22 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
         L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
         BROADCAST_Q=L_q is not None, KV_TILES=False, PDL=PDL, **opts, **checked_launch(check))
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
+
+
+def fwd_direct(n_tiles: int, programs: int, listed: bool = False) -> bool:
+    """Whether a forward walks its (sequence, query block, head) tiles without a list
+    (both Hopper styles): when each of its n_tiles tiles has a program of its own, one
+    wave, the list's order changes nothing, so the kernel takes the pairs in order (a
+    pair past its sequence's queries does nothing) and no list kernel runs ahead of it:
+    the offsets check does (jagged.validate), and the kernel waits for it only before its
+    first store. `listed`: a call that needs a list or a pass after the check anyway (row
+    windows, fp8's V pass) keeps the list."""
+    return not listed and n_tiles <= programs
+
+
+def pairs_per_sequence(max_q: int, block_m: int) -> int:
+    """The query blocks a sequence has room for in a forward tile list (its NBLK)."""
+    return max(1, -(-max_q // block_m))
 
 
 # ----------------------------------------------------------------------------- row windows

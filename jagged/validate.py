@@ -27,10 +27,11 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .fp8 import FP8, check_descale
 from .offsets import check_offsets
-from .tiles import per_offsets
+from .tiles import PDL, per_offsets
 
 DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
 HEAD_DIMS = (64, 128)
@@ -139,14 +140,19 @@ def _host_check(name, cu, total, max_len):
 # ------------------------------------------------------------------ device (default)
 @triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
 def _offsets_check_kernel(cu_q, cu_k, batch, n_q, n_k, max_q, max_k,
-                          CHECK_Q: tl.constexpr, BLOCK: tl.constexpr):
+                          CHECK_Q: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """PDL: a kernel queued behind may launch at once (a list-free forward, which waits
+    for this check before its first store, jagged.tiles.fwd_direct)."""
+    if PDL:
+        gdc_launch_dependents()
     check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q, BLOCK)
 
 
 def _launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k):
     batch = cu_k.shape[0] - 1
     _offsets_check_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k, max_q,
-                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, num_warps=4)
+                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, PDL=PDL,
+                                num_warps=4)
 
 
 def forward_without_tiles(out, lse, cu_q, cu_k, check) -> bool:

@@ -93,6 +93,8 @@ class Config:
                               # query block) pairs
     pack: int = 1             # broadcast-Q: query heads a tile's rows hold (a call's
                               # jagged.tiles.gqa_pack; q comes in packed, O and LSE out not)
+    direct: bool = False      # no tile list: one wave, the pairs in order (a call's
+                              # jagged.tiles.fwd_direct)
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
@@ -237,8 +239,10 @@ def _kernel_class():
             self.broadcast_q = broadcast_q
             self.windows = cfg.windows
             self.pack = cfg.pack
+            self.direct = cfg.direct
             assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
             assert self.pack == 1 or (broadcast_q and 64 % self.pack == 0)
+            assert not (self.direct and (self.windows or self.fp8))
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -378,9 +382,17 @@ def _kernel_class():
                 sV, cute.make_ordered_layout((self.D, self.block_n, self.stages), order=(1, 0, 2)))
 
             # a programmatic dependent of the tile-list kernel (jagged.tiles PDL): global
-            # memory (the tile count first) only once the kernels ahead have finished
-            cute.arch.griddepcontrol_wait()
-            sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk, mWin)
+            # memory (the tile count first) only once the kernels ahead have finished.
+            # direct (jagged.tiles.fwd_direct): no list, the kernel ahead is the offsets
+            # check, and only the stores wait for it (`store`); the reads before it touch
+            # the offsets and TMA boxes, which the hardware bounds
+            if const_expr(self.direct):
+                sched = Sched(None, (mCuK.shape[0] - 1) * nblk, mCuQ, mCuK, L_q, mQ.shape[2],
+                              group, nblk, mWin)
+            else:
+                cute.arch.griddepcontrol_wait()
+                sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk,
+                              mWin)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -406,7 +418,8 @@ def _kernel_class():
                                      self.block_m, self.block_n, self.causal)
             return tile_coords(tile, sched.mPairs, sched.n_pairs, sched.mCuQ, sched.mCuK,
                                sched.L_q, sched.H, sched.group, sched.nblk, self.block_m,
-                               self.block_n, self.causal, self.broadcast_q, self.pack)
+                               self.block_n, self.causal, self.broadcast_q, self.pack,
+                               self.direct)
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -519,6 +532,8 @@ def _kernel_class():
                                                unroll=1):                              # tail
                             kv_state = self.kv_step(n, True, geom, mma_t, kv_state)
                     kv_state = self.last_pv(mma_t, kv_state)
+                if const_expr(self.direct):  # no write before the offsets check passed
+                    cute.arch.griddepcontrol_wait()
                 self.store(acc_O, row_max, row_sum, tile_scale, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
                            store_tiled_copy_O, tidx, h, m0, seq)
@@ -742,7 +757,7 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
                           host.persistent_programs, fp8=True, takes_windows=takes_windows,
-                          window_config=window_config, pack_gqa=True)
+                          window_config=window_config, pack_gqa=True, direct=True)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):

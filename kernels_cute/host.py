@@ -17,9 +17,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_tiles, packed_query, slot_count,
-                          window_tiles)
-from jagged.validate import forward_without_tiles
+from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, packed_query,
+                          pairs_per_sequence, slot_count, window_tiles)
+from jagged.validate import check_offsets_async, forward_without_tiles
 
 from . import disk_cache
 
@@ -143,6 +143,19 @@ class FwdKernels(NamedTuple):
     window_config: Callable | None = None  # (head_dim) -> the windows build's Config
     pack_gqa: bool = False  # broadcast-Q tiles may pack a GQA group's heads (the Config's
                             # `pack`, jagged.tiles.gqa_pack)
+    direct: bool = False    # one wave of tiles runs without a list (the Config's `direct`,
+                            # jagged.tiles.fwd_direct)
+
+
+_UNUSED: dict = {}  # device -> (pairs, count) a list-free build takes and never reads
+
+
+def _unused_list(device):
+    t = _UNUSED.get(device)
+    if t is None:
+        t = _UNUSED[device] = (torch.empty(1, dtype=torch.int64, device=device),
+                               torch.empty(1, dtype=torch.int32, device=device))
+    return t
 
 
 def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
@@ -180,10 +193,17 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         table, nblk = (win,), win.shape[1]
         n_tiles = nblk * H
     else:
-        pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
-                                       L_t if broadcast_q else None, cfg.block_m,
-                                       cfg.block_n, causal, check)
+        nblk = pairs_per_sequence(L_t if broadcast_q else max_q, cfg.block_m)
         n_tiles = B * nblk * H_t
+        if kern.direct and fwd_direct(n_tiles, num_sms(q.device), fp8):
+            # no list: the kernel waits for the check before it stores
+            check_offsets_async(None if broadcast_q else cu_q, cu_k, *check)
+            cfg = replace(cfg, direct=True)
+            pairs, count = _unused_list(q.device)
+        else:
+            pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
+                                           L_t if broadcast_q else None, cfg.block_m,
+                                           cfg.block_n, causal, check)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product (after
         # the check: the V pass reads the key offsets)

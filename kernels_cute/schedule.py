@@ -43,13 +43,16 @@ __all__ = ["boustrophedon", "build_tiles", "kv_block", "kv_steps", "kv_tile_coor
 
 
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
-                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool, PACK: int = 1):
+                BLOCK_M: int, BLOCK_N: int, CAUSAL: bool, BROADCAST_Q: bool, PACK: int = 1,
+                DIRECT: bool = False):
     """Forward tile id -> where it lives: head h, kv head, first query row m0
     (in-sequence), its sequence (SeqlenInfo), the KV block split (blocks [0, n_bulk)
     need no mask, blocks [n_bulk, n_end) are masked) and its sequence b. BROADCAST_Q: q
     is one dense [L_q, H, D] for every sequence (mCuQ unused). PACK > 1
     (jagged.tiles.gqa_pack): row r of a tile is query row r // PACK, of len_q // PACK,
-    for the causal cut."""
+    for the causal cut. DIRECT (jagged.tiles.fwd_direct): no list, the pairs in pair
+    order (mPairs unused, n_pairs all of them); a pair past its sequence's queries visits
+    no KV block."""
     import cutlass
 
     tile = boustrophedon(tile, n_pairs * H)
@@ -59,7 +62,10 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
     chunk_len = cutlass.min(nblk, n_pairs - first)
     r = tile - tile // span * span
     h = r // chunk_len
-    pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
+    if cutlass.const_expr(DIRECT):
+        pair = first + r % chunk_len
+    else:
+        pair = cutlass.Int32(mPairs[first + r % chunk_len] & 0xFFFFFFFF)
     b = pair // nblk
     m0 = (pair % nblk) * BLOCK_M
     seq = SeqlenInfo.of(b, mCuQ, mCuK, L_q, BROADCAST_Q)
@@ -71,6 +77,9 @@ def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
         kv_full = seq.len_k
     n_end = (kv_end + BLOCK_N - 1) // BLOCK_N
     n_bulk = kv_full // BLOCK_N
+    if cutlass.const_expr(DIRECT):  # a pair past its queries: nothing to visit or store
+        n_end = cutlass.min(cutlass.max(seq.len_q - m0, 0), 1) * n_end
+        n_bulk = cutlass.min(n_bulk, n_end)
     return h, h // group, m0, seq, n_bulk, n_end, b
 
 

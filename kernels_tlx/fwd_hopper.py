@@ -51,9 +51,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
-from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, packed_query,
-                          window_tiles, windowed)
-from jagged.validate import forward_without_tiles
+from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, fwd_direct,
+                          packed_query, pairs_per_sequence, window_tiles, windowed)
+from jagged.validate import check_offsets_async, forward_without_tiles
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -219,15 +219,16 @@ def _hand_over(cid: tl.constexpr, NUM_CONSUMERS: tl.constexpr):  # role: compute
 @triton.jit
 def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr,
-            PACK: tl.constexpr = 1):  # role: schedule
-    """Tile id t -> Tile, from the (sequence, block) list or the row-window list."""
+            PACK: tl.constexpr = 1, DIRECT: tl.constexpr = False):  # role: schedule
+    """Tile id t -> Tile, from the (sequence, block) list (DIRECT: the pairs in order,
+    no list) or the row-window list."""
     if WINDOWS:
         return window_coords(t, tiles.pairs, tiles.n_pairs, tiles.win, tiles.NBLK, tiles.cu_q,
                              tiles.cu_k, tiles.H, tiles.GROUP, BLOCK_M, BLOCK_N, CAUSAL)
     else:
         return tile_coords(t, tiles.pairs, tiles.n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
                            tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL,
-                           BROADCAST_Q, PACK)
+                           BROADCAST_Q, PACK, DIRECT)
 
 
 @triton.jit
@@ -327,7 +328,7 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr,
-         WINDOWS: tl.constexpr, PACK: tl.constexpr):
+         WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
     blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
@@ -337,7 +338,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
     kv_cnt = 0
     i = 0
     for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
-        tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK)
+        tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK, DIRECT)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
             slot = qb * NUM_CONSUMERS + c
@@ -457,6 +458,15 @@ def store(acc, m_i, l_i, o_buf, out, tile, row0, HEAD_DIM: tl.constexpr, PACK: t
 
 
 @triton.jit
+def _count(count_ptr, DIRECT: tl.constexpr):  # role: schedule
+    """The pairs to walk: the list's count of valid ones, or (DIRECT) every pair, an int."""
+    if DIRECT:
+        return count_ptr
+    else:
+        return tl.load(count_ptr)
+
+
+@triton.jit
 def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: compute
     """The qk scale of `tile`: fp8 folds in q_descale * k_descale of its sequence and KV
     head (fp32 [B, H_kv])."""
@@ -477,7 +487,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               WINDOWS: tl.constexpr, PACK: tl.constexpr):
+               WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
@@ -496,27 +506,33 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                                            arrive_count=NUM_CONSUMERS))
     out = Out(out_ptr, lse_ptr, H * PACK, n_out)  # H: the tiles' heads (KV heads if packed)
 
-    # Launched as a programmatic dependent of the tile-list kernel (jagged.tiles PDL):
-    # each role reads and writes global memory only after its gdc_wait, when the kernels
-    # ahead have finished
+    # Launched as a programmatic dependent of the kernel ahead (jagged.tiles PDL): the
+    # tile-list kernel, whose list each role reads only after its gdc_wait. DIRECT
+    # (jagged.tiles.fwd_direct): no list, the kernel ahead is the offsets check, and only
+    # the stores wait for it; the reads before it touch the offsets and TMA boxes, which
+    # the hardware bounds, so the tiles run under the check
     with tlx.async_tasks():
         with tlx.async_task("default", registers=PRODUCER_REGS):
-            gdc_wait()
-            tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK,
-                          win_ptr)
+            if not DIRECT:
+                gdc_wait()
+            tiles = Tiles(pairs_ptr, _count(count_ptr, DIRECT), cu_q, cu_k, L_q, H, GROUP,
+                          NBLK, win_ptr)
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
-                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK)
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK,
+                 DIRECT)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            gdc_wait()
-            tiles = Tiles(pairs_ptr, tl.load(count_ptr), cu_q, cu_k, L_q, H, GROUP, NBLK,
-                          win_ptr)
+            if not DIRECT:
+                gdc_wait()
+            tiles = Tiles(pairs_ptr, _count(count_ptr, DIRECT), cu_q, cu_k, L_q, H, GROUP,
+                          NBLK, win_ptr)
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
                 _hand_over(cid, NUM_CONSUMERS)
             kv_cnt = 0
             i = 0
             for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
-                tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK)
+                tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK,
+                               DIRECT)
                 if WINDOWS:
                     rows = _row_bounds(tiles, tile, cid, CAUSAL)
                 else:
@@ -535,6 +551,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                     o_buf = o_stage[cid]
                 else:
                     o_buf = smem.q[slot]
+                if DIRECT:  # no write before the offsets check has passed
+                    gdc_wait()
                 store(acc, m_i, l_i, o_buf, out, tile, tile.m0 + cid * SPLIT_M, HEAD_DIM, PACK)
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(bars.q_empty[slot], 1)
@@ -543,16 +561,19 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
-                fp8: bool = False, windows: bool = False, pack: int = 1) -> dict:
+                fp8: bool = False, windows: bool = False, pack: int = 1,
+                direct: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile. windows: over row windows
-    (with WINDOW_CONFIG); pack: query heads a tile's rows hold (jagged.tiles.gqa_pack)."""
+    (with WINDOW_CONFIG); pack: query heads a tile's rows hold (jagged.tiles.gqa_pack);
+    direct: no tile list (jagged.tiles.fwd_direct)."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows, PACK=pack)
+                OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows, PACK=pack,
+                DIRECT=direct)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
@@ -575,10 +596,15 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     q, pack = packed_query(q, broadcast_q, Hkv, cfg.block_m)
     Nq_t, H_t = q.shape[0], q.shape[1]
     L_t = Nq_t if broadcast_q else 0
+    nblk = pairs_per_sequence(L_t if broadcast_q else max_q, cfg.block_m)
+    direct = fwd_direct(batch * nblk * H_t, num_sms(q.device), windows or fp8)
     if windows:  # NBLK carries the window count
         pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
                                          cfg.block_n, check)
         nblk, n_tiles = win.shape[1], win.shape[1] * H
+    elif direct:  # no list: the kernel waits for the check before it stores
+        check_offsets_async(cu_q, cu_k, *check)
+        pairs, count, win, n_tiles = None, batch * nblk, None, batch * nblk * H_t
     else:
         pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
                                          L_t if broadcast_q else None, cfg.block_m,
@@ -596,7 +622,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
-        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack), num_warps=4,
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct), num_warps=4,
         num_stages=1, launch_pdl=True)
     return out, lse
 

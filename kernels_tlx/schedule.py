@@ -65,10 +65,12 @@ def _snake(tile, n_tiles):  # role: schedule
 @triton.jit
 def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                BROADCAST_Q: tl.constexpr, PACK: tl.constexpr = 1):
+                BROADCAST_Q: tl.constexpr, PACK: tl.constexpr = 1, DIRECT: tl.constexpr = False):
     """Forward tile id -> Tile. BROADCAST_Q: q is one dense [L_q, H, D] for every
     sequence (cu_q unused). PACK > 1 (jagged.tiles.gqa_pack): row r of a tile is query
-    row r // PACK, of len_q // PACK, for the causal cut."""
+    row r // PACK, of len_q // PACK, for the causal cut. DIRECT (jagged.tiles.fwd_direct):
+    no list, the pairs in pair order (pairs_ptr unused, n_pairs all of them); a pair past
+    its sequence's queries visits no KV block."""
     tile = _snake(tile, n_pairs * H)
     # chunks of NBLK pairs (the last may be short), pairs fastest, then heads
     span = NBLK * H
@@ -76,7 +78,10 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
     chunk_len = tl.minimum(NBLK, n_pairs - first)
     r = tile - tile // span * span
     h = r // chunk_len
-    pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
+    if DIRECT:
+        pair = first + r % chunk_len
+    else:
+        pair = (tl.load(pairs_ptr + first + r % chunk_len) & 0xFFFFFFFF).to(tl.int32)
     b = pair // NBLK
     m0 = (pair % NBLK) * BLOCK_M
     k_start, len_k = seq_range(cu_k, b, 0, False)
@@ -94,6 +99,9 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
         kv_full = len_k
     n_end = tl.cdiv(kv_end, BLOCK_N)
     n_bulk = kv_full // BLOCK_N
+    if DIRECT:  # a pair past its queries: nothing to visit, nothing to store
+        n_end = tl.where(m0 < len_q, n_end, 0)
+        n_bulk = tl.minimum(n_bulk, n_end)
     return Tile(h, h // GROUP, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b,
                 b)
 

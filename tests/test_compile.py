@@ -51,6 +51,25 @@ def compile_fwd(d, bucket, causal, bq, dt, arch=90):
                           num_warps=4, num_stages=1, name=name)
 
 
+@pytest.mark.parametrize("d,bucket,causal", [
+    (128, "short", False), pytest.param(64, "long", True, marks=pytest.mark.matrix)])
+def test_fwd_hopper_direct_sm90(d, bucket, causal):
+    """The list-free build (jagged.tiles.fwd_direct): no tile-list read, no spills, and
+    the dependent launch's wait in the consumers only, before their stores (the producer
+    runs under the offsets check)."""
+    cfg = fh.CONFIGS[(d, bucket, causal)]
+    sig = dict(fh.signature(cfg, d, "bf16"), pairs_ptr="constexpr", count_ptr="i32")
+    rep = compile_kernel(fh.fwd_kernel, sig,
+                         dict(fh.kernel_args(cfg, d, causal, False, direct=True),
+                              pairs_ptr=None), arch=90, num_warps=4, num_stages=1,
+                         name=f"fwd direct D{d} {bucket} {'causal' if causal else 'full'}")
+    print(rep.row())
+    assert rep.has_mma and rep.mma == "wgmma", rep.row()
+    assert not rep.spills, f"spills / local memory: {rep.row()}"
+    consumers = cfg.block_m // fh.SPLIT_M.value
+    assert rep.ptx.count("griddepcontrol.wait") == consumers, rep.row()
+
+
 @pytest.mark.parametrize("d,bucket,causal,bq,dt", ci_first(FWD_CONFIGS, FWD_CI))
 def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     rep = compile_fwd(d, bucket, causal, bq, dt)

@@ -187,3 +187,57 @@ def test_broadcast_q_packed(impl, idx):
     rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
                 broadcast_q=True, backward=not fp8, dlse=dlse)
     assert rep.ok, f"{what}\n{rep}"
+
+
+def direct_problems():
+    """Calls whose forward tiles fit one wave, so both Hopper styles run them without a
+    tile list (jagged.tiles.fwd_direct): self, cross, broadcast-Q (packed too), causal,
+    GQA, both head dims, fp16, query blocks past a short sequence's rows, and empty and
+    length-1 sequences."""
+    rng = random.Random(SEED)
+    out = []
+    for mode, b, heads, kv, d, lq, lk, sp, dt, causal in [
+            ("self", 24, 2, 2, 128, 128, 128, 1.0, "fp16", False),
+            ("cross", 2, 2, 2, 128, 4096, 512, 0.75, "bf16", True),
+            ("self", 4, 4, 2, 64, 600, 600, 1.0, "bf16", True),
+            ("cross", 5, 4, 4, 128, 300, 900, 0.5, "bf16", False),
+            ("broadcast_q", 6, 8, 2, 128, 24, 700, 0.5, "fp16", False),
+            ("broadcast_q", 4, 4, 4, 64, 200, 300, 0.5, "bf16", True)]:
+        p = Problem(batch=b, heads=heads, kv_heads=kv, head_dim=d, max_seqlen_q=lq,
+                    max_seqlen_k=lk, sparsity=sp, mode=mode, dtype=dt, causal=causal,
+                    seed=rng.randrange(1 << 30))
+        lq_t, lk_t = (t.clone() for t in p.lengths())
+        if mode != "broadcast_q" and b > 2:
+            lq_t[0], lk_t[0], lq_t[1], lk_t[1] = 0, 0, 1, 1
+        out.append((p, (lq_t, lk_t)))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["tlx", "cute"])
+@pytest.mark.parametrize("idx", range(6))
+def test_direct(impl, idx):
+    """The list-free forwards against the oracle: out, lse (with a gradient on it) and
+    the backward through them. Each problem is checked to take that path."""
+    import importlib
+    from jagged.arch import num_sms
+    from jagged.tiles import fwd_direct, packed_query, pairs_per_sequence
+    (ok, why), fn = implementations()[impl]()
+    if not ok:
+        pytest.skip(f"{impl}: {why}")
+    p, lengths = direct_problems()[idx]
+    bq = p.mode == "broadcast_q"
+    fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
+    inp = p.build("cuda", lengths=lengths)
+    q, k = inp.q, inp.k
+    assert not fh.takes_windows(q.shape[0], k.shape[0], p.batch, inp.max_seqlen_q, bq, False)
+    cfg = fh.pick_config(p.head_dim, inp.max_seqlen_k, p.causal, k.shape[0] / p.batch)
+    q_t, pack = packed_query(q, bq, p.kv_heads, cfg.block_m)
+    rows = q_t.shape[0] if bq else inp.max_seqlen_q
+    n_tiles = p.batch * pairs_per_sequence(rows, cfg.block_m) * q_t.shape[1]
+    assert fwd_direct(n_tiles, num_sms(q.device)), n_tiles
+    dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda")
+    what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
+    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
+                broadcast_q=bq, dlse=dlse)
+    assert rep.ok, f"{what}\n{rep}"
