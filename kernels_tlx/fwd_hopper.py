@@ -478,8 +478,9 @@ def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: comp
 
 
 # ----------------------------------------------------------------------------- kernel
-# runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config)
-@triton.jit(do_not_specialize=["L_q", "H", "GROUP", "NBLK", "n_out"])
+# runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config);
+# count_ptr is the pair count itself in a DIRECT build
+@triton.jit(do_not_specialize=["count_ptr", "L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
                L_q, H, GROUP, NBLK, n_out, qk_scale, q_descale, k_descale, win_ptr,
                FP8: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
