@@ -9,11 +9,13 @@ Three levels, so that the default call never waits on the GPU:
   checks that each `cu_seqlens_*` starts at 0, never decreases, ends at its tensor's
   token count and holds no length above its `max_seqlen_*` (jagged.offsets). A bad value
   fails a device-side assertion whose message names the argument; CUDA reports it at
-  the next synchronization, and the attention kernels queued behind it never run. As
-  with every device-side assertion, the process's CUDA context is unusable afterwards.
-  A check of unchanged offsets is not repeated (the tile lists' cache, keyed by tensor
-  identity and version). The TLX and CuteDSL forwards run the same check inside their
-  tile-list kernel instead (`jagged.tiles`, `check=`): one launch fewer a call.
+  the next synchronization, and the attention kernels queued behind it write nothing
+  (they start after it, or, a list-free forward (jagged.tiles.fwd_direct), run their
+  reads under it and wait for it before any store). As with every device-side
+  assertion, the process's CUDA context is unusable afterwards. A check of unchanged
+  offsets is not repeated (the tile lists' cache, keyed by tensor identity and version).
+  The TLX and CuteDSL forwards that build a tile list run the same check inside their
+  list kernel instead (`jagged.tiles`, `check=`): one launch fewer a call.
 - `check_offsets_host` (`check_offsets=True`): the same conditions, read on the host
   (one device-to-host copy), raising a ValueError with the offending entry before
   anything is launched.
