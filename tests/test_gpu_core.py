@@ -163,15 +163,18 @@ BAD = textwrap.dedent("""
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lq, mode", [(64, "self"), (300, "self"), (16, "broadcast_q")],
-                         ids=["windows", "pairs", "broadcast-q"])
+@pytest.mark.parametrize("lq, mode", [(64, "self"), (300, "self"), (2000, "self"),
+                                      (16, "broadcast_q")],
+                         ids=["windows", "one-wave", "pairs", "broadcast-q"])
 @pytest.mark.parametrize("style", STYLES)
 def test_bad_offsets_fail_on_device(style, lq, mode):
     """In a child process (a device-side assert leaves the CUDA context unusable): the
     next CUDA call or sync raises (the check runs first on the stream, alone or inside
-    the forward's tile-list kernel, so the attention kernels never run), and the
-    assertion names the argument. Short queries (the forward's row windows), longer
-    ones (its (sequence, block) tiles) and broadcast-Q (packed GQA heads)."""
+    the forward's tile-list kernel; a list-free forward of one wave runs its reads under
+    it and stores nothing before it), and the assertion names the argument. Short
+    queries (the forward's row windows), one wave of (sequence, block) tiles (no list,
+    jagged.tiles.fwd_direct), more (the list) and broadcast-Q (packed GQA heads, one
+    wave)."""
     style_fn(style)
     env = dict(os.environ)
     r = subprocess.run([sys.executable, "-c", BAD.format(style=style, lq=lq, mode=mode)],
