@@ -385,24 +385,30 @@ def test_host_forward_launches_windows(short):
             assert scalars[1:] == (0, 2, nblk, len(lq) * nblk * H)
 
 
-@needs_dsl
-def test_forward_packed_build(tmp_path):
-    """A broadcast-Q build that packs 8 GQA heads into a tile's rows (Config.pack): its O
-    and LSE go through fragments.packed_views, causal with the query row's cut; it
-    compiles for sm_90a with its wgmma and TMA loads."""
+def _variant_ptx(tmp_path, D, causal, bq, bucket, **fields):
+    """(PTX, its path) of fwd_hopper's CONFIGS[(D, bucket, causal)] build with `fields`
+    replaced (bf16), compiled in a subprocess; skips when the DSL kept no PTX."""
     script = textwrap.dedent(f"""
         import sys, torch
         from dataclasses import replace
         sys.path.insert(0, {ROOT!r})
         from kernels_cute import fwd_hopper as F
-        cfg = replace(F.CONFIGS[(64, "short", True)], pack=8)
-        F.compile_forward(torch.bfloat16, 64, True, True, cfg)
+        cfg = replace(F.CONFIGS[({D}, {bucket!r}, {causal})], **{fields!r})
+        F.compile_forward(torch.bfloat16, {D}, {causal}, {bq}, cfg)
         print("COMPILED")
     """)
     path = compile_in_subprocess(tmp_path, script, timeout=900)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    ptx = open(path).read()
+    return open(path).read(), path
+
+
+@needs_dsl
+def test_forward_packed_build(tmp_path):
+    """A broadcast-Q build that packs 8 GQA heads into a tile's rows (Config.pack): its O
+    and LSE go through fragments.packed_views, causal with the query row's cut; it
+    compiles for sm_90a with its wgmma and TMA loads."""
+    ptx, _ = _variant_ptx(tmp_path, 64, True, True, "short", pack=8)
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16", ptx)
     assert re.search(r"cp\.async\.bulk\.tensor", ptx), "no TMA load in the PTX"
 
@@ -413,19 +419,7 @@ def test_forward_direct_build(tmp_path, causal):
     """The list-free build (Config.direct, jagged.tiles.fwd_direct): its one wait for the
     kernel ahead (the offsets check) sits before the consumers' stores, so the load warp
     runs under the check. No spills in the cubin."""
-    script = textwrap.dedent(f"""
-        import sys, torch
-        from dataclasses import replace
-        sys.path.insert(0, {ROOT!r})
-        from kernels_cute import fwd_hopper as F
-        cfg = replace(F.CONFIGS[(128, "short", {causal})], direct=True)
-        F.compile_forward(torch.bfloat16, 128, {causal}, False, cfg)
-        print("COMPILED")
-    """)
-    path = compile_in_subprocess(tmp_path, script, timeout=900)
-    if path is None:
-        pytest.skip("compiled, but the DSL kept no PTX to inspect")
-    ptx = open(path).read()
+    ptx, path = _variant_ptx(tmp_path, 128, causal, False, "short", direct=True)
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16", ptx)
     waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait;", ptx)]
     assert len(waits) == 1, len(waits)
