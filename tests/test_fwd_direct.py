@@ -96,3 +96,44 @@ def test_cute_forward_launches_direct(monkeypatch, heads):
             pairs, count, _ = fwd_tiles(cu, cu, 3, 300, None, cfg.block_m, cfg.block_n, True)
             assert torch.equal(args[7], pairs) and torch.equal(args[8], count)
         assert args[-3:-1] == (2 if heads == 4 else 32, 3)  # group, nblk
+
+
+class _Ints:
+    """A tensor read as the kernel reads it (t[i]), in plain ints."""
+    def __init__(self, t):
+        self.t = t
+
+    def __getitem__(self, i):
+        return int(self.t[i])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cute_tile_coords_direct(monkeypatch, causal):
+    """CuteDSL's schedule.tile_coords with DIRECT, on plain ints (one program a tile, as a
+    one-wave launch): every (pair, head) of the batch once; a real pair's KV walk as the
+    bottom-right causal cut gives it, and a pair past its sequence's queries (zero-length
+    sequences too) visits no block."""
+    cute = pytest.importorskip("cutlass.cute")
+    from jagged.seqinfo import causal_kv_end_ref
+    from kernels_cute import schedule as Sch
+    lq, lk = torch.tensor([130, 0, 64, 200, 1]), torch.tensor([40, 90, 0, 300, 64])
+    cq = _Ints(torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]))
+    ck = _Ints(torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]))
+    H, nblk, BM, BN = 2, 4, 64, 64
+    n = len(lq) * nblk
+    monkeypatch.setattr(cute.arch, "grid_dim", lambda: (n * H, 1, 1))
+    got = []
+    for t in range(n * H):
+        h, hk, m0, seq, n_bulk, n_end, b = Sch.tile_coords(
+            t, None, n, cq, ck, 0, H, 1, nblk, BM, BN, causal, False, 1, True)
+        got.append((b, m0, h))
+        if m0 >= int(lq[b]):
+            assert (n_bulk, n_end) == (0, 0), (b, m0)
+        elif causal:
+            end = int(causal_kv_end_ref(m0 + BM, lq[b], lk[b]))
+            full = int(causal_kv_end_ref(m0 + 1, lq[b], lk[b]))
+            assert (n_bulk, n_end) == (full // BN, -(-end // BN)), (b, m0)
+        else:
+            assert (n_bulk, n_end) == (int(lk[b]) // BN, -(-int(lk[b]) // BN)), (b, m0)
+    assert sorted(got) == sorted((b, m * BM, h) for b in range(len(lq)) for m in range(nblk)
+                                 for h in range(H))

@@ -438,3 +438,41 @@ def test_dq_slots():
     assert dq_slots(33, 8 << 20, 33 * SLOT_KEYS + 1) == 33
     assert dq_slots(66, 1 << 20, 1) == 1 and dq_slots(66, 1 << 20, 0) == 1
     assert dq_slots(132, MAX_SLOT_BYTES // 4, 10 ** 6) == 4
+
+
+@triton.jit
+def _direct_split(n_pairs, cu_q, cu_k, out, H, NBLK, CAUSAL: tl.constexpr):
+    for t in range(0, n_pairs * H):
+        h, hk, m0, q_start, k_start, out_start, len_q, len_k, n_bulk, n_end, b, _ = tile_coords(
+            t, None, n_pairs, cu_q, cu_k, 0, H, 1, NBLK, 64, 64, CAUSAL, False, 1, True)
+        tl.store(out + 5 * t, b)
+        tl.store(out + 5 * t + 1, m0)
+        tl.store(out + 5 * t + 2, h)
+        tl.store(out + 5 * t + 3, n_bulk)
+        tl.store(out + 5 * t + 4, n_end)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_coords_direct(causal):
+    """DIRECT (jagged.tiles.fwd_direct, no list): every (pair, head) of the batch once, in
+    pair order; a real pair's KV walk as the list's (test_tile_coords_causal_kv_split),
+    and a pair past its sequence's queries visits no block (zero-length sequences too)."""
+    from jagged.seqinfo import causal_kv_end_ref
+    lq, lk = torch.tensor([130, 0, 64, 200, 1]), torch.tensor([40, 90, 0, 300, 64])
+    cq, ck = offsets(lq), offsets(lk)
+    H, nblk = 2, 4  # max 200 rows: 4 blocks of 64 a sequence
+    n = len(lq) * nblk
+    out = torch.full((5 * n * H,), -7, dtype=torch.int32)
+    _direct_split[(1,)](n, cq, ck, out, H, nblk, causal)
+    got = [tuple(r) for r in out.view(-1, 5).tolist()]
+    assert sorted((b, m0, h) for b, m0, h, _, _ in got) == sorted(
+        (b, m * 64, h) for b in range(len(lq)) for m in range(nblk) for h in range(H))
+    for b, m0, h, n_bulk, n_end in got:
+        if m0 >= int(lq[b]):
+            assert (n_bulk, n_end) == (0, 0), (b, m0)
+        elif causal:
+            end = int(causal_kv_end_ref(m0 + 64, lq[b], lk[b]))
+            full = int(causal_kv_end_ref(m0 + 1, lq[b], lk[b]))
+            assert (n_bulk, n_end) == (full // 64, -(-end // 64)), (b, m0)
+        else:
+            assert (n_bulk, n_end) == (int(lk[b]) // 64, -(-int(lk[b]) // 64)), (b, m0)
