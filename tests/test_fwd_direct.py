@@ -1,8 +1,9 @@
 """A forward whose tiles fit one wave runs without a tile list (jagged.tiles.fwd_direct):
-the rule, and each Hopper host's launch of its list-free build, on the CPU (the kernels a
-recorder, the tile lists in the interpreter). The builds' PTX: test_compile.py and
-test_cute_compile.py (`direct`); on the GPU, test_gpu_matrix.py runs them through the
-oracle."""
+the rule, each Hopper host's launch of its list-free build (the kernels a recorder, the
+check in the interpreter) and CuteDSL's tile decode on plain ints (TLX's runs in the
+interpreter, test_tlx_schedule.py), on the CPU. The builds' PTX: test_compile.py and
+test_cute_compile.py (`direct`); on the GPU, test_gpu_matrix.py::test_direct runs them
+through the oracle."""
 import pytest
 import torch
 
