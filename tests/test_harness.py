@@ -417,6 +417,8 @@ def test_profile_runs_gate_then_reports(capsys):
     p = Problem(batch=2, heads=2, head_dim=64, max_seqlen_q=20, sparsity=0.5, dtype="fp16")
     lines = run(["triton"], [p], ["fwd", "bwd"], n=1, rounds=2, host=True)
     assert len(lines) == 4 and all("host" in l and "do_bench" in l for l in lines), lines
+    # the backward's host time also with autograd's engine on the calling thread
+    assert [("on the calling thread" in l) for l in lines] == [" bwd " in l for l in lines]
     out = capsys.readouterr().out
     assert out.count("tottime") == 4  # one cProfile table per line
     assert out.rstrip().splitlines()[-1].split()[:2] == ["triton", "2"]  # A/B table last

@@ -3,6 +3,9 @@ GPU kernels' time per call (torch.profiler), and the sweep's do_bench median.
 
 A diagnostic for cells whose time does not follow their work: when the host's time per
 call is above the kernels' time, the GPU waits for launches and do_bench times the host.
+A backward's host time is also given on the calling thread (autograd's multithreading
+off), which separates the engine's hand-off from the backend's own issue time; `--host`
+profiles it there.
 Every problem passes the oracle gate first. Several backends (and `--rounds`) make an
 A/B: per problem the backends run in turn, round after round, and a summary table gives
 each one's mean against the first backend's.
@@ -46,15 +49,18 @@ def kernel_times(call, n: int) -> dict[str, float]:
 
 def host_profile(call, n: int, top: int = 25) -> str:
     """cProfile of n calls: the `top` functions by own time (where the host's time per
-    call goes when it is above the kernels'), then torch.profiler's CPU ops by self time."""
+    call goes when it is above the kernels'), then torch.profiler's CPU ops by self time.
+    Autograd's multithreading is off meanwhile: the engine runs a CUDA backward on a
+    device thread of its own, which cProfile (per thread) would not see."""
     import cProfile
     import io
     import pstats
     pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(n):
-        call()
-    pr.disable()
+    with torch.autograd.set_multithreading_enabled(False):
+        pr.enable()
+        for _ in range(n):
+            call()
+        pr.disable()
     _sync()
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
@@ -68,13 +74,22 @@ def host_profile(call, n: int, top: int = 25) -> str:
     return buf.getvalue()
 
 
+def calling_thread_ms(call, n: int) -> float:
+    """host_ms with autograd's multithreading off: a backward then runs on the calling
+    thread instead of the engine's device thread. The difference is the engine's hand-off,
+    which every backend pays alike (fuzz B24 H2/2 D128 on the H200: 80-150 us a call)."""
+    with torch.autograd.set_multithreading_enabled(False):
+        return host_ms(call, n)
+
+
 def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
     kw = call_kw(p)
     call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
     t_host = host_ms(call, n)  # issue only: the GPU may still be running when the loop ends
     kernels = kernel_times(call, n)
     return dict(host_ms=t_host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
-                kernels=kernels, cprofile=host_profile(call, n) if host else "")
+                kernels=kernels, cprofile=host_profile(call, n) if host else "",
+                thread_ms=calling_thread_ms(call, n) if pass_ == "bwd" else None)
 
 
 def _profile_backend(name, b, fn, p: Problem, passes, n, gate_batch, host,
@@ -91,7 +106,8 @@ def _profile_backend(name, b, fn, p: Problem, passes, n, gate_batch, host,
     for ps in passes:
         r = profile_one(fn, p, ps, n, host)
         top = ", ".join(f"{k[:40]} {v:.3f}" for k, v in list(r["kernels"].items())[:5])
-        lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms  "
+        own = "" if r["thread_ms"] is None else f" ({r['thread_ms']:.3f} on the calling thread)"
+        lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms{own}  "
                      f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
         print(lines[-1], flush=True)
         if r["cprofile"]:
