@@ -4,7 +4,9 @@ Per (pass, problem): each backend's ms, graph-replay ms and host ms in every fol
 speed against FA4 in the same folder (eager / replayed: FA4's time over its own), and,
 past the first folder, its change against the first folder's (negative: faster). An A/B
 of two code trees is then a `bench --out DIR` per tree, FA4 in each run, and one
-`compare`: the FA4 rows show how far the two runs' machines and clocks differ.
+`compare`: the FA4 rows show how far the two runs' machines and clocks differ. Last, per
+later folder and backend, the geometric mean of those changes over the problems both
+folders timed (`summary`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def compare(dirs) -> list[str]:
             problems.setdefault(key, (label(r), {}))[1][(name, r["backend"])] = r
     w = max(map(len, names))
     out = []
+    changes: dict = {}  # (folder, backend) -> [(eager, replayed) time ratios to the first]
     for text, cells in problems.values():
         out.append(text)
         for be in sorted({b for _, b in cells}, key=lambda b: (b == "fa4", b)):
@@ -67,5 +70,28 @@ def compare(dirs) -> list[str]:
                 if name != names[0] and base is not None:
                     line += (f"  vs {names[0]}: {_change(ms, _num(base['ms']))} /"
                              f" {_change(g, _num(base.get('graph_ms')))}")
+                    if r["status"] == base["status"] == "ok":
+                        changes.setdefault((name, be), []).append(
+                            (ms / _num(base["ms"]), g / _num(base.get("graph_ms"))))
                 out.append(line)
+    return out + summary(changes, names[0])
+
+
+def _geomean(xs) -> float:
+    xs = [x for x in xs if x == x and 0 < x < math.inf]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+
+def summary(changes: dict, first: str) -> list[str]:
+    """Per (later folder, backend): the geometric mean of its eager and replayed time
+    against the first folder's, over the problems both timed."""
+    if not changes:
+        return []
+    out = [f"summary: time against {first}, geometric mean over the problems (eager / "
+           "replayed)"]
+    for (name, be), rs in sorted(changes.items(), key=lambda kv: (kv[0][0], kv[0][1] == "fa4",
+                                                                  kv[0][1])):
+        e, g = _geomean([a for a, _ in rs]), _geomean([b for _, b in rs])
+        out.append(f"  {be:6s} {name}: {_change(e, 1.0)} / {_change(g, 1.0)}  "
+                   f"({len(rs)} problems)")
     return out

@@ -616,6 +616,12 @@ def test_compare_folders(tmp_path):
     merge_rows(tmp_path / "b" / "results.csv", [row("fa4", 2.2, 1.0), row("tlx", 0.8, 0.5)])
     lines = compare([tmp_path / "a", tmp_path / "b"])
     assert lines[0] == "fwd fuzz self B4 H8/2 D128 Lq512 Lk512 s0.5 bf16 causal"
+    i = lines.index("summary: time against a, geometric mean over the problems (eager / "
+                    "replayed)")
+    # the summary: the timed pairs only (cute failed in a, is missing in b)
+    assert lines[i + 1:] == ["  tlx    b:  -20.0 % /  -50.0 %  (1 problems)",
+                             "  fa4    b:  +10.0 % /   +0.0 %  (1 problems)"]
+    lines = lines[:i]
     body = {tuple(l.split()[:2]): l for l in lines[1:]}
     assert set(body) == {("tlx", "a"), ("tlx", "b"), ("cute", "a"), ("fa4", "a"), ("fa4", "b")}
     assert "x FA4  2.00 /  1.00" in body["tlx", "a"] and "vs" not in body["tlx", "a"]
