@@ -231,6 +231,11 @@ def main():
     bwd_args = (inp.dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, False, scale, False)
     bwd = lambda: bwd_hopper.backward(*bwd_args)  # noqa: E731
     both("bwd: autograd.grad", call)
+
+    def on_calling_thread():  # the engine's device-thread hand-off left out (profile.py)
+        with torch.autograd.set_multithreading_enabled(False):
+            return call()
+    both("  autograd.grad on the calling thread", on_calling_thread)
     both("  bwd_hopper.backward", bwd)
     lt = traced(bwd)
     plain(launch_parts(*lt.last["bwd_kernel"], n))
