@@ -16,7 +16,6 @@ def test_rule():
     assert not fwd_direct(4, 132, listed=True)  # row windows, fp8: their list stays
 
 
-
 @interp
 @pytest.mark.parametrize("heads", [4, 64])
 def test_tlx_forward_launches_direct(monkeypatch, heads):
@@ -52,7 +51,6 @@ def test_tlx_forward_launches_direct(monkeypatch, heads):
     else:
         assert pairs.dtype == torch.int64 and count.shape == (1,) and grid == (132,)
     assert kw["launch_pdl"]
-
 
 
 @interp
