@@ -7,9 +7,10 @@ Compiled for sm_100a, not run: no B200 was available; the `-m gpu` test
 (tests/test_bwd_blackwell_cute.py) checks it against harness/oracle.py on one.
 
 The same contract, tile list (jagged.tiles.kv_tiles, longest first), static persistent
-walk (schedule.tile_range: one CTA per SM; broadcast-Q CTAs pinned to a KV head with a
-private dQ slot) and preprocess / postprocess kernels as `bwd_hopper.py` (imported: they
-are plain SIMT code). The main kernel uses tcgen05 MMAs with the accumulators in tensor
+walk (schedule.tile_range: one CTA per SM; broadcast-Q CTAs pinned to a KV head, sharing
+its dQ slots, jagged.tiles.dq_slots) and preprocess / postprocess kernels as
+`bwd_hopper.py` (imported: they are plain SIMT code); in the packed modes the three chain
+as programmatic dependent launches, as there (jagged.tiles.bwd_dependent). The main kernel uses tcgen05 MMAs with the accumulators in tensor
 memory (TMEM). A tile is 128 keys of one (sequence, KV head); a step is 128 query rows of
 one query head of its group (GQA: the group's heads one after another, dK / dV summed in
 TMEM and stored once). 12 warps:
@@ -74,7 +75,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
-from jagged.tiles import kv_tiles
+from jagged.tiles import bwd_dependent, kv_tiles
 
 from . import blackwell, bwd_hopper, host
 
@@ -236,7 +237,7 @@ def _kernel_class():
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sQt_layout, sdOt_layout,
                 sKt_layout, sdSt_layout, sdS_layout, tP_layout, sdQ_layout,
                 mma_s, mma_dv, mma_dk, mma_dq, SharedStorage,
-            ), num_programs, stream)
+            ), num_programs, stream, use_pdl=bwd_dependent(self.broadcast_q))
 
         # ------------------------------------------------------------------ the kernel
         @cute.kernel
@@ -280,6 +281,10 @@ def _kernel_class():
             tmem, tmem_barrier = self.tmem_allocator(storage, TMEM_BARRIER, MMA_WARP)
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()
+            # a programmatic dependent of the kernel ahead, as bwd_hopper's main kernel:
+            # global memory only after its writes; then the postprocess may launch
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
             sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)

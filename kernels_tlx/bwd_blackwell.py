@@ -9,7 +9,9 @@ compiles it on the CPU; its `-m gpu` test checks it against the oracle on a B200
 Three kernels, as bwd_hopper: its architecture-neutral `_bwd_preprocess` (delta =
 rowsum(dO * O) - dlse, the fp32 dQ accumulator and the tile counter zeroed) and
 `_bwd_postprocess` (dQ = scale * the sum of the accumulator's slots), launched by its host
-steps `_prepare` / `_preprocess` / `_postprocess`, and `bwd_kernel` below. One
+steps `_prepare` / `_preprocess` / `_postprocess`, and `bwd_kernel` below; in the packed
+modes they chain as programmatic dependent launches, as there (each task of `bwd_kernel`
+waits before its first global access, jagged.tiles.bwd_dependent). One
 persistent program per SM walks the core's KV-tile list (jagged.tiles.kv_tiles, longest
 first; schedule.tile_range / kv_tile_coords; causal packed lists from the tile counter,
 tile_counter.py). A tile is BLOCK_N = 128 keys of one (sequence, KV head); it
@@ -90,10 +92,11 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.launch import fast
 from jagged.seqinfo import causal_visible
-from jagged.tiles import bwd_dynamic, kv_tiles, slot_count
+from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, slot_count
 
 from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
                          _prepare, _preprocess, lse_log2)
@@ -493,20 +496,32 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
     grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
 
+    # a programmatic dependent of the kernel ahead, as bwd_hopper's main kernel: each task
+    # waits before its first global access, then lets the postprocess launch
     with tlx.async_tasks():
         with tlx.async_task("default"):
+            gdc_wait()
+            gdc_launch_dependents()
             compute(smem, tmem, bars, tiles, stats, qk_scale2, H, HKV, CAUSAL, BROADCAST_Q,
                     S_SLICE, DYNAMIC)
         with tlx.async_task(num_warps=1, registers=24):
+            gdc_wait()
+            gdc_launch_dependents()
             mma(smem, tmem, bars, tiles, H, HKV, CAUSAL, BROADCAST_Q, Q_STAGES, KV_STAGES,
                 NDQ, DQ_ALIAS, DYNAMIC)
         with tlx.async_task(num_warps=1, registers=24):
+            gdc_wait()
+            gdc_launch_dependents()
             load(descs, smem, bars, tiles, H, HKV, D, CAUSAL, BROADCAST_Q, Q_STAGES,
                  KV_STAGES, DYNAMIC)
         with tlx.async_task(num_warps=4, registers=88):
+            gdc_wait()
+            gdc_launch_dependents()
             reduce_dq(descs, smem, tmem, bars, tiles, H, HKV, D, CAUSAL, BROADCAST_Q, NDQ,
                       DQ_SLICE, DYNAMIC)
         with tlx.async_task(num_warps=4, registers=88):
+            gdc_wait()
+            gdc_launch_dependents()
             store(tmem, bars, tiles, grads, H, HKV, D, CAUSAL, BROADCAST_Q, O_SLICE, DYNAMIC)
 
 
@@ -560,7 +575,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), float(scale) * LOG2E, p.L_q, slot_count(dq_acc, broadcast_q),
         p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
-        **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1)
+        **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1,
+        launch_pdl=bwd_dependent(broadcast_q))
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

@@ -11,6 +11,8 @@ default one build (D 128, packed, bf16); with `-m matrix` every (D, causal, broa
 dtype), and the default for sm_103a (B300, which dispatch sends here too) with the same
 checks.
 """
+import re
+
 from _blackwell import (TMEM_COLS, b200_matrix, backward_fn, check_cute, check_on_b200,
                         cute_tests, problem, skip_unless_b200)
 
@@ -36,6 +38,9 @@ def _check(variant, info, ptx, log):
     # S^T, dP^T over D / 16 k-blocks; dV, dK, dQ over 128 / 16; 384 threads x 168 registers
     check_cute(variant, info, ptx, log, 2 * D // 16 + 3 * 128 // 16, 384, 168)
     assert "cp.reduce.async.bulk.tensor" in ptx             # the dQ reduce-add
+    # a programmatic dependent launch: one wait before any global access, one trigger
+    assert len(re.findall(r"griddepcontrol\.wait;", ptx)) == 1
+    assert len(re.findall(r"griddepcontrol\.launch_dependents;", ptx)) == 1
     # S^T, dP^T, dV, dK; P^T over S^T's upper half, dQ over dP^T
     assert info["tmem"] == [0, 128, 256, 256 + D, 64, 128], info
     assert info["tmem_total"] == 256 + 2 * D <= TMEM_COLS

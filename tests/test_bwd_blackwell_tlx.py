@@ -64,6 +64,9 @@ def _check(d, causal, bq, dt, h, hkv, arch=100):
     assert bb.tmem_cols(d) <= max(cols), (bb.tmem_cols(d), cols)
     assert rep.total_smem >= bb.smem_bytes(bb.CONFIGS[d], d)
     assert "cp.reduce.async.bulk.tensor" in rep.ptx and ".add" in rep.ptx  # dQ's reduce
+    # a programmatic dependent launch: each of the five tasks waits, then triggers
+    assert rep.ptx.count("griddepcontrol.wait") == 5, rep.row()
+    assert rep.ptx.count("griddepcontrol.launch_dependents") == 5, rep.row()
     return rep
 
 
