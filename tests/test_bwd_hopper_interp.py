@@ -121,13 +121,16 @@ def test_kv_tile_walk(causal, bq, n_slots):
         assert m_lo % BM == 0 and got == want, (b, n0, got, want)
 
 
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 @pytest.mark.parametrize("bq", [False, True])
-def test_host_launches_the_dependent_chain(monkeypatch, bq):
-    """backward's launches (recorded; the tile list in the interpreter): in the packed
-    modes the main kernel and the postprocess launch as programmatic dependents
-    (jagged.tiles.bwd_dependent), in broadcast-Q as plain launches. Their kernels wait
-    for the kernel ahead either way (test_bwd_compile's PTX checks)."""
+def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
+    """backward's launches, Hopper's and Blackwell's (recorded; the tile list in the
+    interpreter): in the packed modes the main kernel and the postprocess launch as
+    programmatic dependents (jagged.tiles.bwd_dependent), in broadcast-Q as plain
+    launches. Their kernels wait for the kernel ahead either way (the compile tests'
+    PTX checks)."""
     from jagged.tiles import bwd_dependent
+    from kernels_tlx import bwd_blackwell as bb
     launches = []
 
     class Recorder:
@@ -138,6 +141,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq):
             return lambda *args, **kw: launches.append((self.name, kw))
 
     monkeypatch.setattr(bw, "fast", Recorder)
+    monkeypatch.setattr(bb, "fast", Recorder)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
     H, HKV, D = 4, 2, 128
@@ -149,8 +153,8 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq):
     q = torch.zeros(n_q, H, D, dtype=torch.float16)
     k = torch.zeros(int(cu_k[-1]), HKV, D, dtype=torch.float16)
     o = torch.zeros(n_out, H, D, dtype=torch.float16)
-    bw.backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q, cu_k, n_q, int(lk.max()), False,
-                0.125, bq)
+    (bw if arch == "hopper" else bb).backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q,
+                                              cu_k, n_q, int(lk.max()), False, 0.125, bq)
     kw = dict(launches)
     assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
     assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
