@@ -1,6 +1,7 @@
 """The device-side check of `cu_seqlens_*` (jagged.validate), as Triton functions that
-kernels call: the validate module's own one-program kernel, and the forward tile-list
-kernels of jagged.tiles, which run it first so that a call launches one kernel fewer.
+kernels call: the check's own one-program kernel (`launch_check`), and the forward
+tile-list kernels of jagged.tiles, which run it first so that a call launches one kernel
+fewer.
 
 Its `tl.device_assert`s name the argument; they are compiled in only where a kernel is
 built with debug=True (the calling kernels are, with overflow sanitizing off where the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 
 @triton.jit
@@ -43,3 +45,22 @@ def check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q: tl.constex
         ok = ok & offsets_ok(cu_q, batch, n_q, max_q, BLOCK, "cu_seqlens_q", "max_seqlen_q",
                              "q.shape[0]")
     return ok
+
+
+@triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
+def _offsets_check_kernel(cu_q, cu_k, batch, n_q, n_k, max_q, max_k,
+                          CHECK_Q: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """PDL: a kernel queued behind may launch at once (a list-free forward, which waits
+    for this check before its first store, jagged.tiles.fwd_direct)."""
+    if PDL:
+        gdc_launch_dependents()
+    check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q, BLOCK)
+
+
+def launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k, pdl: bool = False):
+    """The check alone, one program (cu_q None: broadcast-Q, cu_k checked only); pdl: the
+    kernel queued behind may launch at once."""
+    batch = cu_k.shape[0] - 1
+    _offsets_check_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k, max_q,
+                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, PDL=pdl,
+                                num_warps=4)

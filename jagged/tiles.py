@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .offsets import check_offsets
+from .offsets import check_offsets, launch_check
 from .seqinfo import causal_q_start, causal_q_start_ref
 
 
@@ -358,7 +358,8 @@ def per_offsets(build, cu_q, cu_k, *params):
 
 
 def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
-              block_m: int, block_n: int, causal: bool, check: tuple | None = None):
+              block_m: int, block_n: int, causal: bool, check: tuple | None = None,
+              direct: bool = False):
     """Forward tile list, the `build_tiles` of both styles' schedule (cached, above).
 
     -> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
@@ -369,6 +370,8 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
     `L_q`: the broadcast query length in broadcast-Q mode (cu_q is None), else None.
     `check`: (n_q, n_k, max_q, max_k), the call's token counts and maxima: the key kernel
     first runs jagged.validate's device-side offsets check on them (`checked_launch`).
+    `direct` (`fwd_direct`): no list, (None, batch * nblk, nblk), every pair in order; the
+    check runs alone (`check_offsets_async`).
 
     Causal order: each sequence's tiles together, sequences by their KV length, a
     sequence's query blocks last (longest) to first, so the programs that run at once
@@ -380,6 +383,11 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
     cap rose 1410 -> 1538 MHz at B8: longest tile first ran ~16 (sequence, head) K/V
     streams at once (120+ at D64), this order 2-3. Without the boustrophedon, a sequence's
     sawtooth of causal tiles unbalanced the static round-robin (cycles +6 %)."""
+    if direct:
+        nblk = pairs_per_sequence(max_seqlen_q, block_m)
+        if check is not None:  # broadcast-Q (L_q given): the key offsets only
+            check_offsets_async(None if L_q is not None else cu_q, cu_k, *check)
+        return None, batch * nblk, nblk
     return per_offsets(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
                        block_n, bool(causal), check)
 
@@ -388,6 +396,15 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
 # (the forward's, the backward's main) launch at once, so that kernel's launch and prologue
 # (up to its gdc_wait) run under the list; the interpreter has no griddepcontrol
 PDL = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k):
+    """Queue the device-side offsets check alone (jagged.validate; no host sync), where no
+    list kernel runs it; skipped for offsets already checked with the same token counts
+    and maxima (and never skipped under CUDA-graph capture, so a replay checks the values
+    it finds). The kernel queued behind may launch at once (PDL)."""
+    per_offsets(launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k,
+                PDL)
 
 
 def checked_launch(check: tuple | None) -> dict:
@@ -422,9 +439,9 @@ def fwd_direct(n_tiles: int, programs: int, listed: bool = False) -> bool:
     (both Hopper styles): when each of its n_tiles tiles has a program of its own, one
     wave, the list's order changes nothing, so the kernel takes the pairs in order (a
     pair past its sequence's queries does nothing) and no list kernel runs ahead of it:
-    the offsets check does (jagged.validate), and the kernel waits for it only before its
-    first store. `listed`: a call that needs a list or a pass after the check anyway (row
-    windows, fp8's V pass) keeps the list."""
+    the offsets check does (`check_offsets_async`, queued by `fwd_tiles(direct=True)`),
+    and the kernel waits for it only before its first store. `listed`: a call that needs
+    a list or a pass after the check anyway (row windows, fp8's V pass) keeps the list."""
     return not listed and n_tiles <= programs
 
 

@@ -15,7 +15,8 @@ Three levels, so that the default call never waits on the GPU:
   assertion, the process's CUDA context is unusable afterwards. A check of unchanged
   offsets is not repeated (the tile lists' cache, keyed by tensor identity and version).
   The TLX and CuteDSL forwards that build a tile list run the same check inside their
-  list kernel instead (`jagged.tiles`, `check=`): one launch fewer a call.
+  list kernel instead (`jagged.tiles`, `check=`): one launch fewer a call. It lives in
+  jagged.tiles, beside the lists that share its cache.
 - `check_offsets_host` (`check_offsets=True`): the same conditions, read on the host
   (one device-to-host copy), raising a ValueError with the offending entry before
   anything is launched.
@@ -27,13 +28,9 @@ import math
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from .fp8 import FP8, check_descale
-from .offsets import check_offsets
-from .tiles import PDL, per_offsets
+from .tiles import check_offsets_async
 
 DTYPES = (torch.bfloat16, torch.float16, FP8)  # fp8: q, k and v all e4m3, with descales
 HEAD_DIMS = (64, 128)
@@ -140,23 +137,6 @@ def _host_check(name, cu, total, max_len):
 
 
 # ------------------------------------------------------------------ device (default)
-@triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
-def _offsets_check_kernel(cu_q, cu_k, batch, n_q, n_k, max_q, max_k,
-                          CHECK_Q: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """PDL: a kernel queued behind may launch at once (a list-free forward, which waits
-    for this check before its first store, jagged.tiles.fwd_direct)."""
-    if PDL:
-        gdc_launch_dependents()
-    check_offsets(cu_q, cu_k, batch, n_q, n_k, max_q, max_k, CHECK_Q, BLOCK)
-
-
-def _launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k):
-    batch = cu_k.shape[0] - 1
-    _offsets_check_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k, max_q,
-                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, PDL=PDL,
-                                num_warps=4)
-
-
 def forward_without_tiles(out, lse, cu_q, cu_k, check) -> bool:
     """A forward with no tile list to build (no output rows, sequences, keys or queries):
     queue the offsets check alone (`check`: n_q, n_k, max_q, max_k; the list kernel would
@@ -171,13 +151,6 @@ def forward_without_tiles(out, lse, cu_q, cu_k, check) -> bool:
         out.zero_()
         lse.fill_(float("-inf"))
     return True
-
-
-def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k):
-    """Queue the device-side offsets check (no host sync); skipped for offsets already
-    checked with the same token counts and maxima (and never skipped under CUDA-graph
-    capture, so a replay checks the values it finds)."""
-    per_offsets(_launch_check, cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_seqlen_k)
 
 
 def default_scale(head_dim: int, softmax_scale: Optional[float]) -> float:

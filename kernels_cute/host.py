@@ -8,7 +8,6 @@ preprocess (delta, dQ accumulator) and postprocess (dQ's slot sum).
 The DSL is imported inside the functions only: importing this module touches neither
 the DSL nor the driver.
 """
-import functools
 import math
 from dataclasses import replace
 from typing import Any, Callable, NamedTuple
@@ -19,7 +18,7 @@ from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, packed_query,
                           pairs_per_sequence, slot_count, window_tiles)
-from jagged.validate import check_offsets_async, forward_without_tiles
+from jagged.validate import forward_without_tiles
 
 from . import disk_cache
 
@@ -194,16 +193,14 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         n_tiles = nblk * H
     else:
         nblk = pairs_per_sequence(L_t if broadcast_q else max_q, cfg.block_m)
+        direct = kern.direct and fwd_direct(B * nblk * H_t, num_sms(q.device), fp8)
+        pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
+                                       L_t if broadcast_q else None, cfg.block_m, cfg.block_n,
+                                       causal, check, direct)
         n_tiles = B * nblk * H_t
-        if kern.direct and fwd_direct(n_tiles, num_sms(q.device), fp8):
-            # no list: the kernel waits for the check before it stores
-            check_offsets_async(None if broadcast_q else cu_q, cu_k, *check)
+        if direct:  # no list: the kernel waits for the check before it stores
             cfg = replace(cfg, direct=True)
             pairs, count = _unused_list(q.device)
-        else:
-            pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
-                                           L_t if broadcast_q else None, cfg.block_m,
-                                           cfg.block_n, causal, check)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product (after
         # the check: the V pass reads the key offsets)

@@ -53,7 +53,7 @@ from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
 from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, fwd_direct,
                           packed_query, pairs_per_sequence, window_tiles, windowed)
-from jagged.validate import check_offsets_async, forward_without_tiles
+from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
@@ -603,13 +603,10 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
                                          cfg.block_n, check)
         nblk, n_tiles = win.shape[1], win.shape[1] * H
-    elif direct:  # no list: the kernel waits for the check before it stores
-        check_offsets_async(cu_q, cu_k, *check)
-        pairs, count, win, n_tiles = None, batch * nblk, None, batch * nblk * H_t
-    else:
+    else:  # direct: no list (pairs None), the kernel waits for the check before it stores
         pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
                                          L_t if broadcast_q else None, cfg.block_m,
-                                         cfg.block_n, causal, check)
+                                         cfg.block_n, causal, check, direct)
         win, n_tiles = None, batch * nblk * H_t
     if fp8:  # after the check: the V pass reads the key offsets
         q_descale, k_descale, v_descale = descale

@@ -76,10 +76,10 @@ def test_good_offsets_pass_the_device_check(inp, bq):
 def test_device_check_is_not_repeated(inp, monkeypatch):
     """Offsets already checked (same tensors, same version) are not checked again; a
     write through torch bumps the version, so they are."""
-    from jagged import validate
+    from jagged import offsets
     calls = []
-    real = validate._offsets_check_kernel
-    monkeypatch.setattr(validate, "_offsets_check_kernel", type("K", (), {
+    real = offsets._offsets_check_kernel
+    monkeypatch.setattr(offsets, "_offsets_check_kernel", type("K", (), {
         "__getitem__": lambda self, grid: (lambda *a, **k: calls.append(1) or real[grid](*a, **k))})())
     cu_q = inp.cu_seqlens_q.clone()
     call(inp, cu_seqlens_q=cu_q)

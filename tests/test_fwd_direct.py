@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from _interp import interp
+from jagged import tiles
 from jagged.tiles import fwd_direct
 
 
@@ -35,7 +36,7 @@ def test_tlx_forward_launches_direct(monkeypatch, heads):
 
     monkeypatch.setattr(fh, "fast", Recorder)
     monkeypatch.setattr(fh, "num_sms", lambda dev: 132)
-    monkeypatch.setattr(fh, "check_offsets_async", lambda *a: checks.append(a))
+    monkeypatch.setattr(tiles, "check_offsets_async", lambda *a: checks.append(a))
     lq = torch.tensor([300, 200, 5])  # 3 query blocks of 128 a sequence: 9 pairs
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
     q = torch.zeros(int(cu[-1]), heads, 128, dtype=torch.float16)
@@ -68,7 +69,7 @@ def test_cute_forward_launches_direct(monkeypatch, heads):
 
     calls, checks = [], []
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    monkeypatch.setattr(host, "check_offsets_async", lambda *a: checks.append(a))
+    monkeypatch.setattr(tiles, "check_offsets_async", lambda *a: checks.append(a))
 
     def compiled(*key):
         return lambda *args: calls.append((key, args))

@@ -171,21 +171,30 @@ def test_broadcast_q_packed(impl, idx):
     """The forwards that pack GQA heads against the oracle: out, lse (with a gradient on
     it) and the backward through the packed forward's out and lse (fp8: forward only).
     Each problem is checked to pack for the config it gets."""
-    import importlib
     from jagged.tiles import gqa_pack
+    fn, fh = _hopper_style(impl)
+    p, lengths = packed_problems()[idx]
+    cfg = fh.pick_config(p.head_dim, p.max_k, p.causal, float(lengths[1].float().mean()))
+    assert gqa_pack(True, p.max_seqlen_q, p.heads // p.kv_heads, cfg.block_m) > 1
+    _check_with_lse(impl, fn, p, p.build("cuda", lengths=lengths), broadcast_q=True)
+
+
+def _hopper_style(impl):
+    """(the style's jagged_attention, its fwd_hopper module), or a skip saying why not."""
+    import importlib
     (ok, why), fn = implementations()[impl]()
     if not ok:
         pytest.skip(f"{impl}: {why}")
-    p, lengths = packed_problems()[idx]
-    fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
-    cfg = fh.pick_config(p.head_dim, p.max_k, p.causal, float(lengths[1].float().mean()))
-    assert gqa_pack(True, p.max_seqlen_q, p.heads // p.kv_heads, cfg.block_m) > 1
-    inp = p.build("cuda", lengths=lengths)
+    return fn, importlib.import_module(f"kernels_{impl}.fwd_hopper")
+
+
+def _check_with_lse(impl, fn, p, inp, broadcast_q):
+    """The oracle on out, lse with a gradient on it, and the backward (fp8: forward only)."""
     fp8 = p.dtype == "fp8"
     dlse = None if fp8 else torch.randn(p.heads, inp.dout.shape[0], device="cuda")
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
     rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                broadcast_q=True, backward=not fp8, dlse=dlse)
+                broadcast_q=broadcast_q, backward=not fp8, dlse=dlse)
     assert rep.ok, f"{what}\n{rep}"
 
 
@@ -219,15 +228,11 @@ def direct_problems():
 def test_direct(impl, idx):
     """The list-free forwards against the oracle: out, lse (with a gradient on it) and
     the backward through them. Each problem is checked to take that path."""
-    import importlib
     from jagged.arch import num_sms
     from jagged.tiles import fwd_direct, packed_query, pairs_per_sequence
-    (ok, why), fn = implementations()[impl]()
-    if not ok:
-        pytest.skip(f"{impl}: {why}")
+    fn, fh = _hopper_style(impl)
     p, lengths = direct_problems()[idx]
     bq = p.mode == "broadcast_q"
-    fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
     inp = p.build("cuda", lengths=lengths)
     q, k = inp.q, inp.k
     assert not fh.takes_windows(q.shape[0], k.shape[0], p.batch, inp.max_seqlen_q, bq, False)
@@ -236,8 +241,4 @@ def test_direct(impl, idx):
     rows = q_t.shape[0] if bq else inp.max_seqlen_q
     n_tiles = p.batch * pairs_per_sequence(rows, cfg.block_m) * q_t.shape[1]
     assert fwd_direct(n_tiles, num_sms(q.device)), n_tiles
-    dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda")
-    what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
-    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                broadcast_q=bq, dlse=dlse)
-    assert rep.ok, f"{what}\n{rep}"
+    _check_with_lse(impl, fn, p, inp, broadcast_q=bq)
