@@ -42,6 +42,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 VERIFIED_TRITON = "3.8."
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _default_fast() -> bool:
@@ -95,6 +96,9 @@ def _encoded(d, meta, mkey):
     make_tensordesc_arg builds it: a pure function of the key (address, geometry, block,
     dtype, padding, tf32 rounding and the kernel's descriptor metadata), so a hit is the
     same bytes a fresh encode gives; it holds no tensor."""
+    enc = getattr(d, "encoded", None)  # a tma_desc's own, for this metadata
+    if enc is not None and enc[0] is mkey:
+        return enc[1]
     base = d.base
     key = (base.data_ptr(), tuple(d.shape), tuple(d.strides), tuple(d.block_shape), base.dtype,
            d.padding, d.round_f32_to_tf32, mkey)
@@ -103,7 +107,41 @@ def _encoded(d, meta, mkey):
         if len(_DESC) >= _DESC_MAX:
             _DESC.clear()
         hit = _DESC[key] = tuple(_make_tensordesc_arg(d, meta, None))
+    if type(base) is _Address:
+        d.encoded = (mkey, hit)
     return hit
+
+
+class _Address:
+    """A descriptor's base as the launch reads it: the address and dtype of a tensor the
+    caller holds for the call, so a cached descriptor keeps no tensor alive."""
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+_BOXES: dict = {}
+
+
+def tma_desc(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> TensorDescriptor:
+    """TensorDescriptor(t, shape, strides, block), cached by (address, dtype, geometry,
+    block): a host builds it per call (2-7 us each), and a hit also reuses the launch's
+    encoded map (`_encoded`). Its base is the address alone: Triton's specialization and
+    launcher read nothing else. The interpreter, which reads the tensor, gets a plain one."""
+    if INTERPRET:
+        return TensorDescriptor(t, list(shape), list(strides), list(block))
+    key = (t.data_ptr(), t.dtype, shape, strides, block)
+    d = _BOXES.get(key)
+    if d is None:
+        if len(_BOXES) >= _DESC_MAX:
+            _BOXES.clear()
+        d = _BOXES[key] = TensorDescriptor(_Address(key[0], t.dtype), list(shape),
+                                           list(strides), list(block))
+    return d
 
 
 def _meta_key(meta: dict):

@@ -84,14 +84,13 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, dq_accumulator, kv_tiles,
                           slot_count, window_tiles, windowed)
 
-from jagged.launch import fast
+from jagged.launch import fast, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -819,12 +818,10 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
 
 # ----------------------------------------------------------------------------- host
 def _desc(t, rows, D, cols=None):
-    """2-D TMA descriptor over a packed [tokens, heads, D] (or [.., tokens, heads, D])
-    tensor seen as [tokens, heads * D], box [rows, cols or D]."""
-    t2 = t.reshape(-1, t.shape[-2] * t.shape[-1])
-    n = max(t2.shape[0], 1)
-    return TensorDescriptor(t2, shape=[n, t2.shape[1]], strides=[t2.shape[1], 1],
-                            block_shape=[rows, cols or D])
+    """2-D TMA descriptor over a contiguous packed [tokens, heads, D] (or [.., tokens,
+    heads, D]) tensor seen as [tokens, heads * D], box [rows, cols or D]."""
+    row = t.shape[-2] * t.shape[-1]
+    return tma_desc(t, (max(t.numel() // row, 1), row), (row, 1), (rows, cols or D))
 
 
 class Prep(NamedTuple):

@@ -52,12 +52,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.portable import mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
-from jagged.launch import fast
+from jagged.launch import fast, tma_desc
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -440,8 +439,8 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     if kind == "gather":
         k_desc = v_desc = None
     else:
-        k_desc = TensorDescriptor(k_cache, [rows, H_kv * D], [H_kv * D, 1], [cfg.block_n, D])
-        v_desc = TensorDescriptor(v_cache, [rows, H_kv * D], [H_kv * D, 1], [cfg.block_n, D])
+        k_desc = tma_desc(k_cache, (rows, H_kv * D), (H_kv * D, 1), (cfg.block_n, D))
+        v_desc = tma_desc(v_cache, (rows, H_kv * D), (H_kv * D, 1), (cfg.block_n, D))
     split = num_splits > 1
     o, l = (o_part, lse_part) if split else (out, lse)
     grid = (num_splits * triton.cdiv(group * len_q, block_m), H_kv, B)

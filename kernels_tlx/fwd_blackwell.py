@@ -77,13 +77,12 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.tiles import fwd_bucket, packed_query
 from jagged.validate import forward_without_tiles
 
-from jagged.launch import fast
+from jagged.launch import fast, tma_desc
 from .fwd_hopper import Descs, causal_rows, out_rows_heads
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords
 from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -653,9 +652,9 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     grid = grid_size(num_sms(q.device), batch * nblk * H_t)
     sched = (torch.zeros if cfg.dynamic else torch.empty)(4 + 2 * grid, dtype=torch.int32,
                                                           device=q.device)
-    desc_q = TensorDescriptor(q, [Nq_t, H_t * D], [H_t * D, 1], [GROUP_M.value, D])
-    desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
-    desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
+    desc_q = tma_desc(q, (Nq_t, H_t * D), (H_t * D, 1), (GROUP_M.value, D))
+    desc_k = tma_desc(k, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
+    desc_v = tma_desc(v, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     fast(fwd_kernel)[(grid,)](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         sched, L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E,

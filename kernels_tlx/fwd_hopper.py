@@ -46,7 +46,6 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
@@ -55,7 +54,7 @@ from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, fwd_direc
                           packed_query, pairs_per_sequence, window_tiles, windowed)
 from jagged.validate import forward_without_tiles
 
-from jagged.launch import fast
+from jagged.launch import fast, tma_desc
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
 
 SPLIT_M = tl.constexpr(64)        # query rows of one consumer warpgroup (a wgmma's M)
@@ -613,9 +612,9 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
         v = dequantize_rows(v, v_descale, cu_k)
     else:
         q_descale = k_descale = None
-    desc_q = TensorDescriptor(q, [Nq_t, H_t * D], [H_t * D, 1], [SPLIT_M.value, D])
-    desc_k = TensorDescriptor(k, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
-    desc_v = TensorDescriptor(v, [Nk, Hkv * D], [Hkv * D, 1], [cfg.block_n, D])
+    desc_q = tma_desc(q, (Nq_t, H_t * D), (H_t * D, 1), (SPLIT_M.value, D))
+    desc_k = tma_desc(k, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
+    desc_v = tma_desc(v, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     grid = (min(num_sms(q.device), n_tiles),)
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,

@@ -328,3 +328,44 @@ def test_kernels_take_runtime_arguments_by_position():
         kinds = [str(p.annotation).endswith("constexpr") for p in params]
         assert kinds == sorted(kinds), f"{mod}.{name}: a runtime parameter after a constexpr"
     assert checked >= 8, sorted(launched)
+
+
+def test_cached_descriptors_launch_as_fresh_ones(stub, monkeypatch):
+    """tma_desc: one object per (address, dtype, geometry, block), holding no tensor; its
+    launches, first (Triton's path) and planned (its own encoded map), equal those of
+    plain TensorDescriptors over the same tensors."""
+    import gc
+    import weakref
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    monkeypatch.setattr(launch, "INTERPRET", False)  # the suite's default: the interpreter
+    fn = _fake_compile(JITFunction(_py_kernel))
+    f = launch.fast(fn)
+    a, b = _buf(), _buf(32)
+    kw = dict(BLOCK=64, num_warps=4)
+
+    mid = _args(a=a, b=b)[1:7]  # the same tensors and scalars in each call
+
+    def cached(a, b):
+        return (launch.tma_desc(a, (64, 64), (64, 1), (16, 64)), *mid,
+                launch.tma_desc(b, (32, 128), (128, 1), (32, 64)))
+
+    def plain(a, b):
+        return (TensorDescriptor(a, [64, 64], [64, 1], [16, 64]), *mid,
+                TensorDescriptor(b, [32, 128], [128, 1], [32, 64]))
+
+    args = cached(a, b)
+    assert args[0] is launch.tma_desc(a, (64, 64), (64, 1), (16, 64))
+    assert args[0] is not launch.tma_desc(a, (64, 64), (64, 1), (32, 64))
+    ref = _launch(fn, False, plain(a, b), kw)
+    assert _launch(fn, False, args, kw) == ref   # Triton's path
+    assert _launch(fn, True, args, kw) == ref    # records
+    _same_launch(_launch(fn, True, args, kw), ref)    # the plan, encoding its map
+    _same_launch(_launch(fn, True, cached(a, b), kw), ref)  # the map kept on the object
+    assert f.launches == 2
+    assert args[0].encoded[1][0] == ref[-1][0] and args[-1].encoded[1][0] == ref[-1][-7]
+    t = _buf()
+    gone = weakref.ref(t)
+    launch.tma_desc(t, (64, 64), (64, 1), (16, 64))
+    del t
+    gc.collect()
+    assert gone() is None
