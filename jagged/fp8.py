@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import fast
+from .launch import cdiv, fast, next_pow2
 
 FP8 = torch.float8_e4m3fn
 
@@ -105,8 +105,8 @@ def dequantize_rows(x: torch.Tensor, descale: torch.Tensor,
     if x.stride(2) != 1:
         x = x.contiguous()
     n_rows = N * H
-    grid = (triton.cdiv(n_rows, BLOCK_ROWS),)
+    grid = (cdiv(n_rows, BLOCK_ROWS),)
     fast(_dequantize_kernel)[grid](x, descale, cu_seqlens, y, n_rows, H, B, B.bit_length(),
                              x.stride(0), x.stride(1), D=D,
-                             BLOCK_D=triton.next_power_of_2(D), BLOCK_R=BLOCK_ROWS)
+                             BLOCK_D=next_pow2(D), BLOCK_R=BLOCK_ROWS)
     return y

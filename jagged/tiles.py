@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from .launch import cdiv, next_pow2
 from .offsets import check_offsets, launch_check
 from .seqinfo import causal_q_start, causal_q_start_ref
 
@@ -155,7 +156,7 @@ def sort_launch(batch: int, nb: int) -> dict:
     sort of the sequences when batch <= SORT_MAX and nb <= NB_MAX, else a loop of 1024-pair
     steps (sorted by torch.sort afterwards)."""
     if batch <= SORT_MAX and nb <= NB_MAX:
-        block = triton.next_power_of_2(max(batch, 128))
+        block = next_pow2(max(batch, 128))
         return dict(BLOCK=block, SORT=True, num_warps=min(8, max(4, block // 256)))
     return dict(BLOCK=1024, SORT=False, num_warps=4)
 
@@ -572,7 +573,7 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     o2 = o1 + -(-n_win // 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
     sort = n_win <= SORT_MAX
-    block = triton.next_power_of_2(max(n_win, 128)) if sort else 1024
+    block = next_pow2(max(n_win, 128)) if sort else 1024
     _windows_kernel[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
                           _span(max_q, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=True,
                           cu_k=cu_k, BLOCK_N=block_n, BLOCK=block, SORT=sort,
@@ -642,7 +643,7 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
                             NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
                             BROADCAST_Q=cu_q is None, KV_TILES=True, PDL=PDL, **opts)
     if keys is not None:
-        _kv_decode_kernel[(triton.cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
+        _kv_decode_kernel[(cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                    BLOCK=1024)
     return tiles[:n], tiles[n4:n4 + n], count
 

@@ -90,7 +90,7 @@ from jagged.seqinfo import causal_visible, col_q_range, row_seq
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, dq_accumulator, kv_tiles,
                           slot_count, window_tiles, windowed)
 
-from jagged.launch import fast, tma_desc
+from jagged.launch import cdiv, fast, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -868,7 +868,7 @@ def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
     dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
                                          num_sms(dev), dev, p.dk.shape[0])
     ROWS = 32 if p.D <= 64 else 16
-    fast(_bwd_preprocess)[(triton.cdiv(p.Nq * p.H, ROWS),)](
+    fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0),
         H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL, num_warps=4)
@@ -892,7 +892,7 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
     n_elem = p.dq.numel()
     n_slots = slot_count(dq_acc, broadcast_q)
     PB = 1024
-    fast(_bwd_postprocess)[(triton.cdiv(n_elem, PB),)](
+    fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
         dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB, PDL=PDL,
         num_warps=4, launch_pdl=PDL and bwd_dependent(broadcast_q))
 
