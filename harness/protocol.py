@@ -1945,8 +1945,12 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     commit covers its readers); dQ over dP^T's columns -> reduce_dq (128 back, before the
     next dP^T); dK / dV once a tile -> store. Named barrier 1 (288): TMEM handed out,
     then back before the MMA warp frees it; 2 (128) inside reduce_dq around its two
-    staging buffers (buffer = chunk % 2, one bulk store pending at most)."""
-    from kernels_cute.bwd_blackwell import BLOCK_M, BLOCK_N, DQ_WIDE
+    staging buffers (buffer = chunk % 2, one bulk store pending at most). `compute`
+    walks each head's Q blocks as the kernel splits them (masked ones, then the bulk:
+    bulk_start, on the model's ints); a split that changed the steps' order or count
+    would read a stale S^T / dP^T or leave a hand-over unmatched."""
+    from kernels_cute.bwd_blackwell import BLOCK_M, BLOCK_N, DQ_WIDE, bulk_start
+    from kernels_cute.seqinfo import SeqlenInfo
     D, BM, BN, NQ = head_dim, BLOCK_M, BLOCK_N, cfg.q_stages
     CH = D // DQ_WIDE
     walk = BwdWalk(problem, BM, BN, programs)
@@ -1974,6 +1978,15 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
         first, step, end = walk.range(p)
 
         steps = partial(walk.steps, pid=p)
+
+        def compute_steps(t, pid=p):
+            """(key, the tile's Q steps in compute's order)."""
+            key, hk, b, m_lo, n_m = walk.coords(t, pid)
+            n0 = walk.tile_n[key[0]] * BN
+            seq = SeqlenInfo(0, 0, 0, problem.lens_q[b], problem.lens_k[b])
+            m_bulk = bulk_start(seq, n0, m_lo, n_m, problem.causal, BM, BN)
+            blocks = list(range(m_bulk)) + list(range(m_bulk, n_m))    # masked, bulk
+            return key, [(b, hk * G + g, m_lo + jm * BM) for g in range(G) for jm in blocks]
 
         def load(q=q, do=do, k=k, v=v, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, ld_full=ld_full, ld_empty=ld_empty,
@@ -2041,7 +2054,7 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
         def compute(ld=ld, ds=ds, s_lo=s_lo, s_hi=s_hi, dp=dp, dk=dk, dv=dv, ld_full=ld_full,
                     ld_empty=ld_empty, sdp_full=sdp_full, sdp_empty=sdp_empty,
                     dkv_full=dkv_full, dkv_empty=dkv_empty, tmem_b=tmem_b, first=first,
-                    step=step, end=end, steps=steps):
+                    step=step, end=end, steps=compute_steps):
             yield BarSync(tmem_b, 288)
             t, qcnt, n_sdp, n_dkv = first, 0, 0, 0
             while t < end:

@@ -17,10 +17,11 @@ TMEM and stored once). 12 warps:
 
     warps 0-3   `compute`    thread = key (TMEM lane): S^T and dP^T rows from TMEM in
                              32-column chunks, P^T = exp2(S^T scale log2e - lse log2e)
-                             (masked: keys past the sequence, causal, rows past it by
-                             lse = +inf), P^T (16-bit) back into TMEM over S^T's upper
-                             columns, dS^T = P^T (dP^T - delta) (16-bit) into smem;
-                             `store` at the tile's end: dK * scale, dV from TMEM to
+                             (rows past the sequence get P = 0 through lse = +inf; the
+                             masked steps also zero keys past it and, causal, the pairs
+                             right of the diagonal), P^T (16-bit) back into TMEM over
+                             S^T's upper columns, dS^T = P^T (dP^T - delta) (16-bit) into
+                             smem; `store` at the tile's end: dK * scale, dV from TMEM to
                              global, rows predicated to the sequence
     warps 4-7   `reduce_dq`  thread = query row: the step's dQ from TMEM in 32-column
                              chunks, staged through two smem buffers, each reduce-added
@@ -67,9 +68,15 @@ A tile whose sequence has no query block that sees it (n_m = 0) issues no MMA: `
 writes dK = dV = 0 without a hand-over. Per tile with s = group * n_m > 0 steps: one
 K/V, s Q/dO and lse/delta, s S/dP, s dQ, one dK/dV hand-over.
 
-Not here: the KV loop is not peeled (every step masks), tiles are dealt statically (no
-Cluster Launch Control, no counter for causal lists), and the 2-CTA MMA for broadcast-Q
-at D = 128 is not built.
+The Q loop is split per head (`bulk_start`): of a tile's Q blocks m_lo, m_lo + 128, ...
+the leading ones are masked (`mask_bound`: one compare and select a P^T element) and
+the rest are the bulk, whose step has no mask code. Every block is masked on a tile that
+reaches past the sequence's keys (its last); under causal, the blocks whose first row
+does not see the tile's last key (at most two: the diagonal). The load, mma and
+reduce_dq roles walk the same steps in the same order and do not tell them apart.
+
+Not here: tiles are dealt statically (no Cluster Launch Control, no counter for causal
+lists), and the 2-CTA MMA for broadcast-Q at D = 128 is not built.
 """
 from dataclasses import dataclass
 from functools import partial
@@ -115,6 +122,51 @@ class Sched(NamedTuple):
     HKV: Any
     group: Any
     n_slots: Any  # broadcast-Q: the dQ accumulator's slots
+
+
+# role: compute
+def bulk_start(seq, n0, m_lo, n_m, causal: bool, BM: int = BLOCK_M, BN: int = BLOCK_N):
+    """The first bulk Q block of a tile's walk of one head: blocks [0, result) of m_lo,
+    m_lo + BM, ... need the mask, blocks [result, n_m) none. Every block does when the tile
+    reaches past the sequence's keys (n0 + BN > len_k); under causal, the blocks whose
+    first row does not see the tile's last key (the diagonal; later rows see every key
+    an earlier one does). Rows past len_q need no mask: lse = +inf gives them P = 0.
+    Plain arithmetic: traced in a role, or run on ints (tests, harness/protocol.py)."""
+    from .seqinfo import _max, _min
+
+    first = n_m * 0
+    if causal:
+        # rows [full, len_q) see keys [n0, n0 + BN); full >= causal_q_start(n0) >= m_lo
+        full = seq.causal_q_start(n0 + BN - 1)
+        first = _min((full - m_lo + BM - 1) // BM, n_m)
+    past = _min(_max(n0 + BN - seq.len_k, 0), 1)            # 1: keys past the sequence
+    return _max(first, past * n_m)
+
+
+def mask_bound(seq, key, m0, causal: bool, BM: int = BLOCK_M):
+    """A masked step (query rows m0 on) keeps key's P in the columns from the result on:
+    the first row that sees it under causal, BM (none) for keys past the sequence."""
+    from .seqinfo import _max, _min
+
+    lo = key * 0
+    if causal:
+        lo = key - (seq.len_k - seq.len_q) - m0
+    return _max(lo, _min(_max(key - seq.len_k + 1, 0), 1) * BM)
+
+
+class StepIO(NamedTuple):
+    """What a compute step reads and writes: the TMEM load / store copies (thread =
+    key), S^T, dP^T and P^T in TMEM, the (key, query) coordinates of a loaded chunk, the
+    packed P^T register shape, dS^T and the lse / delta rows in smem."""
+    ld: Any
+    tS: Any
+    tdP: Any
+    tcrd: Any
+    st: Any
+    tP: Any
+    p_shape: Any
+    sdSt: Any
+    sLD: Any
 
 
 _COMPILED = {}
@@ -456,6 +508,9 @@ def _kernel_class():
         @cute.jit
         def compute(self, mma_s, mma_dk, mdK, mdV, sdSt, sLD, pipe_ld, pipe_sdp, pipe_dkv,
                     scale, sched):
+            """Every step of every tile, each head's Q blocks split at `bulk_start`: the
+            masked ones (the causal diagonal; all of a tile reaching past the sequence's
+            keys) first, then the bulk, which carries no mask; then `store`."""
             tidx = cute.arch.thread_idx()[0] % 128          # = TMEM lane = key of the tile
             scale_log2 = scale * LOG2E
             th = mma_s.get_slice(0)
@@ -464,73 +519,87 @@ def _kernel_class():
             ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
                 tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
             ).get_slice(tidx)
-            tS = ld.partition_S(with_cols(acc, self.tmem_s))
-            tdP = ld.partition_S(with_cols(acc, self.tmem_dp))
-            tcrd = ld.partition_D(crd)
             tP = cute.make_tensor(acc.iterator + self.tmem_p, cute.composition(
                 acc.layout, cute.make_layout((BLOCK_N, BLOCK_M // 2))))
             st = tcgen05.make_tmem_copy(cute.make_copy_atom(
                 tcgen05.copy.St32x32bOp(tcgen05.copy.Repetition(16)), Float32), tP
             ).get_slice(tidx)
-            tP_r2t = st.partition_D(tP)
-            p_shape = st.partition_S(cute.make_identity_tensor((BLOCK_N, BLOCK_M // 2))).shape
+            io = StepIO(
+                ld=ld, tS=ld.partition_S(with_cols(acc, self.tmem_s)),
+                tdP=ld.partition_S(with_cols(acc, self.tmem_dp)), tcrd=ld.partition_D(crd),
+                st=st, tP=st.partition_D(tP),
+                p_shape=st.partition_S(cute.make_identity_tensor((BLOCK_N, BLOCK_M // 2))).shape,
+                sdSt=sdSt, sLD=sLD)
             ld_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.qs)
             n_sdp = Int32(0)
             n_dkv = Int32(0)
-            nchunk = cute.size(tS, mode=[2])
             t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
             while t < n_tiles:
                 b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
                 key = n0 + tidx
-                key_ok = key < seq.len_k
-                for j in cutlass.range(steps, unroll=1):
-                    m0 = m_lo + (j % n_m) * BLOCK_M
-                    # causal: query rows below the first that sees this key get P = 0
-                    c_min = Int32(0)
-                    if const_expr(self.causal):
-                        c_min = key - (seq.len_k - seq.len_q) - m0
-                    pipe_ld.consumer_wait(ld_state)
-                    si = ld_state.index
-                    pipe_sdp.sync_object_full.wait(0, n_sdp % 2)
-                    tc_fence_after()
-                    # descending chunks: P chunk k lands on S chunks >= k / 2 + 2, all read
-                    for kk in cutlass.range_constexpr(nchunk):
-                        k = nchunk - 1 - kk
-                        rS = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
-                        cute.copy(ld, tS[None, None, k], rS)
-                        rdP = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
-                        cute.copy(ld, tdP[None, None, k], rdP)
-                        cute.arch.fence_view_async_tmem_load()
-                        rP32 = cute.make_rmem_tensor(p_shape[:2], Float32)
-                        rP = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
-                                              rS.layout)
-                        rdS = cute.make_rmem_tensor((cute.size(rS),), self.dtype)
-                        for c in cutlass.range_constexpr(cute.size(rS)):
-                            col = tcrd[None, None, k][c][1]
-                            p = cute.math.exp2(rS[c] * scale_log2 - sLD[col, 0, si],
-                                               fastmath=True)
-                            if const_expr(self.causal):
-                                p = 0.0 if col < c_min else p
-                            p = p if key_ok else 0.0
-                            rP[c] = p.to(self.dtype)
-                            rdS[c] = (p * (rdP[c] - sLD[col, 1, si])).to(self.dtype)
-                        cute.copy(st, rP32, tP_r2t[None, None, k])
-                        # sdSt is ((keys, 16 queries), 1, query blocks, 1): 16 columns
-                        # of row tidx a block
-                        nb = cute.size(rS) // 16
-                        for i in cutlass.range_constexpr(nb):
-                            cute.autovec_copy(cute.local_tile(rdS, (16,), (i,)),
-                                              sdSt[(tidx, None), 0, k * nb + i, 0])
-                    cute.arch.fence_view_async_tmem_store()
-                    # dS^T (generic proxy writes) before the MMAs read it (async proxy)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    pipe_ld.consumer_release(ld_state)
-                    ld_state.advance()
-                    pipe_sdp.sync_object_empty.arrive(0, None)
-                    n_sdp += 1
+                m_bulk = bulk_start(seq, n0, m_lo, n_m, self.causal)
+                for g in cutlass.range(sched.group, unroll=1):
+                    for jm in cutlass.range(m_bulk, unroll=1):                   # masked
+                        self.compute_step(True, io, m_lo + jm * BLOCK_M, key, seq, ld_state,
+                                          n_sdp, pipe_ld, pipe_sdp, scale_log2)
+                        ld_state.advance()
+                        n_sdp += 1
+                    for jm in cutlass.range(m_bulk, n_m, unroll=1):              # bulk
+                        self.compute_step(False, io, m_lo + jm * BLOCK_M, key, seq, ld_state,
+                                          n_sdp, pipe_ld, pipe_sdp, scale_log2)
+                        ld_state.advance()
+                        n_sdp += 1
                 n_dkv = self.store(mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale,
                                    pipe_dkv, n_dkv)
                 t += step
+
+        @cute.jit
+        def compute_step(self, masked: cutlass.Constexpr, io, m0, key, seq, ld_state, n_sdp,
+                         pipe_ld, pipe_sdp, scale_log2):
+            """One step (query rows m0 on): S^T, dP^T chunks from TMEM, P^T =
+            exp2(S^T scale log2e - lse log2e) back into TMEM, dS^T = P^T (dP^T - delta)
+            into smem. Masked: P^T = 0 left of key's `mask_bound`; the bulk step has no
+            mask code (its keys are the sequence's, every row sees them)."""
+            tidx = cute.arch.thread_idx()[0] % 128
+            bound = Int32(0)
+            if const_expr(masked):
+                bound = mask_bound(seq, key, m0, self.causal)
+            nchunk = cute.size(io.tS, mode=[2])
+            pipe_ld.consumer_wait(ld_state)
+            si = ld_state.index
+            pipe_sdp.sync_object_full.wait(0, n_sdp % 2)
+            tc_fence_after()
+            # descending chunks: P chunk k lands on S chunks >= k / 2 + 2, all read
+            for kk in cutlass.range_constexpr(nchunk):
+                k = nchunk - 1 - kk
+                rS = cute.make_rmem_tensor(io.tcrd[None, None, 0].shape, Float32)
+                cute.copy(io.ld, io.tS[None, None, k], rS)
+                rdP = cute.make_rmem_tensor(io.tcrd[None, None, 0].shape, Float32)
+                cute.copy(io.ld, io.tdP[None, None, k], rdP)
+                cute.arch.fence_view_async_tmem_load()
+                rP32 = cute.make_rmem_tensor(io.p_shape[:2], Float32)
+                rP = cute.make_tensor(cute.recast_ptr(rP32.iterator, dtype=self.dtype),
+                                      rS.layout)
+                rdS = cute.make_rmem_tensor((cute.size(rS),), self.dtype)
+                for c in cutlass.range_constexpr(cute.size(rS)):
+                    col = io.tcrd[None, None, k][c][1]
+                    p = cute.math.exp2(rS[c] * scale_log2 - io.sLD[col, 0, si], fastmath=True)
+                    if const_expr(masked):
+                        p = 0.0 if col < bound else p
+                    rP[c] = p.to(self.dtype)
+                    rdS[c] = (p * (rdP[c] - io.sLD[col, 1, si])).to(self.dtype)
+                cute.copy(io.st, rP32, io.tP[None, None, k])
+                # sdSt is ((keys, 16 queries), 1, query blocks, 1): 16 columns of row tidx
+                # a block
+                nb = cute.size(rS) // 16
+                for i in cutlass.range_constexpr(nb):
+                    cute.autovec_copy(cute.local_tile(rdS, (16,), (i,)),
+                                      io.sdSt[(tidx, None), 0, k * nb + i, 0])
+            cute.arch.fence_view_async_tmem_store()
+            # dS^T (generic proxy writes) before the MMAs read it (async proxy)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            pipe_ld.consumer_release(ld_state)
+            pipe_sdp.sync_object_empty.arrive(0, None)
 
         # ------------------------------------------------------------------ store
         @cute.jit

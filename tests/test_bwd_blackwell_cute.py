@@ -6,10 +6,11 @@ import) on symbolic tensors, keeps its PTX, and is checked for what the design r
 tcgen05 MMAs (exactly the count the mma role issues: S^T and dP^T over D / 16 k-blocks,
 dV, dK and dQ over 128 / 16), one TMEM allocation of 512 columns freed once with the
 layout within them, 1-CTA MMAs, shared memory within 227 KB, no spills or stack (ptxas -v
-on the PTX). GQA, dlse and the lengths are runtime values: one build serves them. By
-default one build (D 128, packed, bf16); with `-m matrix` every (D, causal, broadcast-Q,
-dtype), and the default for sm_103a (B300, which dispatch sends here too) with the same
-checks.
+on the PTX), and the Q loop's split: the bulk step's body has no mask selects (the split's
+arithmetic: test_bwd_blackwell_cute_split.py). GQA, dlse and the lengths are runtime
+values: one build serves them. By default one build (D 128, packed, bf16); with
+`-m matrix` every (D, causal, broadcast-Q, dtype), and the default for sm_103a (B300,
+which dispatch sends here too) with the same checks.
 """
 import re
 
@@ -38,6 +39,14 @@ def _check(variant, info, ptx, log):
     # S^T, dP^T over D / 16 k-blocks; dV, dK, dQ over 128 / 16; 384 threads x 168 registers
     check_cute(variant, info, ptx, log, 2 * D // 16 + 3 * 128 // 16, 384, 168)
     assert "cp.reduce.async.bulk.tensor" in ptx             # the dQ reduce-add
+    # the Q loop's split: two step bodies of 128 exp2 a thread (its key's P^T row), the
+    # masked one first; the mask (P^T = 0: one select an element) in it only, so the
+    # bulk body (its exp2 after the last select) has none
+    ex2 = [m.start() for m in re.finditer(r"\bex2\.approx", ptx)]
+    zero = [m.start() for m in re.finditer(
+        r"selp\.f32\s+[^,]+,\s*(?:0f00000000,\s*[^,]+|[^,]+,\s*0f00000000),", ptx)]
+    assert len(ex2) == 2 * 128 and len(zero) == 128, (len(ex2), len(zero))
+    assert ex2[0] < min(zero) and max(zero) < ex2[128]
     # a programmatic dependent launch: one wait before any global access, one trigger
     assert len(re.findall(r"griddepcontrol\.wait;", ptx)) == 1
     assert len(re.findall(r"griddepcontrol\.launch_dependents;", ptx)) == 1

@@ -710,6 +710,18 @@ def test_cute_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
+@pytest.mark.parametrize("start", [lambda n_m: n_m + 1, lambda n_m: -1])
+def test_cute_bwd_blackwell_split_is_checked(monkeypatch, start):
+    """compute walks each head's Q blocks as the kernel splits them (bulk_start): a
+    split outside a tile's blocks gives compute steps the other roles never issue."""
+    from kernels_cute import bwd_blackwell as B
+    monkeypatch.setattr(B, "bulk_start", lambda seq, n0, m_lo, n_m, *a: start(n_m))
+    cfg = _cute_bw_bwd_configs()[128]
+    with pytest.raises(ProtocolError) as e:
+        P.check(lambda sim: P.cute_bwd_blackwell(sim, BWD, cfg, 2, 128), [0])
+    assert e.value.kind in ("deadlock", "stale", "arrival"), e.value
+
+
 @pytest.mark.parametrize("style", ["tlx", "cute"])
 def test_bwd_blackwell_mutations_are_caught(style):
     """Both styles' models catch the same two planted bugs (D = 128)."""
