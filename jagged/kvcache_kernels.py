@@ -1,7 +1,8 @@
 """The core's own small kernels around a KV-cache call: the device-side check of the
-input values (before the decode) and the merge of split-KV partials (after it). Both
-are short and latency-bound, so each spreads its work over many programs and issues its
-loads at once instead of looping over them.
+input values (before the decode), which also ranks the sequences for the decode's
+launch order, and the merge of split-KV partials (after it). Both are short and
+latency-bound, so each spreads its work over many programs and issues its loads at once
+instead of looping over them.
 """
 from __future__ import annotations
 
@@ -12,15 +13,37 @@ from .launch import fast
 from .offsets import offsets_ok
 
 CHECK_BLOCK = 1024  # page-table entries one check program reads
+RANK_BLOCK = 1024   # cache lengths one step of a rank compares
+
+
+# ------------------------------------------------------------------ launch order
+@triton.jit
+def _rank_longest_first(cache_seqlens, order, b, n_k, batch, BLOCK: tl.constexpr):
+    # role: schedule
+    # order[rank(b)] = b, rank(b) = how many sequences come before b, longest first, ties
+    # by index: a strict total order, so each rank 0 .. batch - 1 is taken once and
+    # `order` is a permutation whatever the values (a bad length fails the check, never
+    # the decode's indexing). The decode's programs at batch coordinate p take sequence
+    # order[p]: the hardware issues programs in index order, so the longest start first
+    # and the last wave's tail is short.
+    rank = 0
+    for s in range(0, batch, BLOCK):
+        j = s + tl.arange(0, BLOCK)
+        n = tl.load(cache_seqlens + j, mask=j < batch, other=0)
+        before = (j < batch) & ((n > n_k) | ((n == n_k) & (j < b)))
+        rank += tl.sum(before.to(tl.int32), 0)
+    tl.store(order + rank, b)
 
 
 # ------------------------------------------------------------------ device check (default)
 @triton.jit(debug=True)  # debug: device_assert is compiled in (this kernel only)
-def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_pages, num_pages,
-                         page_size, n_q, max_q, PAGED: tl.constexpr, CHECK_Q: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    # program (sequence b, chunk c): chunk 0 checks n_k(b); chunk c checks the page-table
-    # entries [c * BLOCK, (c + 1) * BLOCK) of the pages n_k(b) uses
+def _inputs_check_kernel(cache_seqlens, page_table, cu_q, order, batch, capacity, max_pages,
+                         num_pages, page_size, n_q, max_q, PAGED: tl.constexpr,
+                         CHECK_Q: tl.constexpr, ORDER: tl.constexpr, BLOCK: tl.constexpr,
+                         RANK: tl.constexpr):
+    # program (sequence b, chunk c): chunk 0 checks n_k(b) (ORDER: and writes b's place in
+    # the launch order); chunk c checks the page-table entries [c * BLOCK, (c + 1) * BLOCK)
+    # of the pages n_k(b) uses
     b = tl.program_id(0)
     c = tl.program_id(1)
     n_k = tl.load(cache_seqlens + b)
@@ -28,6 +51,8 @@ def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_p
         tl.device_assert(n_k >= 0, "cache_seqlens must not be negative")
         tl.device_assert(n_k <= capacity, "cache_seqlens exceeds the cache capacity "
                                           "(page_table.shape[1] * page_size, or k_cache.shape[1])")
+        if ORDER:
+            _rank_longest_first(cache_seqlens, order, b, n_k, batch, RANK)
     if PAGED:
         used = tl.minimum((tl.maximum(n_k, 0) + page_size - 1) // page_size, max_pages)
         p = c * BLOCK + tl.arange(0, BLOCK)
@@ -41,9 +66,11 @@ def _inputs_check_kernel(cache_seqlens, page_table, cu_q, batch, capacity, max_p
 
 
 def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q, max_seqlen_q,
-                       capacity):
+                       capacity, order=None):
     """Queue the device-side check of the values (no host sync): one program per
-    (sequence, CHECK_BLOCK page-table entries), the grid from the shapes alone."""
+    (sequence, CHECK_BLOCK page-table entries), the grid from the shapes alone. order:
+    None, or int32 [B] that receives the decode's launch order (the sequences longest
+    first, ties by index)."""
     B = cache_seqlens.shape[0]
     if B == 0:
         return
@@ -51,10 +78,11 @@ def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q,
     chunks = triton.cdiv(page_table.shape[1], CHECK_BLOCK) if paged else 1
     fast(_inputs_check_kernel)[(B, max(chunks, 1))](
         cache_seqlens, page_table if paged else cache_seqlens,
-        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, B, capacity,
+        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
+        order if order is not None else cache_seqlens, B, capacity,
         page_table.shape[1] if paged else 0, k_cache.shape[0], k_cache.shape[1], q_rows,
-        max_seqlen_q, PAGED=paged, CHECK_Q=cu_seqlens_q is not None, BLOCK=CHECK_BLOCK,
-        num_warps=4)
+        max_seqlen_q, PAGED=paged, CHECK_Q=cu_seqlens_q is not None, ORDER=order is not None,
+        BLOCK=CHECK_BLOCK, RANK=RANK_BLOCK, num_warps=4)
 
 
 # ------------------------------------------------------------------ combine

@@ -2,7 +2,7 @@
 
     forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q, causal, scale, num_splits, descale=None,
-            config=None) -> None
+            order=None, config=None) -> None
 
 What it computes: for every sequence b, kv head h_kv and split s, attention of the
 query rows of b (all group = H / H_kv query heads of h_kv, packed into the rows of one
@@ -20,7 +20,9 @@ softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized outp
 products stay 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
 f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16.
 
-One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The roles:
+One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The grid's
+batch coordinate p is sequence b = order[p] when the core passes a launch order (its
+sequences longest first: the CTAs issued last then are short ones), else b = p. The roles:
 
     `load`     cp.async, 16 bytes a thread a copy, one cache row (token) at a time: the
                row's page is looked up per token (token j -> page_table[b, j // page_size],
@@ -58,7 +60,8 @@ blocks cut into num_splits chunks of cdiv(n_blocks, num_splits) blocks (split s 
 chunk s, possibly empty).
 
 One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
-split); shapes, lengths, page size, group, splits, scale and descales are runtime values.
+split, ordered); shapes, lengths, page size, group, splits, scale and descales are
+runtime values.
 """
 
 import math
@@ -241,7 +244,7 @@ def _kernel_class():
 
     class DecodeHopper:
         def __init__(self, q_dtype, kv_dtype, head_dim: int, cfg: Config, causal: bool,
-                     paged: bool, packed: bool, split: bool):
+                     paged: bool, packed: bool, split: bool, ordered: bool = False):
             self.fp8 = kv_dtype.width == 8
             self.q_fp8 = q_dtype.width == 8
             assert not self.q_fp8 or self.fp8
@@ -257,6 +260,7 @@ def _kernel_class():
             self.wm, self.wn = cfg.warps_m, cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
+            self.ordered = ordered                   # the batch coordinate indexes mOrder
             self.num_threads = cfg.warps * 32
             self.q_in_kv_slot = cfg.q_in_kv_slot
             assert head_dim % 64 == 0 and self.dtype.width == 16
@@ -278,7 +282,8 @@ def _kernel_class():
         @cute.jit
         def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                      mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
-                     mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                     mCuQ: Optional[cute.Tensor], mOrder: Optional[cute.Tensor],
+                     mO: cute.Tensor, mLSE: cute.Tensor,
                      mQd: Optional[cute.Tensor], mKd: Optional[cute.Tensor],
                      mVd: Optional[cute.Tensor],
                      scale_log2: Float32, len_q: Int32, group: Int32,
@@ -334,7 +339,7 @@ def _kernel_class():
             # token -> (page, row): a multiply-high divmod, not an integer division
             page_div = cute.FastDivmodDivisorV2(page_size) if const_expr(self.paged) \
                 else page_size
-            self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mO, mLSE, mQd, mKd, mVd,
+            self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mOrder, mO, mLSE, mQd, mKd, mVd,
                         scale_log2, len_q, group, page_div, num_splits, sQ_layout,
                         sKV_layout, sKV8_layout, tiled_mma, gather, gather_q,
                         SharedStorage).launch(
@@ -345,7 +350,8 @@ def _kernel_class():
         @cute.kernel
         def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                    mSeqK: cute.Tensor, mPageTable: Optional[cute.Tensor],
-                   mCuQ: Optional[cute.Tensor], mO: cute.Tensor, mLSE: cute.Tensor,
+                   mCuQ: Optional[cute.Tensor], mOrder: Optional[cute.Tensor],
+                   mO: cute.Tensor, mLSE: cute.Tensor,
                    mQd: Optional[cute.Tensor], mKd: Optional[cute.Tensor],
                    mVd: Optional[cute.Tensor],
                    scale_log2: Float32, len_q: Int32, group: Int32,
@@ -355,7 +361,8 @@ def _kernel_class():
                    gather: cute.TiledCopy, gather_q: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
             tidx = cute.arch.thread_idx()[0]
-            split, by, b = cute.arch.block_idx()
+            split, by, p = cute.arch.block_idx()
+            b = self.sequence(mOrder, p)
             H_kv = mK.shape[2]
             hk = by % H_kv
             row0 = (by // H_kv) * self.M
@@ -442,6 +449,15 @@ def _kernel_class():
                 cute.arch.barrier()
                 self.store(acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE, tiled_mma,
                            tidx, scale_log2, v_scale, split, tile)
+
+        # ------------------------------------------------------------------ schedule
+        @cute.jit
+        def sequence(self, mOrder, p):  # role: schedule
+            """The sequence of batch coordinate p: mOrder[p] (the launch order), or p."""
+            b = p
+            if const_expr(self.ordered):
+                b = mOrder[p]
+            return b
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -727,15 +743,12 @@ def _kernel_class():
     return DecodeHopper
 
 
-
-    return DecodeHopper
-
-
 # --------------------------------------------------------------------------------------
 # Host: compile once per configuration, then launch
 # --------------------------------------------------------------------------------------
 
-def _fake_args(q_dtype, kv_dtype, head_dim: int, paged: bool, packed: bool, split: bool):
+def _fake_args(q_dtype, kv_dtype, head_dim: int, paged: bool, packed: bool, split: bool,
+               ordered: bool = False):
     """Symbolic tensors: one compiled kernel serves every shape of its configuration."""
     import cutlass
     import cutlass.cute as cute
@@ -762,6 +775,8 @@ def _fake_args(q_dtype, kv_dtype, head_dim: int, paged: bool, packed: bool, spli
                           stride=(i64(), 1), assumed_align=4) if paged else None
     cu_q = make_fake_tensor(cutlass.Int32, (cute.sym_int32(),), stride=(1,),
                             assumed_align=4) if packed else None
+    order = make_fake_tensor(cutlass.Int32, (b,), stride=(1,), assumed_align=4) \
+        if ordered else None
     if split:   # o_part [S, Nq, H, D] fp32, lse_part [S, H, Nq]
         ns = cute.sym_int32()
         o = make_fake_tensor(cutlass.Float32, (ns, nq, h, head_dim),
@@ -775,17 +790,18 @@ def _fake_args(q_dtype, kv_dtype, head_dim: int, paged: bool, packed: bool, spli
     # descales: fp32 [B, H_kv] (contiguous: the core checks), fp8 calls only
     descales = tuple(make_fake_tensor(cutlass.Float32, (b, hkv), stride=(i64(), 1),
                                       assumed_align=4) if fp8 else None for _ in range(3))
-    return (q, k, v, seqk, pt, cu_q, o, lse) + descales
+    return (q, k, v, seqk, pt, cu_q, order, o, lse) + descales
 
 
 def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
-                   packed: bool, split: bool, options: str = "", kv_dtype=None):
+                   packed: bool, split: bool, options: str = "", kv_dtype=None,
+                   ordered: bool = False):
     """Compile (no GPU needed with CUTE_DSL_ARCH=sm_90a) and return the callable:
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, o, lse, q_descale,
-       k_descale, v_descale, scale_log2, len_q, group, page_size, num_splits); o, lse:
-    out [Nq, H, D], lse [H, Nq], or (split) o_part [S, Nq, H, D], lse_part [S, H, Nq].
-    dtype: q's; kv_dtype: the cache's (default q's); the descales only (and always) when
-    the cache is fp8."""
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, order, o, lse,
+       q_descale, k_descale, v_descale, scale_log2, len_q, group, page_size, num_splits);
+    o, lse: out [Nq, H, D], lse [H, Nq], or (split) o_part [S, Nq, H, D], lse_part
+    [S, H, Nq]. dtype: q's; kv_dtype: the cache's (default q's); the descales only (and
+    always) when the cache is fp8; order int32 [B] only (and always) when ordered."""
     import cutlass
     import cutlass.cute as cute
 
@@ -794,8 +810,8 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
 
     q_dt = cute_dt(dtype)
     kv_dt = q_dt if kv_dtype is None else cute_dt(kv_dtype)
-    kern = _kernel_class()(q_dt, kv_dt, head_dim, cfg, causal, paged, packed, split)
-    args = _fake_args(q_dt, kv_dt, head_dim, paged, packed, split)
+    kern = _kernel_class()(q_dt, kv_dt, head_dim, cfg, causal, paged, packed, split, ordered)
+    args = _fake_args(q_dt, kv_dt, head_dim, paged, packed, split, ordered)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     opts = ("--enable-tvm-ffi " + options).strip()
     return cute.compile(kern, *args, cutlass.Float32(1.0), cutlass.Int32(1),
@@ -803,22 +819,25 @@ def compile_decode(dtype, head_dim: int, cfg: Config, causal: bool, paged: bool,
                         options=opts)
 
 
-def _build(q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split):
+def _build(q_dtype, kv_dtype, head_dim, tile, causal, paged, packed, split, ordered):
     """The kernel of a key (q dtype, cache dtype, head_dim, block_m or a Config, causal,
-    paged, packed, split), compiled once through `host.compiled`."""
+    paged, packed, split, ordered), compiled once through `host.compiled`."""
     cfg = tile if isinstance(tile, Config) else \
         (FP8_CONFIGS if kv_dtype == FP8 else CONFIGS)[(head_dim, tile)]
     return compile_decode(q_dtype, head_dim, cfg, causal, paged, packed, split,
-                          kv_dtype=kv_dtype)
+                          kv_dtype=kv_dtype, ordered=ordered)
 
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q: int, causal: bool, scale: float,
-            num_splits: int, descale=None, config: Optional[Config] = None) -> None:
+            num_splits: int, descale=None, order=None,
+            config: Optional[Config] = None) -> None:
     """See the module docstring and the core's `kvcache_attention`. q [Nq, H, D];
     num_splits == 1 writes out / lse, else o_part [S, Nq, H, D] / lse_part [S, H, Nq].
     descale: (q_descale, k_descale, v_descale) fp32 [B, H_kv] for an fp8 cache (None:
-    all ones), else None. config: in place of the table's (a sweep's)."""
+    all ones), else None. order: None (sequence b's CTAs b-th), or int32 [B], a
+    permutation: sequence order[p]'s CTAs p-th. config: in place of the table's (a
+    sweep's)."""
     Nq, H, D = q.shape
     group = H // k_cache.shape[2]
     if Nq == 0 or cache_seqlens.shape[0] == 0 or len_q == 0:
@@ -832,10 +851,11 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     if not fp8 and descale is not None:
         raise ValueError("descale is only for a float8_e4m3fn cache")
     key = (q.dtype, k_cache.dtype, D, tile_rows(group * len_q) if config is None else config,
-           bool(causal), page_table is not None, cu_seqlens_q is not None, split)
+           bool(causal), page_table is not None, cu_seqlens_q is not None, split,
+           order is not None)
     fn = host.compiled(_COMPILED, _build, *key)
     if split:
         out, lse = o_part, lse_part
-    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
+    fn(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, order, out, lse,
        *(descale or (None, None, None)), scale * LOG2_E, len_q, group, k_cache.shape[1],
        num_splits)

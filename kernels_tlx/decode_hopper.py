@@ -10,6 +10,10 @@ adjacent in memory), so every K/V byte is read once per kv head and row block. T
 tile is the smallest of 16 / 32 / 64 / 128 rows that holds GROUP * len_q; rows past
 GROUP * n_q(b) are padding, masked on load and store.
 
+The grid's batch coordinate p is sequence b = order[p] when the core passes a launch
+order (its sequences longest first: the programs issued last then are short ones), else
+b = p.
+
 Split s of sequence b covers key blocks [s * bps, (s + 1) * bps), bps =
 cdiv(cdiv(n_k(b), BLOCK_N), num_splits); a split that sees no key writes o = 0 and
 lse = -inf. The core's `combine` merges the splits.
@@ -179,6 +183,14 @@ def _to_f16(q):  # role: compute
 
 
 @triton.jit
+def _sequence(order, p, ORDERED: tl.constexpr):  # role: schedule
+    """The sequence of batch coordinate p: order[p] (the launch order), or p."""
+    if ORDERED:
+        return tl.load(order + p)
+    return p
+
+
+@triton.jit
 def _query_rows(cu_seqlens_q, b, len_q, DENSE_Q: tl.constexpr):  # role: schedule
     """(first row in q, row count n_q) of sequence b: dense, len_q rows a sequence."""
     if DENSE_Q:
@@ -296,17 +308,19 @@ def _store(o_row, lse_row, acc, m_i, l_i, d, real):  # role: store
 # ----------------------------------------------------------------------------- kernel
 @triton.jit
 def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table, cu_seqlens_q,
-                  o, lse, q_descale, k_descale, v_descale, Nq, H_kv, max_pages, len_q, L_max,
-                  num_splits, qk_scale,
+                  order, o, lse, q_descale, k_descale, v_descale, Nq, H_kv, max_pages, len_q,
+                  L_max, num_splits, qk_scale,
                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
-                  SPLIT: tl.constexpr, STAGES: tl.constexpr, FP8: tl.constexpr):
+                  SPLIT: tl.constexpr, STAGES: tl.constexpr, FP8: tl.constexpr,
+                  ORDERED: tl.constexpr):
     """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
     whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
     FP8: the cache (and maybe q) in e4m3, computed in f16, with the descales fp32
-    [B, H_kv] (read only then)."""
+    [B, H_kv] (read only then). ORDERED: the batch coordinate indexes `order` int32 [B]
+    (the launch order), else it is the sequence."""
     H = H_kv * GROUP
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
     stride_ks = H_kv * D                    # a key row of the cache
@@ -319,7 +333,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     split = tl.program_id(0) // row_blocks
     m0 = tl.program_id(0) % row_blocks * BLOCK_M
     h_kv = tl.program_id(1)
-    b = tl.program_id(2)
+    b = _sequence(order, tl.program_id(2), ORDERED)
     q_start, n_q = _query_rows(cu_seqlens_q, b, len_q, DENSE_Q)
     n_k = tl.load(cache_seqlens + b)
 
@@ -373,26 +387,28 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size: int,
                 kind: str, dense_q: bool, causal: bool, split: bool,
-                paged: bool | None = None, fp8: bool = False) -> dict:
+                paged: bool | None = None, fp8: bool = False, ordered: bool = False) -> dict:
     """The constexpr arguments of `decode_kernel` (shared with the compile checks);
     kind "gather" loads the bulk without TMA, also from a contiguous cache (paged False)."""
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                 PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
                 TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
-                STAGES=cfg.num_stages, FP8=fp8)
+                STAGES=cfg.num_stages, FP8=fp8, ORDERED=ordered)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
-              split: bool = True, q_dtype: str | None = None) -> dict:
+              split: bool = True, q_dtype: str | None = None, ordered: bool = False) -> dict:
     """Triton types of `decode_kernel`'s runtime arguments (compile-only checks). dtype:
-    the cache's ("bf16", "fp16", "fp8e4nv"); q_dtype: q's (None: the cache's)."""
+    the cache's ("bf16", "fp16", "fp8e4nv"); q_dtype: q's (None: the cache's); ordered:
+    with a launch order."""
     fp8 = dtype == "fp8e4nv"
     q_dtype = q_dtype or dtype
     out = "fp32" if split else ("bf16" if fp8 else dtype)
     box = f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>" if kind != "gather" else "constexpr"
     sig = {"q": f"*{q_dtype}", "k_cache": f"*{dtype}", "v_cache": f"*{dtype}",
            "k_desc": box, "v_desc": box, "cache_seqlens": "*i32", "page_table": "*i32",
-           "cu_seqlens_q": "*i32", "o": f"*{out}", "lse": "*fp32"}
+           "cu_seqlens_q": "*i32", "order": "*i32" if ordered else "constexpr",
+           "o": f"*{out}", "lse": "*fp32"}
     for name in ("q_descale", "k_descale", "v_descale"):
         sig[name] = "*fp32" if fp8 else "constexpr"
     for name in ("Nq", "H_kv", "max_pages", "len_q", "L_max", "num_splits"):
@@ -407,12 +423,13 @@ def _aligned(t: torch.Tensor) -> bool:  # role: host
 
 def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, lse,
             o_part, lse_part, *, len_q: int, causal: bool, scale: float,
-            num_splits: int, descale=None, config: Config | None = None) -> None:
+            num_splits: int, descale=None, order=None, config: Config | None = None) -> None:
     """Writes out / lse (num_splits == 1) or o_part / lse_part (num_splits > 1); the
     arguments as jagged.kvcache passes them (validated, contiguous, q 3-D [Nq, H, D]).
     descale: (q_descale, k_descale, v_descale) fp32 [B, H_kv] for an fp8 cache (out
-    bf16), else None. config: instead of the table's default (its block_n decides the
-    cache kind)."""
+    bf16), else None. order: None (sequence b's programs b-th), or int32 [B], a
+    permutation: sequence order[p]'s programs p-th. config: instead of the table's
+    default (its block_n decides the cache kind)."""
     Nq, H, D = q.shape
     B = cache_seqlens.shape[0]
     H_kv = k_cache.shape[2]
@@ -447,9 +464,10 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
     pt = page_table if page_table is not None else cache_seqlens  # never read unpaged
     fast(decode_kernel)[grid](
         q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, pt,
-        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, o, l,
+        cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens, order, o, l,
         *(descale if fp8 else (None, None, None)),
         Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,
         **kernel_args(cfg, D, group, block_m, page_size, kind, cu_seqlens_q is None, causal,
-                      split, paged=page_table is not None, fp8=fp8),
+                      split, paged=page_table is not None, fp8=fp8,
+                      ordered=order is not None),
         num_warps=cfg.num_warps, num_stages=1)

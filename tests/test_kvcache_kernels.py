@@ -1,7 +1,8 @@
 """The core's small KV-cache kernels (jagged/kvcache_kernels.py): the split-KV combine
 against logsumexp at split counts from 1 to MAX_SPLITS, and the device value check
 spread over page-table chunks (a bad entry past the first chunk is caught), in the
-Triton interpreter; both compiled for sm_90a without spills."""
+Triton interpreter; both compiled for sm_90a without spills (the check with and without
+the launch order's rank: tests/test_decode_order.py tests that)."""
 import math
 
 import pytest
@@ -70,10 +71,11 @@ def test_kernels_compile_for_sm90():
         constexprs={"H": 32, "D": 128, "S_POW2": MAX_SPLITS}, arch=90, num_warps=8)
     assert not rep.spills, rep
     assert rep.fits(), rep
-    rep = compile_kernel(kk._inputs_check_kernel, signature={
-        "cache_seqlens": "*i32", "page_table": "*i32", "cu_q": "*i32", "batch": "i32",
-        "capacity": "i32", "max_pages": "i32", "num_pages": "i32", "page_size": "i32",
-        "n_q": "i32", "max_q": "i32"},
-        constexprs={"PAGED": True, "CHECK_Q": True, "BLOCK": kk.CHECK_BLOCK}, arch=90,
-        num_warps=4)
-    assert not rep.spills, rep
+    for order in (False, True):
+        rep = compile_kernel(kk._inputs_check_kernel, signature={
+            "cache_seqlens": "*i32", "page_table": "*i32", "cu_q": "*i32", "order": "*i32",
+            "batch": "i32", "capacity": "i32", "max_pages": "i32", "num_pages": "i32",
+            "page_size": "i32", "n_q": "i32", "max_q": "i32"},
+            constexprs={"PAGED": True, "CHECK_Q": True, "ORDER": order,
+                        "BLOCK": kk.CHECK_BLOCK, "RANK": kk.RANK_BLOCK}, arch=90, num_warps=4)
+        assert not rep.spills, rep
