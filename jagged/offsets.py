@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from .launch import fast
+
 
 @triton.jit
 def offsets_ok(cu, batch, total, max_len, BLOCK: tl.constexpr, NAME: tl.constexpr,
@@ -61,6 +63,6 @@ def launch_check(cu_q, cu_k, n_q, n_k, max_q, max_k, pdl: bool = False):
     """The check alone, one program (cu_q None: broadcast-Q, cu_k checked only); pdl: the
     kernel queued behind may launch at once."""
     batch = cu_k.shape[0] - 1
-    _offsets_check_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k, max_q,
-                                max_k, CHECK_Q=cu_q is not None, BLOCK=1024, PDL=pdl,
-                                num_warps=4)
+    fast(_offsets_check_kernel)[(1,)](cu_k if cu_q is None else cu_q, cu_k, batch, n_q, n_k,
+                                      max_q, max_k, CHECK_Q=cu_q is not None, BLOCK=1024,
+                                      PDL=pdl, num_warps=4)

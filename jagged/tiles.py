@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .launch import cdiv, next_pow2
+from .launch import cdiv, fast, next_pow2
 from .offsets import check_offsets, launch_check
 from .seqinfo import causal_q_start, causal_q_start_ref
 
@@ -247,9 +247,10 @@ def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
 
 @triton.jit
 def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_stride, NB, L_q,
+                      n_q, n_k, max_q, max_k,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr, n_q=0, n_k=0, max_q=0, max_k=0,
+                      BLOCK: tl.constexpr, SORT: tl.constexpr,
                       CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
@@ -408,15 +409,14 @@ def check_offsets_async(cu_seqlens_q, cu_seqlens_k, n_q, n_k, max_seqlen_q, max_
                 PDL)
 
 
-def checked_launch(check: tuple | None) -> dict:
-    """The extra launch arguments of a tile kernel that checks the offsets (`check`:
-    (n_q, n_k, max_q, max_k)): its asserts compiled in (debug), without the overflow
-    checks debug adds to every integer add of the tile arithmetic."""
+def checked_launch(check: tuple | None) -> tuple[tuple, dict]:
+    """A tile kernel's (n_q, n_k, max_q, max_k) arguments and launch options: with a
+    `check` (those four), the offsets check with its asserts compiled in (debug), without
+    the overflow checks debug adds to every integer add of the tile arithmetic. The sizes
+    go by position: a launch plan (jagged.launch) takes runtime arguments no other way."""
     if check is None:
-        return {}
-    n_q, n_k, max_q, max_k = check
-    return dict(n_q=n_q, n_k=n_k, max_q=max_q, max_k=max_k, CHECK=True, debug=True,
-                sanitize_overflow=False)
+        return (0, 0, 0, 0), {}
+    return tuple(check), dict(CHECK=True, debug=True, sanitize_overflow=False)
 
 
 def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, causal, check):
@@ -428,10 +428,11 @@ def _build_fwd_tiles(cu_q, cu_k, batch, max_seqlen_q, L_q, block_m, block_n, cau
     buf = torch.empty(n2 + 2, dtype=torch.int64, device=cu_k.device)
     keys, count = buf[:n_pairs], buf[n2:n2 + 1].view(torch.int32)[:1]
     opts = sort_launch(batch, nblk)
-    _tile_keys_kernel[(1,)](
+    sizes, checked = checked_launch(check)
+    fast(_tile_keys_kernel)[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, None, count, n_pairs, 0, nblk,
-        L_q or 0, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        BROADCAST_Q=L_q is not None, KV_TILES=False, PDL=PDL, **opts, **checked_launch(check))
+        L_q or 0, *sizes, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
+        BROADCAST_Q=L_q is not None, KV_TILES=False, PDL=PDL, **opts, **checked)
     return (keys if opts["SORT"] else torch.sort(keys).values), count, nblk
 
 
@@ -471,10 +472,11 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 
 
 @triton.jit
-def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN,
+def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, cu_k,
+                    n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
-                    cu_k=None, BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
-                    SORT: tl.constexpr = False, n_q=0, n_k=0, max_q=0, max_k=0,
+                    BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
+                    SORT: tl.constexpr = False,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program. Each window w (rows [w * BLOCK_M, ...)) gets its first and last
     sequence, those holding its first and last row (-1, -1 past the last row): every
@@ -549,8 +551,9 @@ def windows(cu_q, n_rows: int, max_len: int, block_m: int):
 def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
     n_win = max(1, -(-n_rows // block_m))
     out = torch.empty(2, n_win, dtype=torch.int32, device=cu_q.device)
-    _windows_kernel[(1,)](cu_q, out, None, None, cu_q.shape[0] - 1, n_win,
-                          _span(max_len, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=False)
+    fast(_windows_kernel)[(1,)](cu_q, out, None, None, cu_q.shape[0] - 1, n_win,
+                                _span(max_len, block_m), None, 0, 0, 0, 0,
+                                BLOCK_M=block_m, SEQS=1024, ORDER=False)
     return out
 
 
@@ -574,11 +577,12 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
     sort = n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
-    _windows_kernel[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
-                          _span(max_q, block_m), BLOCK_M=block_m, SEQS=1024, ORDER=True,
-                          cu_k=cu_k, BLOCK_N=block_n, BLOCK=block, SORT=sort,
-                          num_warps=min(8, max(4, block // 256)), PDL=PDL,
-                          **checked_launch(check))
+    sizes, checked = checked_launch(check)
+    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
+                                _span(max_q, block_m), cu_k, *sizes, BLOCK_M=block_m,
+                                SEQS=1024, ORDER=True, BLOCK_N=block_n, BLOCK=block,
+                                SORT=sort, num_warps=min(8, max(4, block // 256)), PDL=PDL,
+                                **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:2 * n_win].view(2, n_win)
 
 
@@ -639,12 +643,13 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     count = tiles[2 * n4:2 * n4 + 1]
     opts = sort_launch(B, NB)
     keys = None if opts["SORT"] else torch.empty(n, dtype=torch.int64, device=cu_k.device)
-    _tile_keys_kernel[(1,)](cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4,
-                            NB, L_q, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
-                            BROADCAST_Q=cu_q is None, KV_TILES=True, PDL=PDL, **opts)
+    fast(_tile_keys_kernel)[(1,)](
+        cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4, NB, L_q, 0, 0, 0, 0,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal), BROADCAST_Q=cu_q is None,
+        KV_TILES=True, PDL=PDL, **opts)
     if keys is not None:
-        _kv_decode_kernel[(cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
-                                                   BLOCK=1024)
+        fast(_kv_decode_kernel)[(cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
+                                                  BLOCK=1024)
     return tiles[:n], tiles[n4:n4 + n], count
 
 

@@ -219,7 +219,7 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     from jagged.tiles import _tile_keys_kernel, checked_launch, sort_launch
     opts = sort_launch(batch, nb)
     assert opts["SORT"] == (batch <= 4096)
-    check = checked_launch((1, 1, 1, 1) if which == "fwd" else None)
+    check = checked_launch((1, 1, 1, 1) if which == "fwd" else None)[1]
     sig = dict(cu_q="*i32", cu_k="*i32", keys_ptr="*i64", tiles_ptr="*i32", count_ptr="*i32",
                n_pairs="i32", n_stride="i32", NB="i32", L_q="i32", n_q="i32", n_k="i32",
                max_q="i32", max_k="i32")
@@ -245,7 +245,7 @@ def test_windows_kernel_sm90(order, block, sort):
     list, sorted up to 4096 windows, which checks the offsets) compiles for the GPU
     without spills."""
     from jagged.tiles import _windows_kernel, checked_launch
-    check = checked_launch((1, 1, 1, 1) if order else None)
+    check = checked_launch((1, 1, 1, 1) if order else None)[1]
     sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
                count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32", SPAN="i32",
                cu_k="*i32" if order else "constexpr", n_q="i32", n_k="i32", max_q="i32",
