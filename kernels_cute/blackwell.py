@@ -17,6 +17,26 @@ def tc_fence_after():
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def bulk_copy_to_peer(src, dst, mbar, nbytes, peer):
+    """cp.async.bulk of `nbytes` from this CTA's smem `src` to `dst` (this CTA's address of
+    it) in cluster CTA `peer`, completing the transaction on the peer's `mbar` (traced in a
+    kernel; src, dst 16-byte aligned)."""
+    from cutlass import Int32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    def remote(p):
+        return llvm.inline_asm(T.i32(), [p.toint().ir_value(), Int32(peer).ir_value()],
+                               "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r",
+                               has_side_effects=False, is_align_stack=False,
+                               asm_dialect=llvm.AsmDialect.AD_ATT)
+    llvm.inline_asm(
+        None, [remote(dst), src.toint().ir_value(), remote(mbar), Int32(nbytes).ir_value()],
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+        "[$0], [$1], $3, [$2];", "r,r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 @functools.cache
 def kernel_base():
     """The base class of the Blackwell kernel classes (built on first use: it imports the

@@ -14,7 +14,8 @@ which dispatch sends here too) with the same checks.
 """
 import re
 
-from _blackwell import (TMEM_COLS, b200_matrix, backward_fn, check_cute, check_on_b200,
+import pytest
+from _blackwell import (SMEM_LIMIT, TMEM_COLS, b200_matrix, backward_fn, check_cute, check_on_b200,
                         cute_tests, problem, skip_unless_b200)
 
 _BODY = """
@@ -29,13 +30,15 @@ _BODY = """
     print("COMPILED")
 """
 
-DEFAULT = [(128, False, False, "bf16")]
+DEFAULT = [(128, False, False, "bf16"), (128, False, True, "bf16")]
 MATRIX = [(d, c, b, dt) for d in (64, 128) for c in (False, True) for b in (False, True)
           for dt in ("bf16", "fp16") if (d, c, b, dt) not in DEFAULT]
 
 
 def _check(variant, info, ptx, log):
     D, causal, bq, dtype = variant
+    if D == 128 and bq:
+        return _check_pair(variant, info, ptx, log)
     # S^T, dP^T over D / 16 k-blocks; dV, dK, dQ over 128 / 16; 384 threads x 168 registers
     check_cute(variant, info, ptx, log, 2 * D // 16 + 3 * 128 // 16, 384, 168)
     assert "cp.reduce.async.bulk.tensor" in ptx             # the dQ reduce-add
@@ -55,15 +58,108 @@ def _check(variant, info, ptx, log):
     assert info["tmem_total"] == 256 + 2 * D <= TMEM_COLS
 
 
+def _check_pair(variant, info, ptx, log):
+    """The pair build (broadcast-Q, D = 128): cta_group::2 throughout, a (2, 1, 1) cluster,
+    the leader's MMAs, the dS halves exchanged by one bulk copy a step body."""
+    assert ptx is not None, f"{variant} did not compile:\n{log}"
+    # S^T, dP^T over D / 16; dV, dK over 128 / 16; dQ over the pair's 2 x 128 keys / 16
+    mma = re.findall(r"tcgen05\.mma\.cta_group::2\.kind::f16", ptx)
+    assert len(mma) == 2 * 128 // 16 + 2 * 128 // 16 + 2 * 128 // 16, len(mma)
+    assert "cta_group::1" not in ptx                  # one group size a kernel (PTX rule)
+    for op in (r"alloc\.cta_group::2", r"dealloc\.cta_group::2",
+               r"relinquish_alloc_permit\.cta_group::2"):
+        assert len(re.findall(r"tcgen05\." + op, ptx)) == 1, op
+    # every commit reaches both CTAs' barriers
+    commits = re.findall(r"tcgen05\.commit\.[^ ]+", ptx)
+    assert len(commits) == 5 and all("multicast::cluster" in c for c in commits), commits
+    # the TMA loads signal the leader's barrier (the peer bit cleared)
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.\S+\.global\.\S+", ptx)
+    assert loads and all(x.endswith("cta_group::2") for x in loads), loads
+    assert "and.b32" in ptx and "-16777217" in ptx
+    # dS: the other query half to the peer, one copy in each of the two step bodies
+    assert len(re.findall(r"cp\.async\.bulk\.shared::cluster\.shared::cta\.mbarrier", ptx)) == 2
+    assert "cp.reduce.async.bulk.tensor" in ptx
+    assert len(re.findall(r"\bex2\.approx", ptx)) == 2 * 128
+    assert info["cluster"] == [2, 1, 1] and info["threads"] == 384
+    # S^T, dP^T, dV, dK; P^T over S^T's lower half, dS^T over dP^T's, dQ (64 columns)
+    # over dP^T's upper half
+    assert info["tmem"] == [0, 128, 256, 384, 0, 192], info
+    assert info["tmem_total"] == TMEM_COLS
+    assert info["smem"] <= SMEM_LIMIT, info
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log
+    assert re.search(r"\b0 bytes stack frame", log), log
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168
+
+
 test_default_builds, test_compile_matrix, test_default_build_sm103 = cute_tests(
     _BODY, DEFAULT, MATRIX, _check)
 
 
 def test_configs():
-    """One Q / dO ring depth per head dim, within the smem limit (checked at compile)."""
+    """One Q / dO ring depth per head dim, within the smem limit (checked at compile); the
+    pair build for broadcast-Q at D = 128 only."""
     from kernels_cute import bwd_blackwell as F
     assert set(F.CONFIGS) == {64, 128}
     assert F.pick_config(64).q_stages == 2 and F.pick_config(128).q_stages == 1
+    for d in (64, 128):
+        for bq in (False, True):
+            assert F.pick_config(d, bq).two_cta == (d == 128 and bq)
+
+
+def test_pair_grid():
+    """Pairs pinned to KV heads as programs are: an even grid, a multiple of the pairs'
+    heads, at least one pair a head."""
+    from kernels_cute.bwd_blackwell import pair_grid
+    assert pair_grid(148, 1) == 148 and pair_grid(147, 1) == 146
+    assert pair_grid(144, 4) == 144 and pair_grid(4, 4) == 8 and pair_grid(148, 37) == 148
+    for g in range(1, 300):
+        for hkv in (1, 2, 3, 8):
+            n = pair_grid(g // hkv * hkv or hkv, hkv)
+            assert n % 2 == 0 and (n // 2) % hkv == 0
+
+
+@pytest.mark.parametrize("D,bq", [(64, False), (64, True), (128, False), (128, True)])
+def test_dispatch(monkeypatch, D, bq):
+    """On compute capability 10.x (mocked) the CuteDSL backward is this module; its main
+    launch builds the pair kernel (a (2, 1, 1) cluster, an even grid of pairs) exactly for
+    broadcast-Q at D = 128, the 1-CTA one (1-CTA clusters, the call's grid) otherwise."""
+    import torch
+
+    from jagged import dispatch
+    from kernels_cute import bwd_blackwell as F, host
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    assert dispatch.kernel_arch(0) == "blackwell"
+
+    seen = {}
+
+    def compiled(cache, make, dtype, head_dim, causal, broadcast_q, cfg):
+        k = F.build(dtype, head_dim, causal, broadcast_q, cfg)
+        seen.update(cfg=cfg, cluster=k.cluster_shape, cls=type(k).__name__)
+        return lambda *args: seen.update(grid=args[-1])
+    monkeypatch.setattr(host, "compiled", compiled)
+    monkeypatch.setattr(F, "kv_tiles", lambda *a: (None, None, None))
+    H, HKV, grid = 8, 2, 148
+    q = torch.zeros(16, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(300, HKV, D, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    F._main(host.BwdCall(q, k, k, q, None, None, None, None, None, None if bq else cu, cu,
+                         200, False, 1.0, bq, 16 if bq else 0, 1, H // HKV, grid, None))
+    pair = D == 128 and bq
+    assert seen["cfg"].two_cta == pair
+    assert seen["cls"] == ("BwdBlackwellPair" if pair else "BwdBlackwell")
+    assert seen["cluster"] == ((2, 1, 1) if pair else (1, 1, 1))
+    assert seen["grid"] == (F.pair_grid(grid, HKV) if pair else grid)
+    # the launch hands the cluster shape to the driver
+    launched = {}
+
+    class _Kernel:
+        def launch(self, **kw):
+            launched.update(kw)
+    k_ = F.build(torch.bfloat16, D, False, bq)
+    k_.launch(_Kernel(), seen["grid"], None)
+    assert launched["cluster"] == list(seen["cluster"])
+    assert launched["grid"] == [seen["grid"], 1, 1]
 
 
 # ------------------------------------------------------------------------------ B200
