@@ -2113,6 +2113,265 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     return walk
 
 
+# ------------------------------------------------------------- CuteDSL, Blackwell backward, pair
+def _as_broadcast_q(problem: Problem) -> Problem:
+    """The pair build runs broadcast-Q only: any problem as one (L_q the longest query)."""
+    if problem.broadcast_q:
+        return problem
+    from dataclasses import replace
+    B = len(problem.lens_k)
+    return replace(problem, lens_q=(max(1, max(problem.lens_q, default=1)),) * B,
+                   broadcast_q=True)
+
+
+def cute_bwd_blackwell_pair(sim: Sim, problem: Problem, cfg, programs: int,
+                            head_dim: int = 128, elem_bytes: int = 2) -> BwdWalk:
+    """kernels_cute/bwd_blackwell.py's pair build (broadcast-Q, D = 128): `programs` pairs
+    of CTAs (c0 the leader, c1 its peer), pair p pinned to KV head p % H_kv, taking tiles
+    2u, 2u + 1 (one a CTA; past the list a tile of no keys) for u = p // H_kv, + step, ...;
+    both CTAs walk the pair's Q steps (from the lower first block of the two tiles).
+    The leader's mma role issues every MMA, reading and writing both CTAs' buffers; its
+    commits reach both CTAs' barriers (a multicast commit, modelled as one commit a
+    barrier: the same MMAs, each arrival at its own time). TMA loads of both CTAs complete
+    on the leader's full barriers, whose one expect counts both CTAs' bytes; consumers of
+    both CTAs arrive on the leader's empty barriers (256). Each compute keeps its query
+    half of dS in its stage `rank` and sends the other half (a bulk copy from its stage
+    2, an expect-tx arrival plus the bytes on the peer's `ds_full`); c1's mma warp relays
+    its `ds_full` to the leader's `ds_pair`; the leader waits both before dQ. A compute
+    rewriting stage 2 first checks that its last copy has landed (a read of the copy's
+    target, no synchronization: the commit handing it the step's S^T must imply it).
+    TMEM is freed after the pair's dealloc handshake, and both CTAs meet at a cluster
+    barrier before they exit."""
+    from kernels_cute.bwd_blackwell import BLOCK_M, BLOCK_N, DQ_WIDE, bulk_start
+    from kernels_cute.seqinfo import SeqlenInfo
+    problem = _as_broadcast_q(problem)
+    D, BM, BN = head_dim, BLOCK_M, BLOCK_N
+    CH = (D // 2) // DQ_WIDE                      # 32-column chunks of a CTA's dQ
+    walk = BwdWalk(problem, BM, BN, programs)
+    HKV, G, L_q = problem.hkv, problem.heads // problem.hkv, problem.lens_q[0]
+    pairs = HKV * max(1, programs // HKV)
+    KV_BYTES = (2 * BN * D + 2 * BN * D // 2) * elem_bytes   # K, V, both tiles' K halves
+    Q_BYTES = 4 * BM * D // 2 * elem_bytes                   # halves of Q, dO, Q^T, dO^T
+    DS_BYTES = BN * BM // 2 * elem_bytes
+    THREADS = 2 * (128 + 128 + 32 + 32)                      # the cluster barrier's roles
+
+    def pair_steps(u, hk, rank):
+        """-> (this CTA's key or None, its SeqlenInfo and n0, the pair's steps)."""
+        t0, t1 = 2 * u, min(2 * u + 1, walk.n_real - 1)
+        k0, _, b0, m0, _ = walk.coords(t0, hk)
+        k1, _, b1, m1, _ = walk.coords(t1, hk)
+        m_lo = min(m0, m1)
+        n_m = -(-(L_q - m_lo) // BM)
+        live = rank == 0 or 2 * u + 1 < walk.n_real
+        key, b = (k0, b0) if rank == 0 else (k1, b1)
+        n0 = walk.tile_n[key[0]] * BN if live else 0
+        seq = SeqlenInfo(0, 0, 0, L_q, problem.lens_k[b] if live else 0)
+        # (query head, first row): the same in both CTAs (broadcast-Q's one Q)
+        steps = [(hk * G + g, m_lo + jm * BM) for g in range(G) for jm in range(n_m)]
+        return (key if live else None), seq, n0, m_lo, n_m, steps
+
+    def add_pair(p):
+        """Pair p's roles (a function a pair: the roles' closures bind its names)."""
+        hk, first, step = p % HKV, p // HKV, pairs // HKV
+        c = [f"pair{p}.c{r}." for r in range(2)]
+        buf = lambda r, name, n=None: (sim.buffers(c[r] + name, n) if n else   # noqa: E731
+                                       sim.buffer(c[r] + name))
+        k, v, kt = ([buf(r, x) for r in range(2)] for x in ("k", "v", "kt"))
+        q, do, qt, dot = ([buf(r, x) for r in range(2)] for x in ("q", "do", "qt", "dot"))
+        ld = [buf(r, "lse_delta") for r in range(2)]
+        sds = [buf(r, "ds", 3) for r in range(2)]          # stages: tile 0, tile 1, sent
+        dqs = [buf(r, "dq_stage") for r in range(2)]
+        s_lo, s_hi = [buf(r, "S.lo") for r in range(2)], [buf(r, "S.hi") for r in range(2)]
+        dp_lo, dp_hi = [buf(r, "dP.lo") for r in range(2)], [buf(r, "dP.hi") for r in range(2)]
+        dk, dv = [buf(r, "dK") for r in range(2)], [buf(r, "dV") for r in range(2)]
+        tmem = [(s_lo[r], s_hi[r], dp_lo[r], dp_hi[r], dk[r], dv[r]) for r in range(2)]
+        bar = lambda r, name, count=1: sim.mbarriers(c[r] + name, 1, count)[0]  # noqa: E731
+        kv_full, q_full = bar(0, "kv_full"), bar(0, "q_full")       # the leader's
+        sdp_empty, dq_empty = bar(0, "sdp_empty", 256), bar(0, "dq_empty", 256)
+        dkv_empty, ds_pair = bar(0, "dkv_empty", 256), bar(0, "ds_pair")
+        kv_empty = [bar(r, "kv_empty") for r in range(2)]
+        q_empty = [bar(r, "q_empty") for r in range(2)]
+        ld_full = [bar(r, "ld_full", 32) for r in range(2)]
+        ld_empty = [bar(r, "ld_empty", 128) for r in range(2)]
+        sdp_full = [bar(r, "sdp_full") for r in range(2)]
+        dq_full = [bar(r, "dq_full") for r in range(2)]
+        dkv_full = [bar(r, "dkv_full") for r in range(2)]
+        ds_full = [bar(r, "ds_full") for r in range(2)]
+        dealloc = [bar(r, "dealloc", 32) for r in range(2)]
+        tmem_b = [sim.named_barrier(c[r] + "bar1") for r in range(2)]
+        dq_b = [sim.named_barrier(c[r] + "bar2") for r in range(2)]
+        xchg_b = [sim.named_barrier(c[r] + "bar3") for r in range(2)]
+        cluster = sim.named_barrier(f"pair{p}.cluster")
+
+        def tiles():
+            u = first
+            while 2 * u < walk.n_real:
+                yield u
+                u += step
+
+        def load(r):
+            for u in tiles():
+                steps = pair_steps(u, hk, r)[5]
+                yield Wait(kv_empty[r], (u_count(u) & 1) ^ 1)
+                if r == 0:
+                    yield Arrive(kv_full, tx=2 * KV_BYTES)
+                yield Tma(kv_full, {k[r]: ("K", u, r), v[r]: ("V", u, r), kt[r]: ("Kt", u, r)},
+                          KV_BYTES)
+                for s in steps:
+                    i = q_count[r]
+                    yield Wait(q_empty[r], (i & 1) ^ 1)
+                    if r == 0:
+                        yield Arrive(q_full, tx=2 * Q_BYTES)
+                    tag = ("Q", u, s)
+                    yield Tma(q_full, {q[r]: tag, do[r]: tag, qt[r]: tag, dot[r]: tag}, Q_BYTES)
+                    yield Wait(ld_empty[r], (i & 1) ^ 1)
+                    yield Write(ld[r], ("lse", u, s, r))
+                    yield Arrive(ld_full[r], 32)
+                    q_count[r] += 1
+            yield BarSync(cluster, THREADS)
+
+        def u_count(u):
+            return (u - first) // step
+
+        def mma():                                           # the leader's
+            yield BarSync(tmem_b[0], 288)
+            n_sdp, n_dkv = 0, 0
+            for u in tiles():
+                _, _, _, _, _, steps = pair_steps(u, hk, 0)
+                yield Wait(kv_full, u_count(u) & 1)
+                yield Wait(dkv_empty, (n_dkv & 1) ^ 1)
+                for j, s in enumerate(steps):
+                    tag, ph = ("Q", u, s), n_sdp & 1
+                    yield Wait(q_full, ph)
+                    yield Mma({**{k[r]: ("K", u, r) for r in range(2)},
+                               **{q[r]: tag for r in range(2)}},
+                              {b: ("S", u, s) for r in range(2) for b in (s_lo[r], s_hi[r])})
+                    yield Wait(dq_empty, ph ^ 1)
+                    yield Mma({**{v[r]: ("V", u, r) for r in range(2)},
+                               **{do[r]: tag for r in range(2)}},
+                              {b: ("dP", u, s) for r in range(2) for b in (dp_lo[r], dp_hi[r])})
+                    for r in range(2):
+                        yield Commit(sdp_full[r])
+                    yield Wait(sdp_empty, ph)
+                    acc = lambda b, name: {b: (name, u, j - 1)} if j else {}  # noqa: E731
+                    for r in range(2):
+                        yield Mma({s_lo[r]: ("P", u, s, r), dot[r]: tag, **acc(dv[r], "dV")},
+                                  {dv[r]: ("dV", u, j)})
+                        yield Mma({dp_lo[r]: ("dSt", u, s, r), qt[r]: tag, **acc(dk[r], "dK")},
+                                  {dk[r]: ("dK", u, j)})
+                    for r in range(2):
+                        yield Commit(q_empty[r], release=(q[r], do[r], qt[r], dot[r]))
+                    yield Wait(ds_full[0], ph)
+                    yield Wait(ds_pair, ph)
+                    yield Mma({**{sds[r][t]: ("dS", u, s, t, r) for r in range(2)
+                                  for t in range(2)},
+                               **{kt[r]: ("Kt", u, r) for r in range(2)}},
+                              {dp_hi[r]: ("dQ", u, s) for r in range(2)})
+                    for r in range(2):
+                        yield Commit(dq_full[r], release=(sds[r][0], sds[r][1]))
+                    n_sdp += 1
+                for r in range(2):                           # the tile's MMAs done
+                    yield Commit(dkv_full[r], release=tmem[r])
+                for r in range(2):
+                    yield Commit(kv_empty[r], release=(k[r], v[r], kt[r]))
+                n_dkv += 1
+            yield from teardown(0)
+
+        def relay():                                         # c1's mma warp
+            yield BarSync(tmem_b[1], 288)
+            n = 0
+            for u in tiles():
+                for _ in pair_steps(u, hk, 1)[5]:
+                    yield Wait(ds_full[1], n & 1)
+                    yield Arrive(ds_pair)
+                    n += 1
+            yield from teardown(1)
+
+        def teardown(r):
+            yield BarSync(tmem_b[r], 288)                   # this CTA's readers done
+            yield Arrive(dealloc[r ^ 1], 32)                # the pair's dealloc handshake
+            yield Wait(dealloc[r], 0)
+            for b in tmem[r]:
+                yield Write(b, "freed")
+            yield BarSync(cluster, THREADS)
+
+        def compute(r):
+            yield BarSync(tmem_b[r], 288)
+            n_sdp, n_dkv, sent = 0, 0, None
+            for u in tiles():
+                key, seq, n0, m_lo, n_m, steps = pair_steps(u, hk, r)
+                m_bulk = bulk_start(seq, n0, m_lo, n_m, problem.causal, BM, BN)
+                order = list(range(m_bulk)) + list(range(m_bulk, n_m))  # masked, bulk
+                walk_steps = [steps[g * n_m + jm] for g in range(G) for jm in order]
+                for s in walk_steps:
+                    ph = n_sdp & 1
+                    yield Wait(ld_full[r], ph)
+                    yield Wait(sdp_full[r], ph)
+                    yield Read(ld[r], ("lse", u, s, r))
+                    yield Read(s_lo[r], ("S", u, s))        # ascending chunks: P^T over
+                    yield Read(s_hi[r], ("S", u, s))        # the lower columns, read
+                    yield Write(s_lo[r], ("P", u, s, r))
+                    yield Read(dp_lo[r], ("dP", u, s))
+                    yield Read(dp_hi[r], ("dP", u, s))
+                    yield Write(dp_lo[r], ("dSt", u, s, r))
+                    yield Write(sds[r][r], ("dS", u, s, r, r))
+                    if sent is not None:                    # the last copy has landed
+                        yield Read(sds[r ^ 1][r], sent)
+                        yield Release((sds[r ^ 1][r],))
+                    yield Write(sds[r][2], ("dS", u, s, r, r ^ 1))
+                    yield BarSync(xchg_b[r], 128)
+                    sent = ("dS", u, s, r, r ^ 1)
+                    yield Arrive(ds_full[r ^ 1], tx=DS_BYTES)   # one thread
+                    yield Tma(ds_full[r ^ 1], {sds[r ^ 1][r]: sent}, DS_BYTES)
+                    yield Release((sds[r][2],))
+                    yield Arrive(ld_empty[r], 128, release=(ld[r],))
+                    yield Arrive(sdp_empty, 128, release=(s_lo[r], s_hi[r], dp_lo[r], dp_hi[r]))
+                    n_sdp += 1
+                yield Wait(dkv_full[r], n_dkv & 1)              # store
+                n = len(steps)
+                yield Read(dk[r], ("dK", u, n - 1))
+                yield Read(dv[r], ("dV", u, n - 1))
+                yield Arrive(dkv_empty, 128, release=(dk[r], dv[r]))
+                n_dkv += 1
+                if key is not None:
+                    walk.done.append(key)
+            yield BarArrive(tmem_b[r], 288)
+            yield BarSync(cluster, THREADS)
+
+        def reduce_dq(r):
+            yield BarSync(tmem_b[r], 288)
+            n_dq = 0
+            for u in tiles():
+                for s in pair_steps(u, hk, r)[5]:
+                    yield Wait(dq_full[r], n_dq & 1)
+                    for ch in range(CH):
+                        yield Read(dp_hi[r], ("dQ", u, s))
+                        if ch == CH - 1:
+                            yield Arrive(dq_empty, 128, release=(dp_hi[r],))
+                        yield MmaWait(0)                    # bulk wait_group(0) read
+                        yield BarSync(dq_b[r], 128)
+                        yield Write(dqs[r], ("dQ", u, s, ch))
+                        yield BarSync(dq_b[r], 128)
+                        yield Mma({dqs[r]: ("dQ", u, s, ch)})   # two reduce boxes
+                    n_dq += 1
+            yield MmaWait(0)
+            yield BarArrive(tmem_b[r], 288)
+            yield BarSync(cluster, THREADS)
+
+        q_count = [0, 0]
+        for r in range(2):
+            sim.role(c[r] + "compute", compute(r))
+            sim.role(c[r] + "reduce_dq", reduce_dq(r))
+            sim.role(c[r] + "load", load(r), threads=32)
+        sim.role(c[0] + "mma", mma(), threads=32)
+        sim.role(c[1] + "mma", relay(), threads=32)
+
+    for p in range(pairs):
+        add_pair(p)
+    walk.programs = pairs
+    return walk
+
+
 # ----------------------------------------------------------------------------- sweeps
 def random_problem(rng: random.Random, block_m: int, block_n: int,
                    max_len: int | None = None) -> Problem:

@@ -746,3 +746,73 @@ def test_bwd_blackwell_mutations_are_caught(style):
     got = reports(mutate=lambda r, op: None if r.endswith("reduce_dq") and op == MmaWait(1)
                   else op)
     assert len(got) == 6 and all(k == "race" and "dq_stage" in m for k, m in got)
+
+
+# ------------------------------------------------- CuteDSL Blackwell backward, the pair build
+# broadcast-Q, an odd tile count (the last pair's peer takes the tile of no keys), a
+# one-key and a keyless sequence, two KV heads
+PAIR = Problem((130,) * 4, (300, 1, 0, 129), heads=2, causal=False, broadcast_q=True)
+
+
+def _pair_cfg():
+    from kernels_cute.bwd_blackwell import TWO_CTA
+    return TWO_CTA
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cute_bwd_blackwell_pair_protocol(causal):
+    """The pair's cross-CTA barriers (the leader's full and empty barriers, multicast
+    commits, the dS exchange and its relay, the dealloc handshake) over random jagged
+    broadcast-Q lists: no deadlock, no buffer reused before its release, every tile
+    finished once."""
+    prob = dataclasses.replace(PAIR, causal=causal)
+    P.check(lambda sim: P.cute_bwd_blackwell_pair(sim, prob, _pair_cfg(), 2), range(6))
+    runs, _ = P.sweep(P.cute_bwd_blackwell_pair, _pair_cfg(), problems=8, seeds=3,
+                      seed=_seed(("cute bw bwd pair", causal)), max_len=300)
+    assert runs == 24
+
+
+def _pair_reports(seeds=range(6), **kw):
+    out = []
+    for seed in seeds:
+        try:
+            P.check(lambda sim: P.cute_bwd_blackwell_pair(sim, PAIR, _pair_cfg(), 1),
+                    [seed], **kw)
+        except ProtocolError as e:
+            out.append((e.kind, str(e)))
+    return out
+
+
+def _no_wait(role_part, bar_part):
+    return lambda r, op: None if (role_part in r and type(op) is Wait
+                                  and bar_part in op.bar) else op
+
+
+def test_cute_bwd_blackwell_pair_mutations_are_caught():
+    # the leader not waiting for its own half to land in the peer: dQ reads the peer's
+    # stage while the copy still writes it (a narrow window: the copy has to be slower
+    # than the leader's dV, dK issue)
+    reports = _pair_reports(seeds=range(150), mutate=_no_wait("c0.mma", "ds_pair"))
+    assert reports and all(k == "race" and "c1.ds[0]" in m for k, m in reports)
+    # the relay's arrival lost: the leader waits forever
+    reports = _pair_reports(mutate=lambda r, op: None if (
+        r.endswith("c1.mma") and type(op) is Arrive and "ds_pair" in op.bar) else op)
+    assert len(reports) == 6 and all(k == "deadlock" and "ds_pair" in m for k, m in reports)
+    # the multicast commit of S^T, dP^T not reaching the peer
+    reports = _pair_reports(mutate=lambda r, op: None if (
+        type(op) is Commit and op.bar.startswith("pair0.c1.sdp_full")) else op)
+    assert len(reports) == 6 and all(k == "deadlock" for k, _ in reports)
+    # the leader's empty barrier counting one CTA's threads: the next S^T overwrites what
+    # the peer still reads
+    reports = _pair_reports(counts={"pair0.c0.sdp_empty": 128})
+    assert len(reports) == 6 and all(k in ("race", "stale", "arrival", "aliasing")
+                                     for k, _ in reports)
+    # the leader's full barrier expecting one CTA's bytes: the MMAs read the peer's Q
+    # while its TMA still writes it
+    reports = _pair_reports(mutate=lambda r, op: op._replace(tx=op.tx // 2) if (
+        r.endswith("c0.load") and type(op) is Arrive and "q_full" in op.bar) else op)
+    assert reports and all(k in ("race", "stale", "arrival", "aliasing") for k, _ in reports)
+    # the leader's half of the dealloc handshake lost: the peer never frees its TMEM
+    reports = _pair_reports(mutate=lambda r, op: None if (
+        r.endswith("c0.mma") and type(op) is Arrive and "dealloc" in op.bar) else op)
+    assert len(reports) == 6 and all(k == "deadlock" and "dealloc" in m for k, m in reports)
