@@ -640,10 +640,12 @@ def fwd_tile_list(problem: Problem, block_m: int, block_n: int):
 
 
 def fwd_tile_coords(t: int, P: int, pairs, n_pairs: int, nblk: int, problem: Problem,
-                    block_m: int, block_n: int, flip: bool = True) -> FwdTile:
+                    block_m: int, block_n: int, flip: bool = True,
+                    direct: bool = False) -> FwdTile:
     """Tile id t -> FwdTile: the arithmetic of both styles' schedule.tile_coords (the
     boustrophedon round-robin of P programs unless not `flip`, chunks of nblk pairs with
-    pairs fastest, then heads)."""
+    pairs fastest, then heads). direct (jagged.tiles.fwd_direct): `pairs` is every pair
+    in order, and a pair past its sequence's queries visits no KV block."""
     H = problem.heads
     if flip:
         k = t // P
@@ -661,7 +663,8 @@ def fwd_tile_coords(t: int, P: int, pairs, n_pairs: int, nblk: int, problem: Pro
         kv_full = _causal_kv_end(m0 + 1, len_q, len_k)
     else:
         kv_end = kv_full = len_k
-    return FwdTile(b, r // chunk_len, m0, kv_full // block_n, -(-kv_end // block_n), len_q)
+    n_end = -(-kv_end // block_n) if not direct or m0 < len_q else 0
+    return FwdTile(b, r // chunk_len, m0, min(kv_full // block_n, n_end), n_end, len_q)
 
 
 def kv_block(j, n_end, mask_first):
@@ -690,17 +693,21 @@ class Walk:
     """A launch over the tile list: `programs` persistent programs (at most one per
     (pair, head) of the list's upper bound, as the hosts size their grids), `total` tile
     ids, `coords(t)`, the tiles each program walks in the static round-robin, and the
-    check that the tiles finished are those of the list, each once."""
+    check that the tiles finished are those of the list, each once. direct
+    (jagged.tiles.fwd_direct): no list, every (pair, head) in order, a program each."""
 
     def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int,
-                 flip: bool = True):
+                 flip: bool = True, direct: bool = False):
         self.problem = problem
         pairs, count, nblk = fwd_tile_list(problem, block_m, block_n)
+        if direct:
+            count = len(problem.lens_k) * nblk
+            pairs = list(range(count))
         self.total = n = count * problem.heads
         self.bound = len(problem.lens_k) * nblk * problem.heads
-        self.programs = P = max(1, min(programs, self.bound))
+        self.programs = P = max(1, self.bound if direct else min(programs, self.bound))
         self.coords = lambda t: fwd_tile_coords(t, P, pairs, count, nblk, problem, block_m,
-                                                block_n, flip)
+                                                block_n, flip, direct)
         self.tiles = [[self.coords(t) for t in range(p, n, P)] for p in range(P)]
         self.want = sorted((pair // nblk, h, pair % nblk * block_m)
                            for pair in pairs[:count] for h in range(problem.heads))
@@ -898,7 +905,7 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
 
 # ----------------------------------------------------------------------------- TLX, Blackwell
 def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                      elem_bytes: int = 2) -> Walk:
+                      elem_bytes: int = 2, direct: bool = False) -> Walk:
     """kernels_tlx/fwd_blackwell.py: per program a `load` warp, an `mma` warp, two
     `softmax` warpgroups (one per 128-row group g of the 256-row tile) and a `correction`
     warpgroup, all single-arrival mbarriers. Q: a (buffer, group) slot each; K and V
@@ -907,11 +914,12 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
     statistics alpha (per step), l and m (per tile) in shared memory, one buffer a group.
     Tiles (cfg.dynamic): the load warp takes each next tile from a
     global counter and hands it to the four other tasks through a two-slot ring
-    (tile_counter.py), else everyone steps the static round-robin."""
+    (tile_counter.py), else everyone steps the static round-robin. direct (DIRECT): a
+    program a tile, every pair in order, no counter."""
     GM, G = 128, 2
     BN, NBQ, NB, PS = cfg.block_n, cfg.num_buffers_q, cfg.num_buffers_kv, cfg.p_slices
-    walk = Walk(problem, G * GM, BN, programs)
-    P, total, dyn = walk.programs, walk.total, cfg.dynamic
+    walk = Walk(problem, G * GM, BN, programs, direct=direct)
+    P, total, dyn = walk.programs, walk.total, cfg.dynamic and not direct
     Q_BYTES, KV_BYTES = GM * head_dim * elem_bytes, BN * head_dim * elem_bytes
     counter = sim.counter("tile_counter")
     for p in range(P):
@@ -1112,7 +1120,7 @@ def _live_halves(t: FwdTile):
 
 
 def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                       elem_bytes: int = 2) -> Walk:
+                       elem_bytes: int = 2, direct: bool = False) -> Walk:
     """kernels_cute/fwd_blackwell.py: per CTA the `load` and `mma` warps, two `softmax`
     warpgroups (halves s of the 256-row tile), the `correction` warpgroup (and `store`)
     and (cfg.clc) the `schedule` warp. Pipelines: Q (2 slots) and K/V (alternate slots of
@@ -1125,12 +1133,15 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     starts at tile c; CLC hands it the id of the next CTA it cancels (the grid is the
     list's upper bound), else the static round-robin without the flip. A half whose rows
     all lie past the sequence's end runs the hand-overs only: no MMAs, no softmax, no
-    rescale (its factor is 1), and its store reads a stale O_s."""
+    rescale (its factor is 1), and its store reads a stale O_s. direct (Config.direct,
+    or cfg.direct): a CTA a tile, every pair in order, no CLC query."""
     HM = 128
     BN, NB = cfg.block_n, cfg.num_buffers_kv
-    walk = Walk(problem, 2 * HM, BN, programs, flip=False)
+    direct = direct or getattr(cfg, "direct", False)
+    walk = Walk(problem, 2 * HM, BN, programs, flip=False, direct=direct)
     total = walk.total
-    grid = walk.bound if cfg.clc else walk.programs
+    clc = cfg.clc and not direct
+    grid = walk.bound if clc else walk.programs
     Q_BYTES, KV_BYTES = HM * head_dim * elem_bytes, BN * head_dim * elem_bytes
     launch = sim.counter("launch", walk.programs)  # CTAs launch (and are cancelled) in id order
     for p in range(min(walk.programs, total)):    # CTAs past the tiles do nothing
@@ -1154,7 +1165,7 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
         TMEM_THREADS = 32 * 13
 
         def next_tile(tile, i, threads, resp=resp, clc_full=clc_full, clc_empty=clc_empty):
-            if not cfg.clc:
+            if not clc:
                 return tile + grid
             yield Wait(clc_full[0], i & 1)
             x = yield Read(resp[0])
@@ -1335,7 +1346,7 @@ def cute_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
                 i += 1
             yield BarArrive(tmem_bar, TMEM_THREADS)
 
-        if cfg.clc:
+        if clc:
             sim.role(pre + "schedule", schedule(), threads=32)
         sim.role(pre + "load", load(), threads=32)
         sim.role(pre + "mma", mma(), threads=32)

@@ -38,6 +38,13 @@ c, later ones are the ids of CTAs it cancels (the hardware launches and cancels 
 order, so tiles go out longest first). Tile ids at or past the device-side count end the
 walk. Tiles decode as `schedule.tile_coords` without the static round-robin's flip.
 
+One wave without a list (Config.direct, jagged.tiles.fwd_direct), as fwd_hopper's: when
+every (sequence, query block, head) tile has a CTA of its own, CTA c takes tile c alone
+(the pairs in order, no CLC query; a pair past its sequence's queries visits no KV
+block and stores nothing), and the kernel ahead is the offsets check. The reads
+(offsets, TMA boxes, which the hardware bounds) run under it; `store` waits for it
+(griddepcontrol.wait) before its global writes, after O_s went back to `mma`.
+
 Per step n a half s runs: mma QK_s(n) -> softmax_s(n) -> [correction rescales O_s by
 softmax_s(n)'s factor after PV_s(n-1)] -> mma PV_s(n) -> mma QK_s(n+1) (it overwrites
 P_s(n): tcgen05 MMAs from one thread execute in order). While softmax 0 works, the
@@ -112,6 +119,8 @@ class Config:
     block_m: int = 2 * HALF_M   # query rows per tile (two softmax halves)
     pack: int = 1               # broadcast-Q: query heads a tile's rows hold (a call's
                                 # jagged.tiles.gqa_pack; q comes in packed, O and LSE out not)
+    direct: bool = False        # no tile list: one wave, CTA c takes tile c (a call's
+                                # jagged.tiles.fwd_direct; no CLC query)
 
 
 # Defaults keyed by (head_dim, causal). Not yet measured on a B200: FA4's sm100 shapes
@@ -128,8 +137,9 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
 # role: schedule
 class Sched(NamedTuple):
     """What every role needs to decode a tile id."""
-    mPairs: Any          # the tile list: (batch element, query block) pairs
-    mCount: Any          # [valid pairs] (on the device; read where used, not kept live)
+    mPairs: Any          # the tile list: (batch element, query block) pairs (direct: None)
+    mCount: Any          # [valid pairs] (on the device; read where used, not kept live;
+                         # direct: (every pair,))
     mCuQ: Any
     mCuK: Any
     L_q: Any
@@ -150,20 +160,25 @@ class Tile(NamedTuple):
 
 
 def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
-            BROADCAST_Q: bool, PACK: int = 1) -> Tile:
+            BROADCAST_Q: bool, PACK: int = 1, DIRECT: bool = False) -> Tile:
     """Tile id -> where it lives: chunks of nblk pairs of the list, pairs fastest, then
     heads (schedule.tile_coords' order without its round-robin flip: CLC hands ids out in
     order). Plain arithmetic: traced inside a role, or run on ints. PACK > 1
     (jagged.tiles.gqa_pack): tile row r is query row r // PACK, of len_q // PACK, for the
-    causal cut (SeqlenInfo.row_kv_end)."""
-    from .seqinfo import SeqlenInfo, _min
+    causal cut (SeqlenInfo.row_kv_end). DIRECT (jagged.tiles.fwd_direct): no list, the
+    pairs in pair order (mCount: every pair); a pair past its sequence's queries visits
+    no KV block."""
+    from .seqinfo import SeqlenInfo, _max, _min
 
     span = sched.nblk * sched.H
     first = tile // span * sched.nblk
     chunk_len = _min(sched.nblk, sched.mCount[0] - first)
     r = tile - tile // span * span
     h = r // chunk_len
-    pair = sched.mPairs[first + r % chunk_len] & 0xFFFFFFFF
+    if DIRECT:
+        pair = first + r % chunk_len
+    else:
+        pair = sched.mPairs[first + r % chunk_len] & 0xFFFFFFFF
     if not isinstance(pair, int):
         import cutlass
         pair = cutlass.Int32(pair)
@@ -178,6 +193,8 @@ def tile_of(tile, sched: Sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
         n_end = (seq.len_k + BLOCK_N - 1) // BLOCK_N
         n_bulk0 = seq.len_k // BLOCK_N
         n_bulk1 = n_bulk0
+    if DIRECT:  # a pair past its queries: nothing to visit, nothing to store
+        n_end = _min(_max(seq.len_q - m0, 0), 1) * n_end
     return Tile(h, h // sched.group, m0, seq, _min(n_bulk0, n_end), _min(n_bulk1, n_end),
                 n_end)
 
@@ -207,7 +224,8 @@ def _kernel_class():
             self.block_m, self.block_n = cfg.block_m, cfg.block_n
             self.stages = cfg.num_buffers_kv
             self.early_release = cfg.early_release
-            self.clc = cfg.clc
+            self.direct = cfg.direct
+            self.clc = cfg.clc and not cfg.direct   # direct: a CTA a tile, nothing to fetch
             self.clc_stages = 1
             self.pack = cfg.pack
             assert self.pack == 1 or (broadcast_q and HALF_M % self.pack == 0)
@@ -301,7 +319,11 @@ def _kernel_class():
                    tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                    SharedStorage: cutlass.Constexpr):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            sched = Sched(mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
+            if const_expr(self.direct):  # every pair: B * nblk (mPairs, mCount unused)
+                sched = Sched(None, ((mCuK.shape[0] - 1) * nblk,), mCuQ, mCuK, L_q,
+                              mQ.shape[2], group, nblk)
+            else:
+                sched = Sched(mPairs, mCount, mCuQ, mCuK, L_q, mQ.shape[2], group, nblk)
             if warp == LOAD_WARP:
                 for a in (tma_atom_Q, tma_atom_K, tma_atom_V):
                     cpasync.prefetch_descriptor(a)
@@ -335,8 +357,10 @@ def _kernel_class():
             pipeline.pipeline_init_arrive()
             pipeline.pipeline_init_wait()
             # a programmatic dependent of the tile-list kernel (jagged.tiles PDL): global
-            # memory (the tile count first) only once the kernels ahead have finished
-            cute.arch.griddepcontrol_wait()
+            # memory (the tile count first) only once the kernels ahead have finished.
+            # direct: the kernel ahead is the offsets check, and only `store` waits for it
+            if const_expr(not self.direct):
+                cute.arch.griddepcontrol_wait()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sKV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -381,7 +405,7 @@ def _kernel_class():
         @cute.jit
         def tile_at(self, tile: Int32, sched: Sched) -> Tile:
             return tile_of(tile, sched, self.block_m, self.block_n, self.causal,
-                           self.broadcast_q, self.pack)
+                           self.broadcast_q, self.pack, self.direct)
 
         @cute.jit
         def next_tile(self, tile: Int32, i: Int32, sched: Sched, clc):
@@ -783,6 +807,8 @@ def _kernel_class():
                     pipe_o.sync_object_empty.arrive(s, None)
             else:
                 rO.fill(0.0)
+            if const_expr(self.direct):  # no write before the offsets check has passed
+                cute.arch.griddepcontrol_wait()
             if r_in < t.seq.len_q:
                 out_row = t.seq.out_start + r_in
                 cute.autovec_copy(rO, mO[out_row, None, t.h])
@@ -814,12 +840,12 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 
 def programs(cfg: Config, n_tiles: int, device) -> int:
     """CLC: a CTA per tile of the upper bound (those past the device-side count exit at
-    once); static: one per SM."""
+    once); static: one per SM. direct (one wave): a CTA a tile either way."""
     return n_tiles if cfg.clc else host.persistent_programs(cfg, n_tiles, device)
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
-                          programs, pack_gqa=True)
+                          programs, pack_gqa=True, direct=True)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):

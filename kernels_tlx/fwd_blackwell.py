@@ -62,6 +62,13 @@ the store's row bound) or past the tensor (TMA fills zeros). Nothing is written 
 The kernel is launched as a programmatic dependent of its tile-list kernel, as
 fwd_hopper's: each task waits (gdc_wait) before it first reads global memory.
 
+One wave without a list (DIRECT, jagged.tiles.fwd_direct), as fwd_hopper's: when every
+(sequence, query block, head) tile has a program of its own, program p takes tile p
+alone (the pairs in order: no counter, no handoff; a pair past its sequence's queries
+visits no KV block and stores nothing), and the kernel ahead is the offsets check. Its
+reads (offsets, TMA boxes, which the hardware bounds) run under the check; only the
+correction's stores wait for it.
+
 Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's rows (PACK,
 jagged.tiles.gqa_pack), as fwd_hopper does: q comes in packed, the correction's stores
 map row r to query row r // PACK of head h * PACK + r % PACK (`out_rows_heads`), and the
@@ -79,7 +86,7 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_wait
 
 from jagged.arch import num_sms
-from jagged.tiles import fwd_bucket, packed_query
+from jagged.tiles import fwd_bucket, fwd_direct, packed_query, pairs_per_sequence
 from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast, tma_desc
@@ -225,11 +232,23 @@ def _buf_phase(count, NUM_BUFFERS: tl.constexpr):
 
 @triton.jit
 def _tile(t, tiles, n_pairs, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          BROADCAST_Q: tl.constexpr, PACK: tl.constexpr):
+          BROADCAST_Q: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     return tile_coords(t, tiles.pairs, n_pairs, tiles.cu_q, tiles.cu_k, tiles.L_q,
                        tiles.H, tiles.GROUP, tiles.NBLK, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
-                       PACK)
+                       PACK, DIRECT)
 
+
+@triton.jit
+def _pairs(tiles, DIRECT: tl.constexpr):  # role: schedule
+    """A task's pair count (per task: a value read before the split would spill), read
+    once the list kernel ahead has finished. DIRECT: every pair, from the grid (a program
+    a tile; an argument read in each task spilled more), and no wait: the kernel ahead is
+    the offsets check, which only the stores wait for."""
+    if DIRECT:
+        return tl.num_programs(0) // tiles.H
+    else:
+        gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
+        return tl.load(tiles.count)
 
 
 @triton.jit
@@ -245,12 +264,11 @@ def _fetch(tiles, bars, t, i, DYNAMIC: tl.constexpr):  # role: schedule
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
          NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
          BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, DYNAMIC: tl.constexpr,
-         PACK: tl.constexpr):
+         PACK: tl.constexpr, DIRECT: tl.constexpr):
     """Producer: per tile with keys, Q_0 and Q_1, then K_j, V_j for its blocks in
     kv_block order; takes (DYNAMIC) and publishes the next tile after issuing them."""
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
-    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
-    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    n_pairs = _pairs(tiles, DIRECT)
     total = n_pairs * tiles.H
     t = tl.program_id(0)
     if DYNAMIC:
@@ -259,7 +277,7 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr
     tw = 0      # tiles with keys so far (Q ring uses)
     kv_cnt = 0  # K / V ring uses
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK, DIRECT)
         if tile.n_end > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
             for g in tl.static_range(GROUPS):
@@ -327,12 +345,11 @@ def _pv(smem, tmem, bars, vb, step, use_acc, g: tl.constexpr, BLOCK_N: tl.conste
 def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
         NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
         BROADCAST_Q: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr,
-        PACK: tl.constexpr):
+        PACK: tl.constexpr, DIRECT: tl.constexpr):
     """The tensor core's issue order per tile of n steps:
     S_0(0) S_1(0) PV_0(0) | S_0(j) PV_1(j-1) S_1(j) PV_0(j) for j in 1..n-1 | PV_1(n-1):
     one group's MMAs run while the other group's softmax does."""
-    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
-    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    n_pairs = _pairs(tiles, DIRECT)
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
@@ -340,7 +357,7 @@ def mma(smem, tmem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     kv_cnt = 0
     step = 0    # KV steps so far (the phase of the per-step barriers)
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK, DIRECT)
         n = tile.n_end
         if n > 0:
             qb, qph = _buf_phase(tw, NUM_BUFFERS_Q)
@@ -438,19 +455,19 @@ def _softmax_step(smem, tmem, bars, m_i, l_i, qk_scale, rows, n0, step, tile, g,
 @triton.jit
 def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr, S_SLICE: tl.constexpr,
-            P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr, PACK: tl.constexpr):
+            P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr, PACK: tl.constexpr,
+            DIRECT: tl.constexpr):
     """Group g's 128 rows of each tile: the peeled first (masked) step, the branch-free
     bulk, the masked tail (none without causal masking under MASK_FIRST); then l and m
     to TMEM for the epilogue."""
-    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
-    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    n_pairs = _pairs(tiles, DIRECT)
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK, DIRECT)
         if tile.n_end > 0:
             rows = causal_rows(tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M), tile, PACK)
             first, bulk_lo, bulk_end, tail_end = kv_steps(tile.n_bulk, tile.n_end, MASK_FIRST)
@@ -481,19 +498,19 @@ def softmax(smem, tmem, bars, tiles, qk_scale, g, BLOCK_N: tl.constexpr, CAUSAL:
 @triton.jit
 def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DYNAMIC: tl.constexpr,
-               O_SLICE: tl.constexpr, PACK: tl.constexpr):
+               O_SLICE: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     """O_g *= alpha between steps (not at a tile's first: P V overwrites O then), and the
     epilogue: O = O / l and LSE for rows < len_q; rows with no key (and tiles with no
-    keys at all, which touch no TMEM) get O = 0 and LSE = -inf."""
-    gdc_wait()  # a dependent launch: the list kernel's writes first (module docstring)
-    n_pairs = tl.load(tiles.count)  # per task: a value loaded before the split would spill
+    keys at all, which touch no TMEM) get O = 0 and LSE = -inf. DIRECT: the epilogue
+    waits for the offsets check ahead (no write before it has passed)."""
+    n_pairs = _pairs(tiles, DIRECT)
     total = n_pairs * tiles.H
     t = _fetch(tiles, bars, tl.program_id(0) - tl.num_programs(0), 0, DYNAMIC)
     i = 0
     tw = 0
     step = 0
     while t < total:
-        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK)
+        tile = _tile(t, tiles, n_pairs, BLOCK_N, CAUSAL, BROADCAST_Q, PACK, DIRECT)
         n = tile.n_end
         if n > 0:
             for g in tl.static_range(GROUPS):
@@ -507,6 +524,8 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
                         o_c = tlx.subslice(tmem.o[g], c * O_SLICE, O_SLICE)
                         tlx.local_store(o_c, tlx.local_load(o_c) * alpha)
                     tlx.barrier_arrive(bars.o_ready[g], 1)
+            if DIRECT:  # after the rescales: the mma's P V never waits for the check
+                gdc_wait()
             for g in tl.static_range(GROUPS):
                 tlx.barrier_wait(bars.stats_full[g], tw & 1)
                 l_i = tlx.local_load(smem.l[g])
@@ -531,6 +550,8 @@ def correction(smem, tmem, bars, tiles, out, HEAD_DIM: tl.constexpr, BLOCK_N: tl
             step += n
             tw += 1
         else:
+            if DIRECT:
+                gdc_wait()
             for g in tl.static_range(GROUPS):
                 rows = tile.m0 + g * GROUP_M + tl.arange(0, GROUP_M)
                 out_rows, heads = out_rows_heads(tile, rows, PACK)
@@ -557,7 +578,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
                MASK_FIRST: tl.constexpr, P_SLICES: tl.constexpr, DYNAMIC: tl.constexpr,
                SOFTMAX_REGS: tl.constexpr, SMALL_REGS: tl.constexpr, O_SLICE: tl.constexpr,
-               S_SLICE: tl.constexpr, PACK: tl.constexpr):
+               S_SLICE: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((GROUP_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * GROUPS),
                 kv=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
@@ -590,24 +611,27 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     with tlx.async_tasks():
         with tlx.async_task("default"):
             correction(smem, tmem, bars, tiles, out, HEAD_DIM, BLOCK_N, CAUSAL, BROADCAST_Q,
-                       DYNAMIC, O_SLICE, PACK)
+                       DYNAMIC, O_SLICE, PACK, DIRECT)
         with tlx.async_task(num_warps=4, registers=SOFTMAX_REGS, replicate=GROUPS):
             softmax(smem, tmem, bars, tiles, qk_scale, tlx.async_task_replica_id(), BLOCK_N,
-                    CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC, PACK)
+                    CAUSAL, BROADCAST_Q, MASK_FIRST, S_SLICE, P_SLICES, DYNAMIC, PACK, DIRECT)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             mma(smem, tmem, bars, tiles, HEAD_DIM, BLOCK_N, NUM_BUFFERS_Q, NUM_BUFFERS_KV,
-                CAUSAL, BROADCAST_Q, P_SLICES, DYNAMIC, PACK)
+                CAUSAL, BROADCAST_Q, P_SLICES, DYNAMIC, PACK, DIRECT)
         with tlx.async_task(num_warps=1, registers=SMALL_REGS):
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_N,
-                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, DYNAMIC, PACK)
+                 NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, DYNAMIC, PACK,
+                 DIRECT)
 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
-                pack: int = 1) -> dict:
+                pack: int = 1, direct: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with the compile checks); the GQA
     group is a runtime argument, so it costs no extra compile. pack: query heads a tile's
-    rows hold (jagged.tiles.gqa_pack)."""
+    rows hold (jagged.tiles.gqa_pack); direct: no tile list, a program a tile
+    (jagged.tiles.fwd_direct: nothing to take from the counter; pairs_ptr, count_ptr and
+    sched_ptr None)."""
     if cfg.p_slices not in (1, 2) or cfg.block_n % (16 * cfg.p_slices):
         raise ValueError(f"forward Config p_slices={cfg.p_slices}: 1 or 2, dividing "
                          f"block_n={cfg.block_n} into slices of a multiple of 16 keys")
@@ -618,9 +642,10 @@ def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
                          f"2 * (block_n + head_dim) <= 512 TMEM columns")
     return dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv, CAUSAL=causal, BROADCAST_Q=broadcast_q,
-                MASK_FIRST=cfg.mask_first, P_SLICES=cfg.p_slices, DYNAMIC=cfg.dynamic,
-                SOFTMAX_REGS=cfg.softmax_regs, SMALL_REGS=cfg.small_regs,
-                O_SLICE=min(cfg.o_slice, head_dim), S_SLICE=cfg.s_slice, PACK=pack)
+                MASK_FIRST=cfg.mask_first, P_SLICES=cfg.p_slices,
+                DYNAMIC=cfg.dynamic and not direct, SOFTMAX_REGS=cfg.softmax_regs,
+                SMALL_REGS=cfg.small_regs, O_SLICE=min(cfg.o_slice, head_dim),
+                S_SLICE=cfg.s_slice, PACK=pack, DIRECT=direct)
 
 
 def grid_size(n_sms: int, n_tiles: int) -> int:
@@ -638,7 +663,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     n_out = batch * Nq_in if broadcast_q else Nq_in
     out = torch.empty(n_out, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(H, n_out, dtype=torch.float32, device=q.device)
-    check = (Nq_in, Nk, max_q, max_k)  # the offsets check, run by the tile-list kernel
+    check = (Nq_in, Nk, max_q, max_k)  # the offsets check: the tile-list kernel's, or alone
     if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     cfg = pick_config(D, max_k, causal, Nk / batch)
@@ -646,28 +671,40 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q):
     q, pack = packed_query(q, broadcast_q, Hkv, BLOCK_M.value)
     Nq_t, H_t = q.shape[0], q.shape[1]
     L_t = Nq_t if broadcast_q else 0
+    n_sms = num_sms(q.device)
+    nblk = pairs_per_sequence(L_t if broadcast_q else max_q, BLOCK_M.value)
+    direct = fwd_direct(batch * nblk * H_t, n_sms)
+    # direct: no list (pairs None), the check queued alone ahead; the kernel counts the
+    # pairs from its grid, a program a tile
     pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
                                      L_t if broadcast_q else None, BLOCK_M.value, cfg.block_n,
-                                     causal, check)
-    grid = grid_size(num_sms(q.device), batch * nblk * H_t)
-    sched = (torch.zeros if cfg.dynamic else torch.empty)(4 + 2 * grid, dtype=torch.int32,
-                                                          device=q.device)
+                                     causal, check, direct)
+    grid = grid_size(n_sms, batch * nblk * H_t)
+    if direct:
+        count = sched = None
+    else:
+        sched = (torch.zeros if cfg.dynamic else torch.empty)(4 + 2 * grid, dtype=torch.int32,
+                                                              device=q.device)
     desc_q = tma_desc(q, (Nq_t, H_t * D), (H_t * D, 1), (GROUP_M.value, D))
     desc_k = tma_desc(k, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     desc_v = tma_desc(v, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     fast(fwd_kernel)[(grid,)](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         sched, L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E,
-        **kernel_args(cfg, D, causal, broadcast_q, pack), num_warps=4, num_stages=1,
+        **kernel_args(cfg, D, causal, broadcast_q, pack, direct), num_warps=4, num_stages=1,
         launch_pdl=True)
     return out, lse
 
 
-def signature(cfg: Config, head_dim: int, dtype: str = "bf16") -> dict:
-    """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks)."""
-    return {"desc_q": f"tensordesc<{dtype}[{GROUP_M.value},{head_dim}]>",
+def signature(cfg: Config, head_dim: int, dtype: str = "bf16", direct: bool = False) -> dict:
+    """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks); direct:
+    no list, count or scheduling buffer (None)."""
+    sig = {"desc_q": f"tensordesc<{dtype}[{GROUP_M.value},{head_dim}]>",
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "desc_v": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
             "pairs_ptr": "*i64", "count_ptr": "*i32", "sched_ptr": "*i32", "L_q": "i32",
             "H": "i32", "GROUP": "i32", "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32"}
+    if direct:
+        sig.update(pairs_ptr="constexpr", count_ptr="constexpr", sched_ptr="constexpr")
+    return sig

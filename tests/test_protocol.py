@@ -7,6 +7,7 @@ interleavings, at every config of its kernel; and mutated models (a release drop
 wrong parity, a stage too few, a wrong arrival count, a release before the MMA retired,
 a lost issue turn, TMEM freed early) are caught with the specific report."""
 import dataclasses
+from functools import partial
 import random
 
 import pytest
@@ -460,6 +461,42 @@ def test_cute_fwd_blackwell_protocol():
                        seed=_seed(key), max_len=300)
         runs += r
     assert runs == len(configs) * 9
+
+
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+def test_fwd_blackwell_direct_protocol(style):
+    """The list-free one-wave launch (jagged.tiles.fwd_direct: TLX's DIRECT, CuteDSL's
+    Config.direct): a program a tile, every pair in order (those past a sequence's
+    queries visit no block), no counter or CLC query; clean at every config, each
+    (pair, head) finished once."""
+    model = partial(P.tlx_fwd_blackwell, direct=True) if style == "tlx" else \
+        P.cute_fwd_blackwell
+    configs = _tlx_bw_configs() if style == "tlx" else {
+        k: dataclasses.replace(c, direct=True) for k, c in _cute_bw_configs().items()}
+    runs = 0
+    for key, cfg in configs.items():
+        r, _ = P.sweep(model, cfg, problems=3, seeds=3, seed=_seed((key, "direct")),
+                       max_len=300)
+        runs += r
+    assert runs == len(configs) * 9
+
+
+def test_direct_walk_takes_every_pair():
+    """Walk(direct=True): a program per (pair, head) of the upper bound whatever the
+    programs asked, pairs in order, a pair past its queries (a zero-length sequence's
+    too) with no block, and the coverage check over every pair."""
+    prob = Problem((300, 0, 1), (40, 7, 600), heads=2, causal=True)
+    walk = P.Walk(prob, 256, 128, 1, flip=False, direct=True)
+    assert walk.programs == walk.total == walk.bound == 3 * 2 * 2
+    tiles = [walk.coords(t) for t in range(walk.total)]
+    assert [(t.b, t.m0, t.h) for t in tiles[:4]] == [(0, 0, 0), (0, 256, 0), (0, 0, 1),
+                                                    (0, 256, 1)]
+    # (b, m0) -> blocks: sequence 0's first rows see no key (causal, 300 queries over 40
+    # keys); past the queries: (0, 256) is not, (1, *) and (2, 256) are
+    n_end = {(0, 0): 0, (0, 256): 1, (1, 0): 0, (1, 256): 0, (2, 0): 5, (2, 256): 0}
+    assert {(t.b, t.m0): t.n_end for t in tiles} == n_end
+    assert all(t.n_bulk <= t.n_end for t in tiles)
+    assert len(walk.want) == walk.total
 
 
 def test_cute_blackwell_walk_is_the_kernels():
