@@ -303,3 +303,31 @@ def test_tlx_tile_direct(causal):
     for b, m0, h, n_bulk, n_end in got:
         want = _cut(causal, b, m0, 256, BN)
         assert (n_bulk, n_end) == (want[0], want[2]), (b, m0, h)
+
+
+# ----------------------------------------------------------------------------- B200
+@pytest.mark.gpu
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("idx", range(6))
+def test_b200_direct(style, idx, monkeypatch):
+    """The list-free forwards against the oracle on a B200 (out and lse), on the Hopper
+    matrix's one-wave problems (test_gpu_matrix.direct_problems); each call is checked to
+    take the path."""
+    import importlib
+    from _blackwell import forward_fn, skip_unless_b200
+    from harness.oracle import check
+    from test_gpu_matrix import direct_problems
+    skip_unless_b200()
+    if style == "cute" and not have_dsl()[0]:
+        pytest.skip(have_dsl()[1])
+    fwd = importlib.import_module(f"kernels_{style}.fwd_blackwell")
+    owner = fb if style == "tlx" else importlib.import_module("kernels_cute.host")
+    taken = []
+    monkeypatch.setattr(owner, "fwd_direct",
+                        lambda *a, **k: taken.append(tiles.fwd_direct(*a, **k)) or taken[-1])
+    p, lengths = direct_problems()[idx]
+    bq = p.mode == "broadcast_q"
+    rep = check(p.build("cuda", lengths=lengths), forward_fn(fwd.forward), causal=p.causal,
+                broadcast_q=bq, backward=False)
+    assert rep.ok, f"{style} {p.label()}\n{rep}"
+    assert taken and all(taken), taken
