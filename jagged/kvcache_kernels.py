@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .launch import fast
+from .launch import cdiv, fast, next_pow2
 from .offsets import offsets_ok
 
 CHECK_BLOCK = 1024  # page-table entries one check program reads
@@ -75,7 +75,7 @@ def check_inputs_async(q_rows, k_cache, cache_seqlens, page_table, cu_seqlens_q,
     if B == 0:
         return
     paged = page_table is not None
-    chunks = triton.cdiv(page_table.shape[1], CHECK_BLOCK) if paged else 1
+    chunks = cdiv(page_table.shape[1], CHECK_BLOCK) if paged else 1
     fast(_inputs_check_kernel)[(B, max(chunks, 1))](
         cache_seqlens, page_table if paged else cache_seqlens,
         cu_seqlens_q if cu_seqlens_q is not None else cache_seqlens,
@@ -119,7 +119,7 @@ def combine(o_part, lse_part, out, lse):
     S, n_rows, H, D = o_part.shape
     if n_rows == 0:
         return
-    s_pow2 = triton.next_power_of_2(S)
+    s_pow2 = next_pow2(S)
     fast(_combine_kernel)[(n_rows, H)](
         o_part, lse_part, out, lse, n_rows, S, H=H, D=D, S_POW2=s_pow2,
         num_warps=4 if s_pow2 * D <= 4096 else 8)

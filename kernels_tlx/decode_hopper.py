@@ -60,7 +60,7 @@ import triton.language as tl
 from jagged.portable import mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
-from jagged.launch import fast, tma_desc
+from jagged.launch import cdiv, fast, tma_desc
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -460,7 +460,7 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         v_desc = tma_desc(v_cache, (rows, H_kv * D), (H_kv * D, 1), (cfg.block_n, D))
     split = num_splits > 1
     o, l = (o_part, lse_part) if split else (out, lse)
-    grid = (num_splits * triton.cdiv(group * len_q, block_m), H_kv, B)
+    grid = (num_splits * cdiv(group * len_q, block_m), H_kv, B)
     pt = page_table if page_table is not None else cache_seqlens  # never read unpaged
     fast(decode_kernel)[grid](
         q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, pt,
