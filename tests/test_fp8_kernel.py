@@ -2,7 +2,8 @@
 forward's fp8 build compiled for sm_90a (S = Q K^T an e4m3 wgmma, P V bf16, no spills,
 shared memory within the limit; the CuteDSL build's: tests/test_cute_compile.py), and on
 the GPU (`-m gpu`) both styles' `fwd_hopper.forward` with descales against an fp32
-reference on the dequantized values."""
+reference on the dequantized values; TLX also with V converted tile by tile in the kernel
+(the FP8_V_IN_KERNEL experiment switch; its builds: tests/test_fp8_v_tiles.py)."""
 import importlib
 import math
 
@@ -280,6 +281,61 @@ def test_fwd_fp8_gpu(style, d, causal, case):
 def test_fwd_fp8_gpu_broadcast_q(style, d, causal):
     """Broadcast-Q: one dense e4m3 q, its descale still the tile's sequence's."""
     run_fp8_case(style, d, causal, "cross", broadcast_q=True, seed=100 + d)
+
+
+@pytest.fixture
+def v_tiles(monkeypatch):
+    """TLX's experiment switch on (fwd_hopper.FP8_V_IN_KERNEL: V converted tile by tile in
+    the kernel); the once-a-call V pass then fails the test if it runs."""
+    fh = fwd_hopper_of("tlx")
+    monkeypatch.setattr(fh, "FP8_V_IN_KERNEL", True)
+
+    def no_pass(*args):
+        raise AssertionError("the V pass ran with V tiles on")
+    monkeypatch.setattr(fh, "dequantize_rows", no_pass)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(GPU_CASES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_fwd_fp8_v_tiles_gpu(d, causal, case, v_tiles):
+    """test_fwd_fp8_gpu's cases through TLX with V tiles (P V in f16, v_descale on O)."""
+    run_fp8_case("tlx", d, causal, case, broadcast_q=False, seed=d + causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,causal", [(128, False), (64, True)])
+def test_fwd_fp8_v_tiles_gpu_broadcast_q(d, causal, v_tiles):
+    run_fp8_case("tlx", d, causal, "cross", broadcast_q=True, seed=100 + d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_fwd_fp8_v_tiles_nan_rows_gpu(d, causal, v_tiles):
+    """K and V rows past the last sequence holding NaN codes (0x7f, which the V pass
+    zeroed): the conversion zeroes V rows past a sequence's keys, so out and lse are
+    the call's without those rows, bit for bit."""
+    fh = fwd_hopper_of("tlx")
+    gen = torch.Generator().manual_seed(7 + d)
+    lens, heads, hkv = [300, 129, 77], 8, 2
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    n = int(cu[-1])
+    q8, qd = quantize(torch.randn(n, heads, d, generator=gen), cu, heads // hkv, gen)
+    k8, kd = quantize(torch.randn(n, hkv, d, generator=gen), cu, 1, gen)
+    v8, vd = quantize(torch.randn(n, hkv, d, generator=gen), cu, 1, gen)
+    nan = torch.full((64, hkv, d), 0x7F, dtype=torch.uint8).view(FP8)
+    dev = lambda *ts: [t.cuda() for t in ts]
+    q8, cu, qd, kd, vd = dev(q8, cu, qd, kd, vd)
+    outs = []
+    for k, v in ((k8, v8), (torch.cat([k8, nan]), torch.cat([v8, nan]))):
+        k, v = dev(k, v)
+        outs.append(fh.forward(q8, k, v, cu, cu, max(lens), max(lens), causal,
+                               d ** -0.5, False, descale=(qd, kd, vd)))
+    torch.cuda.synchronize()
+    (o0, l0), (o1, l1) = outs
+    assert not o0.isnan().any() and torch.equal(o0, o1) and torch.equal(l0, l1)
 
 
 @pytest.mark.gpu
