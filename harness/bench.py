@@ -435,9 +435,9 @@ def run_decode_problem(b, fn, p: DecodeProblem, passes=("fwd",), *,
         _free()
 
 
-# `--fp8-v-tiles` (an experiment switch): the TLX Hopper forward's fp8 calls convert V
-# tile by tile in the kernel (kernels_tlx.fwd_hopper.FP8_V_IN_KERNEL); the workers read it
-# from the environment they inherit
+# `--fp8-v-tiles` (an experiment switch): the Hopper forwards' fp8 calls (TLX and CuteDSL)
+# convert V tile by tile in the kernel (their fwd_hopper.FP8_V_IN_KERNEL); the workers read
+# it from the environment they inherit
 FP8_V_TILES_ENV = "HARNESS_FP8_V_TILES"
 
 
@@ -446,6 +446,8 @@ def apply_experiments() -> None:
     if os.environ.get(FP8_V_TILES_ENV) == "1":
         from kernels_tlx import fwd_hopper
         fwd_hopper.FP8_V_IN_KERNEL = True
+        from kernels_cute import fwd_hopper as cute_fwd_hopper
+        cute_fwd_hopper.FP8_V_IN_KERNEL = True
 
 
 def serve(name: str, module: str, kind: str = "jagged") -> None:

@@ -60,6 +60,16 @@ tile's q_descale * k_descale of its (sequence, KV head) folded into the softmax 
 V dequantized to bf16 once a call (jagged.fp8.dequantize_rows, v_descale folded in), so
 P V is the bf16 path. Out bf16, staged in a bf16 O buffer (an e4m3 Q slot holds half
 of O's bytes).
+
+fp8 with V tiles (Config.fp8_v, an experiment behind FP8_V_IN_KERNEL, off by default;
+TLX's FP8_V): V stays e4m3 in global memory and no V pass runs. The load warp TMAs each
+V tile in e4m3 into a ring of its own, and the load warpgroup's four warps convert it
+to f16 into the ring the P V wgmma reads (`v_to_f16`), one block behind the loads so
+the next K and V copies are in flight meanwhile (e4m3 -> f16 is exact, one cvt a pair;
+P goes to f16 too). The consumers are unchanged: pipeline_v's full barrier now means
+"f16 tile ready" (an arrive a converting warp), its empty one "f16 slot free".
+v_descale, one scalar per (sequence, KV head), commutes with P V and scales O in
+`store`.
 """
 
 import math
@@ -95,20 +105,34 @@ class Config:
                               # jagged.tiles.gqa_pack; q comes in packed, O and LSE out not)
     direct: bool = False      # no tile list: one wave, the pairs in order (a call's
                               # jagged.tiles.fwd_direct)
+    fp8_v: bool = False       # fp8: V converted tile by tile in the kernel (a call's
+                              # FP8_V_IN_KERNEL), P V in f16, v_descale on O
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
     """Bytes of the forward's SharedStorage: the mbarriers (padded to sQ's 1 KB
     alignment), the Q slots and the K / V rings; fp8: Q and K in e4m3 and an O buffer in
     bf16 a Q slot. FwdHopper asserts it equals the struct's size at trace time. The
-    largest, fp8 D = 128 long: 193 KB."""
+    largest, fp8 D = 128 long: 193 KB; with fp8_v (V in f16, and its e4m3 ring): 225 KB."""
     D, bm, bn = head_dim, cfg.block_m, cfg.block_n
     qk = 1 if fp8 else 2                                     # bytes of a Q / K element
     n = 1024 + qk * D * (bm * cfg.num_buffers_q + bn * cfg.num_buffers_kv)
     n += 2 * D * bn * cfg.num_buffers_kv                     # V, 16-bit
     if fp8:
         n += 2 * D * bm * cfg.num_buffers_q                  # O, bf16
+    if cfg.fp8_v:
+        n += D * bn * cfg.num_buffers_kv                     # V's e4m3 ring
     return n
+
+
+# Experiment switch (harness `--fp8-v-tiles`): fp8 calls convert V tile by tile in the
+# kernel (Config.fp8_v) instead of the once-a-call V pass. Off until measured.
+FP8_V_IN_KERNEL = False
+
+
+def fp8_v_in_kernel() -> bool:
+    """The switch, read at each call (host.FwdKernels.fp8_v)."""
+    return FP8_V_IN_KERNEL
 
 
 # The measured defaults, keyed by (head_dim, length bucket, causal); the bucket is
@@ -172,9 +196,10 @@ class Sched(NamedTuple):
 
 class Scales(NamedTuple):
     """fp8: the descales fp32 [B, H_kv] the softmax scale of a tile takes (None
-    otherwise)."""
+    otherwise); fp8_v: v_descale, O's."""
     q: Any
     k: Any
+    v: Any = None
 
 
 class Operands(NamedTuple):
@@ -234,6 +259,11 @@ def _kernel_class():
             # fp8: e4m3 Q and K; V (dequantized once a call), P and O in bf16
             self.fp8 = dtype.width == 8
             self.pv_dtype = cutlass.BFloat16 if self.fp8 else dtype
+            self.o_dtype = self.pv_dtype
+            # fp8_v: V converted from e4m3 in the kernel, P V in f16 (O stays bf16)
+            self.fp8_v = cfg.fp8_v
+            if self.fp8_v:
+                self.pv_dtype = cutlass.Float16
             self.D = head_dim
             self.causal = causal
             self.broadcast_q = broadcast_q
@@ -243,6 +273,7 @@ def _kernel_class():
             assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
             assert self.pack == 1 or (broadcast_q and 64 % self.pack == 0)
             assert not (self.direct and (self.windows or self.fp8))
+            assert self.fp8 or not self.fp8_v
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -250,9 +281,10 @@ def _kernel_class():
                      mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                      mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                      mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
+                     mVDescale: Optional[cute.Tensor],
                      mWin: Optional[cute.Tensor], scale_log2: Float32, L_q: Int32,
                      group: Int32, nblk: Int32, num_programs: Int32, stream):
-            D, dt, pv = self.D, self.dtype, self.pv_dtype
+            D, dt, pv, od = self.D, self.dtype, self.pv_dtype, self.o_dtype
             if const_expr(self.pack > 1):
                 mO, mLSE = packed_views(mO, mLSE, self.pack)
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
@@ -265,14 +297,22 @@ def _kernel_class():
             if const_expr(self.fp8):
                 atom_pv = warpgroup.make_smem_layout_atom(
                     sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, pv, D), pv)
+            atom_o = atom_pv
+            if const_expr(self.fp8_v):
+                atom_o = warpgroup.make_smem_layout_atom(
+                    sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, od, D), od)
             sQ_layout = cute.tile_to_shape(atom, (self.block_m, D, self.q_stages), (0, 1, 2))
             sK_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
             sV_layout = cute.tile_to_shape(atom_pv, (self.block_n, D, self.stages), (0, 1, 2))
             # O is staged in the tile's Q slot; fp8: in a bf16 buffer of its own a slot
             sO_layout = sQ_layout
             if const_expr(self.fp8):
-                sO_layout = cute.tile_to_shape(atom_pv, (self.block_m, D, self.q_stages),
+                sO_layout = cute.tile_to_shape(atom_o, (self.block_m, D, self.q_stages),
                                                (0, 1, 2))
+            # fp8_v: V lands in e4m3 (the TMA's ring), swizzled as K
+            sV8_layout = sV_layout
+            if const_expr(self.fp8_v):
+                sV8_layout = cute.tile_to_shape(atom, (self.block_n, D, self.stages), (0, 1, 2))
 
             # wgmma: each consumer warpgroup owns 64 rows (atom layout N x 1 x 1)
             tiled_mma_qk = sm90.make_trivial_tiled_mma(
@@ -290,17 +330,18 @@ def _kernel_class():
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
                 g2s, mK, cute.select(sK_layout, mode=[0, 1]), (self.block_n, D), 1)
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-                g2s, mV, cute.select(sV_layout, mode=[0, 1]), (self.block_n, D), 1)
+                g2s, mV, cute.select(sV8_layout, mode=[0, 1]), (self.block_n, D), 1)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
             self.bytes_K = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
-            self.bytes_V = cute.size_in_bytes(pv, cute.select(sV_layout, mode=[0, 1]))
+            self.bytes_V = cute.size_in_bytes(mV.element_type,
+                                              cute.select(sV8_layout, mode=[0, 1]))
 
             # O: smem -> gmem, 16-byte vectors, one warpgroup's threads laid out inside a
             # swizzle atom (each consumer stores its own rows, `store`)
-            vec = 128 // pv.width
-            cols = atom_pv.outer.shape[1] // vec
+            vec = 128 // od.width
+            cols = atom_o.outer.shape[1] // vec
             store_tiled_copy_O = cute.make_tiled_copy_tv(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), pv, num_bits_per_copy=128),
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), od, num_bits_per_copy=128),
                 cute.make_ordered_layout((128 // cols, cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
 
@@ -309,21 +350,26 @@ def _kernel_class():
                 mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
                 mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+                if const_expr(self.fp8_v):
+                    mbar_V8: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[pv, cute.cosize(sV_layout)], 1024]
                 if const_expr(self.fp8):
-                    sO: cute.struct.Align[cute.struct.MemRange[pv, cute.cosize(sO_layout)],
+                    sO: cute.struct.Align[cute.struct.MemRange[od, cute.cosize(sO_layout)],
                                           1024]
+                if const_expr(self.fp8_v):
+                    sV8: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV8_layout)],
+                                           1024]
 
             # the host-side model is the struct
             assert SharedStorage.size_in_bytes() == smem_bytes(D, self.cfg, self.fp8), \
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg, self.fp8))
             self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
-                mQDescale, mKDescale, mWin,
+                mQDescale, mKDescale, mVDescale, mWin,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
-                sQ_layout, sK_layout, sV_layout, sO_layout,
+                sQ_layout, sK_layout, sV_layout, sO_layout, sV8_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
             ).launch(grid=[num_programs, 1, 1], block=[self.num_threads, 1, 1],
                      stream=stream, min_blocks_per_mp=1, use_pdl=True)
@@ -334,12 +380,13 @@ def _kernel_class():
                    mO: cute.Tensor, mLSE: cute.Tensor, mCuQ: Optional[cute.Tensor],
                    mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                    mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
+                   mVDescale: Optional[cute.Tensor],
                    mWin: Optional[cute.Tensor], tma_atom_Q: cute.CopyAtom,
                    tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, scale_log2: Float32,
                    L_q: Int32, group: Int32, nblk: Int32,
                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                    sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-                   tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+                   sV8_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                    store_tiled_copy_O: cute.TiledCopy,
                    SharedStorage: cutlass.Constexpr):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -362,10 +409,23 @@ def _kernel_class():
                 barrier_storage=storage.mbar_K.data_ptr(), num_stages=self.stages,
                 producer_group=load_warp, consumer_group=mma_warps,
                 tx_count=self.bytes_K, defer_sync=True)
-            pipeline_v = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
-                producer_group=load_warp, consumer_group=mma_warps,
-                tx_count=self.bytes_V, defer_sync=True)
+            if const_expr(self.fp8_v):
+                # the f16 ring: filled by the load warpgroup's four warps (an arrive each,
+                # no bytes); the e4m3 ring: TMA in, the four warps' reads out
+                convert_warps = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4)
+                pipeline_v = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
+                    producer_group=convert_warps, consumer_group=mma_warps,
+                    tx_count=0, defer_sync=True)
+                pipeline_v8 = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.mbar_V8.data_ptr(), num_stages=self.stages,
+                    producer_group=load_warp, consumer_group=convert_warps,
+                    tx_count=self.bytes_V, defer_sync=True)
+            else:
+                pipeline_v = pipeline.PipelineTmaAsync.create(
+                    barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
+                    producer_group=load_warp, consumer_group=mma_warps,
+                    tx_count=self.bytes_V, defer_sync=True)
             pipeline.pipeline_init_arrive()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -397,7 +457,12 @@ def _kernel_class():
 
             if warp_idx < 4:
                 cute.arch.setmaxregister_decrease(LOAD_REGS)
-                if warp_idx == 0:
+                if const_expr(self.fp8_v):  # warp 0 loads, all four convert
+                    sV8 = storage.sV8.get_tensor(sV8_layout.outer, swizzle=sV8_layout.inner)
+                    self.load_v_tiles(mQ, mK, mV, sQ, sK, sV8, sV, tma_atom_Q, tma_atom_K,
+                                      tma_atom_V, pipeline_q, pipeline_k, pipeline_v8,
+                                      pipeline_v, sched, warp_idx)
+                elif warp_idx == 0:
                     self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                               pipeline_q, pipeline_k, pipeline_v, sched)
             else:
@@ -405,7 +470,7 @@ def _kernel_class():
                 tidx = cute.arch.thread_idx()[0] - 128
                 self.compute(mO, mLSE, sQ, sK, sVt, sO, pipeline_q, pipeline_k, pipeline_v,
                              tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, tidx,
-                             scale_log2, Scales(mQDescale, mKDescale), sched)
+                             scale_log2, Scales(mQDescale, mKDescale, mVDescale), sched)
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
@@ -457,6 +522,96 @@ def _kernel_class():
                                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
                         kv_state.advance()
                 tile += cute.arch.grid_dim()[0]
+
+        @cute.jit
+        def load_v_tiles(self, mQ, mK, mV, sQ, sK, sV8, sV, tma_atom_Q, tma_atom_K,
+                         tma_atom_V, pipeline_q, pipeline_k, pipeline_v8, pipeline_v, sched,
+                         warp_idx):
+            """fp8_v's `load`, run by the load warpgroup's four warps: warp 0 issues the
+            copies as `load` (V in e4m3 into sV8), and each block's V goes to the f16 ring
+            one block behind them (`v_to_f16`), a tile's last block at its end."""
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                   self.q_stages)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                    self.stages)
+            v8_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                    self.stages)
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                   self.stages)
+            num_tiles = sched.n_pairs * sched.H
+            tile = cute.arch.block_idx()[0]
+            while tile < num_tiles:
+                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
+                if warp_idx == 0:
+                    tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(
+                        mQ, seq.q_start + m0, h, self.block_m, self.D))
+                    pipeline_q.producer_acquire(q_state)
+                    cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                              tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+                q_state.advance()
+                if n_end > 0:
+                    tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(
+                        mK, seq.k_start, hk, self.block_n, self.D, (None, 0)))
+                    tVsV, tVgV = tma_tiles(tma_atom_V, sV8, head_tile(
+                        mV, seq.k_start, hk, self.block_n, self.D, (None, 0)))
+                    for n in cutlass.range(n_end, unroll=1):
+                        blk = kv_block(n, n_end, self.mask_first)
+                        if warp_idx == 0:
+                            pipeline_k.producer_acquire(kv_state)
+                            cute.copy(tma_atom_K, tKgK[None, blk], tKsK[None, kv_state.index],
+                                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                            # the e4m3 slot is free once the four warps converted it
+                            pipeline_v8.producer_acquire(kv_state)
+                            cute.copy(tma_atom_V, tVgV[None, blk], tVsV[None, kv_state.index],
+                                      tma_bar_ptr=pipeline_v8.producer_get_barrier(kv_state))
+                        kv_state.advance()
+                        if n > 0:
+                            self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state,
+                                          kv_block(n - 1, n_end, self.mask_first), seq.len_k)
+                            v8_state.advance()
+                            v_state.advance()
+                    self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state,
+                                  kv_block(n_end - 1, n_end, self.mask_first), seq.len_k)
+                    v8_state.advance()
+                    v_state.advance()
+                tile += cute.arch.grid_dim()[0]
+
+        @cute.jit
+        def v_to_f16(self, sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state, blk, len_k):
+            """Block blk's V from the e4m3 slot to the f16 one the P V wgmma reads, once
+            it landed and the consumers freed the f16 slot: 8 neighbours a thread a pass
+            (an 8-byte load, a 16-byte store; the swizzles move 16-byte units only). Rows
+            past the sequence's keys become 0: their P is 0, and 0 * a NaN code (a row
+            outside every sequence) would not be."""
+            tidx = cute.arch.thread_idx()[0]
+            cols = self.D // 8
+            conv = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                    num_bits_per_copy=64),
+                cute.make_ordered_layout((128 // cols, cols), order=(1, 0)),
+                cute.make_layout((1, 8)))
+            thr = conv.get_slice(tidx)
+            pipeline_v8.consumer_wait(v8_state)
+            pipeline_v.sync_object_empty.wait(v_state.index, v_state.phase)
+            src = thr.partition_S(sV8[None, None, v8_state.index])
+            dst = thr.partition_S(sV[None, None, v_state.index])
+            crd = thr.partition_S(cute.make_identity_tensor((self.block_n, self.D)))
+            limit = len_k - blk * self.block_n
+            for i in cutlass.range_constexpr(cute.size(src, mode=[1])):
+                r8 = cute.make_fragment_like(src[None, i, 0])
+                cute.autovec_copy(src[None, i, 0], r8)
+                r16 = cute.make_rmem_tensor_like(r8, cutlass.Float16)
+                r16.store(r8.load().to(cutlass.Float16))
+                if crd[0, i, 0][0] >= limit:
+                    r16.fill(0.0)
+                cute.autovec_copy(r16, dst[None, i, 0])
+            pipeline_v8.consumer_release(v8_state)
+            # this thread's generic writes before the wgmma's (async proxy) reads; then
+            # the warp's, behind one arrive a warp
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(pipeline_v.producer_get_barrier(v_state))
 
         # ------------------------------------------------------------------ compute
         @cute.jit
@@ -534,9 +689,12 @@ def _kernel_class():
                     kv_state = self.last_pv(mma_t, kv_state)
                 if const_expr(self.direct):  # no write before the offsets check passed
                     cute.arch.griddepcontrol_wait()
+                v_scale = None
+                if const_expr(self.fp8_v):  # read here: held across the KV loop it costs
+                    v_scale = scales.v[b, hk]  # the consumers registers
                 self.store(acc_O, row_max, row_sum, tile_scale, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
-                           store_tiled_copy_O, tidx, h, m0, seq)
+                           store_tiled_copy_O, tidx, h, m0, seq, v_scale)
                 # the slot is free once this warp's reads of O are done; order our generic
                 # smem accesses before the next TMA write into it
                 cute.arch.fence_view_async_shared()
@@ -697,8 +855,9 @@ def _kernel_class():
         # ------------------------------------------------------------------ store
         @cute.jit
         def store(self, acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
-                  tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, seq):
-            """O / rowsum and LSE out; rows at or past len_q are never written."""
+                  tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, seq, v_scale=None):
+            """O / rowsum and LSE out; rows at or past len_q are never written. fp8_v:
+            O also times v_scale (the tile's v_descale)."""
             out_start = seq.out_start
             O = acc_rows_cols(acc_O)
             lse = cute.make_rmem_tensor_like(row_max, Float32)
@@ -706,6 +865,8 @@ def _kernel_class():
                 total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
                 empty = total == 0.0
                 inv = 0.0 if empty else cute.arch.rcp_approx(total)
+                if const_expr(self.fp8_v):
+                    inv = inv * v_scale
                 lse[r] = -Float32.inf if empty else (
                     row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
                 O[r, None].store(O[r, None].load() * inv)
@@ -720,12 +881,12 @@ def _kernel_class():
                         gLSE[row] = lse[r]
 
             # O: registers -> smem (stmatrix) -> global (16-byte rows, row-predicated)
-            rO = cute.make_rmem_tensor_like(acc_O, self.pv_dtype)
-            rO.store(acc_O.load().to(self.pv_dtype))
+            rO = cute.make_rmem_tensor_like(acc_O, self.o_dtype)
+            rO.store(acc_O.load().to(self.o_dtype))
             r2s = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
                                                                      num_matrices=4),
-                                    self.pv_dtype),
+                                    self.o_dtype),
                 tiled_mma_pv)
             thr_r2s = r2s.get_slice(tidx)
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
@@ -752,17 +913,20 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     cfg = CONFIGS[(head_dim, "long", bool(causal))] if cfg is None else cfg
     fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
     return host.compile_fwd(fwd, broadcast_q, head_dim, options,
-                            descale=host.descale_args(fwd.fp8), windows=fwd.windows)
+                            descale=host.descale_args(fwd.fp8) + host.descale_args(
+                                fwd.fp8_v, 1), windows=fwd.windows)
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
                           host.persistent_programs, fp8=True, takes_windows=takes_windows,
-                          window_config=window_config, pack_gqa=True, direct=True)
+                          window_config=window_config, pack_gqa=True, direct=True,
+                          fp8_v=fp8_v_in_kernel)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode.
     descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
-    each, for e4m3 q, k, v (out bf16)."""
+    each, for e4m3 q, k, v (out bf16); FP8_V_IN_KERNEL: V converted tile by tile in the
+    kernel, no V pass."""
     return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
                         broadcast_q, descale)

@@ -67,12 +67,12 @@ def tok(dtype, rows, heads, head_dim):
 # --------------------------------------------------------------------------------------
 
 def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False,
-             packed: bool = False):
+             packed: bool = False, fp8_v: bool = False):
     """The forward kernel's symbolic tensors: q, k, v, out, lse, cu_q (None in
     broadcast-Q mode), cu_k, the tile list's pairs and count (row windows: the int32
     window order and count). An 8-bit dtype (fp8): q and k in it, v and out bf16.
     packed (GQA heads packed into broadcast-Q tiles): q has the KV heads' count of
-    heads, out and lse every query head."""
+    heads, out and lse every query head. fp8_v: v in the 8-bit dtype too."""
     import cutlass
     import cutlass.cute as cute
 
@@ -80,7 +80,7 @@ def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False,
     nq, nk, no, h, hkv = (cute.sym_int32() for _ in range(5))
     hq = cute.sym_int32() if packed else h
     q, k, v, o = (tok(dtype, nq, hq, head_dim), tok(dtype, nk, hkv, head_dim),
-                  tok(pv, nk, hkv, head_dim), tok(pv, no, h, head_dim))
+                  tok(dtype if fp8_v else pv, nk, hkv, head_dim), tok(pv, no, h, head_dim))
     lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
     nb = cute.sym_int32()
     cu_k = fake(cutlass.Int32, (nb,), (1,), 4)
@@ -93,13 +93,14 @@ def fwd_args(dtype, broadcast_q: bool, head_dim: int, windows: bool = False,
     return q, k, v, o, lse, cu_q, cu_k, pairs, count
 
 
-def descale_args(fp8: bool):
+def descale_args(fp8: bool, count: int = 2):
     """q_descale and k_descale of a forward with an fp8 build, after the tile list:
-    symbolic fp32 [B, H_kv] for the fp8 build, None for a 16-bit one."""
+    symbolic fp32 [B, H_kv] for the fp8 build, None for a 16-bit one; count 1: the
+    v_descale of a forward with V-tile builds (FwdKernels.fp8_v), after them."""
     import cutlass
     import cutlass.cute as cute
     return tuple(fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()),
-                      (cute.sym_int64(), 1), 4) if fp8 else None for _ in range(2))
+                      (cute.sym_int64(), 1), 4) if fp8 else None for _ in range(count))
 
 
 def window_args(windows: bool):
@@ -120,7 +121,8 @@ def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = "",
     (`window_args`)."""
     import cutlass
     args = fwd_args(kernel.dtype, broadcast_q, head_dim, bool(windows),
-                    getattr(kernel, "pack", 1) > 1) + tuple(descale)
+                    getattr(kernel, "pack", 1) > 1, getattr(kernel, "fp8_v", False)) + \
+        tuple(descale)
     if windows is not None:
         args += window_args(windows)
     return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
@@ -144,6 +146,9 @@ class FwdKernels(NamedTuple):
                             # `pack`, jagged.tiles.gqa_pack)
     direct: bool = False    # one wave of tiles runs without a list (the Config's `direct`,
                             # jagged.tiles.fwd_direct)
+    fp8_v: Callable | None = None  # () -> whether fp8 calls convert V in the kernel (the
+                            # Config's `fp8_v`: e4m3 V, no V pass); the kernel takes
+                            # v_descale after k_descale (None when not converting)
 
 
 _UNUSED: dict = {}  # device -> (pairs, count) a list-free build takes and never reads
@@ -202,11 +207,16 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
             cfg = replace(cfg, direct=True)
             pairs, count = _unused_list(q.device)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
-    if fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product (after
-        # the check: the V pass reads the key offsets)
+    if kern.fp8_v is not None:                    # and v_descale
+        descales += (None,)
+    if fp8 and kern.fp8_v is not None and kern.fp8_v():  # V converted in the kernel
+        cfg = replace(cfg, fp8_v=True)
+        descales = tuple(descale)
+    elif fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product
+        # (after the check: the V pass reads the key offsets)
         q_descale, k_descale, v_descale = descale
         v = dequantize_rows(v, v_descale, cu_k)
-        descales = (q_descale, k_descale)
+        descales = (q_descale, k_descale) + descales[2:]
     num_programs = kern.programs(cfg, n_tiles, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,

@@ -2,8 +2,9 @@
 forward's fp8 build compiled for sm_90a (S = Q K^T an e4m3 wgmma, P V bf16, no spills,
 shared memory within the limit; the CuteDSL build's: tests/test_cute_compile.py), and on
 the GPU (`-m gpu`) both styles' `fwd_hopper.forward` with descales against an fp32
-reference on the dequantized values; TLX also with V converted tile by tile in the kernel
-(the FP8_V_IN_KERNEL experiment switch; its builds: tests/test_fp8_v_tiles.py)."""
+reference on the dequantized values; both also with V converted tile by tile in the
+kernel (the FP8_V_IN_KERNEL experiment switch; its builds: tests/test_fp8_v_tiles.py,
+tests/test_cute_fp8_v_tiles.py)."""
 import importlib
 import math
 
@@ -283,16 +284,22 @@ def test_fwd_fp8_gpu_broadcast_q(style, d, causal):
     run_fp8_case(style, d, causal, "cross", broadcast_q=True, seed=100 + d)
 
 
-@pytest.fixture
-def v_tiles(monkeypatch):
-    """TLX's experiment switch on (fwd_hopper.FP8_V_IN_KERNEL: V converted tile by tile in
-    the kernel); the once-a-call V pass then fails the test if it runs."""
-    fh = fwd_hopper_of("tlx")
+@pytest.fixture(params=STYLES)
+def v_tiles(request, monkeypatch):
+    """A style's experiment switch on (fwd_hopper.FP8_V_IN_KERNEL: V converted tile by
+    tile in the kernel); the once-a-call V pass then fails the test if it runs (CuteDSL's
+    runs in kernels_cute.host). -> the style."""
+    style = request.param
+    fh = fwd_hopper_of(style)
     monkeypatch.setattr(fh, "FP8_V_IN_KERNEL", True)
 
     def no_pass(*args):
         raise AssertionError("the V pass ran with V tiles on")
-    monkeypatch.setattr(fh, "dequantize_rows", no_pass)
+    monkeypatch.setattr(fh, "dequantize_rows", no_pass, raising=False)
+    if style == "cute":
+        from kernels_cute import host
+        monkeypatch.setattr(host, "dequantize_rows", no_pass)
+    return style
 
 
 @pytest.mark.gpu
@@ -300,14 +307,14 @@ def v_tiles(monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_fwd_fp8_v_tiles_gpu(d, causal, case, v_tiles):
-    """test_fwd_fp8_gpu's cases through TLX with V tiles (P V in f16, v_descale on O)."""
-    run_fp8_case("tlx", d, causal, case, broadcast_q=False, seed=d + causal)
+    """test_fwd_fp8_gpu's cases with V tiles (P V in f16, v_descale on O)."""
+    run_fp8_case(v_tiles, d, causal, case, broadcast_q=False, seed=d + causal)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,causal", [(128, False), (64, True)])
 def test_fwd_fp8_v_tiles_gpu_broadcast_q(d, causal, v_tiles):
-    run_fp8_case("tlx", d, causal, "cross", broadcast_q=True, seed=100 + d)
+    run_fp8_case(v_tiles, d, causal, "cross", broadcast_q=True, seed=100 + d)
 
 
 @pytest.mark.gpu
@@ -317,7 +324,7 @@ def test_fwd_fp8_v_tiles_nan_rows_gpu(d, causal, v_tiles):
     """K and V rows past the last sequence holding NaN codes (0x7f, which the V pass
     zeroed): the conversion zeroes V rows past a sequence's keys, so out and lse are
     the call's without those rows, bit for bit."""
-    fh = fwd_hopper_of("tlx")
+    fh = fwd_hopper_of(v_tiles)
     gen = torch.Generator().manual_seed(7 + d)
     lens, heads, hkv = [300, 129, 77], 8, 2
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
