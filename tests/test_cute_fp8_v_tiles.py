@@ -3,8 +3,8 @@ an experiment switch, off by default; Config.fp8_v): V stays e4m3, the load warp
 four warps convert each tile to f16 in shared memory and v_descale scales O. On the
 CPU: the sm_90a builds with the switch (e4m3 S, f16 P V, e4m3 -> f16 in pairs, no
 spills, shared memory within the limit), the host's launch (recorded; no V pass with
-the switch, the V pass without it), the barrier protocol's model with the conversion
-stage (clean over random jagged lists; planted bugs caught). On the GPU:
+the switch, the V pass without it); its barrier protocol's model is tested with TLX's
+in test_fp8_v_tiles.py. On the GPU:
 tests/test_fp8_kernel.py (`-m gpu`, test_fwd_fp8_v_tiles_*, the cute style)."""
 import dataclasses
 import os
@@ -16,8 +16,6 @@ import torch
 
 from _cute import ROOT, compile_in_subprocess, have_dsl
 from _interp import interp
-from harness import protocol as P
-from harness.protocol import ProtocolError, Problem, Wait
 from jagged.fp8 import FP8
 
 _ok, _why = have_dsl()
@@ -153,68 +151,3 @@ def test_bench_switch(monkeypatch):
     monkeypatch.setenv(bench.FP8_V_TILES_ENV, "1")
     bench.apply_experiments()
     assert F.FP8_V_IN_KERNEL is True and T.FP8_V_IN_KERNEL is True
-
-
-# ----------------------------------------------------------------------------- protocol
-def _configs():
-    from kernels_cute.fwd_hopper import CONFIGS
-    return CONFIGS
-
-
-MODEL = P.MODELS["cute_fwd_hopper_v_tiles"][0]
-KEYS = [(d, b, c) for d in (64, 128) for b in ("long", "short") for c in (False, True)]
-
-
-@pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{k[1]}-{'causal' if k[2] else 'full'}")
-def test_protocol_clean(key):
-    """No deadlock, race or stale read over random jagged lists and interleavings."""
-    runs, steps = P.sweep(MODEL, _configs()[key], problems=10, seeds=4,
-                          seed=sum(map(hash, map(str, key))) & 0xFFFF, head_dim=key[0])
-    assert runs == 40 and steps > 0
-
-
-# one CTA, two tiles of five KV blocks each (the rings wrap), two consumers
-LONG = Problem((128, 128), (600, 600), heads=1, causal=False)
-
-
-def _reject(cfg, seeds=range(60), **kw):
-    """The reports of the seeds whose interleaving hits the bug; at least one."""
-    reports = []
-    for seed in seeds:
-        try:
-            P.check(lambda sim: MODEL(sim, LONG, cfg, 1), [seed], **kw)
-        except ProtocolError as e:
-            reports.append((e.kind, str(e)))
-    assert reports, "no interleaving found the bug"
-    return reports
-
-
-def _drop(role_part, pred):
-    return lambda role, op: None if role_part in role and pred(op) else op
-
-
-def test_protocol_bugs_caught():
-    cfg = _configs()[(128, "long", False)]  # 2 consumers, 2 stages
-
-    # a converting warp writes its f16 part without waiting for the consumers to free it
-    for kind, msg in _reject(cfg, mutate=_drop("convert", lambda op: type(op) is Wait
-                                               and "v_empty" in op.bar)):
-        assert kind in ("race", "stale", "aliasing", "arrival")
-
-    # a converting warp reads before the e4m3 tile landed
-    for kind, msg in _reject(cfg, seeds=range(200), mutate=_drop(
-            "convert", lambda op: type(op) is Wait and "v8_full" in op.bar)):
-        assert kind in ("race", "stale") and "cta0.v8[" in msg
-
-    # the load warp copies into an e4m3 slot the other warps may still be reading
-    for kind, msg in _reject(cfg, seeds=range(200), mutate=_drop(
-            "load", lambda op: type(op) is Wait and "v8_empty" in op.bar)):
-        assert kind in ("race", "stale", "aliasing") and "cta0.v8[" in msg
-
-    # the consumers reading V on the e4m3 copy's barrier, not the conversion's
-    def early(role, op):
-        if "compute" in role and type(op) is Wait and "v_full" in op.bar:
-            return op._replace(bar=op.bar.replace("v_full", "v8_full"))
-        return op
-    for kind, msg in _reject(cfg, mutate=early):
-        assert kind in ("race", "stale", "aliasing")

@@ -6,6 +6,7 @@ e4m3 -> f16 in pairs, no spills, shared memory within the limit), the host's lau
 model with the conversion stage (clean over random jagged lists; planted bugs caught).
 On the GPU: tests/test_fp8_kernel.py (`-m gpu`, test_fwd_fp8_v_tiles_*)."""
 import re
+import zlib
 
 import pytest
 import torch
@@ -118,20 +119,23 @@ def test_forward_default_off():
 
 
 # ----------------------------------------------------------------------------- protocol
-def _configs():
-    from kernels_tlx.fwd_hopper import CONFIGS
-    return CONFIGS
+def _configs(style):
+    import importlib
+    return importlib.import_module(f"kernels_{style}.fwd_hopper").CONFIGS
 
 
-MODEL = P.MODELS["tlx_fwd_hopper_v_tiles"][0]
+MODELS = {style: P.MODELS[f"{style}_fwd_hopper_v_tiles"][0] for style in ("tlx", "cute")}
 KEYS = [(d, b, c) for d in (64, 128) for b in ("long", "short") for c in (False, True)]
 
 
+@pytest.mark.parametrize("style", ["tlx", "cute"])
 @pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{k[1]}-{'causal' if k[2] else 'full'}")
-def test_protocol_clean(key):
-    """No deadlock, race or stale read over random jagged lists and interleavings."""
-    runs, steps = P.sweep(MODEL, _configs()[key], problems=10, seeds=4,
-                          seed=sum(map(hash, map(str, key))) & 0xFFFF, head_dim=key[0])
+def test_protocol_clean(style, key):
+    """No deadlock, race or stale read over random jagged lists and interleavings, with
+    the conversion stage of either style."""
+    runs, steps = P.sweep(MODELS[style], _configs(style)[key], problems=10, seeds=4,
+                          seed=zlib.crc32(repr((style, key)).encode()) & 0xFFFF,
+                          head_dim=key[0])
     assert runs == 40 and steps > 0
 
 
@@ -139,13 +143,13 @@ def test_protocol_clean(key):
 LONG = Problem((128, 128), (600, 600), heads=1, causal=False)
 
 
-def _reject(cfg, seeds=range(60), **kw):
+def _reject(style, cfg, seeds=range(60), **kw):
     """The reports of the seeds whose interleaving hits the bug (some do not: a missing
     wait breaks only the interleavings where the waited event comes late); at least one."""
     reports = []
     for seed in seeds:
         try:
-            P.check(lambda sim: MODEL(sim, LONG, cfg, 1), [seed], **kw)
+            P.check(lambda sim: MODELS[style](sim, LONG, cfg, 1), [seed], **kw)
         except ProtocolError as e:
             reports.append((e.kind, str(e)))
     assert reports, "no interleaving found the bug"
@@ -157,18 +161,19 @@ def _drop(role_part, pred):
 
 
 def test_protocol_bugs_caught():
-    cfg = _configs()[(128, "long", False)]  # 2 consumers, 2 stages
+    style = "tlx"
+    cfg = _configs(style)[(128, "long", False)]  # 2 consumers, 2 stages
 
     # the producer writes the f16 slot without waiting for the consumers to free it (the
     # K ring's wait leaves the last P V on the slot in flight)
-    for kind, msg in _reject(cfg, mutate=_drop("load", lambda op: type(op) is Wait
+    for kind, msg in _reject(style, cfg, mutate=_drop("load", lambda op: type(op) is Wait
                                                and "v_empty" in op.bar)):
         assert kind in ("race", "stale", "aliasing", "arrival")
         assert "cta0.v[" in msg or "cta0.v_full[" in msg
 
     # it converts before the e4m3 tile landed (mostly it has: the conversion runs a block
     # behind the copies)
-    for kind, msg in _reject(cfg, seeds=range(200), mutate=_drop("load", lambda op: type(op) is Wait
+    for kind, msg in _reject(style, cfg, seeds=range(200), mutate=_drop("load", lambda op: type(op) is Wait
                                                and "v8_full" in op.bar)):
         assert kind in ("race", "stale") and "cta0.v8[" in msg
 
@@ -182,7 +187,7 @@ def test_protocol_bugs_caught():
         if type(op) is P.Arrive:
             return op._replace(release=tuple(b.replace("v8[1]", "v8[0]") for b in op.release))
         return op
-    for kind, msg in _reject(cfg, mutate=one_slot):
+    for kind, msg in _reject(style, cfg, mutate=one_slot):
         assert kind in ("race", "stale") and "cta0.v8[0]" in msg
 
     # the consumers reading V on the e4m3 copy's barrier, not the conversion's: they
@@ -191,5 +196,34 @@ def test_protocol_bugs_caught():
         if "consumer" in role and type(op) is Wait and "v_full" in op.bar:
             return op._replace(bar=op.bar.replace("v_full", "v8_full"))
         return op
-    for kind, msg in _reject(cfg, mutate=early):
+    for kind, msg in _reject(style, cfg, mutate=early):
+        assert kind in ("race", "stale", "aliasing")
+
+
+def test_protocol_bugs_caught_cute():
+    """The CuteDSL model: four converting warps, each releasing its part of a slot."""
+    style = "cute"
+    cfg = _configs(style)[(128, "long", False)]  # 2 consumers, 2 stages
+
+    # a converting warp writes its f16 part without waiting for the consumers to free it
+    for kind, msg in _reject(style, cfg, mutate=_drop("convert", lambda op: type(op) is Wait
+                                               and "v_empty" in op.bar)):
+        assert kind in ("race", "stale", "aliasing", "arrival")
+
+    # a converting warp reads before the e4m3 tile landed
+    for kind, msg in _reject(style, cfg, seeds=range(200), mutate=_drop(
+            "convert", lambda op: type(op) is Wait and "v8_full" in op.bar)):
+        assert kind in ("race", "stale") and "cta0.v8[" in msg
+
+    # the load warp copies into an e4m3 slot the other warps may still be reading
+    for kind, msg in _reject(style, cfg, seeds=range(200), mutate=_drop(
+            "load", lambda op: type(op) is Wait and "v8_empty" in op.bar)):
+        assert kind in ("race", "stale", "aliasing") and "cta0.v8[" in msg
+
+    # the consumers reading V on the e4m3 copy's barrier, not the conversion's
+    def early(role, op):
+        if "compute" in role and type(op) is Wait and "v_full" in op.bar:
+            return op._replace(bar=op.bar.replace("v_full", "v8_full"))
+        return op
+    for kind, msg in _reject(style, cfg, mutate=early):
         assert kind in ("race", "stale", "aliasing")
