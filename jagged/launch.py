@@ -16,8 +16,8 @@ TensorDescriptor: base dtype, block shape, rank; float, bool, None: the type); p
 constexprs by (type, value); the keywords (constexprs and options) by value and type. A
 key's first call goes through `JITFunction.run` and records the kernel it launched; later
 calls flatten the arguments as CudaLauncher does (descriptors encoded by Triton's
-make_tensordesc_arg, cached by address, geometry, block, dtype, padding and the kernel's
-descriptor metadata) and call the raw C launcher with the grid, stream and the kernel's
+make_tensordesc_arg; a `tma_desc` keeps its encoding for the kernel's descriptor
+metadata) and call the raw C launcher with the grid, stream and the kernel's
 metadata. A launch hook (a profiler), Triton's debug mode, pre-run hooks, a callable grid,
 an argument of another kind, runtime arguments by keyword, a kernel with global or
 profile scratch, or gsan: Triton's path. It skips Triton's check that the kernel's
@@ -96,28 +96,20 @@ def _int_class(a: int) -> int:
 
 
 # ---------------------------------------------------------------- TMA descriptor cache
-_DESC: dict = {}
-_DESC_MAX = 256
+_BOXES_MAX = 256
 _make_tensordesc_arg = None
 
 
 def _encoded(d, meta, mkey):
     """The launcher's flattened descriptor, [CUtensorMap, *shape, *strides], as Triton's
-    make_tensordesc_arg builds it: a pure function of the key (address, geometry, block,
-    dtype, padding, tf32 rounding and the kernel's descriptor metadata), so a hit is the
-    same bytes a fresh encode gives; it holds no tensor."""
-    enc = getattr(d, "encoded", None)  # a tma_desc's own, for this metadata
+    make_tensordesc_arg builds it. A `tma_desc` keeps its own for the kernel's descriptor
+    metadata (the object stands for one address, geometry and block, so the bytes are
+    those a fresh encode gives); any other descriptor is encoded per launch."""
+    enc = getattr(d, "encoded", None)
     if enc is not None and enc[0] is mkey:
         return enc[1]
-    base = d.base
-    key = (base.data_ptr(), tuple(d.shape), tuple(d.strides), tuple(d.block_shape), base.dtype,
-           d.padding, d.round_f32_to_tf32, mkey)
-    hit = _DESC.get(key)
-    if hit is None:
-        if len(_DESC) >= _DESC_MAX:
-            _DESC.clear()
-        hit = _DESC[key] = tuple(_make_tensordesc_arg(d, meta, None))
-    if type(base) is _Address:
+    hit = tuple(_make_tensordesc_arg(d, meta, None))
+    if type(d.base) is _Address:
         d.encoded = (mkey, hit)
     return hit
 
@@ -147,7 +139,7 @@ def tma_desc(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> Ten
     key = (t.data_ptr(), t.dtype, shape, strides, block)
     d = _BOXES.get(key)
     if d is None:
-        if len(_BOXES) >= _DESC_MAX:
+        if len(_BOXES) >= _BOXES_MAX:
             _BOXES.clear()
         d = _BOXES[key] = TensorDescriptor(_Address(key[0], t.dtype), list(shape),
                                            list(strides), list(block))

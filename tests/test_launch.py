@@ -140,7 +140,7 @@ def stub():
         nvd.PyKernelArg = lambda nested_tuple=None, type=None: (type, nested_tuple)
         nvd.ARG_CONSTEXPR, nvd.ARG_KERNEL, nvd.ARG_TUPLE = 0, 1, 2
     _Utils.calls.clear()
-    launch._DESC.clear()
+    launch._BOXES.clear()
     try:
         yield
     finally:
