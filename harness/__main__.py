@@ -64,25 +64,9 @@ def _groups(problems, names, passes):
     return out
 
 
-FP8_V_TILES_HELP = ("experiment switch: the TLX Hopper forward's fp8 calls load V in e4m3 "
-                     "and convert it tile by tile in the kernel (P V in f16, v_descale on "
-                     "O) instead of the once-a-call V pass (kernels_tlx.fwd_hopper."
-                     "FP8_V_IN_KERNEL; default off)")
-
-
-def _fp8_v_tiles(a) -> None:
-    """`--fp8-v-tiles`: in the environment the workers inherit, and in this process."""
-    import os
-    from . import bench
-    if a.fp8_v_tiles:
-        os.environ[bench.FP8_V_TILES_ENV] = "1"
-        bench.apply_experiments()
-
-
 def cmd_sweep(a, timing: bool):
     import torch
     from . import backends, bench
-    _fp8_v_tiles(a)
     suites, names, passes = _csv_list(a.suite), _csv_list(a.backends), _csv_list(a.passes)
     every = list(dict.fromkeys(backends.names() + backends.names("decode")))
     if names == ["all"]:
@@ -160,7 +144,6 @@ def cmd_profile(a):
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
     from .gpu.profile import run
-    _fp8_v_tiles(a)
     problems = [p for s in _csv_list(a.suite) for p in suite(s) if matches(p, a.match)]
     run(_csv_list(a.backends), problems, _csv_list(a.passes), n=a.n, rounds=a.rounds,
         host=a.host)
@@ -249,7 +232,6 @@ def main(argv=None):
                        help="the fuzz suite's seed (default: %(default)s)")
         s.add_argument("--fuzz-n", type=int, default=40,
                        help="the fuzz suite's number of problems (default: %(default)s)")
-        s.add_argument("--fp8-v-tiles", action="store_true", help=FP8_V_TILES_HELP)
     s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of each backend per "
                     "problem; several backends: an A/B", "gem-jagged", "tlx")
     s.add_argument("--passes", default="fwd,bwd")
@@ -257,7 +239,6 @@ def main(argv=None):
     s.add_argument("--rounds", type=int, default=1,
                    help="measure every backend this many times in turn (an A/B of backends)")
     s.add_argument("--host", action="store_true", help="also print a cProfile of the calls")
-    s.add_argument("--fp8-v-tiles", action="store_true", help=FP8_V_TILES_HELP)
     s = _diagnostic(sub, "clocks", "sustained TFLOP/s, SM clock and power per backend and "
                     "problem", "llm-dense", "tlx,cute,fa4")
     s.add_argument("--passes", default="fwd", help="fwd and / or bwd")

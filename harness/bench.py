@@ -435,28 +435,12 @@ def run_decode_problem(b, fn, p: DecodeProblem, passes=("fwd",), *,
         _free()
 
 
-# `--fp8-v-tiles` (an experiment switch): the Hopper forwards' fp8 calls (TLX and CuteDSL)
-# convert V tile by tile in the kernel (their fwd_hopper.FP8_V_IN_KERNEL); the workers read
-# it from the environment they inherit
-FP8_V_TILES_ENV = "HARNESS_FP8_V_TILES"
-
-
-def apply_experiments() -> None:
-    """Set the experiment switches this process's environment asks for."""
-    if os.environ.get(FP8_V_TILES_ENV) == "1":
-        from kernels_tlx import fwd_hopper
-        fwd_hopper.FP8_V_IN_KERNEL = True
-        from kernels_cute import fwd_hopper as cute_fwd_hopper
-        cute_fwd_hopper.FP8_V_IN_KERNEL = True
-
-
 def serve(name: str, module: str, kind: str = "jagged") -> None:
     """Worker loop: JSON requests on stdin, JSON replies on the original stdout (the
     process's own fd 1 goes to stderr, so library prints cannot break the protocol)."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    apply_experiments()
     from . import backends
     env = {"gpu": device_name(), "gpu_index": os.environ.get("HARNESS_GPU_INDEX", ""),
            "git_rev": git_rev(), **versions()}

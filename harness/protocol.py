@@ -721,18 +721,13 @@ class Walk:
 
 # ----------------------------------------------------------------------------- TLX, Hopper
 def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                   elem_bytes: int = 2, v_tiles: bool = False) -> Walk:
+                   elem_bytes: int = 2) -> Walk:
     """kernels_tlx/fwd_hopper.py: `load` (the producer warpgroup) and block_m // 64
     `compute` + `store` consumers per program. Q: a (buffer, consumer) slot each, full /
     empty barriers of one arrival; K and V: num_buffers_kv-deep rings, full barriers of
     one arrival (the producer's expect) plus the TMA bytes, empty barriers of one
     arrival per consumer; the consumers' wgmma issue turns: named barriers 9.. of 256
-    threads (`_hand_over`), the last consumer handing the first turn to consumer 0.
-    v_tiles (FP8_V): V lands in e4m3 in a ring of its own (`v8`, full barriers: the
-    expect plus the bytes, no empty ones: the producer is its only reader) and the
-    producer converts it into the V ring one block behind its loads (`_v_to_f16`: the
-    e4m3 tile landed, the f16 slot freed, then its arrive on v_full, which releases
-    the e4m3 slot), a tile's last block at the tile's end."""
+    threads (`_hand_over`), the last consumer handing the first turn to consumer 0."""
     walk = Walk(problem, cfg.block_m, cfg.block_n, programs)
     NC, S, NBQ = cfg.block_m // 64, cfg.num_buffers_kv, cfg.num_buffers_q
     Q_BYTES = 64 * head_dim * elem_bytes
@@ -744,21 +739,9 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
         q_full = sim.mbarriers(pre + "q_full", NBQ * NC, 1)
         q_empty = sim.mbarriers(pre + "q_empty", NBQ * NC, 1)
         turn = [sim.named_barrier(f"{pre}bar{9 + c}") for c in range(NC)]
-        v8 = sim.buffers(pre + "v8", S) if v_tiles else None
-        v8_full = sim.mbarriers(pre + "v8_full", S, 1) if v_tiles else None
-
-        def to_f16(cnt, key, blk, v=v, v_full=v_full, v_empty=v_empty, v8=v8,  # _v_to_f16
-                   v8_full=v8_full):
-            vb, ph = ring(cnt, S)
-            yield Wait(v8_full[vb], ph)
-            yield Wait(v_empty[vb], ph ^ 1)
-            yield Read(v8[vb], ("V8", key, blk))
-            yield Write(v[vb], ("V", key, blk))
-            yield Arrive(v_full[vb], release=(v8[vb],))
 
         def load(tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
-                 k_empty=k_empty, v_full=v_full, v_empty=v_empty, v8=v8, v8_full=v8_full,
-                 to_f16=to_f16):
+                 k_empty=k_empty, v_full=v_full, v_empty=v_empty):
             kv_cnt = 0
             for i, t in enumerate(tiles):
                 qb, qph = ring(i, NBQ)
@@ -768,25 +751,9 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield Arrive(q_full[slot], tx=Q_BYTES)           # barrier_expect_bytes
                     yield Tma(q_full[slot], {q[slot]: ("Q", t.key, c)}, Q_BYTES)
                 for j in range(t.n_end):
-                    blk = kv_block(j, t.n_end, cfg.mask_first)
-                    if not v_tiles:
-                        yield from load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt, S,
-                                           t.key, blk, KV_BYTES)
-                        kv_cnt += 1
-                        continue
-                    kb, ph = ring(kv_cnt, S)
-                    yield Wait(k_empty[kb], ph ^ 1)
-                    yield Arrive(k_full[kb], tx=KV_BYTES)
-                    yield Tma(k_full[kb], {k[kb]: ("K", t.key, blk)}, KV_BYTES)
-                    yield Arrive(v8_full[kb], tx=KV_BYTES)
-                    yield Tma(v8_full[kb], {v8[kb]: ("V8", t.key, blk)}, KV_BYTES)
-                    if j > 0:
-                        yield from to_f16(kv_cnt - 1, t.key,
-                                          kv_block(j - 1, t.n_end, cfg.mask_first))
+                    yield from load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt, S,
+                                       t.key, kv_block(j, t.n_end, cfg.mask_first), KV_BYTES)
                     kv_cnt += 1
-                if v_tiles and t.n_end > 0:
-                    yield from to_f16(kv_cnt - 1, t.key,
-                                      kv_block(t.n_end - 1, t.n_end, cfg.mask_first))
 
         def consumer(cid, tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
                      k_full=k_full, k_empty=k_empty, v_full=v_full, v_empty=v_empty, turn=turn):
@@ -2532,7 +2499,6 @@ def _configs(module: str) -> dict:
 # model name -> (model, the module whose CONFIGS it runs)
 MODELS = {
     "tlx_fwd_hopper": (tlx_fwd_hopper, "kernels_tlx.fwd_hopper"),
-    "tlx_fwd_hopper_v_tiles": (partial(tlx_fwd_hopper, v_tiles=True), "kernels_tlx.fwd_hopper"),
     "cute_fwd_hopper": (cute_fwd_hopper, "kernels_cute.fwd_hopper"),
     "cute_fwd_hopper_v_tiles": (partial(cute_fwd_hopper, v_tiles=True),
                                 "kernels_cute.fwd_hopper"),

@@ -54,22 +54,21 @@ of its rows sees); `compute` finds each of its rows' sequence and key columns on
 tile (`row_ranges`) and masks every KV block to them (`window_mask`: no unmasked bulk);
 `store` writes the window's real rows. Not for fp8 or broadcast-Q.
 
-fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`), as TLX's: Q and K in e4m3,
-S = Q K^T an e4m3 wgmma (both operands K-major as laid out: no transpose) with the
-tile's q_descale * k_descale of its (sequence, KV head) folded into the softmax scale;
-V dequantized to bf16 once a call (jagged.fp8.dequantize_rows, v_descale folded in), so
-P V is the bf16 path. Out bf16, staged in a bf16 O buffer (an e4m3 Q slot holds half
-of O's bytes).
-
-fp8 with V tiles (Config.fp8_v, an experiment behind FP8_V_IN_KERNEL, off by default;
-TLX's FP8_V): V stays e4m3 in global memory and no V pass runs. The load warp TMAs each
-V tile in e4m3 into a ring of its own, and the load warpgroup's four warps convert it
-to f16 into the ring the P V wgmma reads (`v_to_f16`), one block behind the loads so
-the next K and V copies are in flight meanwhile (e4m3 -> f16 is exact, one cvt a pair;
-P goes to f16 too). The consumers are unchanged: pipeline_v's full barrier now means
-"f16 tile ready" (an arrive a converting warp), its empty one "f16 slot free".
-v_descale, one scalar per (sequence, KV head), commutes with P V and scales O in
-`store`.
+fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`): Q and K in e4m3, S = Q K^T an
+e4m3 wgmma (both operands K-major as laid out: no transpose) with the tile's q_descale *
+k_descale of its (sequence, KV head) folded into the softmax scale; P V in 16 bits, out
+bf16, staged in a bf16 O buffer (an e4m3 Q slot holds half of O's bytes). V reaches the
+P V wgmma one of two ways (`fp8_v_tiles`, by the query rows a KV head serves):
+- V tiles (Config.fp8_v, few rows a KV head): V stays e4m3 in global memory. The load
+  warp TMAs each V tile in e4m3 into a ring of its own, and the load warpgroup's four
+  warps convert it to f16 into the ring the P V wgmma reads (`v_to_f16`), one block
+  behind the loads so the next K and V copies are in flight meanwhile (e4m3 -> f16 is
+  exact, one cvt a pair; P goes to f16 too). The consumers are unchanged: pipeline_v's
+  full barrier now means "f16 tile ready" (an arrive a converting warp), its empty one
+  "f16 slot free". v_descale, one scalar per (sequence, KV head), commutes with P V and
+  scales O in `store`.
+- otherwise V dequantized to bf16 once a call (jagged.fp8.dequantize_rows, v_descale
+  folded in), as TLX's forward always does: P V is the bf16 path.
 """
 
 import math
@@ -106,7 +105,7 @@ class Config:
     direct: bool = False      # no tile list: one wave, the pairs in order (a call's
                               # jagged.tiles.fwd_direct)
     fp8_v: bool = False       # fp8: V converted tile by tile in the kernel (a call's
-                              # FP8_V_IN_KERNEL), P V in f16, v_descale on O
+                              # fp8_v_tiles), P V in f16, v_descale on O
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
@@ -125,14 +124,19 @@ def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
     return n
 
 
-# Experiment switch (harness `--fp8-v-tiles`): fp8 calls convert V tile by tile in the
-# kernel (Config.fp8_v) instead of the once-a-call V pass. Off until measured.
-FP8_V_IN_KERNEL = False
+# fp8: V converted tile by tile in the load warps (Config.fp8_v) where that costs less
+# than the once-a-call V pass. The pass reads and writes each key's V once a KV head; the
+# conversions run once a (query tile, KV block), so their share grows with the query rows
+# a KV head serves, G * mean_k. Replayed, against the pass (H200): gem-jagged D128 fp8
+# at G * mean_k 134 / 507 / 1844: -13.9 / -8.9 / -4.2 %; llm-dense B4 H32/8 4096 (16384):
+# +4.5 %, causal +2.1 %.
+FP8_V_TILES_MAX = 4096
 
 
-def fp8_v_in_kernel() -> bool:
-    """The switch, read at each call (host.FwdKernels.fp8_v)."""
-    return FP8_V_IN_KERNEL
+def fp8_v_tiles(group: int, mean_k: float) -> bool:
+    """Whether an fp8 call converts V in the kernel (host.FwdKernels.fp8_v): group, query
+    heads a KV head (broadcast-Q too); mean_k, total keys / batch."""
+    return group * mean_k <= FP8_V_TILES_MAX
 
 
 # The measured defaults, keyed by (head_dim, length bucket, causal); the bucket is
@@ -920,13 +924,13 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
                           host.persistent_programs, fp8=True, takes_windows=takes_windows,
                           window_config=window_config, pack_gqa=True, direct=True,
-                          fp8_v=fp8_v_in_kernel)
+                          fp8_v=fp8_v_tiles)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
     """-> (out [Nq, H, D], lse [H, Nq] fp32); Nq = B * L_q in broadcast-Q mode.
     descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
-    each, for e4m3 q, k, v (out bf16); FP8_V_IN_KERNEL: V converted tile by tile in the
-    kernel, no V pass."""
+    each, for e4m3 q, k, v (out bf16); V converted tile by tile in the kernel where
+    fp8_v_tiles says so, else in one pass a call."""
     return host.forward(KERNELS, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
                         broadcast_q, descale)

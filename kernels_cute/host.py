@@ -146,8 +146,8 @@ class FwdKernels(NamedTuple):
                             # `pack`, jagged.tiles.gqa_pack)
     direct: bool = False    # one wave of tiles runs without a list (the Config's `direct`,
                             # jagged.tiles.fwd_direct)
-    fp8_v: Callable | None = None  # () -> whether fp8 calls convert V in the kernel (the
-                            # Config's `fp8_v`: e4m3 V, no V pass); the kernel takes
+    fp8_v: Callable | None = None  # (group, mean_k) -> whether an fp8 call converts V in
+                            # the kernel (Config.fp8_v: e4m3 V, no V pass); the kernel takes
                             # v_descale after k_descale (None when not converting)
 
 
@@ -209,7 +209,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if kern.fp8_v is not None:                    # and v_descale
         descales += (None,)
-    if fp8 and kern.fp8_v is not None and kern.fp8_v():  # V converted in the kernel
+    if fp8 and kern.fp8_v is not None and kern.fp8_v(H // k.shape[1], k.shape[0] / B):
         cfg = replace(cfg, fp8_v=True)
         descales = tuple(descale)
     elif fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product

@@ -35,17 +35,6 @@ operands K-major as laid out: no transpose) with the tile's q_descale * k_descal
 (sequence, KV head) folded into the qk scale; V dequantized to bf16 once a call
 (jagged.fp8.dequantize_rows, v_descale folded in), so P V is the bf16 path. Out bf16,
 staged in a bf16 buffer a consumer (the e4m3 Q slot holds half of O's bytes).
-
-fp8 with V tiles (FP8_V, an experiment behind FP8_V_IN_KERNEL, off by default): V stays
-e4m3 in global memory and no V pass runs. The producer warpgroup TMA-loads each V tile
-in e4m3 into a ring of its own and, one block behind its loads (so the next K and V
-copies are in flight while it converts), converts it to f16 into the ring the P V
-wgmma reads (e4m3 -> f16 is exact, one cvt a pair; P goes to f16 too, which keeps more
-of P's mantissa than bf16). The consumers are unchanged: their V barriers now mean "f16
-tile ready" and "f16 slot free". The e4m3 slot needs no release barrier: its only
-reader is the producer, whose arrive on the ready barrier syncs its warps before its
-next copy into that slot. v_descale, one scalar per (sequence, KV head), commutes with
-P V and scales O before the store.
 """
 from __future__ import annotations
 
@@ -73,25 +62,6 @@ ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (
 PINGPONG_BAR = tl.constexpr(9)    # named barriers 9, 10, (11): consumer c's issue turn
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-def _convert_layout(head_dim: int, per_thread: int):
-    """The producer's register layout for an e4m3 -> f16 pass over [128 * per_thread // D,
-    D] of V: per_thread neighbours a thread (an 8-byte shared load, a 16-byte store; the
-    128-byte swizzle moves 16-byte units only), the 4 warps down the rows."""
-    per_row = head_dim // per_thread
-    return tl.constexpr(tlx.layout(shape=((per_row, 128 // per_row), (per_thread,)),
-                                   stride=((per_thread, head_dim), (1,))))
-
-
-# V elements of one pass, 8 a thread: the producer runs at 24 registers (16 a thread spill)
-CONVERT_ELEMS = tl.constexpr(1024)
-CONVERT_64 = _convert_layout(64, 8)
-CONVERT_128 = _convert_layout(128, 8)
-
-# Experiment switch (harness `--fp8-v-tiles`): fp8 calls convert V tile by tile in the
-# kernel instead of the once-a-call V pass. Off until measured.
-FP8_V_IN_KERNEL = False
 
 
 # ----------------------------------------------------------------------------- config
@@ -357,11 +327,9 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr,
-         WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr,
-         v8=None, v8_full=None, FP8_V: tl.constexpr = False):
+         WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
-    blocks. FP8_V: V lands in e4m3 in `v8` (`v8_full`) and goes to the f16 ring `smem.v`
-    one block behind the loads (`_v_to_f16`); a tile's last block at its end."""
+    blocks."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.q))
     K_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.k))
@@ -385,56 +353,12 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
             tlx.barrier_expect_bytes(bars.k_full[kb], K_BYTES)
             tlx.async_descriptor_load(descs.k, smem.k[kb], [row, tile.hk * HEAD_DIM],
                                       bars.k_full[kb])
-            if FP8_V:  # the slot's previous tile: converted a ring ago, by this warpgroup
-                tlx.barrier_expect_bytes(v8_full[kb], V_BYTES)
-                tlx.async_descriptor_load(descs.v, v8[kb], [row, tile.hk * HEAD_DIM],
-                                          v8_full[kb])
-                if j > 0:
-                    _v_to_f16(v8, v8_full, smem.v, bars, kv_cnt - 1, tile,
-                              kv_block(j - 1, tile.n_end, MASK_FIRST), BLOCK_N, HEAD_DIM,
-                              NUM_BUFFERS_KV)
-            else:
-                tlx.barrier_wait(bars.v_empty[kb], kph ^ 1)
-                tlx.barrier_expect_bytes(bars.v_full[kb], V_BYTES)
-                tlx.async_descriptor_load(descs.v, smem.v[kb], [row, tile.hk * HEAD_DIM],
-                                          bars.v_full[kb])
+            tlx.barrier_wait(bars.v_empty[kb], kph ^ 1)
+            tlx.barrier_expect_bytes(bars.v_full[kb], V_BYTES)
+            tlx.async_descriptor_load(descs.v, smem.v[kb], [row, tile.hk * HEAD_DIM],
+                                      bars.v_full[kb])
             kv_cnt += 1
-        if FP8_V:
-            if tile.n_end > 0:
-                _v_to_f16(v8, v8_full, smem.v, bars, kv_cnt - 1, tile,
-                          kv_block(tile.n_end - 1, tile.n_end, MASK_FIRST), BLOCK_N, HEAD_DIM,
-                          NUM_BUFFERS_KV)
         i += 1
-
-
-@triton.jit
-def _v_to_f16(v8, v8_full, v16, bars, cnt, tile, blk, BLOCK_N: tl.constexpr,
-              HEAD_DIM: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr):  # role: load
-    """The cnt-th V tile (block `blk` of `tile`) from the e4m3 ring to the f16 ring the
-    P V wgmma reads, once it landed and the consumers freed the f16 slot. Rows past the
-    sequence's keys become 0: their P is 0, and 0 * a NaN code (a row outside every
-    sequence) would not be. In row chunks of CONVERT_ELEMS: a few registers each."""
-    vb, vph = _buf_phase(cnt, NUM_BUFFERS_KV)
-    tlx.barrier_wait(v8_full[vb], vph)
-    tlx.barrier_wait(bars.v_empty[vb], vph ^ 1)
-    valid = tile.len_k - blk * BLOCK_N
-    ROWS: tl.constexpr = CONVERT_ELEMS // HEAD_DIM
-    for r in tl.static_range(0, BLOCK_N, ROWS):
-        src = tlx.local_slice(v8[vb], [r, 0], [ROWS, HEAD_DIM])
-        keep = ((r + tl.arange(0, ROWS) < valid)[:, None]  # full shape: it takes x's layout
-                & (tl.arange(0, HEAD_DIM) >= 0)[None, :])
-        if HEAD_DIM == 64:
-            x = tlx.local_load(src, layout=CONVERT_64)
-            keep = tlx.require_layout(keep, CONVERT_64)
-        else:
-            x = tlx.local_load(src, layout=CONVERT_128)
-            keep = tlx.require_layout(keep, CONVERT_128)
-        y = tl.where(keep, x.to(tl.float16), 0.0)
-        tlx.local_store(tlx.local_slice(v16[vb], [r, 0], [ROWS, HEAD_DIM]), y)
-    tlx.fence("async_shared")  # the generic writes before the wgmma's (async proxy) reads
-    # the arrive syncs the warpgroup first: every warp's stores, and its reads of the
-    # e4m3 slot (which the next copy overwrites), are done
-    tlx.barrier_arrive(bars.v_full[vb], 1)
 
 
 @triton.jit
@@ -552,46 +476,26 @@ def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: comp
         return qk_scale
 
 
-@triton.jit
-def _v_scale(v_descale, tiles, tile):  # role: store
-    """FP8_V: the v_descale of `tile`'s (sequence, KV head), fp32 [B, H_kv]."""
-    return tl.load(v_descale + tile.b * (tiles.H // tiles.GROUP) + tile.hk)
-
-
 # ----------------------------------------------------------------------------- kernel
 # runtime ints are not specialized (== 1, % 16): one compile per (D, dtype, causal, config);
 # count_ptr is the pair count itself in a DIRECT build
 @triton.jit(do_not_specialize=["count_ptr", "L_q", "H", "GROUP", "NBLK", "n_out"])
 def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, count_ptr,
                L_q, H, GROUP, NBLK, n_out, qk_scale, q_descale, k_descale, win_ptr,
-               v_descale, FP8: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+               FP8: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr,
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr,
-               FP8_V: tl.constexpr):
+               WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
-    if FP8_V:  # the P V operand in f16, converted from the e4m3 ring `v8` by the producer
-        smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype,
-                                      NUM_BUFFERS_Q * NUM_CONSUMERS),
-                    k=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
-                    v=tlx.local_alloc((BLOCK_N, HEAD_DIM), tl.float16, NUM_BUFFERS_KV))
-        v8 = tlx.local_alloc((BLOCK_N, HEAD_DIM), tlx.dtype_of(desc_v), NUM_BUFFERS_KV)
-        v8_full = tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1)
-    else:
-        smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype,
-                                      NUM_BUFFERS_Q * NUM_CONSUMERS),
-                    k=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
-                    v=tlx.local_alloc((BLOCK_N, HEAD_DIM), tlx.dtype_of(desc_v),
-                                      NUM_BUFFERS_KV))
-        v8 = None
-        v8_full = None
+    smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
+                k=tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_BUFFERS_KV),
+                v=tlx.local_alloc((BLOCK_N, HEAD_DIM), tlx.dtype_of(desc_v), NUM_BUFFERS_KV))
     if FP8:  # O in bf16 needs twice an e4m3 Q slot: a staging buffer a consumer
         o_stage = tlx.local_alloc((SPLIT_M, HEAD_DIM), tl.bfloat16, NUM_CONSUMERS)
     NQ: tl.constexpr = NUM_BUFFERS_Q * NUM_CONSUMERS  # a Q slot per (buffer, consumer)
-    # FP8_V: v_full / v_empty are the f16 ring's (ready / free)
     bars = Bars(q_full=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
                 q_empty=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
                 k_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
@@ -615,7 +519,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                           NBLK, win_ptr)
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
                  NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK,
-                 DIRECT, v8, v8_full, FP8_V)
+                 DIRECT)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if not DIRECT:
@@ -643,8 +547,6 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                     smem.q[slot], smem, bars, kv_cnt, tile_scale, rows, tile, cid,
                     NUM_CONSUMERS, HEAD_DIM, BLOCK_N, NUM_BUFFERS_KV, CAUSAL, OVERLAP,
                     MASK_FIRST, WINDOWS)
-                if FP8_V:  # read here: held across the KV loop it costs the consumers a spill
-                    acc = acc * _v_scale(v_descale, tiles, tile)
                 if FP8:
                     o_buf = o_stage[cid]
                 else:
@@ -660,26 +562,24 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
                 fp8: bool = False, windows: bool = False, pack: int = 1,
-                direct: bool = False, fp8_v: bool = False) -> dict:
+                direct: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile. windows: over row windows
     (with WINDOW_CONFIG); pack: query heads a tile's rows hold (jagged.tiles.gqa_pack);
-    direct: no tile list (jagged.tiles.fwd_direct); fp8_v: fp8 with V converted tile by
-    tile in the kernel (FP8_V_IN_KERNEL)."""
+    direct: no tile list (jagged.tiles.fwd_direct)."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                 OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows, PACK=pack,
-                DIRECT=direct, FP8_V=fp8_v)
+                DIRECT=direct)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
     """(out [Nq, H, D], lse [H, Nq] fp32); the `fwd` of jagged.api.make_jagged_attention.
     descale: None (16-bit q, k, v) or (q_descale, k_descale, v_descale), fp32 [B, H_kv]
-    each, for e4m3 q, k, v (out bf16); FP8_V_IN_KERNEL: V converted tile by tile in the
-    kernel, no V pass."""
+    each, for e4m3 q, k, v (out bf16)."""
     Nq_in, H, D = q.shape
     Nk, Hkv, _ = k.shape
     batch = cu_k.shape[0] - 1
@@ -707,15 +607,11 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
                                          L_t if broadcast_q else None, cfg.block_m,
                                          cfg.block_n, causal, check, direct)
         win, n_tiles = None, batch * nblk * H_t
-    fp8_v = fp8 and FP8_V_IN_KERNEL
-    if fp8_v:  # V converted tile by tile in the kernel, v_descale applied to O
-        q_descale, k_descale, v_descale = descale
-    elif fp8:  # after the check: the V pass reads the key offsets
+    if fp8:  # after the check: the V pass reads the key offsets
         q_descale, k_descale, v_descale = descale
         v = dequantize_rows(v, v_descale, cu_k)
-        v_descale = None
     else:
-        q_descale = k_descale = v_descale = None
+        q_descale = k_descale = None
     desc_q = tma_desc(q, (Nq_t, H_t * D), (H_t * D, 1), (SPLIT_M.value, D))
     desc_k = tma_desc(k, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     desc_v = tma_desc(v, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
@@ -723,26 +619,23 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
-        v_descale, **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct,
-                                 fp8_v), num_warps=4, num_stages=1, launch_pdl=True)
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct), num_warps=4,
+        num_stages=1, launch_pdl=True)
     return out, lse
 
 
-def signature(cfg: Config, head_dim: int, dtype: str = "bf16", windows: bool = False,
-              fp8_v: bool = False) -> dict:
+def signature(cfg: Config, head_dim: int, dtype: str = "bf16", windows: bool = False) -> dict:
     """Triton types of `fwd_kernel`'s runtime arguments (for compile-only checks). dtype
     "fp8e4nv": e4m3 q and k, bf16 v and out, the descales fp32 pointers (with
-    kernel_args(..., fp8=True)); fp8_v: v e4m3 too and v_descale (kernel_args(..., fp8_v=
-    True)); windows: the row-window list (int32) and `win`."""
+    kernel_args(..., fp8=True)); windows: the row-window list (int32) and `win`."""
     fp8 = dtype == "fp8e4nv"
     io = "bf16" if fp8 else dtype
     return {"desc_q": f"tensordesc<{dtype}[{SPLIT_M.value},{head_dim}]>",
             "desc_k": f"tensordesc<{dtype}[{cfg.block_n},{head_dim}]>",
-            "desc_v": f"tensordesc<{dtype if fp8_v else io}[{cfg.block_n},{head_dim}]>",
+            "desc_v": f"tensordesc<{io}[{cfg.block_n},{head_dim}]>",
             "out_ptr": f"*{io}", "lse_ptr": "*fp32", "cu_q": "*i32", "cu_k": "*i32",
             "pairs_ptr": "*i32" if windows else "*i64", "count_ptr": "*i32", "L_q": "i32", "H": "i32", "GROUP": "i32",
             "NBLK": "i32", "n_out": "i32", "qk_scale": "fp32",
             "q_descale": "*fp32" if fp8 else "constexpr",
             "k_descale": "*fp32" if fp8 else "constexpr",
-            "win_ptr": "*i32" if windows else "constexpr",
-            "v_descale": "*fp32" if fp8_v else "constexpr"}
+            "win_ptr": "*i32" if windows else "constexpr"}

@@ -1,21 +1,24 @@
-"""fp8 with V tiles in the CuteDSL Hopper forward (kernels_cute.fwd_hopper.FP8_V_IN_KERNEL,
-an experiment switch, off by default; Config.fp8_v): V stays e4m3, the load warpgroup's
-four warps convert each tile to f16 in shared memory and v_descale scales O. On the
-CPU: the sm_90a builds with the switch (e4m3 S, f16 P V, e4m3 -> f16 in pairs, no
-spills, shared memory within the limit), the host's launch (recorded; no V pass with
-the switch, the V pass without it); its barrier protocol's model is tested with TLX's
-in test_fp8_v_tiles.py. On the GPU:
-tests/test_fp8_kernel.py (`-m gpu`, test_fwd_fp8_v_tiles_*, the cute style)."""
+"""fp8 with V tiles in the CuteDSL Hopper forward (Config.fp8_v, where
+kernels_cute.fwd_hopper.fp8_v_tiles picks it): V stays e4m3, the load warpgroup's four
+warps convert each tile to f16 in shared memory and v_descale scales O. On the CPU: the
+sm_90a builds (e4m3 S, f16 P V, e4m3 -> f16 in pairs, no spills, shared memory within
+the limit), the host's launch either way (recorded), the rule, and the barrier
+protocol's model with the conversion stage (clean over random jagged lists; planted bugs
+caught). On the GPU: tests/test_fp8_kernel.py (`-m gpu`, test_fwd_fp8_cute_v_*,
+test_fwd_fp8_v_tiles_nan_rows_gpu)."""
 import dataclasses
 import os
 import re
 import textwrap
+import zlib
 
 import pytest
 import torch
 
 from _cute import ROOT, compile_in_subprocess, have_dsl
 from _interp import interp
+from harness import protocol as P
+from harness.protocol import ProtocolError, Problem, Wait
 from jagged.fp8 import FP8
 
 _ok, _why = have_dsl()
@@ -93,12 +96,14 @@ def test_smem_fits():
 
 # ----------------------------------------------------------------------------- host
 @interp
-@pytest.mark.parametrize("switch", [False, True], ids=["pass", "tiles"])
-def test_forward_launch(monkeypatch, switch):
-    """fwd_hopper.forward's launch (recorded): with the switch no V pass runs and the
-    build is Config.fp8_v's (its own compile key), the kernel gets V in e4m3 and
-    v_descale; without it the V pass runs once, the kernel gets its bf16 V and no
-    v_descale, and the build is the default's."""
+@pytest.mark.parametrize("heads,lens,tiles", [(8, [300, 200, 5], True),    # G * mean 673
+                                              (32, [600, 500, 5], False)],  # 5893
+                         ids=["tiles", "pass"])
+def test_forward_launch(monkeypatch, heads, lens, tiles):
+    """fwd_hopper.forward's launch (recorded), two KV heads: with V tiles (fp8_v_tiles) no
+    V pass runs and the build is Config.fp8_v's (its own compile key), the kernel gets V
+    in e4m3 and v_descale; otherwise the V pass runs once, the kernel gets its bf16 V and
+    no v_descale, and the build is the default's."""
     from kernels_cute import fwd_hopper as F
     from kernels_cute import host
     launches, builds, passes = [], [], []
@@ -115,39 +120,101 @@ def test_forward_launch(monkeypatch, switch):
                                                          programs=lambda *a: 132))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(host, "dequantize_rows", v_pass)
-    monkeypatch.setattr(F, "FP8_V_IN_KERNEL", switch)
-    cu = torch.tensor([0, 300, 500, 505], dtype=torch.int32)
-    q = torch.zeros(505, 8, 128).to(FP8)
-    k = torch.zeros(505, 2, 128).to(FP8)
-    v = torch.ones(505, 2, 128).to(FP8)
+    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    n = int(cu[-1])
+    q = torch.zeros(n, heads, 128).to(FP8)
+    k = torch.zeros(n, 2, 128).to(FP8)
+    v = torch.ones(n, 2, 128).to(FP8)
     ds = tuple(torch.full((3, 2), x) for x in (0.5, 0.25, 2.0))
-    F.forward(q, k, v, cu, cu, 300, 300, True, 0.125, False, descale=ds)
+    F.forward(q, k, v, cu, cu, max(lens), max(lens), True, 0.125, False, descale=ds)
     (key,), (args,) = builds, launches
-    assert key[-1].fp8_v == switch
-    assert key[-1] == dataclasses.replace(F.pick_config(128, 300, True, 505 / 3),
-                                          fp8_v=switch)
+    assert key[-1].fp8_v == tiles == F.fp8_v_tiles(heads // 2, n / 3)
+    assert key[-1] == dataclasses.replace(F.pick_config(128, max(lens), True, n / 3),
+                                          fp8_v=tiles)
     # q, k, v, out, lse, cu_q, cu_k, pairs, count, q / k / v descale, window table, ...
     assert args[9] is ds[0] and args[10] is ds[1] and args[12] is None
-    if switch:
+    if tiles:
         assert passes == [] and args[2] is v and args[11] is ds[2]
     else:
         assert len(passes) == 1 and passes[0][0] is v and passes[0][1] is ds[2]
         assert args[2].dtype == torch.bfloat16 and args[11] is None
 
 
-def test_forward_default_off():
+def test_rule():
+    """V tiles while the query rows a KV head serves, G * mean_k, stay within
+    FP8_V_TILES_MAX (the V pass's cost against the conversions'), not in any config."""
     from kernels_cute import fwd_hopper as F
-    assert F.FP8_V_IN_KERNEL is False and F.KERNELS.fp8_v() is False
+    assert F.fp8_v_tiles(1, 1844) and F.fp8_v_tiles(4, 1024) and F.fp8_v_tiles(8, 0.0)
+    assert not F.fp8_v_tiles(4, 4096) and not F.fp8_v_tiles(1, 8192)
+    assert F.fp8_v_tiles(2, F.FP8_V_TILES_MAX / 2) and not F.fp8_v_tiles(2, F.FP8_V_TILES_MAX)
+    assert F.KERNELS.fp8_v is F.fp8_v_tiles
     assert not any(cfg.fp8_v for cfg in F.CONFIGS.values())
 
 
-def test_bench_switch(monkeypatch):
-    """harness `--fp8-v-tiles` (bench.apply_experiments) sets both styles' switch."""
-    from harness import bench
+# ----------------------------------------------------------------------------- protocol
+MODEL = P.MODELS["cute_fwd_hopper_v_tiles"][0]
+KEYS = [(d, b, c) for d in (64, 128) for b in ("long", "short") for c in (False, True)]
+
+
+def _configs():
     from kernels_cute import fwd_hopper as F
-    from kernels_tlx import fwd_hopper as T
-    monkeypatch.setattr(F, "FP8_V_IN_KERNEL", False)
-    monkeypatch.setattr(T, "FP8_V_IN_KERNEL", False)
-    monkeypatch.setenv(bench.FP8_V_TILES_ENV, "1")
-    bench.apply_experiments()
-    assert F.FP8_V_IN_KERNEL is True and T.FP8_V_IN_KERNEL is True
+    return F.CONFIGS
+
+
+@pytest.mark.parametrize("key", KEYS, ids=lambda k: f"{k[0]}-{k[1]}-{'causal' if k[2] else 'full'}")
+def test_protocol_clean(key):
+    """No deadlock, race or stale read over random jagged lists and interleavings, with
+    the conversion stage."""
+    runs, steps = P.sweep(MODEL, _configs()[key], problems=10, seeds=4,
+                          seed=zlib.crc32(repr(("cute", key)).encode()) & 0xFFFF,
+                          head_dim=key[0])
+    assert runs == 40 and steps > 0
+
+
+# one CTA, two tiles of five KV blocks each (the rings wrap), two consumers
+LONG = Problem((128, 128), (600, 600), heads=1, causal=False)
+
+
+def _reject(cfg, seeds=range(60), **kw):
+    """The reports of the seeds whose interleaving hits the bug (some do not: a missing
+    wait breaks only the interleavings where the waited event comes late); at least one."""
+    reports = []
+    for seed in seeds:
+        try:
+            P.check(lambda sim: MODEL(sim, LONG, cfg, 1), [seed], **kw)
+        except ProtocolError as e:
+            reports.append((e.kind, str(e)))
+    assert reports, "no interleaving found the bug"
+    return reports
+
+
+def _drop(role_part, pred):
+    return lambda role, op: None if role_part in role and pred(op) else op
+
+
+def test_protocol_bugs_caught():
+    """Four converting warps, each releasing its part of a slot."""
+    cfg = _configs()[(128, "long", False)]  # 2 consumers, 2 stages
+
+    # a converting warp writes its f16 part without waiting for the consumers to free it
+    for kind, msg in _reject(cfg, mutate=_drop("convert", lambda op: type(op) is Wait
+                                               and "v_empty" in op.bar)):
+        assert kind in ("race", "stale", "aliasing", "arrival")
+
+    # a converting warp reads before the e4m3 tile landed
+    for kind, msg in _reject(cfg, seeds=range(200), mutate=_drop(
+            "convert", lambda op: type(op) is Wait and "v8_full" in op.bar)):
+        assert kind in ("race", "stale") and "cta0.v8[" in msg
+
+    # the load warp copies into an e4m3 slot the other warps may still be reading
+    for kind, msg in _reject(cfg, seeds=range(200), mutate=_drop(
+            "load", lambda op: type(op) is Wait and "v8_empty" in op.bar)):
+        assert kind in ("race", "stale", "aliasing") and "cta0.v8[" in msg
+
+    # the consumers reading V on the e4m3 copy's barrier, not the conversion's
+    def early(role, op):
+        if "compute" in role and type(op) is Wait and "v_full" in op.bar:
+            return op._replace(bar=op.bar.replace("v_full", "v8_full"))
+        return op
+    for kind, msg in _reject(cfg, mutate=early):
+        assert kind in ("race", "stale", "aliasing")

@@ -2,9 +2,9 @@
 forward's fp8 build compiled for sm_90a (S = Q K^T an e4m3 wgmma, P V bf16, no spills,
 shared memory within the limit; the CuteDSL build's: tests/test_cute_compile.py), and on
 the GPU (`-m gpu`) both styles' `fwd_hopper.forward` with descales against an fp32
-reference on the dequantized values; both also with V converted tile by tile in the
-kernel (the FP8_V_IN_KERNEL experiment switch; its builds: tests/test_fp8_v_tiles.py,
-tests/test_cute_fp8_v_tiles.py)."""
+reference on the dequantized values; CuteDSL's both ways V reaches P V (converted tile by
+tile in the kernel, or the once-a-call V pass: kernels_cute.fwd_hopper.fp8_v_tiles; the
+V-tile builds: tests/test_cute_fp8_v_tiles.py)."""
 import importlib
 import math
 
@@ -284,65 +284,62 @@ def test_fwd_fp8_gpu_broadcast_q(style, d, causal):
     run_fp8_case(style, d, causal, "cross", broadcast_q=True, seed=100 + d)
 
 
-@pytest.fixture(params=STYLES)
-def v_tiles(request, monkeypatch):
-    """A style's experiment switch on (fwd_hopper.FP8_V_IN_KERNEL: V converted tile by
-    tile in the kernel); the once-a-call V pass then fails the test if it runs (CuteDSL's
-    runs in kernels_cute.host). -> the style."""
-    style = request.param
-    fh = fwd_hopper_of(style)
-    monkeypatch.setattr(fh, "FP8_V_IN_KERNEL", True)
-
-    def no_pass(*args):
-        raise AssertionError("the V pass ran with V tiles on")
-    monkeypatch.setattr(fh, "dequantize_rows", no_pass, raising=False)
-    if style == "cute":
-        from kernels_cute import host
+@pytest.fixture(params=["tiles", "pass"])
+def cute_v(request, monkeypatch):
+    """CuteDSL's fp8 forward with V converted in the kernel ("tiles": the V pass then
+    fails the test if it runs) or by the once-a-call V pass ("pass"), whatever
+    fp8_v_tiles would pick. -> the way."""
+    from kernels_cute import fwd_hopper as F, host
+    tiles = request.param == "tiles"
+    monkeypatch.setattr(F, "FP8_V_TILES_MAX", math.inf if tiles else -1)
+    if tiles:
+        def no_pass(*args):
+            raise AssertionError("the V pass ran with V tiles on")
         monkeypatch.setattr(host, "dequantize_rows", no_pass)
-    return style
+    return request.param
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(GPU_CASES))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_fwd_fp8_v_tiles_gpu(d, causal, case, v_tiles):
-    """test_fwd_fp8_gpu's cases with V tiles (P V in f16, v_descale on O)."""
-    run_fp8_case(v_tiles, d, causal, case, broadcast_q=False, seed=d + causal)
+def test_fwd_fp8_cute_v_gpu(d, causal, case, cute_v):
+    """test_fwd_fp8_gpu's cases, CuteDSL, each way V reaches P V."""
+    run_fp8_case("cute", d, causal, case, broadcast_q=False, seed=d + causal)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,causal", [(128, False), (64, True)])
-def test_fwd_fp8_v_tiles_gpu_broadcast_q(d, causal, v_tiles):
-    run_fp8_case(v_tiles, d, causal, "cross", broadcast_q=True, seed=100 + d)
+def test_fwd_fp8_cute_v_gpu_broadcast_q(d, causal, cute_v):
+    run_fp8_case("cute", d, causal, "cross", broadcast_q=True, seed=100 + d)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_fwd_fp8_v_tiles_nan_rows_gpu(d, causal, v_tiles):
-    """K and V rows past the last sequence holding NaN codes (0x7f, which the V pass
-    zeroed): the conversion zeroes V rows past a sequence's keys, so out and lse are
-    the call's without those rows, bit for bit."""
-    fh = fwd_hopper_of(v_tiles)
+def test_fwd_fp8_v_tiles_nan_rows_gpu(d, causal, monkeypatch):
+    """NaN codes (0x7f) in the last sequence's V rows: the conversion zeroes V rows past
+    a sequence's keys (the next sequence's, in its last KV block), so the other
+    sequences' out and lse are the call's without those codes, bit for bit."""
+    from kernels_cute import fwd_hopper as F
+    monkeypatch.setattr(F, "FP8_V_TILES_MAX", math.inf)
     gen = torch.Generator().manual_seed(7 + d)
     lens, heads, hkv = [300, 129, 77], 8, 2
     cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    n = int(cu[-1])
+    n, last = int(cu[-1]), int(cu[-2])
     q8, qd = quantize(torch.randn(n, heads, d, generator=gen), cu, heads // hkv, gen)
     k8, kd = quantize(torch.randn(n, hkv, d, generator=gen), cu, 1, gen)
     v8, vd = quantize(torch.randn(n, hkv, d, generator=gen), cu, 1, gen)
-    nan = torch.full((64, hkv, d), 0x7F, dtype=torch.uint8).view(FP8)
+    v_nan = v8.clone()
+    v_nan.view(torch.uint8)[last:] = 0x7F
     dev = lambda *ts: [t.cuda() for t in ts]
-    q8, cu, qd, kd, vd = dev(q8, cu, qd, kd, vd)
-    outs = []
-    for k, v in ((k8, v8), (torch.cat([k8, nan]), torch.cat([v8, nan]))):
-        k, v = dev(k, v)
-        outs.append(fh.forward(q8, k, v, cu, cu, max(lens), max(lens), causal,
-                               d ** -0.5, False, descale=(qd, kd, vd)))
+    q8, k8, cu, qd, kd, vd = dev(q8, k8, cu, qd, kd, vd)
+    outs = [F.forward(q8, k8, v.cuda(), cu, cu, max(lens), max(lens), causal, d ** -0.5,
+                      False, descale=(qd, kd, vd)) for v in (v8, v_nan)]
     torch.cuda.synchronize()
     (o0, l0), (o1, l1) = outs
-    assert not o0.isnan().any() and torch.equal(o0, o1) and torch.equal(l0, l1)
+    assert not o0.isnan().any() and o1[last:].isnan().all()
+    assert torch.equal(o0[:last], o1[:last]) and torch.equal(l0[:, :last], l1[:, :last])
 
 
 @pytest.mark.gpu
