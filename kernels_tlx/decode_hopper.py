@@ -51,7 +51,6 @@ v_descale before the store (partials too: the combine is linear). Out is bf16.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -74,10 +73,6 @@ class Config:
     block_n: int      # keys per K/V block
     num_stages: int   # the bulk loop's num_stages (the ring depth it gives: CONFIGS)
     num_warps: int
-    # the bulk loop one block ahead: block j+1's K load, conversion and S = Q K^T are
-    # issued before block j's softmax and P V, so one program's tensor and memory work
-    # of consecutive blocks can overlap (same per-row softmax order: same values)
-    overlap: bool = False
 
 
 # Keyed by (head_dim, rows per tile, kind, cache element bytes): kind "gather" (pages
@@ -139,17 +134,6 @@ FP8_CONFIGS = {
 }
 CONFIGS = _table()
 
-# Config.overlap twins of the table's entries: alternatives for the tuner
-# (harness.gpu.decode_tune), never a default. Left out: the twins ptxas spills on sm_90a
-# (`OVERLAP_SPILLS`). The twins keep their default's shared memory or less and stay
-# within 255 registers (64-row fp8 tiles reach 218-254), so two programs an SM still fit
-# below 128 rows. From 64 rows the S wgmma of the next block is waited for at once
-# (Triton's wait placement), so there the two blocks overlap only around it; the 16- and
-# 32-row tiles' mma.sync leave ptxas free to interleave them.
-OVERLAP_SPILLS = {(64, 32, "page", 2)}
-OVERLAP_CONFIGS = {key: dataclasses.replace(cfg, overlap=True)
-                   for key, cfg in CONFIGS.items() if key not in OVERLAP_SPILLS}
-
 
 def programs_per_sm(head_dim: int, rows: int, fp8: bool) -> int:  # role: host
     """How many programs an SM runs at once, for the core's split count (one wave):
@@ -160,15 +144,6 @@ def programs_per_sm(head_dim: int, rows: int, fp8: bool) -> int:  # role: host
     alone: 1 an SM 220 us, 2 an SM 180 us; 16 query rows x GQA 4 339 / 251 us).
     128-row fp8 tiles take 193 KB: one."""
     return 2 if fp8 and rows <= 64 else 1
-
-
-def alternatives(head_dim: int, block_m: int, page_table, page_size: int,
-                 elsize: int = 2) -> list[Config]:  # role: host
-    """Configs beside the default worth a sweep for a call (the default's overlapped
-    twin where it compiles spill-free)."""
-    cfg, kind = pick_config(head_dim, block_m, page_table, page_size, elsize)
-    twin = OVERLAP_CONFIGS.get((head_dim, block_m, kind, elsize))
-    return [twin] if twin is not None else []
 
 
 def rows_per_tile(group: int, len_q: int) -> int:  # role: host
@@ -307,15 +282,6 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
         if CAUSAL:
             keep = keep & causal_visible(qi[:, None], j[None, :], n_q, n_k)
         s = tl.where(keep, s, float("-inf"))
-    return _online(s, v, acc, m_i, l_i, MASKED)
-
-
-@triton.jit
-def _online(s, v, acc, m_i, l_i, MASKED: tl.constexpr):  # role: compute
-    """The online-softmax step of scores s (log2 domain, scaled; -inf where masked) and V
-    (in the MMA dtype): O += P V. MASKED: rows that have seen no key keep m = -inf
-    without NaN."""
-    if MASKED:
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
@@ -326,53 +292,6 @@ def _online(s, v, acc, m_i, l_i, MASKED: tl.constexpr):  # role: compute
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + mma(p.to(v.dtype), v)
     return acc, m_new, l_i
-
-
-@triton.jit
-def _load_one(desc, head, where, col, D: tl.constexpr, TMA: tl.constexpr):  # role: load
-    """One unmasked K or V block [BLOCK_N, D]: a TMA box at (where, col), or gathered
-    rows at element offsets `where`."""
-    if TMA:
-        x = desc.load([where, col])
-    else:
-        x = tl.load(head + where[:, None] + tl.arange(0, D)[None, :])
-    return x
-
-
-@triton.jit
-def _bulk_ahead(q, acc, m_i, l_i, qk_scale, k_desc, v_desc, k_head, v_head,  # role: compute
-                pt_row, b, col, lo, bulk_end, stride_kp, stride_ks, L_max,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, TMA: tl.constexpr,
-                STAGES: tl.constexpr):
-    """The bulk [lo, bulk_end) one block ahead (Config.overlap): each step loads,
-    converts and multiplies the next block's K (S_next = Q K^T) before this block's
-    softmax and P V, which do not depend on it, so the MMA of one block and the
-    conversion and exponentials of its neighbour are independent work in the same
-    instruction stream. K and V of a block are loaded in different steps, each address
-    from the loop counter (the pipeliner issues both STAGES ahead)."""
-    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if lo < bulk_end:
-        at = _kv_where(pt_row, lo, b, bulk_end, stride_kp, stride_ks, L_max,
-                       BLOCK_N, PAGED, PAGE_SIZE, TMA)
-        k = _load_one(k_desc, k_head, at, col, D, TMA)
-        s = mma(q, tl.trans(k.to(q.dtype))) * qk_scale
-    for n0 in tl.range(lo, bulk_end - BLOCK_N, BLOCK_N, num_stages=STAGES):
-        nxt = _kv_where(pt_row, n0 + BLOCK_N, b, bulk_end, stride_kp, stride_ks, L_max,
-                        BLOCK_N, PAGED, PAGE_SIZE, TMA)
-        cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
-                        BLOCK_N, PAGED, PAGE_SIZE, TMA)
-        k = _load_one(k_desc, k_head, nxt, col, D, TMA)
-        v = _load_one(v_desc, v_head, cur, col, D, TMA)
-        s_next = mma(q, tl.trans(k.to(q.dtype))) * qk_scale
-        acc, m_i, l_i = _online(s, v.to(q.dtype), acc, m_i, l_i, False)
-        s = s_next
-    if lo < bulk_end:
-        at = _kv_where(pt_row, bulk_end - BLOCK_N, b, bulk_end, stride_kp, stride_ks,
-                       L_max, BLOCK_N, PAGED, PAGE_SIZE, TMA)
-        v = _load_one(v_desc, v_head, at, col, D, TMA)
-        acc, m_i, l_i = _online(s, v.to(q.dtype), acc, m_i, l_i, False)
-    return acc, m_i, l_i
 
 
 @triton.jit
@@ -395,7 +314,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
                   SPLIT: tl.constexpr, STAGES: tl.constexpr, FP8: tl.constexpr,
-                  ORDERED: tl.constexpr, OVERLAP: tl.constexpr = False):
+                  ORDERED: tl.constexpr):
     """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
     whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
@@ -441,21 +360,15 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     # bulk: whole blocks every real row sees, software-pipelined (Config: the stages)
-    if OVERLAP:
-        acc, m_i, l_i = _bulk_ahead(q_tile, acc, m_i, l_i, qk_scale, k_desc, v_desc, k_head,
-                                    v_head, pt_row, b, h_kv * D, lo, bulk_end, stride_kp,
-                                    stride_ks, L_max, D, BLOCK_M, BLOCK_N, PAGED, PAGE_SIZE,
-                                    TMA, STAGES)
-    else:
-        for n0 in tl.range(lo, bulk_end, BLOCK_N, num_stages=STAGES):
-            cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
-                            BLOCK_N, PAGED, PAGE_SIZE, TMA)
-            if TMA:
-                k, v = _load_kv_box(k_desc, v_desc, cur, h_kv * D)
-            else:
-                k, v = _load_kv_rows(k_head, v_head, cur, n0, n_end, D, BLOCK_N, False)
-            acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                    n_end, BLOCK_N, False, CAUSAL)
+    for n0 in tl.range(lo, bulk_end, BLOCK_N, num_stages=STAGES):
+        cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
+                        BLOCK_N, PAGED, PAGE_SIZE, TMA)
+        if TMA:
+            k, v = _load_kv_box(k_desc, v_desc, cur, h_kv * D)
+        else:
+            k, v = _load_kv_rows(k_head, v_head, cur, n0, n_end, D, BLOCK_N, False)
+        acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                n_end, BLOCK_N, False, CAUSAL)
     # tail: the sequence end and the causal diagonal, gathered with zero fill
     for n0 in tl.range(bulk_end, n_end, BLOCK_N, num_stages=1):
         rows = _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,
@@ -480,7 +393,7 @@ def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size:
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                 PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
                 TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
-                STAGES=cfg.num_stages, FP8=fp8, ORDERED=ordered, OVERLAP=cfg.overlap)
+                STAGES=cfg.num_stages, FP8=fp8, ORDERED=ordered)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",

@@ -13,7 +13,6 @@ of the table's depth.
 `-m gpu` (on the H200): the same check compiled, at lengths that run the pipelined bulk;
 bandwidth at B = 1, 32k keys (`-s` prints it); the config sweep behind the table.
 """
-import dataclasses
 import math
 import os
 
@@ -133,12 +132,10 @@ CASES = [
 # 16-key blocks: several blocks a split, the pipelined bulk, TMA boxes in the contiguous
 # cache and in 16- and 64-key pages, split boundaries inside a sequence
 SMALL = dh.Config(block_n=16, num_stages=2, num_warps=4)
-SMALL_OVERLAP = dh.Config(block_n=16, num_stages=2, num_warps=4, overlap=True)
 
 
 @interp
-@pytest.mark.parametrize("config", [None, SMALL, SMALL_OVERLAP],
-                         ids=["default", "bn16", "bn16-overlap"])
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_decode(case, splits, config):
@@ -182,8 +179,7 @@ def dequantized(q, ks, vs, n_q, H, qd, kd, vd):
 
 
 @interp
-@pytest.mark.parametrize("config", [None, SMALL, SMALL_OVERLAP],
-                         ids=["default", "bn16", "bn16-overlap"])
+@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
 def test_decode_fp8(case, splits, config):
@@ -284,87 +280,6 @@ def test_tiles_and_kinds():
     assert dh.pick_config(128, 16, pt, 2 * bn)[1] == "page"
     assert dh.pick_config(128, 16, pt, 16) == (dh.CONFIGS[(128, 16, "gather", 2)], "gather")
     assert dh.pick_config(128, 16, pt, bn + 1)[1] == "gather"
-
-
-# the defaults pick_config returns: (head_dim, rows, cache element bytes) -> (gather, page,
-# contig) as (block_n, num_stages, num_warps); none overlapped
-DEFAULTS = {
-    (64, 16, 1): ((64, 16, 4), (128, 10, 4), (128, 7, 4)),
-    (64, 16, 2): ((128, 7, 4), (128, 7, 4), (128, 4, 4)),
-    (64, 32, 1): ((64, 11, 4), (64, 9, 4), (64, 9, 4)),
-    (64, 32, 2): ((128, 7, 8), (128, 7, 8), (128, 4, 8)),
-    (64, 64, 1): ((128, 9, 4), (128, 9, 4), (128, 5, 4)),
-    (64, 64, 2): ((64, 9, 4), (64, 9, 4), (64, 5, 4)),
-    (64, 128, 1): ((128, 7, 8), (128, 7, 8), (128, 4, 8)),
-    (64, 128, 2): ((128, 7, 8), (128, 7, 8), (128, 4, 8)),
-    (128, 16, 1): ((128, 7, 4), (128, 7, 4), (128, 4, 4)),
-    (128, 16, 2): ((64, 7, 4), (64, 7, 4), (64, 4, 4)),
-    (128, 32, 1): ((64, 9, 4), (64, 8, 4), (64, 7, 4)),
-    (128, 32, 2): ((64, 7, 8), (64, 7, 8), (64, 4, 8)),
-    (128, 64, 1): ((64, 8, 4), (64, 8, 4), (64, 4, 4)),
-    (128, 64, 2): ((32, 9, 4), (32, 9, 4), (32, 5, 4)),
-    (128, 128, 1): ((128, 7, 8), (128, 7, 8), (128, 4, 8)),
-    (128, 128, 2): ((64, 7, 8), (64, 7, 8), (64, 4, 8)),
-}
-
-
-def test_defaults_and_alternatives():
-    """pick_config returns the table's defaults (no overlap); each call's alternative is
-    its default's overlapped twin, absent only where the twin spills."""
-    pt = torch.zeros(1, 1, dtype=torch.int32)
-    assert {(d, m, el) for d, m, _, el in dh.CONFIGS} == set(DEFAULTS)
-    for (d, m, el), want in DEFAULTS.items():
-        gather, page, contig = (dh.Config(*c) for c in want)
-        assert dh.pick_config(d, m, None, 1, el) == (contig, "contig")
-        assert dh.pick_config(d, m, pt, page.block_n, el) == (page, "page")
-        assert dh.pick_config(d, m, pt, 1, el) == (gather, "gather")
-        for table, page_size, cfg in ((None, 1, contig), (pt, page.block_n, page),
-                                      (pt, 1, gather)):
-            alts = dh.alternatives(d, m, table, page_size, el)
-            kind = dh.pick_config(d, m, table, page_size, el)[1]
-            if (d, m, kind, el) in dh.OVERLAP_SPILLS:
-                assert alts == []
-            else:
-                assert alts == [dataclasses.replace(cfg, overlap=True)]
-    assert not any(c.overlap for c in dh.CONFIGS.values())
-
-
-# overlapped twins (Config.overlap): (head_dim, rows, kind, page size, dtype, split); the
-# default's shared memory or less, no spills, within 255 registers
-OVERLAP_BUILDS = [
-    (128, 16, "contig", 1, "fp8", True),
-    (128, 16, "gather", 1, "fp8", True),
-    (128, 16, "page", 128, "fp8-bf16", False),
-    (128, 64, "gather", 1, "fp8", True),
-    (128, 64, "contig", 1, "fp8", False),
-    (128, 64, "page", 128, "fp8-bf16", True),
-    (64, 64, "page", 128, "fp8", True),
-    (128, 128, "page", 128, "fp8", True),
-    (128, 16, "gather", 1, "bf16", True),
-    (128, 64, "page", 64, "bf16", False),
-]
-
-
-@pytest.mark.parametrize("build_", OVERLAP_BUILDS[:1] + [
-    pytest.param(b, marks=pytest.mark.matrix) for b in OVERLAP_BUILDS[1:]],
-    ids=["-".join(map(str, b)) for b in OVERLAP_BUILDS])
-def test_compile_sm90_overlap(build_):
-    d, m, kind, page, dt, split = build_
-    fp8 = dt.startswith("fp8")
-    cache_dt, q_dt = ("fp8e4nv", dt[4:] or "fp8e4nv") if fp8 else (dt, dt)
-    key = (d, m, kind, 1 if fp8 else 2)
-    reps = []
-    for cfg in (dh.CONFIGS[key], dh.OVERLAP_CONFIGS[key]):
-        reps.append(compile_kernel(
-            dh.decode_kernel, dh.signature(cfg, d, kind, cache_dt, split, q_dt),
-            dh.kernel_args(cfg, d, 4, m, page, kind, False, True, split, fp8=fp8),
-            arch=90, num_warps=cfg.num_warps, num_stages=1,
-            name=f"decode D{d} M{m} {kind} {dt}{' overlap' if cfg.overlap else ''}"))
-        print(reps[-1].row())
-    base, ov = reps
-    assert not ov.spills, f"spills / local memory: {ov.row()}"
-    assert ov.total_smem <= base.total_smem, ov.row()
-    assert ov.registers <= 255, ov.row()
 
 
 # default builds: (head_dim, rows per tile, kind, page size, dtype, split, causal, the K / V
@@ -617,40 +532,3 @@ def test_forward_wants_descales_exactly_for_fp8():
     with pytest.raises(ValueError, match="descale must be given exactly"):
         run(q.bfloat16(), k.bfloat16(), v.bfloat16(), n, pt, cu, 1, True, 0.125, 1,
             descale=(ones, ones, ones))
-
-
-# ----------------------------------------------------------------------------- GPU, overlap
-# (batch, heads, kv_heads, cache_len, len_q, page_size, dtype, splits, packed_q): paged 1 /
-# 16 and contiguous, split and not, pack-GQA (4 and 8 heads a kv head; 16 and 64 rows)
-OVERLAP_CELLS = [
-    (3, 32, 8, 3000, 1, 1, "fp8", 4, False),
-    (3, 32, 8, 3000, 1, 16, "fp8", 1, False),
-    (2, 32, 8, 2500, 1, 0, "fp8", 3, False),
-    (2, 32, 4, 1800, 8, 0, "fp8", 1, True),
-    (2, 32, 8, 2100, 16, 16, "fp8", 2, False),
-    (3, 32, 8, 3000, 1, 1, "bf16", 1, False),
-    (2, 32, 8, 2500, 1, 0, "bf16", 3, False),
-    (2, 32, 8, 2100, 16, 16, "bf16", 2, True),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cell", OVERLAP_CELLS, ids=[
-    f"{c[6]}-p{c[5]}-lq{c[4]}-s{c[7]}" + ("-packed" if c[8] else "") for c in OVERLAP_CELLS])
-def test_decode_overlap_oracle_gpu(cell):
-    """Each cell's overlapped twin (decode_hopper.alternatives) through the core's call
-    against the oracle (harness.decode.check: outputs NaN-poisoned, lse checked)."""
-    from harness import decode
-    from harness.decode import DecodeProblem
-    from harness.gpu import decode_tune as dt
-    B, H, H_kv, n, len_q, page, dtype, splits, packed = cell
-    p = DecodeProblem(batch=B, heads=H, kv_heads=H_kv, head_dim=128, cache_len=n,
-                      len_q=len_q, page_size=page, dtype=dtype, num_splits=splits,
-                      packed_q=packed, sparsity=0.7, seed=splits)
-    alts = dt._tlx_alternatives(p)
-    assert alts and all(c.overlap for c in alts)
-    inp = p.build("cuda")
-    for cfg in alts:
-        rep = decode.check(inp, p, dt.core_call(dt.style_forward("tlx", cfg, False)),
-                           check_lse=True, repeat=True)
-        assert rep.ok, (cfg, rep.checks)

@@ -29,8 +29,7 @@ def test_splits_list():
 def test_configs():
     p = dict(dt.CELLS)["B8 32k page1"]
     tlx = dt.configs("tlx", p)
-    assert tlx[0] == dt._tlx_default(p) and len(set(tlx)) == len(tlx) == 20
-    assert tlx[1] == dataclasses.replace(tlx[0], overlap=True)  # the overlapped twin
+    assert tlx[0] == dt._tlx_default(p) and len(set(tlx)) == len(tlx) == 19
     cute = dt.configs("cute", p)
     assert cute[0] == dt._cute_default(p) and len(set(cute)) == len(cute) >= 2
     with pytest.raises(ValueError):
@@ -46,24 +45,6 @@ def test_dry_run(capsys):
             mine = [r for r in rows if r["style"] == style and r["cell"] == name]
             assert sum(r["is_default"] for r in mine) == 1
             assert mine[0]["is_default"] and mine[0]["cfg_index"] == 0
-
-
-def test_fp8_plan_sweeps_the_overlapped_twins(capsys):
-    """Each fp8 cell's default and its overlapped twin at every splits (--alternatives);
-    the full plan holds them too."""
-    rows = dt.main(["--styles", "tlx", "--dtype", "fp8", "--quick", "--dry-run",
-                    "--alternatives"])
-    assert "/overlap" in capsys.readouterr().out
-    full = dt.plan(["tlx"], True, dt.H200_SMS, dtype="fp8")
-    for name, p in dt.cells(quick=True, dtype="fp8"):
-        base = dt._tlx_default(p)
-        mine = [r for r in rows if r["cell"] == name]
-        cfgs = [r["cfg"] for r in mine]
-        want = [base] * 4 + [dataclasses.replace(base, overlap=True)] * 4
-        assert cfgs[:4] == want[:4] and cfgs == want[:len(cfgs)] and len(cfgs) == 8
-        assert sum(r["is_default"] for r in mine) == 1
-        assert {(r["cfg"], r["num_splits"]) for r in mine} <= \
-            {(r["cfg"], r["num_splits"]) for r in full if r["cell"] == name}
 
 
 def test_bad_style():

@@ -9,8 +9,7 @@ For each style and each cell of CELLS (GQA 32/8, D 128; bf16, or --dtype fp16 / 
    device value check (`check_inputs_async`) alone, `combine` alone, and the size's
    ceiling: a device copy moving the call's KV bytes, timed the same way (at 100 MB a
    launch and the ramp of the memory system are a visible part of any kernel);
-2. sweep: num_splits around the default x the style's configs (TLX: the default's
-   overlapped twin, `decode_hopper.alternatives`, then TLX_GRID). Each pair is checked
+2. sweep: num_splits around the default x the style's configs. Each pair is checked
    against the oracle first (`harness.decode.check`: outputs NaN-poisoned, the harness's
    allowance; a failure is timed no further), then its forward alone and its whole call
    (the core's steps with that config: `check_inputs_async` + `kvcache.run`) are timed
@@ -91,12 +90,6 @@ def _tlx_default(p: DecodeProblem):
     return pick_config(p.head_dim, tile_rows(p), paged, p.page_size or 1, p.elsize())[0]
 
 
-def _tlx_alternatives(p: DecodeProblem) -> list:
-    from kernels_tlx.decode_hopper import alternatives
-    paged = object() if p.page_size else None
-    return alternatives(p.head_dim, tile_rows(p), paged, p.page_size or 1, p.elsize())
-
-
 def _cute_default(p: DecodeProblem):
     from kernels_cute.decode_hopper import pick_config
     return pick_config(p.head_dim, p.heads // p.kv_heads * p.len_q, fp8=p.dtype == "fp8")
@@ -110,7 +103,6 @@ def configs(style: str, p: DecodeProblem) -> list:
         grid = [Config(bn, st, w) for bn in TLX_GRID["block_n"] for st in TLX_GRID["num_stages"]
                 for w in TLX_GRID["num_warps"]]
         base = _tlx_default(p)
-        grid = _tlx_alternatives(p) + grid  # the overlapped twin (Config.overlap) first
     elif style == "cute":
         from kernels_cute.decode_hopper import smem_bytes
         base = _cute_default(p)
@@ -124,30 +116,23 @@ def configs(style: str, p: DecodeProblem) -> list:
 
 def config_name(cfg) -> str:
     if hasattr(cfg, "num_stages"):  # tlx
-        return (f"n{cfg.block_n}/s{cfg.num_stages}/w{cfg.num_warps}"
-                + ("/overlap" if cfg.overlap else ""))
+        return f"n{cfg.block_n}/s{cfg.num_stages}/w{cfg.num_warps}"
     return f"m{cfg.block_m}/n{cfg.block_n}/s{cfg.stages}/wm{cfg.warps_m}/w{cfg.warps}"
 
 
 def plan(styles, quick: bool, sms: int, defaults_only: bool = False,
-         dtype: str = "bf16", alternatives: bool = False) -> list[dict]:
+         dtype: str = "bf16") -> list[dict]:
     """Every row the run measures, in order (the default pair first in each cell);
-    `defaults_only`: the default config alone (at every splits of the list);
-    `alternatives`: the default and the style's alternatives (TLX's overlapped twin)."""
+    `defaults_only`: the default config alone (at every splits of the list)."""
     rows = []
     for style in styles:
         for name, p in cells(quick, dtype):
             d = default_splits(p, sms, style)
-            last = None  # the index of the last config measured (None: every one)
-            if defaults_only or alternatives:
-                last = len(_tlx_alternatives(p)) if alternatives and style == "tlx" else 0
             for ci, cfg in enumerate(configs(style, p)):
-                if last is not None and ci > last:
-                    break
                 for s in splits_list(d):
                     rows.append(dict(style=style, cell=name, problem=p, cfg=cfg, cfg_index=ci,
                                      num_splits=s, is_default=ci == 0 and s == d))
-    return rows
+    return [r for r in rows if r["cfg_index"] == 0] if defaults_only else rows
 
 
 # ------------------------------------------------------------------ forwards and calls
@@ -348,9 +333,6 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="print the planned rows; no GPU")
     ap.add_argument("--defaults-only", action="store_true",
                     help="only each cell's default config (the splits sweep kept)")
-    ap.add_argument("--alternatives", action="store_true",
-                    help="only each cell's default config and the style's alternatives "
-                         "(TLX: its overlapped twin), the splits sweep kept")
     ap.add_argument("--budget-s", type=float, default=0,
                     help="stop starting rows after this many seconds (0: no limit)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp8"),
@@ -363,8 +345,7 @@ def main(argv=None):
         if s not in ("tlx", "cute"):
             ap.error(f"--styles: unknown style {s!r} (tlx, cute)")
     if a.dry_run:
-        rows = plan(styles, a.quick, a.sms or H200_SMS, a.defaults_only, a.dtype,
-                    a.alternatives)
+        rows = plan(styles, a.quick, a.sms or H200_SMS, a.defaults_only, a.dtype)
         for r in rows:
             print(f"{r['style']:5s} {r['cell']:20s} rows/tile {tile_rows(r['problem']):3d} "
                   f"{config_name(r['cfg']):24s} splits {r['num_splits']:3d}"
@@ -376,7 +357,7 @@ def main(argv=None):
     from harness import bench
     from jagged.arch import num_sms
     sms = a.sms or num_sms(torch.device("cuda"))
-    rows = plan(styles, a.quick, sms, a.defaults_only, a.dtype, a.alternatives)
+    rows = plan(styles, a.quick, sms, a.defaults_only, a.dtype)
     copy = bench.copy_tbps()
     print(f"copy bandwidth {copy:.3f} TB/s; {sms} SMs; {len(rows)} rows", flush=True)
     done, t0 = [], time.perf_counter()
