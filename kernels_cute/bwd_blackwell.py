@@ -179,7 +179,7 @@ def bulk_start(seq, n0, m_lo, n_m, causal: bool, BM: int = BLOCK_M, BN: int = BL
     reaches past the sequence's keys (n0 + BN > len_k); under causal, the blocks whose
     first row does not see the tile's last key (the diagonal; later rows see every key
     an earlier one does). Rows past len_q need no mask: lse = +inf gives them P = 0.
-    Plain arithmetic: traced in a role, or run on ints (tests, harness/protocol.py)."""
+    Plain arithmetic: traced in a role, or run on ints (tests, harness/protocol/)."""
     from .seqinfo import _max, _min
 
     first = n_m * 0

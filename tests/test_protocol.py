@@ -1,4 +1,4 @@
-"""The barrier-protocol model checker (harness/protocol.py) and the models of the
+"""The barrier-protocol model checker (harness/protocol/) and the models of the
 kernels' protocols (forward and backward, Hopper and Blackwell, both styles): the
 checker finds each kind of violation in small hand-written protocols;
 every model runs clean over random jagged tile lists (zero- and one-length sequences,
