@@ -454,6 +454,33 @@ def test_ncu_sass_regions(tmp_path):
     assert "barrier 1.67" in loop and "selected 1.00" in loop and "HGMMA" in loop, loop
 
 
+def test_ncu_run_command_and_headline(tmp_path):
+    """`ncu_sass run` profiles each backend's main kernel of the pass (by name, after the
+    gate's and warm-up's launches) under `harness profile`, and reads the headline
+    metrics of the details page by name."""
+    from harness.gpu.ncu_sass import KERNELS, SKIP, headline, ncu_command
+    cmd = ncu_command("cute", "bwd", "fuzz", "B2 H8/2 D64 Lq16384", "out/cute_bwd")
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:BwdMain"
+    assert cmd[cmd.index("--launch-skip") + 1] == str(SKIP)
+    assert cmd[cmd.index("-o") + 1] == "out/cute_bwd"
+    tail = cmd[cmd.index("harness"):]
+    assert tail[:2] == ["harness", "profile"] and tail[tail.index("--match") + 1] == \
+        "B2 H8/2 D64 Lq16384" and tail[tail.index("--passes") + 1] == "bwd", cmd
+    assert {b for b, _ in KERNELS} == {"tlx", "cute", "fa4"}
+    assert {ps for _, ps in KERNELS} == {"fwd", "bwd"}
+    page = tmp_path / "details.csv"
+    rows = [["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"],
+            ["0", "k", "GPU Speed Of Light Throughput", "Duration", "ms", "5.06"],
+            ["0", "k", "GPU Speed Of Light Throughput", "SM Frequency", "Ghz", "1.61"],
+            ["0", "k", "Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle",
+             "7.9"],
+            ["0", "k", "Launch Statistics", "Grid Size", "", "132"]]
+    page.write_text('==PROF== note\n' + "\n".join(",".join(f'"{c}"' for c in r)
+                                                  for r in rows) + "\n")
+    assert headline(str(page)) == ["Duration: 5.06 ms", "SM Frequency: 1.61 Ghz",
+                                   "Warp Cycles Per Issued Instruction: 7.9 cycle"]
+
+
 def test_match_alternatives():
     """`--match a|b` keeps problems whose label contains either part; "" keeps all."""
     from harness.__main__ import matches

@@ -3,14 +3,15 @@ report (per-instruction warp-state samples) and prints one line per run of instr
 with the same execution count (a loop body, a per-tile prologue, the store, ...), with
 its share of all samples, its top stall reasons and the instructions that name it.
 
-On the GPU node:
+On the GPU node, one backend's main kernel per problem (KERNELS names them), profiled
+under `harness profile` (the gate first) and summed up in one go:
 
-    ncu --clock-control none --kernel-name regex:'^fwd_kernel$' --launch-skip 12 \\
-        --launch-count 1 --section WarpStateStats --section SourceCounters -o rep \\
-        python -m harness profile --backends tlx --passes fwd --match "Lq1024 Lk1024 s0.5"
-    ncu -i rep.ncu-rep --page source --csv --print-source sass > rep_sass.csv
+    python -m harness.gpu.ncu_sass run --backends tlx,cute,fa4 --passes bwd \
+        --suite fuzz --match "B2 H8/2 D64 Lq16384" --out DIR
 
-then anywhere:  python -m harness.gpu.ncu_sass rep_sass.csv [--min 0.4]
+prints each report's headline metrics (duration, clocks, throughput, issue rate) and its
+regions, and leaves `DIR/<backend>_<pass>.ncu-rep` and its SASS page beside it. A page
+read elsewhere:  python -m harness.gpu.ncu_sass rep_sass.csv [--min 0.4]
 
 Samples are per warp, so compare kernels by the stall mix and by samples per issued
 instruction ("selected") within a region, not by raw counts: a kernel with more
@@ -20,6 +21,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
+import subprocess
+import sys
 from collections import Counter
 
 NAMING = ("HGMMA", "MUFU", "BAR.", "SYNCS", "WARPGROUP", "UTMA", "LDG", "STG", "STS", "LDS",
@@ -64,7 +68,80 @@ def regions(path: str, min_pct: float = 0.4) -> list[str]:
     return out
 
 
+# the kernel a pass's time is spent in, by backend (ncu --kernel-name regex:...)
+KERNELS = {
+    ("tlx", "fwd"): "^fwd_kernel$", ("tlx", "bwd"): "^bwd_kernel$",
+    ("cute", "fwd"): "FwdHopper", ("cute", "bwd"): "BwdMain",
+    ("fa4", "fwd"): "ForwardSm90", ("fa4", "bwd"): "BackwardSm90",
+}
+# ncu's details page: the metrics a headline shows, by name
+HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput",
+            "Registers Per Thread", "Issue Slots Busy", "Executed Ipc Active",
+            "Warp Cycles Per Issued Instruction", "Achieved Active Warps Per SM")
+SKIP = 3  # matching launches left out first: the gate's and the warm-up's
+
+
+def ncu_command(backend: str, pass_: str, suite: str, match: str, rep: str,
+                ncu: str = "ncu") -> list[str]:
+    """ncu over `harness profile` of one backend and pass: the pass's kernel (KERNELS),
+    its SKIP-th matching launch, warp states and per-instruction samples, clocks as the
+    GPU runs them (not locked to base)."""
+    return [ncu, "--clock-control", "none", "--kernel-name", f"regex:{KERNELS[backend, pass_]}",
+            "--launch-skip", str(SKIP), "--launch-count", "1", "--section", "SpeedOfLight",
+            "--section", "WarpStateStats", "--section", "SourceCounters",
+            "--section", "LaunchStats", "--section", "Occupancy", "-f", "-o", rep,
+            sys.executable, "-m", "harness", "profile", "--backends", backend,
+            "--passes", pass_, "--suite", suite, "--match", match, "--n", "3"]
+
+
+def headline(details_csv: str) -> list[str]:
+    """The HEADLINE metrics of an ncu details page (`--page details --csv`), one line
+    each: "name value unit"."""
+    rows = list(csv.reader(open(details_csv)))
+    hdr = next(r for r in rows if "Metric Name" in r)
+    col = {c: i for i, c in enumerate(hdr)}
+    got = {}
+    for r in rows[rows.index(hdr) + 1:]:
+        if len(r) == len(hdr) and r[col["Metric Name"]] in HEADLINE:
+            got.setdefault(r[col["Metric Name"]],
+                           f"{r[col['Metric Value']]} {r[col['Metric Unit']]}".strip())
+    return [f"{k}: {got[k]}" for k in HEADLINE if k in got]
+
+
+def run(backends, passes, suite: str, match: str, out: str, min_pct: float) -> None:
+    os.makedirs(out, exist_ok=True)
+    for b in backends:
+        for ps in passes:
+            rep = os.path.join(out, f"{b}_{ps}")
+            print(f"== {b} {ps}: {suite} {match!r}", flush=True)
+            res = subprocess.run(ncu_command(b, ps, suite, match, rep), capture_output=True,
+                                 text=True)
+            if res.returncode != 0 or not os.path.exists(rep + ".ncu-rep"):
+                print(f"ncu failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}")
+                continue
+            pages = {"details": rep + "_details.csv", "source": rep + "_sass.csv"}
+            for page, path in pages.items():
+                extra = ["--print-source", "sass"] if page == "source" else []
+                with open(path, "w") as f:
+                    subprocess.run(["ncu", "-i", rep + ".ncu-rep", "--page", page, "--csv",
+                                    *extra], stdout=f, check=True)
+            print("\n".join(headline(pages["details"])))
+            print("\n".join(regions(pages["source"], min_pct)) + "\n", flush=True)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        ap = argparse.ArgumentParser(prog="python -m harness.gpu.ncu_sass run")
+        ap.add_argument("--backends", default="tlx,cute,fa4")
+        ap.add_argument("--passes", default="fwd")
+        ap.add_argument("--suite", required=True)
+        ap.add_argument("--match", required=True, help="one problem's label (or part of it)")
+        ap.add_argument("--out", default="ncu")
+        ap.add_argument("--min", type=float, default=0.4)
+        a = ap.parse_args(argv[1:])
+        run(a.backends.split(","), a.passes.split(","), a.suite, a.match, a.out, a.min)
+        return
     ap = argparse.ArgumentParser(prog="python -m harness.gpu.ncu_sass")
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--min", type=float, default=0.4, help="smallest region shown (%% of samples)")
