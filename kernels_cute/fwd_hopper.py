@@ -463,12 +463,12 @@ def _kernel_class():
                 cute.arch.setmaxregister_decrease(LOAD_REGS)
                 if const_expr(self.fp8_v):  # warp 0 loads, all four convert
                     sV8 = storage.sV8.get_tensor(sV8_layout.outer, swizzle=sV8_layout.inner)
-                    self.load_v_tiles(mQ, mK, mV, sQ, sK, sV8, sV, tma_atom_Q, tma_atom_K,
-                                      tma_atom_V, pipeline_q, pipeline_k, pipeline_v8,
-                                      pipeline_v, sched, warp_idx)
+                    self.load(mQ, mK, mV, sQ, sK, sV, sV8, tma_atom_Q, tma_atom_K, tma_atom_V,
+                              pipeline_q, pipeline_k, pipeline_v, pipeline_v8, sched,
+                              warp_idx == 0)
                 elif warp_idx == 0:
-                    self.load(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                              pipeline_q, pipeline_k, pipeline_v, sched)
+                    self.load(mQ, mK, mV, sQ, sK, sV, None, tma_atom_Q, tma_atom_K, tma_atom_V,
+                              pipeline_q, pipeline_k, pipeline_v, None, sched, True)
             else:
                 cute.arch.setmaxregister_increase(self.mma_regs)
                 tidx = cute.arch.thread_idx()[0] - 128
@@ -492,61 +492,30 @@ def _kernel_class():
 
         # ------------------------------------------------------------------ load
         @cute.jit
-        def load(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                 pipeline_q, pipeline_k, pipeline_v, sched):
+        def load(self, mQ, mK, mV, sQ, sK, sV, sV8, tma_atom_Q, tma_atom_K, tma_atom_V,
+                 pipeline_q, pipeline_k, pipeline_v, pipeline_v8, sched, issuer):
+            """Each tile's Q box and its K and V blocks into their rings, by the warp where
+            `issuer` holds (warp 0). fp8_v: run by the load warpgroup's four warps; V lands
+            in e4m3 in sV8, and each block goes to the f16 ring one block behind the
+            copies (`v_to_f16`), a tile's last block at its end."""
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.q_stages)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                     self.stages)
+            sV_in, pipeline_v_in = sV, pipeline_v   # where V's copies land
+            if const_expr(self.fp8_v):
+                sV_in, pipeline_v_in = sV8, pipeline_v8
+                v8_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                        self.stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                       self.stages)
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
             while tile < num_tiles:
                 h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
                 # q_stages slots (always: the 16-bit build stages this tile's O there)
-                tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ,
-                                       head_tile(mQ, seq.q_start + m0, h, self.block_m, self.D))
-                pipeline_q.producer_acquire(q_state)
-                cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
-                          tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
-                q_state.advance()
-                if n_end > 0:
-                    # K, V: (block_n, D) boxes of kv head hk; block n at row k_start + n*block_n
-                    tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(
-                        mK, seq.k_start, hk, self.block_n, self.D, (None, 0)))
-                    tVsV, tVgV = tma_tiles(tma_atom_V, sV, head_tile(
-                        mV, seq.k_start, hk, self.block_n, self.D, (None, 0)))
-                    for n in cutlass.range(n_end, unroll=1):
-                        pipeline_k.producer_acquire(kv_state)
-                        blk = kv_block(n, n_end, self.mask_first)
-                        cute.copy(tma_atom_K, tKgK[None, blk], tKsK[None, kv_state.index],
-                                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-                        pipeline_v.producer_acquire(kv_state)
-                        cute.copy(tma_atom_V, tVgV[None, blk], tVsV[None, kv_state.index],
-                                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-                        kv_state.advance()
-                tile += cute.arch.grid_dim()[0]
-
-        @cute.jit
-        def load_v_tiles(self, mQ, mK, mV, sQ, sK, sV8, sV, tma_atom_Q, tma_atom_K,
-                         tma_atom_V, pipeline_q, pipeline_k, pipeline_v8, pipeline_v, sched,
-                         warp_idx):
-            """fp8_v's `load`, run by the load warpgroup's four warps: warp 0 issues the
-            copies as `load` (V in e4m3 into sV8), and each block's V goes to the f16 ring
-            one block behind them (`v_to_f16`), a tile's last block at its end."""
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                   self.q_stages)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                    self.stages)
-            v8_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                                    self.stages)
-            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                   self.stages)
-            num_tiles = sched.n_pairs * sched.H
-            tile = cute.arch.block_idx()[0]
-            while tile < num_tiles:
-                h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
-                if warp_idx == 0:
+                if issuer:
                     tQsQ, tQgQ = tma_tiles(tma_atom_Q, sQ, head_tile(
                         mQ, seq.q_start + m0, h, self.block_m, self.D))
                     pipeline_q.producer_acquire(q_state)
@@ -554,30 +523,34 @@ def _kernel_class():
                               tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
                 q_state.advance()
                 if n_end > 0:
+                    # K, V: (block_n, D) boxes of kv head hk; block n at row k_start + n*block_n
                     tKsK, tKgK = tma_tiles(tma_atom_K, sK, head_tile(
                         mK, seq.k_start, hk, self.block_n, self.D, (None, 0)))
-                    tVsV, tVgV = tma_tiles(tma_atom_V, sV8, head_tile(
+                    tVsV, tVgV = tma_tiles(tma_atom_V, sV_in, head_tile(
                         mV, seq.k_start, hk, self.block_n, self.D, (None, 0)))
                     for n in cutlass.range(n_end, unroll=1):
                         blk = kv_block(n, n_end, self.mask_first)
-                        if warp_idx == 0:
+                        if issuer:
                             pipeline_k.producer_acquire(kv_state)
                             cute.copy(tma_atom_K, tKgK[None, blk], tKsK[None, kv_state.index],
                                       tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-                            # the e4m3 slot is free once the four warps converted it
-                            pipeline_v8.producer_acquire(kv_state)
+                            # fp8_v: the e4m3 slot is free once the four warps converted it
+                            pipeline_v_in.producer_acquire(kv_state)
                             cute.copy(tma_atom_V, tVgV[None, blk], tVsV[None, kv_state.index],
-                                      tma_bar_ptr=pipeline_v8.producer_get_barrier(kv_state))
+                                      tma_bar_ptr=pipeline_v_in.producer_get_barrier(kv_state))
                         kv_state.advance()
-                        if n > 0:
-                            self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state,
-                                          kv_block(n - 1, n_end, self.mask_first), seq.len_k)
-                            v8_state.advance()
-                            v_state.advance()
-                    self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state,
-                                  kv_block(n_end - 1, n_end, self.mask_first), seq.len_k)
-                    v8_state.advance()
-                    v_state.advance()
+                        if const_expr(self.fp8_v):
+                            if n > 0:
+                                self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state,
+                                              v_state, kv_block(n - 1, n_end, self.mask_first),
+                                              seq.len_k)
+                                v8_state.advance()
+                                v_state.advance()
+                    if const_expr(self.fp8_v):
+                        self.v_to_f16(sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state,
+                                      kv_block(n_end - 1, n_end, self.mask_first), seq.len_k)
+                        v8_state.advance()
+                        v_state.advance()
                 tile += cute.arch.grid_dim()[0]
 
         @cute.jit

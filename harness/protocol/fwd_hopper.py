@@ -152,7 +152,7 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
             yield Arrive(v_full[vb])
 
         def convert(w, tiles=tiles, to_f16=to_f16):
-            """Warp w's conversions, in the order of `load_v_tiles`."""
+            """Warp w's conversions, in the order of CuteDSL `load` (fp8_v)."""
             cnt = 0
             for t in tiles:
                 for n in range(1, t.n_end + 1):
