@@ -23,6 +23,9 @@ DECODE_NUM = ("page_size", "num_splits", "kv_bytes", "kv_tbps", "copy_tbps", "gr
 SHAPE_KEY = ["mode", "causal", "dtype", "batch", "heads", "kv_heads", "head_dim",
              "max_seqlen_q", "max_seqlen_k", "sparsity"]
 COPY_TBPS = 4.3   # H200 device-to-device copy, read + write (measured here, PERF.md)
+FP8_PREFILL_SPEEDUP = 1.4  # issue 33: the fp8 prefill forward's TFLOP/s against bf16's
+FP8_SPEEDUP, FP8_COPY_SHARE = 1.8, 0.8  # issue 33: fp8 decode against bf16, and of copy
+OWN = ("triton", "tlx", "cute")  # the project's backends (backends.REGISTRY .own)
 
 
 def load(csv_path) -> pd.DataFrame:
@@ -239,6 +242,47 @@ def decode_rows(df, sweep: str | None = None) -> pd.DataFrame:
     return d[d.apply(lambda r: problem_of(r) in cells, axis=1)]
 
 
+def decode_shape(r) -> str:
+    """A decode cell by what it changes from the suite's base (GQA 32/8, D 128, one new
+    row, contiguous, splits chosen, bf16, every sequence full)."""
+    bits = [f"B{r['batch']}", f"Lk{int(r['max_seqlen_k'])}", f"H{r['heads']}/{r['kv_heads']}",
+            f"D{r['head_dim']}", f"Lq{r['max_seqlen_q']}",
+            f"p{int(r['page_size'])}" if r["page_size"] else "contig"]
+    bits += [f"splits {int(r['num_splits'])}"] if r["num_splits"] else []
+    bits += [f"s{r['sparsity']:g}"] if r["sparsity"] != 1 else []
+    bits += ["packed"] if str(r["packed_q"]) == "True" else []
+    bits += [r["dtype"]] if r["dtype"] != "bf16" else []
+    bits += [] if r["causal"] else ["non-causal"]
+    return " ".join(bits)
+
+
+def fp8_prefill_pairs(good: pd.DataFrame) -> pd.DataFrame:
+    """Each ok fp8 forward row of our styles beside its bf16 twin (same backend, suite,
+    shape and seed; the twin's columns suffixed _bf16), `x` its TFLOP/s over the twin's."""
+    jag = good[(good["mode"] != "decode") & (good["pass"] == "fwd")
+               & good["backend"].isin(OWN)]
+    key = ["backend", "suite", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
+           "max_seqlen_q", "max_seqlen_k", "sparsity", "seed"]
+    m = jag[jag["dtype"] == "fp8"].merge(jag[jag["dtype"] == "bf16"], on=key,
+                                         suffixes=("", "_bf16"))
+    return m.assign(x=m["tflops"] / m["tflops_bf16"]).sort_values(key)
+
+
+def fp8_decode_pairs(dec: pd.DataFrame) -> pd.DataFrame:
+    """Each fp8-cache decode cell of our styles beside the bf16 cell of the same shape:
+    `x` the bf16 time over the fp8 one (tokens per second; under graph replay where both
+    were captured, `graph`), `tbps` the fp8 cell's KV TB/s at that time."""
+    key = ["backend", "batch", "heads", "kv_heads", "head_dim", "max_seqlen_q",
+           "max_seqlen_k", "page_size", "num_splits", "packed_q", "sparsity"]
+    mine = dec[dec["backend"].isin(OWN)]
+    m = mine[mine["dtype"] == "fp8"].merge(mine[mine["dtype"] == "bf16"], on=key,
+                                           suffixes=("", "_bf16"))
+    graph = m["graph_ms"].notna() & m["graph_ms_bf16"].notna()
+    t8 = m["graph_ms"].where(graph, m["ms"])
+    t16 = m["graph_ms_bf16"].where(graph, m["ms_bf16"])
+    return m.assign(graph=graph, x=t16 / t8, tbps=m["kv_bytes"] / (t8 * 1e-3) / 1e12)
+
+
 def copy_ceiling(df) -> float | None:
     """The copy bandwidth measured in the run (median over the decode rows), TB/s."""
     c = df.loc[df["mode"] == "decode", "copy_tbps"].dropna() if len(df) else pd.Series([])
@@ -350,12 +394,64 @@ def plot_fuzz(df, path, worst=0.95) -> Path | None:
     return path
 
 
+def _ratio_bars(ax, d, label, target, what):
+    """Bars of `x` per shape (label(row)), one per style; lines at 1 and the target."""
+    d = d.assign(shape=d.apply(label, axis=1))
+    shapes = list(dict.fromkeys(d["shape"]))
+    names = backends_in(d)
+    w = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        v = d[d["backend"] == name].set_index("shape")["x"]
+        ax.bar([j + i * w for j in range(len(shapes))], [v.get(sh, 0) for sh in shapes],
+               width=w, label=name, color=_style(name, name)["color"])
+    ax.set_xticks([j + w * (len(names) - 1) / 2 for j in range(len(shapes))])
+    ax.set_xticklabels(shapes, fontsize=7, rotation=30, ha="right")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.axhline(target, color="k", linewidth=0.9, linestyle="--", label=f"target {target:g}x")
+    ax.set_ylim(0, max(target, d["x"].max()) * 1.15)
+    ax.set_ylabel(what)
+    ax.grid(True, axis="y", alpha=0.35)
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def plot_fp8(df, path) -> Path | None:
+    """fp8 against bf16, per style: the prefill forward's TFLOP/s ratio to its bf16 twin
+    (llm-dense, gem-jagged) and the decode's tokens per second with an fp8 cache against
+    a bf16 one of the same shape, each with issue 33's target line."""
+    good = ok(df)
+    pre, dec = fp8_prefill_pairs(good), fp8_decode_pairs(decode_rows(good))
+    panels = [p for p in (("prefill", pre), ("decode", dec)) if len(p[1])]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(sum(max(5.0, 0.45 * len(d) + 2) for _, d in panels), 4.6))
+    for ax, (kind, d) in zip(axes[0], panels):
+        if kind == "prefill":
+            _ratio_bars(ax, d, lambda r: (
+                f"{r['suite'].split('-')[0]} B{r['batch']} H{r['heads']}/{r['kv_heads']} "
+                f"D{r['head_dim']} L{r['max_seqlen_q']} s{r['sparsity']:g}"
+                + (" causal" if r["causal"] else "")), FP8_PREFILL_SPEEDUP,
+                "fp8 TFLOP/s / bf16 TFLOP/s")
+            ax.set_title("prefill forward (e4m3 q, k, v)")
+        else:
+            _ratio_bars(ax, d, lambda r: decode_shape(r).replace(" fp8", ""), FP8_SPEEDUP,
+                        "tokens/s, fp8 cache / bf16 cache")
+            ax.set_title("decode (e4m3 cache)")
+    gpu = df["gpu"].dropna()
+    fig.suptitle("fp8 against bf16, same backend and shape"
+                 + (f", {gpu.iloc[0]}" if len(gpu) else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(out_dir) -> list[Path]:
     """Write every chart the CSV has data for; return their paths."""
     out_dir = Path(out_dir)
-    df = load(out_dir / "results.csv")
-    # the jagged charts are 16-bit: fp8 prefill has the report's own section
-    df = df[(df["dtype"] != "fp8") | (df["mode"] == "decode")]
+    every = load(out_dir / "results.csv")
+    # the jagged charts are 16-bit: fp8 prefill has a chart of its own (plot_fp8)
+    df = every[(every["dtype"] != "fp8") | (every["mode"] == "decode")]
     good = ok(df)
     done = []
     top = gemm_ceiling(out_dir)
@@ -384,4 +480,5 @@ def plot_all(out_dir) -> list[Path]:
     done.append(plot_fuzz(df, out_dir / "fuzz.png"))
     done.append(plot_clocks(out_dir, out_dir / "clocks.png"))
     done += plot_decode(df, out_dir)
+    done.append(plot_fp8(every, out_dir / "fp8.png"))
     return [p for p in done if p is not None]

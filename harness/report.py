@@ -7,21 +7,20 @@ from pathlib import Path
 import pandas as pd
 
 from . import backends
-from .plots import (COPY_TBPS, backends_in, copy_ceiling, decode_rows, latest_clocks, load, ok,
-                    plot_all, speedup)
+from .plots import (COPY_TBPS, FP8_COPY_SHARE, FP8_PREFILL_SPEEDUP, FP8_SPEEDUP, backends_in,
+                    copy_ceiling, decode_rows, decode_shape, fp8_decode_pairs,
+                    fp8_prefill_pairs, latest_clocks, load, ok, plot_all, speedup)
 
 SUITE_ORDER = ["gem-jagged", "gem-jagged-d64", "gem-cross", "gem-broadcast-q", "llm-dense",
                "varlen-llm", "fuzz", "smoke"]
 FUZZ_WORST, FUZZ_GEOMEAN = 0.95, 1.15  # issue 34's targets against FA4
-FP8_SPEEDUP, FP8_COPY_SHARE = 1.8, 0.8  # issue 33: fp8 decode against bf16, and of copy
-FP8_PREFILL_SPEEDUP = 1.4  # issue 33: the fp8 prefill forward's TFLOP/s against bf16's
 SHORT_GRAPH_FRACTION = 0.5  # issue 34: short cells under graph replay, of the copy ceiling
 HOST_BOUND = 0.8  # host_ms / ms from which a row is listed as host-bound
 
 
 def _shape(r) -> str:
     if r["mode"] == "decode":
-        return _decode_shape(r)
+        return decode_shape(r)
     s = f"{r['mode']} B{r['batch']} H{r['heads']}/{r['kv_heads']} D{r['head_dim']} "
     s += f"L{r['max_seqlen_q']}" if r["mode"] == "self" else f"Lq{r['max_seqlen_q']} Lk{r['max_seqlen_k']}"
     s += f" s{r['sparsity']:g}" + (" causal" if r["causal"] else "")
@@ -121,27 +120,13 @@ def _clocks_section(out_dir, pngs) -> list[str]:
 
 # ----------------------------------------------------------------------- decode
 
-def _decode_shape(r) -> str:
-    """A decode cell by what it changes from the suite's base (GQA 32/8, D 128, one new
-    row, contiguous, splits chosen, bf16, every sequence full)."""
-    bits = [f"B{r['batch']}", f"Lk{int(r['max_seqlen_k'])}", f"H{r['heads']}/{r['kv_heads']}",
-            f"D{r['head_dim']}", f"Lq{r['max_seqlen_q']}",
-            f"p{int(r['page_size'])}" if r["page_size"] else "contig"]
-    bits += [f"splits {int(r['num_splits'])}"] if r["num_splits"] else []
-    bits += [f"s{r['sparsity']:g}"] if r["sparsity"] != 1 else []
-    bits += ["packed"] if str(r["packed_q"]) == "True" else []
-    bits += [r["dtype"]] if r["dtype"] != "bf16" else []
-    bits += [] if r["causal"] else ["non-causal"]
-    return " ".join(bits)
-
-
 def _decode_table(d: pd.DataFrame, copy: float | None) -> str:
     """Cells x backends: KV TB/s of the default call, its share of the copy
     bandwidth, TFLOP/s, and KV TB/s under CUDA-graph replay where captured (or the
     row's status where it has no time)."""
     d = d.sort_values(["batch", "max_seqlen_k", "heads", "kv_heads", "head_dim", "max_seqlen_q",
                        "page_size", "num_splits", "sparsity", "dtype"], kind="stable")
-    d = d.assign(cell=d.apply(_decode_shape, axis=1)).drop_duplicates(
+    d = d.assign(cell=d.apply(decode_shape, axis=1)).drop_duplicates(
         ["cell", "backend"], keep="last")
     cols = backends_in(d)
     out = ["| cell | KV MB | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
@@ -169,7 +154,7 @@ def _cells(rows: pd.DataFrame, what) -> str:
     """' (label: cell what; ...)' for the rows, '' for none."""
     if rows.empty:
         return ""
-    return " (" + "; ".join(f"{_decode_shape(r)} {what(r)}" for _, r in rows.iterrows()) + ")"
+    return " (" + "; ".join(f"{decode_shape(r)} {what(r)}" for _, r in rows.iterrows()) + ")"
 
 
 def _decode_targets(good: pd.DataFrame, copy: float | None) -> list[str]:
@@ -225,36 +210,21 @@ def _fp8_targets(g: pd.DataFrame, copy: float | None) -> list[str]:
     """Issue 33's decode targets per backend of ours and fp8 cell: tokens per second
     against the bf16 cell of the same shape (the time ratio; graph replay where both
     were captured) and the fp8 cell's KV bandwidth against the copy's."""
-    key = ["batch", "heads", "kv_heads", "head_dim", "max_seqlen_q", "max_seqlen_k",
-           "page_size", "num_splits", "packed_q", "sparsity"]
     md = [f"Targets (issue 33): fp8 at least {FP8_SPEEDUP:.1f}x the bf16 cell's tokens per "
           f"second, at {FP8_COPY_SHARE:.0%} of copy or better:", ""]
-    for b in ("tlx", "cute"):
-        mine = g[g["backend"] == b]
-        m = mine[mine["dtype"] == "fp8"].merge(mine[mine["dtype"] == "bf16"], on=key,
-                                               suffixes=("", "_bf16"))
-        for _, r in m.iterrows():
-            graph = pd.notna(r["graph_ms"]) and pd.notna(r["graph_ms_bf16"])
-            t8, t16 = (r["graph_ms"], r["graph_ms_bf16"]) if graph else (r["ms"], r["ms_bf16"])
-            x = t16 / t8
-            tb = r["kv_bytes"] / (t8 * 1e-3) / 1e12
-            share = f"{tb / copy:.0%} of copy" if copy else f"{tb:.2f} TB/s"
-            met = x >= FP8_SPEEDUP and (not copy or tb >= FP8_COPY_SHARE * copy)
-            md.append(f"- `{b}` {_decode_shape(r)}: {x:.2f}x bf16{' (graph)' if graph else ''}, "
-                      f"{share}: {'met' if met else 'missed'}")
+    for _, r in fp8_decode_pairs(g).iterrows():
+        share = f"{r['tbps'] / copy:.0%} of copy" if copy else f"{r['tbps']:.2f} TB/s"
+        met = r["x"] >= FP8_SPEEDUP and (not copy or r["tbps"] >= FP8_COPY_SHARE * copy)
+        md.append(f"- `{r['backend']}` {decode_shape(r)}: {r['x']:.2f}x bf16"
+                  f"{' (graph)' if r['graph'] else ''}, {share}: {'met' if met else 'missed'}")
     return md + [""] if len(md) > 2 else []
 
 
-def _fp8_prefill(good: pd.DataFrame, out_dir) -> list[str]:
+def _fp8_prefill(good: pd.DataFrame, out_dir, pngs=()) -> list[str]:
     """Issue 33's prefill target per backend of ours and fp8 forward row: its TFLOP/s
     against the same backend's bf16 twin, and the gate's out error beside the twin's;
     the sustained GEMM ceilings (clocks.csv) when measured."""
-    jag = good[(good["mode"] != "decode") & (good["pass"] == "fwd")]
-    key = ["backend", "suite", "mode", "causal", "batch", "heads", "kv_heads", "head_dim",
-           "max_seqlen_q", "max_seqlen_k", "sparsity", "seed"]
-    m = jag[jag["dtype"] == "fp8"].merge(jag[jag["dtype"] == "bf16"], on=key,
-                                         suffixes=("", "_bf16"))
-    m = m[m["backend"].map(lambda b: getattr(backends.REGISTRY.get(b), "own", False))]
+    m = fp8_prefill_pairs(good)
     if m.empty:
         return []
     err = lambda e, t: "–" if pd.isna(e) else f"{e:.2e} ({t:.1e})"  # noqa: E731
@@ -274,13 +244,13 @@ def _fp8_prefill(good: pd.DataFrame, out_dir) -> list[str]:
                f"{gemm['gemm'].iloc[-1]:.0f}, e4m3 {gemm['gemm-fp8'].iloc[-1]:.0f} TFLOP/s.", ""]
     md += ["| backend | suite | shape | fp8 TFLOP/s | bf16 TFLOP/s | x | target | "
           "fp8 out err (tol) | bf16 out err (tol) |", "|---|---|---|---:|---:|---:|---|---:|---:|"]
-    for _, r in m.sort_values(key).iterrows():
-        x = r["tflops"] / r["tflops_bf16"]
+    for _, r in m.iterrows():
+        x = r["x"]
         md.append(f"| {r['backend']} | {r['suite']} | {_shape(r)} | {r['tflops']:.1f} | "
                   f"{r['tflops_bf16']:.1f} | {x:.2f} | "
                   f"{'met' if x >= FP8_PREFILL_SPEEDUP else 'missed'} | "
                   f"{err(r['out_err'], r['out_tol'])} | {err(r['out_err_bf16'], r['out_tol_bf16'])} |")
-    return md + [""]
+    return md + [""] + [f"![{p.stem}]({p.name})" for p in pngs if p.stem == "fp8"] + [""]
 
 
 def _decode_section(df: pd.DataFrame, pngs) -> list[str]:
@@ -417,7 +387,7 @@ def write_report(out_dir, charts=True) -> Path:
                or (suite == "llm-dense" and p.stem == "llm_dense")
                or (suite == "gem-broadcast-q" and p.stem == "broadcast_q")]
         md.append("")
-    md += _fp8_prefill(good, out_dir)
+    md += _fp8_prefill(good, out_dir, pngs)
     md += _decode_section(df, pngs)
     md += _clocks_section(out_dir, pngs)
     bad = df[df["status"] != "ok"]

@@ -158,7 +158,7 @@ def test_plots_and_report(tmp_path):
     pngs = plot_all(tmp_path)
     names = {p.name for p in pngs}
     assert {"gem-jagged_fwd.png", "gem-jagged_bwd.png", "speedup_fa4_fwd.png", "llm_dense.png",
-            "broadcast_q.png", "bandwidth_fwd.png", "bandwidth_bwd.png"} <= names
+            "broadcast_q.png", "bandwidth_fwd.png", "bandwidth_bwd.png", "fp8.png"} <= names
     assert all(p.stat().st_size > 10_000 for p in pngs)
     md = write_report(tmp_path, charts=False).read_text()
     assert "## gem-jagged" in md and "Speedup over FA4" in md
@@ -180,6 +180,21 @@ def test_plots_and_report(tmp_path):
     assert fp8[2].endswith(" | 1.50 | met | 2.00e-02 (3.0e-02) | 1.00e-02 (2.0e-02) |"), fp8[2]
     assert all(" | 1.20 | missed | " in line for line in fp8 if "llm-dense" in line)
     assert "fp8" not in md[:md.index("## fp8 prefill")].split("## gem-jagged")[1].split("TFLOP/s:")[0]
+    # the chart's bars are these ratios
+    from harness.plots import fp8_prefill_pairs, load, ok
+    pairs = fp8_prefill_pairs(ok(load(tmp_path / "results.csv")))
+    assert len(pairs) == 18 and set(pairs["backend"]) == {"tlx"}
+    assert sorted(set(pairs["x"].round(2))) == [1.2, 1.5]
+    md = write_report(tmp_path, charts=True).read_text()
+    fp8 = md[md.index("## fp8 prefill (forward)"):]
+    assert "![fp8](fp8.png)" in fp8.split("\n## ")[0]
+
+
+def test_own_backends_are_the_registrys():
+    """The fp8 pairings take the project's own backends: the registry's `own` ones."""
+    from harness import backends
+    from harness.plots import OWN
+    assert set(OWN) == {n for n, b in backends.REGISTRY.items() if getattr(b, "own", False)}
 
 
 def test_io_bytes_counts_each_tensor_once():
