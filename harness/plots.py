@@ -135,6 +135,19 @@ def speedup(df, base="fa4", col="tflops") -> pd.DataFrame:
     return m
 
 
+def _grouped_bars(ax, d, value, rotation=20):
+    """One bar per backend on each `shape` of d (in order of appearance), `value` high."""
+    shapes = list(dict.fromkeys(d["shape"]))
+    names = backends_in(d)
+    w = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        v = d[d["backend"] == name].set_index("shape")[value]
+        ax.bar([j + i * w for j in range(len(shapes))], [v.get(sh, 0) for sh in shapes],
+               width=w, label=name, color=_style(name, name)["color"])
+    ax.set_xticks([j + w * (len(names) - 1) / 2 for j in range(len(shapes))])
+    ax.set_xticklabels(shapes, fontsize=7, rotation=rotation, ha="right")
+
+
 def _bars(df, suite, path, title, label, ceiling=None):
     d = df[df["suite"] == suite]
     if d.empty:
@@ -142,17 +155,8 @@ def _bars(df, suite, path, title, label, ceiling=None):
     passes = [p for p in ("fwd", "bwd") if p in set(d["pass"])]
     fig, axes = plt.subplots(1, len(passes), figsize=(7.5 * len(passes), 4.4), squeeze=False)
     for ax, ps in zip(axes[0], passes):
-        dp = d[d["pass"] == ps].copy()
-        dp["shape"] = dp.apply(label, axis=1)
-        shapes = list(dict.fromkeys(dp.sort_values(["head_dim", "max_seqlen_q", "causal"])["shape"]))
-        names = backends_in(dp)
-        w = 0.8 / max(len(names), 1)
-        for i, name in enumerate(names):
-            v = dp[dp["backend"] == name].set_index("shape")["tflops"]
-            ax.bar([x + i * w for x in range(len(shapes))], [v.get(s, 0) for s in shapes],
-                   width=w, label=name, color=_style(name, name)["color"])
-        ax.set_xticks([x + w * (len(names) - 1) / 2 for x in range(len(shapes))])
-        ax.set_xticklabels(shapes, fontsize=7, rotation=20, ha="right")
+        dp = d[d["pass"] == ps].sort_values(["head_dim", "max_seqlen_q", "causal"])
+        _grouped_bars(ax, dp.assign(shape=dp.apply(label, axis=1)), "tflops")
         if ceiling is not None:
             ax.axhline(ceiling, color="k", linewidth=0.9, linestyle="--",
                        label=ceiling_label(ceiling))
@@ -396,16 +400,7 @@ def plot_fuzz(df, path, worst=0.95) -> Path | None:
 
 def _ratio_bars(ax, d, label, target, what):
     """Bars of `x` per shape (label(row)), one per style; lines at 1 and the target."""
-    d = d.assign(shape=d.apply(label, axis=1))
-    shapes = list(dict.fromkeys(d["shape"]))
-    names = backends_in(d)
-    w = 0.8 / max(len(names), 1)
-    for i, name in enumerate(names):
-        v = d[d["backend"] == name].set_index("shape")["x"]
-        ax.bar([j + i * w for j in range(len(shapes))], [v.get(sh, 0) for sh in shapes],
-               width=w, label=name, color=_style(name, name)["color"])
-    ax.set_xticks([j + w * (len(names) - 1) / 2 for j in range(len(shapes))])
-    ax.set_xticklabels(shapes, fontsize=7, rotation=30, ha="right")
+    _grouped_bars(ax, d.assign(shape=d.apply(label, axis=1)), "x", rotation=30)
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.axhline(target, color="k", linewidth=0.9, linestyle="--", label=f"target {target:g}x")
     ax.set_ylim(0, max(target, d["x"].max()) * 1.15)
