@@ -575,6 +575,29 @@ def test_gemm_ceiling_row_reads_back_for_the_charts(tmp_path):
     assert gemm_ceiling(tmp_path) == 690.0 and ceiling_label(690.0).endswith("(690)")
 
 
+def test_report_states_the_gemm_share(tmp_path):
+    """With a sustained GEMM measured, each suite's TFLOP/s table has its share of it."""
+    from harness.gpu.clocks import GEMM_PROBLEM, append_rows, line, read_log
+    from harness.report import write_report
+    _fixture_csv(tmp_path / "results.csv")
+    assert "Share of the sustained bf16 GEMM" not in write_report(tmp_path, charts=False) \
+        .read_text()
+    m = dict(tflops=600.0, mhz=1485.0, watts=685.0, temp_c=60.0, at_boost=800.0, calls=1400,
+             samples=20, reasons="0x0000000000000004")
+    log = tmp_path / "clocks.log"
+    log.write_text(line("gemm", GEMM_PROBLEM, m))
+    append_rows(tmp_path / "clocks.csv", read_log(log, "abc1234"))
+    md = write_report(tmp_path, charts=False).read_text()
+    sec = md[md.index("## gem-jagged"):]
+    tflops = sec[sec.index("TFLOP/s:"):].split("\n\n")[1].splitlines()
+    share = sec[sec.index("Share of the sustained bf16 GEMM (600 TFLOP/s"):].split("\n\n")[1] \
+        .splitlines()
+    assert tflops[:2] == share[:2] and len(tflops) == len(share)
+    for t, p in zip(tflops[2:], share[2:]):
+        for a, b in zip(t.split("|")[3:-1], p.split("|")[3:-1]):
+            assert (a.strip() == b.strip() == "–") or round(float(a) / 6) == int(b), (t, p)
+
+
 def test_fp8_problem_runs_forward_only_and_baselines_dequantize():
     """An fp8 problem: the bwd row is `unsupported` saying why (not an error); ours gets
     the descales, a baseline (here the portable kernel posing as one) q, k, v
