@@ -42,6 +42,7 @@ class CompileReport:
     mma_wait0: int        # wgmma.wait_group 0 in the PTX (a wait for every wgmma in flight)
     ttgir: str = dataclasses.field(default="", repr=False)  # for tests that read the IR
     ptx: str = dataclasses.field(default="", repr=False)
+    sass: str = dataclasses.field(default="", repr=False)  # cuobjdump -sass of the cubin
 
     @property
     def has_mma(self) -> bool:
@@ -90,6 +91,7 @@ def _resource_usage(cubin: bytes) -> dict:
         m = re.search(rf"\b{key}:(\d+)", usage)
         out[key] = int(m.group(1)) if m else 0
     out["spill_insts"] = len(re.findall(r"\b(?:LDL|STL)(?:\.\w+)*\b", sass))
+    out["sass"] = sass
     return out
 
 
@@ -135,7 +137,7 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, arch: in
         mma_count=len(re.findall(MMA_PATTERNS.get(arch, r"\bmma\."), ptx)),
         num_warps=num_warps, setmaxnreg=regs, ptx_lines=ptx.count("\n"),
         mma_wait0=len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)),
-        ttgir=kernel.asm.get("ttgir", ""), ptx=ptx)
+        ttgir=kernel.asm.get("ttgir", ""), ptx=ptx, sass=usage["sass"])
 
 
 def _compile_in_subprocess(fn, signature, constexprs, arch, num_warps, num_stages, name, opts):
@@ -165,3 +167,34 @@ def _run_job(job: dict) -> CompileReport:
     return compile_kernel(obj, job["signature"], job["constexprs"], arch=job["arch"],
                           num_warps=job["num_warps"], num_stages=job["num_stages"],
                           name=job["name"], **job["opts"])
+
+
+def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> dict:
+    """A `_run_job` job: the TLX backward's main kernel as `backward` launches it (bucket:
+    a key of its CONFIGS; windows: over key windows, its window_config)."""
+    from jagged.tiles import bwd_dynamic
+    from kernels_tlx import bwd_hopper as bw
+    cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
+    bm, bnc = cfg.block_m, bw.BLOCK_N // bw.NUM_CONSUMERS.value
+    sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
+           "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+           "dq_desc": f"tensordesc<fp32[{bw.dq_rows(bm)},{bw.dq_cols(d)}]>",
+           "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
+    sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
+                                    "n_tiles_ptr", "sched_ptr")})
+    sig.update(scale="fp32", L_q="i32", n_slots="i32", stride_k_tok="i32", stride_k_h="i32",
+               stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
+    const = dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal,
+                 BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
+                 DYNAMIC=bwd_dynamic(causal, bq) and not windows,
+                 KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows)
+    if windows:  # with each key column's query rows (bw.window_rows)
+        sig["col_rows"] = "*i32"
+    else:
+        const["col_rows"] = None
+    return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
+                constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
+                name=f"bwd D{d} {'windows' if windows else bucket} "
+                     f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
+                opts={})

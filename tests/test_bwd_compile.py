@@ -17,11 +17,10 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("triton.language.extra.tlx")
 
 try:
-    from harness.compile_check import compile_kernel
+    from harness.compile_check import compile_kernel, tlx_bwd_job
 except Exception as e:  # pragma: no cover
     pytest.skip(f"harness.compile_check unavailable: {e}", allow_module_level=True)
 
-from jagged.tiles import bwd_dynamic  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 
 MODES = [(c, bq) for c in (False, True) for bq in (False, True)]
@@ -37,40 +36,6 @@ MATRIX_CASES = [c for c in CASES if c not in CI_CASES]
 # the key-window builds: both head dims, causal and not, both 16-bit dtypes (the first in
 # CI)
 WINDOW_CASES = [(64, True, "bf16"), (128, False, "bf16"), (128, True, "fp16")]
-
-
-def signature(dt, d, cfg):
-    bm, bnc = cfg.block_m, bw.BLOCK_N // bw.NUM_CONSUMERS.value
-    sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
-           "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32",
-           "dq_desc": f"tensordesc<fp32[{bw.dq_rows(bm)},{bw.dq_cols(d)}]>",
-           "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
-    sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
-                                    "n_tiles_ptr", "sched_ptr")})
-    sig.update(scale="fp32", L_q="i32", n_slots="i32", stride_k_tok="i32", stride_k_h="i32",
-               stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
-    return sig
-
-
-def main_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False):
-    """A harness.compile_check job (the dict `_run_job` takes): the main kernel as
-    `backward` launches it (windows: over key windows, bw.window_config)."""
-    cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
-    const = dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal,
-                 BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
-                 DYNAMIC=bwd_dynamic(causal, bq) and not windows,
-                 KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows)
-    sig = signature(dt, d, cfg)
-    if windows:  # with each key column's query rows (bw.window_rows)
-        sig["col_rows"] = "*i32"
-    else:
-        const["col_rows"] = None
-    return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
-                constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
-                name=f"bwd D{d} {'windows' if windows else bucket} "
-                     f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
-                opts={})
 
 
 _BATCH = ("import pickle, sys\n"
@@ -114,16 +79,16 @@ def compile_batch(jobs, procs=2):
 # CI, the matrix set only under `-m matrix`
 @pytest.fixture(scope="module")
 def reports():
-    return dict(zip(CI_CASES, compile_batch([main_job(*c) for c in CI_CASES])))
+    return dict(zip(CI_CASES, compile_batch([tlx_bwd_job(*c) for c in CI_CASES])))
 
 
 @pytest.fixture(scope="module")
 def matrix_reports():
-    return dict(zip(MATRIX_CASES, compile_batch([main_job(*c) for c in MATRIX_CASES])))
+    return dict(zip(MATRIX_CASES, compile_batch([tlx_bwd_job(*c) for c in MATRIX_CASES])))
 
 
 def _window_jobs(cases):
-    return dict(zip(cases, compile_batch([main_job(d, None, c, False, dt, windows=True)
+    return dict(zip(cases, compile_batch([tlx_bwd_job(d, None, c, False, dt, windows=True)
                                           for d, c, dt in cases])))
 
 

@@ -1,0 +1,194 @@
+"""The step loop of each backward's main kernel in SASS, FA4's beside ours, compiled on
+the CPU for sm_90a: what one step issues (wgmmas, their waits, exp2s, shared-memory
+traffic, barriers) and in what order. A count, not a time: it shows where the dots wait
+for each other and how much work a step carries, so a schedule can be compared before
+any GPU minute is spent.
+
+    python -m harness.sass_steps --head-dim 64 [--causal] [--backends fa4,cute,tlx]
+
+A step loop is an innermost loop with wgmmas (a backward branch's range holding no other
+such loop); each prints its instruction count by class, and the shortest one its issue
+order (runs of one kind collapsed: `HGMMA.64x128x16x4` is four wgmmas in a row,
+`(RS)` one reading A from registers, `WARPGROUP.DEPBAR.LE` a wait on wgmmas in flight).
+FA4 is compiled through its own entry under FakeTensorMode (the SM count stubbed), as a
+varlen GQA call; ours as `backward` builds them (bf16, long sequences).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from typing import NamedTuple
+
+# instruction classes by opcode prefix; the last takes the rest
+CLASSES = [("HGMMA", ("HGMMA",)), ("WARPGROUP", ("WARPGROUP",)), ("MUFU", ("MUFU",)),
+           ("FP32", ("FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP")),
+           ("F2F", ("F2F", "F2FP")), ("LDS", ("LDS", "LDSM")), ("STS", ("STS", "STSM")),
+           ("BAR", ("BAR",)), ("SYNCS", ("SYNCS",)), ("TMA", ("UTMA", "UBLK")),
+           ("GLOBAL", ("LDG", "STG", "RED", "ATOM")), ("SHFL", ("SHFL",)), ("other", ())]
+# the kinds the issue order names
+ORDERED = {"HGMMA", "WARPGROUP", "BAR", "SYNCS", "MUFU", "LDS", "STS", "SHFL", "TMA"}
+
+
+class Ins(NamedTuple):
+    addr: int
+    op: str
+    target: int | None  # a branch's target address
+    text: str
+
+
+def parse(sass: str) -> list[Ins]:
+    """The instructions of cuobjdump -sass output, in address order."""
+    out = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if not m:
+            continue
+        text = m.group(2)
+        parts = text.split()
+        op = parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]
+        t = re.search(r"0x([0-9a-f]+)", text) if op.startswith("BRA") else None
+        out.append(Ins(int(m.group(1), 16), op, int(t.group(1), 16) if t else None, text))
+    return out
+
+
+def kind(op: str) -> str:
+    return next(name for name, pre in CLASSES if not pre or op.startswith(pre))
+
+
+def step_loops(ins: list[Ins]) -> list[list[Ins]]:
+    """The innermost loops that issue wgmmas, each as its instructions."""
+    at = {x.addr: i for i, x in enumerate(ins)}
+    spans = [(at[x.target], i) for i, x in enumerate(ins)
+             if x.target is not None and x.target <= x.addr and x.target in at]
+    spans = [(s, e) for s, e in spans if any(x.op.startswith("HGMMA") for x in ins[s:e + 1])]
+    inner = [(s, e) for s, e in spans
+             if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans)]
+    return [ins[s:e + 1] for s, e in sorted(set(inner))]
+
+
+def counts(body: list[Ins]) -> Counter:
+    return Counter(kind(x.op) for x in body)
+
+
+def _tag(x: Ins) -> str:
+    k = kind(x.op)
+    if k == "HGMMA":  # shape, and (RS) when A comes from registers
+        a = x.text.split(",")[1].strip() if "," in x.text else ""
+        return "HGMMA." + x.op.split(".")[1] + ("(RS)" if re.match(r"R\d", a) else "")
+    if k in ("WARPGROUP", "BAR", "SYNCS", "TMA"):
+        return x.op
+    return k
+
+
+def order(body: list[Ins]) -> str:
+    """The issue order of the kinds in ORDERED, runs of one tag collapsed."""
+    runs: list[list] = []
+    for x in body:
+        if kind(x.op) not in ORDERED:
+            continue
+        t = _tag(x)
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return " ".join(t if n == 1 else f"{t}x{n}" for t, n in runs)
+
+
+def summary(body: list[Ins]) -> str:
+    c = counts(body)
+    return f"{len(body)} instructions: " + ", ".join(
+        f"{k} {c[k]}" for k, _ in CLASSES if c[k])
+
+
+# ----------------------------------------------------------------------------- builds
+def _sass_of(cubin: str) -> str:
+    from .compile_check import _tool
+    return subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True,
+                          capture_output=True, text=True).stdout
+
+
+_FA4 = """
+import torch, cutlass.utils, cutlass.utils.hardware_info as hw
+from torch._subclasses.fake_tensor import FakeTensorMode
+class HW:  # the SM count without a driver
+    def __init__(self, device_id=0): pass
+    def get_device_multiprocessor_count(self): return 132
+    def get_max_active_clusters(self, cluster_size, stream=None): return 132 // cluster_size
+cutlass.utils.HardwareInfo = hw.HardwareInfo = HW
+import flash_attn.cute.tile_scheduler as ts
+ts.HardwareInfo = HW
+from flash_attn.cute.interface import _flash_attn_bwd
+D, causal, H, Hkv, seq = {D}, {causal}, 8, 2, [3000, 2000]
+n = sum(seq)
+with FakeTensorMode():
+    e = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="cuda")
+    cu = e(len(seq) + 1, dt=torch.int32)
+    _flash_attn_bwd(e(n, H, D), e(n, Hkv, D), e(n, Hkv, D), e(n, H, D), e(n, H, D),
+                    e(H, n, dt=torch.float32), causal=causal, cu_seqlens_q=cu,
+                    cu_seqlens_k=cu, max_seqlen_q=max(seq), max_seqlen_k=max(seq))
+"""
+_CUTE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from kernels_cute import bwd_hopper
+bwd_hopper.compile_main(torch.bfloat16, {D}, {causal}, False)
+"""
+
+
+def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
+    """Run a CuteDSL compile script for sm_90a in a fresh process and return the SASS of
+    the kept cubin whose name matches `pattern`."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin",
+                   CUTE_DSL_DUMP_DIR=d, CUTE_DSL_DISABLE_FILE_CACHING="1", **extra_env)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=d)
+        found = glob.glob(os.path.join(d, f"*{pattern}*.cubin"))
+        if not found:
+            raise RuntimeError(f"no {pattern} cubin: {(r.stdout + r.stderr)[-2000:]}")
+        return _sass_of(found[0])
+
+
+def build(backend: str, head_dim: int, causal: bool) -> str:
+    """The SASS of `backend`'s backward main kernel (bf16, non-broadcast)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if backend == "fa4":
+        return _dsl_build(_FA4.format(D=head_dim, causal=causal), "BackwardSm90",
+                          dict(FLASH_ATTENTION_ARCH="sm_90", FLASH_ATTENTION_NUM_SMS="132"))
+    if backend == "cute":
+        return _dsl_build(_CUTE.format(root=root, D=head_dim, causal=causal), "BwdMain", {})
+    if backend == "tlx":
+        from .compile_check import _compile_in_subprocess, tlx_bwd_job
+        job = tlx_bwd_job(head_dim, "long", causal, False)
+        import importlib
+        fn = getattr(importlib.import_module(job["module"]), job["qualname"])
+        return _compile_in_subprocess(fn, job["signature"], job["constexprs"], 90,
+                                      job["num_warps"], job["num_stages"], job["name"],
+                                      {}).sass
+    raise ValueError(f"backend {backend!r}: fa4, cute or tlx")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m harness.sass_steps")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--backends", default="fa4,cute,tlx")
+    a = ap.parse_args(argv)
+    for b in a.backends.split(","):
+        loops = step_loops(parse(build(b, a.head_dim, a.causal)))
+        print(f"== {b} backward, D {a.head_dim}{' causal' if a.causal else ''}: "
+              f"{len(loops)} step loops")
+        for body in loops:
+            print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}")
+        if loops:
+            print("  order of the shortest: " + order(min(loops, key=len)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""harness.sass_steps reads a step loop out of SASS: the innermost backward branch whose
+range issues wgmmas, its instructions by class and its issue order."""
+from harness.sass_steps import counts, order, parse, step_loops
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x0 */
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2 ;  /* 0x0 */
+        /*0020*/                   WARPGROUP.ARRIVE ;                     /* 0x0 */
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT ; /* 0x0 */
+        /*0040*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24 ; /* 0x0 */
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x0 */
+        /*0060*/                   MUFU.EX2 R5, R6 ;                      /* 0x0 */
+        /*0070*/                   FFMA R7, R5, R8, R9 ;                  /* 0x0 */
+        /*0080*/                   HGMMA.64x64x16.F32.BF16 R88, R40, gdesc[UR16], R88 ; /* 0x0 */
+        /*0090*/              @!P1 BRA 0x10 ;                             /* 0x0 */
+        /*00a0*/                   STS [R3], R7 ;                         /* 0x0 */
+        /*00b0*/                   BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 ;   /* 0x0 */
+        /*00c0*/                   BRA 0x0 ;                              /* 0x0 */
+        /*00d0*/                   MUFU.EX2 R5, R6 ;                      /* 0x0 */
+        /*00e0*/                   BRA 0xd0 ;                             /* 0x0 */
+        /*00f0*/                   EXIT ;                                 /* 0x0 */
+"""
+
+
+def test_parse_reads_ops_and_branch_targets():
+    ins = parse(SASS)
+    assert len(ins) == 16 and ins[9].op == "BRA" and ins[9].target == 0x10
+    assert ins[3].op.startswith("HGMMA") and ins[-1].op == "EXIT"
+
+
+def test_step_loop_is_the_innermost_loop_with_wgmmas():
+    """[0x10, 0x90] nests in [0x0, 0xc0]; [0xd0, 0xe0] has no wgmma."""
+    (body,) = step_loops(parse(SASS))
+    assert (body[0].addr, body[-1].addr) == (0x10, 0x90)
+    c = counts(body)
+    assert (c["HGMMA"], c["WARPGROUP"], c["MUFU"], c["FP32"], c["SYNCS"]) == (3, 2, 1, 1, 1)
+
+
+def test_order_collapses_runs_and_marks_register_operands():
+    (body,) = step_loops(parse(SASS))
+    assert order(body) == ("SYNCS.PHASECHK.TRANS64.TRYWAIT WARPGROUP.ARRIVE "
+                           "HGMMA.64x128x16x2 WARPGROUP.DEPBAR.LE MUFU HGMMA.64x64x16(RS)")
