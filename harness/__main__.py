@@ -55,7 +55,7 @@ def _groups(problems, names, passes):
     out = []
     for kind, ps in (("jagged", passes), ("decode", [p for p in passes if p == "fwd"])):
         probs = [p for p in problems if isinstance(p, DecodeProblem) == (kind == "decode")]
-        bs = [n for n in names if n in backends.names(kind)]
+        bs = [n for n in names if n in backends.names(kind, experimental=True)]
         if probs and not (bs and ps):
             print(f"{len(probs)} {kind} problem(s) skipped: no {kind} backend among "
                   f"{names} or no pass among {passes}", file=sys.stderr)
@@ -72,7 +72,7 @@ def cmd_sweep(a, timing: bool):
     if names == ["all"]:
         names = every
     for what, asked, known in (("suite", suites, known_suites()),
-                               ("backend", names, every),
+                               ("backend", names, every + backends.names(experimental=True)),
                                ("pass", passes, list(bench.PASSES))):
         unknown = [x for x in asked if x not in known]
         if unknown or not asked:
@@ -137,10 +137,21 @@ def _jagged_only(a, tool: str) -> None:
                  "(and python -m harness.gpu.decode_check)")
 
 
+def _one_process(tool: str, names) -> None:
+    """An experimental backend changes its process's kernels: it runs alone in a tool
+    that keeps every backend in one process (`bench` gives each its own worker)."""
+    from . import backends
+    if len(names) > 1 and set(names) & set(backends.names(experimental=True)) - set(
+            backends.names()):
+        sys.exit(f"{tool} runs its backends in one process: run an experimental backend "
+                 "alone, or A/B it with `bench` (a worker per backend)")
+
+
 def cmd_profile(a):
     import torch
     from .suites import suite
     _jagged_only(a, "profile")
+    _one_process("profile", _csv_list(a.backends))
     if not torch.cuda.is_available():
         sys.exit("profile needs a CUDA GPU")
     from .gpu.profile import run
@@ -153,6 +164,7 @@ def cmd_clocks(a):
     import torch
     from .suites import suite
     _jagged_only(a, "clocks")
+    _one_process("clocks", _csv_list(a.backends))
     if not torch.cuda.is_available():
         sys.exit("clocks needs a CUDA GPU")
     from .gpu.clocks import run

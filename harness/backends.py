@@ -49,6 +49,7 @@ class Backend:
     own: bool = False                            # one of ours (checked with lse too)
     note: str = ""                               # what the report says about it
     kind: str = "jagged"                         # jagged | decode: which registry, which call
+    experimental: bool = False                   # run only when named (never in "all")
 
     def fn(self) -> Callable:
         return self.make()
@@ -73,8 +74,9 @@ def get(name: str, module: str | None = None, kind: str = "jagged") -> Backend:
     return reg[name]
 
 
-def names(kind: str = "jagged") -> list[str]:
-    return list(KINDS[kind])
+def names(kind: str = "jagged", experimental: bool = False) -> list[str]:
+    """The registered backends of a kind; experimental ones only when asked for."""
+    return [n for n, b in KINDS[kind].items() if experimental or not b.experimental]
 
 
 # ----------------------------------------------------------------------- helpers
@@ -186,6 +188,32 @@ for _name, _style, _note in (
     _make, _avail = _ours(_style)
     register(Backend(_name, _make, _avail, supports=_ours_supports(_style), own=True,
                      note=_note))
+
+
+
+
+def _experiment(style: str, apply: Callable[[], None]):
+    """One of our styles with a kernel experiment applied in its worker process first
+    (`apply` changes that process's configs, so it never shares a process with `style`)."""
+    make_style, available = _ours(style)
+
+    def make():
+        apply()
+        return make_style()
+    return make, available
+
+
+def _cute_bwd_sdp_together():
+    from dataclasses import replace
+    from kernels_cute import bwd_hopper
+    bwd_hopper.CONFIGS[64] = replace(bwd_hopper.CONFIGS[64], sdp_together=True)
+
+
+_make, _avail = _experiment("cute", _cute_bwd_sdp_together)
+register(Backend("cute-x", _make, _avail, supports=_ours_supports("cute"), own=True,
+                 experimental=True, note=(
+                     "experiment, run only when named: `cute` with the D = 64 backward "
+                     "step in FA4's order (`kernels_cute.bwd_hopper.Config.sdp_together`)")))
 
 
 # ---------------------------------------------------------------------------- FA4

@@ -115,6 +115,8 @@ class Config:
     kv_stages: int   # K/V stages (2: the next tile's K/V load overlaps this tile's end)
     windows: bool = False   # tiles are key windows (`window_config`), not (sequence, KV
                             # block) pairs
+    sdp_together: bool = False  # experiment (harness backend `cute-x`): at 128 rows, S^T
+                                # and dP^T in flight together (compute_step_128)
 
 
 # The measured defaults, keyed by head dim.
@@ -151,6 +153,8 @@ def check_config(head_dim: int, cfg: Config) -> None:
     registers), and the smem model must fit in SMEM_LIMIT."""
     if cfg.block_m not in (64, 128) or (cfg.block_m == 128 and head_dim != 64):
         raise ValueError(f"block_m = {cfg.block_m} at D = {head_dim}: 64, or 128 at D = 64")
+    if cfg.sdp_together and cfg.block_m != 128:
+        raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
     if cfg.kv_stages not in (1, 2):
         raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
@@ -381,6 +385,7 @@ def _kernel_classes():
             self.cfg = cfg
             self.kv_stages = cfg.kv_stages
             self.bm = cfg.block_m                             # query rows a step
+            self.sdp_together = cfg.sdp_together and not broadcast_q
             self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
@@ -897,26 +902,43 @@ def _kernel_classes():
             twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
             [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
             V-operand copy is dead (dV waited for) before dP^T is issued, and lse / delta
-            are read at their use."""
+            are read at their use. Config.sdp_together (an experiment, not for
+            broadcast-Q, whose causal fp16 build would spill 10 B): FA4's order, S^T and
+            dP^T issued together, P^T under dP^T, dS^T, then dV beside dQ and dK."""
             s = q_state.index
             ncol = cute.size(mma.tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
-            wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
-                  zero_init=True, wait=0)
-            St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                            scale_log2, cols)
-            mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
-                  mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
             acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
-            self.minus_delta(acc_dP, ld, ncol)
-            wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],  # dP^T
-                  zero_init=False, wait=0)                                                # - delta
+            if const_expr(not self.sdp_together):
+                wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
+                      zero_init=True, wait=0)                                      # S^T = K Q^T
+                St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
+                                scale_log2, cols)
+                mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
+                      mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
+                self.minus_delta(acc_dP, ld, ncol)
+                wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
+                      zero_init=False, wait=0)                                     # dP^T - delta
+            else:
+                wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
+                      zero_init=True, wait=-1)                                     # S^T = K Q^T
+                self.minus_delta(acc_dP, ld, ncol)
+                wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
+                      zero_init=False, wait=-1)                                    # dP^T - delta
+                warpgroup.wait_group(1)
+                St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
+                                scale_log2, cols)
+                mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                warpgroup.wait_group(0)
             dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
+            if const_expr(self.sdp_together):
+                wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
+                      mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
             self.dk_dq(mma, acc_dP, q_state, pipeline_q)
 
         @cute.jit

@@ -160,6 +160,40 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
     assert _count(r"griddepcontrol\.launch_dependents;", ptx) == 1
 
 
+@needs_dsl
+@pytest.mark.matrix
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_sdp_together_builds(tmp_path, causal):
+    """The experiment `Config.sdp_together` (harness backend `cute-x`) at D = 64: spill-free
+    with no ptxas-injected wgmma wait, and S^T and dP^T in flight together in the step
+    loop's SASS (FA4's order: two m64n128k16 groups before the first wait)."""
+    from harness.sass_steps import parse, step_loops, order
+    path = _compile(tmp_path, "from dataclasses import replace\n"
+                    f"B.compile_main(dt, 64, {causal}, False, "
+                    "replace(B.pick_config(64), sdp_together=True))")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    res, adv = _ptxas(path), _ptxas_advisories(path)
+    if res is not None:
+        assert res[1] == 0, f"register spills: {res}"
+    assert not adv, adv
+    cubin = path[:-len(".ptx")] + ".cubin"
+    if os.path.exists(cubin):
+        from harness.sass_steps import _sass_of
+        step = order(min(step_loops(parse(_sass_of(cubin))), key=len))
+        head = step[:step.index("WARPGROUP.DEPBAR")].split()
+        sdp = sum(int(t.partition("x16x")[2] or 1) for t in head
+                  if t.startswith("HGMMA.64x128x16"))
+        assert head.count("WARPGROUP.ARRIVE") == 2 and sdp == 8, step
+
+
+def test_bwd_sdp_together_is_a_128_row_order():
+    from kernels_cute import bwd_hopper as B
+    B.check_config(64, B.Config(128, 2, sdp_together=True))
+    with pytest.raises(ValueError, match="128-row"):
+        B.check_config(128, B.Config(64, 1, sdp_together=True))
+
+
 def test_bwd_configs():
     """The measured table: 128-row steps with two K/V stages at D = 64, 64 rows with one
     at D = 128; the smem model (the kernel asserts the struct equals it) fits, and the

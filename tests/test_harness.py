@@ -194,7 +194,8 @@ def test_own_backends_are_the_registrys():
     """The fp8 pairings take the project's own backends: the registry's `own` ones."""
     from harness import backends
     from harness.plots import OWN
-    assert set(OWN) == {n for n, b in backends.REGISTRY.items() if getattr(b, "own", False)}
+    assert set(OWN) == {n for n, b in backends.REGISTRY.items()
+                        if getattr(b, "own", False) and not b.experimental}
 
 
 def test_io_bytes_counts_each_tensor_once():
@@ -694,3 +695,16 @@ def test_compare_folders(tmp_path):
     assert "vs a:  -20.0 % /  -50.0 %" in body["tlx", "b"]
     assert "x FA4" not in body["cute", "a"]
     assert "vs a:  +10.0 % /   +0.0 %" in body["fa4", "b"]
+
+
+def test_experimental_backends_run_only_when_named():
+    """`cute-x` (an experiment) is never in "all", and a tool that keeps every backend in
+    one process refuses it beside another backend."""
+    from harness import backends
+    from harness.__main__ import _one_process
+    assert "cute-x" not in backends.names() and "cute-x" in backends.names(experimental=True)
+    assert backends.get("cute-x").experimental and backends.get("cute-x").own
+    _one_process("profile", ["cute-x"])
+    _one_process("profile", ["cute", "tlx"])
+    with pytest.raises(SystemExit, match="experimental"):
+        _one_process("profile", ["cute", "cute-x"])
