@@ -198,3 +198,15 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
                 name=f"bwd D{d} {'windows' if windows else bucket} "
                      f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
                 opts={})
+
+
+def tlx_fwd_job(d, bucket, causal, bq, dt="bf16") -> dict:
+    """A `_run_job` job: the TLX Hopper forward as `forward` launches it (bucket: a key of
+    its CONFIGS)."""
+    from kernels_tlx import fwd_hopper as fh
+    cfg = fh.CONFIGS[(d, bucket, causal)]
+    return dict(module=fh.__name__, qualname="fwd_kernel", signature=fh.signature(cfg, d, dt),
+                constexprs=fh.kernel_args(cfg, d, causal, bq), arch=90, num_warps=4,
+                num_stages=1, opts={},
+                name=f"fwd D{d} {bucket} {'causal' if causal else 'full'}"
+                     f"{' bq' if bq else ''} {dt}")

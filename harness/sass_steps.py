@@ -1,17 +1,19 @@
-"""The step loop of each backward's main kernel in SASS, FA4's beside ours, compiled on
-the CPU for sm_90a: what one step issues (wgmmas, their waits, exp2s, shared-memory
-traffic, barriers) and in what order. A count, not a time: it shows where the dots wait
-for each other and how much work a step carries, so a schedule can be compared before
-any GPU minute is spent.
+"""The step loop of each main kernel in SASS, FA4's beside ours, compiled on the CPU for
+sm_90a: what one step issues (wgmmas, their waits, exp2s, shared-memory traffic,
+barriers) and in what order. A count, not a time: it shows where the dots wait for each
+other and how much work a step carries, so a schedule can be compared before any GPU
+minute is spent.
 
-    python -m harness.sass_steps --head-dim 64 [--causal] [--backends fa4,cute,tlx]
+    python -m harness.sass_steps --pass bwd --head-dim 64 [--causal] [--backends fa4,cute,tlx]
 
 A step loop is an innermost loop with wgmmas (a backward branch's range holding no other
 such loop); each prints its instruction count by class, and the shortest one its issue
 order (runs of one kind collapsed: `HGMMA.64x128x16x4` is four wgmmas in a row,
 `(RS)` one reading A from registers, `WARPGROUP.DEPBAR.LE` a wait on wgmmas in flight).
 FA4 is compiled through its own entry under FakeTensorMode (the SM count stubbed), as a
-varlen GQA call; ours as `backward` builds them (bf16, long sequences).
+varlen GQA call; ours as the default call builds them (bf16, long sequences). A forward
+step loop is one consumer warpgroup's KV step (TLX compiles each consumer's copy: two
+loops a bucket).
 """
 from __future__ import annotations
 
@@ -123,21 +125,28 @@ class HW:  # the SM count without a driver
 cutlass.utils.HardwareInfo = hw.HardwareInfo = HW
 import flash_attn.cute.tile_scheduler as ts
 ts.HardwareInfo = HW
-from flash_attn.cute.interface import _flash_attn_bwd
+from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 D, causal, H, Hkv, seq = {D}, {causal}, 8, 2, [3000, 2000]
 n = sum(seq)
 with FakeTensorMode():
     e = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="cuda")
     cu = e(len(seq) + 1, dt=torch.int32)
-    _flash_attn_bwd(e(n, H, D), e(n, Hkv, D), e(n, Hkv, D), e(n, H, D), e(n, H, D),
-                    e(H, n, dt=torch.float32), causal=causal, cu_seqlens_q=cu,
-                    cu_seqlens_k=cu, max_seqlen_q=max(seq), max_seqlen_k=max(seq))
+    kw = dict(causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seq),
+              max_seqlen_k=max(seq))
+    if {bwd}:
+        _flash_attn_bwd(e(n, H, D), e(n, Hkv, D), e(n, Hkv, D), e(n, H, D), e(n, H, D),
+                        e(H, n, dt=torch.float32), **kw)
+    else:
+        _flash_attn_fwd(e(n, H, D), e(n, Hkv, D), e(n, Hkv, D), return_lse=True, **kw)
 """
 _CUTE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from kernels_cute import bwd_hopper
-bwd_hopper.compile_main(torch.bfloat16, {D}, {causal}, False)
+from kernels_cute import bwd_hopper, fwd_hopper
+if {bwd}:
+    bwd_hopper.compile_main(torch.bfloat16, {D}, {causal}, False)
+else:
+    fwd_hopper.compile_forward(torch.bfloat16, {D}, {causal}, False)
 """
 
 
@@ -155,18 +164,21 @@ def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
         return _sass_of(found[0])
 
 
-def build(backend: str, head_dim: int, causal: bool) -> str:
-    """The SASS of `backend`'s backward main kernel (bf16, non-broadcast)."""
+def build(backend: str, pass_: str, head_dim: int, causal: bool) -> str:
+    """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long)."""
+    import importlib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bwd = pass_ == "bwd"
     if backend == "fa4":
-        return _dsl_build(_FA4.format(D=head_dim, causal=causal), "BackwardSm90",
+        return _dsl_build(_FA4.format(D=head_dim, causal=causal, bwd=bwd),
+                          "BackwardSm90" if bwd else "ForwardSm90",
                           dict(FLASH_ATTENTION_ARCH="sm_90", FLASH_ATTENTION_NUM_SMS="132"))
     if backend == "cute":
-        return _dsl_build(_CUTE.format(root=root, D=head_dim, causal=causal), "BwdMain", {})
+        return _dsl_build(_CUTE.format(root=root, D=head_dim, causal=causal, bwd=bwd),
+                          "BwdMain" if bwd else "FwdHopper", {})
     if backend == "tlx":
-        from .compile_check import _compile_in_subprocess, tlx_bwd_job
-        job = tlx_bwd_job(head_dim, "long", causal, False)
-        import importlib
+        from .compile_check import _compile_in_subprocess, tlx_bwd_job, tlx_fwd_job
+        job = (tlx_bwd_job if bwd else tlx_fwd_job)(head_dim, "long", causal, False)
         fn = getattr(importlib.import_module(job["module"]), job["qualname"])
         return _compile_in_subprocess(fn, job["signature"], job["constexprs"], 90,
                                       job["num_warps"], job["num_stages"], job["name"],
@@ -176,13 +188,14 @@ def build(backend: str, head_dim: int, causal: bool) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m harness.sass_steps")
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="bwd")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backends", default="fa4,cute,tlx")
     a = ap.parse_args(argv)
     for b in a.backends.split(","):
-        loops = step_loops(parse(build(b, a.head_dim, a.causal)))
-        print(f"== {b} backward, D {a.head_dim}{' causal' if a.causal else ''}: "
+        loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal)))
+        print(f"== {b} {a.pass_}, D {a.head_dim}{' causal' if a.causal else ''}: "
               f"{len(loops)} step loops")
         for body in loops:
             print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}")

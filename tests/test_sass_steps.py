@@ -40,3 +40,17 @@ def test_order_collapses_runs_and_marks_register_operands():
     (body,) = step_loops(parse(SASS))
     assert order(body) == ("SYNCS.PHASECHK.TRANS64.TRYWAIT WARPGROUP.ARRIVE "
                            "HGMMA.64x128x16x2 WARPGROUP.DEPBAR.LE MUFU HGMMA.64x64x16(RS)")
+
+
+def test_tlx_jobs_name_the_launched_kernels():
+    """The compile jobs sass_steps builds TLX's kernels from are the kernels the host
+    launches, with the host's own signature and constexprs."""
+    from harness.compile_check import tlx_bwd_job, tlx_fwd_job
+    from kernels_tlx import bwd_hopper as bw, fwd_hopper as fh
+    f = tlx_fwd_job(128, "long", True, False)
+    cfg = fh.CONFIGS[(128, "long", True)]
+    assert (f["qualname"], f["signature"]) == ("fwd_kernel", fh.signature(cfg, 128, "bf16"))
+    assert f["constexprs"] == fh.kernel_args(cfg, 128, True, False)
+    b = tlx_bwd_job(64, "long", False, False)
+    assert b["qualname"] == "bwd_kernel" and b["constexprs"]["BLOCK_M"] == \
+        bw.CONFIGS[(64, "long")].block_m
