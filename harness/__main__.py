@@ -218,7 +218,9 @@ def main(argv=None):
                        help=f"comma list of: {', '.join(known_suites())} (default: %(default)s)")
         s.add_argument("--backends", default="all", help=(
             f"comma list of: {', '.join(backends.names())}; decode: "
-            f"{', '.join(backends.names('decode'))}; or all (default: %(default)s)"))
+            f"{', '.join(backends.names('decode'))}; or all (default: %(default)s); "
+            "experiments, only when named: "
+            f"{', '.join(sorted(set(backends.names(experimental=True)) - set(backends.names())))}"))
         s.add_argument("--passes", default="fwd,bwd", help="fwd and / or bwd (default: %(default)s)")
         s.add_argument("--quick", action="store_true", help="a subset of shapes, shorter timing")
         s.add_argument("--out", help="results folder (default reports/<gpu>)")
