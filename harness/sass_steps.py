@@ -5,6 +5,7 @@ other and how much work a step carries, so a schedule can be compared before any
 minute is spent.
 
     python -m harness.sass_steps --pass bwd --head-dim 64 [--causal] [--backends fa4,cute,tlx]
+    python -m harness.sass_steps --pass decode --rows 16 --cache fp8 --backends tlx
 
 A step loop is an innermost loop with wgmmas (a backward branch's range holding no other
 such loop); each prints its instruction count by class, and the shortest one its issue
@@ -28,13 +29,16 @@ from collections import Counter
 from typing import NamedTuple
 
 # instruction classes by opcode prefix; the last takes the rest
-CLASSES = [("HGMMA", ("HGMMA",)), ("WARPGROUP", ("WARPGROUP",)), ("MUFU", ("MUFU",)),
+CLASSES = [("HGMMA", ("HGMMA",)), ("HMMA", ("HMMA",)), ("WARPGROUP", ("WARPGROUP",)),
+           ("MUFU", ("MUFU",)),
            ("FP32", ("FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP")),
            ("F2F", ("F2F", "F2FP")), ("LDS", ("LDS", "LDSM")), ("STS", ("STS", "STSM")),
            ("BAR", ("BAR",)), ("SYNCS", ("SYNCS",)), ("TMA", ("UTMA", "UBLK")),
-           ("GLOBAL", ("LDG", "STG", "RED", "ATOM")), ("SHFL", ("SHFL",)), ("other", ())]
+           ("GLOBAL", ("LDG", "STG", "RED", "ATOM")), ("SHFL", ("SHFL",)),
+           ("INT", ("IMAD", "IADD3", "LEA", "SHF", "LOP3")), ("other", ())]
+MMA = ("HGMMA", "HMMA")  # a step loop issues tensor-core work of one of these
 # the kinds the issue order names
-ORDERED = {"HGMMA", "WARPGROUP", "BAR", "SYNCS", "MUFU", "LDS", "STS", "SHFL", "TMA"}
+ORDERED = {"HGMMA", "HMMA", "WARPGROUP", "BAR", "SYNCS", "MUFU", "LDS", "STS", "SHFL", "TMA"}
 
 
 class Ins(NamedTuple):
@@ -64,11 +68,12 @@ def kind(op: str) -> str:
 
 
 def step_loops(ins: list[Ins]) -> list[list[Ins]]:
-    """The innermost loops that issue wgmmas, each as its instructions."""
+    """The innermost loops that issue MMAs (wgmma, or mma.sync), each as its
+    instructions."""
     at = {x.addr: i for i, x in enumerate(ins)}
     spans = [(at[x.target], i) for i, x in enumerate(ins)
              if x.target is not None and x.target <= x.addr and x.target in at]
-    spans = [(s, e) for s, e in spans if any(x.op.startswith("HGMMA") for x in ins[s:e + 1])]
+    spans = [(s, e) for s, e in spans if any(x.op.startswith(MMA) for x in ins[s:e + 1])]
     inner = [(s, e) for s, e in spans
              if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans)]
     return [ins[s:e + 1] for s, e in sorted(set(inner))]
@@ -164,10 +169,30 @@ def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
         return _sass_of(found[0])
 
 
-def build(backend: str, pass_: str, head_dim: int, causal: bool) -> str:
-    """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long)."""
+def _tlx_decode(head_dim: int, rows: int, cache: str) -> str:
+    """TLX's decode kernel for a contiguous cache (bf16, or e4m3 with bf16 q), GQA 4, one
+    new row, split."""
+    from .compile_check import _compile_in_subprocess
+    from kernels_tlx import decode_hopper as dh
+    fp8 = cache == "fp8"
+    cfg = dh.CONFIGS[(head_dim, rows, "contig", 1 if fp8 else 2)]
+    return _compile_in_subprocess(
+        dh.decode_kernel, dh.signature(cfg, head_dim, "contig", "fp8e4nv" if fp8 else cache,
+                                       True, "bf16" if fp8 else cache),
+        dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8), 90,
+        cfg.num_warps, 1, f"decode D{head_dim} M{rows} {cache}", {}).sass
+
+
+def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
+          cache: str = "bf16") -> str:
+    """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long; decode:
+    TLX's, `rows` query rows a tile, a `cache` of bf16 or fp8)."""
     import importlib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if pass_ == "decode":
+        if backend != "tlx":
+            raise ValueError("decode: tlx only")
+        return _tlx_decode(head_dim, rows, cache)
     bwd = pass_ == "bwd"
     if backend == "fa4":
         return _dsl_build(_FA4.format(D=head_dim, causal=causal, bwd=bwd),
@@ -188,14 +213,18 @@ def build(backend: str, pass_: str, head_dim: int, causal: bool) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m harness.sass_steps")
-    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "decode"), default="bwd")
+    ap.add_argument("--rows", type=int, default=16, help="decode: query rows a tile")
+    ap.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="decode's cache")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backends", default="fa4,cute,tlx")
     a = ap.parse_args(argv)
     for b in a.backends.split(","):
-        loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal)))
-        print(f"== {b} {a.pass_}, D {a.head_dim}{' causal' if a.causal else ''}: "
+        loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal, a.rows, a.cache)))
+        what = f"{a.rows} rows, {a.cache} cache" if a.pass_ == "decode" else (
+            "causal" if a.causal else "")
+        print(f"== {b} {a.pass_}, D {a.head_dim}{', ' + what if what else ''}: "
               f"{len(loops)} step loops")
         for body in loops:
             print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}")

@@ -54,3 +54,16 @@ def test_tlx_jobs_name_the_launched_kernels():
     b = tlx_bwd_job(64, "long", False, False)
     assert b["qualname"] == "bwd_kernel" and b["constexprs"]["BLOCK_M"] == \
         bw.CONFIGS[(64, "long")].block_m
+
+
+def test_mma_sync_loops_count_as_steps():
+    """A decode's step loop issues mma.sync (HMMA), not wgmma; integer address work is
+    its own class."""
+    sass = SASS.replace("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT",
+                        "HMMA.16816.F32.BF16 R24, R4, R8, RZ") \
+        .replace("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24", "IMAD R9, R2, 0x80, R3") \
+        .replace("HGMMA.64x64x16.F32.BF16 R88, R40, gdesc[UR16], R88", "LDS.U8 R7, [R9]")
+    (body,) = step_loops(parse(sass))
+    c = counts(body)
+    assert (c["HMMA"], c["HGMMA"], c["INT"], c["LDS"]) == (1, 0, 1, 1)
+
