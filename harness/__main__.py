@@ -141,8 +141,8 @@ def _one_process(tool: str, names) -> None:
     """An experimental backend changes its process's kernels: it runs alone in a tool
     that keeps every backend in one process (`bench` gives each its own worker)."""
     from . import backends
-    if len(names) > 1 and set(names) & set(backends.names(experimental=True)) - set(
-            backends.names()):
+    experiments = set(backends.names(experimental=True)) - set(backends.names())
+    if len(names) > 1 and experiments & set(names):
         sys.exit(f"{tool} runs its backends in one process: run an experimental backend "
                  "alone, or A/B it with `bench` (a worker per backend)")
 

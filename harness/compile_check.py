@@ -75,6 +75,12 @@ def _tool(name: str) -> str:
     return path if os.path.exists(path) else name
 
 
+def sass_of(cubin_path: str) -> str:
+    """cuobjdump -sass of a cubin file (Triton's bundled cuobjdump)."""
+    return subprocess.run([_tool("cuobjdump"), "-sass", cubin_path], check=True,
+                          capture_output=True, text=True).stdout
+
+
 def _resource_usage(cubin: bytes) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
@@ -82,8 +88,7 @@ def _resource_usage(cubin: bytes) -> dict:
     try:
         usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path],
                                check=True, capture_output=True, text=True).stdout
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", path],
-                              check=True, capture_output=True, text=True).stdout
+        sass = sass_of(path)
     finally:
         os.remove(path)
     out = {}

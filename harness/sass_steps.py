@@ -28,6 +28,8 @@ import tempfile
 from collections import Counter
 from typing import NamedTuple
 
+from .compile_check import _run_job, compile_kernel, sass_of, tlx_bwd_job, tlx_fwd_job
+
 # instruction classes by opcode prefix; the last takes the rest
 CLASSES = [("HGMMA", ("HGMMA",)), ("HMMA", ("HMMA",)), ("WARPGROUP", ("WARPGROUP",)),
            ("MUFU", ("MUFU",)),
@@ -114,12 +116,6 @@ def summary(body: list[Ins]) -> str:
 
 
 # ----------------------------------------------------------------------------- builds
-def _sass_of(cubin: str) -> str:
-    from .compile_check import _tool
-    return subprocess.run([_tool("cuobjdump"), "-sass", cubin], check=True,
-                          capture_output=True, text=True).stdout
-
-
 _FA4 = """
 import torch, cutlass.utils, cutlass.utils.hardware_info as hw
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -166,28 +162,26 @@ def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
         found = glob.glob(os.path.join(d, f"*{pattern}*.cubin"))
         if not found:
             raise RuntimeError(f"no {pattern} cubin: {(r.stdout + r.stderr)[-2000:]}")
-        return _sass_of(found[0])
+        return sass_of(found[0])
 
 
 def _tlx_decode(head_dim: int, rows: int, cache: str) -> str:
     """TLX's decode kernel for a contiguous cache (bf16, or e4m3 with bf16 q), GQA 4, one
     new row, split."""
-    from .compile_check import _compile_in_subprocess
     from kernels_tlx import decode_hopper as dh
     fp8 = cache == "fp8"
     cfg = dh.CONFIGS[(head_dim, rows, "contig", 1 if fp8 else 2)]
-    return _compile_in_subprocess(
+    return compile_kernel(
         dh.decode_kernel, dh.signature(cfg, head_dim, "contig", "fp8e4nv" if fp8 else cache,
                                        True, "bf16" if fp8 else cache),
-        dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8), 90,
-        cfg.num_warps, 1, f"decode D{head_dim} M{rows} {cache}", {}).sass
+        dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8),
+        arch=90, num_warps=cfg.num_warps, name=f"decode D{head_dim} M{rows} {cache}").sass
 
 
 def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
           cache: str = "bf16") -> str:
     """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long; decode:
     TLX's, `rows` query rows a tile, a `cache` of bf16 or fp8)."""
-    import importlib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if pass_ == "decode":
         if backend != "tlx":
@@ -202,12 +196,8 @@ def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
         return _dsl_build(_CUTE.format(root=root, D=head_dim, causal=causal, bwd=bwd),
                           "BwdMain" if bwd else "FwdHopper", {})
     if backend == "tlx":
-        from .compile_check import _compile_in_subprocess, tlx_bwd_job, tlx_fwd_job
         job = (tlx_bwd_job if bwd else tlx_fwd_job)(head_dim, "long", causal, False)
-        fn = getattr(importlib.import_module(job["module"]), job["qualname"])
-        return _compile_in_subprocess(fn, job["signature"], job["constexprs"], 90,
-                                      job["num_warps"], job["num_stages"], job["name"],
-                                      {}).sass
+        return _run_job(job).sass
     raise ValueError(f"backend {backend!r}: fa4, cute or tlx")
 
 

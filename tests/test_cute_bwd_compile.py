@@ -179,8 +179,8 @@ def test_bwd_sdp_together_builds(tmp_path, causal):
     assert not adv, adv
     cubin = path[:-len(".ptx")] + ".cubin"
     if os.path.exists(cubin):
-        from harness.sass_steps import _sass_of
-        step = order(min(step_loops(parse(_sass_of(cubin))), key=len))
+        from harness.compile_check import sass_of
+        step = order(min(step_loops(parse(sass_of(cubin))), key=len))
         head = step[:step.index("WARPGROUP.DEPBAR")].split()
         sdp = sum(int(t.partition("x16x")[2] or 1) for t in head
                   if t.startswith("HGMMA.64x128x16"))
