@@ -190,8 +190,6 @@ for _name, _style, _note in (
                      note=_note))
 
 
-
-
 def _experiment(style: str, apply: Callable[[], None]):
     """One of our styles with a kernel experiment applied in its worker process first
     (`apply` changes that process's configs, so it never shares a process with `style`)."""
