@@ -73,6 +73,7 @@ KERNELS = {
     ("tlx", "fwd"): "^fwd_kernel$", ("tlx", "bwd"): "^bwd_kernel$",
     ("cute", "fwd"): "FwdHopper", ("cute", "bwd"): "BwdMain",
     ("fa4", "fwd"): "ForwardSm90", ("fa4", "bwd"): "BackwardSm90",
+    ("cute-x", "fwd"): "FwdHopper", ("cute-x", "bwd"): "BwdMain",
 }
 # ncu's details page: the metrics a headline shows, by name
 HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput",
