@@ -115,17 +115,19 @@ class Config:
     kv_stages: int   # K/V stages (2: the next tile's K/V load overlaps this tile's end)
     windows: bool = False   # tiles are key windows (`window_config`), not (sequence, KV
                             # block) pairs
-    sdp_together: bool = False  # experiment (harness backend `cute-x`): at 128 rows, S^T
-                                # and dP^T in flight together (compute_step_128)
+    sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
+                                # (compute_step_128; not for broadcast-Q)
 
 
 # The measured defaults, keyed by head dim.
 #   D = 64, 128 rows against 64 (both with two K/V stages): llm B16 H16 2048 1.756 ->
 #     1.621 ms, causal 1.025 -> 0.964; two K/V stages against one: 64 rows -1.4 %,
-#     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %.
+#     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %. S^T and dP^T together (FA4's
+#     order) against one after the other, graph replay: llm 1.672 -> 1.563 ms, causal
+#     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 2.3-5.8 % on 7 more fuzz shapes.
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem).
 CONFIGS = {
-    64: Config(block_m=128, kv_stages=2),
+    64: Config(block_m=128, kv_stages=2, sdp_together=True),
     128: Config(block_m=64, kv_stages=1),
 }
 
@@ -898,13 +900,13 @@ def _kernel_classes():
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
                              ld, cols=None):
-            """compute_step at 128 query rows, the dots one after the other, as the TLX
-            twin's: S^T, P^T, dV, then dP^T (from -delta), dS^T, dK, dQ. S^T / dP^T are
-            [64, 128] fp32 (64 registers each) beside dK, dV (32 each at D = 64): the P^T
-            V-operand copy is dead (dV waited for) before dP^T is issued, and lse / delta
-            are read at their use. Config.sdp_together (an experiment, not for
-            broadcast-Q, whose causal fp16 build would spill 10 B): FA4's order, S^T and
-            dP^T issued together, P^T under dP^T, dS^T, then dV beside dQ and dK."""
+            """compute_step at 128 query rows (D = 64). S^T / dP^T are [64, 128] fp32 (64
+            registers each) beside dK, dV (32 each); lse / delta are read at their use.
+            Config.sdp_together (the default, but not at broadcast-Q, whose causal fp16
+            build would spill 10 B): FA4's order, S^T and dP^T issued together, P^T under
+            dP^T, dS^T, then dV beside dQ and dK. Otherwise the dots one after the other,
+            as the TLX twin's: S^T, P^T, dV (its P^T operand dead before dP^T is issued),
+            then dP^T (from -delta), dS^T, dK, dQ."""
             s = q_state.index
             ncol = cute.size(mma.tScS, mode=[1])
             pipeline_q.consumer_wait(q_state)

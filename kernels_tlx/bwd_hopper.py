@@ -102,6 +102,8 @@ class Config:
     kv_stages: int   # K/V stages (2: the next tile's K/V load during this one)
     num_stages: int  # the launch's num_stages and the Q-step loop's (0: the loop stays
                      # out of Triton's pipeliner, `compute`)
+    sdp_together: bool = False  # experiment (harness backend `tlx-x`): at 128 rows, S^T
+                                # and dP^T in flight together (_step_rows; num_stages 0)
 
 
 BLOCK_N = 128        # keys a tile: NUM_CONSUMERS warpgroups of 64
@@ -429,7 +431,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
-            ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr):
+            ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -507,7 +509,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
                 dk, dv, dqt = _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n,
                                          offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M,
-                                         BNC, NC, cid, WINDOWS)
+                                         BNC, NC, cid, WINDOWS, SDP_TOGETHER)
             else:
                 # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
                 st = tlx.async_dot(kc, tlx.local_trans(qb))
@@ -597,25 +599,36 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
 @triton.jit
 def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile, bounds,
                qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
-               NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr):
+               NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr,
+               SDP_TOGETHER: tl.constexpr):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
     dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
     transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
     [BNC, 128] here (64 registers each), so the dots run one after the other and P^T, dP^T
     are consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers,
     live at once). Issued together as at 64 rows (the exp under the dP^T dot) the build
-    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta."""
+    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta.
+    SDP_TOGETHER (an experiment; the Q loop at num_stages 0): FA4's order, S^T and dP^T
+    issued together, P^T under dP^T, dS^T, then dV beside dK and dQ. Its step loop is
+    spill-free without causal masking; a tile's coordinates spill around the loop."""
     dt: tl.constexpr = qb.dtype
     RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
     st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
-    st = tlx.async_dot_wait(0, st)
+    if SDP_TOGETHER:
+        dpt = tlx.async_dot(vc, tlx.local_trans(dob))                # dP^T = V_c dO^T
+        st = tlx.async_dot_wait(1, st)
+    else:
+        st = tlx.async_dot_wait(0, st)
     pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
     pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
-    dv = tlx.async_dot(pt.to(dt), dob, dv)                           # dV_c += P^T dO
-    dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
-    dpt = tlx.async_dot(vc, tlx.local_trans(dob))                    # dP^T = V_c dO^T
+    if not SDP_TOGETHER:
+        dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
+        dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
+        dpt = tlx.async_dot(vc, tlx.local_trans(dob))                # dP^T = V_c dO^T
     dpt = tlx.async_dot_wait(0, dpt)
     dst = (pt * (dpt - tlx.local_load(smem.delta[buf])[None, :])).to(dt)
+    if SDP_TOGETHER:
+        dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
     dk = tlx.async_dot(dst, qb, dk)                                  # dK_c += dS^T Q
     # dQ of this consumer's RC query rows over all BLOCK_N keys, split by rows (no
     # DQ_SUM): dQ[rows_c] = sum_c2 dS_c2[rows_c] K_c2, A = consumer c2's dS^T columns
@@ -726,7 +739,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                DYNAMIC: tl.constexpr,        # tiles from the counter (bwd_dynamic)
                KV_STAGES: tl.constexpr,      # Config.kv_stages
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
-               WINDOWS: tl.constexpr = False):  # tiles are key windows (kv_window_coords)
+               WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
+               SDP_TOGETHER: tl.constexpr = False):  # Config.sdp_together
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -739,6 +753,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # 128-row steps (D = 64 only): the consumers split dQ by query rows (ROW_SPLIT)
     M128: tl.constexpr = BLOCK_M >= 128
     tl.static_assert(D == 64 or not M128, "128-row steps are built for D = 64 only")
+    tl.static_assert(M128 or not SDP_TOGETHER, "SDP_TOGETHER is a 128-row step's order")
     # key windows: packed queries, walked statically (no tile counter, even causal)
     tl.static_assert(not WINDOWS or not (BROADCAST_Q or DYNAMIC), "windows: packed, static")
     NKV: tl.constexpr = KV_STAGES
@@ -792,7 +807,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS)
+                    M128, WINDOWS, SDP_TOGETHER)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
@@ -929,7 +944,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
+        SDP_TOGETHER=cfg.sdp_together, num_warps=4, num_stages=cfg.num_stages,
+        launch_pdl=bwd_dependent(broadcast_q))
 
     _postprocess(p, dq_acc, scale, broadcast_q)
     return p.dq, p.dk, p.dv

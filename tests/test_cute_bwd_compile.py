@@ -163,14 +163,13 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
 @needs_dsl
 @pytest.mark.matrix
 @pytest.mark.parametrize("causal", [False, True])
-def test_bwd_sdp_together_builds(tmp_path, causal):
-    """The experiment `Config.sdp_together` (harness backend `cute-x`) at D = 64: spill-free
-    with no ptxas-injected wgmma wait, and S^T and dP^T in flight together in the step
-    loop's SASS (FA4's order: two m64n128k16 groups before the first wait)."""
+def test_bwd_d64_step_order(tmp_path, causal):
+    """The default D = 64 step (`Config.sdp_together`): spill-free with no ptxas-injected
+    wgmma wait, and S^T and dP^T in flight together in the step loop's SASS (FA4's order:
+    two m64n128k16 groups before the first wait)."""
     from harness.sass_steps import parse, step_loops, order
-    path = _compile(tmp_path, "from dataclasses import replace\n"
-                    f"B.compile_main(dt, 64, {causal}, False, "
-                    "replace(B.pick_config(64), sdp_together=True))")
+    assert B.pick_config(64).sdp_together
+    path = _compile(tmp_path, f"B.compile_main(dt, 64, {causal}, False, B.pick_config(64))")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     res, adv = _ptxas(path), _ptxas_advisories(path)

@@ -698,13 +698,13 @@ def test_compare_folders(tmp_path):
 
 
 def test_experimental_backends_run_only_when_named():
-    """`cute-x` (an experiment) is never in "all", and a tool that keeps every backend in
+    """`tlx-x` (an experiment) is never in "all", and a tool that keeps every backend in
     one process refuses it beside another backend."""
     from harness import backends
     from harness.__main__ import _one_process
-    assert "cute-x" not in backends.names() and "cute-x" in backends.names(experimental=True)
-    assert backends.get("cute-x").experimental and backends.get("cute-x").own
-    _one_process("profile", ["cute-x"])
+    assert "tlx-x" not in backends.names() and "tlx-x" in backends.names(experimental=True)
+    assert backends.get("tlx-x").experimental and backends.get("tlx-x").own
+    _one_process("profile", ["tlx-x"])
     _one_process("profile", ["cute", "tlx"])
     with pytest.raises(SystemExit, match="experimental"):
-        _one_process("profile", ["cute", "cute-x"])
+        _one_process("profile", ["tlx", "tlx-x"])
