@@ -201,21 +201,6 @@ def _experiment(style: str, apply: Callable[[], None]):
     return make, available
 
 
-def _tlx_bwd_sdp_together():
-    from dataclasses import replace
-    from kernels_tlx import bwd_hopper
-    key = (64, "long")
-    bwd_hopper.CONFIGS[key] = replace(bwd_hopper.CONFIGS[key], num_stages=0, sdp_together=True)
-
-
-_make, _avail = _experiment("tlx", _tlx_bwd_sdp_together)
-register(Backend("tlx-x", _make, _avail, supports=_ours_supports("tlx"), own=True,
-                 experimental=True, note=(
-                     "experiment, run only when named: `tlx` with the D = 64 backward's "
-                     "128-row step in FA4's order (`kernels_tlx.bwd_hopper.Config."
-                     "sdp_together`)")))
-
-
 # ---------------------------------------------------------------------------- FA4
 
 def _fa4_make():

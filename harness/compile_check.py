@@ -194,7 +194,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(causal, bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=cfg.sdp_together)
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq))
     if windows:  # with each key column's query rows (bw.window_rows)
         sig["col_rows"] = "*i32"
     else:

@@ -102,8 +102,8 @@ class Config:
     kv_stages: int   # K/V stages (2: the next tile's K/V load during this one)
     num_stages: int  # the launch's num_stages and the Q-step loop's (0: the loop stays
                      # out of Triton's pipeliner, `compute`)
-    sdp_together: bool = False  # experiment (harness backend `tlx-x`): at 128 rows, S^T
-                                # and dP^T in flight together (_step_rows; num_stages 0)
+    sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
+                                # (_step_rows; the Q loop at num_stages 0)
 
 
 BLOCK_N = 128        # keys a tile: NUM_CONSUMERS warpgroups of 64
@@ -117,14 +117,22 @@ SHORT_MEAN_K = 64    # mean keys per sequence up to which 32-row steps win
 #   D = 128, the Q loop at num_stages=0 (3 wgmma waits of 0 a consumer step instead of 9):
 #     llm 498.8 -> 510.3 TFLOP/s, causal 478.7 -> 490.2, GQA 506.9 -> 521.3.
 #   D = 64, 128 rows against 64: llm B16 H16 2048 1.904 -> 1.608 ms, causal 1.125 ->
-#     1.019. The Q loop at num_stages=0 was null there (-0.5 % / +0.9 %), and at 32-row
-#     steps do_bench +3 %.
+#     1.019. At 32-row steps the Q loop at num_stages=0 cost do_bench +3 %. S^T and dP^T
+#     together (FA4's order, num_stages=0) against one after the other, graph replay:
+#     llm 1.665 -> 1.625 ms, causal 1.034 -> 1.039; fuzz B2 H8/2 16384 / 0.9 5.053 ->
+#     4.771, 7 more fuzz shapes 0.9-7.2 % faster; varlen-llm (causal) 1.8-3.8 % faster.
 CONFIGS = {
     (64, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
-    (64, "long"): Config(block_m=128, kv_stages=1, num_stages=1),
+    (64, "long"): Config(block_m=128, kv_stages=1, num_stages=0, sdp_together=True),
     (128, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
     (128, "long"): Config(block_m=64, kv_stages=1, num_stages=0),
 }
+
+
+def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
+    """Whether a build issues S^T and dP^T together (Config.sdp_together; broadcast-Q keeps
+    the dots one after the other, as the CuteDSL twin: its causal step loop spills 18)."""
+    return cfg.sdp_together and not broadcast_q
 
 
 def pick_config(head_dim: int, mean_k: float) -> Config:
@@ -603,14 +611,14 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
                SDP_TOGETHER: tl.constexpr):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
     dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
-    transposed). The math is the 64-row step's; the order is not: S^T and dP^T are
-    [BNC, 128] here (64 registers each), so the dots run one after the other and P^T, dP^T
-    are consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers,
-    live at once). Issued together as at 64 rows (the exp under the dP^T dot) the build
-    spilled 34-75 instructions, also with S^T / dP^T started from -lse / scale and -delta.
-    SDP_TOGETHER (an experiment; the Q loop at num_stages 0): FA4's order, S^T and dP^T
-    issued together, P^T under dP^T, dS^T, then dV beside dK and dQ. Its step loop is
-    spill-free without causal masking; a tile's coordinates spill around the loop."""
+    transposed). S^T and dP^T are [BNC, 128] here (64 registers each).
+    SDP_TOGETHER (the default, the Q loop at num_stages 0, as the CuteDSL twin): FA4's
+    order, S^T and dP^T issued together, P^T under dP^T, dS^T, then dV beside dK and dQ.
+    Its step loop is spill-free without causal masking (causal: 8 spill instructions a
+    step, the mask's registers); the tile's coordinates spill around the Q loop (26
+    instructions in all, 74 causal). At num_stages 1 the pipeliner's waits serialize the
+    dots and the step loop spills. Otherwise the dots one after the other, P^T and dP^T
+    consumed before the next one starts (at most P^T + dP^T + dK + dV, 192 registers)."""
     dt: tl.constexpr = qb.dtype
     RC: tl.constexpr = BLOCK_M // NC  # this consumer's query rows of dQ
     st = tlx.async_dot(kc, tlx.local_trans(qb))                      # S^T = K_c Q^T
@@ -944,7 +952,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=cfg.sdp_together, num_warps=4, num_stages=cfg.num_stages,
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), num_warps=4, num_stages=cfg.num_stages,
         launch_pdl=bwd_dependent(broadcast_q))
 
     _postprocess(p, dq_acc, scale, broadcast_q)

@@ -697,13 +697,15 @@ def test_compare_folders(tmp_path):
     assert "vs a:  +10.0 % /   +0.0 %" in body["fa4", "b"]
 
 
-def test_experimental_backends_run_only_when_named():
-    """`tlx-x` (an experiment) is never in "all", and a tool that keeps every backend in
-    one process refuses it beside another backend."""
+def test_experimental_backends_run_only_when_named(monkeypatch):
+    """An experiment (`backends._experiment`, registered `experimental`) is never in "all",
+    and a tool that keeps every backend in one process refuses it beside another one."""
     from harness import backends
     from harness.__main__ import _one_process
+    make, avail = backends._experiment("tlx", lambda: None)
+    monkeypatch.setitem(backends.REGISTRY, "tlx-x", backends.Backend(
+        "tlx-x", make, avail, own=True, experimental=True))
     assert "tlx-x" not in backends.names() and "tlx-x" in backends.names(experimental=True)
-    assert backends.get("tlx-x").experimental and backends.get("tlx-x").own
     _one_process("profile", ["tlx-x"])
     _one_process("profile", ["cute", "tlx"])
     with pytest.raises(SystemExit, match="experimental"):
