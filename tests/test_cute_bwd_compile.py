@@ -168,6 +168,7 @@ def test_bwd_d64_step_order(tmp_path, causal):
     wgmma wait, and S^T and dP^T in flight together in the step loop's SASS (FA4's order:
     two m64n128k16 groups before the first wait)."""
     from harness.sass_steps import parse, step_loops, order
+    from kernels_cute import bwd_hopper as B
     assert B.pick_config(64).sdp_together
     path = _compile(tmp_path, f"B.compile_main(dt, 64, {causal}, False, B.pick_config(64))")
     if path is None:
@@ -194,11 +195,11 @@ def test_bwd_sdp_together_is_a_128_row_order():
 
 
 def test_bwd_configs():
-    """The measured table: 128-row steps with two K/V stages at D = 64, 64 rows with one
-    at D = 128; the smem model (the kernel asserts the struct equals it) fits, and the
-    steps the kernel does not build are ValueErrors on the host."""
+    """The measured table: 128-row steps with two K/V stages at D = 64 (S^T and dP^T
+    together), 64 rows with one at D = 128; the smem model (the kernel asserts the struct
+    equals it) fits, and the steps the kernel does not build are ValueErrors on the host."""
     from kernels_cute import bwd_hopper as B
-    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2)
+    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
     assert B.pick_config(128) == B.Config(block_m=64, kv_stages=1)
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
