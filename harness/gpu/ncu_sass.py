@@ -73,7 +73,6 @@ KERNELS = {
     ("tlx", "fwd"): "^fwd_kernel$", ("tlx", "bwd"): "^bwd_kernel$",
     ("cute", "fwd"): "FwdHopper", ("cute", "bwd"): "BwdMain",
     ("fa4", "fwd"): "ForwardSm90", ("fa4", "bwd"): "BackwardSm90",
-    ("tlx-x", "fwd"): "^fwd_kernel$", ("tlx-x", "bwd"): "^bwd_kernel$",
 }
 # ncu's details page: the metrics a headline shows, by name
 HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput",
