@@ -109,6 +109,12 @@ def order(body: list[Ins]) -> str:
     return " ".join(t if n == 1 else f"{t}x{n}" for t, n in runs)
 
 
+def before_first_wait(body: list[Ins]) -> list[str]:
+    """The issue order's tags (`order`) ahead of the step's first wgmma wait."""
+    tags = order(body)
+    return tags[:tags.index("WARPGROUP.DEPBAR")].split()
+
+
 def summary(body: list[Ins]) -> str:
     c = counts(body)
     return f"{len(body)} instructions: " + ", ".join(

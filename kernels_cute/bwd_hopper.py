@@ -124,12 +124,19 @@ class Config:
 #     1.621 ms, causal 1.025 -> 0.964; two K/V stages against one: 64 rows -1.4 %,
 #     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %. S^T and dP^T together (FA4's
 #     order) against one after the other, graph replay: llm 1.672 -> 1.563 ms, causal
-#     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 2.3-5.8 % on 7 more fuzz shapes.
+#     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 7 more fuzz shapes 2.3-5.8 %
+#     faster.
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem).
 CONFIGS = {
     64: Config(block_m=128, kv_stages=2, sdp_together=True),
     128: Config(block_m=64, kv_stages=1),
 }
+
+
+def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
+    """Whether a build issues S^T and dP^T together (Config.sdp_together; broadcast-Q keeps
+    the dots one after the other, as the TLX twin: its causal fp16 build would spill)."""
+    return cfg.sdp_together and not broadcast_q
 
 
 def pick_config(head_dim: int) -> Config:
@@ -387,7 +394,7 @@ def _kernel_classes():
             self.cfg = cfg
             self.kv_stages = cfg.kv_stages
             self.bm = cfg.block_m                             # query rows a step
-            self.sdp_together = cfg.sdp_together and not broadcast_q
+            self.sdp_together = sdp_together(cfg, broadcast_q)
             self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side

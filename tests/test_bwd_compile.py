@@ -210,12 +210,11 @@ def _sdp_together_step(rep, causal):
     """The 128-row step in FA4's order (bw._step_rows): S^T and dP^T issued before the
     first wgmma wait of the step loop, its spills the measured ones (none without causal
     masking, 8 instructions with it; the rest around the loop, once a tile)."""
-    from harness.sass_steps import order, parse, step_loops
+    from harness.sass_steps import before_first_wait, parse, step_loops
     step = min(step_loops(parse(rep.sass)), key=len)
     spills = sum(1 for x in step if x.op.startswith(("LDL", "STL")))
     assert spills <= (8 if causal else 0), f"{spills} spill instructions a step: {rep.row()}"
-    head = order(step)
-    head = head[:head.index("WARPGROUP.DEPBAR")].split()
+    head = before_first_wait(step)
     assert head.count("WARPGROUP.ARRIVE") == 2 and head.count("HGMMA.64x128x16x4") == 2, head
 
 

@@ -167,7 +167,7 @@ def test_bwd_d64_step_order(tmp_path, causal):
     """The default D = 64 step (`Config.sdp_together`): spill-free with no ptxas-injected
     wgmma wait, and S^T and dP^T in flight together in the step loop's SASS (FA4's order:
     two m64n128k16 groups before the first wait)."""
-    from harness.sass_steps import parse, step_loops, order
+    from harness.sass_steps import before_first_wait, parse, step_loops
     from kernels_cute import bwd_hopper as B
     assert B.pick_config(64).sdp_together
     path = _compile(tmp_path, f"B.compile_main(dt, 64, {causal}, False, B.pick_config(64))")
@@ -180,11 +180,10 @@ def test_bwd_d64_step_order(tmp_path, causal):
     cubin = path[:-len(".ptx")] + ".cubin"
     if os.path.exists(cubin):
         from harness.compile_check import sass_of
-        step = order(min(step_loops(parse(sass_of(cubin))), key=len))
-        head = step[:step.index("WARPGROUP.DEPBAR")].split()
+        head = before_first_wait(min(step_loops(parse(sass_of(cubin))), key=len))
         sdp = sum(int(t.partition("x16x")[2] or 1) for t in head
                   if t.startswith("HGMMA.64x128x16"))
-        assert head.count("WARPGROUP.ARRIVE") == 2 and sdp == 8, step
+        assert head.count("WARPGROUP.ARRIVE") == 2 and sdp == 8, head
 
 
 def test_bwd_sdp_together_is_a_128_row_order():
