@@ -52,7 +52,8 @@ tile of short sequences is not mostly empty rows. `load` is unchanged (Q at the
 window's first row, K / V from its first sequence's first key, up to the last key any
 of its rows sees); `compute` finds each of its rows' sequence and key columns once a
 tile (`row_ranges`) and masks every KV block to them (`window_mask`: no unmasked bulk);
-`store` writes the window's real rows. Not for fp8 or broadcast-Q.
+`store` writes the window's real rows. fp8: each row's softmax scale takes its own
+sequence's descales (`row_ranges`), V in one pass a call. Not for broadcast-Q.
 
 fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`): Q and K in e4m3, S = Q K^T an
 e4m3 wgmma (both operands K-major as laid out: no transpose) with the tile's q_descale *
@@ -172,13 +173,14 @@ def window_config(head_dim: int) -> Config:
     return Config(block_m=128, block_n=64, num_buffers_kv=3, mask_first=False, windows=True)
 
 
-def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
-                  fp8: bool) -> bool:
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int,
+                  broadcast_q: bool) -> bool:
     """Whether a call runs on row windows (jagged.tiles.windowed: short packed queries,
     decided on the host without a sync) over short keys (mean at most FWD_SHORT_MEAN_K:
-    over long keys a window's rows skip most of what it reads, every step masked); fp8
-    and broadcast-Q never do."""
-    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+    over long keys a window's rows skip most of what it reads, every step masked);
+    broadcast-Q never does. fp8 too: each row takes its own sequence's descales
+    (`row_ranges`), V in one pass a call."""
+    return (n_keys <= FWD_SHORT_MEAN_K * batch
             and windowed(n_rows, batch, max_q, 128, broadcast_q))
 
 
@@ -274,7 +276,9 @@ def _kernel_class():
             self.windows = cfg.windows
             self.pack = cfg.pack
             self.direct = cfg.direct
-            assert not (self.windows and (broadcast_q or self.fp8 or self.mask_first))
+            assert not (self.windows and (broadcast_q or self.fp8_v or self.mask_first))
+            # fp8 row windows: a softmax scale per row (its sequence's descales)
+            self.row_scale = self.windows and self.fp8
             assert self.pack == 1 or (broadcast_q and 64 % self.pack == 0)
             assert not (self.direct and (self.windows or self.fp8))
             assert self.fp8 or not self.fp8_v
@@ -616,6 +620,8 @@ def _kernel_class():
                 # counted from the window's first key (`row_ranges`)
                 kv_lo = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
                 kv_hi = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
+            if const_expr(self.row_scale):
+                row_sc = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             mma = Operands(tiled_mma_qk, tiled_mma_pv,
                            wg_mma_qk.partition_shape_C((M, self.block_n)), None, tSrK, tOrVt,
                            tOrP, acc_O, tScS, row_max, row_sum, scale_log2, pipeline_k,
@@ -635,10 +641,15 @@ def _kernel_class():
                 coords = self.schedule(tile, sched)
                 h, hk, m0, seq, n_bulk, n_end, b = coords[:7]
                 geom = (m0, seq)
+                tile_scale = self.tile_scale(scale_log2, scales, b, hk)
                 if const_expr(self.windows):
                     # n_bulk = 0: the first step and the tail take every block, masked
-                    geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi)
-                tile_scale = self.tile_scale(scale_log2, scales, b, hk)
+                    if const_expr(self.row_scale):
+                        tile_scale = row_sc
+                        geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi,
+                                               (scale_log2, scales, hk, row_sc))
+                    else:
+                        geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
@@ -687,12 +698,20 @@ def _kernel_class():
                 scale_log2 = scale_log2 * scales.q[b, hk] * scales.k[b, hk]
             return scale_log2
 
+        def row_of(self, scale_log2, r):
+            """Accumulator row r's softmax scale: scale_log2 per row (fp8 row windows,
+            `row_ranges`) or the tile's."""
+            return scale_log2[r] if const_expr(self.row_scale) else scale_log2
+
         @cute.jit
-        def row_ranges(self, sched: Sched, seq, s_first, s_last, tScS, kv_lo, kv_hi):
+        def row_ranges(self, sched: Sched, seq, s_first, s_last, tScS, kv_lo, kv_hi,
+                       row_scale=None):
             """Row windows, once a tile: the key columns [kv_lo, kv_hi) each of this
             thread's rows sees, relative to the window's first key: its own sequence's
             (found among s_first..s_last), the causal cut included; none for the rows past
-            the window's last sequence. The mask's geometry."""
+            the window's last sequence. The mask's geometry. row_scale (fp8): (scale_log2,
+            scales, hk, out): out[r] <- row r's softmax scale, tile_scale's with its own
+            sequence's descales."""
             rows = cute.size(kv_lo)
             for r in cutlass.range_constexpr(rows):
                 kv_lo[r] = s_first                      # row r's sequence, counted up
@@ -701,6 +720,10 @@ def _kernel_class():
                 for r in cutlass.range_constexpr(rows):
                     kv_lo[r] = row_seq_chunk(sched.mCuQ, j0, s_last,
                                              seq.q_start + tScS[r, 0][0], kv_lo[r])
+            if const_expr(row_scale is not None):
+                scale_log2, scales, hk, out = row_scale
+                for r in cutlass.range_constexpr(rows):
+                    out[r] = self.tile_scale(scale_log2, scales, kv_lo[r], hk)
             for r in cutlass.range_constexpr(rows):
                 lo, hi = row_kv_range(sched.mCuQ, sched.mCuK, kv_lo[r],
                                       seq.q_start + tScS[r, 0][0], self.causal)
@@ -760,8 +783,9 @@ def _kernel_class():
                 m_prev = row_max[r]
                 row_max[r] = m_new
                 m_safe = 0.0 if m_new == -Float32.inf else m_new  # rows with no key yet
-                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
-                row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                sc = self.row_of(scale_log2, r)
+                p_row = cute.math.exp2(s_row * sc - m_safe * sc, fastmath=True)
+                row_scale[r] = cute.math.exp2((m_prev - m_safe) * sc, fastmath=True)
                 row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * row_scale[r], 0)
                 S[r, None].store(p_row)
             return row_scale
@@ -845,7 +869,8 @@ def _kernel_class():
                 if const_expr(self.fp8_v):
                     inv = inv * v_scale
                 lse[r] = -Float32.inf if empty else (
-                    row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+                    row_max[r] * self.row_of(scale_log2, r)
+                    + cute.math.log2(total, fastmath=True)) * LN_2
                 O[r, None].store(O[r, None].load() * inv)
 
             rows_left = seq.len_q - m0

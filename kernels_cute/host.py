@@ -138,7 +138,7 @@ class FwdKernels(NamedTuple):
     fp8: bool = False      # an fp8 build: the kernel takes q_descale, k_descale after
                            # the tile list (None, None for 16-bit inputs)
     takes_windows: Callable | None = None  # row windows: (n_rows, n_keys, batch, max_q,
-                           # broadcast_q, fp8) -> whether a call runs on them; the kernel
+                           # broadcast_q) -> whether a call runs on them; the kernel
                            # takes the window table after the descales (None on a
                            # build without them)
     window_config: Callable | None = None  # (head_dim) -> the windows build's Config
@@ -180,7 +180,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
     windows = kern.takes_windows is not None and kern.takes_windows(
-        q.shape[0], k.shape[0], B, max_q, broadcast_q, fp8)
+        q.shape[0], k.shape[0], B, max_q, broadcast_q)
     if windows:
         cfg = kern.window_config(D)
     else:
@@ -209,7 +209,8 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if kern.fp8_v is not None:                    # and v_descale
         descales += (None,)
-    if fp8 and kern.fp8_v is not None and kern.fp8_v(H // k.shape[1], k.shape[0] / B):
+    if (fp8 and not windows and kern.fp8_v is not None
+            and kern.fp8_v(H // k.shape[1], k.shape[0] / B)):
         cfg = replace(cfg, fp8_v=True)
         descales = tuple(descale)
     elif fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product

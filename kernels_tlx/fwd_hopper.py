@@ -123,13 +123,14 @@ WINDOW_CONFIG = Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
                        mask_first=False)
 
 
-def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int, broadcast_q: bool,
-                  fp8: bool) -> bool:
-    """Whether a forward runs over row windows: 16-bit packed queries, short on average,
-    over short keys (mean at most FWD_SHORT_MEAN_K). Over long keys a window's rows would
+def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int,
+                  broadcast_q: bool) -> bool:
+    """Whether a forward runs over row windows: packed queries, short on average, over
+    short keys (mean at most FWD_SHORT_MEAN_K). Over long keys a window's rows would
     skip most of the keys it reads, as many as a per-sequence tile's empty rows compute,
-    and every step would be masked."""
-    return (not fp8 and n_keys <= FWD_SHORT_MEAN_K * batch
+    and every step would be masked. fp8 too: each row takes its own sequence's descales
+    (_row_bounds)."""
+    return (n_keys <= FWD_SHORT_MEAN_K * batch
             and windowed(n_rows, batch, max_q, WINDOW_CONFIG.block_m, broadcast_q))
 
 
@@ -231,16 +232,23 @@ def _coords(t, tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.c
 
 
 @triton.jit
-def _row_bounds(tiles, tile, cid: tl.constexpr, CAUSAL: tl.constexpr):  # role: compute
-    """A window consumer's rows: (lo, width), the keys [lo, lo + width) of the tile's K/V
-    blocks (from tile.k_start) each row sees, its own sequence's (seqinfo.row_seq,
-    row_kv_range); rows past the window's sequences, and causal rows before their
-    sequence's first key, see none (width 0)."""
+def _row_bounds(tiles, tile, qk_scale, scales, cid: tl.constexpr, CAUSAL: tl.constexpr,
+                FP8: tl.constexpr):  # role: compute
+    """A window consumer's rows: (lo, width, scale), the keys [lo, lo + width) of the
+    tile's K/V blocks (from tile.k_start) each row sees, its own sequence's
+    (seqinfo.row_seq, row_kv_range), and its qk scale (fp8: with q_descale * k_descale
+    of its own sequence, as _tile_scale's); rows past the window's sequences, and causal
+    rows before their sequence's first key, see none (width 0)."""
     rows = tile.q_start + cid * SPLIT_M + tl.arange(0, SPLIT_M)
     seq = row_seq(tiles.cu_q, tile.b, tile.s_last, rows, ROW_SEQ_CHUNK)
     lo, hi = row_kv_range(tiles.cu_q, tiles.cu_k, seq, rows, CAUSAL)
     width = tl.where(rows < tile.q_start + tile.len_q, tl.maximum(hi - lo, 0), 0)
-    return lo - tile.k_start, width
+    if FP8:
+        at = seq * (tiles.H // tiles.GROUP) + tile.hk
+        scale = qk_scale * tl.load(scales.q + at) * tl.load(scales.k + at)
+    else:
+        scale = tl.full([SPLIT_M], qk_scale, tl.float32)
+    return lo - tile.k_start, width, scale
 
 
 @triton.jit
@@ -250,7 +258,8 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
     """Online softmax of one KV block in the log2 domain -> (p fp32, alpha, m, l).
     MASKED adds the sequence-end and causal (bottom-right) mask and the guard for
     rows that have seen no key yet (m = -inf); WINDOWS: `rows` is each row's key range
-    (lo, width) (_row_bounds) and the mask keeps it. The mask applies to the raw scores
+    and qk scale (lo, width, scale) (_row_bounds), the mask keeps the range and the
+    scale replaces qk_scale. The mask applies to the raw scores
     and the scale enters with the row max (qk_scale > 0), so each score takes one FFMA.
     alpha's exp2 comes last: issued first (so the O rescale runs under the others) it
     measured causal llm +5.8 %."""
@@ -258,6 +267,10 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         if WINDOWS:  # each row its own sequence's keys: one unsigned compare
             cols = n0 + tl.arange(0, BLOCK_N)[None, :] - rows[0][:, None]
             keep = cols.to(tl.uint32) < rows[1][:, None].to(tl.uint32)
+            s = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * rows[2])
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s * rows[2][:, None] - m_use[:, None])
         else:
             # keys [n0, n0 + limit) of this block are visible to a row
             if CAUSAL:
@@ -267,10 +280,10 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
             else:
                 limit = len_k - n0 + rows * 0
             keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
-        s = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            s = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
@@ -533,15 +546,16 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
                 tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK,
                                DIRECT)
-                if WINDOWS:
-                    rows = _row_bounds(tiles, tile, cid, CAUSAL)
+                scales = Scales(q_descale, k_descale)
+                if WINDOWS:  # each row its own sequence's keys and (fp8) descales
+                    rows = _row_bounds(tiles, tile, qk_scale, scales, cid, CAUSAL, FP8)
+                    tile_scale = qk_scale
                 else:
                     rows = causal_rows(tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M), tile,
                                        PACK)
+                    tile_scale = _tile_scale(qk_scale, scales, tiles, tile, FP8)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
-                tile_scale = _tile_scale(qk_scale, Scales(q_descale, k_descale), tiles, tile,
-                                         FP8)
                 tlx.barrier_wait(bars.q_full[slot], qph)
                 acc, m_i, l_i, kv_cnt = compute(
                     smem.q[slot], smem, bars, kv_cnt, tile_scale, rows, tile, cid,
@@ -590,7 +604,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     check = (Nq_in, Nk, max_q, max_k)  # the offsets check, run by the tile-list kernel
     if forward_without_tiles(out, lse, cu_q, cu_k, check):
         return out, lse
-    windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q, fp8)
+    windows = takes_windows(Nq_in, Nk, batch, max_q, broadcast_q)
     cfg = WINDOW_CONFIG if windows else pick_config(D, max_k, causal, Nk / batch)
     # the tiles' query rows, heads and GQA group: a packing tile holds `pack` heads
     q, pack = packed_query(q, broadcast_q, Hkv, cfg.block_m)

@@ -87,23 +87,26 @@ def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     assert len(rep.setmaxnreg) >= 2, rep.row()
 
 
-@pytest.mark.parametrize("d,causal,dt", [  # one in CI, the rest in `make test-matrix`
-    (128, True, "fp16"),
+@pytest.mark.parametrize("d,causal,dt", [  # two in CI, the rest in `make test-matrix`
+    (128, True, "fp16"), (128, True, "fp8e4nv"),
     *(pytest.param(*v, marks=pytest.mark.matrix) for v in ((64, False, "bf16"),
                                                            (64, True, "bf16"),
-                                                           (128, False, "bf16")))])
+                                                           (128, False, "bf16"),
+                                                           (64, False, "fp8e4nv")))])
 def test_fwd_windows_sm90(d, causal, dt):
     """The forward over row windows (short queries): wgmma, no spills, shared memory
-    within the limit."""
+    within the limit; fp8: S = Q K^T an e4m3 wgmma, each row's descales gathered."""
     cfg = fh.WINDOW_CONFIG
+    fp8 = dt == "fp8e4nv"
     rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, dt, windows=True),
-                         fh.kernel_args(cfg, d, causal, False, windows=True), arch=90,
-                         num_warps=4, num_stages=1,
+                         fh.kernel_args(cfg, d, causal, False, fp8=fp8, windows=True),
+                         arch=90, num_warps=4, num_stages=1,
                          name=f"fwd windows D{d} {'causal' if causal else 'full'} {dt}")
     print(rep.row())
     assert rep.has_mma and rep.mma == "wgmma", rep.row()
     assert not rep.spills, f"spills / local memory: {rep.row()}"
     assert rep.total_smem <= SMEM_LIMIT[90], rep.row()
+    assert ("e4m3.e4m3" in rep.ptx) == fp8, rep.row()
 
 
 def _commits_per_turn(ptx: str) -> list[int]:

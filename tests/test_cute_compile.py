@@ -180,37 +180,44 @@ _WINDOW_SCRIPT = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper as F
-    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16}}[{dtype!r}]
+    dt = {{"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}}[{dtype!r}]
     F.compile_forward(dt, {D}, {causal}, False, F.window_config({D}))
     print("COMPILED")
 """)
 
 
 @needs_dsl
-@pytest.mark.parametrize("D,causal,dtype", [  # one in CI, the rest in `make test-matrix`
-    (128, True, "fp16"),
+@pytest.mark.parametrize("D,causal,dtype", [  # two in CI, the rest in `make test-matrix`
+    (128, True, "fp16"), (128, True, "fp8"),
     *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
-        (64, False, "bf16"), (64, True, "bf16"), (128, False, "bf16"), (128, True, "bf16")))])
+        (64, False, "bf16"), (64, True, "bf16"), (128, False, "bf16"), (128, True, "bf16"),
+        (64, False, "fp8")))])
 def test_forward_window_builds(tmp_path, D, causal, dtype):
     """The row-windows build (window_config): every KV block masked, so the wgmmas are
     those of the first step, one tail step and the last PV (no bulk-loop code); the mask
     one unsigned compare and one select a score in both masked places (first step, tail);
     the consumers' registers as the short build's; no spills in the cubin; its
-    SharedStorage (asserted equal to smem_bytes when traced) within the limit."""
+    SharedStorage (asserted equal to smem_bytes when traced) within the limit. fp8: S an
+    e4m3 wgmma (k32), P V in bf16."""
     from jagged.arch import SMEM_LIMIT
     from kernels_cute import fwd_hopper as F
     cfg = F.window_config(D)
-    assert F.smem_bytes(D, cfg) <= SMEM_LIMIT[90]
+    assert F.smem_bytes(D, cfg, dtype == "fp8") <= SMEM_LIMIT[90]
     script = _WINDOW_SCRIPT.format(root=ROOT, D=D, causal=causal, dtype=dtype)
     path = compile_in_subprocess(tmp_path, script, timeout=900)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
-    kind = "bf16" if dtype == "bf16" else "f16"
+    kind = "f16" if dtype == "fp16" else "bf16"
     mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(\w+)\.", ptx)
     qk = [m for m in mma if m == (str(cfg.block_n), kind)]
     pv = [m for m in mma if m == (str(D), kind)]
-    if D == cfg.block_n:                                   # one shape for both products
+    if dtype == "fp8":                                     # S in e4m3, 32 deep a wgmma
+        qk = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{cfg.block_n}k32\.f32"
+                        r"\.e4m3\.e4m3", ptx)
+        assert (len(qk), len(pv), len(mma)) == (2 * D // 32, 2 * cfg.block_n // 16,
+                                                len(pv)), (qk, mma)
+    elif D == cfg.block_n:                                 # one shape for both products
         assert len(mma) == len(qk) == 2 * D // 16 + 2 * cfg.block_n // 16, mma
     else:
         assert (len(qk), len(pv), len(mma)) == (2 * D // 16, 2 * cfg.block_n // 16,
@@ -229,7 +236,7 @@ def test_forward_window_builds(tmp_path, D, causal, dtype):
         from harness.compile_check import _resource_usage
         use = _resource_usage(open(cubin, "rb").read())
         print(f"windows D={D} causal={causal} {dtype}: {use}, smem "
-              f"{F.smem_bytes(D, cfg)} B")
+              f"{F.smem_bytes(D, cfg, dtype == 'fp8')} B")
         assert use["STACK"] + use["LOCAL"] + use["spill_insts"] == 0, use
 
 
@@ -247,11 +254,10 @@ def test_window_config():
     for n_rows, batch, max_q in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
                                  (5, 1, 5), (40, 40, 1)):
         for bq in (False, True):
-            assert F.takes_windows(n_rows, n_rows, batch, max_q, bq, False) == \
+            assert F.takes_windows(n_rows, n_rows, batch, max_q, bq) == \
                 windowed(n_rows, batch, max_q, 128, bq)
-            assert not F.takes_windows(n_rows, n_rows, batch, max_q, bq, True)
-    assert F.takes_windows(26 * 100, 26 * 100, 100, 60, False, False)
-    assert not F.takes_windows(26 * 100, 129 * 100, 100, 60, False, False)  # long keys
+    assert F.takes_windows(26 * 100, 26 * 100, 100, 60, False)
+    assert not F.takes_windows(26 * 100, 129 * 100, 100, 60, False)  # long keys
 
 
 class _Ints:

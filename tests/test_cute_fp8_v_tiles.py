@@ -97,13 +97,15 @@ def test_smem_fits():
 # ----------------------------------------------------------------------------- host
 @interp
 @pytest.mark.parametrize("heads,lens,tiles", [(8, [300, 200, 5], True),    # G * mean 673
-                                              (32, [600, 500, 5], False)],  # 5893
-                         ids=["tiles", "pass"])
+                                              (32, [600, 500, 5], False),   # 5893
+                                              (8, [26, 0, 31, 1, 40] * 8, False)],
+                         ids=["tiles", "pass", "windows"])
 def test_forward_launch(monkeypatch, heads, lens, tiles):
     """fwd_hopper.forward's launch (recorded), two KV heads: with V tiles (fp8_v_tiles) no
     V pass runs and the build is Config.fp8_v's (its own compile key), the kernel gets V
     in e4m3 and v_descale; otherwise the V pass runs once, the kernel gets its bf16 V and
-    no v_descale, and the build is the default's."""
+    no v_descale, and the build is the default's. Short sequences take row windows (each
+    row its own descales) with the V pass, though fp8_v_tiles would take V tiles."""
     from kernels_cute import fwd_hopper as F
     from kernels_cute import host
     launches, builds, passes = [], [], []
@@ -125,14 +127,20 @@ def test_forward_launch(monkeypatch, heads, lens, tiles):
     q = torch.zeros(n, heads, 128).to(FP8)
     k = torch.zeros(n, 2, 128).to(FP8)
     v = torch.ones(n, 2, 128).to(FP8)
-    ds = tuple(torch.full((3, 2), x) for x in (0.5, 0.25, 2.0))
+    B = len(lens)
+    ds = tuple(torch.full((B, 2), x) for x in (0.5, 0.25, 2.0))
     F.forward(q, k, v, cu, cu, max(lens), max(lens), True, 0.125, False, descale=ds)
     (key,), (args,) = builds, launches
-    assert key[-1].fp8_v == tiles == F.fp8_v_tiles(heads // 2, n / 3)
-    assert key[-1] == dataclasses.replace(F.pick_config(128, max(lens), True, n / 3),
-                                          fp8_v=tiles)
+    windows = F.takes_windows(n, n, B, max(lens), False)
+    assert windows == (B > 3)
     # q, k, v, out, lse, cu_q, cu_k, pairs, count, q / k / v descale, window table, ...
-    assert args[9] is ds[0] and args[10] is ds[1] and args[12] is None
+    assert args[9] is ds[0] and args[10] is ds[1] and (args[12] is None) != windows
+    if windows:
+        assert F.fp8_v_tiles(heads // 2, n / B) and key[-1] == F.window_config(128)
+    else:
+        assert key[-1].fp8_v == tiles == F.fp8_v_tiles(heads // 2, n / B)
+        assert key[-1] == dataclasses.replace(F.pick_config(128, max(lens), True, n / B),
+                                              fp8_v=tiles)
     if tiles:
         assert passes == [] and args[2] is v and args[11] is ds[2]
     else:

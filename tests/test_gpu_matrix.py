@@ -136,7 +136,7 @@ def test_windows(impl, idx):
     else:
         import importlib
         fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
-        assert fh.takes_windows(n_rows, inp.k.shape[0], batch, inp.max_seqlen_q, False, False)
+        assert fh.takes_windows(n_rows, inp.k.shape[0], batch, inp.max_seqlen_q, False)
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
     rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal)
     assert rep.ok, f"{what}\n{rep}"
@@ -235,7 +235,7 @@ def test_direct(impl, idx):
     bq = p.mode == "broadcast_q"
     inp = p.build("cuda", lengths=lengths)
     q, k = inp.q, inp.k
-    assert not fh.takes_windows(q.shape[0], k.shape[0], p.batch, inp.max_seqlen_q, bq, False)
+    assert not fh.takes_windows(q.shape[0], k.shape[0], p.batch, inp.max_seqlen_q, bq)
     cfg = fh.pick_config(p.head_dim, inp.max_seqlen_k, p.causal, k.shape[0] / p.batch)
     q_t, pack = packed_query(q, bq, p.kv_heads, cfg.block_m)
     rows = q_t.shape[0] if bq else inp.max_seqlen_q

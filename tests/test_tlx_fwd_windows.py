@@ -18,9 +18,10 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _consumer(q, k, v, o, lse, tiles, tile, qk_scale, n_q, n_k, n_out, cid: tl.constexpr,
-              D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    rows = fh._row_bounds(tiles, tile, cid, CAUSAL)
+def _consumer(q, k, v, o, lse, tiles, tile, qk_scale, scales, n_q, n_k, n_out,
+              cid: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              FP8: tl.constexpr):
+    rows = fh._row_bounds(tiles, tile, qk_scale, scales, cid, CAUSAL, FP8)
     qr = tile.q_start + cid * 64 + tl.arange(0, 64)
     d = tl.arange(0, D)
     qv = tl.load(q + (qr * tiles.H + tile.h)[:, None] * D + d[None, :],
@@ -50,30 +51,38 @@ def _consumer(q, k, v, o, lse, tiles, tile, qk_scale, n_q, n_k, n_out, cid: tl.c
 
 @triton.jit
 def _emulate(q, k, v, o, lse, cu_q, cu_k, order, count, win, n_win, H, GROUP, qk_scale,
-             n_q, n_k, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             CAUSAL: tl.constexpr):
+             q_descale, k_descale, n_q, n_k, D: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, FP8: tl.constexpr):
     tiles = fh.Tiles(order, tl.load(count), cu_q, cu_k, 0, H, GROUP, n_win, win)
     t = tl.program_id(0)
     if t < tiles.n_pairs * H:
         tile = fh._coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, False, True)
-        _consumer(q, k, v, o, lse, tiles, tile, qk_scale, n_q, n_k, n_q, 0, D, BLOCK_N, CAUSAL)
-        _consumer(q, k, v, o, lse, tiles, tile, qk_scale, n_q, n_k, n_q, 1, D, BLOCK_N, CAUSAL)
+        scales = fh.Scales(q_descale, k_descale)
+        for cid in tl.static_range(2):
+            _consumer(q, k, v, o, lse, tiles, tile, qk_scale, scales, n_q, n_k, n_q, cid, D,
+                      BLOCK_N, CAUSAL, FP8)
 
 
 def emulated_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None,
-                     broadcast_q=False):
+                     broadcast_q=False, q_descale=None, k_descale=None, v_descale=None):
+    """fp8 (descales given): e4m3 q and k, V dequantized as fh.forward does."""
+    from jagged.fp8 import dequantize_rows
     from jagged.tiles import window_tiles
     cfg = fh.WINDOW_CONFIG
     n_q, H, D = q.shape
     scale = softmax_scale if softmax_scale is not None else D ** -0.5
-    assert fh.takes_windows(n_q, k.shape[0], cu_q.shape[0] - 1, max_q, broadcast_q, False)
+    assert fh.takes_windows(n_q, k.shape[0], cu_q.shape[0] - 1, max_q, broadcast_q)
     order, count, win = window_tiles(cu_q, cu_k, n_q, max_q, cfg.block_m, cfg.block_n)
-    out = torch.full_like(q, float("nan"))
+    fp8 = q_descale is not None
+    if fp8:
+        v = dequantize_rows(v, v_descale, cu_k)
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16 if fp8 else q.dtype)
     lse = torch.full((H, n_q), float("nan"), dtype=torch.float32)
     _emulate[(win.shape[1] * H,)](q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k,
                                   order, count, win, win.shape[1], H, H // k.shape[1],
-                                  scale * 1.4426950408889634, n_q, k.shape[0], D=D,
-                                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
+                                  scale * 1.4426950408889634, q_descale, k_descale, n_q,
+                                  k.shape[0], D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                  CAUSAL=causal, FP8=fp8)
     return out, lse
 
 
@@ -99,6 +108,13 @@ CASES = [  # (id, problem, (len_q, len_k)): windows spanning many sequences, emp
     ("cross-lq>lk", Problem(batch=50, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=20,
                             max_seqlen_k=6, mode="cross", causal=True),
      (_short(50, 0, 20, 5), _short(50, 0, 6, 6))),
+    # fp8: every sequence its own descales, a window's rows each their own
+    ("fp8-self-gqa-d64", Problem(batch=40, heads=4, kv_heads=2, head_dim=64,
+                                 max_seqlen_q=40, dtype="fp8"),
+     ([0, 1, 37, 0, 0] + _short(35, 0, 12, 7),) * 2),
+    ("fp8-cross-causal-d128", Problem(batch=24, heads=2, head_dim=128, max_seqlen_q=30,
+                                      max_seqlen_k=90, mode="cross", causal=True, dtype="fp8"),
+     (_short(24, 0, 30, 8), _short(24, 0, 90, 9))),
 ]
 
 
