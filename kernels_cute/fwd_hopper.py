@@ -53,7 +53,7 @@ window's first row, K / V from its first sequence's first key, up to the last ke
 of its rows sees); `compute` finds each of its rows' sequence and key columns once a
 tile (`row_ranges`) and masks every KV block to them (`window_mask`: no unmasked bulk);
 `store` writes the window's real rows. fp8: each row's softmax scale takes its own
-sequence's descales (`row_ranges`), V in one pass a call. Not for broadcast-Q.
+sequence's descales (`row_ranges`; V tiles: its v_descale on O too). Not for broadcast-Q.
 
 fp8 (q's dtype float8_e4m3fn, `forward(..., descale=)`): Q and K in e4m3, S = Q K^T an
 e4m3 wgmma (both operands K-major as laid out: no transpose) with the tile's q_descale *
@@ -179,7 +179,7 @@ def takes_windows(n_rows: int, n_keys: int, batch: int, max_q: int,
     decided on the host without a sync) over short keys (mean at most FWD_SHORT_MEAN_K:
     over long keys a window's rows skip most of what it reads, every step masked);
     broadcast-Q never does. fp8 too: each row takes its own sequence's descales
-    (`row_ranges`), V in one pass a call."""
+    (`row_ranges`)."""
     return (n_keys <= FWD_SHORT_MEAN_K * batch
             and windowed(n_rows, batch, max_q, 128, broadcast_q))
 
@@ -276,8 +276,9 @@ def _kernel_class():
             self.windows = cfg.windows
             self.pack = cfg.pack
             self.direct = cfg.direct
-            assert not (self.windows and (broadcast_q or self.fp8_v or self.mask_first))
-            # fp8 row windows: a softmax scale per row (its sequence's descales)
+            assert not (self.windows and (broadcast_q or self.mask_first))
+            # fp8 row windows: a softmax scale (and, fp8_v, a v_descale) per row, its own
+            # sequence's descales
             self.row_scale = self.windows and self.fp8
             assert self.pack == 1 or (broadcast_q and 64 % self.pack == 0)
             assert not (self.direct and (self.windows or self.fp8))
@@ -620,8 +621,11 @@ def _kernel_class():
                 # counted from the window's first key (`row_ranges`)
                 kv_lo = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
                 kv_hi = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32)
+            row_sc = row_vs = None
             if const_expr(self.row_scale):
                 row_sc = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
+                if const_expr(self.fp8_v):
+                    row_vs = cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Float32)
             mma = Operands(tiled_mma_qk, tiled_mma_pv,
                            wg_mma_qk.partition_shape_C((M, self.block_n)), None, tSrK, tOrVt,
                            tOrP, acc_O, tScS, row_max, row_sum, scale_log2, pipeline_k,
@@ -647,7 +651,7 @@ def _kernel_class():
                     if const_expr(self.row_scale):
                         tile_scale = row_sc
                         geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi,
-                                               (scale_log2, scales, hk, row_sc))
+                                               (scale_log2, scales, hk, row_sc, row_vs))
                     else:
                         geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi)
                 row_max.fill(-Float32.inf)
@@ -677,9 +681,9 @@ def _kernel_class():
                     kv_state = self.last_pv(mma_t, kv_state)
                 if const_expr(self.direct):  # no write before the offsets check passed
                     cute.arch.griddepcontrol_wait()
-                v_scale = None
-                if const_expr(self.fp8_v):  # read here: held across the KV loop it costs
-                    v_scale = scales.v[b, hk]  # the consumers registers
+                v_scale = row_vs
+                if const_expr(self.fp8_v and not self.row_scale):  # read here: held across
+                    v_scale = scales.v[b, hk]  # the KV loop it costs the consumers registers
                 self.store(acc_O, row_max, row_sum, tile_scale, mO, mLSE,
                            sO[None, None, q_state.index], tScS, tiled_mma_pv,
                            store_tiled_copy_O, tidx, h, m0, seq, v_scale)
@@ -698,10 +702,10 @@ def _kernel_class():
                 scale_log2 = scale_log2 * scales.q[b, hk] * scales.k[b, hk]
             return scale_log2
 
-        def row_of(self, scale_log2, r):
-            """Accumulator row r's softmax scale: scale_log2 per row (fp8 row windows,
+        def row_of(self, scale, r):
+            """Accumulator row r's softmax scale (or v_descale): per row (fp8 row windows,
             `row_ranges`) or the tile's."""
-            return scale_log2[r] if const_expr(self.row_scale) else scale_log2
+            return scale[r] if const_expr(self.row_scale) else scale
 
         @cute.jit
         def row_ranges(self, sched: Sched, seq, s_first, s_last, tScS, kv_lo, kv_hi,
@@ -710,8 +714,8 @@ def _kernel_class():
             thread's rows sees, relative to the window's first key: its own sequence's
             (found among s_first..s_last), the causal cut included; none for the rows past
             the window's last sequence. The mask's geometry. row_scale (fp8): (scale_log2,
-            scales, hk, out): out[r] <- row r's softmax scale, tile_scale's with its own
-            sequence's descales."""
+            scales, hk, out, out_v): out[r] <- row r's softmax scale, tile_scale's with its
+            own sequence's descales; fp8_v: out_v[r] <- its v_descale."""
             rows = cute.size(kv_lo)
             for r in cutlass.range_constexpr(rows):
                 kv_lo[r] = s_first                      # row r's sequence, counted up
@@ -721,9 +725,11 @@ def _kernel_class():
                     kv_lo[r] = row_seq_chunk(sched.mCuQ, j0, s_last,
                                              seq.q_start + tScS[r, 0][0], kv_lo[r])
             if const_expr(row_scale is not None):
-                scale_log2, scales, hk, out = row_scale
+                scale_log2, scales, hk, out, out_v = row_scale
                 for r in cutlass.range_constexpr(rows):
                     out[r] = self.tile_scale(scale_log2, scales, kv_lo[r], hk)
+                    if const_expr(self.fp8_v):
+                        out_v[r] = scales.v[kv_lo[r], hk]
             for r in cutlass.range_constexpr(rows):
                 lo, hi = row_kv_range(sched.mCuQ, sched.mCuK, kv_lo[r],
                                       seq.q_start + tScS[r, 0][0], self.causal)
@@ -858,7 +864,7 @@ def _kernel_class():
         def store(self, acc_O, row_max, row_sum, scale_log2, mO, mLSE, sO, tScS,
                   tiled_mma_pv, store_tiled_copy_O, tidx, h, m0, seq, v_scale=None):
             """O / rowsum and LSE out; rows at or past len_q are never written. fp8_v:
-            O also times v_scale (the tile's v_descale)."""
+            O also times v_scale (the tile's v_descale; fp8 row windows: each row's)."""
             out_start = seq.out_start
             O = acc_rows_cols(acc_O)
             lse = cute.make_rmem_tensor_like(row_max, Float32)
@@ -867,7 +873,7 @@ def _kernel_class():
                 empty = total == 0.0
                 inv = 0.0 if empty else cute.arch.rcp_approx(total)
                 if const_expr(self.fp8_v):
-                    inv = inv * v_scale
+                    inv = inv * self.row_of(v_scale, r)
                 lse[r] = -Float32.inf if empty else (
                     row_max[r] * self.row_of(scale_log2, r)
                     + cute.math.log2(total, fastmath=True)) * LN_2

@@ -209,8 +209,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if kern.fp8_v is not None:                    # and v_descale
         descales += (None,)
-    if (fp8 and not windows and kern.fp8_v is not None
-            and kern.fp8_v(H // k.shape[1], k.shape[0] / B)):
+    if fp8 and kern.fp8_v is not None and kern.fp8_v(H // k.shape[1], k.shape[0] / B):
         cfg = replace(cfg, fp8_v=True)
         descales = tuple(descale)
     elif fp8:  # V in bf16 once a call, v_descale folded in: P V is the 16-bit product

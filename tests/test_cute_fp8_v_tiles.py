@@ -24,16 +24,20 @@ from jagged.fp8 import FP8
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 
-# (head_dim, length bucket, causal, broadcast_q): one in CI, the rest under -m matrix
-BUILDS = [(128, "long", True, False)]
+# (head_dim, length bucket or "windows" (row windows), causal, broadcast_q): two in CI,
+# the rest under -m matrix
+BUILDS = [(128, "long", True, False), (128, "windows", True, False)]
 MATRIX = [(d, b, c, q) for d in (64, 128) for b in ("long", "short") for c in (False, True)
-          for q in (False, True) if (d, b, c, q) not in BUILDS]
+          for q in (False, True) if (d, b, c, q) not in BUILDS] + [(64, "windows", False,
+                                                                    False)]
 
 _SCRIPT = textwrap.dedent("""
     import dataclasses, sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import fwd_hopper as F
-    cfg = dataclasses.replace(F.CONFIGS[({D}, {bucket!r}, {causal})], fp8_v=True)
+    cfg = F.window_config({D}) if {bucket!r} == "windows" else F.CONFIGS[({D}, {bucket!r},
+                                                                          {causal})]
+    cfg = dataclasses.replace(cfg, fp8_v=True)
     F.compile_forward(torch.float8_e4m3fn, {D}, {causal}, {bq}, cfg)
     print("COMPILED")
 """)
@@ -49,11 +53,12 @@ def test_fwd_fp8_v_tiles_sm90(tmp_path, build):
     V converted from e4m3 in pairs, 8 values a thread a pass (an 8-byte shared load, a
     16-byte store) at its two call sites; the V copy's expect_tx an e4m3 block's bytes;
     shared memory within the limit (the struct equals smem_bytes, asserted when traced);
-    no spills."""
+    no spills. Row windows: the same, each row its own descales."""
     from jagged.arch import SMEM_LIMIT
     from kernels_cute import fwd_hopper as F
     d, bucket, causal, bq = build
-    cfg = dataclasses.replace(F.CONFIGS[(d, bucket, causal)], fp8_v=True)
+    cfg = F.window_config(d) if bucket == "windows" else F.CONFIGS[(d, bucket, causal)]
+    cfg = dataclasses.replace(cfg, fp8_v=True)
     assert F.smem_bytes(d, cfg, True) <= SMEM_LIMIT[90]
     path = compile_in_subprocess(tmp_path, _SCRIPT.format(root=ROOT, D=d, bucket=bucket,
                                                           causal=causal, bq=bq), timeout=900)
@@ -98,14 +103,14 @@ def test_smem_fits():
 @interp
 @pytest.mark.parametrize("heads,lens,tiles", [(8, [300, 200, 5], True),    # G * mean 673
                                               (32, [600, 500, 5], False),   # 5893
-                                              (8, [26, 0, 31, 1, 40] * 8, False)],
+                                              (8, [26, 0, 31, 1, 40] * 8, True)],
                          ids=["tiles", "pass", "windows"])
 def test_forward_launch(monkeypatch, heads, lens, tiles):
     """fwd_hopper.forward's launch (recorded), two KV heads: with V tiles (fp8_v_tiles) no
     V pass runs and the build is Config.fp8_v's (its own compile key), the kernel gets V
     in e4m3 and v_descale; otherwise the V pass runs once, the kernel gets its bf16 V and
     no v_descale, and the build is the default's. Short sequences take row windows (each
-    row its own descales) with the V pass, though fp8_v_tiles would take V tiles."""
+    row its own descales), V tiles or not the same way."""
     from kernels_cute import fwd_hopper as F
     from kernels_cute import host
     launches, builds, passes = [], [], []
@@ -135,12 +140,9 @@ def test_forward_launch(monkeypatch, heads, lens, tiles):
     assert windows == (B > 3)
     # q, k, v, out, lse, cu_q, cu_k, pairs, count, q / k / v descale, window table, ...
     assert args[9] is ds[0] and args[10] is ds[1] and (args[12] is None) != windows
-    if windows:
-        assert F.fp8_v_tiles(heads // 2, n / B) and key[-1] == F.window_config(128)
-    else:
-        assert key[-1].fp8_v == tiles == F.fp8_v_tiles(heads // 2, n / B)
-        assert key[-1] == dataclasses.replace(F.pick_config(128, max(lens), True, n / B),
-                                              fp8_v=tiles)
+    assert key[-1].fp8_v == tiles == F.fp8_v_tiles(heads // 2, n / B)
+    cfg = F.window_config(128) if windows else F.pick_config(128, max(lens), True, n / B)
+    assert key[-1] == dataclasses.replace(cfg, fp8_v=tiles)
     if tiles:
         assert passes == [] and args[2] is v and args[11] is ds[2]
     else:
