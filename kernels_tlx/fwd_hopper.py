@@ -267,10 +267,8 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
         if WINDOWS:  # each row its own sequence's keys: one unsigned compare
             cols = n0 + tl.arange(0, BLOCK_N)[None, :] - rows[0][:, None]
             keep = cols.to(tl.uint32) < rows[1][:, None].to(tl.uint32)
-            s = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1) * rows[2])
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s * rows[2][:, None] - m_use[:, None])
+            row_scale = rows[2]
+            score_scale = rows[2][:, None]
         else:
             # keys [n0, n0 + limit) of this block are visible to a row
             if CAUSAL:
@@ -280,10 +278,12 @@ def _softmax(qk, m_i, l_i, qk_scale, rows, n0, len_q, len_k,
             else:
                 limit = len_k - n0 + rows * 0
             keep = tl.arange(0, BLOCK_N)[None, :] < limit[:, None]
-            s = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            row_scale = qk_scale
+            score_scale = qk_scale
+        s = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * row_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s * score_scale - m_use[:, None])
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = m_new
