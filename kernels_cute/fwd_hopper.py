@@ -645,15 +645,14 @@ def _kernel_class():
                 coords = self.schedule(tile, sched)
                 h, hk, m0, seq, n_bulk, n_end, b = coords[:7]
                 geom = (m0, seq)
-                tile_scale = self.tile_scale(scale_log2, scales, b, hk)
                 if const_expr(self.windows):
                     # n_bulk = 0: the first step and the tail take every block, masked
-                    if const_expr(self.row_scale):
-                        tile_scale = row_sc
-                        geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi,
-                                               (scale_log2, scales, hk, row_sc, row_vs))
-                    else:
-                        geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi)
+                    per_row = (scale_log2, scales, hk, row_sc, row_vs) \
+                        if const_expr(self.row_scale) else None
+                    geom = self.row_ranges(sched, seq, b, coords[7], tScS, kv_lo, kv_hi,
+                                           per_row)
+                tile_scale = row_sc if const_expr(self.row_scale) else \
+                    self.tile_scale(scale_log2, scales, b, hk)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
                 acc_O.fill(0.0)
