@@ -484,6 +484,9 @@ def test_ncu_run_command_and_headline(tmp_path):
         "B2 H8/2 D64 Lq16384" and tail[tail.index("--passes") + 1] == "bwd", cmd
     assert {b for b, _ in KERNELS} == {"tlx", "cute", "fa4"}
     assert {ps for _, ps in KERNELS} == {"fwd", "bwd"}
+    # an experiment profiles its style's kernel
+    cmd = ncu_command("tlx-x", "bwd", "fuzz", "B2", "out/x")
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:" + KERNELS["tlx", "bwd"]
     page = tmp_path / "details.csv"
     rows = [["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"],
             ["0", "k", "GPU Speed Of Light Throughput", "Duration", "ms", "5.06"],

@@ -68,7 +68,8 @@ def regions(path: str, min_pct: float = 0.4) -> list[str]:
     return out
 
 
-# the kernel a pass's time is spent in, by backend (ncu --kernel-name regex:...)
+# the kernel a pass's time is spent in, by backend (ncu --kernel-name regex:...); an
+# experiment `<style>-x` (harness.backends) runs its style's kernels (`kernel_of`)
 KERNELS = {
     ("tlx", "fwd"): "^fwd_kernel$", ("tlx", "bwd"): "^bwd_kernel$",
     ("cute", "fwd"): "FwdHopper", ("cute", "bwd"): "BwdMain",
@@ -81,12 +82,19 @@ HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throu
 SKIP = 3  # matching launches left out first: the gate's and the warm-up's
 
 
+def kernel_of(backend: str, pass_: str) -> str:
+    """The KERNELS regex of a backend's pass; an experiment's (`<style>-x`) is its
+    style's."""
+    style = backend[:-2] if backend.endswith("-x") else backend
+    return KERNELS[style, pass_]
+
+
 def ncu_command(backend: str, pass_: str, suite: str, match: str, rep: str,
                 ncu: str = "ncu") -> list[str]:
     """ncu over `harness profile` of one backend and pass: the pass's kernel (KERNELS),
     its SKIP-th matching launch, warp states and per-instruction samples, clocks as the
     GPU runs them (not locked to base)."""
-    return [ncu, "--clock-control", "none", "--kernel-name", f"regex:{KERNELS[backend, pass_]}",
+    return [ncu, "--clock-control", "none", "--kernel-name", f"regex:{kernel_of(backend, pass_)}",
             "--launch-skip", str(SKIP), "--launch-count", "1", "--section", "SpeedOfLight",
             "--section", "WarpStateStats", "--section", "SourceCounters",
             "--section", "LaunchStats", "--section", "Occupancy", "-f", "-o", rep,
