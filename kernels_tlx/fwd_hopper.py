@@ -244,8 +244,7 @@ def _row_bounds(tiles, tile, qk_scale, scales, cid: tl.constexpr, CAUSAL: tl.con
     lo, hi = row_kv_range(tiles.cu_q, tiles.cu_k, seq, rows, CAUSAL)
     width = tl.where(rows < tile.q_start + tile.len_q, tl.maximum(hi - lo, 0), 0)
     if FP8:
-        at = seq * (tiles.H // tiles.GROUP) + tile.hk
-        scale = qk_scale * tl.load(scales.q + at) * tl.load(scales.k + at)
+        scale = _tile_scale(qk_scale, scales, tiles, seq, tile.hk, FP8)
     else:
         scale = tl.full([SPLIT_M], qk_scale, tl.float32)
     return lo - tile.k_start, width, scale
@@ -479,11 +478,11 @@ def _count(count_ptr, DIRECT: tl.constexpr):  # role: schedule
 
 
 @triton.jit
-def _tile_scale(qk_scale, scales, tiles, tile, FP8: tl.constexpr):  # role: compute
-    """The qk scale of `tile`: fp8 folds in q_descale * k_descale of its sequence and KV
-    head (fp32 [B, H_kv])."""
+def _tile_scale(qk_scale, scales, tiles, b, hk, FP8: tl.constexpr):  # role: compute
+    """The qk scale of a tile of sequence b (or of rows of sequences b, a block) and KV
+    head hk: fp8 folds in their q_descale * k_descale (fp32 [B, H_kv])."""
     if FP8:
-        at = tile.b * (tiles.H // tiles.GROUP) + tile.hk
+        at = b * (tiles.H // tiles.GROUP) + hk
         return qk_scale * tl.load(scales.q + at) * tl.load(scales.k + at)
     else:
         return qk_scale
@@ -553,7 +552,7 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 else:
                     rows = causal_rows(tile.m0 + cid * SPLIT_M + tl.arange(0, SPLIT_M), tile,
                                        PACK)
-                    tile_scale = _tile_scale(qk_scale, scales, tiles, tile, FP8)
+                    tile_scale = _tile_scale(qk_scale, scales, tiles, tile.b, tile.hk, FP8)
                 qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
                 slot = qb * NUM_CONSUMERS + cid
                 tlx.barrier_wait(bars.q_full[slot], qph)
