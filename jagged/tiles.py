@@ -70,6 +70,19 @@ FWD_SHORT_MEAN_K = 128
 FWD_CAUSAL_SHORT_MAX_K = 512
 
 
+# D = 64 backward: 64-row steps beat 128-row ones up to this mean query length a sequence
+# (the last step of a sequence pads fewer rows); graph replay, H200, B1152 H4, TLX /
+# CuteDSL: mean 102 -8.1 / -3.5 %, 134 -2.1 / -0.2 %, 209 +3.5 / -1.0 %, 260 +6.6 / +2.3 %
+BWD_MID_MEAN_Q = 128
+
+
+def bwd_mid(head_dim: int, mean_q: float) -> bool:
+    """Whether a backward takes its 64-row step at D = 64 (both styles' `pick_config`):
+    the mean query rows a sequence (total / batch, or broadcast-Q's L_q, known without a
+    sync) at most BWD_MID_MEAN_Q."""
+    return head_dim == 64 and mean_q <= BWD_MID_MEAN_Q
+
+
 def fwd_bucket(max_seqlen_k: int, mean_k: float | None = None, causal: bool = False) -> str:
     """The forward's length bucket, shared by both styles' `pick_config`: "short" (64-key
     blocks) when every sequence's KV fits in one 64-key block; without causal masking,

@@ -51,11 +51,11 @@ In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
 
-Steps (CONFIGS, by head dim): 64 query rows at D = 128 with one K/V stage (two need
-242 KB of smem), S^T and dP^T issued together; 128 rows at D = 64 with two K/V stages,
-the dots one after the other (S^T, P^T, dV, then dP^T, dS^T, dK, dQ: at 128 rows the
-step's registers would not hold both 64-register accumulators beside dK, dV and P^T),
-dQ split by query rows between the warpgroups.
+Steps (CONFIGS, by head dim and mean query rows a sequence): 64 query rows at D = 128
+with one K/V stage (two need 242 KB of smem), S^T and dP^T issued together; 128 rows at
+D = 64 with two K/V stages, dQ split by query rows between the warpgroups, S^T and dP^T
+together (FA4's order, `compute_step_128`; broadcast-Q one after the other); 64 rows at
+D = 64 where sequences average at most jagged.tiles.BWD_MID_MEAN_Q query rows.
 
 Broadcast-Q (dQ is a sum over the whole batch): CTAs are pinned to a KV head (CTA p owns
 head p % H_kv) and accumulate into fp32 slots dq_acc[(p // H_kv) % n_slots]
@@ -86,7 +86,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, window_tiles, windowed
+from jagged.tiles import bwd_dependent, bwd_dynamic, bwd_mid, kv_tiles, window_tiles, windowed
 
 from . import host
 
@@ -119,17 +119,20 @@ class Config:
                                 # (compute_step_128; not for broadcast-Q)
 
 
-# The measured defaults, keyed by head dim.
+# The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
+# at most jagged.tiles.BWD_MID_MEAN_Q query rows on average, else "long".
 #   D = 64, 128 rows against 64 (both with two K/V stages): llm B16 H16 2048 1.756 ->
-#     1.621 ms, causal 1.025 -> 0.964; two K/V stages against one: 64 rows -1.4 %,
+#     1.621 ms, causal 1.025 -> 0.964; "mid": 64 rows, gem-jagged-d64 1024 / 0.1 (mean
+#     102) -3.5 %, 134 -0.2 %, 260 +2.3 %; two K/V stages against one: 64 rows -1.4 %,
 #     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %. S^T and dP^T together (FA4's
 #     order) against one after the other, graph replay: llm 1.672 -> 1.563 ms, causal
 #     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 7 more fuzz shapes 2.3-5.8 %
 #     faster.
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem).
 CONFIGS = {
-    64: Config(block_m=128, kv_stages=2, sdp_together=True),
-    128: Config(block_m=64, kv_stages=1),
+    (64, "mid"): Config(block_m=64, kv_stages=2),
+    (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
+    (128, "long"): Config(block_m=64, kv_stages=1),
 }
 
 
@@ -139,15 +142,16 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
     return cfg.sdp_together and not broadcast_q
 
 
-def pick_config(head_dim: int) -> Config:
-    """The measured default for a head dim."""
-    return CONFIGS[head_dim]
+def pick_config(head_dim: int, mean_q: float = math.inf) -> Config:
+    """The measured default for a head dim and a call's mean query rows a sequence
+    (jagged.tiles.bwd_mid; left out: the long sequences' step)."""
+    return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
 
 
 def window_config(head_dim: int) -> Config:
     """Key windows: the head dim's default step (D = 64: 128 rows, two K/V stages; D =
     128: 64 rows, one stage), its tiles key windows."""
-    return replace(CONFIGS[head_dim], windows=True)
+    return replace(CONFIGS[(head_dim, "long")], windows=True)
 
 
 def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
@@ -1204,7 +1208,8 @@ def _main(c: host.BwdCall):
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        cfg, dynamic = pick_config(D), bwd_dynamic(c.causal, c.broadcast_q)
+        mean_q = c.q.shape[0] / (1 if c.broadcast_q else c.cu_k.shape[0] - 1)
+        cfg, dynamic = pick_config(D, mean_q), bwd_dynamic(c.causal, c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,

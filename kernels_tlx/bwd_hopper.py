@@ -41,14 +41,15 @@ gdc_wait, before its first global access) and triggers, and the postprocess, lau
 its dependent, waits before it reads: each kernel's launch and prologue run under the
 kernel ahead.
 
-Steps (CONFIGS). 128 query rows a step at D = 64, 64 at D = 128, 32 for mean KV lengths
-up to SHORT_MEAN_K at both:
+Steps (CONFIGS). 128 query rows a step at D = 64 (64 up to jagged.tiles.BWD_MID_MEAN_Q
+query rows a sequence), 64 at D = 128, 32 for mean KV lengths up to SHORT_MEAN_K at both:
   * 32 rows: two K/V stages; lse / delta loaded one step ahead into registers; dQ reduced
     by a 1-warp task.
-  * 64 rows (D = 128): one K/V stage (two need 263 KB of smem), lse2 / delta staged in
-    smem by the load task per Q stage, dQ reduced by the load task; spill-free at 240
-    registers in 194 KB. The N = 64 S^T / dP^T / dQ^T wgmmas read a third less smem a
-    row than N = 32.
+  * 64 rows (D = 128, and D = 64's "mid" bucket with two K/V stages): one K/V stage at
+    D = 128 (two need 263 KB of smem), lse2 / delta staged in smem by the load task per
+    Q stage, dQ reduced by the load task; spill-free at 240 registers in 194 KB (D =
+    64: 162 KB). The N = 64 S^T / dP^T / dQ^T wgmmas read a third less smem a row than
+    N = 32.
   * 128 rows (D = 64 only): as 64 rows, and the consumers split dQ by query rows
     (`_step_rows`); 195 KB with one K/V stage (two spilled in causal).
 
@@ -76,6 +77,7 @@ with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,8 +89,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, dq_accumulator, kv_tiles,
-                          slot_count, window_tiles, windowed)
+from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mid, dq_accumulator,
+                          kv_tiles, slot_count, window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -117,12 +119,15 @@ SHORT_MEAN_K = 64    # mean keys per sequence up to which 32-row steps win
 #   D = 128, the Q loop at num_stages=0 (3 wgmma waits of 0 a consumer step instead of 9):
 #     llm 498.8 -> 510.3 TFLOP/s, causal 478.7 -> 490.2, GQA 506.9 -> 521.3.
 #   D = 64, 128 rows against 64: llm B16 H16 2048 1.904 -> 1.608 ms, causal 1.125 ->
-#     1.019. At 32-row steps the Q loop at num_stages=0 cost do_bench +3 %. S^T and dP^T
+#     1.019; "mid" (mean query rows at most jagged.tiles.BWD_MID_MEAN_Q): 64 rows, two
+#     K/V stages, gem-jagged-d64 1024 / 0.1 (mean 102) -8.1 %, 134 -2.1 %, 209 +3.5 %.
+#     At 32-row steps the Q loop at num_stages=0 cost do_bench +3 %. S^T and dP^T
 #     together (FA4's order, num_stages=0) against one after the other, graph replay:
 #     llm 1.665 -> 1.625 ms, causal 1.034 -> 1.039; fuzz B2 H8/2 16384 / 0.9 5.053 ->
 #     4.771, 7 more fuzz shapes 0.9-7.2 % faster; varlen-llm (causal) 1.8-3.8 % faster.
 CONFIGS = {
     (64, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
+    (64, "mid"): Config(block_m=64, kv_stages=2, num_stages=0),
     (64, "long"): Config(block_m=128, kv_stages=1, num_stages=0, sdp_together=True),
     (128, "short"): Config(block_m=32, kv_stages=2, num_stages=1),
     (128, "long"): Config(block_m=64, kv_stages=1, num_stages=0),
@@ -135,9 +140,12 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
     return cfg.sdp_together and not broadcast_q
 
 
-def pick_config(head_dim: int, mean_k: float) -> Config:
-    """The measured default for a call (mean_k: total keys / batch)."""
-    return CONFIGS[(head_dim, "short" if mean_k <= SHORT_MEAN_K else "long")]
+def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf) -> Config:
+    """The measured default for a call (mean_k: total keys / batch; mean_q: query rows a
+    sequence, jagged.tiles.bwd_mid)."""
+    if mean_k <= SHORT_MEAN_K:
+        return CONFIGS[(head_dim, "short")]
+    return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
 
 
 # Key windows (short keys, jagged.tiles.windowed): a tile is BLOCK_N packed key columns,
@@ -929,7 +937,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         return p.dq, p.dk, p.dv
     D = p.D
     windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
-    cfg = window_config(D) if windows else pick_config(D, k.shape[0] / p.B)
+    mean_q = q.shape[0] / (1 if broadcast_q else p.B)
+    cfg = window_config(D) if windows else pick_config(D, k.shape[0] / p.B, mean_q)
     BM = cfg.block_m
 
     delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)

@@ -27,10 +27,11 @@ MODES = [(c, bq) for c in (False, True) for bq in (False, True)]
 # (head dim, bucket, causal, broadcast-Q, dtype)
 CASES = [(d, b, c, bq, "bf16") for d, b in bw.CONFIGS for c, bq in MODES]
 CASES += [(128, "long", True, False, "fp16"), (64, "long", False, True, "fp16")]
-# in CI: each config (32-, 64- and 128-row steps, the Q loop in and out of the
+# in CI: each config (32-, 64- and 128-row steps at D = 64, the Q loop in and out of the
 # pipeliner), the tile counter (causal packed) and without it, broadcast-Q, fp16
 CI_CASES = [(64, "short", False, False, "bf16"), (64, "long", True, False, "bf16"),
-            (128, "short", True, True, "bf16"), (128, "long", True, False, "fp16")]
+            (64, "mid", True, True, "bf16"), (128, "short", True, True, "bf16"),
+            (128, "long", True, False, "fp16")]
 MATRIX_CASES = [c for c in CASES if c not in CI_CASES]
 # key windows (bw.window_config, packed, static walk): (head dim, causal, dtype)
 # the key-window builds: both head dims, causal and not, both 16-bit dtypes (the first in
@@ -135,9 +136,11 @@ def test_main_compiles(request, case):
         # reduce_dq folded into the load task: 3 warpgroups, 240 registers a consumer
         assert 240 in rep.setmaxnreg and "num_warps(1)" not in ttgir, rep.setmaxnreg
     # bulk reduce instructions: 32-row steps have one reduce site (the reduce_dq task),
-    # the others two (in the load task's step loop and after it); at D = 64 and 32 rows
-    # the consumers' dQ is summed into one box a step (a box of 32 rows lowers to two)
-    reduces = {(64, "short"): 2, (128, "short"): 4, (64, "long"): 4, (128, "long"): 4}
+    # the others two (in the load task's step loop and after it); at D = 64 and 32 or 64
+    # rows the consumers' dQ is summed into one box a step (a box of 32 rows lowers to
+    # two)
+    reduces = {(64, "short"): 2, (128, "short"): 4, (64, "mid"): 2, (64, "long"): 4,
+               (128, "long"): 4}
     assert rep.ptx.count("cp.reduce.async.bulk") == reduces[(d, bucket)]
     if cfg.block_m == 128:  # S^T / dP^T of 128 rows: N = 128 wgmmas
         assert "wgmma.mma_async.sync.aligned.m64n128k16" in rep.ptx
@@ -220,15 +223,23 @@ def _sdp_together_step(rep, causal):
 
 def test_config_table():
     """The measured steps: 32 rows up to SHORT_MEAN_K keys a sequence, else 128 rows at
-    D = 64 and 64 at D = 128 (the Q loop out of the pipeliner there); one K/V stage where
-    two do not fit."""
+    D = 64 (64, two K/V stages, up to jagged.tiles.BWD_MID_MEAN_Q query rows a sequence)
+    and 64 at D = 128 (the Q loop out of the pipeliner there); one K/V stage where two do
+    not fit."""
+    from jagged.tiles import BWD_MID_MEAN_Q
     assert bw.pick_config(128, bw.SHORT_MEAN_K) is bw.CONFIGS[(128, "short")]
     assert bw.pick_config(128, bw.SHORT_MEAN_K + 1) is bw.CONFIGS[(128, "long")]
     assert bw.pick_config(64, 26.5).block_m == 32 and bw.pick_config(64, 2048.0).block_m == 128
     assert bw.pick_config(128, 8192.0).block_m == 64
-    for (d, _), cfg in bw.CONFIGS.items():
+    # the mid bucket: D = 64 by mean query rows (keys past SHORT_MEAN_K)
+    assert bw.pick_config(64, 102.0, 102.0) is bw.CONFIGS[(64, "mid")]
+    assert bw.pick_config(64, 2048.0, BWD_MID_MEAN_Q) is bw.CONFIGS[(64, "mid")]
+    assert bw.pick_config(64, 209.0, BWD_MID_MEAN_Q + 1) is bw.CONFIGS[(64, "long")]
+    assert bw.pick_config(64, 40.0, 100.0) is bw.CONFIGS[(64, "short")]
+    assert bw.pick_config(128, 102.0, 102.0) is bw.CONFIGS[(128, "long")]
+    for (d, b), cfg in bw.CONFIGS.items():
         assert cfg.block_m in (32, 64, 128) and (cfg.block_m < 128 or d == 64)
-        assert cfg.kv_stages == (2 if cfg.block_m == 32 else 1)
+        assert cfg.kv_stages == (2 if cfg.block_m == 32 or b == "mid" else 1)
         assert cfg.num_stages == (0 if cfg.block_m > 32 else 1)
         assert cfg.sdp_together == (cfg.block_m == 128)
     assert bw.dq_rows(128) == 64 and bw.dq_rows(64) == 64 and bw.dq_rows(32) == 32

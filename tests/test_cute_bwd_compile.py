@@ -8,6 +8,7 @@ trace time against the hardware's rules. The key-windows build too (no counter, 
 unsigned mask, no spills); and, on plain ints, the window schedule and per-column row
 ranges against jagged's torch references, and the host's launch of either build.
 """
+import math
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from _interp import interp
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
+INF = math.inf
 
 _SCRIPT = textwrap.dedent("""
     import sys, torch
@@ -91,14 +93,18 @@ def _count(pattern, ptx):
 
 
 @needs_dsl
-@pytest.mark.parametrize("D,causal,bq,dtype", [
-    # in CI: both head dims (their steps and K/V stages), the tile counter (causal packed)
-    # and without it (broadcast-Q), fp16; the rest in `make test-matrix`
-    (128, True, False, "bf16"), (64, True, True, "fp16"),
+@pytest.mark.parametrize("D,causal,bq,dtype,mean_q", [
+    # in CI: both head dims (their steps and K/V stages; D = 64's 64-row step by its mean
+    # query rows), the tile counter (causal packed) and without it (broadcast-Q), fp16;
+    # the rest in `make test-matrix`
+    (128, True, False, "bf16", INF), (64, True, True, "fp16", INF),
+    (64, True, False, "bf16", 100.0),
     *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
-        (128, False, False, "bf16"), (128, False, True, "fp16"), (128, True, True, "bf16"),
-        (64, False, False, "bf16"), (64, True, False, "bf16"), (64, False, True, "bf16")))])
-def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
+        (128, False, False, "bf16", INF), (128, False, True, "fp16", INF),
+        (128, True, True, "bf16", INF), (64, False, False, "bf16", INF),
+        (64, True, False, "bf16", INF), (64, False, True, "bf16", INF),
+        (64, False, True, "bf16", 100.0)))])
+def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     """The default main kernel of a (D, mode): spill-free with no ptxas-injected wgmma wait,
     and in its PTX:
     - tiles from the counter (an atomic add) exactly in the causal packed builds
@@ -117,9 +123,10 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
     - at D = 64, 128-row steps: S^T / dP^T at N = 128 (4 + 4 m64n128k16), dV / dK / dQ
       at N = D = 64 (K = 128: 8 each, dQ split by query rows)."""
     from kernels_cute import bwd_hopper as B
-    cfg = B.pick_config(D)
+    cfg = B.pick_config(D, mean_q)
     bm = cfg.block_m
-    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq})", dtype)
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
+                              f"B.pick_config({D}, float('{mean_q}')))", dtype)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -195,17 +202,23 @@ def test_bwd_sdp_together_is_a_128_row_order():
 
 def test_bwd_configs():
     """The measured table: 128-row steps with two K/V stages at D = 64 (S^T and dP^T
-    together), 64 rows with one at D = 128; the smem model (the kernel asserts the struct
-    equals it) fits, and the steps the kernel does not build are ValueErrors on the host."""
+    together; 64 rows up to jagged.tiles.BWD_MID_MEAN_Q query rows a sequence), 64 rows
+    with one at D = 128; the smem model (the kernel asserts the struct equals it) fits,
+    and the steps the kernel does not build are ValueErrors on the host."""
+    from jagged.tiles import BWD_MID_MEAN_Q
     from kernels_cute import bwd_hopper as B
     assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
     assert B.pick_config(128) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
+    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
+    assert B.pick_config(128, 16.0) == B.pick_config(128)
+    assert B.window_config(64).block_m == 128
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
     assert B.smem_bytes(128, B.pick_config(128)) == 178 * 1024
     assert B.smem_bytes(128, B.Config(64, 2)) == 242 * 1024          # over the limit
-    for D in (64, 128):
-        B.check_config(D, B.pick_config(D))
+    for (D, _), cfg in B.CONFIGS.items():
+        B.check_config(D, cfg)
     for D, cfg, why in ((128, B.Config(128, 1), "block_m = 128 at D = 128"),
                         (128, B.Config(64, 2), "shared memory"),
                         (64, B.Config(32, 1), "block_m = 32"),
@@ -576,8 +589,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
     """host.backward with bwd_hopper's main (the tile lists in the interpreter, the
     kernels recorders): short packed keys launch the window_config build, never from
     the counter, on window_tiles over the key offsets (order, table, count in the tile
-    list's places); otherwise, and always in broadcast-Q, the default build on kv_tiles.
-    Preprocess and postprocess run as before."""
+    list's places); otherwise, and always in broadcast-Q, the default build for the mean
+    query rows on kv_tiles. Preprocess and postprocess run as before."""
     import torch
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
@@ -617,8 +630,9 @@ def test_host_backward_launches_windows(monkeypatch, short):
                                                  cfg.block_m)
                 assert main == (q.dtype, D, causal, False, cfg, False)
                 assert all(torch.equal(a, b) for a, b in zip(args[11:14], (order, win, count)))
-            else:
-                cfg = B.pick_config(D)
+            else:   # the step by the mean query rows (bq: its 7 rows, the 64-row step)
+                cfg = B.pick_config(D, n_q if bq else n_q / len(lk))
+                assert cfg.block_m == (64 if bq else 128)
                 tiles = kv_tiles(None if bq else cu_q, cu_k, n_q if bq else 0, max_k, causal,
                                  cfg.block_m, B.BLOCK_N)
                 assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(causal, bq))
