@@ -711,3 +711,16 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
+
+
+def _dq_two_buffers():
+    from dataclasses import replace
+
+    from kernels_cute import bwd_hopper as B
+    for d in B.CONFIGS:
+        B.CONFIGS[d] = replace(B.CONFIGS[d], dq_stages=2)
+
+
+register(Backend("cute-x", *_experiment("cute", _dq_two_buffers),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="cute with two smem dQ partial buffers (Config.dq_stages = 2)"))

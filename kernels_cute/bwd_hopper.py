@@ -100,6 +100,7 @@ LOAD_REGS, MMA_REGS = 24, 240   # setmaxnreg per role (24*128 + 240*256 <= 64K)
 PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
+DQ_STAGE_BARRIERS = 4   # dQ buffer k uses the two above plus 4 k (k = 1: 6, 7)
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
@@ -117,6 +118,8 @@ class Config:
                             # block) pairs
     sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
                                 # (compute_step_128; not for broadcast-Q)
+    dq_stages: int = 1      # smem dQ partial buffers: 2 lets a step's partial go in while
+                            # the TMA still reads the previous one
 
 
 # The measured defaults, keyed by head dim.
@@ -166,6 +169,8 @@ def check_config(head_dim: int, cfg: Config) -> None:
         raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
     if cfg.kv_stages not in (1, 2):
         raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
+    if cfg.dq_stages not in (1, Q_STAGES):   # a step's dQ buffer is its Q stage's
+        raise ValueError(f"dq_stages = {cfg.dq_stages}: 1 or {Q_STAGES}")
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
         raise ValueError(f"{cfg} at D = {head_dim} needs {smem_bytes(head_dim, cfg)} B of "
                          f"shared memory (> {SMEM_LIMIT[90]} B)")
@@ -178,7 +183,7 @@ def smem_bytes(head_dim: int, cfg: Config) -> int:
     D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT)."""
     D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
     n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
-    n += 4 * bm * D                                        # sdQ, fp32
+    n += 4 * bm * D * cfg.dq_stages                        # sdQ, fp32
     n += 4 * math.prod(ld_shape(bm))                       # sLD
     return n
 
@@ -215,8 +220,9 @@ def ld_column(c: int) -> int:
     return 8 * (c // 2) + c % 2
 
 
-def dq_smem_layout(D: int, bm: int):
-    """The fp32 dQ partial in smem, (bm, D), as the TMA reduce boxes read it: D / DQ_WIDE
+def dq_smem_layout(D: int, bm: int, stages: int = 1):
+    """The fp32 dQ partial in smem, (bm, D) (stages > 1: (bm, D, stages), a buffer a
+    stage), as the TMA reduce boxes read it: D / DQ_WIDE
     blocks of (bm, DQ_WIDE) row-major, 128 B rows, 128B swizzle (a ComposedLayout whose
     swizzle counts bytes, as sK's: the TMA atom takes its swizzle mode from it; compute
     writes through `dq_store_view`). Against 64 x 8 boxes (32 B rows): llm causal
@@ -226,7 +232,9 @@ def dq_smem_layout(D: int, bm: int):
     from cutlass.cute.nvgpu import warpgroup
     atom = warpgroup.make_smem_layout_atom(
         warpgroup.SmemLayoutAtomKind.K_SW128, Float32)    # S<3,4,3> o (8, 32)
-    return cute.tile_to_shape(atom, (bm, D), (0, 1))
+    if stages == 1:
+        return cute.tile_to_shape(atom, (bm, D), (0, 1))
+    return cute.tile_to_shape(atom, (bm, D, stages), (0, 1, 2))
 
 
 def dq_store_view(layout):
@@ -396,6 +404,7 @@ def _kernel_classes():
             self.bm = cfg.block_m                             # query rows a step
             self.sdp_together = sdp_together(cfg, broadcast_q)
             self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
+            self.dq_stages = cfg.dq_stages
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -432,7 +441,10 @@ def _kernel_classes():
             # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
             sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm), (0, 1))
             # dQ partial, fp32 (bm, D): the TMA reduce boxes (dq_smem_layout)
-            sdQ_layout = dq_smem_layout(D, self.bm)
+            sdQ_layout = dq_smem_layout(D, self.bm, self.dq_stages)
+            sdQ_box = sdQ_layout
+            if const_expr(self.dq_stages > 1):
+                sdQ_box = cute.select(sdQ_layout, mode=[0, 1])
 
             # wgmma. S^T = K Q^T and dP^T = V dO^T: M = keys (warpgroup w: keys 64w..),
             # N = queries, K = D; both operands K-major from smem
@@ -462,7 +474,7 @@ def _kernel_classes():
             tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
                 g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (self.bm, D), 1)
             tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_layout, (self.bm, D), 1)
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, sdQ_box, (self.bm, D), 1)
             self.bytes_KV = cute.size_in_bytes(dt, sK_box)
             self.bytes_Q = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
 
@@ -1019,11 +1031,15 @@ def _kernel_classes():
             # wait for dQ (and dV) only, so dK runs under the store
             wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
-            # ---- hand the dQ partial to reduce_dq
-            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            mma.tdQsdQ.store(acc_dQ.load())
+            # ---- hand the dQ partial to reduce_dq (two buffers: the Q stage's)
+            tdQsdQ, dqb = mma.tdQsdQ, 0
+            if const_expr(self.dq_stages > 1):
+                tdQsdQ, dqb = mma.tdQsdQ[None, None, None, s], DQ_STAGE_BARRIERS * s
+            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + dqb,
+                              number_of_threads=DQ_BARRIER_THREADS)
+            tdQsdQ.store(acc_dQ.load())
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
+            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + dqb,
                                      number_of_threads=DQ_BARRIER_THREADS)
             warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
             pipeline_q.consumer_release(q_state)
@@ -1034,11 +1050,16 @@ def _kernel_classes():
             """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
             accumulator with TMA bulk reduces (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
-            be added; TMA clips rows past the tensor."""
+            be added; TMA clips rows past the tensor. Two buffers (Config.dq_stages): a
+            buffer is handed back once the next step's reduce is issued and the TMA has
+            read this one."""
             group = sched.group
-            # the buffer starts empty
-            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                     number_of_threads=DQ_BARRIER_THREADS)
+            # the buffers start empty
+            for k in cutlass.range_constexpr(self.dq_stages):
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + DQ_STAGE_BARRIERS * k,
+                                         number_of_threads=DQ_BARRIER_THREADS)
+            k = Int32(0)           # the step's buffer
+            first = Int32(1)       # no buffer in flight yet
             t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
@@ -1050,14 +1071,27 @@ def _kernel_classes():
                     m0 = m_lo + (j % n_m) * self.bm
                     tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
                         mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
-                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
+                    dqb = 0
+                    if const_expr(self.dq_stages > 1):
+                        tsdQ, dqb = tsdQ[None, k], DQ_STAGE_BARRIERS * k
+                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + dqb,
                                       number_of_threads=DQ_BARRIER_THREADS)
                     # the whole warp calls: the TMA op elects one issuing lane itself
                     cute.copy(tma_atom_dQ, tsdQ, tgdQ)
                     cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                             number_of_threads=DQ_BARRIER_THREADS)
+                    if const_expr(self.dq_stages == 1):
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                                 number_of_threads=DQ_BARRIER_THREADS)
+                    else:
+                        # the other buffer's reduce (the step before) has read its smem
+                        cute.arch.cp_async_bulk_wait_group(1, read=True)
+                        if first == 0:
+                            cute.arch.barrier_arrive(
+                                barrier_id=DQ_EMPTY_BARRIER + DQ_STAGE_BARRIERS * (1 - k),
+                                number_of_threads=DQ_BARRIER_THREADS)
+                        first = Int32(0)
+                        k = 1 - k
                 i += 1
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
