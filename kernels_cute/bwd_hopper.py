@@ -105,7 +105,8 @@ STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / re
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
-POST_VEC = 8
+POST_VEC = 8            # (natural column order, as the Blackwell backward writes it)
+POST_VEC_DQ_COL = 16    # in dq_col order: one 16-column group a thread
 DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
 
@@ -229,16 +230,30 @@ def dq_smem_layout(D: int, bm: int):
     return cute.tile_to_shape(atom, (bm, D), (0, 1))
 
 
-def dq_store_view(layout):
-    """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
-    offsets: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks and
-    the +8 row fold into immediates; through the swizzled pointer it took 16, and spilled),
-    the same bytes the TMA box reads. A warp's STS.64 (8 rows x 4 lanes x 8 B) covers all
-    32 banks twice (2 wavefronts, the minimum). tests: test_dq_smem_addresses."""
+def dq_col(c: int) -> int:
+    """Where dQ column c sits in the fp32 accumulator (and the smem partial): within each
+    16 columns, a wgmma C thread's 2 + 2 columns 8h + 2q + i (h, i in 0..1, q = lane % 4)
+    lie together at 4q + 2h + i, so a thread stores four at once. `Postprocess` reads
+    them back in this order."""
+    q, r = divmod(c % 16, 2)
+    return c - c % 16 + 4 * (q % 4) + 2 * (q // 4) + r
+
+
+def dq_store_view(layout, bm: int, D: int):
+    """The compute threads' view of `dq_smem_layout` over (row, dQ column): the columns
+    placed by `dq_col` (composed before the layout), the swizzle in elements (static
+    offsets; through the swizzled pointer the addresses took 16 live registers, and
+    spilled), the same bytes the TMA box reads. A warp's STS.128 (8 rows x 4 lanes x
+    16 B) covers all 32 banks four times (4 wavefronts, the minimum).
+    tests: test_dq_smem_addresses."""
+    import cutlass.cute as cute
     from cutlass import Float32
 
     from .fragments import element_swizzled
-    return element_swizzled(layout, Float32)
+    sw = element_swizzled(layout, Float32)
+    cols = cute.make_layout((bm, (2, 4, 2, D // 16)),
+                            stride=(1, (bm, 4 * bm, 2 * bm, 16 * bm)))
+    return cute.make_composed_layout(sw.inner, 0, cute.composition(sw.outer, cols))
 
 
 # role: schedule
@@ -552,7 +567,7 @@ def _kernel_classes():
                 sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
                 sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
                 sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
-                sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout)),
+                sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout, self.bm, self.D)),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
@@ -1021,7 +1036,7 @@ def _kernel_classes():
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            mma.tdQsdQ.store(acc_dQ.load())
+            mma.tdQsdQ.store(acc_dQ.load())    # dq_store_view: STS.128
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
@@ -1110,8 +1125,10 @@ def _kernel_classes():
     # ================================================================================
     # role: reduce_dq
     class Postprocess:
-        def __init__(self, dtype, pdl: bool):
+        def __init__(self, dtype, pdl: bool, by_dq_col: bool):
             self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
+            self.by_dq_col = by_dq_col         # the accumulator's columns in dq_col order
+            self.vec = POST_VEC_DQ_COL if by_dq_col else POST_VEC
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
@@ -1123,20 +1140,27 @@ def _kernel_classes():
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
                    n_slots: Int32, scale: Float32):
-            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
-            Its reads wait for the main kernel (where launched as its dependent)."""
+            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); self.vec elements a thread
+            (by_dq_col: a 16-column group, read in dq_col order, written in column
+            order). Its reads wait for the main kernel (where launched as its
+            dependent)."""
+            V = self.vec
             cute.arch.griddepcontrol_wait()
             i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
             if i < n_vec:
-                acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                acc = cute.make_rmem_tensor((V,), Float32)
                 acc.fill(0.0)
-                part = cute.make_rmem_tensor((POST_VEC,), Float32)
+                part = cute.make_rmem_tensor((V,), Float32)
                 for s in cutlass.range(n_slots, unroll=1):  # in a fixed order
-                    cute.autovec_copy(cute.local_tile(mdQacc[s, None], (POST_VEC,), (i,)), part)
+                    cute.autovec_copy(cute.local_tile(mdQacc[s, None], (V,), (i,)), part)
                     acc.store(acc.load() + part.load())
-                out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                if const_expr(self.by_dq_col):
+                    for c in cutlass.range_constexpr(V):
+                        part[c] = acc[dq_col(c)]
+                    acc.store(part.load())
+                out = cute.make_rmem_tensor((V,), self.dtype)
                 out.store((acc.load() * scale).to(self.dtype))
-                cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+                cute.autovec_copy(out, cute.local_tile(mdQ, (V,), (i,)))
 
     return Preprocess, BwdMain, Postprocess
 
@@ -1161,17 +1185,26 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
                                cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
-def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, by_dq_col: bool = False,
+                        options: str = ""):
+    """The postprocess; by_dq_col: the accumulator's columns in `dq_col` order (this
+    backward's), else in column order (the Blackwell backward's)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
     Post = _kernel_classes()[2]
     n = cute.sym_int32()
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
-                    (cute.sym_int64(divisibility=POST_VEC), 1), 16)
+                    (cute.sym_int64(divisibility=POST_VEC_DQ_COL if by_dq_col else POST_VEC),
+                     1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Float32(1.0), options=options)
+    return host.compile_kernel(Post(cdt, pdl, by_dq_col), acc, dq, cutlass.Int32(1),
+                               cutlass.Int32(1), cutlass.Float32(1.0), options=options)
+
+
+def compile_postprocess_dq_col(dtype, pdl: bool = True, options: str = ""):
+    """This backward's postprocess (its accumulator in `dq_col` order)."""
+    return compile_postprocess(dtype, pdl, True, options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1215,7 +1248,8 @@ def _main(c: host.BwdCall):
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
-                          partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC)
+                          partial(host.compiled, _COMPILED, compile_postprocess_dq_col),
+                          POST_VEC_DQ_COL)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

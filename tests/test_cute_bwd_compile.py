@@ -103,9 +103,10 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
     and in its PTX:
     - tiles from the counter (an atomic add) exactly in the causal packed builds
       (jagged.tiles.bwd_dynamic);
-    - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
-      bm * D / 512 st.shared.v2 a compute thread (plus the load warp's lse / delta rows,
-      bm / 32 a lane: bm / 64 pairs each), addresses: test_dq_smem_addresses;
+    - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written in
+      dq_col order by bm * D / 1024 st.shared.v4 a compute thread (and the load warp's
+      lse / delta rows, bm / 32 a lane: bm / 64 st.shared.v2 each), addresses:
+      test_dq_smem_addresses;
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
       would need without them; the load warp's rows go out before its arrive.expect_tx
@@ -129,7 +130,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype):
         (causal and not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
-    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == bm * D // 512 + 2 * (bm // 64)
+    assert _count(r"st\.shared\.v4\.(b32|f32)", ptx) == bm * D // 1024
+    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == 2 * (bm // 64)
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -220,9 +222,18 @@ def test_bwd_configs():
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
+    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels; the
+    Hopper postprocess reads a 16-column group a thread in 16-byte loads and writes it in
+    two 16-byte stores (the Blackwell one, in column order, 8 columns: one)."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
+    (tmp_path / "dq_col").mkdir()
+    path = _compile(tmp_path / "dq_col", "B.compile_postprocess_dq_col(dt)")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert _count(r"ld\.global\.v4\.(?:f32|b32)", ptx) == 4, ptx[-3000:]
+    assert _count(r"st\.global\.v4\.b32", ptx) == 2
 
 
 @needs_dsl
@@ -326,20 +337,22 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
 def test_dq_smem_addresses(tmp_path):
     """The fp32 dQ partial in smem, at each head dim's default step (D = 128: 64 rows, the
     warpgroups split the columns; D = 64: 128 rows, split by rows): the compute threads
-    (the dQ wgmma's C partition, partition_C of `dq_store_view`, the layout the kernel
-    writes through) put each (row, col) of the bm x D tile exactly once, at the byte the
-    TMA reduce box reads for it: D / 32 boxes of bm x 32 fp32, 128 B rows, hardware 128B
-    swizzle (byte bits 4-6 ^= bits 7-9). The layout the TMA atom is built from
-    (`dq_smem_layout`) carries that swizzle (S<3,4,3>, in bytes) over the same row-major
-    boxes. Each thread's two columns of a pair are adjacent (one STS.64), and every warp
-    store instruction covers each of the 32 banks exactly twice (2 wavefronts, the minimum
-    for 256 bytes). Controls: the unswizzled and the byte-counted (wrong) swizzle views
-    must fail the same check."""
+    (the dQ wgmma's C partition of `dq_store_view`, the view the kernel writes through)
+    put each (row, dQ column c) exactly once,
+    at the byte the TMA reduce box reads for accumulator column dq_col(c): D / 32 boxes
+    of bm x 32 fp32, 128 B rows, hardware 128B swizzle (byte bits 4-6 ^= bits 7-9). The
+    layout the TMA atom is built from (`dq_smem_layout`) carries that swizzle (S<3,4,3>,
+    in bytes) over the same row-major boxes. Each quad of registers is 16 contiguous,
+    aligned bytes (one STS.128), and every warp store instruction covers each of the 32
+    banks exactly four times (4 wavefronts, the minimum for 512 bytes). dq_col permutes
+    each 16 columns. Controls: the view without the column order and the one without
+    the swizzle must fail the same check."""
     traced_check(tmp_path, "dq_check", """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
         import cutlass.utils.hopper_helpers as sm90
         from kernels_cute import bwd_hopper as B
+        from kernels_cute.fragments import element_swizzled
 
         FOUND = {}
 
@@ -348,6 +361,7 @@ def test_dq_smem_addresses(tmp_path):
             return box * 4 * B.DQ_WIDE * bm + (b ^ (((b >> 7) & 7) << 4))
 
         def run():
+            FOUND["perm"] = [B.dq_col(c) for c in range(128)]
             for D in (64, 128):
                 bm = B.pick_config(D).block_m
                 L = B.dq_smem_layout(D, bm)
@@ -363,16 +377,23 @@ def test_dq_smem_addresses(tmp_path):
                     cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.MN,
                     warpgroup.OperandMajorMode.MN, cutlass.Float32, atom_layout_mnk=split,
                     tiler_mn=(64, D) if bm > 64 else (64, D // B.NUM_MMA_WG))
-                # each thread's (row, col) a register, traced once for the three views
+                # each thread's (row, col) a register, traced once for the views
                 # (tracing is the slow part)
                 coords = []
                 for t in range(128 * B.NUM_MMA_WG):
                     C = tiled.get_slice(t).partition_C(cute.make_identity_tensor((bm, D)))
                     coords.append([tuple(C[i]) for i in range(cute.size(C))])
-                views = {"kernel": B.dq_store_view(L), "plain": L.outer,
-                         "byteswz": cute.make_composed_layout(L.inner, 0, L.outer)}
+                n = len(coords[0])
+                # a C fragment's registers (2, 2, n / 4) colex (column pair, row + 8,
+                # 8-column group) by quad: (i, h) of columns 8h + 2q + i, row half, quad
+                order = cute.make_layout(((2, 2), 2, n // 8), stride=((1, 4), 2, 8))
+                quads = [[cute.crd2idx(((e % 2, e // 2), h, j), order) for e in range(4)]
+                         for h in range(2) for j in range(n // 8)]
+                full = B.dq_store_view(L, bm, D)
+                views = {"kernel": full, "unordered": element_swizzled(L, cutlass.Float32),
+                         "unswizzled": full.outer}
                 for name, V in views.items():
-                    seen, bad, pairs, insn, at = {}, [], [], {}, {}
+                    seen, bad, vec, insn, at = {}, [], [], {}, {}
 
                     def byte(r, c):
                         if (r, c) not in at:
@@ -380,37 +401,38 @@ def test_dq_smem_addresses(tmp_path):
                         return at[r, c]
 
                     for t, C in enumerate(coords):
-                        for i, (r, c) in enumerate(C):
-                            got = byte(r, c)
+                        for (r, c) in C:
                             seen[(r, c)] = seen.get((r, c), 0) + 1
-                            if got != hw_byte(r, c, bm):
-                                bad.append((t, i, r, c, got, hw_byte(r, c, bm)))
-                            if i % 2 == 0:   # register pair i, i + 1: one STS.64
-                                r1, c1 = C[i + 1]
-                                if r1 != r or c1 != c + 1 or got % 8 or \\
-                                        byte(r1, c1) != got + 4:
-                                    pairs.append((t, i))
-                                insn.setdefault((t // 32, i), []).append(got)
-                    banks = []    # instructions reaching a bank other than twice
+                            if byte(r, c) != hw_byte(r, B.dq_col(c), bm):
+                                bad.append((t, r, c, byte(r, c), hw_byte(r, B.dq_col(c), bm)))
+                        for k, qd in enumerate(quads):   # one STS.128 each
+                            got = [byte(*C[i]) for i in qd]
+                            if got[0] % 16 or got != [got[0] + 4 * e for e in range(4)]:
+                                vec.append((t, k, got))
+                            insn.setdefault((t // 32, k), []).append(got[0])
+                    banks = []    # instructions reaching a bank other than four times
                     for k, a in insn.items():
-                        words = [w // 4 for x in a for w in (x, x + 4)]
-                        if sorted(w % 32 for w in words) != sorted(list(range(32)) * 2):
+                        words = [w // 4 for x in a for w in range(x, x + 16, 4)]
+                        if sorted(w % 32 for w in words) != sorted(list(range(32)) * 4):
                             banks.append(k)
                     FOUND[(D, name)] = dict(
                         once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
                         and set(seen.values()) == {1},
-                        bad=bad, pairs=pairs, banks=banks, n=len(insn), bm=bm)
+                        bad=bad, vec=vec, banks=banks, n=len(insn), bm=bm)
     """, """
+        perm = F["perm"]
+        assert sorted(perm) == list(range(128)), perm
+        assert perm[:16] == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15], perm[:16]
         for D in (64, 128):
             assert F[(D, "swizzle")] == (3, 4, 3), F[(D, "swizzle")]
             assert not F[(D, "outer")], F[(D, "outer")][:10]
             k = F[(D, "kernel")]
             assert k["once"], "not every (row, col) exactly once"
             assert not k["bad"], k["bad"][:10]
-            assert not k["pairs"], k["pairs"][:10]
+            assert not k["vec"], k["vec"][:10]
             assert not k["banks"], k["banks"][:10]
-            assert k["n"] == 8 * (k["bm"] * D // 512), k["n"]   # 8 warps x STS.64 a thread
-            for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
+            assert k["n"] == 8 * (k["bm"] * D // 1024), k["n"]   # 8 warps x STS.128 a thread
+            for ctl in ("unordered", "unswizzled"):   # each is caught
                 assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
     """)
 
