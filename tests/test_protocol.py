@@ -612,7 +612,7 @@ def _tlx_bwd_configs():
     return CONFIGS
 
 
-BWD_KEYS = [(64, "short"), (64, "long"), (128, "short"), (128, "long")]
+BWD_KEYS = [(64, "short"), (64, "mid"), (64, "long"), (128, "short"), (128, "long")]
 
 
 @pytest.mark.parametrize("key", BWD_KEYS, ids=lambda k: f"{k[0]}-{k[1]}")
@@ -664,12 +664,17 @@ def _cute_bwd_configs():
     return CONFIGS
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_cute_bwd_hopper_protocol(d):
-    """128-row steps (D = 64, two K/V stages) and 64-row steps (D = 128, one): the dS^T and
-    dQ buffers behind named barriers, tiles from the counter for causal packed lists."""
-    runs, _ = P.sweep(P.cute_bwd_hopper, _cute_bwd_configs()[d], problems=5, seeds=3,
-                      seed=_seed(("cute bwd", d)), max_len=300, head_dim=d)
+CUTE_BWD_KEYS = [(64, "mid"), (64, "long"), (128, "long")]
+
+
+@pytest.mark.parametrize("key", CUTE_BWD_KEYS, ids=lambda k: f"{k[0]}-{k[1]}")
+def test_cute_bwd_hopper_protocol(key):
+    """128-row steps (D = 64, two K/V stages) and 64-row steps (D = 128, one; D = 64, two):
+    the dS^T and dQ buffers behind named barriers, tiles from the counter for causal
+    packed lists."""
+    d = key[0]
+    runs, _ = P.sweep(P.cute_bwd_hopper, _cute_bwd_configs()[key], problems=5, seeds=3,
+                      seed=_seed(("cute bwd",) + key), max_len=300, head_dim=d)
     assert runs == 15
 
 
@@ -677,8 +682,8 @@ def _cute_bwd_reports(d, seeds=range(6), **kw):
     out = []
     for seed in seeds:
         try:
-            P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, _cute_bwd_configs()[d], 2, d),
-                    [seed], **kw)
+            P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, _cute_bwd_configs()[(d, "long")],
+                                                  2, d), [seed], **kw)
         except ProtocolError as e:
             out.append((e.kind, str(e)))
     return out
@@ -716,7 +721,7 @@ def test_bwd_broadcast_q_programs_pinned_to_heads(style):
         for key, cfg in _tlx_bwd_configs().items():
             P.check(lambda sim: P.tlx_bwd_hopper(sim, prob, cfg, 4, key[0]), range(3))
     else:
-        for d, cfg in _cute_bwd_configs().items():
+        for (d, _), cfg in _cute_bwd_configs().items():
             P.check(lambda sim: P.cute_bwd_hopper(sim, prob, cfg, 4, d), range(3))
 
 
