@@ -76,6 +76,12 @@ FWD_CAUSAL_SHORT_MAX_K = 512
 BWD_MID_MEAN_Q = 128
 
 
+def bwd_mean_q(n_q: int, batch: int, broadcast_q: bool) -> float:
+    """A backward call's mean query rows a sequence, as `bwd_mid` reads it: broadcast-Q's
+    rows are shared by every sequence."""
+    return n_q / (1 if broadcast_q else batch)
+
+
 def bwd_mid(head_dim: int, mean_q: float) -> bool:
     """Whether a backward takes its 64-row step at D = 64 (both styles' `pick_config`):
     the mean query rows a sequence (total / batch, or broadcast-Q's L_q, known without a

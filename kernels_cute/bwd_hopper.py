@@ -86,7 +86,8 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import bwd_dependent, bwd_dynamic, bwd_mid, kv_tiles, window_tiles, windowed
+from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, kv_tiles,
+                          window_tiles, windowed)
 
 from . import host
 
@@ -149,8 +150,8 @@ def pick_config(head_dim: int, mean_q: float = math.inf) -> Config:
 
 
 def window_config(head_dim: int) -> Config:
-    """Key windows: the head dim's default step (D = 64: 128 rows, two K/V stages; D =
-    128: 64 rows, one stage), its tiles key windows."""
+    """Key windows: the head dim's long-sequence step (D = 64: 128 rows, two K/V
+    stages; D = 128: 64 rows, one stage), its tiles key windows."""
     return replace(CONFIGS[(head_dim, "long")], windows=True)
 
 
@@ -1208,7 +1209,7 @@ def _main(c: host.BwdCall):
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        mean_q = c.q.shape[0] / (1 if c.broadcast_q else c.cu_k.shape[0] - 1)
+        mean_q = bwd_mean_q(c.q.shape[0], c.cu_k.shape[0] - 1, c.broadcast_q)
         cfg, dynamic = pick_config(D, mean_q), bwd_dynamic(c.causal, c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)

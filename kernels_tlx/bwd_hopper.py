@@ -89,8 +89,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mid, dq_accumulator,
-                          kv_tiles, slot_count, window_tiles, windowed)
+from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid,
+                          dq_accumulator, kv_tiles, slot_count, window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -937,8 +937,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         return p.dq, p.dk, p.dv
     D = p.D
     windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
-    mean_q = q.shape[0] / (1 if broadcast_q else p.B)
-    cfg = window_config(D) if windows else pick_config(D, k.shape[0] / p.B, mean_q)
+    cfg = window_config(D) if windows else pick_config(
+        D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
     delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
