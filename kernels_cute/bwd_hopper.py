@@ -118,6 +118,8 @@ class Config:
                             # block) pairs
     sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
                                 # (compute_step_128; not for broadcast-Q)
+    dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup a 64
+                         # columns): the form of a step whose rows are no multiple of 64
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -134,6 +136,7 @@ CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
     (128, "long"): Config(block_m=64, kv_stages=1),
+    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True),
 }
 
 
@@ -143,10 +146,15 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
     return cfg.sdp_together and not broadcast_q
 
 
-def pick_config(head_dim: int, mean_q: float = math.inf) -> Config:
+def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
+                broadcast_q: bool = False) -> Config:
     """The measured default for a head dim and a call's mean query rows a sequence
-    (jagged.tiles.bwd_mid; left out: the long sequences' step)."""
-    return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
+    (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
+    sequences without causal masking, where the head dim has a step of its own."""
+    bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
+    if bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS:
+        bucket = "plain"
+    return CONFIGS[(head_dim, bucket)]
 
 
 def window_config(head_dim: int) -> Config:
@@ -165,8 +173,14 @@ def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> boo
 def check_config(head_dim: int, cfg: Config) -> None:
     """A ValueError for a step the kernel does not build: 128 rows are for D = 64 (their
     registers), and the smem model must fit in SMEM_LIMIT."""
-    if cfg.block_m not in (64, 128) or (cfg.block_m == 128 and head_dim != 64):
-        raise ValueError(f"block_m = {cfg.block_m} at D = {head_dim}: 64, or 128 at D = 64")
+    if cfg.block_m not in (64, 80, 128) or (cfg.block_m == 128 and head_dim != 64):
+        raise ValueError(f"block_m = {cfg.block_m} at D = {head_dim}: 64, 80, or 128 at "
+                         f"D = 64")
+    if cfg.dq_t and (head_dim != 128 or cfg.block_m == 128):
+        raise ValueError(f"dq_t at D = {head_dim}, block_m = {cfg.block_m}: D = 128 (two "
+                         f"warpgroups of 64 columns), at most 80 rows")
+    if cfg.block_m % 64 and not cfg.dq_t:
+        raise ValueError(f"block_m = {cfg.block_m} takes dq_t (wgmma's M is 64 a warpgroup)")
     if cfg.sdp_together and cfg.block_m != 128:
         raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
     if cfg.kv_stages not in (1, 2):
@@ -180,12 +194,12 @@ def smem_bytes(head_dim: int, cfg: Config) -> int:
     """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
     to sK's 1 KB alignment, then the tiles; sLD last). BwdMain asserts it equals the
     struct's size at trace time. D = 64, 128 rows: 195 KB (one K/V stage: 163 KB);
-    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT)."""
+    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT); 80 rows: 207 KB."""
     D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
     n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
     n += 4 * bm * D                                        # sdQ, fp32
     n += 4 * math.prod(ld_shape(bm))                       # sLD
-    return n
+    return -(-n // 1024) * 1024                            # the struct's 1 KB alignment
 
 
 # sLD: (query row of the step, lse*log2e | delta, Q stage), fp32, column-major, written
@@ -198,6 +212,12 @@ def ld_shape(bm: int):
     return (bm, 2, Q_STAGES)
 
 
+def ld_rows(bm: int) -> int:
+    """lse / delta rows a load lane stages a step (`ld_row` e = 0 .. this - 1; past bm, at
+    80 rows, none)."""
+    return 2 * -(-bm // 64)
+
+
 def ld_flip(bm: int) -> int:
     """XOR of a thread offset with this: the other Q stage's."""
     return 4 * 2 * bm
@@ -205,7 +225,7 @@ def ld_flip(bm: int) -> int:
 
 def ld_row(lane, e, base=0):
     """base + the query row whose lse / delta lane `lane` of the load warp stages (e = 0 ..
-    rows / 32 - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on)."""
+    ld_rows - 1: rows 2 lane, 2 lane + 1, then the same 64 rows on)."""
     return base + 2 * lane + e % 2 + 64 * (e // 2)
 
 
@@ -400,7 +420,8 @@ def _kernel_classes():
             self.kv_stages = cfg.kv_stages
             self.bm = cfg.block_m                             # query rows a step
             self.sdp_together = sdp_together(cfg, broadcast_q)
-            self.ld_rows = self.bm // 32                      # lse / delta rows a load lane
+            self.dq_t = cfg.dq_t                              # dQ^T, the head dim as M
+            self.ld_rows = ld_rows(self.bm)                   # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -451,12 +472,18 @@ def _kernel_classes():
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
             # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
-            # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major)
-            dq_split = (NUM_MMA_WG, 1, 1) if self.bm > 64 else (1, NUM_MMA_WG, 1)
+            # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
+            # dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A =
+            # K^T, B = dS (both MN-major)
+            dq_split = (NUM_MMA_WG, 1, 1) if self.bm == 128 or self.dq_t else (1, NUM_MMA_WG, 1)
+            dq_tiler = (64, D // NUM_MMA_WG)
+            if const_expr(self.bm == 128):
+                dq_tiler = (64, D)
+            if const_expr(self.dq_t):
+                dq_tiler = (64, self.bm)
             tiled_mma_dq = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=dq_split,
-                tiler_mn=(64, D) if self.bm > 64 else (64, D // NUM_MMA_WG))
+                atom_layout_mnk=dq_split, tiler_mn=dq_tiler)
 
             # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
             g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -674,8 +701,12 @@ def _kernel_classes():
             pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
             self.mask_lse_delta(raw, lane, m0, len_q)
             for e in cutlass.range_constexpr(self.ld_rows):
-                sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
-                sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
+                if const_expr(e < 2 * (self.bm // 64)):
+                    sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
+                    sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
+                elif ld_row(lane, e) < self.bm:   # 80 rows: the last 16 (lanes 0-7)
+                    sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
+                    sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
             cute.arch.sync_warp()
             pipeline_q.sync_object_full.arrive(q_state.index, pipeline_q.producer_mask)
             bar = pipeline_q.producer_get_barrier(q_state)
@@ -746,10 +777,19 @@ def _kernel_classes():
             acc_dV = cute.make_rmem_tensor(wg_dkv.partition_shape_C((BLOCK_N, D)), Float32)
             # dQ = dS K
             wg_dq = tiled_mma_dq.get_slice(wg * 128)
-            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
-            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
-            shape_dQ = wg_dq.partition_shape_C((self.bm, D))
-            tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
+            if const_expr(not self.dq_t):
+                tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
+                tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
+                shape_dQ = wg_dq.partition_shape_C((self.bm, D))
+                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
+            else:
+                # dQ^T: its (column, row) elements stored transposed into the same smem
+                # partial (one STS.32 each; the swizzle spreads a warp's over all banks)
+                tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(sKt))
+                tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdSt))
+                shape_dQ = wg_dq.partition_shape_C((D, self.bm))
+                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(
+                    transposed(s.sdQst, (D, self.bm), (1, 0)))
             # dS^T registers -> smem (stmatrix)
             r2s_dS = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
@@ -870,7 +910,7 @@ def _kernel_classes():
                 mma = replaced(mma, tSrK=mma.tSrK[None, None, None, kv],
                                tPrV=mma.tPrV[None, None, None, kv],
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
-            if const_expr(self.bm > 64):
+            if const_expr(self.bm == 128):
                 self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
                                       cols)
             else:
@@ -898,15 +938,24 @@ def _kernel_classes():
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
             St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2, cols)
-            mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                        # dV += P^T dO
-                  mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
-            warpgroup.wait_group(1)
-            # dS^T = P^T (dP^T - delta)
             dPt = acc_rows_cols(acc_dP)
+            if const_expr(not self.dq_t):
+                mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
+                      mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
+                warpgroup.wait_group(1)
+            else:
+                warpgroup.wait_group(0)
+            # dS^T = P^T (dP^T - delta)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
+            if const_expr(self.dq_t):
+                # 80 rows: P^T's operand formed once dS^T is (the S^T accumulator free):
+                # before, S^T, dP^T, P^T and dK / dV overfill the registers
+                mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
+                      mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
             self.dk_dq(mma, acc_dP, q_state, pipeline_q)
 
         @cute.jit
@@ -1019,8 +1068,13 @@ def _kernel_classes():
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(mma.shape_dQ, Float32)
-            wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,   # dQ = dS K
-                  wait=-1)
+            if const_expr(self.dq_t):
+                warpgroup.wait_group(0)    # dV: its P^T operand's registers free for dQ^T
+                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrKt, mma.tdQrdS, zero_init=True,  # dQ^T =
+                      wait=-1)                                                         # K^T dS^T
+            else:
+                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,  # dQ = dS K
+                      wait=-1)
             # wait for dQ (and dV) only, so dK runs under the store
             wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
@@ -1188,7 +1242,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
     Main = _kernel_classes()[1]
-    cfg = pick_config(head_dim) if cfg is None else cfg
+    cfg = pick_config(head_dim, causal=causal, broadcast_q=broadcast_q) if cfg is None else cfg
     args = host.bwd_args(cdt, head_dim, cfg.windows)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     if dynamic is None:
@@ -1210,7 +1264,8 @@ def _main(c: host.BwdCall):
                                                BLOCK_N, cfg.block_m)
     else:
         mean_q = bwd_mean_q(c.q.shape[0], c.cu_k.shape[0] - 1, c.broadcast_q)
-        cfg, dynamic = pick_config(D, mean_q), bwd_dynamic(c.causal, c.broadcast_q)
+        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q)
+        dynamic = bwd_dynamic(c.causal, c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
