@@ -721,3 +721,13 @@ def _cute_64_rows():
 register(Backend("cute-64", *_experiment("cute", _cute_64_rows),
                  supports=_ours_supports("cute"), own=True, experimental=True,
                  note="A/B: the CuteDSL backward without its 80-row D = 128 step"))
+
+
+def _cute_80_rows():
+    from kernels_cute import bwd_hopper as B
+    B.PLAIN_MEAN_Q = 0
+
+
+register(Backend("cute-80", *_experiment("cute", _cute_80_rows),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="A/B: the CuteDSL backward's 80-row D = 128 step at any mean length"))

@@ -140,6 +140,11 @@ CONFIGS = {
 }
 
 
+# "plain" from this many query rows a sequence on average: an 80-row step pads a sequence
+# to a multiple of 80 (256 rows: 320, 25 % idle), a 64-row one to a multiple of 64.
+PLAIN_MEAN_Q = 512
+
+
 def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
     """Whether a build issues S^T and dP^T together (Config.sdp_together; broadcast-Q keeps
     the dots one after the other, as the TLX twin: its causal fp16 build would spill)."""
@@ -152,7 +157,8 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
     sequences without causal masking, where the head dim has a step of its own."""
     bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
-    if bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS:
+    if (bucket == "long" and not causal and not broadcast_q and mean_q >= PLAIN_MEAN_Q
+            and (head_dim, "plain") in CONFIGS):
         bucket = "plain"
     return CONFIGS[(head_dim, bucket)]
 
