@@ -55,7 +55,12 @@ Steps (CONFIGS, by head dim and mean query rows a sequence): 64 query rows at D 
 with one K/V stage (two need 242 KB of smem), S^T and dP^T issued together; 128 rows at
 D = 64 with two K/V stages, dQ split by query rows between the warpgroups, S^T and dP^T
 together (FA4's order, `compute_step_128`; broadcast-Q one after the other); 64 rows at
-D = 64 where sequences average at most jagged.tiles.BWD_MID_MEAN_Q query rows.
+D = 64 where sequences average at most jagged.tiles.BWD_MID_MEAN_Q query rows; 80 rows
+at D = 128 for long packed sequences without causal masking (`takes_plain`, FA4's step
+there): 80 is no multiple of wgmma's 64-row M, so dQ^T = K^T dS^T takes the head dim as M
+(a warpgroup's 64 columns; `Config.dq_t`), its elements stored transposed into the same
+smem partial (one STS.32 each), and dV waits for dS^T (before it, S^T, dP^T, P^T and
+dK / dV overfill the registers and ptxas serializes every wgmma).
 
 Broadcast-Q (dQ is a sum over the whole batch): CTAs are pinned to a KV head (CTA p owns
 head p % H_kv) and accumulate into fp32 slots dq_acc[(p // H_kv) % n_slots]
@@ -131,7 +136,10 @@ class Config:
 #     order) against one after the other, graph replay: llm 1.672 -> 1.563 ms, causal
 #     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 7 more fuzz shapes 2.3-5.8 %
 #     faster.
-#   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem).
+#   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem); "plain": 80 rows
+#     (takes_plain), against 64, one run, FA4 in it: llm B8 H16 8192 -3.7 % (replayed
+#     -1.2 %), B4 H32/8 4096 -3.6 % (-3.1 %); gem-jagged 1024 / 0.9 -3.0 %, 2048 / 0.9
+#     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %.
 CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
@@ -140,9 +148,13 @@ CONFIGS = {
 }
 
 
-# "plain" from this many query rows a sequence on average: an 80-row step pads a sequence
-# to a multiple of 80 (256 rows: 320, 25 % idle), a 64-row one to a multiple of 64.
+# takes_plain. An 80-row step pads a sequence to a multiple of 80 (256 rows: 320, 25 %
+# idle), a 64-row one to a multiple of 64. Jagged lengths: from a mean of PLAIN_MEAN_Q
+# query rows (gem-jagged 512 / 0.9, mean 460: +0.3 %; fuzz B136 512 / 0.75: -0.1 %; 1024 /
+# 0.5 -3.2 %). Dense: the rows each pads, at PLAIN_ROW_COST of a 64-row step's time a
+# row (llm B8 H16 8192: -3.7 % with 0.6 % more rows).
 PLAIN_MEAN_Q = 512
+PLAIN_ROW_COST = 0.96
 
 
 def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
@@ -152,15 +164,27 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
 
 
 def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
-                broadcast_q: bool = False) -> Config:
+                broadcast_q: bool = False, max_q: int = 0) -> Config:
     """The measured default for a head dim and a call's mean query rows a sequence
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
-    sequences without causal masking, where the head dim has a step of its own."""
+    sequences without causal masking, where the head dim has a step of its own
+    (`takes_plain`; max_q: the call's longest sequence, 0 where not known)."""
     bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
-    if (bucket == "long" and not causal and not broadcast_q and mean_q >= PLAIN_MEAN_Q
-            and (head_dim, "plain") in CONFIGS):
+    if (bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS
+            and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     return CONFIGS[(head_dim, bucket)]
+
+
+def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
+    """Whether the "plain" step pads the call's sequences little enough to win. Every
+    sequence max_q rows long (mean_q == max_q): where its blocks at PLAIN_ROW_COST of the
+    long step's time a row cost less than the long step's blocks (80 against 64 rows: 256
+    or 512 rows no, 1024 or 4096 yes). Otherwise from PLAIN_MEAN_Q rows on average."""
+    if max_q > 0 and mean_q == max_q:
+        bm, bm0 = CONFIGS[(head_dim, "plain")].block_m, CONFIGS[(head_dim, "long")].block_m
+        return bm * -(-max_q // bm) * PLAIN_ROW_COST < bm0 * -(-max_q // bm0)
+    return mean_q >= PLAIN_MEAN_Q
 
 
 def window_config(head_dim: int) -> Config:
@@ -1270,7 +1294,7 @@ def _main(c: host.BwdCall):
                                                BLOCK_N, cfg.block_m)
     else:
         mean_q = bwd_mean_q(c.q.shape[0], c.cu_k.shape[0] - 1, c.broadcast_q)
-        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q)
+        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
         dynamic = bwd_dynamic(c.causal, c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)

@@ -280,6 +280,7 @@ class BwdCall(NamedTuple):
     group: int           # query heads per KV head
     grid: int            # programs of the main kernel (jagged.tiles.dq_accumulator)
     sched: Any           # the scheduling buffer (tile counter and handoffs)
+    max_q: int = 0       # the longest query sequence (0: not given)
 
 
 class BwdKernels(NamedTuple):
@@ -325,7 +326,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # (b) main
     kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
                       max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
-                      H // HKV, grid_main, sched))
+                      H // HKV, grid_main, sched, int(max_q or 0)))
 
     # (c) postprocess
     n_elem = dq.numel()

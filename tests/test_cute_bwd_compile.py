@@ -97,10 +97,10 @@ def _count(pattern, ptx):
     # in CI: both head dims (their steps and K/V stages; D = 64's 64-row step by its mean
     # query rows), the tile counter (causal packed) and without it (broadcast-Q), fp16;
     # the rest in `make test-matrix`
-    (128, True, False, "bf16", INF), (64, True, True, "fp16", INF),
-    (64, True, False, "bf16", 100.0),
+    (128, True, False, "bf16", INF), (128, False, False, "bf16", INF),
+    (64, True, True, "fp16", INF), (64, True, False, "bf16", 100.0),
     *(pytest.param(*v, marks=pytest.mark.matrix) for v in (
-        (128, False, False, "bf16", INF), (128, False, True, "fp16", INF),
+        (128, False, False, "fp16", 600.0), (128, False, True, "fp16", INF),
         (128, True, True, "bf16", INF), (64, False, False, "bf16", INF),
         (64, True, False, "bf16", INF), (64, False, True, "bf16", INF),
         (64, False, True, "bf16", 100.0)))])
@@ -110,8 +110,9 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - tiles from the counter (an atomic add) exactly in the causal packed builds
       (jagged.tiles.bwd_dynamic);
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
-      bm * D / 512 st.shared.v2 a compute thread (plus the load warp's lse / delta rows,
-      bm / 32 a lane: bm / 64 pairs each), addresses: test_dq_smem_addresses;
+      bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
+      st.shared.b32), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
+      addresses: test_dq_smem_addresses;
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
       would need without them; the load warp's rows go out before its arrive.expect_tx
@@ -121,12 +122,15 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - one expect_tx each for K + V and Q + dO; K at smem 1024, one stage (D = 64: two
       stages, K and V at base + (stage << 14));
     - at D = 64, 128-row steps: S^T / dP^T at N = 128 (4 + 4 m64n128k16), dV / dK / dQ
-      at N = D = 64 (K = 128: 8 each, dQ split by query rows)."""
+      at N = D = 64 (K = 128: 8 each, dQ split by query rows);
+    - at D = 128 without causal masking, 80-row steps: S^T / dP^T / dQ^T at N = 80 (8 +
+      8 + 8 m64n80k16), dV / dK at N = D = 128 (K = 80: 5 each)."""
     from kernels_cute import bwd_hopper as B
-    cfg = B.pick_config(D, mean_q)
+    cfg = B.pick_config(D, mean_q, causal, bq)
     bm = cfg.block_m
+    assert cfg.dq_t == (D == 128 and not causal and not bq and mean_q >= B.PLAIN_MEAN_Q)
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, {bq}, "
-                              f"B.pick_config({D}, float('{mean_q}')))", dtype)
+                              f"B.pick_config({D}, float('{mean_q}'), {causal}, {bq}))", dtype)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -136,7 +140,9 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
         (causal and not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
-    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == bm * D // 512 + 2 * (bm // 64)
+    dq_stores = 0 if cfg.dq_t else bm * D // 512
+    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == dq_stores + B.ld_rows(bm)
+    assert _count(r"st\.shared\.(b32|f32)", ptx) == (bm * D // 256 if cfg.dq_t else 0)
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -153,6 +159,9 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     if bm == 128:
         assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx) == 8
         assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx) == 24
+    elif cfg.dq_t:
+        assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n80k16", ptx) == 24
+        assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx) == 10
     else:
         assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16", ptx)
     res, adv = _ptxas(path), _ptxas_advisories(path)
@@ -203,32 +212,46 @@ def test_bwd_sdp_together_is_a_128_row_order():
 def test_bwd_configs():
     """The measured table: 128-row steps with two K/V stages at D = 64 (S^T and dP^T
     together; 64 rows up to jagged.tiles.BWD_MID_MEAN_Q query rows a sequence), 64 rows
-    with one at D = 128; the smem model (the kernel asserts the struct equals it) fits,
+    with one at D = 128, 80 rows (dQ^T) for its long sequences without causal masking
+    (`takes_plain`); the smem model (the kernel asserts the struct equals it) fits,
     and the steps the kernel does not build are ValueErrors on the host."""
     from jagged.tiles import BWD_MID_MEAN_Q
     from kernels_cute import bwd_hopper as B
     assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
-    assert B.pick_config(128) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(64, causal=True) == B.pick_config(64)
+    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True)
+    assert B.pick_config(128, broadcast_q=True) == B.pick_config(128, causal=True)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
     assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
-    assert B.pick_config(128, 16.0) == B.pick_config(128)
+    assert B.pick_config(128, 16.0) == B.pick_config(128, causal=True)
+    # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
+    # less than PLAIN_ROW_COST makes up
+    assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
+    assert B.pick_config(128, B.PLAIN_MEAN_Q, max_q=2048).block_m == 80
+    assert [B.pick_config(128, float(n), max_q=n).block_m
+            for n in (256, 512, 640, 768, 1024, 4096)] == [64, 64, 80, 64, 80, 80]
     assert B.window_config(64).block_m == 128
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
-    assert B.smem_bytes(128, B.pick_config(128)) == 178 * 1024
+    assert B.smem_bytes(128, B.pick_config(128, causal=True)) == 178 * 1024
+    assert B.smem_bytes(128, B.pick_config(128)) == 207 * 1024
     assert B.smem_bytes(128, B.Config(64, 2)) == 242 * 1024          # over the limit
     for (D, _), cfg in B.CONFIGS.items():
         B.check_config(D, cfg)
     for D, cfg, why in ((128, B.Config(128, 1), "block_m = 128 at D = 128"),
                         (128, B.Config(64, 2), "shared memory"),
                         (64, B.Config(32, 1), "block_m = 32"),
+                        (128, B.Config(80, 1), "takes dq_t"),
+                        (64, B.Config(80, 1, dq_t=True), "dq_t at D = 64"),
                         (64, B.Config(64, 3), "kv_stages = 3")):
         with pytest.raises(ValueError, match=why):
             B.check_config(D, cfg)
-    # the load warp's lse / delta rows cover a step's rows once (2 or 4 a lane)
-    for bm in (64, 128):
-        assert sorted(B.ld_row(l, e) for l in range(32) for e in range(bm // 32)) == \
-            list(range(bm))
+    # the load warp's lse / delta rows cover a step's rows once (2 or 4 a lane; at 80
+    # rows, the ones under bm)
+    for bm in (64, 80, 128):
+        rows = [B.ld_row(l, e) for l in range(32) for e in range(B.ld_rows(bm))]
+        assert sorted(r for r in rows if r < bm) == list(range(bm))
 
 
 @needs_dsl
@@ -239,10 +262,10 @@ def test_bwd_pre_post_compile(tmp_path):
 
 
 @needs_dsl
-@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("bm", [64, 80, 128])
 def test_ld_addresses(tmp_path, bm):
-    """sLD's addresses (lse*log2e and delta staged by the load warp), at 64 and 128 query
-    rows a step: the load warp's rows (`ld_row`) cover the step's rows once; every compute
+    """sLD's addresses (lse*log2e and delta staged by the load warp), at 64, 80 and 128
+    query rows a step: the load warp's rows (`ld_row`) cover the step's rows once; every compute
     thread's read of accumulator column c (`ld_thread_offset` + `ld_column`, bytes) is the
     sLD element (query column of that accumulator element in the sdp wgmma's C partition,
     x, stage) of the kernel's layout, for both accumulator rows (the dP^T accumulator
@@ -260,8 +283,8 @@ def test_ld_addresses(tmp_path, bm):
 
         def run():
             L = cute.make_layout(B.ld_shape(BM))
-            rows = sorted(B.ld_row(l, e) for l in range(32) for e in range(BM // 32))
-            FOUND["rows"] = rows == list(range(BM))
+            rows = [B.ld_row(l, e) for l in range(32) for e in range(B.ld_rows(BM))]
+            FOUND["rows"] = sorted(r for r in rows if r < BM) == list(range(BM))
             tiled = sm90.make_trivial_tiled_mma(
                 cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K,
                 warpgroup.OperandMajorMode.K, cutlass.Float32,
@@ -337,17 +360,19 @@ def test_element_swizzled_matches_the_hardware_swizzle(tmp_path):
 
 @needs_dsl
 def test_dq_smem_addresses(tmp_path):
-    """The fp32 dQ partial in smem, at each head dim's default step (D = 128: 64 rows, the
-    warpgroups split the columns; D = 64: 128 rows, split by rows): the compute threads
-    (the dQ wgmma's C partition, partition_C of `dq_store_view`, the layout the kernel
-    writes through) put each (row, col) of the bm x D tile exactly once, at the byte the
-    TMA reduce box reads for it: D / 32 boxes of bm x 32 fp32, 128 B rows, hardware 128B
-    swizzle (byte bits 4-6 ^= bits 7-9). The layout the TMA atom is built from
-    (`dq_smem_layout`) carries that swizzle (S<3,4,3>, in bytes) over the same row-major
-    boxes. Each thread's two columns of a pair are adjacent (one STS.64), and every warp
-    store instruction covers each of the 32 banks exactly twice (2 wavefronts, the minimum
-    for 256 bytes). Controls: the unswizzled and the byte-counted (wrong) swizzle views
-    must fail the same check."""
+    """The fp32 dQ partial in smem, at each step the kernel takes (D = 128: 64 rows, the
+    warpgroups split the columns, and 80 rows, dQ^T with the warpgroups' 64 columns as M;
+    D = 64: 128 rows, split by rows): the compute threads (the dQ wgmma's C partition,
+    partition_C of `dq_store_view`, the layout the kernel writes through; dQ^T: its
+    (column, row) elements at (row, column)) put each (row, col) of the bm x D tile
+    exactly once, at the byte the TMA reduce box reads for it: D / 32 boxes of bm x 32
+    fp32, 128 B rows, hardware 128B swizzle (byte bits 4-6 ^= bits 7-9). The layout the
+    TMA atom is built from (`dq_smem_layout`) carries that swizzle (S<3,4,3>, in bytes)
+    over the same row-major boxes. dQ: each thread's two columns of a pair are adjacent
+    (one STS.64), and every warp store instruction covers each of the 32 banks exactly
+    twice (2 wavefronts, the minimum for 256 bytes); dQ^T: one STS.32 an element, each
+    covering the 32 banks once. Controls: the unswizzled and the byte-counted (wrong)
+    swizzle views must fail the same check."""
     traced_check(tmp_path, "dq_check", """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
@@ -361,27 +386,33 @@ def test_dq_smem_addresses(tmp_path):
             return box * 4 * B.DQ_WIDE * bm + (b ^ (((b >> 7) & 7) << 4))
 
         def run():
-            for D in (64, 128):
-                bm = B.pick_config(D).block_m
+            for D, cfg in ((64, B.pick_config(64)), (128, B.pick_config(128, causal=True)),
+                           (129, B.pick_config(128))):
+                D, key, bm, dq_t = min(D, 128), D, cfg.block_m, cfg.dq_t
                 L = B.dq_smem_layout(D, bm)
                 sw = L.inner
-                FOUND[(D, "swizzle")] = (sw.num_bits, sw.num_base, sw.num_shift)
+                FOUND[(key, "swizzle")] = (sw.num_bits, sw.num_base, sw.num_shift)
                 # the boxes: row-major bm x 32 fp32, one after the other
-                FOUND[(D, "outer")] = [
+                FOUND[(key, "outer")] = [
                     (r, c) for r in range(bm) for c in range(D)
                     if cute.crd2idx((r, c), L.outer) !=
                     (c // B.DQ_WIDE) * B.DQ_WIDE * bm + r * B.DQ_WIDE + c % B.DQ_WIDE]
                 split = (B.NUM_MMA_WG, 1, 1) if bm > 64 else (1, B.NUM_MMA_WG, 1)
+                tiler = (64, D) if bm > 64 else (64, D // B.NUM_MMA_WG)
+                if dq_t:
+                    tiler = (64, bm)
                 tiled = sm90.make_trivial_tiled_mma(
                     cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.MN,
                     warpgroup.OperandMajorMode.MN, cutlass.Float32, atom_layout_mnk=split,
-                    tiler_mn=(64, D) if bm > 64 else (64, D // B.NUM_MMA_WG))
+                    tiler_mn=tiler)
                 # each thread's (row, col) a register, traced once for the three views
                 # (tracing is the slow part)
                 coords = []
                 for t in range(128 * B.NUM_MMA_WG):
-                    C = tiled.get_slice(t).partition_C(cute.make_identity_tensor((bm, D)))
-                    coords.append([tuple(C[i]) for i in range(cute.size(C))])
+                    C = tiled.get_slice(t).partition_C(
+                        cute.make_identity_tensor((D, bm) if dq_t else (bm, D)))
+                    coords.append([tuple(C[i])[::-1] if dq_t else tuple(C[i])
+                                   for i in range(cute.size(C))])
                 views = {"kernel": B.dq_store_view(L), "plain": L.outer,
                          "byteswz": cute.make_composed_layout(L.inner, 0, L.outer)}
                 for name, V in views.items():
@@ -398,33 +429,39 @@ def test_dq_smem_addresses(tmp_path):
                             seen[(r, c)] = seen.get((r, c), 0) + 1
                             if got != hw_byte(r, c, bm):
                                 bad.append((t, i, r, c, got, hw_byte(r, c, bm)))
-                            if i % 2 == 0:   # register pair i, i + 1: one STS.64
+                            if dq_t:         # one STS.32 an element
+                                insn.setdefault((t // 32, i), []).append(got)
+                            elif i % 2 == 0:   # register pair i, i + 1: one STS.64
                                 r1, c1 = C[i + 1]
                                 if r1 != r or c1 != c + 1 or got % 8 or \\
                                         byte(r1, c1) != got + 4:
                                     pairs.append((t, i))
                                 insn.setdefault((t // 32, i), []).append(got)
-                    banks = []    # instructions reaching a bank other than twice
+                    banks = []    # instructions reaching a bank other than 128 B / 128 B
                     for k, a in insn.items():
-                        words = [w // 4 for x in a for w in (x, x + 4)]
-                        if sorted(w % 32 for w in words) != sorted(list(range(32)) * 2):
+                        words = [w // 4 for x in a for w in ((x,) if dq_t else (x, x + 4))]
+                        if sorted(w % 32 for w in words) != \\
+                                sorted(list(range(32)) * (1 if dq_t else 2)):
                             banks.append(k)
-                    FOUND[(D, name)] = dict(
+                    FOUND[(key, name)] = dict(
                         once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
                         and set(seen.values()) == {1},
                         bad=bad, pairs=pairs, banks=banks, n=len(insn), bm=bm)
     """, """
-        for D in (64, 128):
-            assert F[(D, "swizzle")] == (3, 4, 3), F[(D, "swizzle")]
-            assert not F[(D, "outer")], F[(D, "outer")][:10]
-            k = F[(D, "kernel")]
+        for key in (64, 128, 129):                 # 129: D = 128, the 80-row dQ^T step
+            D = min(key, 128)
+            assert F[(key, "swizzle")] == (3, 4, 3), F[(key, "swizzle")]
+            assert not F[(key, "outer")], F[(key, "outer")][:10]
+            k = F[(key, "kernel")]
             assert k["once"], "not every (row, col) exactly once"
             assert not k["bad"], k["bad"][:10]
             assert not k["pairs"], k["pairs"][:10]
             assert not k["banks"], k["banks"][:10]
-            assert k["n"] == 8 * (k["bm"] * D // 512), k["n"]   # 8 warps x STS.64 a thread
+            per = 256 if key == 129 else 512       # STS.32 / STS.64 a thread
+            assert k["n"] == 8 * (k["bm"] * D // per), k["n"]   # 8 warps
             for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
-                assert F[(D, ctl)]["once"] and F[(D, ctl)]["bad"], ctl
+                assert F[(key, ctl)]["once"] and F[(key, ctl)]["bad"], ctl
+        assert F[(129, "kernel")]["bm"] == 80
     """)
 
 
@@ -665,3 +702,38 @@ def test_tile_range_slots(monkeypatch, bq, n_slots):
             assert slot_row == (p // HKV) % n_slots * L_q
         else:
             assert (first, step, n_tiles, slot_row) == (p, P, 7 * HKV, 0)
+
+
+def test_host_backward_launches_plain(monkeypatch):
+    """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
+    sequences without causal masking launch the 80-row build on kv_tiles of 80-row
+    blocks (a dense batch only where 80-row blocks pad it little: `takes_plain`);
+    causal masking, broadcast-Q and short sequences the 64-row one."""
+    import torch
+    from jagged.tiles import kv_tiles
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
+        lambda *args: calls.append((key, args))))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    rec = lambda *key: (lambda *args: None)          # noqa: E731
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
+    H, HKV, D = 4, 2, 128
+    for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
+                                     ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
+                                     ([512] * 3, False, 64)):
+        lk = torch.tensor(lengths)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+        n = int(cu[-1])
+        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
+        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
+        lse = torch.zeros(H, n)
+        calls.clear()
+        host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
+                      0.125, False)
+        ((_, _, c, bq, cfg, _), args), = calls
+        assert (c, bq, cfg.block_m, cfg.dq_t) == (causal, False, block_m, block_m == 80)
+        tiles = kv_tiles(cu, cu, 0, int(lk.max()), causal, block_m, B.BLOCK_N)
+        assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))

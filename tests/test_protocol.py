@@ -664,14 +664,14 @@ def _cute_bwd_configs():
     return CONFIGS
 
 
-CUTE_BWD_KEYS = [(64, "mid"), (64, "long"), (128, "long")]
+CUTE_BWD_KEYS = [(64, "mid"), (64, "long"), (128, "long"), (128, "plain")]
 
 
 @pytest.mark.parametrize("key", CUTE_BWD_KEYS, ids=lambda k: f"{k[0]}-{k[1]}")
 def test_cute_bwd_hopper_protocol(key):
-    """128-row steps (D = 64, two K/V stages) and 64-row steps (D = 128, one; D = 64, two):
-    the dS^T and dQ buffers behind named barriers, tiles from the counter for causal
-    packed lists."""
+    """128-row steps (D = 64, two K/V stages), 64-row steps (D = 128, one; D = 64, two)
+    and 80-row ones (D = 128, dQ^T): the dS^T and dQ buffers behind named barriers, tiles
+    from the counter for causal packed lists."""
     d = key[0]
     runs, _ = P.sweep(P.cute_bwd_hopper, _cute_bwd_configs()[key], problems=5, seeds=3,
                       seed=_seed(("cute bwd",) + key), max_len=300, head_dim=d)

@@ -284,7 +284,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                     qs, ph = ring(qcnt, Q_STAGES)
                     yield Wait(q_full[qs], ph)
                     Q, dO, LD = ("Q", qkey), ("dO", qkey), ("lse", qkey)
-                    if BM > 64:                                      # compute_step_128
+                    if BM == 128:                                    # compute_step_128
                         yield Mma({kw: K, q[qs]: Q})                     # S^T
                         yield MmaWait(0)
                         yield Read(ld[qs], LD)
@@ -299,13 +299,18 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                         yield Mma({vw: V, do[qs]: dO})                   # dP^T - delta
                         yield MmaWait(1)
                         yield Read(ld[qs], LD)                           # lse
+                        if cfg.dq_t:                                     # dV after dS^T
+                            yield MmaWait(0)
                         yield Mma({do[qs]: dO})                          # dV += P^T dO
-                        yield MmaWait(1)
+                        if not cfg.dq_t:
+                            yield MmaWait(1)
                     # dk_dq: dS^T to smem once both halves' previous readers are done
                     yield BarSync(pds, 128 * NW, release=tuple(ds))
                     yield Write(ds[w], ("dS", qkey, w))
                     yield BarSync(pds, 128 * NW)
-                    yield Mma({**{ds[c]: ("dS", qkey, c) for c in range(NW)},     # dQ = dS K
+                    if cfg.dq_t:
+                        yield MmaWait(0)                             # dV
+                    yield Mma({**{ds[c]: ("dS", qkey, c) for c in range(NW)},  # dQ (dQ^T)
                                **{k[st * NW + c]: ("K", key, c) for c in range(NW)}})
                     yield Mma({q[qs]: Q})                            # dK += dS^T Q
                     yield MmaWait(1)
