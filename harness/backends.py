@@ -712,22 +712,3 @@ register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="de
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
 
-
-def _cute_64_rows():
-    from kernels_cute import bwd_hopper as B
-    B.CONFIGS[(128, "plain")] = B.CONFIGS[(128, "long")]
-
-
-register(Backend("cute-64", *_experiment("cute", _cute_64_rows),
-                 supports=_ours_supports("cute"), own=True, experimental=True,
-                 note="A/B: the CuteDSL backward without its 80-row D = 128 step"))
-
-
-def _cute_80_rows():
-    from kernels_cute import bwd_hopper as B
-    B.PLAIN_MEAN_Q = 0
-
-
-register(Backend("cute-80", *_experiment("cute", _cute_80_rows),
-                 supports=_ours_supports("cute"), own=True, experimental=True,
-                 note="A/B: the CuteDSL backward's 80-row D = 128 step at any mean length"))
