@@ -507,12 +507,13 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
 
 
 def test_bwd_window_config():
-    """Key windows: the head dim's default step with windows on, and only where
-    jagged.tiles.windowed over the keys (128-key blocks) says so, never broadcast-Q."""
+    """Key windows: the head dim's long-sequence step (causal masking's, never the
+    80-row one) with windows on, and only where jagged.tiles.windowed over the keys
+    (128-key blocks) says so, never broadcast-Q."""
     from jagged.tiles import windowed
     from kernels_cute import bwd_hopper as B
     for d in (64, 128):
-        cfg, base = B.window_config(d), B.pick_config(d)
+        cfg, base = B.window_config(d), B.pick_config(d, causal=True)
         assert cfg.windows and not base.windows
         assert (cfg.block_m, cfg.kv_stages) == (base.block_m, base.kv_stages)
         B.check_config(d, cfg)
