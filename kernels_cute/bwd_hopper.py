@@ -123,7 +123,7 @@ class Config:
                             # block) pairs
     sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
                                 # (compute_step_128; not for broadcast-Q)
-    dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup a 64
+    dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup's 64
                          # columns): the form of a step whose rows are no multiple of 64
 
 
