@@ -454,7 +454,7 @@ def test_ab_summary_means_rounds_against_the_first_backend():
 def test_ncu_sass_regions(tmp_path):
     """harness.gpu.ncu_sass splits an ncu SASS page into runs of equal execution count and
     reports each run's share of the samples and its stall mix per issued instruction."""
-    from harness.gpu.ncu_sass import regions
+    from harness.gpu.ncu_sass import hottest, regions
     hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
            "stall_wait", "stall_selected", "stall_barrier", "stall_wait (Not Issued)"]
     rows = [["0x0", "  LDC R1, c[0x0][0x28]", "10", "8", "5", "5", "0", "9"],
@@ -468,6 +468,10 @@ def test_ncu_sass_regions(tmp_path):
     loop = out[2]
     assert "2 instr" in loop and "exec       64" in loop and " 90.0 %" in loop, loop
     assert "barrier 1.67" in loop and "selected 1.00" in loop and "HGMMA" in loop, loop
+    # the hottest two, in address order, each with its own stall mix
+    hot = hottest(str(path), 2)
+    assert [h.split()[:2] for h in hot] == [["1", "30"], ["2", "60"]], hot
+    assert "barrier 40, selected 20" in hot[1] and hot[1].endswith("| @!P0 BRA 0x0"), hot
 
 
 def test_ncu_run_command_and_headline(tmp_path):
@@ -494,6 +498,9 @@ def test_ncu_run_command_and_headline(tmp_path):
             ["0", "k", "Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle",
              "7.9"],
             ["0", "k", "Launch Statistics", "Grid Size", "", "132"]]
+    # ncu 2025's header ends in rule columns that only rule rows fill
+    rows[0] += ["Rule Name", "Rule Type"]
+    rows.append(["0", "k", "Occupancy", "", "", "", "Rule", "OPT"])
     page.write_text('==PROF== note\n' + "\n".join(",".join(f'"{c}"' for c in r)
                                                   for r in rows) + "\n")
     assert headline(str(page)) == ["Duration: 5.06 ms", "SM Frequency: 1.61 Ghz",

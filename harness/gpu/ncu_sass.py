@@ -9,8 +9,8 @@ under `harness profile` (the gate first) and summed up in one go:
     python -m harness.gpu.ncu_sass run --backends tlx,cute,fa4 --passes bwd \
         --suite fuzz --match "B2 H8/2 D64 Lq16384" --out DIR
 
-prints each report's headline metrics (duration, clocks, throughput, issue rate) and its
-regions, and leaves `DIR/<backend>_<pass>.ncu-rep` and its SASS page beside it. A page
+prints each report's headline metrics (duration, clocks, throughput, issue rate), its
+regions and its hottest instructions, and leaves `DIR/<backend>_<pass>.ncu-rep` and its SASS page beside it. A page
 read elsewhere:  python -m harness.gpu.ncu_sass rep_sass.csv [--min 0.4]
 
 Samples are per warp, so compare kernels by the stall mix and by samples per issued
@@ -82,6 +82,25 @@ HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throu
 SKIP = 3  # matching launches left out first: the gate's and the warm-up's
 
 
+def hottest(path: str, n: int = 12) -> list[str]:
+    """The n instructions of an ncu SASS page with the most warp-state samples, in address
+    order: index, samples, the top three stall reasons, the instruction (which wait a
+    region's stalls sit on: a barrier's first user, an FFMA on a load's result)."""
+    hdr, data = read(path)
+    col = {c: i for i, c in enumerate(hdr)}
+    samples = "Warp Stall Sampling (All Samples)"
+    stalls = [c for c in hdr if c.startswith("stall_") and "Not Issued" not in c]
+    n_of = lambda r, c: int(r[col[c]] or 0)
+    top = sorted(range(len(data)), key=lambda i: -n_of(data[i], samples))[:n]
+    out = []
+    for i in sorted(top):
+        r = data[i]
+        why = Counter({s[6:]: n_of(r, s) for s in stalls})
+        mix = ", ".join(f"{k} {v}" for k, v in why.most_common(3) if v)
+        out.append(f"{i:5d} {n_of(r, samples):8d}  {mix:42s} | {' '.join(r[1].split())}")
+    return out
+
+
 def kernel_of(backend: str, pass_: str) -> str:
     """The KERNELS regex of a backend's pass; an experiment's (`<style>-x`) is its
     style's."""
@@ -104,13 +123,15 @@ def ncu_command(backend: str, pass_: str, suite: str, match: str, rep: str,
 
 def headline(details_csv: str) -> list[str]:
     """The HEADLINE metrics of an ncu details page (`--page details --csv`), one line
-    each: "name value unit"."""
+    each: "name value unit". Metric rows may stop before the header's rule columns (ncu
+    fills those on rule rows only)."""
     rows = list(csv.reader(open(details_csv)))
     hdr = next(r for r in rows if "Metric Name" in r)
     col = {c: i for i, c in enumerate(hdr)}
+    need = max(col["Metric Name"], col["Metric Unit"], col["Metric Value"]) + 1
     got = {}
     for r in rows[rows.index(hdr) + 1:]:
-        if len(r) == len(hdr) and r[col["Metric Name"]] in HEADLINE:
+        if len(r) >= need and r[col["Metric Name"]] in HEADLINE:
             got.setdefault(r[col["Metric Name"]],
                            f"{r[col['Metric Value']]} {r[col['Metric Unit']]}".strip())
     return [f"{k}: {got[k]}" for k in HEADLINE if k in got]
@@ -134,7 +155,8 @@ def run(backends, passes, suite: str, match: str, out: str, min_pct: float) -> N
                     subprocess.run(["ncu", "-i", rep + ".ncu-rep", "--page", page, "--csv",
                                     *extra], stdout=f, check=True)
             print("\n".join(headline(pages["details"])))
-            print("\n".join(regions(pages["source"], min_pct)) + "\n", flush=True)
+            print("\n".join(regions(pages["source"], min_pct)))
+            print("\n".join(hottest(pages["source"])) + "\n", flush=True)
 
 
 def main(argv=None):
@@ -155,7 +177,8 @@ def main(argv=None):
     ap.add_argument("--min", type=float, default=0.4, help="smallest region shown (%% of samples)")
     a = ap.parse_args(argv)
     for p in a.csv:
-        print("\n".join(regions(p, a.min)) + "\n")
+        print("\n".join(regions(p, a.min)))
+        print("\n".join(hottest(p)) + "\n")
 
 
 if __name__ == "__main__":
