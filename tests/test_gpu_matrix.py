@@ -1,7 +1,8 @@
 """Device matrix (`pytest -m gpu`): every implementation against the oracle on 200
 fresh random problems across all modes (self, cross, broadcast_q, causal, GQA/MQA,
-D 64/128, bf16/fp16, zero-length and length-1 sequences, and a few B = 1152); a third
-of them also put a gradient on the returned lse.
+D 64/128, bf16/fp16, zero-length and length-1 sequences, sequences long enough for the
+CuteDSL backward's 80-row step, and a few B = 1152); a third of them also put a gradient
+on the returned lse.
 
 The draw is random per run (the seed is printed in each test id's failure message)
 so the kernels face new inputs every time; set JAGGED_MATRIX_SEED to replay one.
@@ -28,7 +29,9 @@ def random_problem(rng: random.Random, i: int):
     kv = rng.choice([h for h in (1, 2, 3, 4, 6) if heads % h == 0])
     batch = 1152 if i % 50 == 0 else rng.randint(1, 9)
     short = batch == 1152
-    max_q = rng.choice([1, 7, 64, 65, 128, 200] if short else [1, 7, 63, 64, 129, 300, 700])
+    # 700 dense and 1000 at sparsity 0.9 or dense: the CuteDSL backward's 80-row step
+    max_q = rng.choice([1, 7, 64, 65, 128, 200] if short else
+                       [1, 7, 63, 64, 129, 300, 700, 1000])
     max_k = max_q if mode == "self" else rng.choice([1, 17, 64, 128, 257, 600])
     p = Problem(batch=batch, heads=heads, kv_heads=kv, head_dim=rng.choice([64, 128]),
                 max_seqlen_q=max_q, max_seqlen_k=None if mode == "self" else max_k,
