@@ -711,4 +711,3 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
-

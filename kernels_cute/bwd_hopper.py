@@ -506,11 +506,8 @@ def _kernel_classes():
             # dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A =
             # K^T, B = dS (both MN-major)
             dq_split = (NUM_MMA_WG, 1, 1) if self.bm == 128 or self.dq_t else (1, NUM_MMA_WG, 1)
-            dq_tiler = (64, D // NUM_MMA_WG)
-            if const_expr(self.bm == 128):
-                dq_tiler = (64, D)
-            if const_expr(self.dq_t):
-                dq_tiler = (64, self.bm)
+            dq_tiler = ((64, self.bm) if self.dq_t else
+                        (64, D) if self.bm == 128 else (64, D // NUM_MMA_WG))
             tiled_mma_dq = sm90.make_trivial_tiled_mma(
                 dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=dq_split, tiler_mn=dq_tiler)
@@ -731,10 +728,8 @@ def _kernel_classes():
             pipeline_q.sync_object_empty.wait(q_state.index, q_state.phase)
             self.mask_lse_delta(raw, lane, m0, len_q)
             for e in cutlass.range_constexpr(self.ld_rows):
-                if const_expr(e < 2 * (self.bm // 64)):
-                    sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
-                    sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
-                elif ld_row(lane, e) < self.bm:   # 80 rows: the last 16 (lanes 0-7)
+                # 80 rows: the last 16 in lanes 0-7 only
+                if const_expr(e < 2 * (self.bm // 64)) or ld_row(lane, e) < self.bm:
                     sLD[ld_row(lane, e), 0, q_state.index] = raw[e]
                     sLD[ld_row(lane, e), 1, q_state.index] = raw[self.ld_rows + e]
             cute.arch.sync_warp()
