@@ -42,13 +42,21 @@ def read(path: str) -> tuple[list[str], list[list[str]]]:
     return rows[start], rows[start + 1:]
 
 
-def regions(path: str, min_pct: float = 0.4) -> list[str]:
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def page(path: str):
+    """(rows, column index, stall columns, count(row, column)) of a SASS page."""
     hdr, data = read(path)
     col = {c: i for i, c in enumerate(hdr)}
-    samples = "Warp Stall Sampling (All Samples)"
-    execs = col["Instructions Executed"]
     stalls = [c for c in hdr if c.startswith("stall_") and "Not Issued" not in c]
-    n = lambda r, c: int(r[col[c]] or 0)
+    return data, col, stalls, lambda r, c: int(r[col[c]] or 0)
+
+
+def regions(path: str, min_pct: float = 0.4) -> list[str]:
+    data, col, stalls, n = page(path)
+    samples = SAMPLES
+    execs = col["Instructions Executed"]
     total = sum(n(r, samples) for r in data) or 1
     out = [f"{path}: {len(data)} instructions, {total} samples"]
     a = 0
@@ -86,11 +94,8 @@ def hottest(path: str, n: int = 12) -> list[str]:
     """The n instructions of an ncu SASS page with the most warp-state samples, in address
     order: index, samples, the top three stall reasons, the instruction (which wait a
     region's stalls sit on: a barrier's first user, an FFMA on a load's result)."""
-    hdr, data = read(path)
-    col = {c: i for i, c in enumerate(hdr)}
-    samples = "Warp Stall Sampling (All Samples)"
-    stalls = [c for c in hdr if c.startswith("stall_") and "Not Issued" not in c]
-    n_of = lambda r, c: int(r[col[c]] or 0)
+    data, col, stalls, n_of = page(path)
+    samples = SAMPLES
     top = sorted(range(len(data)), key=lambda i: -n_of(data[i], samples))[:n]
     out = []
     for i in sorted(top):
