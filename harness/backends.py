@@ -711,16 +711,3 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
-
-
-def _static_bwd():
-    from kernels_cute import bwd_hopper as C
-    from kernels_tlx import bwd_hopper as T
-    for m in (C, T):
-        m.bwd_dynamic = lambda causal, broadcast_q: bool(causal) and not broadcast_q
-
-
-for _style in ("tlx", "cute"):
-    register(Backend(f"{_style}-static", *_experiment(_style, _static_bwd),
-                     supports=_ours_supports(_style), own=True, experimental=True,
-                     note=f"{_style} with the non-causal backward's tiles dealt round-robin"))
