@@ -38,10 +38,11 @@ and its load task reduces 64 x 64 boxes.
                                          the warpgroup's half of sV, rows predicated to
                                          the tile
 
-    The tile ids come round-robin, or for causal packed lists (`jagged.tiles.bwd_dynamic`)
-    in list order from a counter, as TLX's: the load warp takes the CTA's next tile with
-    an atomic add (`next_tile`) and hands it to compute and reduce_dq (`publish_tile` /
-    `fetch_tile`, tile_counter.py; llm causal B8 H16 8192 -11.5 %, GQA B4 H32/8 -30 %).
+    The tile ids of packed lists come in list order from a counter (`jagged.tiles.
+    bwd_dynamic`), as TLX's: the load warp takes the CTA's next tile with an atomic add
+    (`next_tile`) and hands it to compute and reduce_dq (`publish_tile` / `fetch_tile`,
+    tile_counter.py; against the round-robin, llm causal B8 H16 8192 -11.5 %, GQA B4 H32/8
+    -30 %, fuzz B48 H8/1 D64 -11 %); broadcast-Q's come round-robin.
     GQA: a tile owns one KV head and loops over the query heads of its group (step j:
     head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
     once (no atomics on dK/dV).

@@ -13,7 +13,7 @@ steps `_prepare` / `_preprocess` / `_postprocess`, and `bwd_kernel` below; in th
 modes they chain as programmatic dependent launches, as there (each task of `bwd_kernel`
 waits before its first global access, jagged.tiles.bwd_dependent). One
 persistent program per SM walks the core's KV-tile list (jagged.tiles.kv_tiles, longest
-first; schedule.tile_range / kv_tile_coords; causal packed lists from the tile counter,
+first; schedule.tile_range / kv_tile_coords; packed lists from the tile counter,
 tile_counter.py). A tile is BLOCK_N = 128 keys of one (sequence, KV head); it
 loops over the Q steps (BLOCK_M = 128 query rows) of every query head of its GQA group.
 Transposed form, a thread a key row (TMEM lane); in tensor memory:

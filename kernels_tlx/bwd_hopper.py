@@ -10,10 +10,10 @@ Three kernels:
     counter.
 (b) `bwd_kernel`: one persistent program per SM walks the jagged list of KV tiles of
     BLOCK_N = 128 keys, longest first (jagged.tiles.kv_tiles, built on the GPU; schedule.py),
-    round-robin, or for causal packed lists in list order from a counter
-    (`jagged.tiles.bwd_dynamic`, tile_counter.py): a causal sequence's tiles form a
-    sawtooth of lengths that the round-robin deals unevenly (llm causal B8 H16 8192
-    -10.1 %, GQA B4 H32/8 4096 -29.9 %). Per program, these roles (tlx.async_task), each
+    packed lists in list order from a counter (`jagged.tiles.bwd_dynamic`,
+    tile_counter.py; broadcast-Q round-robin): the round-robin deals each round's longest
+    tile to the same programs (against it: llm causal B8 H16 8192 -10.1 %, GQA B4 H32/8
+    4096 -29.9 %, fuzz B48 H8/1 D64 -12 %). Per program, these roles (tlx.async_task), each
     its own helper:
 
   load       (producer): per KV tile K and V (two 64-key halves) by TMA into KV_STAGES

@@ -1,4 +1,4 @@
-"""Tiles from a counter for the roles of a TLX kernel (the backward's causal packed lists,
+"""Tiles from a counter for the roles of a TLX kernel (the backward's packed lists,
 `jagged.tiles.bwd_dynamic`): the load role takes each program's next tile with an atomic
 add (`next_tile`) and hands it to the other roles through a two-slot ring
 (`publish_tile`, `fetch_tile`); without DYNAMIC every role steps the static round-robin

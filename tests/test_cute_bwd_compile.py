@@ -61,6 +61,22 @@ def _ptxas(path):
     return int(regs[0]), sum(int(a) + int(b) for a, b in spills)
 
 
+def _no_step_spills(path, res, step_loads=0):
+    """Spill-free step loops. A packed build's load warp (24 registers) may keep its
+    tile-slot pointer (tile_counter.publish_tile) in one stack slot across its tile loop:
+    a store and a load a tile, at most 24 bytes in all. In the step loops (SASS): no
+    local stores, at most `step_loads` local loads."""
+    if res is None or res[1] == 0:
+        return
+    assert res[1] <= 24, f"register spills: {res}"
+    from harness.compile_check import sass_of
+    from harness.sass_steps import parse, step_loops
+    loops = step_loops(parse(sass_of(path[:-len(".ptx")] + ".cubin")))
+    local = [x.op for body in loops for x in body if x.op.startswith(("STL", "LDL"))]
+    assert loops and not [o for o in local if o.startswith("STL")], local
+    assert len(local) <= step_loads, f"spills in the step: {res} {local}"
+
+
 def _ptxas_advisories(path):
     """ptxas -v lines that say it serialized wgmmas (C7515-C7517: an injected
     warpgroup.wait), or None without ptxas."""
@@ -95,7 +111,7 @@ def _count(pattern, ptx):
 @needs_dsl
 @pytest.mark.parametrize("D,causal,bq,dtype,mean_q", [
     # in CI: both head dims (their steps and K/V stages; D = 64's 64-row step by its mean
-    # query rows), the tile counter (causal packed) and without it (broadcast-Q), fp16;
+    # query rows), the tile counter (packed) and without it (broadcast-Q), fp16;
     # the rest in `make test-matrix`
     (128, True, False, "bf16", INF), (128, False, False, "bf16", INF),
     (64, True, True, "fp16", INF), (64, True, False, "bf16", 100.0),
@@ -105,9 +121,9 @@ def _count(pattern, ptx):
         (64, True, False, "bf16", INF), (64, False, True, "bf16", INF),
         (64, False, True, "bf16", 100.0)))])
 def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
-    """The default main kernel of a (D, mode): spill-free with no ptxas-injected wgmma wait,
-    and in its PTX:
-    - tiles from the counter (an atomic add) exactly in the causal packed builds
+    """The default main kernel of a (D, mode): spill-free step loops (`_no_step_spills`)
+    with no ptxas-injected wgmma wait, and in its PTX:
+    - tiles from the counter (an atomic add) exactly in the packed builds
       (jagged.tiles.bwd_dynamic);
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
       bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
@@ -137,7 +153,7 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     assert re.search(r"cp\.async\.bulk\.tensor", ptx), "no TMA load in the PTX"
     assert re.search(r"setmaxnreg\.inc", ptx) and re.search(r"setmaxnreg\.dec", ptx)
     assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == \
-        (causal and not bq)
+        (not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
     dq_stores = 0 if cfg.dq_t else bm * D // 512
@@ -167,8 +183,10 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     res, adv = _ptxas(path), _ptxas_advisories(path)
     print(f"D={D} causal={causal} bq={bq} {dtype}: ptxas (registers, spill bytes): {res}, "
           f"advisories {adv}")
-    if res is not None:
-        assert res[1] == 0, f"register spills: {res}"
+    # fp16 at 80 rows from the tile counter: one 8-byte reload a step (against the
+    # round-robin, which has none, fuzz B62 H4/1 1024 / 0.9 -1.0 %, cross B2 H16/8 -0.4 %
+    # replayed on the H200)
+    _no_step_spills(path, res, step_loads=int(cfg.dq_t and dtype == "fp16"))
     assert not adv, adv
     # a programmatic dependent launch: one wait before any global access, then the trigger
     # that lets the postprocess launch under it
@@ -180,7 +198,7 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
 @pytest.mark.matrix
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_d64_step_order(tmp_path, causal):
-    """The default D = 64 step (`Config.sdp_together`): spill-free with no ptxas-injected
+    """The default D = 64 step (`Config.sdp_together`): spill-free steps, no ptxas-injected
     wgmma wait, and S^T and dP^T in flight together in the step loop's SASS (FA4's order:
     two m64n128k16 groups before the first wait)."""
     from harness.sass_steps import before_first_wait, parse, step_loops
@@ -191,7 +209,7 @@ def test_bwd_d64_step_order(tmp_path, causal):
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     res, adv = _ptxas(path), _ptxas_advisories(path)
     if res is not None:
-        assert res[1] == 0, f"register spills: {res}"
+        _no_step_spills(path, res)
     assert not adv, adv
     cubin = path[:-len(".ptx")] + ".cubin"
     if os.path.exists(cubin):

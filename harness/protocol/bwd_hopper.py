@@ -20,7 +20,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     on named barrier 8 (256 threads) where a consumer reads the other's; dQ: a staging
     buffer a consumer, full / empty to the reduce (a bulk reduce-add: an async read of the
     staging, retired by its wait), at D = 64 below 128-row steps summed into the last
-    consumer's first. Causal packed lists: tiles from the counter, handed to the
+    consumer's first. Packed lists: tiles from the counter, handed to the
     consumers (and reduce_dq) through the two-slot ring."""
     from jagged.tiles import bwd_dynamic
 
@@ -198,7 +198,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     warp and two `compute` warpgroups (64 of the 128 keys each: K and V by halves).
     PipelineTmaAsync rings for K/V (kv_stages) and Q/dO (2, with the step's lse / delta
     rows beside), empty barriers of one arrival per compute warp; the tile handoff
-    (causal packed) a PipelineAsync of 32 producer and 288 consumer threads. Named
+    (packed lists) a PipelineAsync of 32 producer and 288 consumer threads. Named
     barriers: 1 (256 threads) twice a step around the single dS^T buffer (both halves
     free, then both written: the dQ MMA reads both); 3 and 2 (288 threads: the compute
     warpgroups and reduce_dq) for the single dQ staging buffer (empty, pre-arrived by
