@@ -284,16 +284,32 @@ def dq_smem_layout(D: int, bm: int):
     return cute.tile_to_shape(atom, (bm, D), (0, 1))
 
 
-def dq_store_view(layout):
-    """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
-    offsets: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks and
-    the +8 row fold into immediates; through the swizzled pointer it took 16, and spilled),
-    the same bytes the TMA box reads. A warp's STS.64 (8 rows x 4 lanes x 8 B) covers all
-    32 banks twice (2 wavefronts, the minimum). tests: test_dq_smem_addresses."""
+def dq_t_col(c: int) -> int:
+    """Where dQ column c sits in the fp32 accumulator (and the smem partial) of a dq_t
+    build: within each 16 columns, the two a dQ^T thread holds for a query row (j and
+    j + 8, its accumulator rows m and m + 8) lie together at 2j, 2j + 1, so one STS.64
+    stores them. `Postprocess` (t_cols) reads a group back in column order."""
+    return c - c % 16 + 2 * (c % 8) + (c % 16) // 8
+
+
+def dq_store_view(layout, bm: int = 0, D: int = 0, t_cols: bool = False):
+    """The compute threads' view of `dq_smem_layout` over (row, dQ column): the swizzle in
+    elements (static offsets: 4 live STS.64 bases a thread, one per 8-column group of a
+    block; blocks and the +8 row fold into immediates; through the swizzled pointer it
+    took 16, and spilled), the same bytes the TMA box reads. A warp's STS.64 (8 rows x 4
+    lanes x 8 B) covers all 32 banks twice (2 wavefronts, the minimum). t_cols (dq_t
+    builds, bm x D): the columns placed by `dq_t_col` (composed before the layout), so
+    the transposed stores pair up as STS.64 too (4 rows x 8 lanes x 8 B, also 2
+    wavefronts). tests: test_dq_smem_addresses."""
+    import cutlass.cute as cute
     from cutlass import Float32
 
     from .fragments import element_swizzled
-    return element_swizzled(layout, Float32)
+    sw = element_swizzled(layout, Float32)
+    if not t_cols:
+        return sw
+    cols = cute.make_layout((bm, (8, 2, D // 16)), stride=(1, (2 * bm, bm, 16 * bm)))
+    return cute.make_composed_layout(sw.inner, 0, cute.composition(sw.outer, cols))
 
 
 # role: schedule
@@ -611,7 +627,8 @@ def _kernel_classes():
                 sdO=storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner),
                 sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
                 sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
-                sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout)),
+                sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout, self.bm, self.D,
+                                                           self.dq_t)),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
@@ -809,7 +826,7 @@ def _kernel_classes():
                 tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
             else:
                 # dQ^T: its (column, row) elements stored transposed into the same smem
-                # partial (one STS.32 each; the swizzle spreads a warp's over all banks)
+                # partial, a thread's columns m and m + 8 side by side (dq_t_col: STS.64)
                 tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(sKt))
                 tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdSt))
                 shape_dQ = wg_dq.partition_shape_C((D, self.bm))
@@ -1194,8 +1211,10 @@ def _kernel_classes():
     # ================================================================================
     # role: reduce_dq
     class Postprocess:
-        def __init__(self, dtype, pdl: bool):
+        def __init__(self, dtype, pdl: bool, t_cols: bool = False):
             self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
+            self.t_cols = t_cols               # the accumulator's columns in dq_t_col order
+            self.vec = 2 * POST_VEC if t_cols else POST_VEC
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
@@ -1207,20 +1226,26 @@ def _kernel_classes():
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
                    n_slots: Int32, scale: Float32):
-            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
+            """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); self.vec elements a thread
+            (t_cols: a 16-column group, read in dq_t_col order, written in column order).
             Its reads wait for the main kernel (where launched as its dependent)."""
+            V = self.vec
             cute.arch.griddepcontrol_wait()
             i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
             if i < n_vec:
-                acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                acc = cute.make_rmem_tensor((V,), Float32)
                 acc.fill(0.0)
-                part = cute.make_rmem_tensor((POST_VEC,), Float32)
+                part = cute.make_rmem_tensor((V,), Float32)
                 for s in cutlass.range(n_slots, unroll=1):  # in a fixed order
-                    cute.autovec_copy(cute.local_tile(mdQacc[s, None], (POST_VEC,), (i,)), part)
+                    cute.autovec_copy(cute.local_tile(mdQacc[s, None], (V,), (i,)), part)
                     acc.store(acc.load() + part.load())
-                out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                if const_expr(self.t_cols):
+                    for c in cutlass.range_constexpr(V):
+                        part[c] = acc[dq_t_col(c)]
+                    acc.store(part.load())
+                out = cute.make_rmem_tensor((V,), self.dtype)
                 out.store((acc.load() * scale).to(self.dtype))
-                cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+                cute.autovec_copy(out, cute.local_tile(mdQ, (V,), (i,)))
 
     return Preprocess, BwdMain, Postprocess
 
@@ -1245,17 +1270,20 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
                                cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
-def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, t_cols: bool = False, options: str = ""):
+    """The postprocess; t_cols: the accumulator's columns in `dq_t_col` order (a dq_t
+    build's), else in column order."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
     Post = _kernel_classes()[2]
     n = cute.sym_int32()
+    vec = 2 * POST_VEC if t_cols else POST_VEC
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
-                    (cute.sym_int64(divisibility=POST_VEC), 1), 16)
+                    (cute.sym_int64(divisibility=vec), 1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Float32(1.0), options=options)
+    return host.compile_kernel(Post(cdt, pdl, t_cols), acc, dq, cutlass.Int32(1),
+                               cutlass.Int32(1), cutlass.Float32(1.0), options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1278,10 +1306,10 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                options=options)
 
 
-def _main(c: host.BwdCall):
+def _main(c: host.BwdCall) -> bool:
     """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
     window_tiles over the key offsets, the window order, count and table in place of the
-    list; module docstring)."""
+    list; module docstring). True where it leaves the dQ accumulator in dq_t_col order."""
     D = c.q.shape[2]
     if takes_windows(c.k.shape[0], c.cu_k.shape[0] - 1, c.max_k, c.broadcast_q):
         cfg, dynamic = window_config(D), False
@@ -1298,6 +1326,7 @@ def _main(c: host.BwdCall):
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.n_slots, c.group, c.grid)
+    return cfg.dq_t            # its accumulator's columns in dq_t_col order
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,

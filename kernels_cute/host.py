@@ -286,9 +286,11 @@ class BwdCall(NamedTuple):
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
     preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
-    main: Callable         # (BwdCall) -> None: launch the main kernel
-    postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
-                           # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
+    main: Callable         # (BwdCall) -> launch the main kernel; True where it left the dQ
+                           # accumulator's columns in dQ^T pair order (bwd_hopper.dq_t_col)
+    postprocess: Callable  # (dtype, pdl, t_cols) -> the compiled postprocess (post_vec per
+                           # thread, twice that in pair order; pdl: launched as a
+                           # dependent, jagged.tiles.bwd_dependent)
     post_vec: int
 
 
@@ -324,13 +326,14 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         delta -= dlse
 
     # (b) main
-    kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
-                      max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
-                      H // HKV, grid_main, sched, int(max_q or 0)))
+    call = BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
+                   max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
+                   H // HKV, grid_main, sched, int(max_q or 0))
+    t_cols = bool(kern.main(call))
 
     # (c) postprocess
     n_elem = dq.numel()
-    kern.postprocess(q.dtype, bwd_dependent(broadcast_q))(
-        dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-        float(scale))
+    vec = kern.post_vec * (2 if t_cols else 1)
+    kern.postprocess(q.dtype, bwd_dependent(broadcast_q), t_cols)(
+        dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // vec, n_slots, float(scale))
     return dq, dk, dv

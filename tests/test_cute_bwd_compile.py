@@ -110,8 +110,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - tiles from the counter (an atomic add) exactly in the causal packed builds
       (jagged.tiles.bwd_dynamic);
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
-      bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
-      st.shared.b32), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
+      bm * D / 512 st.shared.v2 a compute thread (dQ^T too, its columns paired by
+      dq_t_col), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
       addresses: test_dq_smem_addresses;
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
@@ -140,9 +140,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
         (causal and not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
-    dq_stores = 0 if cfg.dq_t else bm * D // 512
-    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == dq_stores + B.ld_rows(bm)
-    assert _count(r"st\.shared\.(b32|f32)", ptx) == (bm * D // 256 if cfg.dq_t else 0)
+    assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == bm * D // 512 + B.ld_rows(bm)
+    assert _count(r"st\.shared\.(b32|f32)", ptx) == 0
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -258,7 +257,8 @@ def test_bwd_configs():
 def test_bwd_pre_post_compile(tmp_path):
     """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
+                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
+                       "B.compile_postprocess(dt, True, True)")
 
 
 @needs_dsl
@@ -364,15 +364,15 @@ def test_dq_smem_addresses(tmp_path):
     warpgroups split the columns, and 80 rows, dQ^T with the warpgroups' 64 columns as M;
     D = 64: 128 rows, split by rows): the compute threads (the dQ wgmma's C partition,
     partition_C of `dq_store_view`, the layout the kernel writes through; dQ^T: its
-    (column, row) elements at (row, column)) put each (row, col) of the bm x D tile
-    exactly once, at the byte the TMA reduce box reads for it: D / 32 boxes of bm x 32
-    fp32, 128 B rows, hardware 128B swizzle (byte bits 4-6 ^= bits 7-9). The layout the
-    TMA atom is built from (`dq_smem_layout`) carries that swizzle (S<3,4,3>, in bytes)
-    over the same row-major boxes. dQ: each thread's two columns of a pair are adjacent
-    (one STS.64), and every warp store instruction covers each of the 32 banks exactly
-    twice (2 wavefronts, the minimum for 256 bytes); dQ^T: one STS.32 an element, each
-    covering the 32 banks once. Controls: the unswizzled and the byte-counted (wrong)
-    swizzle views must fail the same check."""
+    (column, row) elements at (row, column), column c at `dq_t_col(c)`) put each (row,
+    col) of the bm x D tile exactly once, at the byte the TMA reduce box reads for it: D /
+    32 boxes of bm x 32 fp32, 128 B rows, hardware 128B swizzle (byte bits 4-6 ^= bits
+    7-9). The layout the TMA atom is built from (`dq_smem_layout`) carries that swizzle
+    (S<3,4,3>, in bytes) over the same row-major boxes. Each thread's two columns of a
+    pair are adjacent (dQ: c, c + 1; dQ^T: c, c + 8; one STS.64), and every warp store
+    instruction covers each of the 32 banks exactly twice (2 wavefronts, the minimum for
+    256 bytes). Controls: the unswizzled and the byte-counted (wrong) swizzle views must
+    fail the same check."""
     traced_check(tmp_path, "dq_check", """
         import cutlass, cutlass.cute as cute
         from cutlass.cute.nvgpu import warpgroup
@@ -413,7 +413,7 @@ def test_dq_smem_addresses(tmp_path):
                         cute.make_identity_tensor((D, bm) if dq_t else (bm, D)))
                     coords.append([tuple(C[i])[::-1] if dq_t else tuple(C[i])
                                    for i in range(cute.size(C))])
-                views = {"kernel": B.dq_store_view(L), "plain": L.outer,
+                views = {"kernel": B.dq_store_view(L, bm, D, dq_t), "plain": L.outer,
                          "byteswz": cute.make_composed_layout(L.inner, 0, L.outer)}
                 for name, V in views.items():
                     seen, bad, pairs, insn, at = {}, [], [], {}, {}
@@ -423,25 +423,31 @@ def test_dq_smem_addresses(tmp_path):
                             at[r, c] = 4 * cute.crd2idx((r, c), V)
                         return at[r, c]
 
+                    # dq_t: logical column c lives at dq_t_col(c)
+                    col = B.dq_t_col if dq_t and name == "kernel" else (lambda c: c)
+
                     for t, C in enumerate(coords):
                         for i, (r, c) in enumerate(C):
                             got = byte(r, c)
                             seen[(r, c)] = seen.get((r, c), 0) + 1
-                            if got != hw_byte(r, c, bm):
-                                bad.append((t, i, r, c, got, hw_byte(r, c, bm)))
-                            if dq_t:         # one STS.32 an element
+                            if got != hw_byte(r, col(c), bm):
+                                bad.append((t, i, r, c, got, hw_byte(r, col(c), bm)))
+                            if dq_t and i % 4 < 2:   # registers i, i + 2 (columns c,
+                                r1, c1 = C[i + 2]    # c + 8): one STS.64
+                                if r1 != r or c1 != c + 8 or got % 8 or \\
+                                        byte(r1, c1) != got + 4:
+                                    pairs.append((t, i))
                                 insn.setdefault((t // 32, i), []).append(got)
-                            elif i % 2 == 0:   # register pair i, i + 1: one STS.64
+                            elif not dq_t and i % 2 == 0:   # registers i, i + 1: STS.64
                                 r1, c1 = C[i + 1]
                                 if r1 != r or c1 != c + 1 or got % 8 or \\
                                         byte(r1, c1) != got + 4:
                                     pairs.append((t, i))
                                 insn.setdefault((t // 32, i), []).append(got)
-                    banks = []    # instructions reaching a bank other than 128 B / 128 B
+                    banks = []    # instructions reaching a bank other than twice
                     for k, a in insn.items():
-                        words = [w // 4 for x in a for w in ((x,) if dq_t else (x, x + 4))]
-                        if sorted(w % 32 for w in words) != \\
-                                sorted(list(range(32)) * (1 if dq_t else 2)):
+                        words = [w // 4 for x in a for w in (x, x + 4)]
+                        if sorted(w % 32 for w in words) != sorted(list(range(32)) * 2):
                             banks.append(k)
                     FOUND[(key, name)] = dict(
                         once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
@@ -457,8 +463,7 @@ def test_dq_smem_addresses(tmp_path):
             assert not k["bad"], k["bad"][:10]
             assert not k["pairs"], k["pairs"][:10]
             assert not k["banks"], k["banks"][:10]
-            per = 256 if key == 129 else 512       # STS.32 / STS.64 a thread
-            assert k["n"] == 8 * (k["bm"] * D // per), k["n"]   # 8 warps
+            assert k["n"] == 8 * (k["bm"] * D // 512), k["n"]   # 8 warps x STS.64 a thread
             for ctl in ("plain", "byteswz"):       # a wrong swizzle fails the check
                 assert F[(key, ctl)]["once"] and F[(key, ctl)]["bad"], ctl
         assert F[(129, "kernel")]["bm"] == 80
@@ -661,7 +666,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
                           causal, 0.125, bq)
             (pre, _), (main, args), (post, _) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
-            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq)
+            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq, False)
             if short and not bq:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
@@ -720,7 +725,9 @@ def test_host_backward_launches_plain(monkeypatch):
         lambda *args: calls.append((key, args))))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
+    posts = []
+    post = lambda *key: (lambda *args: posts.append((key, args)))   # noqa: E731
+    kern = host.BwdKernels(rec, B._main, post, B.POST_VEC)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
@@ -732,8 +739,13 @@ def test_host_backward_launches_plain(monkeypatch):
         k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
         lse = torch.zeros(H, n)
         calls.clear()
+        posts.clear()
         host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
                       0.125, False)
+        # the 80-row build's accumulator in dq_t_col order: 16 columns a postprocess thread
+        ((pkey, pargs),) = posts
+        assert pkey == (torch.bfloat16, True, block_m == 80)
+        assert pargs[2] == n * H * D // (16 if block_m == 80 else 8)
         ((_, _, c, bq, cfg, _), args), = calls
         assert (c, bq, cfg.block_m, cfg.dq_t) == (causal, False, block_m, block_m == 80)
         tiles = kv_tiles(cu, cu, 0, int(lk.max()), causal, block_m, B.BLOCK_N)
