@@ -711,3 +711,14 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
+
+
+def _dq_strided():
+    from dataclasses import replace
+
+    from kernels_cute import bwd_hopper as B
+    B.CONFIGS[(128, "plain")] = replace(B.CONFIGS[(128, "plain")], dq_pairs=False)
+
+
+register(Backend("cute-s32", *_experiment("cute", _dq_strided), supports=_ours_supports("cute"),
+                 own=True, experimental=True, note="cute with the 80-row dQ^T partial in STS.32"))

@@ -125,6 +125,7 @@ class Config:
                                 # (compute_step_128; not for broadcast-Q)
     dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup's 64
                          # columns): the form of a step whose rows are no multiple of 64
+    dq_pairs: bool = False  # dq_t: the partial's columns in `dq_t_col` order (STS.64)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -144,7 +145,7 @@ CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
     (128, "long"): Config(block_m=64, kv_stages=1),
-    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True),
+    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True, dq_pairs=True),
 }
 
 
@@ -209,6 +210,8 @@ def check_config(head_dim: int, cfg: Config) -> None:
     if cfg.dq_t and (head_dim != 128 or cfg.block_m == 128):
         raise ValueError(f"dq_t at D = {head_dim}, block_m = {cfg.block_m}: D = 128 (two "
                          f"warpgroups of 64 columns), at most 80 rows")
+    if cfg.dq_pairs and not cfg.dq_t:
+        raise ValueError("dq_pairs pairs dQ^T's columns: it takes dq_t")
     if cfg.block_m % 64 and not cfg.dq_t:
         raise ValueError(f"block_m = {cfg.block_m} takes dq_t (wgmma's M is 64 a warpgroup)")
     if cfg.sdp_together and cfg.block_m != 128:
@@ -628,7 +631,7 @@ def _kernel_classes():
                 sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
                 sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
                 sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout, self.bm, self.D,
-                                                           self.dq_t)),
+                                                           self.cfg.dq_pairs)),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
@@ -1326,7 +1329,7 @@ def _main(c: host.BwdCall) -> bool:
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.n_slots, c.group, c.grid)
-    return cfg.dq_t            # its accumulator's columns in dq_t_col order
+    return cfg.dq_pairs        # its accumulator's columns in dq_t_col order
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
