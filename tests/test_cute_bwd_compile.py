@@ -219,7 +219,7 @@ def test_bwd_configs():
     assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
     assert B.pick_config(64, causal=True) == B.pick_config(64)
     assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1)
-    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, dq_pairs=True)
     assert B.pick_config(128, broadcast_q=True) == B.pick_config(128, causal=True)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
     assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
