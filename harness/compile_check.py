@@ -192,7 +192,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
                stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
     const = dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
-                 DYNAMIC=bwd_dynamic(causal, bq) and not windows,
+                 DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
                  SDP_TOGETHER=bw.sdp_together(cfg, bq))
     if windows:  # with each key column's query rows (bw.window_rows)

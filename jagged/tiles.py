@@ -736,7 +736,7 @@ def bwd_dependent(broadcast_q: bool) -> bool:
     return not broadcast_q
 
 
-def bwd_dynamic(causal: bool, broadcast_q: bool) -> bool:
+def bwd_dynamic(broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the
     loads of the last one, and hands it to the other roles (kernels_tlx/tile_counter.py).

@@ -1272,7 +1272,7 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     args = host.bwd_args(cdt, head_dim, cfg.windows)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     if dynamic is None:
-        dynamic = bwd_dynamic(causal, broadcast_q) and not cfg.windows
+        dynamic = bwd_dynamic(broadcast_q) and not cfg.windows
     return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
                                *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
                                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
@@ -1291,7 +1291,7 @@ def _main(c: host.BwdCall):
     else:
         mean_q = bwd_mean_q(c.q.shape[0], c.cu_k.shape[0] - 1, c.broadcast_q)
         cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
-        dynamic = bwd_dynamic(c.causal, c.broadcast_q)
+        dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,

@@ -19,8 +19,8 @@ window reads the keys of every sequence it spans.
 
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA walks the
-list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Causal
-packed lists are taken from a counter instead (tile_counter.py).
+list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Packed
+lists are taken from a counter instead (tile_counter.py).
 
 Key windows (short sequences, `kv_window_coords`): a tile is a window of BLOCK_N
 consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles

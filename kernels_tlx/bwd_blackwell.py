@@ -535,7 +535,7 @@ def kernel_args(cfg: Config, H: int, HKV: int, head_dim: int, causal: bool,
         raise ValueError(f"backward Config {cfg}: slices must divide {BLOCK_M.value} / "
                          f"head_dim={head_dim}")
     return dict(H=H, HKV=HKV, D=head_dim, CAUSAL=bool(causal), BROADCAST_Q=bool(broadcast_q),
-                DYNAMIC=bwd_dynamic(causal, broadcast_q), Q_STAGES=cfg.q_stages,
+                DYNAMIC=bwd_dynamic(broadcast_q), Q_STAGES=cfg.q_stages,
                 KV_STAGES=cfg.kv_stages, S_SLICE=cfg.s_slice, DQ_SLICE=cfg.dq_slice,
                 O_SLICE=cfg.o_slice)
 

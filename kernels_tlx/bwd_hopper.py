@@ -950,7 +950,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         col_rows = window_rows(cu_q, cu_k, tile_n, causal)
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
-        l_q, dynamic, col_rows = p.L_q, bwd_dynamic(causal, broadcast_q), None
+        l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),

@@ -17,7 +17,7 @@ balanced.
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks
 the list (packed: tiles x KV heads round-robin; broadcast-Q: programs pinned to a KV
-head). The backward's packed lists are taken from a counter instead (tile_counter.py). Short keys
+head). Packed lists are taken from a counter instead (tile_counter.py). Short keys
 take key windows instead (`kv_window_coords`): BLOCK_N consecutive packed key columns,
 whatever sequences hold them (jagged.tiles.window_tiles over cu_k), walked statically.
 """

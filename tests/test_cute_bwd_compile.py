@@ -691,7 +691,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
                 assert cfg.block_m == (64 if bq else 128)
                 tiles = kv_tiles(None if bq else cu_q, cu_k, n_q if bq else 0, max_k, causal,
                                  cfg.block_m, B.BLOCK_N)
-                assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(causal, bq))
+                assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(bq))
                 assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))
             # broadcast-Q: one dQ slot per SLOT_KEYS keys (jagged.tiles.dq_slots)
             slots = dq_slots(132 // HKV, n_q * H * D * 4, k.shape[0]) if bq else 1

@@ -26,7 +26,7 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
     NQ, NKV = cfg.q_stages, cfg.kv_stages
     ALIAS = D == BM
     NDQ, NSL = (1 if ALIAS else 2), D // cfg.dq_slice
-    dyn = bwd_dynamic(problem.causal, problem.broadcast_q)
+    dyn = bwd_dynamic(problem.broadcast_q)
     walk = BwdWalk(problem, BM, BN, programs)
     P = walk.programs
     counter = sim.counter("tile_counter")

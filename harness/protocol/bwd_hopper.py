@@ -31,7 +31,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     DQ_COLS = dq_cols(D)
     DQS = DQ_COLS == D and not M128
     MEET = DQ_COLS < D or M128           # a consumer's dQ reads the other's dS^T (and K)
-    dyn = bwd_dynamic(problem.causal, problem.broadcast_q)
+    dyn = bwd_dynamic(problem.broadcast_q)
     walk = BwdWalk(problem, BM, BLOCK_N, programs)
     P = walk.programs
     counter = sim.counter("tile_counter")
@@ -207,7 +207,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
 
     from kernels_cute.bwd_hopper import BLOCK_N, NUM_MMA_WG, Q_STAGES
     D, BM, NW, NKV = head_dim, cfg.block_m, NUM_MMA_WG, cfg.kv_stages
-    dyn = bwd_dynamic(problem.causal, problem.broadcast_q) and not problem.broadcast_q
+    dyn = bwd_dynamic(problem.broadcast_q)
     walk = BwdWalk(problem, BM, BLOCK_N, programs)
     P = walk.programs
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
