@@ -174,9 +174,11 @@ def _run_job(job: dict) -> CompileReport:
                           name=job["name"], **job["opts"])
 
 
-def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> dict:
+def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
+                parts=1) -> dict:
     """A `_run_job` job: the TLX backward's main kernel as `backward` launches it (bucket:
-    a key of its CONFIGS; windows: over key windows, its window_config)."""
+    a key of its CONFIGS; windows: over key windows, its window_config; parts: programs a
+    tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators)."""
     from jagged.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper as bw
     cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
@@ -185,7 +187,8 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
            "lse_ptr": "*fp32", "delta_ptr": "*fp32",
            "dq_desc": f"tensordesc<fp32[{bw.dq_rows(bm)},{bw.dq_cols(d)}]>",
-           "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}"}
+           "dk_ptr": f"*{'fp32' if parts > 1 else dt}",
+           "dv_ptr": f"*{'fp32' if parts > 1 else dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
                                     "n_tiles_ptr", "sched_ptr")})
     sig.update(scale="fp32", L_q="i32", n_slots="i32", stride_k_tok="i32", stride_k_h="i32",
@@ -194,7 +197,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=bw.sdp_together(cfg, bq))
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts)
     if windows:  # with each key column's query rows (bw.window_rows)
         sig["col_rows"] = "*i32"
     else:
@@ -202,7 +205,8 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False) -> 
     return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
                 name=f"bwd D{d} {'windows' if windows else bucket} "
-                     f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}",
+                     f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}"
+                     f"{f' parts {parts}' if parts > 1 else ''}",
                 opts={})
 
 

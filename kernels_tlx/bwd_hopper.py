@@ -89,8 +89,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq
-from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid,
-                          dq_accumulator, kv_tiles, slot_count, window_tiles, windowed)
+from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
+                          dkv_accumulator, dq_accumulator, kv_tiles, slot_count, window_tiles,
+                          windowed)
 
 from jagged.launch import cdiv, fast, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -315,12 +316,14 @@ def lse_log2(lse):  # role: compute
 @triton.jit
 def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-            WINDOWS: tl.constexpr):  # role: schedule
-    """Tile t -> KVTile, from the (sequence, KV block) list or the key-window list."""
+            WINDOWS: tl.constexpr, PARTS: tl.constexpr):  # role: schedule
+    """Tile t -> KVTile, from the (sequence, KV block) list (split PARTS ways) or the
+    key-window list."""
     if WINDOWS:
         return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N)
     else:
-        return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
+                              PARTS)
 
 
 @triton.jit
@@ -359,7 +362,7 @@ def load(descs, smem, bars, tiles, stats,
          BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
          NKV: tl.constexpr, DQ_COLS: tl.constexpr, REDUCE_DQ: tl.constexpr,
          DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr,
-         WINDOWS: tl.constexpr):
+         WINDOWS: tl.constexpr, PARTS: tl.constexpr):
     """The producer: per tile K and V, per Q step Q and dO, by TMA. With smem.lse (64- and
     128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
     work, one step behind."""
@@ -367,7 +370,8 @@ def load(descs, smem, bars, tiles, stats,
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
+                                      PARTS)
     i = 0
     qcnt = 0
     if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
@@ -378,7 +382,8 @@ def load(descs, smem, bars, tiles, stats,
     if DYNAMIC:
         publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
     while t < n_tiles:
-        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
+                       PARTS)
         # K, V of the tile into stage i % NKV, freed by both consumers at the end of the tile
         kvb, kph = _buf_phase(i, NKV)
         tlx.barrier_wait(bars.kv_empty[kvb], kph ^ 1)
@@ -447,7 +452,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
-            ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr):
+            ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr,
+            PARTS: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -476,7 +482,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
+                                      PARTS)
     qk_scale2 = grads.scale * 1.4426950408889634
     i = 0
     qcnt = 0
@@ -485,7 +492,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
+                       PARTS)
         nc0 = tile.n0 + cid * BNC
         offs_n = nc0 + tl.arange(0, BNC)
         if WINDOWS:
@@ -553,12 +561,12 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
                 pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
-                lp = pt.to(grads.dk.dtype.element_ty)
+                lp = pt.to(kc.dtype)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
                 if smem.lse is not None:
                     delta = tlx.local_load(smem.delta[buf])
-                dst = (pt * (dpt - delta[None, :])).to(grads.dk.dtype.element_ty)
+                dst = (pt * (dpt - delta[None, :])).to(kc.dtype)
                 if smem.lse is None:
                     delta_nx = tl.load(stats.delta + off_nx, mask=rmask_nx, other=0.0)
                 sb = (qcnt % 2) * NC
@@ -605,7 +613,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             tlx.barrier_arrive(bars.dq_full[cid], 1)
             qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
-        store(grads, dk, dv, vc, tile, nc0, BNC, D)
+        store(grads, dk, dv, vc, tile, nc0, BNC, D, PARTS > 1)
         tlx.fence("async_shared")  # our generic smem writes before the next TMA write
         tlx.barrier_arrive(bars.kv_empty[kvb], 1)             # K/V stage free
         i += 1
@@ -668,28 +676,63 @@ def _ds_rows(ds_smem, idx, cid: tl.constexpr, BNC: tl.constexpr, RC: tl.constexp
 
 
 @triton.jit
-def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr):
+def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr,
+          ADD: tl.constexpr):
     """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
     (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole
-    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV."""
-    xk = (dk * grads.scale).to(grads.dk.dtype.element_ty)  # both narrowed first: the fp32
-    xv = dv.to(grads.dv.dtype.element_ty)                  # accumulators die here
-    _store_rows(grads.dk, xk, stage, tile, nc0, grads, BNC, D)
-    _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D)
+    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV.
+
+    ADD (a tile split over programs, jagged.tiles.bwd_parts): added in fp32 into the
+    accumulators grads.dk / grads.dv point at, half the columns at a time (an fp32 half
+    fills the 16-bit stage)."""
+    if ADD:
+        st = tlx.local_reinterpret(stage, tl.float32, [BNC, D // 2], layout=ADD_STAGE)
+        lo, hi = _column_halves(dk * grads.scale, BNC, D)
+        _store_rows(grads.dk, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
+        _store_rows(grads.dk, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
+        lo, hi = _column_halves(dv, BNC, D)
+        _store_rows(grads.dv, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
+        _store_rows(grads.dv, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
+    else:
+        xk = (dk * grads.scale).to(grads.dk.dtype.element_ty)  # both narrowed first: the
+        xv = dv.to(grads.dv.dtype.element_ty)                  # fp32 accumulators die here
+        _store_rows(grads.dk, xk, stage, tile, nc0, grads, BNC, D, 0, False)
+        _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D, 0, False)
+
+
+# the fp32 half-tile view of a 16-bit stage (store's ADD): rows of 16-byte vectors,
+# swizzled over eight
+ADD_STAGE = tl.constexpr(tlx.swizzled_shared_layout_encoding(
+    vectorSize=4, perPhase=1, maxPhase=8, order=[1, 0], numCTAs=[1, 1],
+    numCTAsPerCGA=[1, 1], numCTASplit=[1, 1], numCTAOrder=[1, 1]))
 
 
 @triton.jit
-def _store_rows(ptr, x, stage, tile, nc0, grads, BNC: tl.constexpr, D: tl.constexpr):
+def _column_halves(x, BNC: tl.constexpr, D: tl.constexpr):
+    """x [BNC, D] -> (x[:, :D / 2], x[:, D / 2:])."""
+    return tl.split(tl.permute(tl.reshape(x, [BNC, 2, D // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _store_rows(ptr, x, stage, tile, nc0, grads, BNC: tl.constexpr, D: tl.constexpr,
+                COL0: tl.constexpr, ADD: tl.constexpr):
+    """x [BNC, D] into columns [COL0, COL0 + D) of the tile's keys (ADD: added, fp32)."""
     ROWS: tl.constexpr = 16
     tlx.local_store(stage, x)
-    d = tl.arange(0, D)
+    d = COL0 + tl.arange(0, D)
     for r in tl.static_range(BNC // ROWS):
         rows = nc0 + r * ROWS + tl.arange(0, ROWS)
         y = tlx.local_load(tlx.local_slice(stage, [r * ROWS, 0], [ROWS, D]))
         off = ((tile.k_start + rows)[:, None] * grads.stride_tok + tile.hk * grads.stride_h
                + d[None, :])
         # rows start 16-byte aligned (backward allocates dK/dV contiguous): vector stores
-        tl.store(tl.multiple_of(ptr + off, [1, 16]), y, mask=(rows < tile.len_k)[:, None])
+        # (ADD: atom.add.v4.f32)
+        dst = tl.multiple_of(ptr + off, [1, 16])
+        keep = (rows < tile.len_k)[:, None]
+        if ADD:
+            tl.atomic_add(dst, y, mask=keep, sem="relaxed")
+        else:
+            tl.store(dst, y, mask=keep)
 
 
 @triton.jit
@@ -697,10 +740,12 @@ def reduce_dq(dq_desc, smem, bars, tiles,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               BROADCAST_Q: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
-              DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, WINDOWS: tl.constexpr):
+              DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, WINDOWS: tl.constexpr,
+              PARTS: tl.constexpr):
     G: tl.constexpr = H // HKV
     pid = tl.program_id(0)
-    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q)
+    first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
+                                      PARTS)
     slot_row = dq_slot_row(pid, tiles, HKV, BROADCAST_Q)
     qcnt = 0
     i = 0
@@ -708,7 +753,8 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
     while t < n_tiles:
-        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
+        tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
+                       PARTS)
         for j in range(0, G * tile.n_m):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
@@ -756,7 +802,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                KV_STAGES: tl.constexpr,      # Config.kv_stages
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
                WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
-               SDP_TOGETHER: tl.constexpr = False):  # Config.sdp_together
+               SDP_TOGETHER: tl.constexpr = False,  # Config.sdp_together
+               PARTS: tl.constexpr = 1):  # programs a tile (bwd_parts); dk / dv fp32 if > 1
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -816,20 +863,20 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_wait()
             gdc_launch_dependents()
             load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS)
+                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS, PARTS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             gdc_wait()
             gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS, SDP_TOGETHER)
+                    M128, WINDOWS, SDP_TOGETHER, PARTS)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
                 gdc_launch_dependents()
                 reduce_dq(dq_desc, smem, bars, tiles, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS, WINDOWS)
+                          BROADCAST_Q, NC, DQ_COLS, DYNAMIC, DQS, WINDOWS, PARTS)
 
 
 # ----------------------------------------------------------------------------- postprocess
@@ -868,7 +915,7 @@ class Prep(NamedTuple):
     Nq: int
     L_q: int             # broadcast-Q: the shared query length; 0 otherwise
     dq: torch.Tensor
-    dk: torch.Tensor
+    dk: torch.Tensor     # dk and dv: the two halves of one [2, Nk, H_kv, D] buffer
     dv: torch.Tensor
 
     @property
@@ -882,10 +929,10 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     """The host prologue of a backward call; an empty call's gradients come zeroed."""
     dev = q.device
     # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
+    dkv = torch.empty((2, *k.shape), dtype=k.dtype, device=dev)
     p = Prep(dout.contiguous(), out.contiguous(), lse.contiguous(), q.shape[1], k.shape[1],
              q.shape[2], cu_k.shape[0] - 1, out.shape[0], q.shape[0] if broadcast_q else 0,
-             torch.empty_like(q), torch.empty(k.shape, dtype=k.dtype, device=dev),
-             torch.empty(v.shape, dtype=v.dtype, device=dev))
+             torch.empty_like(q), dkv[0], dkv[1])
     if p.empty:
         p.dk.zero_(); p.dv.zero_(); p.dq.zero_()
     return p
@@ -918,14 +965,21 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     return out
 
 
-def _postprocess(p: Prep, dq_acc, scale, broadcast_q):  # role: host
-    """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq."""
-    n_elem = p.dq.numel()
-    n_slots = slot_count(dq_acc, broadcast_q)
+def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None):  # role: host
+    """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
+    dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
+    the one before."""
     PB = 1024
-    fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
-        dq_acc, p.dq, n_elem, n_slots, p.L_q * p.H * p.D, float(scale), BLOCK=PB, PDL=PDL,
-        num_warps=4, launch_pdl=PDL and bwd_dependent(broadcast_q))
+    pdl = PDL and bwd_dependent(broadcast_q)
+    for acc, out, n_slots, stride, s in (
+            (dq_acc, p.dq, slot_count(dq_acc, broadcast_q), p.L_q * p.H * p.D, float(scale)),
+            (dkv_acc, p.dk, 1, 0, 1.0)):
+        if acc is None:
+            continue
+        n_elem = acc.numel() // n_slots  # dK / dV: both halves of the buffer p.dk opens
+        fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
+            acc, out, n_elem, n_slots, stride, s, BLOCK=PB, PDL=PDL, num_warps=4,
+            launch_pdl=pdl)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -951,18 +1005,22 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
+    parts = 1 if windows else bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV,
+                                        causal, broadcast_q, BM, BLOCK_N, grid_main)
+    dkv_acc = dkv_accumulator(k, parts)
+    dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
-        p.dk, p.dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
+        dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), l_q, slot_count(dq_acc, broadcast_q), p.dk.stride(0), p.dk.stride(1),
         p.lse.stride(0), col_rows,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=sdp_together(cfg, broadcast_q), num_warps=4, num_stages=cfg.num_stages,
-        launch_pdl=bwd_dependent(broadcast_q))
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
+        num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
-    _postprocess(p, dq_acc, scale, broadcast_q)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc)
     return p.dq, p.dk, p.dv

@@ -157,10 +157,12 @@ def kv_steps(n_bulk, n_end, MASK_FIRST: tl.constexpr):  # role: schedule
 
 
 @triton.jit
-def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr):
+def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr,
+               PARTS: tl.constexpr = 1):
     """Backward: (first tile, step, end) of program pid's static walk. Packed modes deal
-    the list x HKV heads round-robin; broadcast-Q programs are pinned to KV head
-    pid % HKV (dQ slot: dq_slot_row) and deal the list only."""
+    the list x HKV heads x PARTS parts (jagged.tiles.bwd_parts) round-robin; broadcast-Q
+    programs are pinned to KV head pid % HKV (dQ slot: dq_slot_row) and deal the list
+    only."""
     n_tiles = tl.load(n_tiles_ptr)
     if BROADCAST_Q:
         first = pid // HKV
@@ -168,7 +170,7 @@ def tile_range(pid, nprog, n_tiles_ptr, HKV: tl.constexpr, BROADCAST_Q: tl.const
     else:
         first = pid
         step = nprog
-        n_tiles = n_tiles * HKV
+        n_tiles = n_tiles * (HKV * PARTS)
     return first, step, n_tiles
 
 
@@ -219,14 +221,16 @@ class KVTile(NamedTuple):
 
 @triton.jit
 def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
+                   PARTS: tl.constexpr = 1):
     """Backward tile t of program pid (tiles: KVTiles) -> KVTile. Broadcast-Q: the
-    program's pinned KV head, pid % HKV."""
+    program's pinned KV head, pid % HKV. PARTS > 1 (packed): t walks the list x HKV heads
+    x PARTS parts, and part p keeps the p-th run of ceil(n_m / PARTS) of its Q blocks."""
     if BROADCAST_Q:
         base = t
     else:
-        base = t // HKV
-        hk = t % HKV
+        base = t // (HKV * PARTS)
+        hk = (t // PARTS) % HKV
     b = tl.load(tiles.tile_b + base)
     n0 = tl.load(tiles.tile_n + base) * BLOCK_N
     k_start, len_k = seq_range(tiles.cu_k, b, 0, False)
@@ -245,6 +249,11 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     else:
         m_lo = 0
     n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
+    if PARTS > 1:
+        per = tl.cdiv(n_m, PARTS)
+        part = t % PARTS
+        m_lo += part * per * BLOCK_M
+        n_m = tl.minimum(tl.maximum(n_m - part * per, 0), per)
     if BROADCAST_Q:
         hk = pid % HKV
     return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, b)

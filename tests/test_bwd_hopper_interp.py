@@ -60,14 +60,17 @@ def test_postprocess():
 @triton.jit
 def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, n_slots, out_ptr, HKV: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          BROADCAST_Q: tl.constexpr):
+          BROADCAST_Q: tl.constexpr,
+          PARTS: tl.constexpr = 1):
     """Every tile of every program's static walk: its program, coordinates and dQ slot
     row, 12 int64 values a tile at out_ptr + 12 * tile."""
     pid = tl.program_id(0)
     tiles = KVTiles(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, None, n_slots)
-    first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q)
+    first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q,
+                                PARTS)
     for t in range(first, n, step):
-        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q)
+        tile = kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
+                              PARTS)
         if BROADCAST_Q:
             t = t * HKV + tile.hk  # a slot per (tile, head)
         vals = (pid, tile.b, tile.hk, tile.n0, tile.len_k, tile.len_q, tile.k_start,
@@ -78,12 +81,15 @@ def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, n_slots, out_ptr, HKV: t
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("bq,n_slots", [(False, 1), (True, 1), (True, 2), (True, 3)])
-def test_kv_tile_walk(causal, bq, n_slots):
+@pytest.mark.parametrize("bq,n_slots,parts", [(False, 1, 1), (True, 1, 1), (True, 2, 1),
+                                              (True, 3, 1), (False, 1, 2), (False, 1, 4)])
+def test_kv_tile_walk(causal, bq, n_slots, parts):
     """Each (KV tile, KV head) is visited once, by the program tile_range deals it to, and
     its Q blocks [m_lo, m_lo + n_m * BLOCK_M) are the blocks holding a row that sees one
     of its keys (bottom-right causal, len_q above and below len_k). Broadcast-Q: the
-    programs of a KV head share n_slots dQ slots round-robin (dq_slot_row)."""
+    programs of a KV head share n_slots dQ slots round-robin (dq_slot_row). Split into
+    `parts` (jagged.tiles.bwd_parts): each (tile, head) is visited once a part, and its
+    parts' Q blocks run back to back, in order, over those blocks, ceil(n / parts) each."""
     BM, BN, HKV, n_prog = 32, 128, 2, 6
     lk = torch.tensor([300, 1, 0, 129, 40])
     lq = torch.tensor([64] * 5) if bq else torch.tensor([100, 1, 3, 129, 200])
@@ -92,21 +98,35 @@ def test_kv_tile_walk(causal, bq, n_slots):
     L_q = 64 if bq else 0
     tile_b, tile_n, n_tiles = kv_tiles_reference(cu_q, cu_k, L_q, int(lk.max()), causal, BM, BN)
     n = int(n_tiles)
-    out = torch.full((n * HKV, 12), -1, dtype=torch.int64)
+    out = torch.full((n * HKV * parts, 12), -1, dtype=torch.int64)
     _walk[(n_prog,)](tile_b, tile_n, n_tiles, cu_k if bq else cu_q, cu_k, L_q, n_slots, out,
-                     HKV=HKV, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq)
-    assert (out[:, 0] >= 0).all(), "a (tile, head) never visited"
-    for t in range(n * HKV):
+                     HKV=HKV, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq,
+                     PARTS=parts)
+    assert (out[:, 0] >= 0).all(), "a (tile, head, part) never visited"
+    for tp in range(0, n * HKV * parts, parts):
+        t = tp // parts
+        for p in range(parts):  # round-robin over tiles x heads x parts
+            assert out[tp + p, 0] == (tp + p) % n_prog
+        vals = out[tp:tp + parts]
+        assert (vals[:, 1:9] == vals[0, 1:9]).all()
+        blocks_of = [list(range(v[9] // BM, v[9] // BM + v[10])) for v in vals.tolist()]
+        per = -(-sum(map(len, blocks_of)) // parts)
+        assert all(len(x) == min(per, max(0, sum(map(len, blocks_of)) - i * per))
+                   for i, x in enumerate(blocks_of)), blocks_of
         pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, slot_row = \
-            out[t].tolist()
+            vals[0].tolist()
+        m_lo = min((v[9] for v in vals.tolist() if v[10] > 0), default=m_lo)
+        n_m = sum(map(len, blocks_of))
+        if n_m:
+            assert sum(blocks_of, []) == list(range(m_lo // BM, m_lo // BM + n_m))
         assert slot_row == ((pid // HKV) % n_slots * L_q if bq else 0)
         base = t // HKV
         assert (b, n0) == (int(tile_b[base]), int(tile_n[base]) * BN)
         assert hk == t % HKV
         if bq:  # pinned: program p owns head p % HKV and every (n_prog // HKV)-th tile
             assert pid % HKV == hk and base % (n_prog // HKV) == pid // HKV
-        else:  # round-robin over tiles x heads
-            assert pid == t % n_prog
+        else:  # round-robin over tiles x heads (x parts, above)
+            assert pid == (t * parts) % n_prog
         assert (len_k, len_q) == (int(lk[b]), int(lq[b]))
         assert k_start == int(cu_k[b]) and q_start == (0 if bq else int(cu_q[b]))
         assert o_start == (b * L_q if bq else q_start)
