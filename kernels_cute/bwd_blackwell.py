@@ -170,6 +170,7 @@ class Sched(NamedTuple):
     HKV: Any
     group: Any
     n_slots: Any  # broadcast-Q: the dQ accumulator's slots
+    parts: int = 1  # CTAs a tile (jagged.tiles.bwd_parts; this build takes whole tiles)
 
 
 # role: compute

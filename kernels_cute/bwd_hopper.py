@@ -92,8 +92,8 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, kv_tiles,
-                          window_tiles, windowed)
+from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
+                          dkv_accumulator, kv_tiles, window_tiles, windowed)
 
 from . import host
 
@@ -165,14 +165,16 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
 
 
 def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
-                broadcast_q: bool = False, max_q: int = 0) -> Config:
+                broadcast_q: bool = False, max_q: int = 0, split: bool = False) -> Config:
     """The measured default for a head dim and a call's mean query rows a sequence
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
     sequences without causal masking, where the head dim has a step of its own
-    (`takes_plain`; max_q: the call's longest sequence, 0 where not known)."""
+    (`takes_plain`; max_q: the call's longest sequence, 0 where not known), unless its
+    tiles are split over CTAs (split: jagged.tiles.bwd_parts > 1): the 80-row step has
+    no registers left for the fp32 adds (`store_add`; its step loop spills 48 bytes)."""
     bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
     if (bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS
-            and takes_plain(head_dim, mean_q, max_q)):
+            and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     return CONFIGS[(head_dim, bucket)]
 
@@ -315,6 +317,7 @@ class Sched(NamedTuple):
     mSched: Any          # the counter and the tile hand-over slots (tile_counter)
     pipeline_tile: Any   # the hand-over's barriers
     n_slots: Any         # broadcast-Q: the dQ accumulator's slots (schedule.tile_range)
+    parts: int = 1       # CTAs a tile (jagged.tiles.bwd_parts), a build constant
 
 
 class Smem(NamedTuple):
@@ -440,8 +443,10 @@ def _kernel_classes():
     # ================================================================================
     class BwdMain:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     cfg: Config, dynamic: bool = False):
+                     cfg: Config, dynamic: bool = False, parts: int = 1):
             check_config(head_dim, cfg)
+            assert parts == 1 or not (broadcast_q or cfg.windows)
+            self.parts = parts      # CTAs a tile; > 1: mdK / mdV are fp32 accumulators
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
             self.windows = cfg.windows                        # key windows
@@ -617,7 +622,7 @@ def _kernel_classes():
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
-                          group, mSched, pipeline_tile, n_slots)
+                          group, mSched, pipeline_tile, n_slots, self.parts)
             pipeline.pipeline_init_wait()
             # a programmatic dependent of the kernel ahead (the preprocess or a list kernel,
             # which trigger first; jagged.tiles.bwd_dependent): global memory only after
@@ -872,9 +877,13 @@ def _kernel_classes():
                                       seq, scale_log2, (s.sLD, ld_off), kv, cols)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
-                # ---- store dK, dV
-                self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem, tiled_mma_dkv,
-                           tidx)
+                # ---- store dK, dV (a split tile: add them)
+                if const_expr(self.parts > 1):
+                    self.store_add(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale,
+                                   tiled_mma_dkv, tidx)
+                else:
+                    self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
+                               tiled_mma_dkv, tidx)
                 # the store wrote sV (generic proxy): order it before the next TMA write
                 # into this stage (two stages: two tiles on; the load warp fills the other
                 # stage meanwhile)
@@ -1190,6 +1199,26 @@ def _kernel_classes():
                            head_tile(m, seq.k_start + n0, hk, rows, D, (wg, 0)),
                            seq.len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
+        @cute.jit
+        def store_add(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, tiled_mma_dkv,
+                      tidx):
+            """A tile split over CTAs (parts > 1): dK (times the softmax scale) and dV
+            added into the fp32 accumulators mdK / mdV from registers, each pair of a
+            row's adjacent columns (the wgmma accumulator's value pairs) one
+            red.global.add.v2.f32; rows past the sequence end are never touched."""
+            crd = tiled_mma_dkv.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((BLOCK_N, self.D)))
+            pair = cute.make_rmem_tensor((2,), Float32)
+            row0, rows = seq.k_start + n0, seq.len_k - n0
+            for acc, m, f in ((acc_dK, mdK, scale), (acc_dV, mdV, None)):
+                for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+                    r, c = crd[i]
+                    if r < rows:
+                        pair[0] = acc[i] if const_expr(f is None) else acc[i] * f
+                        pair[1] = acc[i + 1] if const_expr(f is None) else acc[i + 1] * f
+                        at = m.iterator + cute.crd2idx((row0 + r, c, hk), m.layout)
+                        cute.arch.atomic_add(at, pair.load(), sem="relaxed", scope="gpu")
+
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
     # ================================================================================
@@ -1260,20 +1289,22 @@ def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                 cfg: Config | None = None, dynamic: bool | None = None, options: str = ""):
+                 cfg: Config | None = None, dynamic: bool | None = None, options: str = "",
+                 parts: int = 1):
     """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_90a). cfg: None, the
     default for head_dim (pick_config); window_config(head_dim): the key-windows build.
-    dynamic: tiles from the counter (None: jagged.tiles.bwd_dynamic; key windows never)."""
+    dynamic: tiles from the counter (None: jagged.tiles.bwd_dynamic; key windows never).
+    parts: CTAs a tile (jagged.tiles.bwd_parts), dK / dV then fp32 accumulators."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
     Main = _kernel_classes()[1]
     cfg = pick_config(head_dim, causal=causal, broadcast_q=broadcast_q) if cfg is None else cfg
-    args = host.bwd_args(cdt, head_dim, cfg.windows)
+    args = host.bwd_args(cdt, head_dim, cfg.windows, parts > 1)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     if dynamic is None:
         dynamic = bwd_dynamic(broadcast_q) and not cfg.windows
-    return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic),
+    return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic, parts),
                                *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
                                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                                options=options)
@@ -1282,23 +1313,33 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 def _main(c: host.BwdCall):
     """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
     window_tiles over the key offsets, the window order, count and table in place of the
-    list; module docstring)."""
+    list; module docstring) -> the fp32 dK / dV accumulators where tiles are split over
+    CTAs (jagged.tiles.bwd_parts), else None."""
     D = c.q.shape[2]
-    if takes_windows(c.k.shape[0], c.cu_k.shape[0] - 1, c.max_k, c.broadcast_q):
+    B = c.cu_k.shape[0] - 1
+    parts = 1
+    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
         cfg, dynamic = window_config(D), False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        mean_q = bwd_mean_q(c.q.shape[0], c.cu_k.shape[0] - 1, c.broadcast_q)
+        mean_q = bwd_mean_q(c.q.shape[0], B, c.broadcast_q)
         cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
+        parts = bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
+                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid)
+        if parts > 1:
+            cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q, split=True)
         dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
+    dkv_acc = dkv_accumulator(c.k, parts)
+    dk, dv = (c.dk, c.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
-                  dynamic)(
-        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
+                  dynamic, "", parts)(
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, dk, dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.n_slots, c.group, c.grid)
+    return dkv_acc
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,

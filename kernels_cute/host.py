@@ -233,16 +233,18 @@ def persistent_programs(cfg, n_tiles: int, device) -> int:
 # Backward
 # --------------------------------------------------------------------------------------
 
-def bwd_args(dtype, head_dim: int, windows: bool = False):
+def bwd_args(dtype, head_dim: int, windows: bool = False, dkv_fp32: bool = False):
     """The backward main kernel's symbolic tensors: q, k, v, dO, lse, delta, the fp32
-    dQ accumulator, dK, dV, cu_q, cu_k and the KV-tile list (tile_b, tile_n, n_tiles);
-    key windows: the window order, table int32 [2, n_win] and count in its place."""
+    dQ accumulator, dK, dV (dkv_fp32: fp32 accumulators), cu_q, cu_k and the KV-tile list
+    (tile_b, tile_n, n_tiles); key windows: the window order, table int32 [2, n_win] and
+    count in its place."""
     import cutlass
     import cutlass.cute as cute
     nq, nk, no, nacc, h, hkv = (cute.sym_int32() for _ in range(6))
     q, k, v, do = tok(dtype, nq, h, head_dim), tok(dtype, nk, hkv, head_dim), \
         tok(dtype, nk, hkv, head_dim), tok(dtype, no, h, head_dim)
-    dk, dv = tok(dtype, nk, hkv, head_dim), tok(dtype, nk, hkv, head_dim)
+    gt = cutlass.Float32 if dkv_fp32 else dtype
+    dk, dv = tok(gt, nk, hkv, head_dim), tok(gt, nk, hkv, head_dim)
     dq_acc = tok(cutlass.Float32, nacc, h, head_dim)
     lse = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
     delta = fake(cutlass.Float32, (h, no), (cute.sym_int64(), 1), 4)
@@ -286,7 +288,8 @@ class BwdCall(NamedTuple):
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
     preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
-    main: Callable         # (BwdCall) -> None: launch the main kernel
+    main: Callable         # (BwdCall) -> launch the main kernel; its fp32 dK / dV
+                           # accumulators [2, Nk, H_kv, D] to convert, or None
     postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
                            # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
     post_vec: int
@@ -307,8 +310,8 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     L_q = q.shape[0] if broadcast_q else 0
 
     dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dkv = torch.empty((2, *k.shape), dtype=k.dtype, device=dev)  # dK, dV: one buffer
+    dk, dv = dkv[0], dkv[1]
     if k.shape[0] == 0 or B == 0 or Nq == 0:
         dk.zero_(); dv.zero_(); dq.zero_()
         return dq, dk, dv
@@ -324,13 +327,16 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         delta -= dlse
 
     # (b) main
-    kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
-                      max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
-                      H // HKV, grid_main, sched, int(max_q or 0)))
+    dkv_acc = kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
+                                cu_q, cu_k, max_k, bool(causal), float(scale),
+                                bool(broadcast_q), L_q, n_slots, H // HKV, grid_main, sched,
+                                int(max_q or 0)))
 
-    # (c) postprocess
+    # (c) postprocess; a split tile list's dK / dV from their accumulators after it
     n_elem = dq.numel()
-    kern.postprocess(q.dtype, bwd_dependent(broadcast_q))(
-        dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-        float(scale))
+    post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q))
+    post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
+         float(scale))
+    if dkv_acc is not None:
+        post(dkv_acc.view(1, -1), dkv.view(-1), dkv.numel() // kern.post_vec, 1, 1.0)
     return dq, dk, dv

@@ -150,7 +150,8 @@ def kv_steps(n_bulk, n_end, mask_first: bool):
 
 def tile_range(sched, BROADCAST_Q: bool):
     """Backward: (first tile, step, tile count, dQ slot row, pinned KV head) of this CTA's
-    static walk. Packed modes deal the list x H_kv heads round-robin; broadcast-Q CTAs are
+    static walk. Packed modes deal the list x H_kv heads x sched.parts parts
+    (jagged.tiles.bwd_parts) round-robin; broadcast-Q CTAs are
     pinned to KV head p % H_kv (and dQ slot (p // H_kv) % n_slots, rows slot * L_q:
     jagged.tiles.dq_accumulator) and deal the list only. sched: the kernel's `Sched`."""
     import cutlass
@@ -167,21 +168,23 @@ def tile_range(sched, BROADCAST_Q: bool):
         slot_row = (pid // HKV) % sched.n_slots * sched.L_q
         pinned = pid % HKV
     else:
-        n_tiles = n_tiles * HKV
+        n_tiles = n_tiles * (HKV * sched.parts)
     return first, step, n_tiles, slot_row, pinned
 
 
 def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
                    BROADCAST_Q: bool):
     """Backward tile t -> (batch b, KV head hk, first key n0, its sequence (SeqlenInfo),
-    first Q row m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head."""
+    first Q row m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head.
+    sched.parts > 1 (packed): t walks the list x H_kv heads x parts, and part p keeps the
+    p-th run of ceil(n_m / parts) of its Q blocks."""
     import cutlass
 
-    HKV = sched.HKV
+    HKV, parts = sched.HKV, sched.parts
     base, hk = t, pinned
     if cutlass.const_expr(not BROADCAST_Q):
-        base = t // HKV
-        hk = t % HKV
+        base = t // (HKV * parts)
+        hk = t // parts % HKV
     b = sched.mTileB[base]
     n0 = sched.mTileN[base] * BLOCK_N
     seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
@@ -189,6 +192,11 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     if cutlass.const_expr(CAUSAL):
         m_lo = seq.causal_q_start(n0) // BLOCK_M * BLOCK_M   # the block of the first row
     n_m = cutlass.max((seq.len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
+    if cutlass.const_expr(parts > 1):
+        per = (n_m + parts - 1) // parts
+        part = t % parts
+        m_lo = m_lo + part * per * BLOCK_M
+        n_m = cutlass.min(cutlass.max(n_m - part * per, 0), per)
     return b, hk, n0, seq, m_lo, n_m
 
 

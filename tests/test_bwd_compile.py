@@ -290,3 +290,51 @@ def test_window_rows_compile(causal):
         constexprs=dict(BLOCK_N=bw.BLOCK_N, CAUSAL=causal, PDL=True), arch=90, num_warps=4)
     assert not rep.spills, rep.row()
     assert "griddepcontrol.launch_dependents" in rep.ptx, rep.row()
+
+
+
+# tiles split over programs (jagged.tiles.bwd_parts): (head dim, bucket, causal, parts)
+SPLIT_CASES = [(64, "long", False, 2), (128, "long", True, 2), (64, "long", True, 4),
+               (64, "short", False, 2)]
+
+
+@pytest.fixture(scope="module")
+def split_reports():
+    """case -> (the split build, the same build whole)."""
+    reps = compile_batch([tlx_bwd_job(d, b, c, False, parts=p) for d, b, c, p in SPLIT_CASES]
+                         + [tlx_bwd_job(d, b, c, False) for d, b, c, _ in SPLIT_CASES])
+    n = len(SPLIT_CASES)
+    return {case: (reps[i], reps[n + i]) for i, case in enumerate(SPLIT_CASES)}
+
+
+def _step_spills(rep) -> list:
+    """Spill instructions in each consumer copy's step loop, then the load task's loop
+    (the longest)."""
+    from harness.sass_steps import parse, step_loops
+    return [sum(1 for x in body if x.op.startswith(("LDL", "STL")))
+            for body in sorted(step_loops(parse(rep.sass)), key=len)]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids(SPLIT_CASES))
+def test_split_builds(split_reports, case):
+    """The builds whose tiles are split over programs: dK / dV added into fp32 by 16-byte
+    atomics, no 16-bit stores, in the whole build's shared memory, with its step-loop
+    spills; the 128-row causal step spills 9 instructions more (17 against 8), and the
+    load task's loop (24 registers; it forms each part's Q rows) up to 3 more."""
+    d, bucket, causal, parts = case
+    rep, whole = split_reports[case]
+    assert not isinstance(rep, str), rep
+    assert not isinstance(whole, str), whole
+    print(rep.row())
+    # per consumer copy (each compiled on its own): 16-row slices x 2 halves x dK, dV,
+    # D / 64 vectors a thread a slice
+    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
+    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
+    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    assert "st.global.v4" in whole.ptx and "st.global.v4" not in rep.ptx
+    assert rep.total_smem == whole.total_smem
+    more = 9 if (d, bucket, causal) == (64, "long", True) else 0
+    split, base = _step_spills(rep), _step_spills(whole)
+    assert len(split) == len(base) == 3, (split, base)
+    assert all(a <= b + more for a, b in zip(split[:2], base[:2])), (split, base)
+    assert split[2] <= base[2] + 3, (split, base)

@@ -273,6 +273,31 @@ def test_bwd_configs():
 
 
 @needs_dsl
+@pytest.mark.parametrize("D,causal,mean_q,dtype", [(64, False, 16384, "bf16"),
+                                                   (128, True, 4096, "bf16"),
+                                                   pytest.param(128, False, 4096, "fp16",
+                                                                marks=pytest.mark.matrix)])
+def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype):
+    """The build whose tiles are split over CTAs (jagged.tiles.bwd_parts; `store_add`): dK
+    and dV added into fp32 from registers, D / 2 red.global.add.v2.f32 a thread (each
+    warpgroup's 64 x D accumulators over 128 threads, two tensors, pairs), no 16-byte
+    stores (those are the 16-bit dK / dV), its step loops spill-free; D = 128 without
+    causal masking takes the 64-row step (pick_config(split=True))."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.pick_config(D, mean_q, causal, False, split=True)
+    assert cfg.block_m == (128 if D == 64 else 64) and not cfg.dq_t
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
+                              f"B.pick_config({D}, {mean_q}, {causal}, False, split=True), "
+                              f"parts=2)", dtype)
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert _count(r"atom\.global(\.relaxed\.gpu)?\.add\.v2\.f32", ptx) == D // 2
+    assert _count(r"st\.global\.v4\.b32", ptx) == 0
+    _no_step_spills(path, _ptxas(path))
+
+
+@needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
     """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
@@ -659,6 +684,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
@@ -684,14 +710,14 @@ def test_host_backward_launches_windows(monkeypatch, short):
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
                                                  cfg.block_m)
-                assert main == (q.dtype, D, causal, False, cfg, False)
+                assert main == (q.dtype, D, causal, False, cfg, False, "", 1)
                 assert all(torch.equal(a, b) for a, b in zip(args[11:14], (order, win, count)))
             else:   # the step by the mean query rows (bq: its 7 rows, the 64-row step)
                 cfg = B.pick_config(D, n_q if bq else n_q / len(lk))
                 assert cfg.block_m == (64 if bq else 128)
                 tiles = kv_tiles(None if bq else cu_q, cu_k, n_q if bq else 0, max_k, causal,
                                  cfg.block_m, B.BLOCK_N)
-                assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(bq))
+                assert main == (q.dtype, D, causal, bq, cfg, bwd_dynamic(bq), "", 1)
                 assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))
             # broadcast-Q: one dQ slot per SLOT_KEYS keys (jagged.tiles.dq_slots)
             slots = dq_slots(132 // HKV, n_q * H * D * 4, k.shape[0]) if bq else 1
@@ -737,6 +763,7 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
         lambda *args: calls.append((key, args))))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
     kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
     H, HKV, D = 4, 2, 128
@@ -752,7 +779,56 @@ def test_host_backward_launches_plain(monkeypatch):
         calls.clear()
         host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
                       0.125, False)
-        ((_, _, c, bq, cfg, _), args), = calls
+        ((_, _, c, bq, cfg, _, _, parts), args), = calls
+        assert parts == 1
         assert (c, bq, cfg.block_m, cfg.dq_t) == (causal, False, block_m, block_m == 80)
         tiles = kv_tiles(cu, cu, 0, int(lk.max()), causal, block_m, B.BLOCK_N)
         assert all(torch.equal(a, b) for a, b in zip(args[11:14], tiles))
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True])
+def test_host_backward_launches_split(monkeypatch, causal):
+    """host.backward with bwd_hopper's main on a call of few long tiles (kernels recorded):
+    the tiles split over CTAs (jagged.tiles.bwd_parts) launch the split build (the 64-row
+    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators, zeroed; the
+    postprocess then converts them, both halves, into the gradients' one buffer."""
+    import torch
+    from jagged.tiles import bwd_parts
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append((key, args))
+
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    H, HKV, D = 4, 1, 128
+    lk = torch.tensor([2000, 1800])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    q = torch.zeros(n, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
+    lse = torch.zeros(H, n)
+    parts = bwd_parts(n, n, 2, HKV, H, causal, False, 64, B.BLOCK_N, 132)
+    assert parts > 1
+    dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
+                               False)
+    (pre, _), (main, args), (post, pa), (post2, pb) = calls
+    cfg = B.CONFIGS[(D, "long")]
+    assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
+        64 if causal else 80)
+    assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
+    acc_k, acc_v = args[7], args[8]
+    assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
+    assert not acc_k.any() and not acc_v.any()
+    assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
+    assert post == post2 == (q.dtype, True)
+    src, dst, n_vec, n_slots, scale = pb
+    assert src.data_ptr() == acc_k.data_ptr() and src.numel() == 2 * k.numel()
+    assert dst.data_ptr() == dk.data_ptr() and dst.numel() == 2 * k.numel()
+    assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 2
+    assert (n_vec, n_slots, scale) == (2 * k.numel() // B.POST_VEC, 1, 1.0)

@@ -126,6 +126,31 @@ def test_bwd_dynamic():
     assert bwd_dynamic(False) and not bwd_dynamic(True)
 
 
+def test_bwd_parts():
+    """Tiles split over programs where a call has few long ones (jagged.tiles.bwd_parts,
+    host sizes only): fuzz B2 H8/2 D64 16384 / 0.9's 442 tiles of ~450 steps in two, a
+    handful of long tiles in four; many tiles, a list that already fills one round, short
+    tiles and broadcast-Q stay whole."""
+    from jagged.tiles import bwd_parts, dkv_accumulator
+    S = 132
+    # (n_q, n_k, batch, h_kv, group, causal, broadcast_q, block_m) -> parts
+    assert bwd_parts(28166, 28166, 2, 2, 4, False, False, 128, 128, S) == 2
+    assert bwd_parts(4096, 4096, 1, 1, 1, False, False, 64, 128, S) == 4    # 33 tiles
+    assert bwd_parts(4096, 4096, 1, 2, 1, False, False, 64, 128, S) == 2    # 65
+    assert bwd_parts(8192, 8192, 2, 2, 1, False, False, 64, 128, S) == 1    # 130: one round
+    assert bwd_parts(31574, 31574, 5, 8, 2, False, False, 64, 128, S) == 1   # 2000 tiles
+    assert bwd_parts(1152 * 256, 1152 * 256, 1152, 4, 1, False, False, 64, 128, S) == 1
+    assert bwd_parts(24 * 128, 24 * 128, 24, 2, 1, False, False, 64, 128, S) == 1  # 2 steps
+    assert bwd_parts(28166, 28166, 2, 2, 4, False, True, 128, 128, S) == 1
+    assert bwd_parts(0, 100, 2, 2, 4, False, False, 128, 128, S) == 1
+    # causal: a key is seen by fewer rows (bottom-right), so fewer steps a tile
+    assert bwd_parts(8192, 8192, 1, 1, 1, True, False, 64, 128, S) == 2
+    assert bwd_parts(3 * 4096, 3 * 4096, 3, 1, 1, True, False, 64, 128, S) == 1
+    assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
+    acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
+    assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32 and not acc.any()
+
+
 @pytest.mark.parametrize("bq", [False, True])
 def test_dq_accumulator_sched_buffer(bq):
     """The scheduling buffer follows the dQ accumulator in one allocation (fresh per
