@@ -686,7 +686,7 @@ def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr,
     accumulators grads.dk / grads.dv point at, half the columns at a time (an fp32 half
     fills the 16-bit stage)."""
     if ADD:
-        st = tlx.local_reinterpret(stage, tl.float32, [BNC, D // 2], layout=ADD_STAGE)
+        st = tlx.local_reinterpret(stage, tl.float32, [BNC, D // 2], layout=_add_stage())
         lo, hi = _column_halves(dk * grads.scale, BNC, D)
         _store_rows(grads.dk, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
         _store_rows(grads.dk, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
@@ -700,11 +700,15 @@ def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr,
         _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D, 0, False)
 
 
-# the fp32 half-tile view of a 16-bit stage (store's ADD): rows of 16-byte vectors,
-# swizzled over eight
-ADD_STAGE = tl.constexpr(tlx.swizzled_shared_layout_encoding(
-    vectorSize=4, perPhase=1, maxPhase=8, order=[1, 0], numCTAs=[1, 1],
-    numCTAsPerCGA=[1, 1], numCTASplit=[1, 1], numCTAOrder=[1, 1]))
+@triton.constexpr_function
+def _add_stage():
+    """The fp32 half-tile view of a 16-bit stage (store's ADD): rows of 16-byte vectors,
+    swizzled over eight. Made at compile time: a layout held in a module global fails
+    Triton's launch-time check of the globals a kernel read (deep copies, compared by
+    identity)."""
+    return tlx.swizzled_shared_layout_encoding(
+        vectorSize=4, perPhase=1, maxPhase=8, order=[1, 0], numCTAs=[1, 1],
+        numCTAsPerCGA=[1, 1], numCTASplit=[1, 1], numCTAOrder=[1, 1])
 
 
 @triton.jit
