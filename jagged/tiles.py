@@ -728,10 +728,13 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
 
 
 # Backward tiles split over their query blocks (`bwd_parts`): a tile's fixed cost in Q
-# steps (its K / V load, the dK / dV epilogue), and a split tile's (the fp32 adds into the
-# dK / dV accumulators, their zeroing and conversion)
+# steps (its K / V load, the dK / dV epilogue); a split tile's, BWD_PART_ROWS / block_m
+# steps with every program busy (its fp32 dK / dV adds, their zeroing and conversion:
+# bytes in proportion to the tile's keys x D, a step's time to block_m x keys x D);
+# measured on the H200 (TLX, split against whole): fuzz B21 H1 D128 2048 / 0.9 (64-row
+# steps) ~4.8 steps, fuzz B2 H8/2 D64 16384 / 0.9 (128 rows) ~2.7
 BWD_TILE_STEPS = 1.0
-BWD_PART_STEPS = 2.0
+BWD_PART_ROWS = 300.0
 BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorter
 
 
@@ -747,10 +750,9 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned);
     over r = T P / programs rounds, the model span of P is (max(r, 1) + the last round's
     idle part, min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P +
-    a tile's fixed steps), and P doubles while that shortens it by BWD_PART_GAIN. Over the non-broadcast shapes of fuzz
-    seeds 0-5 (199), a host simulation of the tile counter with real lengths and those
-    fixed costs gives -4.4 % in geometric mean from this rule (-6.6 % choosing the best P
-    per shape) and slows none. Broadcast-Q (pinned heads, dQ slots) stays whole."""
+    a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
+    whose adds compete for memory), and P doubles while that shortens it by
+    BWD_PART_GAIN. Broadcast-Q (pinned heads, dQ slots) stays whole."""
     if broadcast_q or batch == 0 or n_k == 0 or n_q == 0:
         return 1
     mq, mk = n_q / batch, n_k / batch
@@ -763,7 +765,8 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
 
     def span(p: int) -> float:
         rounds = tiles * p / programs
-        tile = steps / p + (BWD_PART_STEPS if p > 1 else BWD_TILE_STEPS)
+        fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
+        tile = steps / p + fixed
         idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
         return (max(rounds, 1.0) + idle) * tile
     parts = 1

@@ -169,14 +169,18 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
     """The measured default for a head dim and a call's mean query rows a sequence
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
     sequences without causal masking, where the head dim has a step of its own
-    (`takes_plain`; max_q: the call's longest sequence, 0 where not known), unless its
-    tiles are split over CTAs (split: jagged.tiles.bwd_parts > 1): the 80-row step has
-    no registers left for the fp32 adds (`store_add`; its step loop spills 48 bytes)."""
+    (`takes_plain`; max_q: the call's longest sequence, 0 where not known).
+
+    Tiles split over CTAs (split: jagged.tiles.bwd_parts > 1) end in fp32 adds
+    (`store_add`), which leave the longest steps short of registers: they take the 64-row
+    step at D = 128 (the 80-row step loop spills 48 bytes) and the 128-row step at D = 64
+    one dot after another (in FA4's order ptxas serializes its wgmmas, C7512)."""
     bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
     if (bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
-    return CONFIGS[(head_dim, bucket)]
+    cfg = CONFIGS[(head_dim, bucket)]
+    return replace(cfg, sdp_together=False) if split and cfg.sdp_together else cfg
 
 
 def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
@@ -378,7 +382,7 @@ def _kernel_classes():
     from cutlass.utils import LayoutEnum
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
-                            replaced, store_rows, tma_tiles, wgmma)
+                            red_add_v2, replaced, store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, tile_range
     from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk
     from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -879,7 +883,7 @@ def _kernel_classes():
                     q_state.advance()
                 # ---- store dK, dV (a split tile: add them)
                 if const_expr(self.parts > 1):
-                    self.store_add(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale,
+                    self.store_add(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
                                    tiled_mma_dkv, tidx)
                 else:
                     self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
@@ -1200,24 +1204,27 @@ def _kernel_classes():
                            seq.len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
         @cute.jit
-        def store_add(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, tiled_mma_dkv,
-                      tidx):
+        def store_add(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, stage,
+                      tiled_mma_dkv, tidx):
             """A tile split over CTAs (parts > 1): dK (times the softmax scale) and dV
             added into the fp32 accumulators mdK / mdV from registers, each pair of a
-            row's adjacent columns (the wgmma accumulator's value pairs) one
-            red.global.add.v2.f32; rows past the sequence end are never touched."""
+            row's adjacent columns one red.global.add.v2.f32; rows past the sequence end
+            are never touched. A thread's accumulator element i = v0 + 2 v1 + 4 j sits at
+            (row + 8 v1, column + v0 + 8 j) (the wgmma C fragment; the test checks it):
+            two row pointers and immediate column offsets."""
             crd = tiled_mma_dkv.get_slice(tidx).partition_C(
                 cute.make_identity_tensor((BLOCK_N, self.D)))
-            pair = cute.make_rmem_tensor((2,), Float32)
-            row0, rows = seq.k_start + n0, seq.len_k - n0
+            r0, c0 = crd[0]
             for acc, m, f in ((acc_dK, mdK, scale), (acc_dV, mdV, None)):
-                for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-                    r, c = crd[i]
-                    if r < rows:
-                        pair[0] = acc[i] if const_expr(f is None) else acc[i] * f
-                        pair[1] = acc[i + 1] if const_expr(f is None) else acc[i + 1] * f
-                        at = m.iterator + cute.crd2idx((row0 + r, c, hk), m.layout)
-                        cute.arch.atomic_add(at, pair.load(), sem="relaxed", scope="gpu")
+                for v1 in cutlass.range_constexpr(2):
+                    r = n0 + r0 + 8 * v1
+                    if r < seq.len_k:
+                        row = m.iterator + cute.crd2idx((seq.k_start + r, c0, hk), m.layout)
+                        for j in cutlass.range_constexpr(cute.size(acc) // 4):
+                            a, b = acc[2 * v1 + 4 * j], acc[2 * v1 + 4 * j + 1]
+                            if const_expr(f is not None):
+                                a, b = a * f, b * f
+                            red_add_v2(row + 8 * j, a, b)
 
     # ================================================================================
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast

@@ -101,3 +101,16 @@ def packed_views(mO, mLSE, pack: int):
     mLSE = cute.make_tensor(mLSE.iterator, cute.make_layout(
         (h // pack, (pack, n)), stride=(sl * pack, (sl, 1))))
     return mO, mLSE
+
+
+
+
+def red_add_v2(ptr, a, b):
+    """red.global.add.v2.f32 of (a, b) at gmem ptr (8-byte aligned; traced in a kernel):
+    an add whose result no register receives."""
+    from cutlass._mlir.dialects import llvm
+    llvm.inline_asm(None, [ptr.toint().ir_value(), cutlass.Float32(a).ir_value(),
+                           cutlass.Float32(b).ir_value()],
+                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)

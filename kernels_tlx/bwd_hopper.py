@@ -316,7 +316,7 @@ def lse_log2(lse):  # role: compute
 @triton.jit
 def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-            WINDOWS: tl.constexpr, PARTS: tl.constexpr):  # role: schedule
+            WINDOWS: tl.constexpr, PARTS: tl.constexpr = 1):  # role: schedule
     """Tile t -> KVTile, from the (sequence, KV block) list (split PARTS ways) or the
     key-window list."""
     if WINDOWS:

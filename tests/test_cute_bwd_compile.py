@@ -281,20 +281,59 @@ def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype):
     """The build whose tiles are split over CTAs (jagged.tiles.bwd_parts; `store_add`): dK
     and dV added into fp32 from registers, D / 2 red.global.add.v2.f32 a thread (each
     warpgroup's 64 x D accumulators over 128 threads, two tensors, pairs), no 16-byte
-    stores (those are the 16-bit dK / dV), its step loops spill-free; D = 128 without
-    causal masking takes the 64-row step (pick_config(split=True))."""
+    stores (those are the 16-bit dK / dV), spill-free step loops and no wgmma ptxas
+    serialized; its step (pick_config(split=True)): 64 rows at D = 128, 128 rows one dot
+    after another at D = 64."""
     from kernels_cute import bwd_hopper as B
     cfg = B.pick_config(D, mean_q, causal, False, split=True)
-    assert cfg.block_m == (128 if D == 64 else 64) and not cfg.dq_t
+    assert cfg.block_m == (128 if D == 64 else 64) and not cfg.dq_t and not cfg.sdp_together
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"B.pick_config({D}, {mean_q}, {causal}, False, split=True), "
                               f"parts=2)", dtype)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
-    assert _count(r"atom\.global(\.relaxed\.gpu)?\.add\.v2\.f32", ptx) == D // 2
+    assert _count(r"red\.global\.add\.v2\.f32", ptx) == D // 2
     assert _count(r"st\.global\.v4\.b32", ptx) == 0
     _no_step_spills(path, _ptxas(path))
+    assert not _ptxas_advisories(path)
+
+
+@needs_dsl
+def test_dkv_fragment_coordinates(tmp_path):
+    """`store_add`'s addressing: in the dK / dV wgmma's C fragment, every thread's element
+    i = v0 + 2 v1 + 4 j sits at (row + 8 v1, column + v0 + 8 j) from its element 0, at
+    both head dims."""
+    traced_check(tmp_path, "dkv_check", """
+        import cutlass, cutlass.cute as cute
+        from cutlass.cute.nvgpu import warpgroup
+        import cutlass.utils.hopper_helpers as sm90
+        from kernels_cute import bwd_hopper as B
+
+        FOUND = {}
+
+        def run():
+            bad, n = [], 0
+            for D in (64, 128):
+                tiled = sm90.make_trivial_tiled_mma(
+                    cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K,
+                    warpgroup.OperandMajorMode.MN, cutlass.Float32,
+                    atom_layout_mnk=(B.NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
+                    a_source=warpgroup.OperandSource.RMEM)
+                for t in range(128 * B.NUM_MMA_WG):
+                    crd = tiled.get_slice(t).partition_C(
+                        cute.make_identity_tensor((B.BLOCK_N, D)))
+                    r0, c0 = crd[0]
+                    for i in range(cute.size(crd)):
+                        n += 1
+                        want = (r0 + 8 * (i // 2 % 2), c0 + i % 2 + 8 * (i // 4))
+                        if tuple(crd[i]) != want:
+                            bad.append((D, t, i, tuple(crd[i]), want))
+            FOUND["bad"], FOUND["n"] = bad, n
+    """, """
+        assert F["n"] == 256 * (32 + 64), F["n"]
+        assert not F["bad"], F["bad"][:10]
+    """)
 
 
 @needs_dsl
