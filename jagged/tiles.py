@@ -735,11 +735,15 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
 # steps) ~4.8 steps, fuzz B2 H8/2 D64 16384 / 0.9 (128 rows) ~2.7
 BWD_TILE_STEPS = 1.0
 BWD_PART_ROWS = 300.0
+# and a split call's own, in steps: the zeroing and conversion launches (~3-4 us; fuzz
+# cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step, split in two: +8 / +10 %)
+BWD_SPLIT_CALL_STEPS = 3.0
 BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorter
 
 
 def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
-              broadcast_q: bool, block_m: int, block_n: int, programs: int) -> int:
+              broadcast_q: bool, block_m: int, block_n: int, programs: int,
+              max_q: int = 0, max_k: int = 0) -> int:
     """How many programs share each backward tile (both styles): 1, 2 or 4. A tile (KV
     block, KV head) walks the Q blocks that see it for every query head of its GQA group;
     split P ways, part p takes the p-th P-th of those Q blocks for all the group's heads
@@ -751,8 +755,9 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     over r = T P / programs rounds, the model span of P is (max(r, 1) + the last round's
     idle part, min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P +
     a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
-    whose adds compete for memory), and P doubles while that shortens it by
-    BWD_PART_GAIN. Broadcast-Q (pinned heads, dQ slots) stays whole."""
+    whose adds compete for memory), at least the longest tile's part (group x max_q rows,
+    causal: min(max_q, max_k), the first key block's), plus BWD_SPLIT_CALL_STEPS for
+    P > 1; P doubles while that shortens it by BWD_PART_GAIN. Broadcast-Q (pinned heads, dQ slots) stays whole."""
     if broadcast_q or batch == 0 or n_k == 0 or n_q == 0:
         return 1
     mq, mk = n_q / batch, n_k / batch
@@ -762,13 +767,15 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
         rows = mq
     tiles = h_kv * (n_k / block_n + batch / 2)
     steps = group * rows / block_m
+    longest = group * (min(max_q, max_k) if causal else max_q) / block_m
 
     def span(p: int) -> float:
         rounds = tiles * p / programs
         fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
         tile = steps / p + fixed
         idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
-        return (max(rounds, 1.0) + idle) * tile
+        return (max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
+                + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
     parts = 1
     while parts < 4 and span(2 * parts) < BWD_PART_GAIN * span(parts):
         parts *= 2

@@ -1333,7 +1333,7 @@ def _main(c: host.BwdCall):
         mean_q = bwd_mean_q(c.q.shape[0], B, c.broadcast_q)
         cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
         parts = bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
-                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid)
+                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
         if parts > 1:
             cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q, split=True)
         dynamic = bwd_dynamic(c.broadcast_q)

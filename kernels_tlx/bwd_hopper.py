@@ -1010,7 +1010,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
     parts = 1 if windows else bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV,
-                                        causal, broadcast_q, BM, BLOCK_N, grid_main)
+                                        causal, broadcast_q, BM, BLOCK_N, grid_main,
+                                        int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value

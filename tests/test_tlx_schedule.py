@@ -146,6 +146,10 @@ def test_bwd_parts():
     # causal: a key is seen by fewer rows (bottom-right), so fewer steps a tile
     assert bwd_parts(8192, 8192, 1, 1, 1, True, False, 64, 128, S) == 2
     assert bwd_parts(3 * 4096, 3 * 4096, 3, 1, 1, True, False, 64, 128, S) == 1
+    # causal tiles differ: the first key block of the longest sequence (fuzz seed 2 B5
+    # H4/1 D64 8192 / 0.5, max 7280 rows) bounds the span, halved by a split
+    assert bwd_parts(26466, 26466, 5, 1, 4, True, False, 128, 128, S) == 1
+    assert bwd_parts(26466, 26466, 5, 1, 4, True, False, 128, 128, S, 7280, 7280) == 2
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
     assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32 and not acc.any()
