@@ -711,3 +711,15 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
+
+
+def _whole(style: str):
+    def apply():
+        import importlib
+        importlib.import_module(f"kernels_{style}.bwd_hopper").bwd_parts = lambda *a: 1
+    return apply
+
+
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-whole", *_experiment(_s, _whole(_s)), supports=_ours_supports(_s),
+                     own=True, experimental=True, note=f"{_s} with every backward tile whole"))
