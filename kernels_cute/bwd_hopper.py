@@ -45,9 +45,13 @@ and its load task reduces 64 x 64 boxes.
     -30 %, fuzz B48 H8/1 D64 -11 %); broadcast-Q's come round-robin.
     GQA: a tile owns one KV head and loops over the query heads of its group (step j:
     head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
-    once (no atomics on dK/dV).
+    once. Where a call has few long tiles (jagged.tiles.bwd_parts > 1), as TLX's, each
+    tile is split over that many CTAs by its Q blocks (schedule.kv_tile_coords); every
+    part adds its dK / dV in fp32 into zeroed accumulators (`store_add`: from registers,
+    red.global.add.v2.f32; TLX stages them through V smem for 16-byte adds).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
-    accumulator, cast to the input dtype.
+    accumulator, cast to the input dtype; split tiles: then dK / dV from their
+    accumulators (host.backward).
 In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
@@ -83,8 +87,8 @@ from its first sequence's first row; each key column meets only its own sequence
 unsigned compare); dK / dV go to the window's real columns, dQ partials to the packed
 rows as above. Not for broadcast-Q. Measured: not yet (compile-checked only).
 
-Determinism: as TLX's (TMA bulk reduce): dK/dV are (each row written once), dQ is not
-bitwise deterministic.
+Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
+once), not with split ones; dQ is not bitwise deterministic.
 """
 import math
 from dataclasses import dataclass, replace

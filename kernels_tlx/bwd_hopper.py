@@ -31,9 +31,14 @@ Three kernels:
   store      (compute's, at the end of a tile): dK_c (times scale) and dV_c through the
              consumer's own V smem (no longer read), in 16-row slices.
     GQA: a tile owns one KV head and loops over the query heads of its group, so dK / dV
-    are summed in registers and stored once (no atomics on dK / dV).
+    are summed in registers and stored once. Where a call has few long tiles
+    (jagged.tiles.bwd_parts: PARTS > 1) each tile is split over PARTS programs by its Q
+    blocks (schedule.kv_tile_coords); every part adds its dK / dV in fp32 (16-byte
+    atomics, half the columns at a time through the same V smem) into zeroed
+    accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
-    input dtype.
+    input dtype; split tiles: then dK / dV from their accumulators, a dependent launch
+    of the dQ one.
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
 their dependents first, the main kernel is launched as a dependent (each role waits,
@@ -67,7 +72,8 @@ slot = (p // H_kv) % n_slots: one slot per 2048 keys of the call at most, since 
 slot is zeroed and read once more; jagged.tiles.dq_slots); `_bwd_postprocess` sums the
 slots. Tiles of a head are dealt to that head's programs longest first.
 
-Determinism: dK / dV are (each row written once, summed in registers); dQ is not: bulk
+Determinism: dK / dV are with whole tiles (each row written once, summed in registers),
+not with split ones (their parts' adds meet in no fixed order); dQ is not: bulk
 reduce-adds from several programs into one dQ row (packed modes, a broadcast-Q slot), and
 a program's consumers' boxes of one step (issued back to back), apply in no fixed order.
 
