@@ -10,7 +10,7 @@ from .tiles import BwdWalk, Problem
 
 # ----------------------------------------------------------------------------- TLX, Hopper backward
 def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                   elem_bytes: int = 2) -> BwdWalk:
+                   elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
     """kernels_tlx/bwd_hopper.py's bwd_kernel: per program `load` (the producer
     warpgroup), two `compute` consumers (64 keys of the 128-key tile each) and, at 32-row
     steps, a 1-warp `reduce_dq` (at 64- and 128-row steps the load task reduces dQ one
@@ -21,7 +21,8 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     buffer a consumer, full / empty to the reduce (a bulk reduce-add: an async read of the
     staging, retired by its wait), at D = 64 below 128-row steps summed into the last
     consumer's first. Packed lists: tiles from the counter, handed to the
-    consumers (and reduce_dq) through the two-slot ring."""
+    consumers (and reduce_dq) through the two-slot ring. parts: each tile split over that
+    many programs by its Q blocks (jagged.tiles.bwd_parts)."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_tlx.bwd_hopper import BLOCK_N, NUM_BUF_Q, NUM_CONSUMERS, dq_cols
@@ -32,7 +33,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     DQS = DQ_COLS == D and not M128
     MEET = DQ_COLS < D or M128           # a consumer's dQ reads the other's dS^T (and K)
     dyn = bwd_dynamic(problem.broadcast_q)
-    walk = BwdWalk(problem, BM, BLOCK_N, programs)
+    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts)
     P = walk.programs
     counter = sim.counter("tile_counter")
     for p in range(P):
@@ -193,7 +194,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
 
 # ------------------------------------------------------------------------ CuteDSL, Hopper backward
 def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                    elem_bytes: int = 2) -> BwdWalk:
+                    elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
     """kernels_cute/bwd_hopper.py's BwdMain: per CTA the `load` warp, the `reduce_dq`
     warp and two `compute` warpgroups (64 of the 128 keys each: K and V by halves).
     PipelineTmaAsync rings for K/V (kv_stages) and Q/dO (2, with the step's lse / delta
@@ -202,13 +203,14 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     barriers: 1 (256 threads) twice a step around the single dS^T buffer (both halves
     free, then both written: the dQ MMA reads both); 3 and 2 (288 threads: the compute
     warpgroups and reduce_dq) for the single dQ staging buffer (empty, pre-arrived by
-    reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half."""
+    reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half. parts:
+    as tlx_bwd_hopper's."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_cute.bwd_hopper import BLOCK_N, NUM_MMA_WG, Q_STAGES
     D, BM, NW, NKV = head_dim, cfg.block_m, NUM_MMA_WG, cfg.kv_stages
     dyn = bwd_dynamic(problem.broadcast_q)
-    walk = BwdWalk(problem, BM, BLOCK_N, programs)
+    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts)
     P = walk.programs
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
     DQ_THREADS = 128 * NW + 32

@@ -143,15 +143,17 @@ class Walk:
 class BwdWalk:
     """A backward launch over the KV-tile list (jagged.tiles.kv_tiles_reference, the CPU
     reference the GPU build is tested equal to): the tiles of `programs` programs as
-    schedule.tile_range and kv_tile_coords walk them (packed: the list x KV heads
-    round-robin, or from the counter; broadcast-Q: programs pinned to a KV head), and the
-    check that the consumers finished each (tile, KV head) once."""
+    schedule.tile_range and kv_tile_coords walk them (packed: the list x KV heads x
+    `parts` parts round-robin, or from the counter; broadcast-Q: programs pinned to a KV
+    head), and the check that the consumers finished each (tile, KV head, part) once."""
 
-    def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int):
+    def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int,
+                 parts: int = 1):
         import torch
 
         from jagged.tiles import kv_tiles_reference
         self.problem, self.block_m, self.block_n = problem, block_m, block_n
+        self.parts = 1 if problem.broadcast_q else parts
         HKV = problem.hkv
         lq = torch.tensor(problem.lens_q, dtype=torch.int32)
         lk = torch.tensor(problem.lens_k, dtype=torch.int32)
@@ -164,7 +166,8 @@ class BwdWalk:
             self.programs = HKV * max(1, programs // HKV)
         else:
             self.programs = max(1, programs)
-        self.want = sorted((base, hk) for base in range(self.n_real) for hk in range(HKV))
+        self.want = sorted((base, hk, part) for base in range(self.n_real)
+                           for hk in range(HKV) for part in range(self.parts))
         self.done: list = []
 
     def range(self, pid):
@@ -172,17 +175,20 @@ class BwdWalk:
         HKV, P = self.problem.hkv, self.programs
         if self.problem.broadcast_q:
             return pid // HKV, P // HKV, self.n_real
-        return pid, P, self.n_real * HKV
+        return pid, P, self.n_real * HKV * self.parts
 
     def coords(self, t, pid):
         """schedule.kv_tile_coords -> (key, hk, b, m_lo, n_m)."""
-        pr, HKV, BM = self.problem, self.problem.hkv, self.block_m
-        base, hk = (t, pid % HKV) if pr.broadcast_q else (t // HKV, t % HKV)
+        pr, HKV, BM, PT = self.problem, self.problem.hkv, self.block_m, self.parts
+        base, hk = (t, pid % HKV) if pr.broadcast_q else (t // (HKV * PT), t // PT % HKV)
+        part = 0 if pr.broadcast_q else t % PT
         b, n0 = self.tile_b[base], self.tile_n[base] * self.block_n
         len_q, len_k = pr.lens_q[b], pr.lens_k[b]
         m_lo = max(n0 - len_k + len_q, 0) // BM * BM if pr.causal else 0
         n_m = max(-(-(len_q - m_lo) // BM), 0)
-        return (base, hk), hk, b, m_lo, n_m
+        per = -(-n_m // PT)
+        m_lo, n_m = m_lo + part * per * BM, min(max(n_m - part * per, 0), per)
+        return (base, hk, part), hk, b, m_lo, n_m
 
     def steps(self, t, pid):
         """-> (key, the tile's Q steps as (b, query head, first row)): its GQA group's
