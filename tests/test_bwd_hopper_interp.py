@@ -181,3 +181,23 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert bwd_dependent(bq) == (not bq)
     assert kw["bwd_kernel"]["launch_pdl"] == (not bq)
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
+
+
+def test_postprocess_converts_split_dkv():
+    """Tiles split over programs (jagged.tiles.bwd_parts): the host's postprocess also
+    casts the fp32 dK / dV accumulators, both halves, into the gradients' one buffer
+    (scale already applied by the parts), after dQ."""
+    from jagged.tiles import dkv_accumulator
+    g = torch.Generator().manual_seed(1)
+    nq, nk, H, HKV, d = 9, 7, 4, 2, 64
+    q = torch.empty(nq, H, d, dtype=torch.float16)
+    k = torch.empty(nk, HKV, d, dtype=torch.float16)
+    out = torch.randn(nq, H, d, generator=g).half()
+    p = bw._prepare(out, q, k, k, out, torch.zeros(H, nq), torch.tensor([0, nk]), False)
+    dq_acc = torch.randn(nq, H, d, generator=g)
+    acc = dkv_accumulator(k, 2)
+    acc.copy_(torch.randn(acc.shape, generator=g))
+    bw._postprocess(p, dq_acc, 0.5, False, acc)
+    torch.testing.assert_close(p.dq.float(), (dq_acc * 0.5).half().float())
+    torch.testing.assert_close(p.dk.float(), acc[0].half().float())
+    torch.testing.assert_close(p.dv.float(), acc[1].half().float())
