@@ -757,7 +757,8 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
     whose adds compete for memory), at least the longest tile's part (group x max_q rows,
     causal: min(max_q, max_k), the first key block's), plus BWD_SPLIT_CALL_STEPS for
-    P > 1; P doubles while that shortens it by BWD_PART_GAIN. Broadcast-Q (pinned heads, dQ slots) stays whole."""
+    P > 1; P doubles while that shortens it by BWD_PART_GAIN. Broadcast-Q (pinned heads,
+    dQ slots) stays whole."""
     if broadcast_q or batch == 0 or n_k == 0 or n_q == 0:
         return 1
     mq, mk = n_q / batch, n_k / batch

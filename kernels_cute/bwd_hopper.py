@@ -887,7 +887,7 @@ def _kernel_classes():
                     q_state.advance()
                 # ---- store dK, dV (a split tile: add them)
                 if const_expr(self.parts > 1):
-                    self.store_add(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
+                    self.store_add(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale,
                                    tiled_mma_dkv, tidx)
                 else:
                     self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
@@ -1208,8 +1208,8 @@ def _kernel_classes():
                            seq.len_k - n0 - wg * rows)     # of this warpgroup's 64 keys
 
         @cute.jit
-        def store_add(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, stage,
-                      tiled_mma_dkv, tidx):
+        def store_add(self, mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, tiled_mma_dkv,
+                      tidx):
             """A tile split over CTAs (parts > 1): dK (times the softmax scale) and dV
             added into the fp32 accumulators mdK / mdV from registers, each pair of a
             row's adjacent columns one red.global.add.v2.f32; rows past the sequence end

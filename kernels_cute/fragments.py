@@ -103,8 +103,6 @@ def packed_views(mO, mLSE, pack: int):
     return mO, mLSE
 
 
-
-
 def red_add_v2(ptr, a, b):
     """red.global.add.v2.f32 of (a, b) at gmem ptr (8-byte aligned; traced in a kernel):
     an add whose result no register receives."""
