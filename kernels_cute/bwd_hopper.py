@@ -892,9 +892,9 @@ def _kernel_classes():
                 else:
                     self.store(mdK, mdV, acc_dK, acc_dV, seq, n0, hk, scale, kv_smem,
                                tiled_mma_dkv, tidx)
-                # the store wrote sV (generic proxy): order it before the next TMA write
-                # into this stage (two stages: two tiles on; the load warp fills the other
-                # stage meanwhile)
+                # the store wrote sV (generic proxy; store_add does not): order it before
+                # the next TMA write into this stage (two stages: two tiles on; the load
+                # warp fills the other stage meanwhile)
                 cute.arch.fence_view_async_shared()
                 pipeline_kv.consumer_release(kv_state)
                 kv_state.advance()

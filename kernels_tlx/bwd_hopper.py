@@ -619,7 +619,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             tlx.barrier_arrive(bars.dq_full[cid], 1)
             qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
-        store(grads, dk, dv, vc, tile, nc0, BNC, D, PARTS > 1)
+        if PARTS > 1:  # a split tile: add them
+            store_add(grads, dk, dv, vc, tile, nc0, BNC, D)
+        else:
+            store(grads, dk, dv, vc, tile, nc0, BNC, D)
         tlx.fence("async_shared")  # our generic smem writes before the next TMA write
         tlx.barrier_arrive(bars.kv_empty[kvb], 1)             # K/V stage free
         i += 1
@@ -682,33 +685,33 @@ def _ds_rows(ds_smem, idx, cid: tl.constexpr, BNC: tl.constexpr, RC: tl.constexp
 
 
 @triton.jit
-def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr,
-          ADD: tl.constexpr):
+def store(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr):
     """store: dK_c (times the softmax scale) and dV_c in the input dtype, through `stage`
     (smem of the tile's shape) in slices of ROWS keys: a pointer tensor of the whole
-    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV.
+    [BNC, D] tile would cost 128 registers a thread, on top of dK and dV."""
+    xk = (dk * grads.scale).to(grads.dk.dtype.element_ty)  # both narrowed first: the fp32
+    xv = dv.to(grads.dv.dtype.element_ty)                  # accumulators die here
+    _store_rows(grads.dk, xk, stage, tile, nc0, grads, BNC, D, 0, False)
+    _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D, 0, False)
 
-    ADD (a tile split over programs, jagged.tiles.bwd_parts): added in fp32 into the
-    accumulators grads.dk / grads.dv point at, half the columns at a time (an fp32 half
-    fills the 16-bit stage)."""
-    if ADD:
-        st = tlx.local_reinterpret(stage, tl.float32, [BNC, D // 2], layout=_add_stage())
-        lo, hi = _column_halves(dk * grads.scale, BNC, D)
-        _store_rows(grads.dk, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
-        _store_rows(grads.dk, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
-        lo, hi = _column_halves(dv, BNC, D)
-        _store_rows(grads.dv, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
-        _store_rows(grads.dv, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
-    else:
-        xk = (dk * grads.scale).to(grads.dk.dtype.element_ty)  # both narrowed first: the
-        xv = dv.to(grads.dv.dtype.element_ty)                  # fp32 accumulators die here
-        _store_rows(grads.dk, xk, stage, tile, nc0, grads, BNC, D, 0, False)
-        _store_rows(grads.dv, xv, stage, tile, nc0, grads, BNC, D, 0, False)
+
+@triton.jit
+def store_add(grads, dk, dv, stage, tile, nc0, BNC: tl.constexpr, D: tl.constexpr):
+    """store's twin for a tile split over programs (jagged.tiles.bwd_parts): dK_c (times
+    the softmax scale) and dV_c added in fp32 into the accumulators grads.dk / grads.dv
+    point at, half the columns at a time (an fp32 half fills the 16-bit stage)."""
+    st = tlx.local_reinterpret(stage, tl.float32, [BNC, D // 2], layout=_add_stage())
+    lo, hi = _column_halves(dk * grads.scale, BNC, D)
+    _store_rows(grads.dk, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
+    _store_rows(grads.dk, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
+    lo, hi = _column_halves(dv, BNC, D)
+    _store_rows(grads.dv, lo, st, tile, nc0, grads, BNC, D // 2, 0, True)
+    _store_rows(grads.dv, hi, st, tile, nc0, grads, BNC, D // 2, D // 2, True)
 
 
 @triton.constexpr_function
 def _add_stage():
-    """The fp32 half-tile view of a 16-bit stage (store's ADD): rows of 16-byte vectors,
+    """The fp32 half-tile view of a 16-bit stage (store_add): rows of 16-byte vectors,
     swizzled over eight. Made at compile time: a layout held in a module global fails
     Triton's launch-time check of the globals a kernel read (deep copies, compared by
     identity)."""
@@ -979,17 +982,19 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None):  # role: ho
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
     the one before."""
-    PB = 1024
     pdl = PDL and bwd_dependent(broadcast_q)
-    for acc, out, n_slots, stride, s in (
-            (dq_acc, p.dq, slot_count(dq_acc, broadcast_q), p.L_q * p.H * p.D, float(scale)),
-            (dkv_acc, p.dk, 1, 0, 1.0)):
-        if acc is None:
-            continue
-        n_elem = acc.numel() // n_slots  # dK / dV: both halves of the buffer p.dk opens
-        fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
-            acc, out, n_elem, n_slots, stride, s, BLOCK=PB, PDL=PDL, num_warps=4,
-            launch_pdl=pdl)
+    n_slots = slot_count(dq_acc, broadcast_q)
+    _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
+    if dkv_acc is not None:  # p.dk opens the [2, Nk, H_kv, D] buffer: both halves
+        _cast(dkv_acc, p.dk, dkv_acc.numel(), 1, 0, 1.0, pdl)
+
+
+def _cast(acc, out, n_elem, n_slots, slot_stride, scale, pdl):  # role: host
+    """out[:n_elem] = scale * the sum of acc's n_slots slots (_bwd_postprocess)."""
+    PB = 1024
+    fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
+        acc, out, n_elem, n_slots, slot_stride, scale, BLOCK=PB, PDL=PDL, num_warps=4,
+        launch_pdl=pdl)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

@@ -55,15 +55,14 @@ def page(path: str):
 
 def regions(path: str, min_pct: float = 0.4) -> list[str]:
     data, col, stalls, n = page(path)
-    samples = SAMPLES
     execs = col["Instructions Executed"]
-    total = sum(n(r, samples) for r in data) or 1
+    total = sum(n(r, SAMPLES) for r in data) or 1
     out = [f"{path}: {len(data)} instructions, {total} samples"]
     a = 0
     for b in range(1, len(data) + 1):
         if b < len(data) and data[b][execs] == data[a][execs]:
             continue
-        share = 100 * sum(n(r, samples) for r in data[a:b]) / total
+        share = 100 * sum(n(r, SAMPLES) for r in data[a:b]) / total
         if share >= min_pct:
             why = Counter({s[6:]: sum(n(r, s) for r in data[a:b]) for s in stalls})
             sel = why["selected"] or 1
@@ -95,14 +94,13 @@ def hottest(path: str, n: int = 12) -> list[str]:
     order: index, samples, the top three stall reasons, the instruction (which wait a
     region's stalls sit on: a barrier's first user, an FFMA on a load's result)."""
     data, col, stalls, n_of = page(path)
-    samples = SAMPLES
-    top = sorted(range(len(data)), key=lambda i: -n_of(data[i], samples))[:n]
+    top = sorted(range(len(data)), key=lambda i: -n_of(data[i], SAMPLES))[:n]
     out = []
     for i in sorted(top):
         r = data[i]
         why = Counter({s[6:]: n_of(r, s) for s in stalls})
         mix = ", ".join(f"{k} {v}" for k, v in why.most_common(3) if v)
-        out.append(f"{i:5d} {n_of(r, samples):8d}  {mix:42s} | {' '.join(r[1].split())}")
+        out.append(f"{i:5d} {n_of(r, SAMPLES):8d}  {mix:42s} | {' '.join(r[1].split())}")
     return out
 
 
