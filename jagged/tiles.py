@@ -785,12 +785,13 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
 
 
 def dkv_accumulator(k: torch.Tensor, parts: int) -> torch.Tensor | None:
-    """Tiles split over `parts` programs (bwd_parts > 1): zeroed fp32 dK / dV accumulators,
-    [2, Nk, H_kv, D] (dK then dV, as the gradients' own buffer), that the parts add into
-    and the postprocess converts; None otherwise."""
+    """Tiles split over `parts` programs (bwd_parts > 1): fp32 dK / dV accumulators,
+    [2, Nk, H_kv, D] (dK then dV, as the gradients' own buffer), uninitialized: the
+    preprocess zeroes them, the parts add into them and the postprocess converts them, no
+    launch of their own; None otherwise."""
     if parts == 1:
         return None
-    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+    return torch.empty((2, *k.shape), dtype=torch.float32, device=k.device)
 
 
 def bwd_dependent(broadcast_q: bool) -> bool:

@@ -98,8 +98,8 @@ from jagged.launch import fast
 from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, slot_count
 
-from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
-                         _prepare, _preprocess, lse_log2)
+from .bwd_hopper import (Descs, Grads, RowStats, _accumulators, _buf_phase, _desc, _opaque,
+                         _postprocess, _prepare, _preprocess, lse_log2)
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -566,7 +566,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     cfg = pick_config(D)
     BM, BN = BLOCK_M.value, BLOCK_N.value
 
-    delta, dq_acc, grid, sched = _preprocess(p, broadcast_q, dlse)
+    dq_acc, grid, sched = _accumulators(p, broadcast_q)
+    delta = _preprocess(p, broadcast_q, dlse, dq_acc, sched)
 
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BN)
     fast(bwd_kernel)[(grid,)](

@@ -7,7 +7,7 @@ Three kernels:
 
 (a) `_bwd_preprocess`: delta[h, i] = rowsum(dO * O) - dlse in fp32 ([H, Nq], lse's
     layout); in the packed modes it also zeroes the fp32 dQ accumulator and the tile
-    counter.
+    counter, and with split tiles their dK / dV accumulators.
 (b) `bwd_kernel`: one persistent program per SM walks the jagged list of KV tiles of
     BLOCK_N = 128 keys, longest first (jagged.tiles.kv_tiles, built on the GPU; schedule.py),
     packed lists in list order from a counter (`jagged.tiles.bwd_dynamic`,
@@ -37,8 +37,7 @@ Three kernels:
     atomics, half the columns at a time through the same V smem) into zeroed
     accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
-    input dtype; split tiles: then dK / dV from their accumulators, a dependent launch
-    of the dQ one.
+    input dtype; split tiles: dK / dV from their accumulators too, in the same launch.
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
 their dependents first, the main kernel is launched as a dependent (each role waits,
@@ -250,18 +249,27 @@ def dq_rows(block_m: int) -> int:  # role: host
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
-                    stride_delta_h,
+                    stride_delta_h, dkv_acc_ptr, n_dkv_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    ZERO_DQ: tl.constexpr, PDL: tl.constexpr = False):
+                    ZERO_DQ: tl.constexpr, PDL: tl.constexpr = False,
+                    ZERO_DKV: tl.constexpr = False):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator). PDL:
-    the kernel queued behind may launch at once (it waits for these writes itself)."""
+    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator).
+    ZERO_DKV (tiles split over programs): each program also zeroes its grid-stride share
+    of the fp32 dK / dV accumulators, n_dkv_rows rows of D (jagged.tiles.dkv_accumulator;
+    no launch of their own). PDL: the kernel queued behind may launch at once (it waits
+    for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     tok = r // H
     h = r % H
     d = tl.arange(0, D)
+    if ZERO_DKV:
+        for r0 in range(tl.program_id(0) * ROWS, n_dkv_rows, tl.num_programs(0) * ROWS):
+            rk = r0 + tl.arange(0, ROWS)
+            tl.store(dkv_acc_ptr + rk[:, None].to(tl.int64) * D + d[None, :],
+                     tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_dkv_rows)[:, None])
     valid = r < n_rows
     o = tl.load(out_ptr + tok[:, None] * stride_o_tok + h[:, None] * stride_o_h + d[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
@@ -906,8 +914,12 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
 # ----------------------------------------------------------------------------- postprocess
 @triton.jit
 def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """PDL: launched as a dependent of the main kernel, so its reads wait for it."""
+                     dkv_acc_ptr, dkv_ptr, n_dkv,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False, DKV: tl.constexpr = False):
+    """dQ = scale * the sum of the accumulator's n_slots slots, BLOCK elements a program.
+    DKV (tiles split over programs): each program also casts its grid-stride share of the
+    fp32 dK / dV accumulators (n_dkv elements, scaled by the parts; no launch of their
+    own). PDL: launched as a dependent of the main kernel, so its reads wait for it."""
     if PDL:
         gdc_wait()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -916,6 +928,12 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     for s in range(0, n_slots):  # in a fixed order
         acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+    if DKV:
+        for b in range(tl.program_id(0), tl.cdiv(n_dkv, BLOCK), tl.num_programs(0)):
+            offs = b * tl.full([], BLOCK, tl.int64) + tl.arange(0, BLOCK)
+            mask = offs < n_dkv
+            tl.store(dkv_ptr + offs, tl.load(dkv_acc_ptr + offs, mask=mask, other=0.0)
+                     .to(dkv_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- host
@@ -962,21 +980,28 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
-    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    -> (delta, dq_acc, programs of the main kernel, scheduling buffer)."""
+def _accumulators(p: Prep, broadcast_q):  # role: host
+    """The dQ accumulator, the main kernel's programs and the scheduling buffer
+    (jagged.tiles.dq_accumulator)."""
     dev = p.dq.device
-    delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
-                                         num_sms(dev), dev, p.dk.shape[0])
+    return dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q, num_sms(dev), dev,
+                          p.dk.shape[0])
+
+
+def _preprocess(p: Prep, broadcast_q, dlse, dq_acc, sched, dkv_acc=None):  # role: host
+    """(a) delta = rowsum(dO * O) - dlse; the dQ accumulator zeroed in the packed modes,
+    and dkv_acc (tiles split over programs) in the same launch -> delta."""
+    delta = torch.empty((p.H, p.Nq), device=p.dq.device, dtype=torch.float32)
     ROWS = 32 if p.D <= 64 else 16
     fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0),
-        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL, num_warps=4)
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), dkv_acc,
+        0 if dkv_acc is None else dkv_acc.numel() // p.D,
+        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL,
+        ZERO_DKV=dkv_acc is not None, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
-    return delta, dq_acc, grid, sched
+    return delta
 
 
 def window_rows(cu_q, cu_k, win, causal):  # role: host
@@ -991,21 +1016,15 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
 
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
-    dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
-    the one before."""
-    pdl = PDL and bwd_dependent(broadcast_q)
-    n_slots = slot_count(dq_acc, broadcast_q)
-    _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
-    if dkv_acc is not None:  # p.dk opens the [2, Nk, H_kv, D] buffer: both halves
-        _cast(dkv_acc, p.dk, dkv_acc.numel(), 1, 0, 1.0, pdl)
-
-
-def _cast(acc, out, n_elem, n_slots, slot_stride, scale, pdl):  # role: host
-    """out[:n_elem] = scale * the sum of acc's n_slots slots (_bwd_postprocess)."""
+    dkv_acc (tiles split over programs) dK / dV from it in the same launch (p.dk opens
+    the [2, Nk, H_kv, D] buffer: both halves)."""
     PB = 1024
+    n_elem = p.dq.numel()
     fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
-        acc, out, n_elem, n_slots, slot_stride, scale, BLOCK=PB, PDL=PDL, num_warps=4,
-        launch_pdl=pdl)
+        dq_acc, p.dq, n_elem, slot_count(dq_acc, broadcast_q), p.L_q * p.H * p.D,
+        float(scale), dkv_acc, p.dk, 0 if dkv_acc is None else dkv_acc.numel(), BLOCK=PB,
+        PDL=PDL, DKV=dkv_acc is not None, num_warps=4,
+        launch_pdl=PDL and bwd_dependent(broadcast_q))
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -1021,7 +1040,12 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
+    dq_acc, grid_main, sched = _accumulators(p, broadcast_q)
+    parts = 1 if windows else bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV,
+                                        causal, broadcast_q, BM, BLOCK_N, grid_main,
+                                        int(max_q), int(max_k))
+    dkv_acc = dkv_accumulator(k, parts)
+    delta = _preprocess(p, broadcast_q, dlse, dq_acc, sched, dkv_acc)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1031,10 +1055,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
-    parts = 1 if windows else bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV,
-                                        causal, broadcast_q, BM, BLOCK_N, grid_main,
-                                        int(max_q), int(max_k))
-    dkv_acc = dkv_accumulator(k, parts)
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](

@@ -260,19 +260,27 @@ def test_window_decision():
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
 
 
-@pytest.mark.parametrize("d", (pytest.param(64, marks=pytest.mark.matrix), 128))
-def test_pre_post_compile(d):
+@pytest.mark.parametrize("d,split", (pytest.param(64, False, marks=pytest.mark.matrix),
+                                     (128, False), (128, True)))
+def test_pre_post_compile(d, split):
+    """Spill-free; split: with the split tiles' fp32 dK / dV zeroed and converted."""
+    kv = {"dkv_acc_ptr": "*fp32", "n_dkv_rows": "i32"} if split else \
+        {"dkv_acc_ptr": "constexpr", "n_dkv_rows": "i32"}
     pre = compile_kernel(
         bw._bwd_preprocess,
         {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
          "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
-         "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32"},
-        constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True, PDL=True), arch=90, num_warps=4)
+         "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32", **kv},
+        constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True, PDL=True, ZERO_DKV=split,
+                        **({} if split else dict(dkv_acc_ptr=None))), arch=90, num_warps=4)
+    kv = {"dkv_acc_ptr": "*fp32", "dkv_ptr": "*bf16", "n_dkv": "i32"} if split else \
+        {"dkv_acc_ptr": "constexpr", "dkv_ptr": "*bf16", "n_dkv": "i32"}
     post = compile_kernel(
         bw._bwd_postprocess,
         {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
-         "slot_stride": "i32", "scale": "fp32"},
-        constexprs=dict(BLOCK=1024, PDL=True), arch=90, num_warps=4)
+         "slot_stride": "i32", "scale": "fp32", **kv},
+        constexprs=dict(BLOCK=1024, PDL=True, DKV=split,
+                        **({} if split else dict(dkv_acc_ptr=None))), arch=90, num_warps=4)
     assert not pre.spills and not post.spills
     # the chain of dependent launches: the preprocess lets the main kernel launch under
     # it; the postprocess, launched under the main kernel, waits for it

@@ -23,11 +23,12 @@ from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_ste
                                    tile_range)
 
 
-@pytest.mark.parametrize("zero_dq", [False, True])
+@pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("d", [64, 128])
-def test_preprocess(d, zero_dq):
+def test_preprocess(d, zero_dq, zero_dkv):
     """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator and
-    the tile counter."""
+    the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three
+    times the grid's rows (its grid-stride loop), and not a row past them."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
@@ -35,16 +36,21 @@ def test_preprocess(d, zero_dq):
     delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
+    n_kv = 3 * nq * H + 5
+    dkv_acc = torch.full((n_kv + 1, d), float("nan"))
     rows = 32 if d <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq)
+        dout.stride(0), dout.stride(1), delta.stride(0), dkv_acc, n_kv, H=H, D=d, ROWS=rows,
+        ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
     if zero_dq:
         assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     else:
         assert dq_acc.isnan().all() and (sched == 7).all()
+    assert (dkv_acc[:n_kv] == 0).all() if zero_dkv else dkv_acc[:n_kv].isnan().all()
+    assert dkv_acc[n_kv].isnan().all()
 
 
 def test_postprocess():
@@ -54,7 +60,7 @@ def test_postprocess():
     acc = torch.randn(n_slots, L_q, H, d, generator=g)
     dq = torch.empty(L_q, H, d, dtype=torch.float16)
     bw._bwd_postprocess[(triton.cdiv(dq.numel(), 256),)](
-        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, BLOCK=256)
+        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, None, None, 0, BLOCK=256)
     torch.testing.assert_close(dq.float(), (acc.sum(0) * 0.125).half().float())
 
 
@@ -183,13 +189,48 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
+def test_host_split_launches(monkeypatch):
+    """A call whose tiles are split over programs launches what a whole-tile call does:
+    the preprocess zeroes the fp32 dK / dV accumulators and the postprocess converts
+    them, in their own launches (no zeroing or conversion of their own)."""
+    launches = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, args, kw))
+
+    monkeypatch.setattr(bw, "fast", Recorder)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(bw, "bwd_parts", lambda *a: 4)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([300, 200, 5])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    q = torch.zeros(n, H, D, dtype=torch.float16)
+    k = torch.zeros(n, HKV, D, dtype=torch.float16)
+    _, dk, dv = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, 300, 300, True, 0.125,
+                            False)
+    (pre, pa, pk), (main, ma, mk), (post, qa, qk) = launches
+    assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", "_bwd_postprocess")
+    assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"]
+    acc = pa[11]
+    assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D) and pa[12] == 2 * n * HKV
+    assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
+    assert qa[6] is acc and qa[7].data_ptr() == dk.data_ptr() and qa[8] == acc.numel()
+    assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 2
+
+
 def test_postprocess_converts_split_dkv():
     """Tiles split over programs (jagged.tiles.bwd_parts): the host's postprocess also
     casts the fp32 dK / dV accumulators, both halves, into the gradients' one buffer
-    (scale already applied by the parts), after dQ."""
+    (scale already applied by the parts), in the dQ launch (its grid-stride loop: more
+    key rows than query rows here)."""
     from jagged.tiles import dkv_accumulator
     g = torch.Generator().manual_seed(1)
-    nq, nk, H, HKV, d = 9, 7, 4, 2, 64
+    nq, nk, H, HKV, d = 9, 70, 4, 2, 64
     q = torch.empty(nq, H, d, dtype=torch.float16)
     k = torch.empty(nk, HKV, d, dtype=torch.float16)
     out = torch.randn(nq, H, d, generator=g).half()

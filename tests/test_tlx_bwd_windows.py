@@ -99,7 +99,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     rows = 32 if D <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0), H=H, D=D, ROWS=rows,
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), None, 0, H=H, D=D, ROWS=rows,
         ZERO_DQ=True)
     if dlse is not None:
         delta -= dlse
