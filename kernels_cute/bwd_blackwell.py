@@ -1372,8 +1372,8 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                cutlass.Int32(1), options=options)
 
 
-def _main(c: host.BwdCall):
-    """The main kernel over the KV-tile list (module docstring)."""
+def _main(c: host.BwdCall, parts: int = 1):
+    """The main kernel over the KV-tile list (module docstring); whole tiles (parts 1)."""
     cfg = pick_config(c.q.shape[2], c.broadcast_q)
     grid = pair_grid(c.grid, c.k.shape[1]) if cfg.two_cta else c.grid
     tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal, BLOCK_M,
@@ -1387,7 +1387,8 @@ def _main(c: host.BwdCall):
 
 # the preprocess and postprocess are bwd_hopper's (plain SIMT code)
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, bwd_hopper.compile_preprocess),
-                          _main, partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
+                          lambda c: 1, _main,
+                          partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
                           bwd_hopper.POST_VEC)
 
 

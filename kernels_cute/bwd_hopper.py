@@ -11,7 +11,8 @@ a `reduce_dq` warp in 64 x 32 boxes; TLX forms dQ^T = K^T dS^T with the head dim
 and its load task reduces 64 x 64 boxes.
 
 (a) `Preprocess` (`_bwd_preprocess`): delta[h, i] = rowsum(dO * O) in fp32 ([H, Nq],
-    lse's layout), and zeroes the fp32 dQ accumulator of the packed modes in the same pass.
+    lse's layout), and zeroes the fp32 dQ accumulator of the packed modes (and split
+    tiles' dK / dV accumulators) in the same pass.
 (b) `BwdMain` (`_bwd_main`): a persistent grid (one CTA per SM) walking a jagged list of
     KV tiles, longest first. The tile list is built on the GPU from the offsets
     (`jagged.tiles.kv_tiles`, shared with the TLX backward; no host sync).
@@ -50,8 +51,8 @@ and its load task reduces 64 x 64 boxes.
     part adds its dK / dV in fp32 into zeroed accumulators (`store_add`: from registers,
     red.global.add.v2.f32; TLX stages them through V smem for 16-byte adds).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
-    accumulator, cast to the input dtype; split tiles: then dK / dV from their
-    accumulators (host.backward).
+    accumulator, cast to the input dtype; split tiles: dK / dV from their accumulators
+    too, in the same launch (the preprocess zeroed them; host.backward).
 In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
@@ -97,7 +98,7 @@ from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, kv_tiles, window_tiles, windowed)
+                          kv_tiles, window_tiles, windowed)
 
 from . import host
 
@@ -400,30 +401,41 @@ def _kernel_classes():
     # ================================================================================
     # role: compute
     class Preprocess:
-        def __init__(self, dtype, head_dim: int, zero_dq: bool):
-            self.dtype, self.D, self.zero_dq = dtype, head_dim, zero_dq
+        def __init__(self, dtype, head_dim: int, zero_dq: bool, zero_dkv: bool = False):
+            self.dtype, self.D, self.zero_dq, self.zero_dkv = dtype, head_dim, zero_dq, zero_dkv
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                     mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32, stream):
+                     mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
+                     mdKVacc: cute.Tensor, n_kv_rows: Int32, stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
-            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H).launch(
+            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, mdKVacc, n_kv_rows).launch(
                 grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                   mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32):
+                   mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
+                   mdKVacc: cute.Tensor, n_kv_rows: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator). The main kernel queued
-            behind may launch at once: it waits for these writes itself."""
+            tile counter mSched[0] (jagged.tiles.dq_accumulator); zero_dkv (tiles split
+            over CTAs) each CTA's grid-stride share of the fp32 dK / dV accumulators
+            mdKVacc, n_kv_rows rows of D (jagged.tiles.dkv_accumulator; no launch of
+            their own). The main kernel queued behind may launch at once: it waits for
+            these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
             r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
             chunk = tidx % tpr
+            if const_expr(self.zero_dkv):
+                rZ = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rZ.fill(0.0)
+                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+                for rk in cutlass.range(r, n_kv_rows, grid_rows, unroll=1):
+                    cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
             rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
             rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
             rO.fill(0.0)
@@ -1241,21 +1253,27 @@ def _kernel_classes():
     # ================================================================================
     # role: reduce_dq
     class Postprocess:
-        def __init__(self, dtype, pdl: bool):
+        def __init__(self, dtype, pdl: bool, dkv: bool = False):
             self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
+            self.dkv = dkv
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                     n_slots: Int32, scale: Float32, stream):
-            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
+                     n_slots: Int32, scale: Float32, mdKVacc: cute.Tensor, mdKV: cute.Tensor,
+                     n_kv_vec: Int32, stream):
+            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale, mdKVacc, mdKV, n_kv_vec).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                   n_slots: Int32, scale: Float32):
+                   n_slots: Int32, scale: Float32, mdKVacc: cute.Tensor, mdKV: cute.Tensor,
+                   n_kv_vec: Int32):
             """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
-            Its reads wait for the main kernel (where launched as its dependent)."""
+            dkv (tiles split over CTAs): each thread also casts its grid-stride share of
+            the fp32 dK / dV accumulators mdKVacc into mdKV (n_kv_vec vectors, scaled by
+            the parts; no launch of their own). Its reads wait for the main kernel (where
+            launched as its dependent)."""
             cute.arch.griddepcontrol_wait()
             i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
             if i < n_vec:
@@ -1268,6 +1286,14 @@ def _kernel_classes():
                 out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                 out.store((acc.load() * scale).to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+            if const_expr(self.dkv):
+                kv = cute.make_rmem_tensor((POST_VEC,), Float32)
+                kv_out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                for iv in cutlass.range(i, n_kv_vec, cute.arch.grid_dim()[0] * POST_THREADS,
+                                        unroll=1):
+                    cute.autovec_copy(cute.local_tile(mdKVacc, (POST_VEC,), (iv,)), kv)
+                    kv_out.store(kv.load().to(self.dtype))
+                    cute.autovec_copy(kv_out, cute.local_tile(mdKV, (POST_VEC,), (iv,)))
 
     return Preprocess, BwdMain, Postprocess
 
@@ -1276,7 +1302,10 @@ def _kernel_classes():
 # Host: compile once per config (on symbolic tensors), then launch
 # --------------------------------------------------------------------------------------
 
-def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
+def compile_preprocess(dtype, head_dim: int, zero_dq: bool, zero_dkv: bool = False,
+                       options: str = ""):
+    """zero_dkv: also zero the split tiles' fp32 dK / dV accumulators ([rows, D]; an
+    unused [0, D] view otherwise)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1288,11 +1317,15 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
                       (cute.sym_int64(), 1), 4)
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, sched,
-                               cutlass.Int32(1), cutlass.Int32(1), options=options)
+    kv_acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, zero_dkv), o, do, delta, acc,
+                               sched, cutlass.Int32(1), cutlass.Int32(1), kv_acc,
+                               cutlass.Int32(0), options=options)
 
 
-def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+    """dkv: also convert the split tiles' fp32 dK / dV accumulators (flat; unused, with
+    no vectors, otherwise)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1301,8 +1334,12 @@ def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
                     (cute.sym_int64(divisibility=POST_VEC), 1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Float32(1.0), options=options)
+    n_kv = cute.sym_int32()
+    kv_acc = host.fake(cutlass.Float32, (n_kv,), (1,), 16)
+    kv = host.fake(cdt, (n_kv,), (1,), 16)
+    return host.compile_kernel(Post(cdt, pdl, dkv), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Float32(1.0), kv_acc, kv, cutlass.Int32(0),
+                               options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1327,40 +1364,45 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                options=options)
 
 
-def _main(c: host.BwdCall):
-    """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
-    window_tiles over the key offsets, the window order, count and table in place of the
-    list; module docstring) -> the fp32 dK / dV accumulators where tiles are split over
-    CTAs (jagged.tiles.bwd_parts), else None."""
+def _parts(c: host.BwdCall) -> int:
+    """CTAs a tile (jagged.tiles.bwd_parts, from the whole tiles' step); key windows: 1."""
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
-    parts = 1
+    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
+        return 1
+    cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal, c.broadcast_q,
+                      c.max_q)
+    return bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
+                     c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+
+
+def _main(c: host.BwdCall, parts: int):
+    """(b): the main kernel over the KV-tile list, each tile in `parts` parts (> 1: c.dk,
+    c.dv are the fp32 accumulators, `_parts`), or over key windows (`takes_windows`:
+    window_tiles over the key offsets, the window order, count and table in place of the
+    list; module docstring)."""
+    D = c.q.shape[2]
+    B = c.cu_k.shape[0] - 1
     if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
         cfg, dynamic = window_config(D), False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        mean_q = bwd_mean_q(c.q.shape[0], B, c.broadcast_q)
-        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
-        parts = bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
-                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
-        if parts > 1:
-            cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q, split=True)
+        cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
+                          c.broadcast_q, c.max_q, split=parts > 1)
         dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
-    dkv_acc = dkv_accumulator(c.k, parts)
-    dk, dv = (c.dk, c.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
                   dynamic, "", parts)(
-        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, dk, dv,
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.n_slots, c.group, c.grid)
-    return dkv_acc
 
 
-KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
-                          partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC)
+KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _parts,
+                          _main, partial(host.compiled, _COMPILED, compile_postprocess),
+                          POST_VEC)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

@@ -16,8 +16,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, packed_query,
-                          pairs_per_sequence, slot_count, window_tiles)
+from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, fwd_direct,
+                          fwd_tiles, packed_query, pairs_per_sequence, slot_count,
+                          window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -287,11 +288,12 @@ class BwdCall(NamedTuple):
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
-    main: Callable         # (BwdCall) -> launch the main kernel; its fp32 dK / dV
-                           # accumulators [2, Nk, H_kv, D] to convert, or None
-    postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
-                           # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, zero_dkv) -> the compiled preprocess
+    parts: Callable        # (BwdCall) -> CTAs a tile (jagged.tiles.bwd_parts; 1: whole)
+    main: Callable         # (BwdCall, parts) -> launch the main kernel (parts > 1: dk, dv
+                           # are the fp32 accumulators)
+    postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
+                           # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent)
     post_vec: int
 
 
@@ -316,27 +318,35 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         dk.zero_(); dv.zero_(); dq.zero_()
         return dq, dk, dv
 
-    # (a) preprocess
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
     dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
                                               dev, k.shape[0])
     n_slots = slot_count(dq_acc, broadcast_q)
-    kern.preprocess(q.dtype, D, not broadcast_q)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
+    call = BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
+                   max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
+                   H // HKV, grid_main, sched, int(max_q or 0))
+    parts = kern.parts(call)
+    # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
+    # preprocess and converted by the postprocess
+    dkv_acc = dkv_accumulator(k, parts)
+    if dkv_acc is not None:
+        call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
+    kv_acc, kv = (dq_acc, dq) if dkv_acc is None else (dkv_acc, dkv)  # (unused if None)
+
+    # (a) preprocess
+    kern.preprocess(q.dtype, D, not broadcast_q, dkv_acc is not None)(
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
+        kv_acc.view(-1, D), 0 if dkv_acc is None else dkv_acc.numel() // D)
     if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
 
     # (b) main
-    dkv_acc = kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
-                                cu_q, cu_k, max_k, bool(causal), float(scale),
-                                bool(broadcast_q), L_q, n_slots, H // HKV, grid_main, sched,
-                                int(max_q or 0)))
+    kern.main(call, parts)
 
-    # (c) postprocess; a split tile list's dK / dV from their accumulators after it
+    # (c) postprocess
     n_elem = dq.numel()
-    post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q))
+    post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q), dkv_acc is not None)
     post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-         float(scale))
-    if dkv_acc is not None:
-        post(dkv_acc.view(1, -1), dkv.view(-1), dkv.numel() // kern.post_vec, 1, 1.0)
+         float(scale), kv_acc.view(-1), kv.view(-1),
+         0 if dkv_acc is None else dkv_acc.numel() // kern.post_vec)
     return dq, dk, dv

@@ -338,9 +338,12 @@ def test_dkv_fragment_coordinates(tmp_path):
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
+    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels, with
+    and without the split tiles' dK / dV accumulators (zeroed, converted)."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
+                       "B.compile_preprocess(dt, 128, True, True); "
+                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
+                       "B.compile_postprocess(dt, True, True)")
 
 
 @needs_dsl
@@ -724,7 +727,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -744,7 +747,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
                           causal, 0.125, bq)
             (pre, _), (main, args), (post, _) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
-            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq)
+            assert pre == (q.dtype, D, not bq, False) and post == (q.dtype, not bq, False)
             if short and not bq:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
@@ -804,7 +807,7 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
+    kern = host.BwdKernels(rec, B._parts, B._main, rec, B.POST_VEC)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
@@ -830,8 +833,9 @@ def test_host_backward_launches_plain(monkeypatch):
 def test_host_backward_launches_split(monkeypatch, causal):
     """host.backward with bwd_hopper's main on a call of few long tiles (kernels recorded):
     the tiles split over CTAs (jagged.tiles.bwd_parts) launch the split build (the 64-row
-    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators, zeroed; the
-    postprocess then converts them, both halves, into the gradients' one buffer."""
+    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators, zeroed by the
+    preprocess; the postprocess converts them, both halves, into the gradients' one
+    buffer, in the dQ launch: three launches, as a whole-tile call."""
     import torch
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
@@ -844,7 +848,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
@@ -856,18 +860,22 @@ def test_host_backward_launches_split(monkeypatch, causal):
     assert parts > 1
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
-    (pre, _), (main, args), (post, pa), (post2, pb) = calls
+    (pre, ra), (main, args), (post, pa) = calls
     cfg = B.CONFIGS[(D, "long")]
     assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
         64 if causal else 80)
     assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
-    assert not acc_k.any() and not acc_v.any()
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert post == post2 == (q.dtype, True)
-    src, dst, n_vec, n_slots, scale = pb
+    # the preprocess zeroes both halves: rows of D from acc_k's first
+    assert pre == (q.dtype, D, True, True)
+    kv_rows, n_kv_rows = ra[7], ra[8]
+    assert kv_rows.data_ptr() == acc_k.data_ptr() and kv_rows.shape == (2 * n * HKV, D)
+    assert n_kv_rows == 2 * n * HKV
+    assert post == (q.dtype, True, True)
+    src, dst, n_vec = pa[5:8]
     assert src.data_ptr() == acc_k.data_ptr() and src.numel() == 2 * k.numel()
     assert dst.data_ptr() == dk.data_ptr() and dst.numel() == 2 * k.numel()
     assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 2
-    assert (n_vec, n_slots, scale) == (2 * k.numel() // B.POST_VEC, 1, 1.0)
+    assert n_vec == 2 * k.numel() // B.POST_VEC and pa[1].data_ptr() == dq.data_ptr()
