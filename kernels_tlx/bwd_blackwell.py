@@ -38,7 +38,11 @@ Roles (tlx.async_task), each its own helper:
                 stages, each TMA reduce-added (cp.reduce.async.bulk .add.f32) into the
                 accumulator; a stage is rewritten after its store has read it
     store       (4 warps) at a tile's end dK (times scale) and dV from TMEM to global
-    GQA: dK / dV accumulate over the group's query heads in TMEM, stored once.
+    GQA: dK / dV accumulate over the group's query heads in TMEM, stored once. Where a
+    call has few long tiles (jagged.tiles.bwd_parts, PARTS > 1) each tile's steps are
+    shared evenly by PARTS programs (schedule.part_steps), as in bwd_hopper; each part
+    adds its dK / dV into zeroed fp32 accumulators (16-byte atomics from the store's TMEM
+    slices) that the postprocess converts.
 
 Barrier protocol (producer -> consumer, arrive count 1 unless said; a tcgen05 commit,
 or an MMA's barrier, arrives when every tcgen05 op the mma warp issued before completes):
@@ -96,11 +100,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.launch import fast
 from jagged.seqinfo import causal_visible
-from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, slot_count
+from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_parts, dkv_accumulator, kv_tiles,
+                          slot_count)
 
 from .bwd_hopper import (Descs, Grads, RowStats, _accumulators, _buf_phase, _desc, _opaque,
                          _postprocess, _prepare, _preprocess, lse_log2)
-from .schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range
+from .schedule import KVTiles, dq_slot_row, kv_tile_coords, part_steps, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 BLOCK_M = tl.constexpr(128)  # query rows a step (the dQ MMA's M)
@@ -195,11 +200,11 @@ class Bars(NamedTuple):
 # ----------------------------------------------------------------------------- schedule
 @triton.jit
 def _first(tiles, bars, HKV: tl.constexpr, BROADCAST_Q: tl.constexpr,
-           DYNAMIC: tl.constexpr):  # role: schedule
+           DYNAMIC: tl.constexpr, PARTS: tl.constexpr):  # role: schedule
     """A reading task's (first tile, step, end): the load task's handoff (DYNAMIC) or
     the program's static walk."""
     first, step, n_tiles = tile_range(tl.program_id(0), tl.num_programs(0), tiles.n_tiles,
-                                      HKV, BROADCAST_Q)
+                                      HKV, BROADCAST_Q, PARTS)
     t = first
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
@@ -212,22 +217,26 @@ def _next(tiles, bars, t, step, i, DYNAMIC: tl.constexpr):  # role: schedule
 
 
 @triton.jit
-def _tile(t, tiles, HKV: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr):
-    return kv_tile_coords(t, tl.program_id(0), tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL,
-                          BROADCAST_Q)
+def _tile(t, tiles, HKV: tl.constexpr, G: tl.constexpr, CAUSAL: tl.constexpr,
+          BROADCAST_Q: tl.constexpr, PARTS: tl.constexpr):  # role: schedule
+    """Tile t -> (KVTile, its part's steps [j0, j1): schedule.part_steps)."""
+    tile = kv_tile_coords(t, tl.program_id(0), tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL,
+                          BROADCAST_Q, PARTS)
+    j0, j1 = part_steps(t, G * tile.n_m, PARTS)
+    return tile, j0, j1
 
 
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(descs, smem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, NQ: tl.constexpr,
-         NKV: tl.constexpr, DYNAMIC: tl.constexpr):
+         NKV: tl.constexpr, DYNAMIC: tl.constexpr, PARTS: tl.constexpr):
     """The producer: per tile K and V, per Q step Q and dO, by TMA; a box may run past the
     sequence (masked by the compute) or the tensor (TMA fills zeros)."""
     G: tl.constexpr = H // HKV
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
     first, step, n_tiles = tile_range(tl.program_id(0), tl.num_programs(0), tiles.n_tiles,
-                                      HKV, BROADCAST_Q)
+                                      HKV, BROADCAST_Q, PARTS)
     t = first
     if DYNAMIC:
         publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
@@ -235,9 +244,8 @@ def load(descs, smem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, D: tl.con
     kcnt = 0
     qcnt = 0
     while t < n_tiles:
-        tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
-        n_steps = G * tile.n_m
-        if n_steps > 0:
+        tile, j0, j1 = _tile(t, tiles, HKV, G, CAUSAL, BROADCAST_Q, PARTS)
+        if j1 > j0:
             kb, kph = _buf_phase(kcnt, NKV)
             tlx.barrier_wait(bars.kv_empty[kb], kph ^ 1)
             tlx.barrier_expect_bytes(bars.kv_full[kb], 2 * ELT * BLOCK_N * D)
@@ -245,7 +253,7 @@ def load(descs, smem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, D: tl.con
             tlx.async_descriptor_load(descs.k, smem.k[kb], [krow, tile.hk * D], bars.kv_full[kb])
             tlx.async_descriptor_load(descs.v, smem.v[kb], [krow, tile.hk * D], bars.kv_full[kb])
             kcnt += 1
-            for j in range(0, n_steps):
+            for j in range(j0, j1):
                 h = tile.hk * G + j // tile.n_m
                 m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
                 qb, qph = _buf_phase(qcnt, NQ)
@@ -267,23 +275,22 @@ def load(descs, smem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, D: tl.con
 @triton.jit
 def mma(smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, CAUSAL: tl.constexpr,
         BROADCAST_Q: tl.constexpr, NQ: tl.constexpr, NKV: tl.constexpr, NDQ: tl.constexpr,
-        DQ_ALIAS: tl.constexpr, DYNAMIC: tl.constexpr):
+        DQ_ALIAS: tl.constexpr, DYNAMIC: tl.constexpr, PARTS: tl.constexpr):
     """The tensor core's issue order per step j: S^T, dP^T, dV (after p_full), dK and dQ
     (after ds_full). DQ_ALIAS (dQ in dP^T's columns): dP^T(j) waits until reduce_dq has
     read dQ(j - 1); else dQ(j) waits for its buffer's previous use."""
     G: tl.constexpr = H // HKV
-    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC)
+    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC, PARTS)
     i = 0
     kcnt = 0
     qcnt = 0   # Q steps so far (the phase of the per-step barriers)
     tw = 0     # tiles with steps so far (dkv phases)
     while t < n_tiles:
-        tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
-        n_steps = G * tile.n_m
-        if n_steps > 0:
+        tile, j0, j1 = _tile(t, tiles, HKV, G, CAUSAL, BROADCAST_Q, PARTS)
+        if j1 > j0:
             kb, kph = _buf_phase(kcnt, NKV)
             tlx.barrier_wait(bars.kv_full[kb], kph)
-            for j in range(0, n_steps):
+            for j in range(j0, j1):
                 qb, qph = _buf_phase(qcnt, NQ)
                 ph = qcnt & 1
                 # the stage indices through an opaque mov: the 40 smem descriptors a step
@@ -298,13 +305,13 @@ def mma(smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, CAUSAL: tl.
                     tlx.barrier_wait(bars.dq_empty[db], dph ^ 1)
                 tlx.async_dot(smem.v[kb], tlx.local_trans(smem.do[qb]), tmem.dp[0],
                               use_acc=False, mBarriers=[bars.dp_full[0]])     # dP^T = V dO^T
-                if j == 0:  # the store has read the previous tile's dK, dV
+                if j == j0:  # the store has read the previous tile's dK, dV
                     tlx.barrier_wait(bars.dkv_empty[0], (tw & 1) ^ 1)
                 tlx.barrier_wait(bars.p_full[0], ph)
-                tlx.async_dot(tmem.pa[0], smem.do[qb], tmem.dv[0], use_acc=j > 0,
+                tlx.async_dot(tmem.pa[0], smem.do[qb], tmem.dv[0], use_acc=j > j0,
                               mBarriers=[bars.sink[0]])                       # dV += P^T dO
                 tlx.barrier_wait(bars.ds_full[0], ph)
-                tlx.async_dot(smem.ds[0], smem.q[qb], tmem.dk[0], use_acc=j > 0,
+                tlx.async_dot(smem.ds[0], smem.q[qb], tmem.dk[0], use_acc=j > j0,
                               mBarriers=[bars.q_empty[qb]])                   # dK += dS^T Q
                 if not DQ_ALIAS:
                     tlx.barrier_wait(bars.dq_empty[db], dph ^ 1)
@@ -323,20 +330,20 @@ def mma(smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr, CAUSAL: tl.
 @triton.jit
 def compute(smem, tmem, bars, tiles, stats, qk_scale2, H: tl.constexpr, HKV: tl.constexpr,
             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, S_SLICE: tl.constexpr,
-            DYNAMIC: tl.constexpr):
+            DYNAMIC: tl.constexpr, PARTS: tl.constexpr):
     """Per step, S_SLICE query columns at a time: P^T from S^T and lse, dS^T from P^T,
     dP^T and delta; P^T into TMEM (chunk c over S^T columns already read), dS^T into
     smem. A thread owns a key row."""
     G: tl.constexpr = H // HKV
     NS: tl.constexpr = BLOCK_M // S_SLICE
     dt: tl.constexpr = smem.ds.dtype
-    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC)
+    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC, PARTS)
     i = 0
     qcnt = 0
     while t < n_tiles:
-        tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
+        tile, j0, j1 = _tile(t, tiles, HKV, G, CAUSAL, BROADCAST_Q, PARTS)
         keys = tile.n0 + tl.arange(0, BLOCK_N)
-        for j in range(0, G * tile.n_m):
+        for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             ph = qcnt & 1
@@ -372,20 +379,21 @@ def compute(smem, tmem, bars, tiles, stats, qk_scale2, H: tl.constexpr, HKV: tl.
 @triton.jit
 def reduce_dq(descs, smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr,
               D: tl.constexpr, CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
-              NDQ: tl.constexpr, DQ_SLICE: tl.constexpr, DYNAMIC: tl.constexpr):
+              NDQ: tl.constexpr, DQ_SLICE: tl.constexpr, DYNAMIC: tl.constexpr,
+              PARTS: tl.constexpr):
     """Per step, dQ out of TMEM DQ_SLICE columns at a time, each through one of two smem
     stages into a TMA reduce-add; dq_empty once the last slice is read. A stage is
     rewritten once at most one store (the other stage's) is pending."""
     G: tl.constexpr = H // HKV
     NSL: tl.constexpr = D // DQ_SLICE
-    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC)
+    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC, PARTS)
     slot_row = dq_slot_row(tl.program_id(0), tiles, HKV, BROADCAST_Q)
     i = 0
     qcnt = 0
     scnt = 0
     while t < n_tiles:
-        tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
-        for j in range(0, G * tile.n_m):
+        tile, j0, j1 = _tile(t, tiles, HKV, G, CAUSAL, BROADCAST_Q, PARTS)
+        for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
             row = (slot_row + tile.q_start + tile.m_lo + (j % tile.n_m) * BLOCK_M).to(tl.int32)
             db, dph = _buf_phase(qcnt, NDQ)
@@ -410,34 +418,42 @@ def reduce_dq(descs, smem, tmem, bars, tiles, H: tl.constexpr, HKV: tl.constexpr
 @triton.jit
 def store(tmem, bars, tiles, grads, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
           CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, O_SLICE: tl.constexpr,
-          DYNAMIC: tl.constexpr):
+          DYNAMIC: tl.constexpr, PARTS: tl.constexpr):
     """At a tile's end dK (times scale) and dV, O_SLICE columns at a time, rows < len_k;
-    a tile no query sees stores zeros."""
+    a tile no query sees stores zeros. PARTS > 1 (jagged.tiles.bwd_parts): a part adds
+    them into the fp32 accumulators instead (16-byte atomics; a part with no step adds
+    nothing)."""
     G: tl.constexpr = H // HKV
-    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC)
+    t, step, n_tiles = _first(tiles, bars, HKV, BROADCAST_Q, DYNAMIC, PARTS)
     i = 0
     tw = 0
     while t < n_tiles:
-        tile = _tile(t, tiles, HKV, CAUSAL, BROADCAST_Q)
+        tile, j0, j1 = _tile(t, tiles, HKV, G, CAUSAL, BROADCAST_Q, PARTS)
         # a scalar base pointer and int32 offsets (BLOCK_N * stride_tok < 2^31): a thread
         # holds one row's O_SLICE contiguous columns, 16-byte aligned (dK / dV contiguous,
         # D and O_SLICE multiples of 8): one 16-byte vector store a row
         off0 = (tile.k_start + tile.n0) * grads.stride_tok + tile.hk * grads.stride_h
         rows = tl.arange(0, BLOCK_N)[:, None]
         mask = tile.n0 + rows < tile.len_k
-        if G * tile.n_m > 0:
+        if j1 > j0:
             tlx.barrier_wait(bars.dkv_full[0], tw & 1)
             for c in tl.static_range(D // O_SLICE):
                 off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 dv = tlx.local_load(tlx.subslice(tmem.dv[0], c * O_SLICE, O_SLICE))
-                tl.store(tl.multiple_of(grads.dv + off0 + off, [1, 16]),
-                         dv.to(grads.dv.dtype.element_ty), mask=mask)
                 dk = tlx.local_load(tlx.subslice(tmem.dk[0], c * O_SLICE, O_SLICE))
-                tl.store(tl.multiple_of(grads.dk + off0 + off, [1, 16]),
-                         (dk * grads.scale).to(grads.dk.dtype.element_ty), mask=mask)
+                if PARTS > 1:  # atom.add.v4.f32 a row's O_SLICE columns
+                    tl.atomic_add(tl.multiple_of(grads.dv + off0 + off, [1, 16]), dv,
+                                  mask=mask, sem="relaxed")
+                    tl.atomic_add(tl.multiple_of(grads.dk + off0 + off, [1, 16]),
+                                  dk * grads.scale, mask=mask, sem="relaxed")
+                else:
+                    tl.store(tl.multiple_of(grads.dv + off0 + off, [1, 16]),
+                             dv.to(grads.dv.dtype.element_ty), mask=mask)
+                    tl.store(tl.multiple_of(grads.dk + off0 + off, [1, 16]),
+                             (dk * grads.scale).to(grads.dk.dtype.element_ty), mask=mask)
             tlx.barrier_arrive(bars.dkv_empty[0], 1)
             tw += 1
-        else:
+        elif PARTS == 1:
             for c in tl.static_range(D // O_SLICE):
                 off = rows * grads.stride_tok + (c * O_SLICE + tl.arange(0, O_SLICE))[None, :]
                 z = tl.zeros([BLOCK_N, O_SLICE], grads.dk.dtype.element_ty)
@@ -456,7 +472,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DYNAMIC: tl.constexpr,
                Q_STAGES: tl.constexpr, KV_STAGES: tl.constexpr, S_SLICE: tl.constexpr,
-               DQ_SLICE: tl.constexpr, O_SLICE: tl.constexpr):
+               DQ_SLICE: tl.constexpr, O_SLICE: tl.constexpr, PARTS: tl.constexpr = 1):
     dt: tl.constexpr = tlx.dtype_of(q_desc)
     DQ_ALIAS: tl.constexpr = D == BLOCK_M   # dQ [BLOCK_M, D] fp32 fits dP^T's columns
     NDQ: tl.constexpr = 1 if DQ_ALIAS else 2
@@ -503,32 +519,34 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_
             gdc_wait()
             gdc_launch_dependents()
             compute(smem, tmem, bars, tiles, stats, qk_scale2, H, HKV, CAUSAL, BROADCAST_Q,
-                    S_SLICE, DYNAMIC)
+                    S_SLICE, DYNAMIC, PARTS)
         with tlx.async_task(num_warps=1, registers=24):
             gdc_wait()
             gdc_launch_dependents()
             mma(smem, tmem, bars, tiles, H, HKV, CAUSAL, BROADCAST_Q, Q_STAGES, KV_STAGES,
-                NDQ, DQ_ALIAS, DYNAMIC)
+                NDQ, DQ_ALIAS, DYNAMIC, PARTS)
         with tlx.async_task(num_warps=1, registers=24):
             gdc_wait()
             gdc_launch_dependents()
             load(descs, smem, bars, tiles, H, HKV, D, CAUSAL, BROADCAST_Q, Q_STAGES,
-                 KV_STAGES, DYNAMIC)
+                 KV_STAGES, DYNAMIC, PARTS)
         with tlx.async_task(num_warps=4, registers=88):
             gdc_wait()
             gdc_launch_dependents()
             reduce_dq(descs, smem, tmem, bars, tiles, H, HKV, D, CAUSAL, BROADCAST_Q, NDQ,
-                      DQ_SLICE, DYNAMIC)
+                      DQ_SLICE, DYNAMIC, PARTS)
         with tlx.async_task(num_warps=4, registers=88):
             gdc_wait()
             gdc_launch_dependents()
-            store(tmem, bars, tiles, grads, H, HKV, D, CAUSAL, BROADCAST_Q, O_SLICE, DYNAMIC)
+            store(tmem, bars, tiles, grads, H, HKV, D, CAUSAL, BROADCAST_Q, O_SLICE, DYNAMIC,
+                  PARTS)
 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, H: int, HKV: int, head_dim: int, causal: bool,
-                broadcast_q: bool) -> dict:
-    """The constexpr arguments of `bwd_kernel` (shared with the compile checks)."""
+                broadcast_q: bool, parts: int = 1) -> dict:
+    """The constexpr arguments of `bwd_kernel` (shared with the compile checks); parts:
+    programs a tile (jagged.tiles.bwd_parts)."""
     if head_dim not in (64, 128):
         raise ValueError(f"head_dim={head_dim}: the Blackwell backward is built for 64 and 128")
     if BLOCK_M.value % cfg.s_slice or head_dim % cfg.dq_slice or head_dim % cfg.o_slice:
@@ -537,19 +555,21 @@ def kernel_args(cfg: Config, H: int, HKV: int, head_dim: int, causal: bool,
     return dict(H=H, HKV=HKV, D=head_dim, CAUSAL=bool(causal), BROADCAST_Q=bool(broadcast_q),
                 DYNAMIC=bwd_dynamic(broadcast_q), Q_STAGES=cfg.q_stages,
                 KV_STAGES=cfg.kv_stages, S_SLICE=cfg.s_slice, DQ_SLICE=cfg.dq_slice,
-                O_SLICE=cfg.o_slice)
+                O_SLICE=cfg.o_slice, PARTS=parts)
 
 
-def signature(head_dim: int, cfg: Config, dtype: str = "bf16") -> dict:
-    """Triton types of `bwd_kernel`'s runtime arguments (for compile-only checks)."""
+def signature(head_dim: int, cfg: Config, dtype: str = "bf16", parts: int = 1) -> dict:
+    """Triton types of `bwd_kernel`'s runtime arguments (for compile-only checks); split
+    tiles (parts > 1) add into fp32 dK / dV."""
     bm, bn = BLOCK_M.value, BLOCK_N.value
+    gt = "fp32" if parts > 1 else dtype
     return {"q_desc": f"tensordesc<{dtype}[{bm},{head_dim}]>",
             "k_desc": f"tensordesc<{dtype}[{bn},{head_dim}]>",
             "v_desc": f"tensordesc<{dtype}[{bn},{head_dim}]>",
             "do_desc": f"tensordesc<{dtype}[{bm},{head_dim}]>",
             "dq_desc": f"tensordesc<fp32[{bm},{cfg.dq_slice}]>",
-            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": f"*{dtype}",
-            "dv_ptr": f"*{dtype}", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dk_ptr": f"*{gt}",
+            "dv_ptr": f"*{gt}", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
             "tile_b_ptr": "*i32", "tile_n_ptr": "*i32", "n_tiles_ptr": "*i32",
             "sched_ptr": "*i32", "scale": "fp32", "qk_scale2": "fp32", "L_q": "i32",
             "n_slots": "i32", "stride_k_tok": "i32", "stride_k_h": "i32", "stride_lse_h": "i32"}
@@ -567,17 +587,23 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     BM, BN = BLOCK_M.value, BLOCK_N.value
 
     dq_acc, grid, sched = _accumulators(p, broadcast_q)
-    delta = _preprocess(p, broadcast_q, dlse, dq_acc, sched)
+    # few long tiles: each split over programs, dK / dV added into fp32 (zeroed by the
+    # preprocess, converted by the postprocess); the rule's costs are the H200's
+    parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal, broadcast_q,
+                      BM, BN, grid, int(max_q), int(max_k))
+    dkv_acc = dkv_accumulator(k, parts)
+    delta = _preprocess(p, broadcast_q, dlse, dq_acc, sched, dkv_acc)
+    dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
 
     tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BN)
     fast(bwd_kernel)[(grid,)](
         _desc(q, BM, D), _desc(k, BN, D), _desc(v, BN, D), _desc(p.dout, BM, D),
-        _desc(dq_acc, BM, D, cols=cfg.dq_slice), p.lse, delta, p.dk, p.dv,
+        _desc(dq_acc, BM, D, cols=cfg.dq_slice), p.lse, delta, dk, dv,
         cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), float(scale) * LOG2E, p.L_q, slot_count(dq_acc, broadcast_q),
         p.dk.stride(0), p.dk.stride(1), p.lse.stride(0),
-        **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q), num_warps=4, num_stages=1,
-        launch_pdl=bwd_dependent(broadcast_q))
+        **kernel_args(cfg, p.H, p.HKV, D, causal, broadcast_q, parts), num_warps=4,
+        num_stages=1, launch_pdl=bwd_dependent(broadcast_q))
 
-    _postprocess(p, dq_acc, scale, broadcast_q)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc)
     return p.dq, p.dk, p.dv

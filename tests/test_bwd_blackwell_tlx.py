@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 
 from _blackwell import (Bar, b200_matrix, backward_fn, check_on_b200,  # noqa: E402
                         check_tcgen05, handoff_tiles, problem, publish_tile,
-                        skip_unless_b200, tcgen05_mmas, tlx_compile_tests)
+                        skip_unless_b200, tcgen05_mmas, tlx_compile_tests, xfail_spills)
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
 from kernels_tlx import bwd_blackwell as bb  # noqa: E402
 
@@ -72,6 +72,58 @@ def _check(d, causal, bq, dt, h, hkv, arch=100):
 
 test_compiles_sm100, test_compiles_sm103 = tlx_compile_tests(
     _check, VARIANTS, SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
+
+
+@pytest.mark.parametrize("d,causal,parts", [(128, True, 8), pytest.param(64, False, 2,
+                                                                   marks=pytest.mark.matrix)])
+def test_split_compiles(d, causal, parts):
+    """Tiles split over programs (jagged.tiles.bwd_parts): the store adds dK / dV into fp32
+    with 16-byte atomics (atom.add.v4.f32; no 16-bit stores), the rest as the whole-tile
+    build; spills as there (an xfail within SPILL_BOUND)."""
+    cfg = bb.CONFIGS[d]
+    rep = compile_kernel(bb.bwd_kernel, bb.signature(d, cfg, "bf16", parts),
+                         bb.kernel_args(cfg, 8, 1, d, causal, False, parts), arch=100,
+                         num_warps=4, num_stages=1, name=f"bw bwd D{d} split {parts}")
+    check_tcgen05(rep)
+    assert "atom.global.gpu.relaxed.add.v4.f32" in rep.ptx, rep.row()
+    assert "st.global.v4.b32" not in rep.ptx and "st.global.v2.b32" not in rep.ptx, rep.row()
+    assert rep.ptx.count("griddepcontrol.wait") == 5, rep.row()
+    xfail_spills(rep, SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
+
+
+def test_host_split_launches(monkeypatch):
+    """A call of few long tiles (jagged.tiles.bwd_parts > 1) launches the split build on
+    fp32 dK / dV accumulators that the preprocess zeroes and the postprocess converts:
+    three launches, as a whole-tile call."""
+    launches = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, args, kw))
+
+    from kernels_tlx import bwd_hopper as bh
+    monkeypatch.setattr(bh, "fast", Recorder)
+    monkeypatch.setattr(bb, "fast", Recorder)
+    monkeypatch.setattr(bh, "num_sms", lambda dev: 148)
+    monkeypatch.setattr(bb, "_desc", lambda *a, **kw: None)  # no TMA on the CPU
+    H, HKV, D = 8, 1, 128
+    lk = torch.tensor([823, 280, 23])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    q = torch.zeros(n, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
+    _, dk, dv = bb.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, 823, 823, True, 0.125,
+                            False)
+    (pre, pa, pk), (main, ma, mk), (post, qa, qk) = launches
+    assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", "_bwd_postprocess")
+    assert mk["PARTS"] > 1 and pk["ZERO_DKV"] and qk["DKV"]
+    acc = pa[11]
+    assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D)
+    assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
+    assert qa[6] is acc and qa[7].data_ptr() == dk.data_ptr()
 
 
 def test_config_table():

@@ -757,6 +757,16 @@ def test_tlx_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
+@pytest.mark.parametrize("parts", [2, 8])
+def test_tlx_bwd_blackwell_split_protocol(parts):
+    """Tiles split over programs (schedule.part_steps): every part of every (tile, KV
+    head) finished once, parts with no step among them, no race or deadlock."""
+    cfg = _tlx_bw_bwd_configs()[128]
+    for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
+        assert P.check(lambda sim: P.tlx_bwd_blackwell(sim, prob, cfg, 3, 128, parts=parts),
+                       range(3)) > 0
+
+
 # --------------------------------------------------------------- CuteDSL Blackwell backward
 def _cute_bw_bwd_configs():
     from kernels_cute.bwd_blackwell import CONFIGS

@@ -11,14 +11,15 @@ from .tiles import BwdWalk, Problem
 
 # ---------------------------------------------------------------------- TLX, Blackwell backward
 def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                      elem_bytes: int = 2) -> BwdWalk:
+                      elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
     """kernels_tlx/bwd_blackwell.py's bwd_kernel: per program `load` and `mma` warps and
     `compute`, `reduce_dq`, `store` warpgroups, single-arrival mbarriers (the tile
     handoff's empty: 4 readers). TMEM: S^T (P^T over its lower columns), dP^T (at D = 128
     dQ in its columns: the same buffer here), dQ (two buffers at D = 64), dK, dV
     accumulating over a tile's steps; smem: Q/dO (q_stages), K/V (kv_stages), one dS^T,
     two fp32 dQ stages for the reduce's bulk stores (an async read each, retired by
-    store_wait(1))."""
+    store_wait(1)). parts: programs a tile (each walks its part's steps; the store adds
+    what it reads)."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_tlx.bwd_blackwell import BLOCK_M, BLOCK_N
@@ -27,7 +28,7 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
     ALIAS = D == BM
     NDQ, NSL = (1 if ALIAS else 2), D // cfg.dq_slice
     dyn = bwd_dynamic(problem.broadcast_q)
-    walk = BwdWalk(problem, BM, BN, programs)
+    walk = BwdWalk(problem, BM, BN, programs, parts)
     P = walk.programs
     counter = sim.counter("tile_counter")
     for p in range(P):
