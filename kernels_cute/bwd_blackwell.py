@@ -68,6 +68,13 @@ A tile whose sequence has no query block that sees it (n_m = 0) issues no MMA: `
 writes dK = dV = 0 without a hand-over. Per tile with s = group * n_m > 0 steps: one
 K/V, s Q/dO and lse/delta, s S/dP, s dQ, one dK/dV hand-over.
 
+Where a call has few long tiles (jagged.tiles.bwd_parts > 1; the 1-CTA build) each
+tile's steps are shared evenly by that many CTAs (schedule.part_steps), as in
+bwd_hopper: a part walks its steps [j0, j1) with the hand-overs above, compute each
+head's masked and bulk blocks among them (`head_blocks`), and `store_add` adds dK * scale
+and dV into fp32 accumulators (red.global.add.v2.f32 from the TMEM reads) that the
+preprocess zeroes and the postprocess converts; a part without steps adds nothing.
+
 The Q loop is split per head (`bulk_start`): of a tile's Q blocks m_lo, m_lo + 128, ...
 the leading ones are masked (`mask_bound`: one compare and select a P^T element) and
 the rest are the bulk, whose step has no mask code. Every block is masked on a tile that
@@ -119,7 +126,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
-from jagged.tiles import bwd_dependent, kv_tiles
+from jagged.tiles import bwd_dependent, bwd_parts, kv_tiles
 
 from . import blackwell, bwd_hopper, host
 
@@ -170,7 +177,7 @@ class Sched(NamedTuple):
     HKV: Any
     group: Any
     n_slots: Any  # broadcast-Q: the dQ accumulator's slots
-    parts: int = 1  # CTAs a tile (jagged.tiles.bwd_parts; this build takes whole tiles)
+    parts: int = 1  # CTAs a tile (jagged.tiles.bwd_parts; the pair build takes whole tiles)
 
 
 # role: compute
@@ -190,6 +197,20 @@ def bulk_start(seq, n0, m_lo, n_m, causal: bool, BM: int = BLOCK_M, BN: int = BL
         first = _min((full - m_lo + BM - 1) // BM, n_m)
     past = _min(_max(n0 + BN - seq.len_k, 0), 1)            # 1: keys past the sequence
     return _max(first, past * n_m)
+
+
+def head_blocks(j0, j1, g, n_m, m_bulk, split: bool):
+    """Head g's Q blocks among a tile's steps [j0, j1) (step j: head j // n_m, block
+    j % n_m): its masked ones [lo, m_hi) and bulk ones [b_lo, hi) -> (lo, m_hi, b_lo, hi);
+    a whole tile (split False) walks all n_m, the first m_bulk masked. Plain arithmetic,
+    as bulk_start."""
+    from .seqinfo import _max, _min
+
+    lo, m_hi, b_lo, hi = n_m * 0, m_bulk, m_bulk, n_m
+    if split:
+        lo, hi = _min(_max(j0 - g * n_m, 0), n_m), _min(_max(j1 - g * n_m, 0), n_m)
+        m_hi, b_lo = _min(m_bulk, hi), _max(m_bulk, lo)
+    return lo, m_hi, b_lo, hi
 
 
 def mask_bound(seq, key, m0, causal: bool, BM: int = BLOCK_M):
@@ -231,7 +252,8 @@ def _kernel_class():
 
     from .fragments import element_swizzled, head_tile, tma_tiles
     from .blackwell import tc_fence_after
-    from .schedule import kv_tile_coords, tile_range
+    from .fragments import red_add_v2
+    from .schedule import kv_tile_coords, part_steps, tile_range
     from .seqinfo import SeqlenInfo
 
     def with_cols(t, c):
@@ -240,9 +262,11 @@ def _kernel_class():
 
     class BwdBlackwell(blackwell.kernel_base()):
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                     cfg: Config):
+                     cfg: Config, parts: int = 1):
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
+            assert parts == 1 or not (broadcast_q or cfg.two_cta)
+            self.parts = parts      # CTAs a tile; > 1: mdK / mdV are fp32 accumulators
             self.qs = cfg.q_stages
             self.tmem_s, self.tmem_dp = 0, BLOCK_N
             self.tmem_p = self.tmem_s + BLOCK_M // 2
@@ -362,7 +386,7 @@ def _kernel_class():
                    mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
-                          group, n_slots)
+                          group, n_slots, self.parts)
             if warp == LOAD_WARP:
                 for a in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
                     cpasync.prefetch_descriptor(a)
@@ -423,11 +447,13 @@ def _kernel_class():
         # ------------------------------------------------------------------ schedule
         @cute.jit
         def steps_of(self, t: Int32, pinned: Int32, sched: Sched):
-            """Tile t -> (b, hk, n0, seq, m_lo, n_m, steps): steps = group * n_m, step j is
-            query head hk * group + j // n_m, rows m_lo + (j % n_m) * BLOCK_M on."""
+            """Tile t -> (b, hk, n0, seq, m_lo, n_m, j0, j1): its part's steps [j0, j1) of
+            the tile's group * n_m (schedule.part_steps; all of them where whole), step j
+            is query head hk * group + j // n_m, rows m_lo + (j % n_m) * BLOCK_M on."""
             b, hk, n0, seq, m_lo, n_m = kv_tile_coords(t, pinned, sched, BLOCK_M, BLOCK_N,
                                                        self.causal, self.broadcast_q)
-            return b, hk, n0, seq, m_lo, n_m, sched.group * n_m
+            j0, j1 = part_steps(t, sched.group * n_m, self.parts)
+            return b, hk, n0, seq, m_lo, n_m, j0, j1
 
         # ------------------------------------------------------------------ load
         @cute.jit
@@ -442,8 +468,8 @@ def _kernel_class():
             ld_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.qs)
             t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
-                if steps > 0:
+                b, hk, n0, seq, m_lo, n_m, j0, j1 = self.steps_of(t, pinned, sched)
+                if j1 > j0:
                     # K / V boxes past the sequence's end read the next sequence's keys
                     # (P = 0 there) or TMA's zero fill
                     pipe_kv.producer_acquire(kv_state)
@@ -452,7 +478,7 @@ def _kernel_class():
                         self.tma_box(atom, thr.partition_A(head_tile(
                             m, seq.k_start + n0, hk, BLOCK_N, D)), s, 0, bar)
                     kv_state.advance()
-                    for j in cutlass.range(steps, unroll=1):
+                    for j in cutlass.range(j0, j1, unroll=1):
                         h = hk * sched.group + j // n_m
                         m0 = m_lo + (j % n_m) * BLOCK_M
                         pipe_q.producer_acquire(q_state)
@@ -520,12 +546,12 @@ def _kernel_class():
             n_dkv = Int32(0)        # dK / dV hand-overs so far
             t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
-                if steps > 0:
+                b, hk, n0, seq, m_lo, n_m, j0, j1 = self.steps_of(t, pinned, sched)
+                if j1 > j0:
                     pipe_kv.consumer_wait(kv_state)
                     # the previous tile's store has read dK, dV
                     pipe_dkv.sync_object_empty.wait(0, (n_dkv % 2) ^ 1)
-                    for j in cutlass.range(steps, unroll=1):
+                    for j in cutlass.range(j0, j1, unroll=1):
                         qi = q_state.index
                         pipe_q.consumer_wait(q_state)
                         # S^T(j): compute released step j - 1 (waited below)
@@ -539,8 +565,8 @@ def _kernel_class():
                         # P^T in TMEM, dS^T in smem
                         pipe_sdp.sync_object_empty.wait(0, n_sdp % 2)
                         tc_fence_after()
-                        self.gemm(mma_dv, dV, P, tVrdOt[None, None, None, qi], j > 0)
-                        self.gemm(mma_dk, dK, tKrdS, tKrQt[None, None, None, qi], j > 0)
+                        self.gemm(mma_dv, dV, P, tVrdOt[None, None, None, qi], j > j0)
+                        self.gemm(mma_dk, dK, tKrdS, tKrQt[None, None, None, qi], j > j0)
                         pipe_q.consumer_release(q_state)
                         q_state.advance()
                         self.gemm(mma_dq, dQ, tQrdS, tQrKt, False)
@@ -585,22 +611,27 @@ def _kernel_class():
             n_dkv = Int32(0)
             t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m, j0, j1 = self.steps_of(t, pinned, sched)
                 key = n0 + tidx
                 m_bulk = bulk_start(seq, n0, m_lo, n_m, self.causal)
                 for g in cutlass.range(sched.group, unroll=1):
-                    for jm in cutlass.range(m_bulk, unroll=1):                   # masked
+                    lo, m_hi, b_lo, hi = head_blocks(j0, j1, g, n_m, m_bulk, self.parts > 1)
+                    for jm in cutlass.range(lo, m_hi, unroll=1):                 # masked
                         self.compute_step(True, io, m_lo + jm * BLOCK_M, key, seq, ld_state,
                                           n_sdp, pipe_ld, pipe_sdp, scale_log2)
                         ld_state.advance()
                         n_sdp += 1
-                    for jm in cutlass.range(m_bulk, n_m, unroll=1):              # bulk
+                    for jm in cutlass.range(b_lo, hi, unroll=1):                 # bulk
                         self.compute_step(False, io, m_lo + jm * BLOCK_M, key, seq, ld_state,
                                           n_sdp, pipe_ld, pipe_sdp, scale_log2)
                         ld_state.advance()
                         n_sdp += 1
-                n_dkv = self.store(mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale,
-                                   pipe_dkv, n_dkv)
+                if const_expr(self.parts > 1):
+                    n_dkv = self.store_add(mma_dk, mdK, mdV, seq, n0, hk, key, j1 - j0,
+                                           scale, pipe_dkv, n_dkv)
+                else:
+                    n_dkv = self.store(mma_dk, mdK, mdV, seq, n0, hk, key, j1 - j0, scale,
+                                       pipe_dkv, n_dkv)
                 t += step
 
         @cute.jit
@@ -691,6 +722,41 @@ def _kernel_class():
                 n_dkv += 1
             return n_dkv
 
+        @cute.jit
+        def store_add(self, mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale, pipe_dkv,
+                      n_dkv):
+            """store's twin for a tile split over CTAs (jagged.tiles.bwd_parts): dK * scale
+            and dV added into the fp32 accumulators mdK / mdV, a row's adjacent column
+            pairs one red.global.add.v2.f32 each (keys at or past len_k never touched); a
+            part without steps adds nothing."""
+            tidx = cute.arch.thread_idx()[0] % 128
+            th = mma_dk.get_slice(0)
+            acc = th.make_fragment_C(th.partition_shape_C(self.tiler_kv[:2]))[(None, None), 0, 0]
+            crd = th.partition_C(cute.make_identity_tensor(self.tiler_kv[:2]))[(None, None), 0, 0]
+            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
+                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
+            ).get_slice(tidx)
+            tcrd = ld.partition_D(crd)
+            chunks = cute.size(tcrd, mode=[2])
+            per = self.D // chunks
+            if steps > 0:
+                pipe_dkv.sync_object_full.wait(0, n_dkv % 2)
+                tc_fence_after()
+                for col, m, f in ((self.tmem_dk, mdK, scale), (self.tmem_dv, mdV, 1.0)):
+                    src = ld.partition_S(with_cols(acc, col))
+                    row = m.iterator + cute.crd2idx((seq.k_start + key, 0, hk), m.layout)
+                    for k in cutlass.range_constexpr(chunks):
+                        v = cute.make_rmem_tensor(tcrd[None, None, 0].shape, Float32)
+                        cute.copy(ld, src[None, None, k], v)
+                        cute.arch.fence_view_async_tmem_load()
+                        if key < seq.len_k:
+                            for c in cutlass.range_constexpr(per // 2):
+                                red_add_v2(row + k * per + 2 * c, v[2 * c] * f,
+                                           v[2 * c + 1] * f)
+                pipe_dkv.sync_object_empty.arrive(0, pipe_dkv.consumer_mask)
+                n_dkv += 1
+            return n_dkv
+
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
         def reduce_dq(self, mma_dq, mdQacc, sdQ, sdQ_layout, tma_atom_dQ, pipe_dq, sched):
@@ -717,8 +783,8 @@ def _kernel_class():
             n_dq = Int32(0)
             t, step, n_tiles, slot_row, pinned = tile_range(sched, self.broadcast_q)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m, steps = self.steps_of(t, pinned, sched)
-                for j in cutlass.range(steps, unroll=1):
+                b, hk, n0, seq, m_lo, n_m, j0, j1 = self.steps_of(t, pinned, sched)
+                for j in cutlass.range(j0, j1, unroll=1):
                     h = hk * sched.group + j // n_m
                     m0 = m_lo + (j % n_m) * BLOCK_M
                     pipe_dq.sync_object_full.wait(0, n_dq % 2)
@@ -1354,32 +1420,43 @@ def _kernel_class():
 # Host: compile once per config (on symbolic tensors), then launch
 # --------------------------------------------------------------------------------------
 
-def build(dtype, head_dim: int, causal: bool, broadcast_q: bool, cfg: Config | None = None):
-    """The kernel object (its tmem_total, shared_storage, cluster_shape set once compiled)."""
+def build(dtype, head_dim: int, causal: bool, broadcast_q: bool, cfg: Config | None = None,
+          parts: int = 1):
+    """The kernel object (its tmem_total, shared_storage, cluster_shape set once compiled);
+    parts: CTAs a tile (jagged.tiles.bwd_parts; the 1-CTA build only)."""
     cfg = pick_config(head_dim, broadcast_q) if cfg is None else cfg
     one, pair = _kernel_class()
-    return (pair if cfg.two_cta else one)(host.cute_dtype(dtype), head_dim, causal,
-                                          broadcast_q, cfg)
+    if cfg.two_cta:
+        return pair(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
+    return one(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg, parts)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
-                 cfg: Config | None = None, options: str = "", kernel=None):
-    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_100a)."""
+                 cfg: Config | None = None, options: str = "", kernel=None, parts: int = 1):
+    """Compile the main kernel (no GPU needed with CUTE_DSL_ARCH=sm_100a); parts > 1: dK
+    / dV are fp32 accumulators."""
     import cutlass
-    k_ = build(dtype, head_dim, causal, broadcast_q, cfg) if kernel is None else kernel
-    return host.compile_kernel(k_, *host.bwd_args(k_.dtype, head_dim), cutlass.Float32(1.0),
-                               cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Int32(1), options=options)
+    k_ = build(dtype, head_dim, causal, broadcast_q, cfg, parts) if kernel is None else kernel
+    return host.compile_kernel(k_, *host.bwd_args(k_.dtype, head_dim, False, parts > 1),
+                               cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(1),
+                               cutlass.Int32(1), cutlass.Int32(1), options=options)
 
 
-def _main(c: host.BwdCall, parts: int = 1):
-    """The main kernel over the KV-tile list (module docstring); whole tiles (parts 1)."""
+def _parts(c: host.BwdCall) -> int:
+    """CTAs a tile (jagged.tiles.bwd_parts, the H200's costs); broadcast-Q: 1."""
+    return bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1], c.group,
+                     c.causal, c.broadcast_q, BLOCK_M, BLOCK_N, c.grid, c.max_q, c.max_k)
+
+
+def _main(c: host.BwdCall, parts: int):
+    """The main kernel over the KV-tile list (module docstring), each tile in `parts`
+    parts (> 1: c.dk, c.dv are the fp32 accumulators)."""
     cfg = pick_config(c.q.shape[2], c.broadcast_q)
     grid = pair_grid(c.grid, c.k.shape[1]) if cfg.two_cta else c.grid
     tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal, BLOCK_M,
                                        BLOCK_N)
     host.compiled(_COMPILED, compile_main, c.q.dtype, c.q.shape[2], c.causal, c.broadcast_q,
-                  cfg)(
+                  cfg, "", None, parts)(
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles,
         c.scale, c.L_q, c.n_slots, c.group, grid)
@@ -1387,7 +1464,7 @@ def _main(c: host.BwdCall, parts: int = 1):
 
 # the preprocess and postprocess are bwd_hopper's (plain SIMT code)
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, bwd_hopper.compile_preprocess),
-                          lambda c: 1, _main,
+                          _parts, _main,
                           partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
                           bwd_hopper.POST_VEC)
 

@@ -94,6 +94,25 @@ def _check_pair(variant, info, ptx, log):
 test_default_builds, test_compile_matrix, test_default_build_sm103 = cute_tests(
     _BODY, DEFAULT, MATRIX, _check)
 
+# tiles split over CTAs (jagged.tiles.bwd_parts): the 1-CTA build, 8 parts
+_SPLIT_BODY = _BODY.replace("F.build(dt, {D}, {causal}, {bq})",
+                            "F.build(dt, {D}, {causal}, {bq}, parts=8)").replace(
+    "kernel=k)", "kernel=k, parts=8)")
+
+
+def _check_split(variant, info, ptx, log):
+    """The whole build's checks, but dK / dV added into fp32 from the store's TMEM reads:
+    D / 2 red.global.add.v2.f32 each a thread (a key row's column pairs)."""
+    D = variant[0]
+    check_cute(variant, info, ptx, log, 2 * D // 16 + 3 * 128 // 16, 384, 168)
+    assert len(re.findall(r"red\.global\.add\.v2\.f32", ptx)) == D, ptx.count("red.global")
+    assert len(re.findall(r"\bex2\.approx", ptx)) == 2 * 128
+    assert len(re.findall(r"griddepcontrol\.wait;", ptx)) == 1
+
+
+test_split_builds, test_split_matrix, _ = cute_tests(
+    _SPLIT_BODY, [(128, True, False, "bf16")], [(64, False, False, "fp16")], _check_split)
+
 
 def test_configs():
     """One Q / dO ring depth per head dim, within the smem limit (checked at compile); the
@@ -133,9 +152,10 @@ def test_dispatch(monkeypatch, D, bq):
 
     seen = {}
 
-    def compiled(cache, make, dtype, head_dim, causal, broadcast_q, cfg):
-        k = F.build(dtype, head_dim, causal, broadcast_q, cfg)
-        seen.update(cfg=cfg, cluster=k.cluster_shape, cls=type(k).__name__)
+    def compiled(cache, make, dtype, head_dim, causal, broadcast_q, cfg, options, kernel,
+                 parts):
+        k = F.build(dtype, head_dim, causal, broadcast_q, cfg, parts)
+        seen.update(cfg=cfg, cluster=k.cluster_shape, cls=type(k).__name__, parts=parts)
         return lambda *args: seen.update(grid=args[-1])
     monkeypatch.setattr(host, "compiled", compiled)
     monkeypatch.setattr(F, "kv_tiles", lambda *a: (None, None, None))
@@ -143,8 +163,10 @@ def test_dispatch(monkeypatch, D, bq):
     q = torch.zeros(16, H, D, dtype=torch.bfloat16)
     k = torch.zeros(300, HKV, D, dtype=torch.bfloat16)
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
-    F._main(host.BwdCall(q, k, k, q, None, None, None, None, None, None if bq else cu, cu,
-                         200, False, 1.0, bq, 16 if bq else 0, 1, H // HKV, grid, None))
+    call = host.BwdCall(q, k, k, q, None, None, None, None, None, None if bq else cu, cu,
+                        200, False, 1.0, bq, 16 if bq else 0, 1, H // HKV, grid, None)
+    F._main(call, F._parts(call))
+    assert seen["parts"] == 1       # 16 query rows a sequence: whole tiles
     pair = D == 128 and bq
     assert seen["cfg"].two_cta == pair
     assert seen["cls"] == ("BwdBlackwellPair" if pair else "BwdBlackwell")

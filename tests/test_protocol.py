@@ -757,16 +757,6 @@ def test_tlx_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
-@pytest.mark.parametrize("parts", [2, 8])
-def test_tlx_bwd_blackwell_split_protocol(parts):
-    """Tiles split over programs (schedule.part_steps): every part of every (tile, KV
-    head) finished once, parts with no step among them, no race or deadlock."""
-    cfg = _tlx_bw_bwd_configs()[128]
-    for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
-        assert P.check(lambda sim: P.tlx_bwd_blackwell(sim, prob, cfg, 3, 128, parts=parts),
-                       range(3)) > 0
-
-
 # --------------------------------------------------------------- CuteDSL Blackwell backward
 def _cute_bw_bwd_configs():
     from kernels_cute.bwd_blackwell import CONFIGS
@@ -780,6 +770,18 @@ def test_cute_bwd_blackwell_protocol(d):
     assert runs == 15
 
 
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("parts", [2, 8])
+def test_bwd_blackwell_split_protocol(style, parts):
+    """Tiles split over programs (schedule.part_steps): every part of every (tile, KV
+    head) finished once, parts with no step among them, no race or deadlock; CuteDSL's
+    compute walks each head's masked and bulk blocks clamped to its part's steps."""
+    model, cfg = ((P.tlx_bwd_blackwell, _tlx_bw_bwd_configs()[128]) if style == "tlx"
+                  else (P.cute_bwd_blackwell, _cute_bw_bwd_configs()[128]))
+    for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
+        assert P.check(lambda sim: model(sim, prob, cfg, 3, 128, parts=parts), range(3)) > 0
+
+
 @pytest.mark.parametrize("start", [lambda n_m: n_m + 1, lambda n_m: -1])
 def test_cute_bwd_blackwell_split_is_checked(monkeypatch, start):
     """compute walks each head's Q blocks as the kernel splits them (bulk_start): a
@@ -789,6 +791,22 @@ def test_cute_bwd_blackwell_split_is_checked(monkeypatch, start):
     cfg = _cute_bw_bwd_configs()[128]
     with pytest.raises(ProtocolError) as e:
         P.check(lambda sim: P.cute_bwd_blackwell(sim, BWD, cfg, 2, 128), [0])
+    assert e.value.kind in ("deadlock", "stale", "arrival"), e.value
+
+
+def test_cute_bwd_blackwell_part_blocks_are_checked(monkeypatch):
+    """compute walks each head's blocks of its part as head_blocks says: one block short
+    of them leaves a step the other roles issue without its compute."""
+    from kernels_cute import bwd_blackwell as B
+    real = B.head_blocks
+
+    def short(*a):
+        lo, m_hi, b_lo, hi = real(*a)
+        return lo, m_hi, b_lo, max(hi - 1, b_lo)
+    monkeypatch.setattr(B, "head_blocks", short)
+    cfg = _cute_bw_bwd_configs()[128]
+    with pytest.raises(ProtocolError) as e:
+        P.check(lambda sim: P.cute_bwd_blackwell(sim, BWD, cfg, 2, 128, parts=2), [0])
     assert e.value.kind in ("deadlock", "stale", "arrival"), e.value
 
 

@@ -206,7 +206,7 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
 
 # ------------------------------------------------------------------ CuteDSL, Blackwell backward
 def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                       elem_bytes: int = 2) -> BwdWalk:
+                       elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
     """kernels_cute/bwd_blackwell.py's main kernel: per CTA the `compute` warpgroup (and
     `store`), the `reduce_dq` warpgroup, the `mma` and `load` warps; static walk. K/V (one
     stage) and Q/dO (q_stages) TMA -> MMA, released by commits; the lse / delta rows
@@ -218,13 +218,16 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
     staging buffers (buffer = chunk % 2, one bulk store pending at most). `compute`
     walks each head's Q blocks as the kernel splits them (masked ones, then the bulk:
     bulk_start, on the model's ints); a split that changed the steps' order or count
-    would read a stale S^T / dP^T or leave a hand-over unmatched."""
-    from kernels_cute.bwd_blackwell import BLOCK_M, BLOCK_N, DQ_WIDE, bulk_start
+    would read a stale S^T / dP^T or leave a hand-over unmatched. parts: CTAs a tile,
+    each walking its part's steps, compute each head's blocks among them (head_blocks,
+    on the model's ints)."""
+    from kernels_cute.bwd_blackwell import (BLOCK_M, BLOCK_N, DQ_WIDE, bulk_start,
+                                            head_blocks)
     from kernels_cute.seqinfo import SeqlenInfo
     D, BM, BN, NQ = head_dim, BLOCK_M, BLOCK_N, cfg.q_stages
     CH = D // DQ_WIDE
-    walk = BwdWalk(problem, BM, BN, programs)
-    P, G = walk.programs, problem.heads // problem.hkv
+    walk = BwdWalk(problem, BM, BN, programs, parts)
+    P, G, PT = walk.programs, problem.heads // problem.hkv, walk.parts
     KV_BYTES, Q_BYTES = 2 * BN * D * elem_bytes, 2 * BM * D * elem_bytes
     for p in range(P):
         pre = f"cta{p}."
@@ -250,13 +253,18 @@ def cute_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim:
         steps = partial(walk.steps, pid=p)
 
         def compute_steps(t, pid=p):
-            """(key, the tile's Q steps in compute's order)."""
+            """(key, the Q steps of tile t's part in compute's order)."""
             key, hk, b, m_lo, n_m = walk.coords(t, pid)
             n0 = walk.tile_n[key[0]] * BN
             seq = SeqlenInfo(0, 0, 0, problem.lens_q[b], problem.lens_k[b])
             m_bulk = bulk_start(seq, n0, m_lo, n_m, problem.causal, BM, BN)
-            blocks = list(range(m_bulk)) + list(range(m_bulk, n_m))    # masked, bulk
-            return key, [(b, hk * G + g, m_lo + jm * BM) for g in range(G) for jm in blocks]
+            j0, j1 = key[2] * G * n_m // PT, (key[2] + 1) * G * n_m // PT
+            out = []
+            for g in range(G):
+                lo, m_hi, b_lo, hi = head_blocks(j0, j1, g, n_m, m_bulk, PT > 1)
+                blocks = list(range(lo, m_hi)) + list(range(b_lo, hi))  # masked, bulk
+                out += [(b, hk * G + g, m_lo + jm * BM) for jm in blocks]
+            return key, out
 
         def load(q=q, do=do, k=k, v=v, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, ld_full=ld_full, ld_empty=ld_empty,
