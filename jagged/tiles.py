@@ -752,7 +752,9 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     programs (fuzz B2 H8/2 D64 16384 / 0.9: 442 tiles of ~450 steps on 132 programs).
 
     From host sizes only (no sync): T ~ h_kv (n_k / block_n + batch / 2) tiles of w
-    steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned);
+    steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned;
+    self-attention lengths: scaled by the least sum of squared lengths the longest
+    sequence allows, over n^2 / batch);
     over r = T P / programs rounds, the model span of P is (max(r, 1) + the last round's
     idle part, min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P +
     a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
@@ -769,6 +771,11 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
         rows = mq
     tiles = h_kv * (n_k / block_n + batch / 2)
     steps = group * rows / block_m
+    if max_q and max_q == max_k and n_q == n_k and batch > 1:
+        # self-attention lengths: a call's steps go with the sum of its squared lengths,
+        # at least max^2 + (n - max)^2 / (batch - 1) where one sequence is the longest
+        m = min(max_q, n_q)
+        steps *= max((m * m + (n_q - m) ** 2 / (batch - 1)) / (n_q * n_q / batch), 1.0)
     longest = group * (min(max_q, max_k) if causal else max_q) / block_m
 
     def span(p: int) -> float:

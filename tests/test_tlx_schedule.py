@@ -154,6 +154,10 @@ def test_bwd_parts():
     # D128 2048 / 0.25: 17 tiles, the longest 104 steps) or one long one: eight parts
     assert bwd_parts(1825, 1825, 5, 1, 8, True, False, 64, 128, S, 823, 823) == 8
     assert bwd_parts(4137, 4137, 1, 1, 8, True, False, 64, 128, S, 4137, 4137) == 8
+    # one sequence holds most of the keys (seed 2 B8 H2/1 D64 8192 / 0.25 causal, the
+    # longest 4091 of 9164): the call's steps are more than its mean length says (its
+    # squared lengths), the programs busy at four parts already
+    assert bwd_parts(9164, 9164, 8, 1, 2, True, False, 128, 128, S, 4091, 4091) == 4
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
     assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32  # the preprocess zeroes it
