@@ -683,10 +683,10 @@ def _kernel_class():
             pipe_sdp.sync_object_empty.arrive(0, None)
 
         # ------------------------------------------------------------------ store
-        @cute.jit
-        def store(self, mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale, pipe_dkv, n_dkv):
-            """dK * scale and dV rows out (keys at or past len_k are never written; a tile
-            without steps writes zeros); dK, dV go back to mma once read."""
+        def dkv_reads(self, mma_dk):
+            """The store's reads of dK / dV out of TMEM (thread = key row, 32 columns a
+            chunk): (the copy, the accumulator's view, its (key, column) coordinates,
+            chunks, columns a chunk)."""
             tidx = cute.arch.thread_idx()[0] % 128
             th = mma_dk.get_slice(0)
             acc = th.make_fragment_C(th.partition_shape_C(self.tiler_kv[:2]))[(None, None), 0, 0]
@@ -696,7 +696,13 @@ def _kernel_class():
             ).get_slice(tidx)
             tcrd = ld.partition_D(crd)
             chunks = cute.size(tcrd, mode=[2])
-            per = self.D // chunks
+            return ld, acc, tcrd, chunks, self.D // chunks
+
+        @cute.jit
+        def store(self, mma_dk, mdK, mdV, seq, n0, hk, key, steps, scale, pipe_dkv, n_dkv):
+            """dK * scale and dV rows out (keys at or past len_k are never written; a tile
+            without steps writes zeros); dK, dV go back to mma once read."""
+            ld, acc, tcrd, chunks, per = self.dkv_reads(mma_dk)
             row_ok = key < seq.len_k
             r = cute.make_rmem_tensor((per,), self.dtype)
             if steps > 0:
@@ -729,16 +735,7 @@ def _kernel_class():
             and dV added into the fp32 accumulators mdK / mdV, a row's adjacent column
             pairs one red.global.add.v2.f32 each (keys at or past len_k never touched); a
             part without steps adds nothing."""
-            tidx = cute.arch.thread_idx()[0] % 128
-            th = mma_dk.get_slice(0)
-            acc = th.make_fragment_C(th.partition_shape_C(self.tiler_kv[:2]))[(None, None), 0, 0]
-            crd = th.partition_C(cute.make_identity_tensor(self.tiler_kv[:2]))[(None, None), 0, 0]
-            ld = tcgen05.make_tmem_copy(cute.make_copy_atom(
-                tcgen05.copy.Ld32x32bOp(tcgen05.copy.Repetition(32)), Float32), acc
-            ).get_slice(tidx)
-            tcrd = ld.partition_D(crd)
-            chunks = cute.size(tcrd, mode=[2])
-            per = self.D // chunks
+            ld, acc, tcrd, chunks, per = self.dkv_reads(mma_dk)
             if steps > 0:
                 pipe_dkv.sync_object_full.wait(0, n_dkv % 2)
                 tc_fence_after()

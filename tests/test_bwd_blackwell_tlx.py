@@ -91,41 +91,6 @@ def test_split_compiles(d, causal, parts):
     xfail_spills(rep, SPILL_BOUND, "88 / 24 registers a task (OptimizePartitionWarps)")
 
 
-def test_host_split_launches(monkeypatch):
-    """A call of few long tiles (jagged.tiles.bwd_parts > 1) launches the split build on
-    fp32 dK / dV accumulators that the preprocess zeroes and the postprocess converts:
-    three launches, as a whole-tile call."""
-    launches = []
-
-    class Recorder:
-        def __init__(self, fn):
-            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, args, kw))
-
-    from kernels_tlx import bwd_hopper as bh
-    monkeypatch.setattr(bh, "fast", Recorder)
-    monkeypatch.setattr(bb, "fast", Recorder)
-    monkeypatch.setattr(bh, "num_sms", lambda dev: 148)
-    monkeypatch.setattr(bb, "_desc", lambda *a, **kw: None)  # no TMA on the CPU
-    H, HKV, D = 8, 1, 128
-    lk = torch.tensor([823, 280, 23])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-    n = int(cu[-1])
-    q = torch.zeros(n, H, D, dtype=torch.bfloat16)
-    k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
-    _, dk, dv = bb.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, 823, 823, True, 0.125,
-                            False)
-    (pre, pa, pk), (main, ma, mk), (post, qa, qk) = launches
-    assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", "_bwd_postprocess")
-    assert mk["PARTS"] > 1 and pk["ZERO_DKV"] and qk["DKV"]
-    acc = pa[11]
-    assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D)
-    assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
-    assert qa[6] is acc and qa[7].data_ptr() == dk.data_ptr()
-
-
 def test_config_table():
     assert set(bb.CONFIGS) == {64, 128}
     for d, cfg in bb.CONFIGS.items():

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from _launches import record_launches  # noqa: E402
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
@@ -157,17 +158,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     PTX checks)."""
     from jagged.tiles import bwd_dependent
     from kernels_tlx import bwd_blackwell as bb
-    launches = []
-
-    class Recorder:
-        def __init__(self, fn):
-            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, kw))
-
-    monkeypatch.setattr(bw, "fast", Recorder)
-    monkeypatch.setattr(bb, "fast", Recorder)
+    launches = record_launches(monkeypatch, bw, bb)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
     H, HKV, D = 4, 2, 128
@@ -181,38 +172,33 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     o = torch.zeros(n_out, H, D, dtype=torch.float16)
     (bw if arch == "hopper" else bb).backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q,
                                               cu_k, n_q, int(lk.max()), False, 0.125, bq)
-    kw = dict(launches)
-    assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
+    kw = {name: k for name, _, k in launches}
+    assert [name for name, _, _ in launches] == ["_bwd_preprocess", "bwd_kernel",
+                                                 "_bwd_postprocess"]
     assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
     assert bwd_dependent(bq) == (not bq)
     assert kw["bwd_kernel"]["launch_pdl"] == (not bq)
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
-def test_host_split_launches(monkeypatch):
-    """A call whose tiles are split over programs launches what a whole-tile call does:
-    the preprocess zeroes the fp32 dK / dV accumulators and the postprocess converts
-    them, in their own launches (no zeroing or conversion of their own)."""
-    launches = []
-
-    class Recorder:
-        def __init__(self, fn):
-            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, args, kw))
-
-    monkeypatch.setattr(bw, "fast", Recorder)
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+def test_host_split_launches(monkeypatch, arch):
+    """A call whose tiles are split over programs (Hopper's and Blackwell's backward)
+    launches what a whole-tile call does: the preprocess zeroes the fp32 dK / dV
+    accumulators and the postprocess converts them, in their own launches."""
+    from kernels_tlx import bwd_blackwell as bb
+    launches = record_launches(monkeypatch, bw, bb)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "bwd_parts", lambda *a: 4)
+    monkeypatch.setattr(bb, "bwd_parts", lambda *a: 4)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([300, 200, 5])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
     n = int(cu[-1])
     q = torch.zeros(n, H, D, dtype=torch.float16)
     k = torch.zeros(n, HKV, D, dtype=torch.float16)
-    _, dk, dv = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, 300, 300, True, 0.125,
-                            False)
+    _, dk, dv = (bw if arch == "hopper" else bb).backward(
+        q, q, k, k, q, torch.zeros(H, n), cu, cu, 300, 300, True, 0.125, False)
     (pre, pa, pk), (main, ma, mk), (post, qa, qk) = launches
     assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", "_bwd_postprocess")
     assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"]
