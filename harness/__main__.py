@@ -1,5 +1,5 @@
-"""python -m harness {bench,check,profile,clocks,compare,plot,report,lines,sidebyside} ...
-(see --help)."""
+"""python -m harness {bench,check,profile,clocks,balance,compare,plot,report,lines,
+sidebyside} ... (see --help)."""
 from __future__ import annotations
 
 import argparse
@@ -261,6 +261,17 @@ def main(argv=None):
     s.add_argument("--gemm", action="store_true",
                    help="first the sustained GEMM ceilings: bf16 (a row of backend gemm), "
                         "then e4m3 -> bf16 (torch._scaled_mm, a row of backend gemm-fp8)")
+    s = sub.add_parser("balance", help="the backward's tiles dealt to the programs in 1, 2, 4 "
+                       "and 8 parts, simulated on the host (no GPU)")
+    s.add_argument("--suite", default="fuzz")
+    s.add_argument("--match", default="", help=MATCH_HELP)
+    s.add_argument("--fuzz-seed", type=int, default=0)
+    s.add_argument("--fuzz-n", type=int, default=40)
+    s.add_argument("--programs", type=int, default=132, help="SMs (default: %(default)s, H200)")
+    s.add_argument("--split", choices=("even", "runs"), default="even",
+                   help="a part's steps: an even share (the kernels') or runs of Q blocks")
+    s.add_argument("--all", action="store_true",
+                   help="every problem, not only those split or splitting would speed up")
     s = sub.add_parser("compare", help="results folders side by side: each backend against "
                        "FA4 in its folder and against the first folder (an A/B of trees)")
     s.add_argument("dirs", nargs="+", help="results folders (bench --out); the first is the base")
@@ -286,6 +297,11 @@ def main(argv=None):
         cmd_profile(a)
     elif a.cmd == "clocks":
         cmd_clocks(a)
+    elif a.cmd == "balance":
+        from .balance import report
+        problems = [p for s in _csv_list(a.suite) for p in _suite(s, a) if matches(p, a.match)]
+        for line in report(problems, a.programs, a.split, not a.all):
+            print(line)
     elif a.cmd == "compare":
         from .compare import compare
         print("\n".join(compare(a.dirs)))
