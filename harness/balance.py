@@ -4,11 +4,12 @@ A problem's KV-tile list (jagged.tiles.kv_tiles_reference: the GPU list's tiles 
 order) x KV heads x P parts is dealt by the tile counter: each program takes the next
 item when it is free (kernels_*/tile_counter.py). An item costs its steps (a part's share
 of the tile's group x n_m, schedule.part_steps; `--split runs`: runs of ceil(n_m / P) Q
-blocks, the earlier split) plus the rule's fixed costs (jagged.tiles: BWD_TILE_STEPS a
-whole tile, BWD_PART_ROWS / block_m a part; BWD_SPLIT_CALL_STEPS a split call). The span
-is the last program's end, reported against whole tiles, with the parts bwd_parts takes.
-A model of balance only (no memory traffic, no clocks): it over-predicted every split
-gain measured on the H200 (PERF.md, "Backward tiles split over programs").
+blocks for all the group's heads, for comparison) plus the rule's fixed costs
+(jagged.tiles: BWD_TILE_STEPS a whole tile, BWD_PART_ROWS / block_m a part;
+BWD_SPLIT_CALL_STEPS a split call). The span is the last program's end, reported against
+whole tiles, with the parts bwd_parts takes. A model of balance only (no memory traffic,
+no clocks): read its gains as upper bounds (PERF.md, "Backward tiles split over
+programs": host models against the H200's A/Bs).
 """
 from __future__ import annotations
 
