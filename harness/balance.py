@@ -1,7 +1,8 @@
 """`python -m harness balance`: the backward's tile balance, simulated on the host (no GPU).
 
-A problem's KV-tile list (jagged.tiles.kv_tiles_reference: the GPU list's tiles in its
-order) x KV heads x P parts is dealt by the tile counter: each program takes the next
+A problem's KV-tile list x KV heads x P parts, as the kernels walk it (protocol.BwdWalk:
+jagged.tiles.kv_tiles_reference, the GPU list's tiles in its order), is dealt by the tile
+counter: each program takes the next
 item when it is free (kernels_*/tile_counter.py). An item costs its steps (a part's share
 of the tile's group x n_m, schedule.part_steps; `--split runs`: runs of ceil(n_m / P) Q
 blocks for all the group's heads, for comparison) plus the rule's fixed costs
@@ -15,17 +16,13 @@ from __future__ import annotations
 
 import heapq
 
-import torch
-
 from jagged.tiles import (BWD_PART_ROWS, BWD_SPLIT_CALL_STEPS, BWD_TILE_STEPS, bwd_mean_q,
-                          bwd_parts, kv_tiles_reference)
+                          bwd_parts)
+
+from . import protocol
 
 BLOCK_N = 128
 PARTS = (1, 2, 4, 8)
-
-
-def _offsets(lengths: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
 
 
 def block_m(p) -> int:
@@ -40,23 +37,19 @@ def block_m(p) -> int:
 def items(p, parts: int, bm: int, split: str = "even") -> list[float]:
     """The costs of problem p's items in the order the counter deals them."""
     lq, lk = p.lengths()
-    cu_q, cu_k = _offsets(lq), _offsets(lk)
-    tile_b, tile_n, n = kv_tiles_reference(cu_q, cu_k, 0, int(lk.max()), p.causal, bm, BLOCK_N)
+    walk = protocol.BwdWalk(protocol.Problem(tuple(lq.tolist()), tuple(lk.tolist()), p.heads,
+                                             p.causal, kv_heads=p.hkv), bm, BLOCK_N, 1, parts)
     G = p.heads // p.hkv
     fixed = BWD_TILE_STEPS if parts == 1 else BWD_PART_ROWS / bm
     out = []
-    for b, nb in zip(tile_b[:int(n)].tolist(), tile_n[:int(n)].tolist()):
-        len_q, len_k, n0 = int(lq[b]), int(lk[b]), nb * BLOCK_N
-        m_lo = max(n0 - len_k + len_q, 0) // bm * bm if p.causal else 0
-        n_m = max(-(-(len_q - m_lo) // bm), 0)
-        per = -(-n_m // parts)
-        for _ in range(p.hkv):
-            for part in range(parts):
-                if split == "even":
-                    steps = (part + 1) * G * n_m // parts - part * G * n_m // parts
-                else:
-                    steps = G * max(min(per, n_m - part * per), 0)
-                out.append(steps + fixed)
+    for t in range(walk.range(0)[2]):
+        if split == "even":
+            steps = len(walk.steps(t, 0)[1])
+        else:  # the part's run of ceil(n_m / parts) Q blocks, all the group's heads
+            (_, _, part), _, _, _, n_m = walk.coords(t, 0)
+            per = -(-n_m // parts)
+            steps = G * max(min(per, n_m - part * per), 0)
+        out.append(steps + fixed)
     return out
 
 
