@@ -3,6 +3,7 @@
 #   bash scripts/ab/bwd_steps.sh gate        # forced 2 / 4 / 8 parts, both styles, oracle
 #   bash scripts/ab/bwd_steps.sh new         # this tree's default path + FA4
 #   bash scripts/ab/bwd_steps.sh forced      # every tile in 4 parts (where the rule takes 8)
+# (order of value: gate, new, old, forced; ~3, 7, 7, 5 minutes of device time)
 #   bash scripts/ab/bwd_steps.sh old         # main's tree (.snap/base: git archive main
 #                                            #   harness jagged kernels_tlx kernels_cute
 #                                            #   pyproject.toml | tar -x -C .snap/base)
@@ -10,8 +11,11 @@
 # .snap, after a .gpu1 activation. CSVs land in $OUT, logs in /tmp.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
+# the shapes whose parts change (bwd_parts) or whose parts' steps do (flat against Q-block
+# runs), by the host simulation's predicted change, largest first
 SPECS=("2|self B5 H8/1 D128|self B8 H2/1 D64" "9|self B1 H8/1 D128" "1|cross B1 H32/4|self B17 H4/1"
-       "7|cross B3 H32/4" "3|self B3 H4/1 D128" "8|cross B44 H8/1")
+       "15|cross B6 H8/1|self B8 H8/1" "13|cross B2 H8/8" "7|cross B3 H32/4"
+       "17|self B2 H8/2 D64|self B7 H8/1" "3|self B3 H4/1 D128")
 shapes() {  # $1 backends, $2 tag, $3 root
   for spec in "${SPECS[@]}"; do
     seed=${spec%%|*}; match=${spec#*|}
