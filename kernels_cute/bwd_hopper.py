@@ -98,7 +98,7 @@ from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          kv_tiles, window_tiles, windowed)
+                          flat_block, kv_tiles, window_tiles, windowed)
 
 from . import host
 
@@ -113,6 +113,9 @@ PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
+DQ_FULL_WG = 6          # Config.dq_flat: + warpgroup (6, 7), compute -> reduce_dq, and
+DQ_EMPTY_WG = 8         # + warpgroup (8, 9), reduce_dq -> compute, a warpgroup's buffer
+DQ_WG_THREADS = 128 + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
@@ -131,6 +134,10 @@ class Config:
                                 # (compute_step_128; not for broadcast-Q)
     dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup's 64
                          # columns): the form of a step whose rows are no multiple of 64
+    dq_flat: bool = False  # each warpgroup's dQ partial in a buffer of its own, in its
+                           # accumulator's register order (16-byte stores), reduce-added
+                           # by 1-D bulk adds into a block-padded accumulator
+                           # (`takes_flat`; PostprocessFlat restores the rows)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -185,7 +192,9 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     cfg = CONFIGS[(head_dim, bucket)]
-    return replace(cfg, sdp_together=False) if split and cfg.sdp_together else cfg
+    if split and cfg.sdp_together:
+        cfg = replace(cfg, sdp_together=False)
+    return replace(cfg, dq_flat=True) if takes_flat(mean_q, broadcast_q) else cfg
 
 
 def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
@@ -197,6 +206,19 @@ def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
         bm, bm0 = CONFIGS[(head_dim, "plain")].block_m, CONFIGS[(head_dim, "long")].block_m
         return bm * -(-max_q // bm) * PLAIN_ROW_COST < bm0 * -(-max_q // bm0)
     return mean_q >= PLAIN_MEAN_Q
+
+
+# takes_flat. The block-padded dQ accumulator pads each sequence to whole steps (on
+# average half a step: 6-8 % more accumulator rows at a mean of 512 rows) for 16-byte
+# stores of the dQ partial (the 80-row step's transposed partial takes 40 STS.32 a
+# thread, 10 STS.128 here) and a barrier pair a warpgroup.
+FLAT_MEAN_Q = 512
+
+
+def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
+    """Whether a call's dQ partials go through `Config.dq_flat`: packed sequences of at
+    least FLAT_MEAN_Q query rows on average (key windows never: `window_config`)."""
+    return not broadcast_q and mean_q >= FLAT_MEAN_Q
 
 
 def window_config(head_dim: int) -> Config:
@@ -225,6 +247,8 @@ def check_config(head_dim: int, cfg: Config) -> None:
         raise ValueError(f"block_m = {cfg.block_m} takes dq_t (wgmma's M is 64 a warpgroup)")
     if cfg.sdp_together and cfg.block_m != 128:
         raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
+    if cfg.dq_flat and cfg.windows:
+        raise ValueError("dq_flat: whole sequences' Q blocks (not key windows)")
     if cfg.kv_stages not in (1, 2):
         raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
@@ -296,6 +320,22 @@ def dq_smem_layout(D: int, bm: int):
     return cute.tile_to_shape(atom, (bm, D), (0, 1))
 
 
+def dq_mma(dt, D: int, bm: int, dq_t: bool):
+    """The dQ wgmma (its C partition is the partial's layout, which PostprocessFlat reads
+    back). dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
+    64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
+    dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A = K^T,
+    B = dS (both MN-major)."""
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import warpgroup
+    split = (NUM_MMA_WG, 1, 1) if bm == 128 or dq_t else (1, NUM_MMA_WG, 1)
+    tiler = (64, bm) if dq_t else (64, D) if bm == 128 else (64, D // NUM_MMA_WG)
+    return sm90.make_trivial_tiled_mma(
+        dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
+        atom_layout_mnk=split, tiler_mn=tiler)
+
+
 def dq_store_view(layout):
     """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
     offsets: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks and
@@ -338,6 +378,7 @@ class Smem(NamedTuple):
     sdS: Any             # dS^T (keys, queries)
     sdQ: Any             # the fp32 dQ partial as the TMA reduce reads it
     sdQst: Any           # the same bytes as the compute threads write them
+    sdQflat: Any         # Config.dq_flat: the same bytes, a warpgroup's buffer a column
     sVst: Any            # sV with the swizzle in the layout: `store`'s 16-byte reads
     sLD: Any             # lse*log2e and delta of each Q stage's rows
 
@@ -386,8 +427,9 @@ def _kernel_classes():
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
 
-    from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
-                            red_add_v2, replaced, store_rows, tma_tiles, wgmma)
+    from .fragments import (acc_as_operand_a, acc_rows_cols, aligned, bulk_reduce_add_f32,
+                            element_swizzled, flat_copy, head_tile, red_add_v2, replaced,
+                            store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, part_steps, tile_range
     from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk
     from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -395,6 +437,18 @@ def _kernel_classes():
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
         return cute.composition(s, cute.make_ordered_layout(shape, order=order))
+
+    @cute.jit
+    def cast_share(mAcc, mOut, i, n_vec, threads, dtype):
+        """Thread i's share (of `threads` in the grid) of casting the fp32 vectors of mAcc
+        (POST_VEC elements each, n_vec of them) into mOut: the split tiles' dK / dV, in
+        the postprocess's launch."""
+        v = cute.make_rmem_tensor((POST_VEC,), Float32)
+        out = cute.make_rmem_tensor((POST_VEC,), dtype)
+        for iv in cutlass.range(i, n_vec, threads, unroll=1):
+            cute.autovec_copy(cute.local_tile(mAcc, (POST_VEC,), (iv,)), v)
+            out.store(v.load().to(dtype))
+            cute.autovec_copy(out, cute.local_tile(mOut, (POST_VEC,), (iv,)))
 
     # ================================================================================
     # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
@@ -407,20 +461,23 @@ def _kernel_classes():
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                      mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
-                     mdKVacc: cute.Tensor, n_kv_rows: Int32, stream):
+                     n_dq_rows: Int32, mdKVacc: cute.Tensor, n_kv_rows: Int32, stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
-            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, mdKVacc, n_kv_rows).launch(
+            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, n_dq_rows, mdKVacc,
+                        n_kv_rows).launch(
                 grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                    mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
-                   mdKVacc: cute.Tensor, n_kv_rows: Int32):
+                   n_dq_rows: Int32, mdKVacc: cute.Tensor, n_kv_rows: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator); zero_dkv (tiles split
+            accumulator's n_dq_rows rows of D (a row a thread group, those past n_rows of
+            a block-padded one, Config.dq_flat, as grid-stride shares) and the tile
+            counter mSched[0] (jagged.tiles.dq_accumulator); zero_dkv (tiles split
             over CTAs) each CTA's grid-stride share of the fp32 dK / dV accumulators
             mdKVacc, n_kv_rows rows of D (jagged.tiles.dkv_accumulator; no launch of
             their own). The main kernel queued behind may launch at once: it waits for
@@ -457,6 +514,11 @@ def _kernel_classes():
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
+                rT = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rT.fill(0.0)
+                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+                for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
+                    cute.autovec_copy(rT, cute.local_tile(mdQacc, (1, PRE_VEC), (rt, chunk)))
 
     # ================================================================================
     # (b) main kernel, one method per role
@@ -477,6 +539,8 @@ def _kernel_classes():
             self.bm = cfg.block_m                             # query rows a step
             self.sdp_together = sdp_together(cfg, broadcast_q)
             self.dq_t = cfg.dq_t                              # dQ^T, the head dim as M
+            self.dq_flat = cfg.dq_flat                        # block-padded dQ partials
+            assert not (self.dq_flat and broadcast_q)
             self.ld_rows = ld_rows(self.bm)                   # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
@@ -527,16 +591,8 @@ def _kernel_classes():
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
-            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
-            # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
-            # dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A =
-            # K^T, B = dS (both MN-major)
-            dq_split = (NUM_MMA_WG, 1, 1) if self.bm == 128 or self.dq_t else (1, NUM_MMA_WG, 1)
-            dq_tiler = ((64, self.bm) if self.dq_t else
-                        (64, D) if self.bm == 128 else (64, D // NUM_MMA_WG))
-            tiled_mma_dq = sm90.make_trivial_tiled_mma(
-                dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=dq_split, tiler_mn=dq_tiler)
+            # dQ = dS K (dq_mma)
+            tiled_mma_dq = dq_mma(dt, D, self.bm, self.dq_t)
 
             # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
             g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -569,7 +625,8 @@ def _kernel_classes():
             assert SharedStorage.size_in_bytes() == smem_bytes(D, self.cfg), \
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg))
             self.kernel(
-                tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
+                tma_Q, tma_K, tma_V, tma_dO, mdQacc if self.dq_flat else tma_dQ, mLSE,
+                mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
                 scale, L_q, n_slots, group,
@@ -638,6 +695,8 @@ def _kernel_classes():
                 sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
                 sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
                 sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout)),
+                sdQflat=storage.sdQ.get_tensor(
+                    cute.make_layout((self.bm * self.D // NUM_MMA_WG, NUM_MMA_WG))),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
@@ -657,7 +716,7 @@ def _kernel_classes():
                               (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO),
                               pipeline_kv, pipeline_q, sched)
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, s.sdQ, tma_atom_dQ, sched)
+                    self.reduce_dq(mdQacc, s, tma_atom_dQ, sched)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGS)
                 tidx = cute.arch.thread_idx()[0] - 128
@@ -834,15 +893,20 @@ def _kernel_classes():
                 tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
                 tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
                 shape_dQ = wg_dq.partition_shape_C((self.bm, D))
-                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
+                if const_expr(not self.dq_flat):
+                    tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
             else:
                 # dQ^T: its (column, row) elements stored transposed into the same smem
                 # partial (one STS.32 each; the swizzle spreads a warp's over all banks)
                 tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(sKt))
                 tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdSt))
                 shape_dQ = wg_dq.partition_shape_C((D, self.bm))
-                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(
-                    transposed(s.sdQst, (D, self.bm), (1, 0)))
+                if const_expr(not self.dq_flat):
+                    tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(
+                        transposed(s.sdQst, (D, self.bm), (1, 0)))
+            if const_expr(self.dq_flat):
+                # the warpgroup's buffer in the accumulator's register order
+                tdQsdQ = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_D(s.sdQflat)
             # dS^T registers -> smem (stmatrix)
             r2s_dS = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
@@ -1139,25 +1203,73 @@ def _kernel_classes():
             wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
-            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            mma.tdQsdQ.store(acc_dQ.load())
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
-                                     number_of_threads=DQ_BARRIER_THREADS)
+            if const_expr(self.dq_flat):   # this warpgroup's buffer, its own barriers
+                wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4 - 1)
+                cute.arch.barrier(barrier_id=DQ_EMPTY_WG + wg, number_of_threads=DQ_WG_THREADS)
+                cute.autovec_copy(cute.make_tensor(acc_dQ.iterator,
+                                                   cute.make_layout(mma.tdQsdQ.shape)),
+                                  mma.tdQsdQ)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_WG + wg,
+                                         number_of_threads=DQ_WG_THREADS)
+            else:
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER,
+                                  number_of_threads=DQ_BARRIER_THREADS)
+                mma.tdQsdQ.store(acc_dQ.load())
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
+                                         number_of_threads=DQ_BARRIER_THREADS)
             warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
             pipeline_q.consumer_release(q_state)
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
-        def reduce_dq(self, mdQacc, sdQ, tma_atom_dQ, sched):
+        def reduce_dq(self, mdQacc, s: Smem, tma_atom_dQ, sched):
             """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
             accumulator with TMA bulk reduces (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
-            be added; TMA clips rows past the tensor."""
+            be added; TMA clips rows past the tensor. dq_flat: `reduce_dq_flat`."""
+            if const_expr(self.dq_flat):
+                self.reduce_dq_flat(mdQacc, s.sdQflat, sched)
+            else:
+                group = sched.group
+                # the buffer starts empty
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                         number_of_threads=DQ_BARRIER_THREADS)
+                t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
+                i = Int32(0)
+                if const_expr(self.dynamic):
+                    t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
+                while t < n_tiles:
+                    b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
+                    j0, j1 = part_steps(t, group * n_m, self.parts)
+                    for j in cutlass.range(j0, j1, unroll=1):
+                        h = hk * group + j // n_m
+                        m0 = m_lo + (j % n_m) * self.bm
+                        tsdQ, tgdQ = tma_tiles(tma_atom_dQ, s.sdQ, head_tile(
+                            mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
+                                          number_of_threads=DQ_BARRIER_THREADS)
+                        # the whole warp calls: the TMA op elects one issuing lane itself
+                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                                 number_of_threads=DQ_BARRIER_THREADS)
+                    i += 1
+                    t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+        @cute.jit
+        def reduce_dq_flat(self, mdQacc, sdQflat, sched):
+            """Config.dq_flat: each warpgroup's partial (bm x D / 2 floats in its
+            accumulator's register order, `flat_copy`) reduce-added by one 1-D bulk add
+            into its run of the block-padded accumulator: block jagged.tiles.flat_block of
+            the step's sequence, then its query head, then the warpgroup (bm x D floats a
+            block and head; PostprocessFlat restores the rows). A warpgroup's buffer is
+            handed back once its add has read it, the other's add still in flight."""
             group = sched.group
-            # the buffer starts empty
-            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                     number_of_threads=DQ_BARRIER_THREADS)
+            half = self.bm * self.D // NUM_MMA_WG
             t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
@@ -1165,19 +1277,22 @@ def _kernel_classes():
             while t < n_tiles:
                 b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
                 j0, j1 = part_steps(t, group * n_m, self.parts)
+                block0 = flat_block(seq.q_start, b, m_lo, self.bm)
                 for j in cutlass.range(j0, j1, unroll=1):
                     h = hk * group + j // n_m
-                    m0 = m_lo + (j % n_m) * self.bm
-                    tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
-                        mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
-                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
-                                      number_of_threads=DQ_BARRIER_THREADS)
-                    # the whole warp calls: the TMA op elects one issuing lane itself
-                    cute.copy(tma_atom_dQ, tsdQ, tgdQ)
-                    cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                             number_of_threads=DQ_BARRIER_THREADS)
+                    run = (cutlass.Int64(block0 + j % n_m) * sched.H + h) * (self.bm * self.D)
+                    for w in cutlass.range_constexpr(NUM_MMA_WG):
+                        # the add of this buffer's last partial has read it
+                        cute.arch.cp_async_bulk_wait_group(NUM_MMA_WG - 1 - w, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_WG + w,
+                                                 number_of_threads=DQ_WG_THREADS)
+                    for w in cutlass.range_constexpr(NUM_MMA_WG):
+                        cute.arch.barrier(barrier_id=DQ_FULL_WG + w,
+                                          number_of_threads=DQ_WG_THREADS)
+                        with cute.arch.elect_one():
+                            bulk_reduce_add_f32(sdQflat[None, w].iterator,
+                                                mdQacc.iterator + run + w * half, 4 * half)
+                        cute.arch.cp_async_bulk_commit_group()
                 i += 1
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -1287,15 +1402,96 @@ def _kernel_classes():
                 out.store((acc.load() * scale).to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
             if const_expr(self.dkv):
-                kv = cute.make_rmem_tensor((POST_VEC,), Float32)
-                kv_out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
-                for iv in cutlass.range(i, n_kv_vec, cute.arch.grid_dim()[0] * POST_THREADS,
-                                        unroll=1):
-                    cute.autovec_copy(cute.local_tile(mdKVacc, (POST_VEC,), (iv,)), kv)
-                    kv_out.store(kv.load().to(self.dtype))
-                    cute.autovec_copy(kv_out, cute.local_tile(mdKV, (POST_VEC,), (iv,)))
+                cast_share(mdKVacc, mdKV, i, n_kv_vec, cute.arch.grid_dim()[0] * POST_THREADS,
+                           self.dtype)
 
-    return Preprocess, BwdMain, Postprocess
+    # role: reduce_dq
+    class PostprocessFlat:
+        """Config.dq_flat's postprocess: a CTA a (accumulator block, query head), two
+        warpgroups of 128 threads, each thread with the accumulator fragment of the main
+        kernel's compute thread of its index (`flat_copy` reads it in 16-byte loads), cast
+        through the dQ wgmma's own partition into the block's rows in smem, then stored
+        16 bytes a thread up to the sequence's end. Blocks past their sequence's last (the
+        padding) store nothing."""
+
+        def __init__(self, dtype, head_dim: int, cfg: Config, pdl: bool, dkv: bool = False):
+            self.dtype, self.D, self.bm, self.dq_t = dtype, head_dim, cfg.block_m, cfg.dq_t
+            self.pdl, self.dkv = pdl, dkv
+
+        @cute.jit
+        def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                     n_blocks: Int32, scale: Float32, mdKVacc: cute.Tensor,
+                     mdKV: cute.Tensor, n_kv_vec: Int32, stream):
+            D, bm = self.D, self.bm
+            # the block's rows in smem, a row 16 bytes longer than D (its 16-byte reads
+            # and the partition's 2-byte writes spread over the banks)
+            sO_layout = cute.make_layout((bm, D), stride=(D + 8, 1))
+
+            @cute.struct
+            class SharedStorage:
+                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, bm * (D + 8)], 16]
+
+            self.kernel(mdQacc, mdQ, mCuQ, scale, mdKVacc, mdKV, n_kv_vec,
+                        dq_mma(self.dtype, D, bm, self.dq_t), sO_layout,
+                        SharedStorage).launch(
+                grid=[n_blocks, mdQ.shape[1], 1], block=[128 * NUM_MMA_WG, 1, 1],
+                smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl)
+
+        @cute.kernel
+        def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                   scale: Float32, mdKVacc: cute.Tensor, mdKV: cute.Tensor, n_kv_vec: Int32,
+                   tiled_mma_dq: cute.TiledMma, sO_layout: cute.Layout,
+                   SharedStorage: cutlass.Constexpr):
+            """mdQacc: the block-padded accumulator, flat; mdQ [Nq, H, D]. Its reads
+            wait for the main kernel (where launched as its dependent)."""
+            D, bm = self.D, self.bm
+            cute.arch.griddepcontrol_wait()
+            tidx = cute.arch.thread_idx()[0]
+            blk, h, _ = cute.arch.block_idx()
+            H = mdQ.shape[1]
+            # the sequence whose blocks hold blk: the last b with flat_block(cu[b], b) <= blk
+            lo, hi = Int32(0), Int32(mCuQ.shape[0] - 2)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if flat_block(mCuQ[mid], mid, 0, bm) <= blk:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            row0 = mCuQ[lo] + (blk - flat_block(mCuQ[lo], lo, 0, bm)) * bm
+            rows = cutlass.min(mCuQ[lo + 1] - row0, bm)
+            if rows > 0:
+                smem = cutlass.utils.SmemAllocator()
+                sO = smem.allocate(SharedStorage).sO.get_tensor(sO_layout)
+                # this block and head's run: the warpgroups' buffers as its two columns
+                half = bm * D // NUM_MMA_WG
+                run = (cutlass.Int64(blk) * H + h) * (bm * D)
+                gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
+                                        cute.make_layout((half, NUM_MMA_WG)))
+                tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
+                thr_mma = tiled_mma_dq.get_slice(tidx)
+                tOsO = thr_mma.partition_C(
+                    cute.composition(sO, cute.make_ordered_layout((D, bm), order=(1, 0)))
+                    if const_expr(self.dq_t) else sO)
+                acc = cute.make_rmem_tensor(tOsO.shape, Float32)
+                cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
+                                                        cute.make_layout(tAg.shape)))
+                tOsO.store((acc.load() * scale).to(self.dtype))
+                cute.arch.sync_threads()
+                # 16-byte vectors of the block's rows, up to the sequence's end
+                vpr = D // POST_VEC                       # vectors a row
+                r = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
+                    row, c = v // vpr, v % vpr
+                    if row < rows:
+                        cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,), (c,)), r)
+                        cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
+                                                             (POST_VEC,), (c,)))
+            if const_expr(self.dkv):
+                nb = cute.arch.grid_dim()[0]
+                cast_share(mdKVacc, mdKV, (h * nb + blk) * (128 * NUM_MMA_WG) + tidx, n_kv_vec,
+                           nb * H * (128 * NUM_MMA_WG), self.dtype)
+
+    return Preprocess, BwdMain, Postprocess, PostprocessFlat
 
 
 # --------------------------------------------------------------------------------------
@@ -1319,8 +1515,8 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, zero_dkv: bool = Fal
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     kv_acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
     return host.compile_kernel(Pre(cdt, head_dim, zero_dq, zero_dkv), o, do, delta, acc,
-                               sched, cutlass.Int32(1), cutlass.Int32(1), kv_acc,
-                               cutlass.Int32(0), options=options)
+                               sched, cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                               kv_acc, cutlass.Int32(0), options=options)
 
 
 def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
@@ -1340,6 +1536,26 @@ def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str
     return host.compile_kernel(Post(cdt, pdl, dkv), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Float32(1.0), kv_acc, kv, cutlass.Int32(0),
                                options=options)
+
+
+def compile_postprocess_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
+                             dkv: bool = False, options: str = ""):
+    """The postprocess of cfg's block-padded dQ accumulator (Config.dq_flat); dkv as
+    compile_postprocess's."""
+    import cutlass
+    import cutlass.cute as cute
+    cdt = host.cute_dtype(dtype)
+    Post = _kernel_classes()[3]
+    acc = host.fake(cutlass.Float32, (cute.sym_int32(),), (1,), 16)
+    dq = host.fake(cdt, (cute.sym_int32(), cute.sym_int32(), head_dim),
+                   (cute.sym_int64(divisibility=head_dim), head_dim, 1), 16)
+    cu_q = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
+    n_kv = cute.sym_int32()
+    kv_acc = host.fake(cutlass.Float32, (n_kv,), (1,), 16)
+    kv = host.fake(cdt, (n_kv,), (1,), 16)
+    return host.compile_kernel(Post(cdt, head_dim, cfg, pdl, dkv), acc, dq, cu_q,
+                               cutlass.Int32(1), cutlass.Float32(1.0), kv_acc, kv,
+                               cutlass.Int32(0), options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1366,14 +1582,27 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
 
 def _parts(c: host.BwdCall) -> int:
     """CTAs a tile (jagged.tiles.bwd_parts, from the whole tiles' step); key windows: 1."""
+    cfg = _config(c, 1)
+    if cfg.windows:
+        return 1
+    return bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1], c.group,
+                     c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+
+
+def _config(c: host.BwdCall, parts: int) -> Config:
+    """The main kernel's step for a call whose tiles are in `parts` parts."""
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
     if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
-        return 1
-    cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal, c.broadcast_q,
-                      c.max_q)
-    return bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
-                     c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+        return window_config(D)
+    return pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
+                       c.broadcast_q, c.max_q, split=parts > 1)
+
+
+def _flat(c: host.BwdCall, parts: int) -> Config | None:
+    """The call's config where its dQ accumulator is block-padded (Config.dq_flat)."""
+    cfg = _config(c, parts)
+    return cfg if cfg.dq_flat else None
 
 
 def _main(c: host.BwdCall, parts: int):
@@ -1382,14 +1611,12 @@ def _main(c: host.BwdCall, parts: int):
     window_tiles over the key offsets, the window order, count and table in place of the
     list; module docstring)."""
     D = c.q.shape[2]
-    B = c.cu_k.shape[0] - 1
-    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
-        cfg, dynamic = window_config(D), False
+    cfg = _config(c, parts)
+    if cfg.windows:
+        dynamic = False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
-                          c.broadcast_q, c.max_q, split=parts > 1)
         dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
@@ -1402,7 +1629,8 @@ def _main(c: host.BwdCall, parts: int):
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _parts,
                           _main, partial(host.compiled, _COMPILED, compile_postprocess),
-                          POST_VEC)
+                          POST_VEC, _flat,
+                          partial(host.compiled, _COMPILED, compile_postprocess_flat))
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

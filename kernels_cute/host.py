@@ -16,9 +16,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, fwd_direct,
-                          fwd_tiles, packed_query, pairs_per_sequence, slot_count,
-                          window_tiles)
+from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
+                          fwd_direct, fwd_tiles, packed_query, pairs_per_sequence,
+                          slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -295,6 +295,11 @@ class BwdKernels(NamedTuple):
     postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
                            # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent)
     post_vec: int
+    dq_flat: Callable      # (BwdCall, parts) -> the main kernel's config where its dQ
+                           # accumulator is block-padded (block_m rows a block,
+                           # jagged.tiles.flat_block), else None
+    post_flat: Callable | None  # (dtype, head_dim, config, pdl, dkv) -> the compiled
+                                # postprocess of a block-padded accumulator
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -319,13 +324,20 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         return dq, dk, dv
 
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev, k.shape[0])
-    n_slots = slot_count(dq_acc, broadcast_q)
-    call = BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
-                   max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
-                   H // HKV, grid_main, sched, int(max_q or 0))
+    n_sms = num_sms(dev)
+    # the packed modes' call (the tiles' parts and the dQ accumulator's layout are theirs);
+    # the accumulator's fields once it is made
+    call = BwdCall(q, k, v, dout, lse, delta, None, dk, dv, cu_q, cu_k, max_k, bool(causal),
+                   float(scale), bool(broadcast_q), L_q, 1, H // HKV, n_sms, None,
+                   int(max_q or 0))
     parts = kern.parts(call)
+    flat = kern.dq_flat(call, parts)
+    dq_acc, grid_main, sched = dq_accumulator(
+        Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
+        None if flat is None else flat_rows(Nq, B, flat.block_m))
+    n_slots = slot_count(dq_acc, broadcast_q)
+    call = call._replace(dq_acc=dq_acc.view(-1, H, D), n_slots=n_slots, grid=grid_main,
+                         sched=sched)
     # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
     # preprocess and converted by the postprocess
     dkv_acc = dkv_accumulator(k, parts)
@@ -336,7 +348,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # (a) preprocess
     kern.preprocess(q.dtype, D, not broadcast_q, dkv_acc is not None)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
-        kv_acc.view(-1, D), 0 if dkv_acc is None else dkv_acc.numel() // D)
+        dq_acc.numel() // D, kv_acc.view(-1, D), 0 if dkv_acc is None else dkv_acc.numel() // D)
     if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
 
@@ -344,9 +356,14 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     kern.main(call, parts)
 
     # (c) postprocess
+    n_kv_vec = 0 if dkv_acc is None else dkv_acc.numel() // kern.post_vec
+    if flat is not None:
+        kern.post_flat(q.dtype, D, flat, bwd_dependent(broadcast_q), dkv_acc is not None)(
+            dq_acc.view(-1), dq, cu_q, dq_acc.shape[0] // flat.block_m, float(scale),
+            kv_acc.view(-1), kv.view(-1), n_kv_vec)
+        return dq, dk, dv
     n_elem = dq.numel()
     post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q), dkv_acc is not None)
     post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-         float(scale), kv_acc.view(-1), kv.view(-1),
-         0 if dkv_acc is None else dkv_acc.numel() // kern.post_vec)
+         float(scale), kv_acc.view(-1), kv.view(-1), n_kv_vec)
     return dq, dk, dv

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -128,7 +129,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
       bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
       st.shared.b32), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
-      addresses: test_dq_smem_addresses;
+      addresses: test_dq_smem_addresses; long packed sequences (Config.dq_flat): a 1-D
+      bulk add a warpgroup, bm * D / 1024 st.shared.v4 a thread (test_dq_flat_order);
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
       would need without them; the load warp's rows go out before its arrive.expect_tx
@@ -155,10 +157,17 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == \
         (not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
-    assert _count(red, ptx) == D // B.DQ_WIDE
-    dq_stores = 0 if cfg.dq_t else bm * D // 512
+    flat_red = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
+    assert cfg.dq_flat == (not bq and mean_q >= B.FLAT_MEAN_Q)
+    if cfg.dq_flat:   # a 1-D bulk add a warpgroup, 16-byte stores of its partial
+        assert _count(red, ptx) == 0 and _count(flat_red, ptx) == B.NUM_MMA_WG
+        assert _count(r"st\.shared\.v4\.(b32|f32)", ptx) == bm * D // 1024
+    else:
+        assert _count(red, ptx) == D // B.DQ_WIDE and _count(flat_red, ptx) == 0
+    dq_stores = 0 if cfg.dq_t or cfg.dq_flat else bm * D // 512
     assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == dq_stores + B.ld_rows(bm)
-    assert _count(r"st\.shared\.(b32|f32)", ptx) == (bm * D // 256 if cfg.dq_t else 0)
+    assert _count(r"st\.shared\.(b32|f32)", ptx) == (
+        bm * D // 256 if cfg.dq_t and not cfg.dq_flat else 0)
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -344,6 +353,90 @@ def test_bwd_pre_post_compile(tmp_path):
                        "B.compile_preprocess(dt, 128, True, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
                        "B.compile_postprocess(dt, True, True)")
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal,dkv", [(128, False, False), (128, True, True),
+                                          (64, False, False)])
+def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
+    """PostprocessFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
+    128 rows), with the split tiles' dK / dV share: spill-free; a thread's accumulator
+    fragment in bm * D / 1024 16-byte loads, the rows out in 16-byte stores (to the
+    sequence's end: one predicated st.global.v4 in a loop), none per element."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.pick_config(D, 4096.0, causal)
+    assert cfg.dq_flat
+    path = _compile(tmp_path, f"B.compile_postprocess_flat(dt, {D}, "
+                              f"B.pick_config({D}, 4096.0, {causal}), True, {dkv})")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert _count(r"ld\.global\.v4\.(b32|f32)", ptx) == cfg.block_m * D // 1024 + dkv * 2
+    assert _count(r"st\.global\.v4\.b32", ptx) == 1 + dkv
+    assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx)
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
+def test_dq_flat_order(tmp_path):
+    """Config.dq_flat's partial, at each step it serves (D = 128: 64 rows, the warpgroups
+    split the columns, and 80 rows, dQ^T; D = 64: 128 rows, split by rows): thread t of
+    the compute warpgroups (the dQ wgmma's C partition) writes register i to float
+    `flat_copy`(t, i) of the buffers (the bulk add copies them as they are; PostprocessFlat
+    reads the same positions back into the same partition): every (row, col) of the bm x
+    D block exactly once; a thread's registers in its own warpgroup's buffer, 4 at a time
+    into 16 contiguous bytes (st.shared.v4), a warp's store covering 512 contiguous bytes
+    (all 32 banks, 4 wavefronts: the minimum for 512 bytes)."""
+    traced_check(tmp_path, "flat_check", """
+        import cutlass, cutlass.cute as cute
+        from kernels_cute import bwd_hopper as B
+        from kernels_cute.fragments import flat_copy
+
+        FOUND = {}
+
+        def run():
+            for key, D, cfg in ((64, 64, B.pick_config(64)),
+                                (128, 128, B.pick_config(128, causal=True)),
+                                (129, 128, B.pick_config(128))):
+                bm, dq_t = cfg.block_m, cfg.dq_t
+                tiled = B.dq_mma(cutlass.BFloat16, D, bm, dq_t)
+                half = bm * D // B.NUM_MMA_WG
+                flat = cute.make_identity_tensor((half, B.NUM_MMA_WG))
+                seen, own, vec, warp = {}, [], [], {}
+                for t in range(128 * B.NUM_MMA_WG):
+                    C = tiled.get_slice(t).partition_C(
+                        cute.make_identity_tensor((D, bm) if dq_t else (bm, D)))
+                    Fp = flat_copy(128, B.NUM_MMA_WG).get_slice(t).partition_D(flat)
+                    n = cute.size(C)
+                    assert cute.size(Fp) == n, (cute.size(Fp), n)
+                    pos = []
+                    for i in range(n):
+                        rc = tuple(C[i])[::-1] if dq_t else tuple(C[i])
+                        f = tuple(Fp[i])
+                        seen[rc] = seen.get(rc, 0) + 1
+                        if f[1] != t // 128:
+                            own.append((t, i, f))
+                        pos.append(f[1] * half + f[0])
+                    for i in range(0, n, 4):
+                        if pos[i:i + 4] != list(range(pos[i], pos[i] + 4)) or pos[i] % 4:
+                            vec.append((t, i))
+                        warp.setdefault((t // 32, i), []).append(pos[i])
+                spans = [k for k, a in warp.items()
+                         if sorted(a) != list(range(min(a), min(a) + 128, 4))]
+                FOUND[key] = dict(
+                    once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
+                    and set(seen.values()) == {1},
+                    own=own, vec=vec, spans=spans, n=len(warp))
+    """, """
+        for key in (64, 128, 129):
+            f = F[key]
+            assert f["once"], key
+            assert not f["own"], f["own"][:5]
+            assert not f["vec"], f["vec"][:5]
+            assert not f["spans"], f["spans"][:5]
+    """)
 
 
 @needs_dsl
@@ -727,7 +820,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
-    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC)
+    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC, B._flat,
+                           recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -807,7 +901,7 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._parts, B._main, rec, B.POST_VEC)
+    kern = host.BwdKernels(rec, B._parts, B._main, rec, B.POST_VEC, B._flat, rec)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
@@ -848,7 +942,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC)
+    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC, B._flat,
+                           recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
@@ -861,7 +956,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
     (pre, ra), (main, args), (post, pa) = calls
-    cfg = B.CONFIGS[(D, "long")]
+    # long sequences: the block-padded dQ accumulator (test_host_backward_launches_flat)
+    cfg = replace(B.CONFIGS[(D, "long")], dq_flat=True)
     assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
         64 if causal else 80)
     assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
@@ -870,12 +966,64 @@ def test_host_backward_launches_split(monkeypatch, causal):
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
     # the preprocess zeroes both halves: rows of D from acc_k's first
     assert pre == (q.dtype, D, True, True)
-    kv_rows, n_kv_rows = ra[7], ra[8]
+    kv_rows, n_kv_rows = ra[8], ra[9]
     assert kv_rows.data_ptr() == acc_k.data_ptr() and kv_rows.shape == (2 * n * HKV, D)
     assert n_kv_rows == 2 * n * HKV
-    assert post == (q.dtype, True, True)
+    assert post == (q.dtype, D, cfg, True, True)
     src, dst, n_vec = pa[5:8]
     assert src.data_ptr() == acc_k.data_ptr() and src.numel() == 2 * k.numel()
     assert dst.data_ptr() == dk.data_ptr() and dst.numel() == 2 * k.numel()
     assert dv.data_ptr() == dk.data_ptr() + dk.numel() * 2
     assert n_vec == 2 * k.numel() // B.POST_VEC and pa[1].data_ptr() == dq.data_ptr()
+
+
+@interp
+def test_host_backward_launches_flat(monkeypatch):
+    """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
+    least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
+    plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
+    preprocess, and PostprocessFlat over its blocks and heads; shorter ones, and
+    broadcast-Q, keep the row accumulator and the row postprocess."""
+    import torch
+    from jagged.tiles import flat_rows
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append((key, args))
+
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)
+    kern = host.BwdKernels(recorder, B._parts, B._main, recorder, B.POST_VEC, B._flat,
+                           recorder)
+    H, HKV, D = 4, 2, 128
+    for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
+                                ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
+        lk = torch.tensor(lengths)
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+        n = int(cu[-1])
+        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
+        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
+        lse = torch.zeros(H, n)
+        calls.clear()
+        dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
+                                 int(lk.max()), causal, 0.125, False)
+        (pre, ra), (main, args), (post, pa) = calls
+        cfg = main[4]
+        acc = args[6]
+        assert pre == (q.dtype, D, True, False)
+        assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
+        assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
+        if bm:
+            rows = flat_rows(n, len(lengths), bm)
+            assert cfg.dq_flat and cfg.block_m == bm and acc.shape == (rows, H, D)
+            assert post == (q.dtype, D, cfg, True, False)
+            assert pa[0].data_ptr() == acc.data_ptr() and pa[0].numel() == rows * H * D
+            assert pa[1] is dq and pa[2] is cu and pa[3] == rows // bm and pa[4] == 0.125
+        else:
+            assert not cfg.dq_flat and acc.shape == (n, H, D)
+            assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
+    assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
