@@ -711,3 +711,17 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
+
+
+def _forced_parts(style: str, parts: int):
+    def apply():
+        import importlib
+        importlib.import_module(f"kernels_{style}.bwd_hopper").bwd_parts = lambda *a: parts
+    return apply
+
+
+for _s in ("tlx", "cute"):
+    for _p in (1, 2, 4, 8):
+        register(Backend(f"{_s}-p{_p}", *_experiment(_s, _forced_parts(_s, _p)),
+                         supports=_ours_supports(_s), own=True, experimental=True,
+                         note=f"{_s} with every backward tile in {_p} parts"))
