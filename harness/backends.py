@@ -716,8 +716,26 @@ register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="de
 def _forced_parts(style: str, parts: int):
     def apply():
         import importlib
-        importlib.import_module(f"kernels_{style}.bwd_hopper").bwd_parts = lambda *a: parts
+        mod = importlib.import_module(f"kernels_{style}.bwd_hopper")
+        mod.bwd_parts = lambda *a: parts
+        if style == "cute":   # the row dQ accumulator (the A/B of the parts alone)
+            mod.FLAT_MEAN_Q = float("inf")
     return apply
+
+
+def _flat_from(mean_q: float):
+    def apply():
+        import kernels_cute.bwd_hopper as mod
+        mod.FLAT_MEAN_Q = mean_q
+    return apply
+
+
+register(Backend("cute-rows", *_experiment("cute", _flat_from(float("inf"))),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="cute with the row dQ accumulator everywhere (no Config.dq_flat)"))
+register(Backend("cute-flat", *_experiment("cute", _flat_from(0.0)),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="cute with the block-padded dQ accumulator in every packed call"))
 
 
 for _s in ("tlx", "cute"):

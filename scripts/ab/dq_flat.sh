@@ -1,0 +1,36 @@
+#!/bin/bash
+# A/B of CuteDSL's block-padded dQ accumulator (branch dq-flat) on the H200, one device
+# call each, in this tree (cute: the default, dq_flat from FLAT_MEAN_Q rows a sequence;
+# cute-rows: the row accumulator; FA4 in the same run):
+#   bash scripts/ab/dq_flat.sh gate     # cute-flat (every packed call) vs the oracle, ~3 min
+#   bash scripts/ab/dq_flat.sh time a|b # a: llm-dense bf16; b: gem-jagged, varlen-llm,
+#                                       #   fuzz long shapes; ~5 min each
+# Each: `source .gpu2/activate.sh; bash scripts/ab/dq_flat.sh X` carrying .gpu2, after a
+# .gpu1 activation. CSVs land in $OUT, logs in /tmp.
+export PYTHONUNBUFFERED=1
+mkdir -p $OUT
+run() {  # $1 tag, then bench arguments
+  local tag=$1; shift
+  timeout ${TIMEOUT:-240} python3 -m harness bench --backends cute,cute-rows,fa4 --passes bwd \
+    --warm 6 --out $OUT/$tag "$@" > /tmp/$tag.log 2>&1; echo "$tag rc $?"
+  python3 - "$OUT/$tag/results.csv" <<'PY'
+import csv, os, sys
+if os.path.exists(sys.argv[1]):
+    for r in csv.DictReader(open(sys.argv[1])):
+        print(r["backend"], r["mode"], r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
+              r["max_seqlen_q"], r["sparsity"], r["causal"], r["dtype"], r["status"],
+              r["ms"], r["graph_ms"], r["error"][:120])
+PY
+}
+case $1 in
+  gate) timeout 300 python3 scripts/ab/gate_flat.py > /tmp/gate_flat.log 2>&1
+        echo "gate rc $?"; cp /tmp/gate_flat.log $OUT/
+        grep -E "BAD|GATE_FLAT|Error" /tmp/gate_flat.log | head -20 ;;
+  time) if [ "$2" = a ]; then
+          run llm --suite llm-dense --match "bf16"
+        else
+          run gem --suite gem-jagged --match "Lq1024 Lk1024 s0.9 bf16|Lq2048 Lk2048 s0.5 bf16|Lq2048 Lk2048 s0.9 bf16"
+          run varlen --suite varlen-llm --match "B10 H32/8 D128|B10 H32/8 D64"
+          run fuzz0 --suite fuzz --fuzz-seed 0 --match "B5 H8/4 D128|B21 H1/1 D128|B2 H8/2 D64"
+        fi ;;
+esac
