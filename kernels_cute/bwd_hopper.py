@@ -53,6 +53,14 @@ and its load task reduces 64 x 64 boxes.
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
     accumulator, cast to the input dtype; split tiles: dK / dV from their accumulators
     too, in the same launch (the preprocess zeroed them; host.backward).
+Long packed sequences (`takes_flat`, Config.dq_flat) hand dQ over as FA4 does: each
+compute warpgroup stores its partial in the wgmma accumulator's register order into a
+buffer of its own (16-byte stores, barriers 6 + w / 8 + w), and reduce_dq adds it with one
+1-D bulk add (cp.reduce.async.bulk .add.f32) into a block-padded accumulator: Q block j
+of sequence b is block jagged.tiles.flat_block, bm x D floats a (block, query head).
+`PostprocessFlat` reads a block's fragments back through the same wgmma partition and
+stores its rows up to the sequence's end. The padding is half a step a sequence on
+average, hence the threshold.
 In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
@@ -1407,7 +1415,8 @@ def _kernel_classes():
 
     # role: reduce_dq
     class PostprocessFlat:
-        """Config.dq_flat's postprocess: a CTA a (accumulator block, query head), two
+        """Config.dq_flat's postprocess: a CTA an accumulator block (its sequence found
+        once, by a binary search of the offsets), its query heads one after another; two
         warpgroups of 128 threads, each thread with the accumulator fragment of the main
         kernel's compute thread of its index (`flat_copy` reads it in 16-byte loads), cast
         through the dQ wgmma's own partition into the block's rows in smem, then stored
@@ -1434,7 +1443,7 @@ def _kernel_classes():
             self.kernel(mdQacc, mdQ, mCuQ, scale, mdKVacc, mdKV, n_kv_vec,
                         dq_mma(self.dtype, D, bm, self.dq_t), sO_layout,
                         SharedStorage).launch(
-                grid=[n_blocks, mdQ.shape[1], 1], block=[128 * NUM_MMA_WG, 1, 1],
+                grid=[n_blocks, 1, 1], block=[128 * NUM_MMA_WG, 1, 1],
                 smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
@@ -1447,7 +1456,7 @@ def _kernel_classes():
             D, bm = self.D, self.bm
             cute.arch.griddepcontrol_wait()
             tidx = cute.arch.thread_idx()[0]
-            blk, h, _ = cute.arch.block_idx()
+            blk = cute.arch.block_idx()[0]
             H = mdQ.shape[1]
             # the sequence whose blocks hold blk: the last b with flat_block(cu[b], b) <= blk
             lo, hi = Int32(0), Int32(mCuQ.shape[0] - 2)
@@ -1462,34 +1471,36 @@ def _kernel_classes():
             if rows > 0:
                 smem = cutlass.utils.SmemAllocator()
                 sO = smem.allocate(SharedStorage).sO.get_tensor(sO_layout)
-                # this block and head's run: the warpgroups' buffers as its two columns
-                half = bm * D // NUM_MMA_WG
-                run = (cutlass.Int64(blk) * H + h) * (bm * D)
-                gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
-                                        cute.make_layout((half, NUM_MMA_WG)))
-                tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
                 thr_mma = tiled_mma_dq.get_slice(tidx)
                 tOsO = thr_mma.partition_C(
                     cute.composition(sO, cute.make_ordered_layout((D, bm), order=(1, 0)))
                     if const_expr(self.dq_t) else sO)
                 acc = cute.make_rmem_tensor(tOsO.shape, Float32)
-                cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
-                                                        cute.make_layout(tAg.shape)))
-                tOsO.store((acc.load() * scale).to(self.dtype))
-                cute.arch.sync_threads()
-                # 16-byte vectors of the block's rows, up to the sequence's end
-                vpr = D // POST_VEC                       # vectors a row
+                half = bm * D // NUM_MMA_WG
+                vpr = D // POST_VEC                       # 16-byte vectors a row
                 r = cute.make_rmem_tensor((POST_VEC,), self.dtype)
-                for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
-                    row, c = v // vpr, v % vpr
-                    if row < rows:
-                        cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,), (c,)), r)
-                        cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
-                                                             (POST_VEC,), (c,)))
+                for h in cutlass.range(H, unroll=1):
+                    # this block and head's run: the warpgroups' buffers as its two columns
+                    run = (cutlass.Int64(blk) * H + h) * (bm * D)
+                    gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
+                                            cute.make_layout((half, NUM_MMA_WG)))
+                    tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
+                    cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
+                                                            cute.make_layout(tAg.shape)))
+                    cute.arch.sync_threads()              # the last head's rows are out
+                    tOsO.store((acc.load() * scale).to(self.dtype))
+                    cute.arch.sync_threads()
+                    for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
+                        row, c = v // vpr, v % vpr
+                        if row < rows:
+                            cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,),
+                                                              (c,)), r)
+                            cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
+                                                                 (POST_VEC,), (c,)))
             if const_expr(self.dkv):
-                nb = cute.arch.grid_dim()[0]
-                cast_share(mdKVacc, mdKV, (h * nb + blk) * (128 * NUM_MMA_WG) + tidx, n_kv_vec,
-                           nb * H * (128 * NUM_MMA_WG), self.dtype)
+                nt = 128 * NUM_MMA_WG
+                cast_share(mdKVacc, mdKV, blk * nt + tidx, n_kv_vec,
+                           cute.arch.grid_dim()[0] * nt, self.dtype)
 
     return Preprocess, BwdMain, Postprocess, PostprocessFlat
 

@@ -244,14 +244,17 @@ def test_bwd_configs():
     and the steps the kernel does not build are ValueErrors on the host."""
     from jagged.tiles import BWD_MID_MEAN_Q
     from kernels_cute import bwd_hopper as B
-    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
+    flat = dict(dq_flat=True)   # long packed sequences (FLAT_MEAN_Q): block-padded dQ
+    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True, **flat)
     assert B.pick_config(64, causal=True) == B.pick_config(64)
-    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1)
-    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True)
-    assert B.pick_config(128, broadcast_q=True) == B.pick_config(128, causal=True)
+    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1, **flat)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, **flat)
+    assert B.pick_config(128, broadcast_q=True) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
-    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
-    assert B.pick_config(128, 16.0) == B.pick_config(128, causal=True)
+    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == replace(B.pick_config(64), dq_flat=False)
+    assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(128, B.FLAT_MEAN_Q - 1).dq_flat is False
+    assert B.pick_config(128, B.FLAT_MEAN_Q).dq_flat is True
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
@@ -271,7 +274,8 @@ def test_bwd_configs():
                         (64, B.Config(32, 1), "block_m = 32"),
                         (128, B.Config(80, 1), "takes dq_t"),
                         (64, B.Config(80, 1, dq_t=True), "dq_t at D = 64"),
-                        (64, B.Config(64, 3), "kv_stages = 3")):
+                        (64, B.Config(64, 3), "kv_stages = 3"),
+                        (64, B.Config(128, 2, windows=True, dq_flat=True), "dq_flat")):
         with pytest.raises(ValueError, match=why):
             B.check_config(D, cfg)
     # the load warp's lse / delta rows cover a step's rows once (2 or 4 a lane; at 80
@@ -982,7 +986,7 @@ def test_host_backward_launches_flat(monkeypatch):
     """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
     least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
     plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
-    preprocess, and PostprocessFlat over its blocks and heads; shorter ones, and
+    preprocess, and PostprocessFlat over its blocks; shorter ones, and
     broadcast-Q, keep the row accumulator and the row postprocess."""
     import torch
     from jagged.tiles import flat_rows
