@@ -1236,24 +1236,25 @@ def _kernel_classes():
             """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
             accumulator with TMA bulk reduces (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
-            be added; TMA clips rows past the tensor. dq_flat: `reduce_dq_flat`."""
-            if const_expr(self.dq_flat):
-                self.reduce_dq_flat(mdQacc, s.sdQflat, sched)
-            else:
-                group = sched.group
-                # the buffer starts empty
+            be added; TMA clips rows past the tensor. dq_flat: `reduce_flat`."""
+            group = sched.group
+            if const_expr(not self.dq_flat):   # the buffer starts empty
                 cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                          number_of_threads=DQ_BARRIER_THREADS)
-                t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
-                i = Int32(0)
-                if const_expr(self.dynamic):
-                    t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
-                while t < n_tiles:
-                    b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
-                    j0, j1 = part_steps(t, group * n_m, self.parts)
-                    for j in cutlass.range(j0, j1, unroll=1):
-                        h = hk * group + j // n_m
-                        m0 = m_lo + (j % n_m) * self.bm
+            t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
+            i = Int32(0)
+            if const_expr(self.dynamic):
+                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
+            while t < n_tiles:
+                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
+                j0, j1 = part_steps(t, group * n_m, self.parts)
+                for j in cutlass.range(j0, j1, unroll=1):
+                    h = hk * group + j // n_m
+                    m0 = m_lo + (j % n_m) * self.bm
+                    if const_expr(self.dq_flat):
+                        self.reduce_flat(mdQacc, s.sdQflat, sched.H, h,
+                                         flat_block(seq.q_start, b, m0, self.bm))
+                    else:
                         tsdQ, tgdQ = tma_tiles(tma_atom_dQ, s.sdQ, head_tile(
                             mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
@@ -1264,46 +1265,31 @@ def _kernel_classes():
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                         cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                                  number_of_threads=DQ_BARRIER_THREADS)
-                    i += 1
-                    t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-
-        @cute.jit
-        def reduce_dq_flat(self, mdQacc, sdQflat, sched):
-            """Config.dq_flat: each warpgroup's partial (bm x D / 2 floats in its
-            accumulator's register order, `flat_copy`) reduce-added by one 1-D bulk add
-            into its run of the block-padded accumulator: block jagged.tiles.flat_block of
-            the step's sequence, then its query head, then the warpgroup (bm x D floats a
-            block and head; PostprocessFlat restores the rows). A warpgroup's buffer is
-            handed back once its add has read it, the other's add still in flight."""
-            group = sched.group
-            half = self.bm * self.D // NUM_MMA_WG
-            t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
-            i = Int32(0)
-            if const_expr(self.dynamic):
-                t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
-            while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
-                j0, j1 = part_steps(t, group * n_m, self.parts)
-                block0 = flat_block(seq.q_start, b, m_lo, self.bm)
-                for j in cutlass.range(j0, j1, unroll=1):
-                    h = hk * group + j // n_m
-                    run = (cutlass.Int64(block0 + j % n_m) * sched.H + h) * (self.bm * self.D)
-                    for w in cutlass.range_constexpr(NUM_MMA_WG):
-                        # the add of this buffer's last partial has read it
-                        cute.arch.cp_async_bulk_wait_group(NUM_MMA_WG - 1 - w, read=True)
-                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_WG + w,
-                                                 number_of_threads=DQ_WG_THREADS)
-                    for w in cutlass.range_constexpr(NUM_MMA_WG):
-                        cute.arch.barrier(barrier_id=DQ_FULL_WG + w,
-                                          number_of_threads=DQ_WG_THREADS)
-                        with cute.arch.elect_one():
-                            bulk_reduce_add_f32(sdQflat[None, w].iterator,
-                                                mdQacc.iterator + run + w * half, 4 * half)
-                        cute.arch.cp_async_bulk_commit_group()
                 i += 1
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+        @cute.jit
+        def reduce_flat(self, mdQacc, sdQflat, H, h, block):
+            """Config.dq_flat's step: each warpgroup's partial (bm x D / 2 floats in its
+            accumulator's register order, `flat_copy`) reduce-added by one 1-D bulk add
+            into its run of the block-padded accumulator: the step's block
+            (jagged.tiles.flat_block), then its query head h, then the warpgroup (bm x D
+            floats a block and head; PostprocessFlat restores the rows). A warpgroup's
+            buffer is handed back once the add of its last partial has read it, the
+            other's add still in flight."""
+            half = self.bm * self.D // NUM_MMA_WG
+            run = (cutlass.Int64(block) * H + h) * (self.bm * self.D)
+            for w in cutlass.range_constexpr(NUM_MMA_WG):
+                cute.arch.cp_async_bulk_wait_group(NUM_MMA_WG - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_WG + w,
+                                         number_of_threads=DQ_WG_THREADS)
+            for w in cutlass.range_constexpr(NUM_MMA_WG):
+                cute.arch.barrier(barrier_id=DQ_FULL_WG + w, number_of_threads=DQ_WG_THREADS)
+                with cute.arch.elect_one():
+                    bulk_reduce_add_f32(sdQflat[None, w].iterator,
+                                        mdQacc.iterator + run + w * half, 4 * half)
+                cute.arch.cp_async_bulk_commit_group()
 
         # ------------------------------------------------------------------ store
         @cute.jit

@@ -889,6 +889,17 @@ def test_tile_range_slots(monkeypatch, bq, n_slots):
             assert (first, step, n_tiles, slot_row) == (p, P, 7 * HKV, 0)
 
 
+def _packed_call(lengths, H, HKV, D):
+    """A self-attention call's host inputs for recorded launches: (lengths, offsets,
+    tokens, q, k, lse), zeros."""
+    import torch
+    lk = torch.tensor(lengths)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    return (lk, cu, n, torch.zeros(n, H, D, dtype=torch.bfloat16),
+            torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
+
+
 def test_host_backward_launches_plain(monkeypatch):
     """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
     sequences without causal masking launch the 80-row build on kv_tiles of 80-row
@@ -910,12 +921,7 @@ def test_host_backward_launches_plain(monkeypatch):
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
                                      ([512] * 3, False, 64)):
-        lk = torch.tensor(lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-        n = int(cu[-1])
-        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
-        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
-        lse = torch.zeros(H, n)
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
                       0.125, False)
@@ -1006,12 +1012,7 @@ def test_host_backward_launches_flat(monkeypatch):
     H, HKV, D = 4, 2, 128
     for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                 ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
-        lk = torch.tensor(lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-        n = int(cu[-1])
-        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
-        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
-        lse = torch.zeros(H, n)
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
                                  int(lk.max()), causal, 0.125, False)

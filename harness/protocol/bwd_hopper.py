@@ -353,7 +353,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
             while t < end:
                 _, qsteps = steps(t)
                 for qkey in qsteps:
-                    if FLAT:                                         # reduce_dq_flat
+                    if FLAT:                                         # reduce_flat
                         for c in range(NW):
                             yield MmaWait(NW - 1 - c)                # buffer c's last add
                             yield BarArrive(empty_w[c], WG_THREADS, release=(dq[c],))
