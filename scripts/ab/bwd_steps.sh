@@ -39,7 +39,7 @@ case $1 in
   gate) timeout 300 python3 scripts/ab/gate_parts.py tlx,cute > /tmp/gate.log 2>&1
         echo "gate rc $?"; cp /tmp/gate.log $OUT/
         grep -E "BAD|GATE_PARTS|Error" /tmp/gate.log | head -20 ;;
-  new) shapes tlx,cute,fa4 new . $2 ;;
+  new) shapes tlx,cute-rows,fa4 new . $2 ;;   # cute-rows: without dq-flat's accumulator
   forced) shapes tlx-p4,cute-p4 p4 . $2 ;;
   old) shapes tlx,cute,fa4 old .snap/base $2 ;;
 esac
