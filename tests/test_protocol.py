@@ -658,15 +658,17 @@ def test_tlx_bwd_tile_handoff_counts_the_reduce_warp():
                for k, m in reports)
 
 
-@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("style", ["tlx", "cute", "cute-flat"])
 @pytest.mark.parametrize("parts", [2, 4, 8])
 def test_bwd_split_tiles_protocol(style, parts):
     """Tiles split over programs by their steps (jagged.tiles.bwd_parts, schedule
     part_steps): every part of every (tile, KV head) finished once, parts with no step
     among them (a tile of one or two steps in four or eight parts), with no race or
-    deadlock, in both styles' models."""
+    deadlock, in both styles' models (CuteDSL's also with Config.dq_flat)."""
     model, cfg = ((P.tlx_bwd_hopper, _tlx_bwd_configs()[(128, "long")]) if style == "tlx"
                   else (P.cute_bwd_hopper, _cute_bwd_configs()[(128, "long")]))
+    if style == "cute-flat":
+        cfg = dataclasses.replace(cfg, dq_flat=True)
     for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
         assert P.check(lambda sim: model(sim, prob, cfg, 3, 128, parts=parts), range(3)) > 0
     w = P.BwdWalk(BWD, 64, 128, 3, parts)
