@@ -142,6 +142,8 @@ class Config:
                                 # (compute_step_128; not for broadcast-Q)
     dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup's 64
                          # columns): the form of a step whose rows are no multiple of 64
+    ds_stages: int = 1     # dS^T buffers: 2 (one a Q stage) leave one of the step's two
+                           # dS^T barriers (the buffer free again) out
     dq_flat: bool = False  # each warpgroup's dQ partial in a buffer of its own, in its
                            # accumulator's register order (16-byte stores), reduce-added
                            # by 1-D bulk adds into a block-padded accumulator
@@ -160,12 +162,14 @@ class Config:
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem); "plain": 80 rows
 #     (takes_plain), against 64, one run, FA4 in it: llm B8 H16 8192 -3.7 % (replayed
 #     -1.2 %), B4 H32/8 4096 -3.6 % (-3.1 %); gem-jagged 1024 / 0.9 -3.0 %, 2048 / 0.9
-#     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %.
+#     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %. Its two dS^T
+#     stages (one dS^T barrier a step, as FA4's two PdS stages; 227 KB, the limit) are
+#     compiled, not measured; at 64 rows they lost (PERF, Tried and lost: `dsdbl`).
 CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
     (128, "long"): Config(block_m=64, kv_stages=1),
-    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True),
+    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True, ds_stages=2),
 }
 
 
@@ -257,6 +261,8 @@ def check_config(head_dim: int, cfg: Config) -> None:
         raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
     if cfg.dq_flat and cfg.windows:
         raise ValueError("dq_flat: whole sequences' Q blocks (not key windows)")
+    if cfg.ds_stages not in (1, 2) or Q_STAGES % cfg.ds_stages:
+        raise ValueError(f"ds_stages = {cfg.ds_stages}: 1 or 2 (a Q stage's)")
     if cfg.kv_stages not in (1, 2):
         raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
@@ -268,9 +274,10 @@ def smem_bytes(head_dim: int, cfg: Config) -> int:
     """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
     to sK's 1 KB alignment, then the tiles; sLD last). BwdMain asserts it equals the
     struct's size at trace time. D = 64, 128 rows: 195 KB (one K/V stage: 163 KB);
-    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT); 80 rows: 207 KB."""
+    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT); 80 rows: 207 KB,
+    with two dS^T stages 227 KB (SMEM_LIMIT exactly)."""
     D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
-    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
+    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + cfg.ds_stages * BLOCK_N * bm)
     n += 4 * bm * D                                        # sdQ, fp32
     n += 4 * math.prod(ld_shape(bm))                       # sLD
     return -(-n // 1024) * 1024                            # the struct's 1 KB alignment
@@ -583,8 +590,12 @@ def _kernel_classes():
             QS = Q_STAGES
             sQ_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
             sdO_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
-            # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
+            # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order);
+            # ds_stages 2: a stage mode, a Q stage's
             sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm), (0, 1))
+            if const_expr(self.cfg.ds_stages > 1):
+                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm, self.cfg.ds_stages),
+                                                (0, 1, 2))
             # dQ partial, fp32 (bm, D): the TMA reduce boxes (dq_smem_layout)
             sdQ_layout = dq_smem_layout(D, self.bm)
 
@@ -877,6 +888,8 @@ def _kernel_classes():
             if const_expr(self.kv_stages > 1):
                 sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
             sdSt = transposed(sdS, (self.bm, BLOCK_N), (1, 0))          # dS (queries, keys)
+            if const_expr(self.cfg.ds_stages > 1):
+                sdSt = transposed(sdS, (self.bm, BLOCK_N, self.cfg.ds_stages), (1, 0, 2))
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -1192,20 +1205,27 @@ def _kernel_classes():
             for dQ only; llm 24.48 -> 22.81 ms against dK first and a wait for both)."""
             s = q_state.index
             mma.tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
-            # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
-            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rdS), mma.tdSsdS)
+            tdSsdS, tdQrdS = mma.tdSsdS, mma.tdQrdS
+            if const_expr(self.cfg.ds_stages > 1):
+                # the step's own buffer: the other warpgroup's dQ MMA that read it two steps
+                # ago finished before its last barrier below, which this one passed
+                tdSsdS = tdSsdS[None, None, None, s]
+                tdQrdS = tdQrdS[None, None, None, s]
+            else:
+                # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rdS), tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(mma.shape_dQ, Float32)
             if const_expr(self.dq_t):
                 warpgroup.wait_group(0)    # dV: its P^T operand's registers free for dQ^T
-                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrKt, mma.tdQrdS, zero_init=True,  # dQ^T =
-                      wait=-1)                                                         # K^T dS^T
+                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrKt, tdQrdS, zero_init=True,  # dQ^T =
+                      wait=-1)                                                     # K^T dS^T
             else:
-                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,  # dQ = dS K
+                wgmma(mma.tiled_mma_dq, acc_dQ, tdQrdS, mma.tdQrKt, zero_init=True,  # dQ = dS K
                       wait=-1)
             # wait for dQ (and dV) only, so dK runs under the store
             wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q

@@ -248,7 +248,8 @@ def test_bwd_configs():
     assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True, **flat)
     assert B.pick_config(64, causal=True) == B.pick_config(64)
     assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1, **flat)
-    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, **flat)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, ds_stages=2,
+                                          **flat)
     assert B.pick_config(128, broadcast_q=True) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
     assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == replace(B.pick_config(64), dq_flat=False)
@@ -265,7 +266,8 @@ def test_bwd_configs():
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
     assert B.smem_bytes(128, B.pick_config(128, causal=True)) == 178 * 1024
-    assert B.smem_bytes(128, B.pick_config(128)) == 207 * 1024
+    assert B.smem_bytes(128, B.pick_config(128)) == 227 * 1024     # two dS^T stages: full
+    assert B.smem_bytes(128, B.Config(80, 1, dq_t=True)) == 207 * 1024
     assert B.smem_bytes(128, B.Config(64, 2)) == 242 * 1024          # over the limit
     for (D, _), cfg in B.CONFIGS.items():
         B.check_config(D, cfg)
@@ -275,6 +277,7 @@ def test_bwd_configs():
                         (128, B.Config(80, 1), "takes dq_t"),
                         (64, B.Config(80, 1, dq_t=True), "dq_t at D = 64"),
                         (64, B.Config(64, 3), "kv_stages = 3"),
+                        (64, B.Config(64, 2, ds_stages=3), "ds_stages = 3"),
                         (64, B.Config(128, 2, windows=True, dq_flat=True), "dq_flat")):
         with pytest.raises(ValueError, match=why):
             B.check_config(D, cfg)

@@ -701,6 +701,21 @@ def test_cute_bwd_hopper_protocol(key, flat):
     assert runs == 15
 
 
+def test_cute_bwd_ds_stages_need_both_buffers():
+    """Config.ds_stages 2 (one dS^T barrier a step): its two buffers folded into one, a
+    warpgroup overwrites its dS^T half while the other's dQ MMA still reads it."""
+    cfg = dataclasses.replace(_cute_bwd_configs()[(128, "plain")], ds_stages=2)
+    assert P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, cfg, 2, 128), range(4)) > 0
+    out = []
+    for seed in range(6):
+        try:
+            P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, cfg, 2, 128), [seed],
+                    mutate=_rename({f"cta0.ds[{2 + w}]": f"cta0.ds[{w}]" for w in range(2)}))
+        except ProtocolError as e:
+            out.append((e.kind, str(e)))
+    assert len(out) == 6 and all(k in ("race", "stale") and "ds[" in m for k, m in out)
+
+
 def test_cute_bwd_flat_mutations_are_caught():
     """Config.dq_flat's hand-over: a warpgroup's buffer handed back before its bulk add
     has read it (reduce_dq's bulk waits one short), or written without its empty barrier

@@ -201,7 +201,8 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     rows beside), empty barriers of one arrival per compute warp; the tile handoff
     (packed lists) a PipelineAsync of 32 producer and 288 consumer threads. Named
     barriers: 1 (256 threads) twice a step around the single dS^T buffer (both halves
-    free, then both written: the dQ MMA reads both); 3 and 2 (288 threads: the compute
+    free, then both written: the dQ MMA reads both), once a step with cfg.ds_stages 2
+    (a buffer a Q stage: both written, and the other stage's readers done); 3 and 2 (288 threads: the compute
     warpgroups and reduce_dq) for the single dQ staging buffer (empty, pre-arrived by
     reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half.
     cfg.dq_flat: a dQ buffer a warpgroup behind barriers of its own (8 + w empty, 6 + w
@@ -218,6 +219,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
     DQ_THREADS = 128 * NW + 32
     FLAT = getattr(cfg, "dq_flat", False)
+    DS = getattr(cfg, "ds_stages", 1)
     WG_THREADS = 128 + 32
     counter = sim.counter("tile_counter")
     for p in range(P):
@@ -227,7 +229,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         q = sim.buffers(pre + "q", Q_STAGES)
         do = sim.buffers(pre + "do", Q_STAGES)
         ld = sim.buffers(pre + "lse_delta", Q_STAGES)
-        ds = sim.buffers(pre + "ds", NW)          # one buffer, a half a warpgroup
+        ds = sim.buffers(pre + "ds", DS * NW)     # [stage * 2 + half]: a half a warpgroup
         dq = sim.buffers(pre + "dq", NW)
         tile_slot = sim.buffers(pre + "tile", 2)
         bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
@@ -315,12 +317,18 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                         if not cfg.dq_t:
                             yield MmaWait(1)
                     # dk_dq: dS^T to smem once both halves' previous readers are done
-                    yield BarSync(pds, 128 * NW, release=tuple(ds))
-                    yield Write(ds[w], ("dS", qkey, w))
-                    yield BarSync(pds, 128 * NW)
+                    sb = qcnt % DS * NW                              # the Q stage's
+                    if DS == 1:
+                        yield BarSync(pds, 128 * NW, release=tuple(ds))
+                        yield Write(ds[w], ("dS", qkey, w))
+                        yield BarSync(pds, 128 * NW)
+                    else:  # its dQ MMAs over the other stage are done: that stage is free
+                        yield Write(ds[sb + w], ("dS", qkey, w))
+                        yield BarSync(pds, 128 * NW,
+                                      release=tuple(ds[NW - sb + c] for c in range(NW)))
                     if cfg.dq_t:
                         yield MmaWait(0)                             # dV
-                    yield Mma({**{ds[c]: ("dS", qkey, c) for c in range(NW)},  # dQ (dQ^T)
+                    yield Mma({**{ds[sb + c]: ("dS", qkey, c) for c in range(NW)},  # dQ
                                **{k[st * NW + c]: ("K", key, c) for c in range(NW)}})
                     yield Mma({q[qs]: Q})                            # dK += dS^T Q
                     yield MmaWait(1)
