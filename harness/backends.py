@@ -730,6 +730,19 @@ def _flat_from(mean_q: float):
     return apply
 
 
+def _ds_stages(stages: int):
+    def apply():
+        import dataclasses
+
+        import kernels_cute.bwd_hopper as mod
+        key = (128, "plain")
+        mod.CONFIGS[key] = dataclasses.replace(mod.CONFIGS[key], ds_stages=stages)
+    return apply
+
+
+register(Backend("cute-ds1", *_experiment("cute", _ds_stages(1)),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="cute with one dS^T stage at the 80-row step (two barriers a step)"))
 register(Backend("cute-rows", *_experiment("cute", _flat_from(float("inf"))),
                  supports=_ours_supports("cute"), own=True, experimental=True,
                  note="cute with the row dQ accumulator everywhere (no Config.dq_flat)"))

@@ -5,13 +5,15 @@
 #   bash scripts/ab/dq_flat.sh gate     # cute-flat (every packed call) vs the oracle, ~3 min
 #   bash scripts/ab/dq_flat.sh time a|b # a: llm-dense bf16; b: gem-jagged, varlen-llm,
 #                                       #   fuzz long shapes; ~5 min each
+#   bash scripts/ab/dq_flat.sh ds       # branch ds2: the 80-row step's two dS^T stages
+#                                       #   (cute) against one (cute-ds1), ~5 min
 # Each: `source .gpu2/activate.sh; bash scripts/ab/dq_flat.sh X` carrying .gpu2, after a
 # .gpu1 activation. CSVs land in $OUT, logs in /tmp.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 run() {  # $1 tag, then bench arguments
   local tag=$1; shift
-  timeout ${TIMEOUT:-240} python3 -m harness bench --backends cute,cute-rows,fa4 --passes bwd \
+  timeout ${TIMEOUT:-240} python3 -m harness bench --backends ${BACKENDS:-cute,cute-rows,fa4} --passes bwd \
     --warm 6 --out $OUT/$tag "$@" > /tmp/$tag.log 2>&1; echo "$tag rc $?"
   python3 - "$OUT/$tag/results.csv" <<'PY'
 import csv, os, sys
@@ -33,4 +35,8 @@ case $1 in
           run varlen --suite varlen-llm --match "B10 H32/8 D128|B10 H32/8 D64"
           run fuzz0 --suite fuzz --fuzz-seed 0 --match "B5 H8/4 D128|B21 H1/1 D128|B2 H8/2 D64"
         fi ;;
+  ds) export BACKENDS=cute,cute-ds1,fa4
+      run ds_llm --suite llm-dense --match "B8 H16/16 D128 Lq8192 Lk8192 s1 bf16"
+      run ds_gem --suite gem-jagged --match "Lq2048 Lk2048 s0.9 bf16"
+      run ds_fuzz --suite fuzz --fuzz-seed 0 --match "B5 H8/4 D128|B21 H1/1 D128" ;;
 esac
