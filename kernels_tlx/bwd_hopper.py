@@ -38,6 +38,14 @@ Three kernels:
     accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype; split tiles: dK / dV from their accumulators too, in the same launch.
+Long packed sequences at D = 128 (jagged.tiles.takes_flat, Config.dq_flat, FLAT_STEPS):
+a consumer stages its 64 x 64 dQ^T in the wgmma accumulator's register order
+(`_flat_order`: 16-byte stores, where the transposed box takes one 4-byte store an
+element), and the load task reduce-adds it as one TMA box into a block-padded
+accumulator (each sequence's Q blocks whole blocks of their own, jagged.tiles.flat_block;
+a run of 4096 floats a block, query head and consumer); `_bwd_post_flat` reads each run
+back (`_flat_rows`) and stores the rows up to the sequence's end. The CuteDSL twin's
+layout (Config.dq_flat there).
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
 their dependents first, the main kernel is launched as a dependent (each role waits,
