@@ -53,7 +53,7 @@ and its load task reduces 64 x 64 boxes.
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
     accumulator, cast to the input dtype; split tiles: dK / dV from their accumulators
     too, in the same launch (the preprocess zeroed them; host.backward).
-Long packed sequences (`takes_flat`, Config.dq_flat) hand dQ over as FA4 does: each
+Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat) hand dQ over as FA4 does: each
 compute warpgroup stores its partial in the wgmma accumulator's register order into a
 buffer of its own (16-byte stores, barriers 6 + w / 8 + w), and reduce_dq adds it with one
 1-D bulk add (cp.reduce.async.bulk .add.f32) into a block-padded accumulator: Q block j
@@ -106,7 +106,7 @@ from typing import Any, NamedTuple
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          flat_block, kv_tiles, window_tiles, windowed)
+                          flat_block, kv_tiles, takes_flat, window_tiles, windowed)
 
 from . import host
 
@@ -147,7 +147,8 @@ class Config:
     dq_flat: bool = False  # each warpgroup's dQ partial in a buffer of its own, in its
                            # accumulator's register order (16-byte stores), reduce-added
                            # by 1-D bulk adds into a block-padded accumulator
-                           # (`takes_flat`; PostprocessFlat restores the rows)
+                           # (jagged.tiles.takes_flat; PostprocessFlat restores
+                           # the rows)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -218,19 +219,6 @@ def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
         bm, bm0 = CONFIGS[(head_dim, "plain")].block_m, CONFIGS[(head_dim, "long")].block_m
         return bm * -(-max_q // bm) * PLAIN_ROW_COST < bm0 * -(-max_q // bm0)
     return mean_q >= PLAIN_MEAN_Q
-
-
-# takes_flat. The block-padded dQ accumulator pads each sequence to whole steps (on
-# average half a step: 6-8 % more accumulator rows at a mean of 512 rows) for 16-byte
-# stores of the dQ partial (the 80-row step's transposed partial takes 40 STS.32 a
-# thread, 10 STS.128 here) and a barrier pair a warpgroup.
-FLAT_MEAN_Q = 512
-
-
-def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
-    """Whether a call's dQ partials go through `Config.dq_flat`: packed sequences of at
-    least FLAT_MEAN_Q query rows on average (key windows never: `window_config`)."""
-    return not broadcast_q and mean_q >= FLAT_MEAN_Q
 
 
 def window_config(head_dim: int) -> Config:

@@ -4,6 +4,7 @@ wgmmas, no spill, shared memory within 227 KB and the structure their step is bu
 CI builds CI_CASES, the first key-window build and one head dim's pre/postprocess; the
 rest run under `-m matrix`. The main-kernel compiles run batched in two subprocesses (one
 Triton import each)."""
+import dataclasses
 import os
 import pickle
 import re
@@ -227,8 +228,14 @@ def test_config_table():
     and 64 at D = 128 (the Q loop out of the pipeliner there); one K/V stage where two do
     not fit."""
     from jagged.tiles import BWD_MID_MEAN_Q
+    from jagged.tiles import FLAT_MEAN_Q
     assert bw.pick_config(128, bw.SHORT_MEAN_K) is bw.CONFIGS[(128, "short")]
-    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1) is bw.CONFIGS[(128, "long")]
+    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1, FLAT_MEAN_Q - 1) is bw.CONFIGS[(128, "long")]
+    # long packed sequences: D = 128's step into the block-padded accumulator (FLAT_STEPS)
+    flat = bw.pick_config(128, bw.SHORT_MEAN_K + 1)
+    assert flat.dq_flat and flat == dataclasses.replace(bw.CONFIGS[(128, "long")], dq_flat=True)
+    assert not bw.pick_config(128, 8192.0, broadcast_q=True).dq_flat
+    assert not bw.pick_config(64, 2048.0).dq_flat and bw.FLAT_STEPS == {(128, "long")}
     assert bw.pick_config(64, 26.5).block_m == 32 and bw.pick_config(64, 2048.0).block_m == 128
     assert bw.pick_config(128, 8192.0).block_m == 64
     # the mid bucket: D = 64 by mean query rows (keys past SHORT_MEAN_K)
@@ -270,7 +277,8 @@ def test_pre_post_compile(d, split):
         bw._bwd_preprocess,
         {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
          "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
-         "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32", **kv},
+         "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32", **kv,
+         "n_dq_rows": "i32"},
         constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True, PDL=True, ZERO_DKV=split,
                         **({} if split else dict(dkv_acc_ptr=None))), arch=90, num_warps=4)
     kv = {"dkv_acc_ptr": "*fp32", "dkv_ptr": "*bf16", "n_dkv": "i32"} if split else \
@@ -286,6 +294,24 @@ def test_pre_post_compile(d, split):
     # it; the postprocess, launched under the main kernel, waits for it
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_post_flat_compile(split):
+    """The block-padded accumulator's postprocess (Config.dq_flat, D = 128's 64-row
+    step), with the split tiles' dK / dV: spill-free; each run read in 16-byte loads."""
+    kv = {"dkv_acc_ptr": "*fp32", "dkv_ptr": "*bf16", "n_dkv": "i32"} if split else \
+        {"dkv_acc_ptr": "constexpr", "dkv_ptr": "*bf16", "n_dkv": "i32"}
+    post = compile_kernel(
+        bw._bwd_post_flat,
+        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "B": "i32",
+         "scale": "fp32", **kv},
+        constexprs=dict(H=4, D=128, BLOCK_M=64, NC=2, ROW_SPLIT=False, BLOCK=1024, PDL=True,
+                        DKV=split, **({} if split else dict(dkv_acc_ptr=None))),
+        arch=90, num_warps=4)
+    assert not post.spills, post.row()
+    assert post.ptx.count("griddepcontrol.wait") == 1
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.(b32|f32)", post.ptx), "no 16-byte loads"
 
 
 @pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))

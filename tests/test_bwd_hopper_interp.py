@@ -27,29 +27,32 @@ from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_ste
 @pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("d", [64, 128])
 def test_preprocess(d, zero_dq, zero_dkv):
-    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator and
-    the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three
-    times the grid's rows (its grid-stride loop), and not a row past them."""
+    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator (here
+    a block-padded one's, Config.dq_flat: twice the grid's rows more, its grid-stride
+    loop) and the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over
+    three times the grid's rows, and not a row past either."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
-    dq_acc = torch.full((nq, H, d), float("nan"))
+    n_dq = 3 * nq * H + 3                      # rows of D: past n_rows as a padded one's
+    dq_acc = torch.full((n_dq + 1, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
     n_kv = 3 * nq * H + 5
     dkv_acc = torch.full((n_kv + 1, d), float("nan"))
     rows = 32 if d <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), dkv_acc, n_kv, H=H, D=d, ROWS=rows,
-        ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
+        dout.stride(0), dout.stride(1), delta.stride(0), dkv_acc, n_kv, n_dq, H=H, D=d,
+        ROWS=rows, ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
     if zero_dq:
-        assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
+        assert (dq_acc[:n_dq] == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     else:
-        assert dq_acc.isnan().all() and (sched == 7).all()
+        assert dq_acc[:n_dq].isnan().all() and (sched == 7).all()
+    assert dq_acc[n_dq].isnan().all()
     assert (dkv_acc[:n_kv] == 0).all() if zero_dkv else dkv_acc[:n_kv].isnan().all()
     assert dkv_acc[n_kv].isnan().all()
 
@@ -228,3 +231,76 @@ def test_postprocess_converts_split_dkv():
     torch.testing.assert_close(p.dq.float(), (dq_acc * 0.5).half().float())
     torch.testing.assert_close(p.dk.float(), acc[0].half().float())
     torch.testing.assert_close(p.dv.float(), acc[1].half().float())
+
+
+def _flat_order_ref(x):
+    """bw._flat_order in torch: the same reshape and permute (the order is logical)."""
+    return x.reshape(4, 2, 8, 8, 4, 2).permute(3, 0, 2, 4, 1, 5).reshape(-1)
+
+
+@triton.jit
+def _flat_probe(x_ptr, out_ptr):
+    i = tl.arange(0, 64)
+    y = bw._flat_order(tl.load(x_ptr + i[:, None] * 64 + i[None, :]))
+    r = tl.arange(0, 128)
+    c = tl.arange(0, 32)
+    tl.store(out_ptr + r[:, None] * 32 + c[None, :], y)
+
+
+def test_flat_order():
+    """The main kernel's _flat_order is _flat_order_ref (what test_post_flat writes), and
+    each thread's 4 registers of a chunk (c1, r8 of the wgmma accumulator) are adjacent."""
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    out = torch.empty(4096)
+    _flat_probe[(1,)](x, out)
+    assert torch.equal(out, _flat_order_ref(x))
+    # run position 4 (128 j + 32 w + 4 lq + lr) + 2 r8 + c1 holds row 16 w + 8 r8 + lq,
+    # column 8 j + 2 lr + c1
+    w, r8, lq, j, lr, c1 = 1, 1, 5, 3, 2, 1
+    assert out[4 * (128 * j + 32 * w + 4 * lq + lr) + 2 * r8 + c1] == x[16 * w + 8 * r8 + lq,
+                                                                         8 * j + 2 * lr + c1]
+
+
+@pytest.mark.parametrize("row_split", [False, True])
+def test_post_flat(row_split):
+    """Config.dq_flat end to end on the host side: a block-padded accumulator written as
+    the main kernel writes it (per sequence, Q block, query head and consumer, the 64 x 64
+    partial in _flat_order at the load task's run, jagged.tiles.flat_block; rows past a
+    sequence zero) and read back by _bwd_post_flat (through bw._postprocess, dK / dV of
+    split tiles too) gives scale * dQ in every row, over empty, one-row and block-edge
+    sequences; the padding blocks store nothing."""
+    from jagged.tiles import flat_block, flat_rows
+    g = torch.Generator().manual_seed(int(row_split))
+    D, bm = (64, 128) if row_split else (128, 64)
+    H, NC = 3, 2
+    lens = [0, 1, bm - 1, bm, bm + 1, 300, 2, 0, 2 * bm, 77]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    nq = int(cu[-1])
+    dq_true = torch.randn(nq, H, D, generator=g)
+    rows_acc = flat_rows(nq, len(lens), bm)
+    acc = torch.full((rows_acc, H, D), float("nan"))   # every run the kernel adds is zeroed
+    flat = acc.view(-1)
+    written = torch.zeros(rows_acc * H * D // 4096, dtype=torch.bool)
+    for b, n in enumerate(lens):
+        q0 = int(cu[b])
+        for j in range(-(-n // bm)):
+            blk = flat_block(q0, b, j * bm, bm)
+            part = torch.zeros(bm, H, D)
+            r = min(bm, n - j * bm)
+            part[:r] = dq_true[q0 + j * bm:q0 + j * bm + r]
+            for h in range(H):
+                for c in range(NC):
+                    x = (part[c * 64:(c + 1) * 64, h, :] if row_split      # rows, all D
+                         else part[:, h, c * 64:(c + 1) * 64].T)           # dQ^T: cols, rows
+                    run = (blk * H + h) * NC + c
+                    flat[run * 4096:(run + 1) * 4096] = _flat_order_ref(x)
+                    written[run] = True
+    dq = torch.full((nq, H, D), float("nan")).half()
+    dkv_acc = torch.randn(2, 5, 2, D, generator=g)
+    dkv = torch.full((2, 5, 2, D), float("nan")).half()
+    p = bw.Prep(None, None, None, H, 2, D, len(lens), nq, 0, dq, dkv[0], dkv[1])
+    cfg = bw.Config(block_m=bm, kv_stages=1, num_stages=0, dq_flat=True)
+    bw._postprocess(p, acc, 0.5, False, dkv_acc, cfg, cu)
+    torch.testing.assert_close(dq.float(), (dq_true * 0.5).half().float())
+    torch.testing.assert_close(dkv.float(), dkv_acc.half().float())
+    assert written.sum() > 0 and not written.all()     # padding blocks exist and stay unread

@@ -19,6 +19,7 @@ from dataclasses import replace
 import pytest
 
 from _cute import ROOT, compile_in_subprocess, have_dsl, traced_check
+from jagged.tiles import FLAT_MEAN_Q
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -158,7 +159,7 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
         (not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     flat_red = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
-    assert cfg.dq_flat == (not bq and mean_q >= B.FLAT_MEAN_Q)
+    assert cfg.dq_flat == (not bq and mean_q >= FLAT_MEAN_Q)
     if cfg.dq_flat:   # a 1-D bulk add a warpgroup, 16-byte stores of its partial
         assert _count(red, ptx) == 0 and _count(flat_red, ptx) == B.NUM_MMA_WG
         assert _count(r"st\.shared\.v4\.(b32|f32)", ptx) == bm * D // 1024
@@ -254,8 +255,8 @@ def test_bwd_configs():
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
     assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == replace(B.pick_config(64), dq_flat=False)
     assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
-    assert B.pick_config(128, B.FLAT_MEAN_Q - 1).dq_flat is False
-    assert B.pick_config(128, B.FLAT_MEAN_Q).dq_flat is True
+    assert B.pick_config(128, FLAT_MEAN_Q - 1).dq_flat is False
+    assert B.pick_config(128, FLAT_MEAN_Q).dq_flat is True
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
