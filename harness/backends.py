@@ -716,17 +716,17 @@ register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="de
 def _forced_parts(style: str, parts: int):
     def apply():
         import importlib
+        import jagged.tiles
         mod = importlib.import_module(f"kernels_{style}.bwd_hopper")
         mod.bwd_parts = lambda *a: parts
-        if style == "cute":   # the row dQ accumulator (the A/B of the parts alone)
-            mod.FLAT_MEAN_Q = float("inf")
+        jagged.tiles.FLAT_MEAN_Q = float("inf")   # the row accumulator: the parts alone
     return apply
 
 
 def _flat_from(mean_q: float):
     def apply():
-        import kernels_cute.bwd_hopper as mod
-        mod.FLAT_MEAN_Q = mean_q
+        import jagged.tiles
+        jagged.tiles.FLAT_MEAN_Q = mean_q   # jagged.tiles.takes_flat reads it at each call
     return apply
 
 
@@ -743,12 +743,14 @@ def _ds_stages(stages: int):
 register(Backend("cute-ds1", *_experiment("cute", _ds_stages(1)),
                  supports=_ours_supports("cute"), own=True, experimental=True,
                  note="cute with one dS^T stage at the 80-row step (two barriers a step)"))
-register(Backend("cute-rows", *_experiment("cute", _flat_from(float("inf"))),
-                 supports=_ours_supports("cute"), own=True, experimental=True,
-                 note="cute with the row dQ accumulator everywhere (no Config.dq_flat)"))
-register(Backend("cute-flat", *_experiment("cute", _flat_from(0.0)),
-                 supports=_ours_supports("cute"), own=True, experimental=True,
-                 note="cute with the block-padded dQ accumulator in every packed call"))
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-rows", *_experiment(_s, _flat_from(float("inf"))),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the row dQ accumulator everywhere (no Config.dq_flat)"))
+    register(Backend(f"{_s}-flat", *_experiment(_s, _flat_from(0.0)),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the block-padded dQ accumulator in every packed call "
+                          "its steps take it at"))
 
 
 for _s in ("tlx", "cute"):
