@@ -99,8 +99,8 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     rows = 32 if D <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0), None, 0, H=H, D=D, ROWS=rows,
-        ZERO_DQ=True)
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), None, 0, n_q * H, H=H, D=D,
+        ROWS=rows, ZERO_DQ=True)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
