@@ -108,8 +108,7 @@ from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, 
 
 from jagged.launch import cdiv, fast, tma_desc
 from .schedule import (KVTiles, dq_slot_row, flat_block, kv_tile_coords, kv_window_coords,
-                       part_steps,
-                       tile_range)
+                       part_steps, tile_range)
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -308,7 +307,8 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                  tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
         if tl.program_id(0) == 0:
             tl.store(sched_ptr, 0)
-        for r0 in range(n_rows + tl.program_id(0) * ROWS, n_dq_rows, tl.num_programs(0) * ROWS):
+        grid_rows = tl.num_programs(0) * ROWS
+        for r0 in range(n_rows + tl.program_id(0) * ROWS, n_dq_rows, grid_rows):
             rt = r0 + tl.arange(0, ROWS)
             tl.store(dq_acc_ptr + rt[:, None].to(tl.int64) * D + d[None, :],
                      tl.zeros([ROWS, D], dtype=tl.float32), mask=(rt < n_dq_rows)[:, None])
@@ -409,11 +409,11 @@ FLAT_COLS = tl.constexpr(32)
 
 @triton.jit
 def _flat_order(x):  # role: compute
-    """A consumer's [64, 64] fp32 dQ partial (a wgmma accumulator: M = 16 w + 8 r8 + lq over
-    warp w, N = 8 j + 2 lr + c1) as [FLAT_ROWS, FLAT_COLS] in its register order: chunk j, thread
-    32 w + 4 lq + lr, registers (r8, c1) (a reshape and a permute, free in registers: each
-    thread's 4 values of a chunk are 16 contiguous bytes, a warp's 512). The order is the
-    CuteDSL twin's (fragments.flat_copy); only the speed depends on it."""
+    """A consumer's [64, 64] fp32 dQ partial (a wgmma accumulator: M = 16 w + 8 r8 + lq
+    over warp w, N = 8 j + 2 lr + c1) as [FLAT_ROWS, FLAT_COLS] in its register order:
+    chunk j, thread 32 w + 4 lq + lr, registers (r8, c1) (a reshape and a permute, free in
+    registers: each thread's 4 values of a chunk are 16 contiguous bytes, a warp's 512).
+    The CuteDSL twin's order (fragments.flat_copy); only the speed depends on it."""
     x = tl.reshape(x, [4, 2, 8, 8, 4, 2])        # (w, r8, lq, j, lr, c1)
     x = tl.permute(x, [3, 0, 2, 4, 1, 5])        # (j, w, lq, lr, r8, c1)
     return tl.reshape(x, [FLAT_ROWS, FLAT_COLS])
