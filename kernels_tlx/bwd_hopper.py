@@ -38,8 +38,9 @@ Three kernels:
     accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype; split tiles: dK / dV from their accumulators too, in the same launch.
-Long packed sequences at D = 128 (jagged.tiles.takes_flat, Config.dq_flat, FLAT_STEPS):
-a consumer stages its 64 x 64 dQ^T in the wgmma accumulator's register order
+Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat, FLAT_STEPS: D = 128's
+64-row step, D = 64's 128-row one): a consumer stages its 64 x 64 dQ partial (dQ^T at
+D = 128, its row half at D = 64) in the wgmma accumulator's register order
 (`_flat_order`: 16-byte stores, where the transposed box takes one 4-byte store an
 element), and the load task reduce-adds it as one TMA box into a block-padded
 accumulator (each sequence's Q blocks whole blocks of their own, jagged.tiles.flat_block;
@@ -159,10 +160,13 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
 
 
 # The steps whose partials go to a block-padded accumulator on long packed sequences
-# (jagged.tiles.takes_flat): D = 128's 64 rows (dQ^T 64 x 64 a consumer: 32 STS.32 a thread
-# -> 8 STS.128, spill-free). Not D = 64's 128 rows: its build spills 40 instructions for
-# the flat store against 28 (compiled for sm_90a).
-FLAT_STEPS = {(128, "long")}
+# (jagged.tiles.takes_flat), a consumer's 64 x 64 partial each (compiled for sm_90a, SASS
+# of the step loops): D = 128's 64 rows (dQ^T: 32 STS.32 a thread -> 8 STS.128, loop 420
+# -> 396 instructions, spill-free) and D = 64's 128 rows (its row half: 16 STS.64 -> 8
+# STS.128, loop 603 -> 591; causal 989 -> 979, and the 8 spill instructions its loop had
+# gone; outside the loops 12 more spill instructions without causal masking, 20 fewer
+# with it).
+FLAT_STEPS = {(128, "long"), (64, "long")}
 
 
 def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf,

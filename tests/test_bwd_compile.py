@@ -235,7 +235,8 @@ def test_config_table():
     flat = bw.pick_config(128, bw.SHORT_MEAN_K + 1)
     assert flat.dq_flat and flat == dataclasses.replace(bw.CONFIGS[(128, "long")], dq_flat=True)
     assert not bw.pick_config(128, 8192.0, broadcast_q=True).dq_flat
-    assert not bw.pick_config(64, 2048.0).dq_flat and bw.FLAT_STEPS == {(128, "long")}
+    assert bw.pick_config(64, 2048.0).dq_flat and not bw.pick_config(64, 2048.0, 200.0).dq_flat
+    assert bw.FLAT_STEPS == {(128, "long"), (64, "long")}
     assert bw.pick_config(64, 26.5).block_m == 32 and bw.pick_config(64, 2048.0).block_m == 128
     assert bw.pick_config(128, 8192.0).block_m == 64
     # the mid bucket: D = 64 by mean query rows (keys past SHORT_MEAN_K)
@@ -296,18 +297,20 @@ def test_pre_post_compile(d, split):
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_post_flat_compile(split):
-    """The block-padded accumulator's postprocess (Config.dq_flat, D = 128's 64-row
-    step), with the split tiles' dK / dV: spill-free; each run read in 16-byte loads."""
+@pytest.mark.parametrize("d,split", [(128, False), (128, True), (64, False)])
+def test_post_flat_compile(d, split):
+    """The block-padded accumulator's postprocess (Config.dq_flat: D = 128's 64-row step,
+    dQ^T runs; D = 64's 128-row one, row halves), with the split tiles' dK / dV:
+    spill-free; each run read in 16-byte loads."""
     kv = {"dkv_acc_ptr": "*fp32", "dkv_ptr": "*bf16", "n_dkv": "i32"} if split else \
         {"dkv_acc_ptr": "constexpr", "dkv_ptr": "*bf16", "n_dkv": "i32"}
     post = compile_kernel(
         bw._bwd_post_flat,
         {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "B": "i32",
          "scale": "fp32", **kv},
-        constexprs=dict(H=4, D=128, BLOCK_M=64, NC=2, ROW_SPLIT=False, BLOCK=1024, PDL=True,
-                        DKV=split, **({} if split else dict(dkv_acc_ptr=None))),
+        constexprs=dict(H=4, D=d, BLOCK_M=64 if d == 128 else 128, NC=2, ROW_SPLIT=d == 64,
+                        BLOCK=1024, PDL=True, DKV=split,
+                        **({} if split else dict(dkv_acc_ptr=None))),
         arch=90, num_warps=4)
     assert not post.spills, post.row()
     assert post.ptx.count("griddepcontrol.wait") == 1
