@@ -1,12 +1,12 @@
 #!/bin/bash
-# A/B of the block-padded dQ accumulator (branches dq-flat: CuteDSL, tlx-flat: TLX at
-# D = 128) on the H200, one device call each, in this tree (tlx / cute: the defaults,
+# A/B of the block-padded dQ accumulator (branches dq-flat: CuteDSL, tlx-flat: TLX) on
+# the H200, one device call each, in this tree (tlx / cute: the defaults,
 # dq_flat from jagged.tiles.FLAT_MEAN_Q rows a sequence; -rows: the row accumulator; FA4
 # in the same run):
 #   bash scripts/ab/dq_flat.sh gate      # both styles, dq_flat forced, vs the oracle, ~4 min
 #   bash scripts/ab/dq_flat.sh time a|b|c  # a: llm-dense D = 128, both styles; b: gem-jagged
 #                                        #   2048 / 0.9, varlen-llm B10 D128, fuzz B5 H8/4,
-#                                        #   both; c: D = 64 (CuteDSL only); ~6 min each
+#                                        #   both; c: D = 64, both; ~6 min each
 #   bash scripts/ab/dq_flat.sh ds       # branch ds2: the 80-row step's two dS^T stages
 #                                       #   (cute) against one (cute-ds1), ~5 min
 # Each: `source .gpu2/activate.sh; bash scripts/ab/dq_flat.sh X` carrying .gpu2, after a
@@ -37,7 +37,7 @@ case $1 in
              run gem --suite gem-jagged --match "Lq2048 Lk2048 s0.9 bf16"
              run varlen --suite varlen-llm --match "B10 H32/8 D128"
              run fuzz0 --suite fuzz --fuzz-seed 0 --match "B5 H8/4 D128" ;;
-          c) export BACKENDS=cute,cute-rows,fa4 TIMEOUT=270
+          c) export TIMEOUT=270
              run llm64 --suite llm-dense --match "D64 Lq2048 Lk2048 s1 bf16"
              run fuzz64 --suite fuzz --fuzz-seed 0 --match "B2 H8/2 D64" ;;
         esac ;;
