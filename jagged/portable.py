@@ -160,7 +160,7 @@ def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
     the window's sequences see none), and the key range the window reads)."""
     s_last = tl.load(WIN + n_win + w)
     n_rows = tl.load(CU_Q + s_last + 1)
-    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.load(WIN + 2 * n_win + w) + tl.arange(0, BLOCK_M)
     seq = row_seq(CU_Q, s_first, s_last, rows, ROW_SEQ_CHUNK)
     lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
     hi = tl.where(rows < n_rows, hi, lo)
@@ -308,7 +308,7 @@ def dkdv_window_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, WIN, scale, 
         return
     s_last = tl.load(WIN + n_win + w)
     n_cols = tl.load(CU_K + s_last + 1)
-    cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.load(WIN + 2 * n_win + w) + tl.arange(0, BLOCK_N)
     seq = row_seq(CU_K, s_first, s_last, cols, ROW_SEQ_CHUNK)
     lo, hi = col_q_range(CU_Q, CU_K, seq, cols, CAUSAL)
     hi = tl.where(cols < n_cols, hi, lo)  # columns past the window's keys meet no row

@@ -114,7 +114,7 @@ def window_coords(tile, mOrder, n_live, mWin, mCuQ, mCuK, H, group, BLOCK_M: int
     w = mOrder[idx]
     s_first = mWin[0, w]
     s_last = mWin[1, w]
-    q_start = w * BLOCK_M
+    q_start = mWin[2, w]
     k_start = mCuK[s_first]
     rows_end = mCuQ[s_last + 1]                   # one past the last sequence's rows
     len_q = cutlass.min(rows_end - q_start, BLOCK_M)
@@ -220,7 +220,7 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
     w = sched.mTileB[idx]
     s_first = sched.mTileN[0, w]
     s_last = sched.mTileN[1, w]
-    k_start = w * BLOCK_N
+    k_start = sched.mTileN[2, w]
     len_k = cutlass.min(sched.mCuK[s_last + 1] - k_start, BLOCK_N)
     q_start = sched.mCuQ[s_first]
     len_q = sched.mCuQ[s_last + 1] - q_start

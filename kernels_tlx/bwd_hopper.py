@@ -290,12 +290,12 @@ def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
     s_first = tl.load(win_ptr + w)
     if s_first >= 0:  # live
         s_last = tl.load(win_ptr + n_win + w)
-        cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.load(win_ptr + 2 * n_win + w) + tl.arange(0, BLOCK_N)
         seq = row_seq(cu_k_ptr, s_first, s_last, cols, ROW_SEQ_CHUNK)
         lo, hi = col_q_range(cu_q_ptr, cu_k_ptr, seq, cols, CAUSAL)
-        hi = tl.where(cols < tl.load(cu_k_ptr + s_last + 1), hi, lo)
-        tl.store(col_rows_ptr + cols, lo)
-        tl.store(col_rows_ptr + n_win * BLOCK_N + cols, hi)
+        own = cols < tl.load(cu_k_ptr + s_last + 1)  # the next window's keys are its own
+        tl.store(col_rows_ptr + cols, lo, mask=own)
+        tl.store(col_rows_ptr + n_win * BLOCK_N + cols, hi, mask=own)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -337,9 +337,10 @@ def _col_bounds(col_rows, tiles, tile, c0: tl.constexpr, N: tl.constexpr,
                 BLOCK_N: tl.constexpr):  # role: compute
     """Key window columns [c0, c0 + N): the query rows [lo, hi) (from tile.q_start) each
     meets, as `_window_rows` wrote them (col_rows [2, windows * BLOCK_N])."""
-    cols = tile.k_start + c0 + tl.arange(0, N)
+    c = c0 + tl.arange(0, N)
+    cols = tile.k_start + c
     lo = tl.load(col_rows + cols)
-    hi = tl.load(col_rows + tiles.L_q * BLOCK_N + cols)
+    hi = tl.where(c < tile.len_k, tl.load(col_rows + tiles.L_q * BLOCK_N + cols), lo)
     return lo - tile.q_start, hi - tile.q_start
 
 

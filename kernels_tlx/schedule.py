@@ -118,7 +118,7 @@ def window_coords(tile, order_ptr, n_live, win_ptr, n_win, cu_q, cu_k, H, GROUP,
     w = tl.load(order_ptr + tile // H)
     s_first = tl.load(win_ptr + w)
     s_last = tl.load(win_ptr + n_win + w)
-    q_start = w * BLOCK_M
+    q_start = tl.load(win_ptr + 2 * n_win + w)
     q_end = tl.load(cu_q + s_last + 1)
     len_q = tl.minimum(q_end - q_start, BLOCK_M)
     k_start = tl.load(cu_k + s_first)
@@ -271,7 +271,7 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     w = tl.load(tiles.tile_b + t // HKV)
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
-    k_start = w * BLOCK_N
+    k_start = tl.load(tiles.tile_n + 2 * tiles.L_q + w)
     len_k = tl.minimum(tl.load(tiles.cu_k + s_last + 1) - k_start, BLOCK_N)
     q_start = tl.load(tiles.cu_q + s_first)
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start

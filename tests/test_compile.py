@@ -250,7 +250,8 @@ def test_windows_kernel_sm90(order, block, sort):
     from jagged.tiles import _windows_kernel, checked_launch
     check = checked_launch((1, 1, 1, 1) if order else None)[1]
     sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
-               count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32", SPAN="i32",
+               count_ptr="*i32" if order else "constexpr", scratch="*i32", B="i32",
+               n_win="i32", SPAN="i32", ROUNDS="i32",
                cu_k="*i32" if order else "constexpr", n_q="i32", n_k="i32", max_q="i32",
                max_k="i32")
     const = dict(BLOCK_M=128, SEQS=1024, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort,

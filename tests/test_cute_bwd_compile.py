@@ -669,17 +669,21 @@ def test_kv_window_coords_match_the_reference(causal):
         for P in (1, 5, 132):              # tile_range's packed round-robin
             seen = [Sch.kv_window_coords(t, sched, BM, BN)
                     for p in range(P) for t in range(p, n_live * HKV, P)]
-            assert sorted((c[3].k_start // BN, c[1]) for c in seen) == \
-                sorted((int(w), hk) for w in order[:n_live] for hk in range(HKV))
+            assert sorted((c[3].k_start, c[1]) for c in seen) == \
+                sorted((int(win[2, w]), hk) for w in order[:n_live] for hk in range(HKV))
         for idx in range(n_live):
             s_first, hk, n0, seq, m_lo, n_m, s_last = Sch.kv_window_coords(
                 idx * HKV + 2, sched, BM, BN)
             w = int(order[idx])
-            cols = torch.arange(w * BN, min(w * BN + BN, total_k))
+            start = int(win[2, w])
+            cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
             assert (hk, n0, m_lo) == (2, 0, 0)
-            assert (s_first, s_last) == (int(ref_seq[0]), int(ref_seq[-1]))
-            assert seq.k_start == w * BN and seq.len_k == len(cols)
+            # the window's sequences: its rows' own, and empty ones around them
+            f, l = int(ref_seq[0]), int(ref_seq[-1])
+            assert s_first <= f and l <= s_last
+            assert (lk[s_first:f] == 0).all() and (lk[l + 1:s_last + 1] == 0).all()
+            assert seq.k_start == start and seq.len_k == len(cols)
             assert seq.q_start == seq.out_start == int(cu_q[s_first])
             assert seq.q_start + seq.len_q == int(cu_q[s_last + 1])
             assert n_m == -(-seq.len_q // BM)

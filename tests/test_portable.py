@@ -159,23 +159,26 @@ def _row_probe(cu_q, cu_k, win, out, n_win, BM: tl.constexpr, CAUSAL: tl.constex
     w = tl.program_id(0)
     s0 = tl.load(win + w)
     s1 = tl.load(win + n_win + w)
-    rows = w * BM + tl.arange(0, BM)
+    rows = tl.load(win + 2 * n_win + w) + tl.arange(0, BM)
+    own = rows < tl.load(cu_q + s1 + 1)  # a window's rows: up to its last sequence's end
     seq = row_seq(cu_q, s0, s1, rows, 4)
     lo, hi = row_kv_range(cu_q, cu_k, seq, rows, CAUSAL)
-    tl.store(out + rows, seq)
-    tl.store(out + n_win * BM + rows, lo)
-    tl.store(out + 2 * n_win * BM + rows, hi)
+    tl.store(out + rows, seq, mask=own)
+    tl.store(out + n_win * BM + rows, lo, mask=own)
+    tl.store(out + 2 * n_win * BM + rows, hi, mask=own)
 
 
 @triton.jit
 def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constexpr):
     w = tl.program_id(0)
-    cols = w * BN + tl.arange(0, BN)
-    seq = row_seq(cu_k, tl.load(win + w), tl.load(win + n_win + w), cols, 4)
+    s1 = tl.load(win + n_win + w)
+    cols = tl.load(win + 2 * n_win + w) + tl.arange(0, BN)
+    own = cols < tl.load(cu_k + s1 + 1)
+    seq = row_seq(cu_k, tl.load(win + w), s1, cols, 4)
     lo, hi = col_q_range(cu_q, cu_k, seq, cols, CAUSAL)
-    tl.store(out + cols, seq)
-    tl.store(out + n_win * BN + cols, lo)
-    tl.store(out + 2 * n_win * BN + cols, hi)
+    tl.store(out + cols, seq, mask=own)
+    tl.store(out + n_win * BN + cols, lo, mask=own)
+    tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -197,7 +200,14 @@ def test_row_ranges_and_windows(causal):
     win = windows(cu_q, n_rows, int(lq.max()), BM)
     assert torch.equal(win, windows_reference(cu_q, n_rows, BM))
     live = int((win[0] >= 0).sum())
-    assert live == -(-int(cu_q[-1]) // BM) and (win[:, live:] == -1).all()
+    assert (win[:, live:] == -1).all()
+    # whole sequences a window, or one block of a longer one; every row in one window
+    spans = [(int(win[2, w]), int(cu_q[int(win[1, w]) + 1])) for w in range(live)]
+    assert all(0 < min(e - s, BM) for s, e in spans)
+    covered = torch.zeros(int(cu_q[-1]), dtype=torch.int32)
+    for s, e in spans:
+        covered[s:min(e, s + BM)] += 1
+    assert (covered == 1).all()
     out = torch.empty(3, win.shape[1] * BM, dtype=torch.int32)
     _row_probe[(live,)](cu_q, cu_k, win, out, win.shape[1], BM=BM, CAUSAL=causal)
     rows = torch.arange(int(cu_q[-1]))
@@ -209,7 +219,8 @@ def test_row_ranges_and_windows(causal):
     kwin = windows(cu_k, n_cols, int(lk.max()), BM)
     assert torch.equal(kwin, windows_reference(cu_k, n_cols, BM))
     out = torch.empty(3, kwin.shape[1] * BM, dtype=torch.int32)
-    _col_probe[(kwin.shape[1],)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)
+    k_live = int((kwin[0] >= 0).sum())
+    _col_probe[(k_live,)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)
     cols = torch.arange(n_cols)
     seq, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
     assert torch.equal(out[0, cols].long(), seq) and (lk[seq] > 0).all()
