@@ -156,15 +156,18 @@ ROW_SEQ_CHUNK: tl.constexpr = tl.constexpr(16)  # offsets a pass of row_seq comp
 def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
                  CAUSAL: tl.constexpr):
     """Live window w of BLOCK_M packed query rows (tiles.windows; s_first its first
-    sequence): (its rows, one past its last real row, each row's keys [lo, hi) (rows past
-    the window's sequences see none), and the key range the window reads)."""
+    sequence): (its first row, its rows counted from there, their count, each row's keys
+    [lo, hi) (rows past the window's sequences see none), and the key range the window
+    reads). Rows counted from the first keep the block's alignment: the masks' register
+    cost stays that of a block-aligned window (the D = 128 forward spills otherwise)."""
     s_last = tl.load(WIN + n_win + w)
-    n_rows = tl.load(CU_Q + s_last + 1)
-    rows = tl.load(WIN + 2 * n_win + w) + tl.arange(0, BLOCK_M)
-    seq = row_seq(CU_Q, s_first, s_last, rows, ROW_SEQ_CHUNK)
-    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
+    start = tl.load(WIN + 2 * n_win + w)
+    n_rows = tl.load(CU_Q + s_last + 1) - start
+    rows = tl.arange(0, BLOCK_M)
+    seq = row_seq(CU_Q, s_first, s_last, start + rows, ROW_SEQ_CHUNK)
+    lo, hi = row_kv_range(CU_Q, CU_K, seq, start + rows, CAUSAL)
     hi = tl.where(rows < n_rows, hi, lo)
-    return rows, n_rows, lo, hi, tl.load(CU_K + s_first), tl.max(hi, 0)
+    return start, rows, n_rows, lo, hi, tl.load(CU_K + s_first), tl.max(hi, 0)
 
 
 @triton.jit
@@ -179,11 +182,11 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
-                                                      BLOCK_M, CAUSAL)
+    start, rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w,
+                                                             s_first, BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
 
-    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
+    q = load(Q + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -206,8 +209,8 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
-    store(O + h * stride_oh, rows, n_rows, stride_ot, out, D)
-    tl.store(LSE + h * n_out + rows, lse, mask=rows < n_rows)
+    store(O + h * stride_oh + start * stride_ot, rows, n_rows, stride_ot, out, D)
+    tl.store(LSE + h * n_out + start + rows, lse, mask=rows < n_rows)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -347,13 +350,13 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
-                                                      BLOCK_M, CAUSAL)
+    start, rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w,
+                                                             s_first, BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
-    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
-    do = load(DO + h * stride_oh, rows, n_rows, stride_ot, D)
-    lse2 = tl.load(LSE + h * n_out + rows, mask=rows < n_rows, other=0.0) * LOG2E
-    delta = tl.load(DELTA + h * n_out + rows, mask=rows < n_rows, other=0.0)
+    q = load(Q + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, D)
+    do = load(DO + h * stride_oh + start * stride_ot, rows, n_rows, stride_ot, D)
+    lse2 = tl.load(LSE + h * n_out + start + rows, mask=rows < n_rows, other=0.0) * LOG2E
+    delta = tl.load(DELTA + h * n_out + start + rows, mask=rows < n_rows, other=0.0)
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     for n_start in range(kv_lo, kv_hi, BLOCK_N):
         cols = n_start + tl.arange(0, BLOCK_N)
@@ -363,7 +366,7 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
         p = probs(mma(q, tl.trans(k)) * qk_scale, lse2[:, None], ok)
         ds = p * (mma(do, tl.trans(v)) - delta[:, None])
         dq += mma(ds.to(k.dtype), k)
-    store(DQ + h * stride_qh, rows, n_rows, stride_qt, dq * scale, D)
+    store(DQ + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, dq * scale, D)
 
 
 # ----------------------------------------------------------------------------- host side
