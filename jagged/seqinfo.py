@@ -75,6 +75,22 @@ def row_seq(cu, s_first, s_last, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def seq_of_rows(cu, B, rows, ROUNDS):
+    """The sequence holding each packed row, over the whole batch (the last s < B with
+    cu[s] <= row; B - 1 past the last row): a binary search of the offsets in ROUNDS >=
+    bit_length(B) steps. row_seq's scan suits a window's few sequences, this a batch."""
+    lo = tl.zeros_like(rows) + 1
+    hi = tl.zeros_like(rows) + B
+    for _ in range(0, ROUNDS):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        le = tl.load(cu + mid, mask=open_, other=0) <= rows
+        lo = tl.where(open_ & le, mid + 1, lo)
+        hi = tl.where(open_ & ~le, mid, hi)
+    return lo - 1
+
+
+@triton.jit
 def row_kv_range(cu_q, cu_k, seq, rows, CAUSAL: tl.constexpr):
     """[lo, hi): the packed key columns packed query row `rows` (of sequence `seq`, both
     blocks) sees: its sequence's keys, CAUSAL up to row - q_end + k_end (bottom-right:

@@ -504,8 +504,9 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, 
     take it past BLOCK_M rows (one binary search a sequence; s + 1 at least). The groups
     are the chain 0, next(0), next(next(0)), ...: marked by pointer doubling, ROUNDS >=
     log2(B + 1) rounds (scratch: next, two jump tables, the marks; 4 (B + 1) int32). A
-    group of g rows holds cdiv(g, BLOCK_M) windows: one, or the BLOCK_M-row blocks of one
-    longer sequence (SPAN >= cdiv(max length, BLOCK_M)). ORDER: then the window tile list
+    group of g rows holds max(cdiv(g, BLOCK_M), 1) windows: one, or the BLOCK_M-row blocks
+    of one longer sequence (SPAN >= cdiv(max length, BLOCK_M)); a group of empty
+    sequences one too, so every sequence is in a window. ORDER: then the window tile list
     (`window_tiles`) from them. CHECK: the offsets check first (cu: cu_seqlens_q; as
     _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
     if PDL:
@@ -553,7 +554,7 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, 
             t = tl.load(nxt0 + s, mask=head, other=0)
             start = tl.load(cu + s, mask=head, other=0)
             rows = tl.load(cu + t, mask=head, other=0) - start
-            n_w = tl.where(head, tl.cdiv(rows, BLOCK_M), 0)
+            n_w = tl.where(head, tl.maximum(tl.cdiv(rows, BLOCK_M), 1), 0)
             base = n_live + tl.cumsum(n_w, 0) - n_w
             for j in range(0, SPAN):
                 w = base + j
@@ -621,7 +622,8 @@ def windows(cu_q, n_rows: int, max_len: int, block_m: int):
     """int32 [3, window_count(n_rows, block_m)]: each window's first and last sequence
     and its first row (-1 past the live ones). A window is whole sequences of at most
     block_m rows together, packed greedily in order, or one block of a longer sequence,
-    so no sequence shorter than a block shares its rows with another window. `n_rows`
+    so no sequence shorter than a block shares its rows with another window; every
+    sequence, empty ones too, is in a window. `n_rows`
     bounds the packed rows (q.shape[0]: no sync), `max_len` the sequences' lengths.
     Cached like the tile lists."""
     return per_offsets(_build_windows, cu_q, cu_q, n_rows, max_len, block_m)
@@ -680,7 +682,7 @@ def windows_reference(cu_q, n_rows: int, block_m: int):
         t = s + 1
         while t < B and cu[t + 1] - cu[s] <= block_m:
             t += 1
-        for j in range(-(-(cu[t] - cu[s]) // block_m)):
+        for j in range(max(1, -(-(cu[t] - cu[s]) // block_m))):
             out[:, w] = torch.tensor([s, t - 1, cu[s] + j * block_m])
             w += 1
         s = t

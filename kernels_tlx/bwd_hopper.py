@@ -94,12 +94,12 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_visible, col_q_range, row_seq
+from jagged.seqinfo import causal_visible, col_q_range, row_seq, seq_of_rows
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
                           dkv_accumulator, dq_accumulator, kv_tiles, slot_count, window_tiles,
                           windowed)
 
-from jagged.launch import cdiv, fast, tma_desc
+from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -226,12 +226,15 @@ class RowStats(NamedTuple):
 
 
 class Grads(NamedTuple):
-    """dK and dV ([Nk, H_kv, D], strides in elements) and the softmax scale dK takes."""
+    """dK and dV ([Nk, H_kv, D], strides in elements), the softmax scale dK (and dQ)
+    take, and dQ ([Nq, H, D] contiguous, q's dtype) where key windows store it directly
+    (`_store_dq`; None otherwise)."""
     dk: object
     dv: object
     stride_tok: object
     stride_h: object
     scale: object
+    dq: object = None
 
 
 def dq_cols(head_dim: int) -> int:  # role: host
@@ -249,12 +252,15 @@ def dq_rows(block_m: int) -> int:  # role: host
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
-                    stride_delta_h,
+                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    ZERO_DQ: tl.constexpr, PDL: tl.constexpr = False):
+                    ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
+                    PDL: tl.constexpr = False):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator). PDL:
-    the kernel queued behind may launch at once (it waits for these writes itself)."""
+    modes) also zeroes the dQ accumulator and the tile counter sched_ptr[0]
+    (jagged.tiles.dq_accumulator); LONG_K (key windows) only the rows the windows
+    reduce-add into (`_accumulated`). PDL: the kernel queued behind may launch at once (it
+    waits for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -268,10 +274,24 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                  mask=valid[:, None], other=0.0).to(tl.float32)
     tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
     if ZERO_DQ:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
+        zero = valid
+        if LONG_K:
+            zero = valid & _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K)
         tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
-                 tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+                 tl.zeros([ROWS, D], dtype=tl.float32), mask=zero[:, None])
         if tl.program_id(0) == 0:
             tl.store(sched_ptr, 0)
+
+
+@triton.jit
+def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr):
+    """Key windows: whether packed query rows `tok` take their dQ from the fp32
+    accumulator: rows of a sequence of more than LONG_K keys, whose key blocks are windows
+    of their own, and rows past the last sequence (zeros). Every other row's sequence is
+    whole in one window (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
+    seq = seq_of_rows(cu_q_ptr, B, tok, ROUNDS)
+    keys = tl.load(cu_k_ptr + seq + 1) - tl.load(cu_k_ptr + seq)
+    return (tok >= tl.load(cu_q_ptr + B)) | (keys > LONG_K)
 
 
 @triton.jit
@@ -342,6 +362,26 @@ def _col_bounds(col_rows, tiles, tile, c0: tl.constexpr, N: tl.constexpr,
     lo = tl.load(col_rows + cols)
     hi = tl.where(c < tile.len_k, tl.load(col_rows + tiles.L_q * BLOCK_N + cols), lo)
     return lo - tile.q_start, hi - tile.q_start
+
+
+@triton.jit
+def _owned(tiles, tile, BLOCK_N: tl.constexpr):  # role: schedule
+    """Whether a key window holds every key of its sequences (jagged.tiles.windows: whole
+    sequences of at most BLOCK_N keys, not a block of a longer one): then a step's dQ is
+    its rows' whole dQ, stored once in q's dtype (`_store_dq`), not reduce-added."""
+    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b) <= BLOCK_N
+
+
+@triton.jit
+def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
+              D: tl.constexpr):  # role: compute
+    """An owned window's step: dQ^T [columns, rows offs_m] (columns col0 on, of head h),
+    times the softmax scale, into dQ in q's dtype, the window's rows only."""
+    cols = col0 + tl.arange(0, dqt.shape[0])
+    rows = (tile.q_start + offs_m).to(tl.int64)
+    ptrs = grads.dq + (rows[None, :] * H + h) * D + cols[:, None]
+    tl.store(ptrs, (dqt * grads.scale).to(grads.dq.dtype.element_ty),
+             mask=(offs_m < tile.len_q)[None, :])
 
 
 @triton.jit
@@ -436,8 +476,8 @@ def load(descs, smem, bars, tiles, stats,
                 # K/V wait at a tile start needs only the previous tile's steps done, and
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
-                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS,
-                                 DQ_SUM, DQ_ROWS)
+                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC,
+                                 DQ_COLS, DQ_SUM, DQ_ROWS)
                 dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
@@ -448,8 +488,8 @@ def load(descs, smem, bars, tiles, stats,
             publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, i)
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
-            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS, DQ_SUM,
-                         DQ_ROWS)
+            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC, DQ_COLS,
+                         DQ_SUM, DQ_ROWS)
 
 
 @triton.jit
@@ -505,8 +545,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
         offs_n = nc0 + tl.arange(0, BNC)
         if WINDOWS:
             bounds = _col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
+            owned = _owned(tiles, tile, BLOCK_N)
         else:
             bounds = None
+            owned = False
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
         kvb, kph = _buf_phase(i, NKV)
@@ -610,10 +652,17 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
                         tlx.barrier_arrive(bars.dq_empty[c2], 1)
             # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
-            # for the last consumer, above)
+            # for the last consumer, above); an owned window's whole dQ goes straight to
+            # dQ instead, and the hand-over stays (the reduce task adds nothing)
             tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
                 tlx.local_store(dqc, dqt)
+            elif WINDOWS and (cid == NC - 1 or not DQ_SUM):
+                if owned:
+                    _store_dq(grads, dqt, tile, h, offs_m, cid * DQ_COLS if DQ_COLS < D else 0,
+                              H, D)
+                else:
+                    tlx.local_store(tlx.local_trans(dqc), dqt)
             else:
                 tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
@@ -769,33 +818,37 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     while t < n_tiles:
         tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
                        PARTS)
+        add = not _owned(tiles, tile, BLOCK_N) if WINDOWS else True
         for j in range(0, G * tile.n_m):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,
-                         qcnt, D, NC, DQ_COLS, DQ_SUM)
+                         qcnt, add, D, NC, DQ_COLS, DQ_SUM)
             qcnt += 1
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
-def _reduce_step(dq_desc, smem, bars, row, h, qcnt,
+def _reduce_step(dq_desc, smem, bars, row, h, qcnt, add,
                  D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
                  DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr = 0):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
     last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
-    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D."""
+    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D.
+    add false (an owned key window, `_owned`): the hand-over only, nothing added."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(bars.dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
-        if DQ_ROWS:
-            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
-                                       store_reduce="add")
-        else:
-            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row, col], store_reduce="add")
+        if add:
+            if DQ_ROWS:
+                tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
+                                           store_reduce="add")
+            else:
+                tlx.async_descriptor_store(dq_desc, smem.dq[c], [row, col],
+                                           store_reduce="add")
     # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
     tlx.async_descriptor_store_wait(0)
     for c in tl.static_range(C0, NC):
@@ -809,6 +862,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
                scale, L_q, n_slots, stride_k_tok, stride_k_h, stride_lse_h,
                col_rows,  # key windows: each key column's query rows (_window_rows); None
+               dq_ptr,    # key windows: dQ, which owned windows store (_store_dq); None
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
@@ -833,6 +887,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     tl.static_assert(M128 or not SDP_TOGETHER, "SDP_TOGETHER is a 128-row step's order")
     # key windows: packed queries, walked statically (no tile counter, even causal)
     tl.static_assert(not WINDOWS or not (BROADCAST_Q or DYNAMIC), "windows: packed, static")
+    # key windows hand owned windows' dQ over in reduce_dq's protocol (_reduce_step's add)
+    tl.static_assert(not WINDOWS or BLOCK_M < 64, "windows: 32-row steps, the reduce warp")
     NKV: tl.constexpr = KV_STAGES
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
@@ -867,7 +923,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr,
                     n_slots)
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
-    grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
+    grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale, dq_ptr)
 
     # Launched as a programmatic dependent of the kernel before it (the preprocess, a list
     # kernel or _window_rows, which trigger first): each role waits (gdc_wait) before it
@@ -905,6 +961,25 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(0, n_slots):  # in a fixed order
         acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
+    tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD, scale,
+                   LONG_K: tl.constexpr, TOK: tl.constexpr, COLS: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
+    TOK tokens x COLS of their H * D values a program; the owned windows' rows, stored by
+    the main kernel, are left alone. PDL: as _bwd_postprocess's."""
+    if PDL:
+        gdc_wait()
+    tok = tl.program_id(0) * TOK + tl.arange(0, TOK)
+    take = (tok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B, tl.minimum(tok, n_tok - 1),
+                                        ROUNDS, LONG_K)
+    col = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    offs = tok.to(tl.int64)[:, None] * HD + col[None, :]
+    mask = take[:, None] & (col < HD)[None, :]
+    acc = tl.load(dq_acc_ptr + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
 
 
@@ -952,18 +1027,21 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
+def _preprocess(p: Prep, broadcast_q, dlse, windows=None):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    -> (delta, dq_acc, programs of the main kernel, scheduling buffer)."""
+    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into) -> (delta,
+    dq_acc, programs of the main kernel, scheduling buffer)."""
     dev = p.dq.device
     delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
     dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
                                          num_sms(dev), dev, p.dk.shape[0])
     ROWS = 32 if p.D <= 64 else 16
+    cu_q, cu_k = windows or (None, None)
     fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0),
-        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL, num_warps=4)
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
+        p.B.bit_length(), H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
+        LONG_K=BLOCK_N if windows else 0, PDL=PDL, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
@@ -979,13 +1057,23 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     return out
 
 
-def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None):  # role: host
+def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
+                 windows=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
-    the one before."""
+    the one before. windows = (cu_q, cu_k): key windows, only the rows the accumulator
+    holds (_bwd_post_rows)."""
     pdl = PDL and bwd_dependent(broadcast_q)
     n_slots = slot_count(dq_acc, broadcast_q)
-    _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
+    if windows is not None:
+        TOK, HD = 8, p.H * p.D
+        COLS = min(1024, next_pow2(HD))
+        fast(_bwd_post_rows)[(cdiv(p.Nq, TOK), cdiv(HD, COLS))](
+            dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
+            float(scale), LONG_K=BLOCK_N, TOK=TOK, COLS=COLS, PDL=PDL, num_warps=4,
+            launch_pdl=pdl)
+    else:
+        _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
     if dkv_acc is not None:  # p.dk opens the [2, Nk, H_kv, D] buffer: both halves
         _cast(dkv_acc, p.dk, dkv_acc.numel(), 1, 0, 1.0, pdl)
 
@@ -1011,7 +1099,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
+    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse,
+                                                  (cu_q, cu_k) if windows else None)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1032,12 +1121,12 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), l_q, slot_count(dq_acc, broadcast_q), p.dk.stride(0), p.dk.stride(1),
-        p.lse.stride(0), col_rows,
+        p.lse.stride(0), col_rows, p.dq if windows else None,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
         SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
         num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
-    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None)
     return p.dq, p.dk, p.dv
