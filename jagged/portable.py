@@ -155,7 +155,7 @@ ROW_SEQ_CHUNK: tl.constexpr = tl.constexpr(16)  # offsets a pass of row_seq comp
 @triton.jit
 def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
                  CAUSAL: tl.constexpr):
-    """Live window w of BLOCK_M packed query rows (tiles.windows; s_first its first
+    """Live window w of at most BLOCK_M packed query rows (tiles.windows; s_first its first
     sequence): (its first row, its rows counted from there, their count, each row's keys
     [lo, hi) (rows past the window's sequences see none), and the key range the window
     reads). Rows counted from the first keep the block's alignment: the masks' register
@@ -175,7 +175,7 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
-    """The forward over windows of BLOCK_M packed query rows (jagged.tiles.windows): a
+    """The forward over windows of at most BLOCK_M packed query rows (tiles.windows): a
     window may hold several short sequences; each row sees its own sequence's keys
     (seqinfo.row_kv_range), and the window reads the keys of the sequences it spans."""
     w, h = tl.program_id(0), tl.program_id(1)
@@ -303,8 +303,8 @@ def dkdv_window_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, WIN, scale, 
                        stride_ot, stride_oh, GROUP: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                        DENSE_Q: tl.constexpr):
-    """dK, dV over windows of BLOCK_N packed key columns (tiles.windows over cu_k): each
-    column meets the query rows of its own sequence (seqinfo.col_q_range)."""
+    """dK, dV over windows of at most BLOCK_N packed key columns (tiles.windows over
+    cu_k): each column meets the query rows of its own sequence (seqinfo.col_q_range)."""
     w, hkv = tl.program_id(0), tl.program_id(1)
     s_first = tl.load(WIN + w)
     if s_first < 0:
@@ -345,7 +345,7 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
                      n_win, L_q, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot,
                      stride_oh, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
-    """dQ over windows of BLOCK_M packed query rows, as fwd_window_kernel."""
+    """dQ over windows of at most BLOCK_M packed query rows, as fwd_window_kernel."""
     w, h = tl.program_id(0), tl.program_id(1)
     s_first = tl.load(WIN + w)
     if s_first < 0:

@@ -78,14 +78,17 @@ and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
 Key windows (`takes_windows`: short packed keys, mean length at most half a tile; the
-`window_config` build): a tile is a window of BLOCK_N consecutive packed key columns,
-whatever sequences hold them (jagged.tiles.window_tiles over the key offsets,
-schedule.kv_window_coords), dealt round-robin over windows x KV heads (never from the
-counter, causal or not). Its Q blocks run over every query row of the sequences it spans,
-from its first sequence's first row; each key column meets only its own sequence's rows
-(`col_ranges`, once a tile) and every step masks P^T to them (`window_keep`: one
-unsigned compare); dK / dV go to the window's real columns, dQ partials to the packed
-rows as above. Not for broadcast-Q. Measured: not yet (compile-checked only).
+`window_config` build): a tile is a window of whole sequences of at most BLOCK_N packed
+key columns together, or a BLOCK_N-key block of a longer one (jagged.tiles.windows over
+the key offsets, schedule.kv_window_coords), dealt round-robin over windows x KV heads
+(never from the counter, causal or not). Its Q blocks run over every query row of its
+sequences, from its first sequence's first row; each key column meets only its own
+sequence's rows (`col_ranges`, once a tile) and every step masks P^T to them
+(`window_keep`: one unsigned compare); dK / dV go to the window's real columns. A window
+of whole sequences holds every key its rows meet, so its steps' dQ is whole: `compute`
+stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
+`PostRows` converts only the rows of the longer sequences, whose blocks reduce-add their
+partials as above. Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -314,7 +317,7 @@ class Sched(NamedTuple):
     mTileB: Any          # the list: batch element of each tile; key windows: the
                          # window order
     mTileN: Any          # and its KV block; key windows: each window's first and last
-                         # sequence [2, n_win]
+                         # sequence and first key [3, n_win]
     mNTiles: Any         # the list's length (live windows), on the device
     mCuQ: Any
     mCuK: Any

@@ -105,10 +105,10 @@ def descale_args(fp8: bool, count: int = 2):
 
 def window_args(windows: bool):
     """The window table of a forward that has row-window builds, after the descales:
-    symbolic int32 [2, n_win] for a windows build, None for the others."""
+    symbolic int32 [3, n_win] for a windows build, None for the others."""
     import cutlass
     import cutlass.cute as cute
-    return (fake(cutlass.Int32, (2, cute.sym_int32()), (cute.sym_int64(), 1), 4)
+    return (fake(cutlass.Int32, (3, cute.sym_int32()), (cute.sym_int64(), 1), 4)
             if windows else None,)
 
 
@@ -236,7 +236,7 @@ def persistent_programs(cfg, n_tiles: int, device) -> int:
 def bwd_args(dtype, head_dim: int, windows: bool = False, dkv_fp32: bool = False):
     """The backward main kernel's symbolic tensors: q, k, v, dO, lse, delta, the fp32
     dQ accumulator, dK, dV (dkv_fp32: fp32 accumulators), cu_q, cu_k and the KV-tile list
-    (tile_b, tile_n, n_tiles); key windows: the window order, table int32 [2, n_win] and
+    (tile_b, tile_n, n_tiles); key windows: the window order, table int32 [3, n_win] and
     count in its place."""
     import cutlass
     import cutlass.cute as cute
@@ -255,7 +255,7 @@ def bwd_args(dtype, head_dim: int, windows: bool = False, dkv_fp32: bool = False
     tile_b = fake(cutlass.Int32, (nt,), (1,), 4)
     tile_n = fake(cutlass.Int32, (nt,), (1,), 4)
     if windows:
-        tile_n = fake(cutlass.Int32, (2, nt), (cute.sym_int64(), 1), 4)
+        tile_n = fake(cutlass.Int32, (3, nt), (cute.sym_int64(), 1), 4)
     n_tiles = fake(cutlass.Int32, (1,), (1,), 4)
     return q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n, n_tiles
 

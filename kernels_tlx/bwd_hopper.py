@@ -58,13 +58,17 @@ query rows a sequence), 64 at D = 128, 32 for mean KV lengths up to SHORT_MEAN_K
   * 128 rows (D = 64 only): as 64 rows, and the consumers split dQ by query rows
     (`_step_rows`); 195 KB with one K/V stage (two spilled in causal).
 
-Key windows (short keys on average, `takes_windows`): a tile is instead BLOCK_N
-consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles
-over cu_k, schedule.kv_window_coords), against every query row of those sequences; each
-key column meets its own sequence's rows (`_col_bounds`, `_keep`), every step masked; the
-rows of every column come from `_window_rows`, launched before the main kernel. At gem 256
-/ 0.1 (mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked
-statically, causal too, in the short bucket's steps (`window_config`).
+Key windows (short keys on average, `takes_windows`): a tile is instead whole sequences
+of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of a longer one
+(jagged.tiles.windows / window_tiles over cu_k, schedule.kv_window_coords), against every
+query row of its sequences; each key column meets its own sequence's rows (`_col_bounds`,
+`_keep`), every step masked; the rows of every column come from `_window_rows`, launched
+before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) tile is
+~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
+(`window_config`). A window of whole sequences holds every key its rows meet (`_owned`),
+so a step's dQ is whole: the consumers store it in q's dtype (`_store_dq`) and reduce_dq
+adds nothing; the preprocess zeroes and `_bwd_post_rows` converts only the rows of the
+longer sequences, whose blocks reduce-add their partials.
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
@@ -155,13 +159,13 @@ def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf) -> Confi
     return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
 
 
-# Key windows (short keys, jagged.tiles.windowed): a tile is BLOCK_N packed key columns,
-# whatever sequences hold them, against every query row of those sequences. The windows
-# take the short bucket's steps (32 rows, two K/V stages): windowed calls have mean keys
-# of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured fastest in;
-# a window's rows are its sequences' (~BLOCK_N + the two end sequences' spill-over at
-# len_q = len_k), so 32-row steps leave the least padding at the row range's end; and a
-# window has few steps, so the next window's K/V loading under this one's pays.
+# Key windows (short keys, jagged.tiles.windowed): a tile is whole sequences of at most
+# BLOCK_N keys (jagged.tiles.windows), against every query row of those sequences. The
+# windows take the short bucket's steps (32 rows, two K/V stages): windowed calls have
+# mean keys of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured
+# fastest in; a window's rows are its sequences' (at most BLOCK_N at len_q = len_k), so
+# 32-row steps leave the least padding at the row range's end; and a window has few
+# steps, so the next window's K/V loading under this one's pays.
 def window_config(head_dim: int) -> Config:
     return CONFIGS[(head_dim, "short")]
 
@@ -1048,7 +1052,7 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None):  # role: host
 
 
 def window_rows(cu_q, cu_k, win, causal):  # role: host
-    """Each key column's query rows over the key windows `win` ([2, n_win], window_tiles
+    """Each key column's query rows over the key windows `win` ([3, n_win], window_tiles
     over cu_k): int32 [2, n_win * BLOCK_N], (lo, hi) packed rows (_window_rows)."""
     n_win = win.shape[1]
     out = torch.empty((2, n_win * BLOCK_N), dtype=torch.int32, device=win.device)
