@@ -17,7 +17,8 @@ every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
 A block of packed rows may also span sequences (a window of short sequences): each row
 then sees the packed key columns [lo, hi) of its own sequence (`row_seq`,
 `row_kv_range`), the causal cut included; a block of key columns, the rows
-`col_q_range` gives.
+`col_q_range` gives. Over a whole batch a row's sequence is a binary search of the
+offsets (`seq_of_rows`).
 
 Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
 helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`

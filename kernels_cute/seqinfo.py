@@ -15,7 +15,8 @@ sequences): each row sees the packed key columns [lo, hi) of its own sequence
 (`row_seq_chunk` finds it, `row_kv_range` gives the range, the causal cut included).
 A window of packed key columns (key windows, the backward of short sequences) is the
 transpose: each column meets the packed query rows [lo, hi) of its own sequence
-(`row_seq_chunk` over the key offsets, `col_q_range`).
+(`row_seq_chunk` over the key offsets, `col_q_range`). Over a whole batch a row's
+sequence is a binary search of the offsets (`seq_search_step`).
 
 Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
 module does not load the DSL.
@@ -108,6 +109,18 @@ def row_seq_chunk(cu, j0, s_last, row, seq):
         j = j0 + i
         seq = seq + ((j <= s_last) & (cu[_min(j, s_last)] <= row))
     return seq
+
+
+def seq_search_step(cu, row, lo, hi):
+    """One bisection of `seq_of_rows` (jagged.seqinfo) -> (lo, hi): from lo = 1, hi = B,
+    after bit_length(B) steps the sequence holding packed row `row` is lo - 1 (B - 1 past
+    the last row). Branch-free; the load stays inside cu (mid <= hi <= B)."""
+    import cutlass
+    mid = (lo + hi) // 2
+    open_ = lo < hi
+    start = cu[mid]
+    return (cutlass.select_(open_ & (start <= row), mid + 1, lo),
+            cutlass.select_(open_ & (start > row), mid, hi))
 
 
 def row_kv_range(cu_q, cu_k, seq, row, causal: bool):

@@ -338,9 +338,12 @@ def test_dkv_fragment_coordinates(tmp_path):
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
+    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
+    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
+                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
+                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
+                       "B.compile_post_rows(dt)")
 
 
 @needs_dsl
@@ -713,8 +716,10 @@ def test_host_backward_launches_windows(monkeypatch, short):
     """host.backward with bwd_hopper's main (the tile lists in the interpreter, the
     kernels recorders): short packed keys launch the window_config build, never from
     the counter, on window_tiles over the key offsets (order, table, count in the tile
-    list's places); otherwise, and always in broadcast-Q, the default build for the mean
-    query rows on kv_tiles. Preprocess and postprocess run as before."""
+    list's places), dQ itself passed for the owned windows' stores, the preprocess zeroing
+    and the rows postprocess converting the longer sequences' rows only; otherwise, and
+    always in broadcast-Q, the default build for the mean query rows on kv_tiles, between
+    the whole preprocess and postprocess."""
     import torch
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
@@ -728,7 +733,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -746,10 +751,21 @@ def test_host_backward_launches_windows(monkeypatch, short):
             calls.clear()
             host.backward(kern, o, q, k, k, o, lse, None if bq else cu_q, cu_k, n_q, max_k,
                           causal, 0.125, bq)
-            (pre, _), (main, args), (post, _) = calls
+            (pre, pre_args), (main, args), (post, post_args) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
-            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq)
-            if short and not bq:
+            windows = short and not bq
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0)
+            assert post == (q.dtype, not bq)
+            B_ = len(lk)
+            assert pre_args[7:] == ((cu_q, cu_k) if windows else (None, None)) + (
+                B_, B_.bit_length())
+            if windows:   # the rows postprocess: the offsets, vectors a token
+                assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
+                assert post_args[7] == H * D // B.POST_VEC
+                assert args[20].shape == q.shape and args[20].dtype == q.dtype
+            else:
+                assert args[20] is None
+            if windows:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
                                                  cfg.block_m)
