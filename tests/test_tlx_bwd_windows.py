@@ -18,6 +18,41 @@ from kernels_tlx.schedule import KVTiles  # noqa: E402
 
 
 @triton.jit
+def _kv(k, v, tile, offs_n, n_k, HKV: tl.constexpr, D: tl.constexpr):
+    """The tile's keys offs_n: (their rows, K and V in fp32 for the interpreter's dots,
+    the inputs' dtype), zero past the tensor's end."""
+    kr = tile.k_start + offs_n
+    at = (kr * HKV + tile.hk)[:, None] * D + tl.arange(0, D)[None, :]
+    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
+    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
+    return kr, kc.to(tl.float32), vc, kc.dtype
+
+
+@triton.jit
+def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
+          D: tl.constexpr, dt: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """Step j of a tile (G query heads a KV head) for the keys offs_n (kc, vc in fp32):
+    (head, rows offs_m, Q, dO, P^T, and dS^T rounded to the inputs' dtype as the kernel's
+    wgmma reads it); TMA's zero fill past the tensors' ends as masks."""
+    h = tile.hk * G + j // tile.n_m
+    offs_m = tile.m_lo + (j % tile.n_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    rows = tile.q_start + offs_m
+    orows = tile.o_start + offs_m
+    qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
+                 other=0.0).to(tl.float32)
+    dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
+                  mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
+    inb = offs_m < tile.len_q
+    lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
+    dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
+    pt = tl.math.exp2(tl.dot(kc, tl.trans(qb)) * (scale * 1.4426950408889634) - lse2[None, :])
+    pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
+    dst = (pt * (tl.dot(vc, tl.trans(dob)) - dl[None, :])).to(dt).to(tl.float32)
+    return h, offs_m, qb, dob, pt, dst
+
+
+@triton.jit
 def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
               n_q, n_k, owned, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
@@ -29,34 +64,14 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
     offs_n = nc0 + tl.arange(0, BNC)
     bounds = bw._col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
     d = tl.arange(0, D)
-    kr = tile.k_start + offs_n
-    at = (kr * HKV + tile.hk)[:, None] * D + d[None, :]
-    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
-    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
-    dt = kc.dtype
-    kc = kc.to(tl.float32)  # interpreter: fp32 dots
+    kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
     dk_c = tl.zeros([BNC, D], tl.float32)
     dv_c = tl.zeros([BNC, D], tl.float32)
-    qk_scale2 = scale * 1.4426950408889634
     for j in range(0, G * tile.n_m):
-        h = tile.hk * G + j // tile.n_m
-        m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
-        offs_m = m0 + tl.arange(0, BLOCK_M)
+        h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
+                                            j, scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         rows = tile.q_start + offs_m
-        orows = tile.o_start + offs_m
-        qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
-                     other=0.0).to(tl.float32)
-        dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
-                      mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
-        inb = offs_m < tile.len_q
-        lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
-        dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
-        st = tl.dot(kc, tl.trans(qb))
-        pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-        pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
         dv_c += tl.dot(pt.to(dt).to(tl.float32), dob)
-        dpt = tl.dot(vc, tl.trans(dob))
-        dst = (pt * (dpt - dl[None, :])).to(dt).to(tl.float32)
         dk_c += tl.dot(dst, qb)
         # the whole step's box is reduce-added (rows past the tile's hold zeros), clipped
         # at the tensor's end
@@ -78,29 +93,10 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
     G = H // HKV
     offs_n = tl.arange(0, BLOCK_N)
     bounds = bw._col_bounds(col_rows, tiles, tile, 0, BLOCK_N, BLOCK_N)
-    d = tl.arange(0, D)
-    kr = tile.k_start + offs_n
-    at = (kr * HKV + tile.hk)[:, None] * D + d[None, :]
-    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
-    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
-    dt = kc.dtype
-    kc = kc.to(tl.float32)
-    qk_scale2 = grads.scale * 1.4426950408889634
+    kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
     for j in range(0, G * tile.n_m):
-        h = tile.hk * G + j // tile.n_m
-        offs_m = tile.m_lo + (j % tile.n_m) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows = tile.q_start + offs_m
-        orows = tile.o_start + offs_m
-        qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
-                     other=0.0).to(tl.float32)
-        dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
-                      mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
-        inb = offs_m < tile.len_q
-        lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
-        dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
-        pt = tl.math.exp2(tl.dot(kc, tl.trans(qb)) * qk_scale2 - lse2[None, :])
-        pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
-        dst = (pt * (tl.dot(vc, tl.trans(dob)) - dl[None, :])).to(dt).to(tl.float32)
+        h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
+                                            j, grads.scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         for c in tl.static_range(D // DQ_COLS):
             cols = c * DQ_COLS + tl.arange(0, DQ_COLS)
             kt = tl.load(k + (kr * HKV + tile.hk)[:, None] * D + cols[None, :],
