@@ -302,10 +302,11 @@ def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr):
 def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr = False):
     """Key windows (jagged.tiles.window_tiles over cu_k: win = each window's first and last
-    sequence): one program per window; each of its BLOCK_N packed key columns gets the
-    packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
-    col_q_range; lo = hi past the window's keys), into col_rows [2, n_win * BLOCK_N]. The
-    main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
+    sequence and first key): one program per window; each of its packed key columns gets
+    the packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
+    col_q_range), into col_rows [2, n_win * BLOCK_N] at the column's packed index (each
+    column written by its own window; `_col_bounds` gives the columns past a window's keys
+    no row). The main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
     at D = 128 (and 6-22 in the load task, which runs on the compiler's few registers).
     PDL: as _bwd_preprocess's."""
     if PDL:
