@@ -1200,9 +1200,16 @@ def _kernel_classes():
             tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.bm, self.D)))
             tdQgdQ = thr_dq.partition_C(head_tile(mdQ, seq.q_start + m0, h, self.bm, self.D))
             rows = seq.len_q - m0
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                if tdQcdQ[i][0] < rows:
-                    tdQgdQ[i] = (acc_dQ[i] * scale).to(self.dtype)
+            # the wgmma C fragment ((2 columns, 2 rows 8 apart, column groups), 1, 1): a
+            # column pair is one 4-byte store, kept where its row is the window's
+            assert cute.size(acc_dQ, mode=[1]) == 1 and cute.size(acc_dQ, mode=[2]) == 1
+            pair = cute.make_rmem_tensor((2,), self.dtype)
+            for j in cutlass.range_constexpr(cute.size(acc_dQ, mode=[0, 1])):
+                for k in cutlass.range_constexpr(cute.size(acc_dQ, mode=[0, 2])):
+                    if tdQcdQ[(0, j, k), 0, 0][0] < rows:
+                        for c in cutlass.range_constexpr(2):
+                            pair[c] = (acc_dQ[(c, j, k), 0, 0] * scale).to(self.dtype)
+                        cute.autovec_copy(pair, tdQgdQ[(None, j, k), 0, 0])
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit

@@ -561,7 +561,8 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
     """The key-windows build (window_config): tiles round-robin, never from the counter
     (no atomic add, causal or not); P^T masked by one unsigned compare a score (bm / 2
     a compute thread a step: 64 keys x bm queries / 128 threads); the default build's
-    dQ reduces, dK / dV stores and wgmma shapes; no spills in the cubin; its
+    dQ reduces, dK / dV stores and wgmma shapes; an owned window's dQ in 4-byte column
+    pairs (`store_dq`: bm x D / 256 threads / 2 a thread); no spills in the cubin; its
     SharedStorage (asserted equal to smem_bytes when traced) within the limit."""
     from jagged.arch import SMEM_LIMIT
     from kernels_cute import bwd_hopper as B
@@ -579,6 +580,7 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
     assert _count(r"st\.global\.v4\.b32", ptx) == D // 8
+    assert _count(r"st\.global\.b32", ptx) == bm * D // 512
     assert _count(r"mbarrier\.arrive\.expect_tx", ptx) == 2
     if bm == 128:
         assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx) == 8
