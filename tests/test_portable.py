@@ -181,6 +181,35 @@ def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constex
     tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_windows_pack_whole_sequences(seed):
+    """tiles.windows (one program: a search a sequence, pointer doubling over the groups)
+    against the greedy packing done one sequence at a time, on random batches: empty
+    sequences in runs, sequences of exactly a block, longer ones (their blocks windows of
+    their own), one sequence, rows past the last sequence; every window within a block
+    and within the room window_count leaves."""
+    import random
+    from jagged.tiles import window_count, windows, windows_reference
+    rng = random.Random(seed)
+    for _ in range(6):
+        BM = rng.choice([4, 8, 16])
+        B = rng.choice([1, 2, 7, 40, 300])
+        draw = [lambda: 0, lambda: rng.randint(1, BM // 2), lambda: BM,
+                lambda: rng.randint(BM + 1, 5 * BM), lambda: rng.randint(1, BM)]
+        weights = [3, 6, 1, 1 if seed % 2 else 0, 4]
+        lens = [rng.choices(draw, weights)[0]() for _ in range(B)]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        n_rows = int(cu[-1]) + rng.choice([0, 3])
+        win = windows(cu, n_rows, max(lens + [1]), BM)
+        assert win.shape[1] == window_count(n_rows, BM)
+        assert torch.equal(win, windows_reference(cu, n_rows, BM)), (seed, BM, lens)
+        live = int((win[0] >= 0).sum())
+        for w in range(live):
+            s0, s1, start = (int(x) for x in win[:, w])
+            end = int(cu[s1 + 1])
+            assert start >= int(cu[s0]) and end - start <= BM or s0 == s1
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_row_ranges_and_windows(causal):
     """tiles.windows and seqinfo.row_seq / row_kv_range against their references, with
