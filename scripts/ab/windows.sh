@@ -9,6 +9,9 @@
 #   bash scripts/ab/windows.sh old a|b  # main's tree (.snap/base: git archive main harness
 #                                       #   jagged kernels_tlx kernels_cute pyproject.toml |
 #                                       #   tar -x -C .snap/base), the same shapes
+#   bash scripts/ab/windows.sh kernels  # the list kernel alone and each kernel's time a
+#                                       #   call (harness profile) at gem 256 / 512 / 0.1,
+#                                       #   both trees, ~4 min
 # Each: `source .gpu2/activate.sh; bash scripts/ab/windows.sh X` carrying .gpu2 and .snap,
 # after a .gpu1 activation. CSVs land in $OUT, logs in /tmp.
 export PYTHONUNBUFFERED=1
@@ -45,6 +48,13 @@ case $1 in
         grep -E "BAD|GATE_WINDOWS|Error" /tmp/gate_windows.log | head -20
         timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py -k test_windows \
           > /tmp/gpu_windows.log 2>&1; echo "gpu windows rc $?"; tail -3 /tmp/gpu_windows.log ;;
+  kernels)
+    for root in . .snap/base; do
+      (cd $root && timeout 60 python3 $OLDPWD/scripts/ab/window_list_time.py $root)
+      (cd $root && timeout 150 python3 -m harness profile --backends tlx,cute \
+         --suite gem-jagged --match "$SHORT" > /tmp/profile_$(basename $root).log 2>&1)
+      echo "profile $root rc $?"; grep -vE "^\s*$" /tmp/profile_$(basename $root).log | tail -40
+    done ;;
   new) shapes new . $2 ;;
   old) shapes old .snap/base $2 ;;
 esac
