@@ -1392,7 +1392,8 @@ def _kernel_classes():
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
                        options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
-    (the call then passes cu_q, cu_k, B and bit_length(B); None, None, 0, 0 otherwise)."""
+    (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
+    rounds unused)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
