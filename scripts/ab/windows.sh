@@ -46,8 +46,9 @@ case $1 in
   gate) timeout 300 python3 scripts/ab/gate_windows.py tlx,cute > /tmp/gate_windows.log 2>&1
         echo "gate rc $?"; cp /tmp/gate_windows.log $OUT/
         grep -E "BAD|GATE_WINDOWS|Error" /tmp/gate_windows.log | head -20
-        timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py -k test_windows \
-          > /tmp/gpu_windows.log 2>&1; echo "gpu windows rc $?"; tail -3 /tmp/gpu_windows.log ;;
+        timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py tests/test_gpu_core.py \
+          -k "test_windows or short-windows" > /tmp/gpu_windows.log 2>&1
+        echo "gpu windows rc $?"; tail -3 /tmp/gpu_windows.log ;;
   kernels)
     for root in . .snap/base; do
       (cd $root && timeout 60 python3 $OLDPWD/scripts/ab/window_list_time.py $root)
