@@ -496,73 +496,33 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, ROUNDS, cu_k,
                     n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
+                    WHOLE: tl.constexpr = False,
                     BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
                     SORT: tl.constexpr = False,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: windows of whole sequences (`windows`), packed greedily in sequence
     order. A group starting at sequence s runs to next(s), the first sequence that would
     take it past BLOCK_M rows (one binary search a sequence; s + 1 at least). The groups
-    are the chain 0, next(0), next(next(0)), ...: marked by pointer doubling, ROUNDS >=
-    log2(B + 1) rounds (scratch: next, two jump tables, the marks; 4 (B + 1) int32). A
-    group of g rows holds max(cdiv(g, BLOCK_M), 1) windows: one, or the BLOCK_M-row blocks
-    of one longer sequence (SPAN >= cdiv(max length, BLOCK_M)); a group of empty
-    sequences one too, so every sequence is in a window. ORDER: then the window tile list
-    (`window_tiles`) from them. CHECK: the offsets check first (cu: cu_seqlens_q; as
-    _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
+    are the chain 0, next(0), next(next(0)), ..., found by pointer doubling in ROUNDS >=
+    bit_length(B) rounds: WHOLE (B < SEQS) in registers, one lane a sequence
+    (`_groups_whole`), else through global scratch, SEQS sequences a pass
+    (`_groups_scratch`; 4 (B + 1) int32). A group of g rows holds max(cdiv(g, BLOCK_M),
+    1) windows: one, or the BLOCK_M-row blocks of one longer sequence (SPAN >= cdiv(max
+    length, BLOCK_M)); a group of empty sequences one too, so every sequence is in a
+    window. ORDER: then the window tile list (`window_tiles`) from them. CHECK: the
+    offsets check first (cu: cu_seqlens_q; as _tile_keys_kernel's); PDL as
+    _tile_keys_kernel's."""
     if PDL:
         gdc_launch_dependents()
     ok = True
     if CHECK:
         ok = check_offsets(cu, cu_k, B, n_q, n_k, max_q, max_k, True, 1024)
     if ok:
-        nxt0 = scratch
-        jump = scratch + (B + 1)      # two tables, B + 1 apart: round r reads r % 2
-        mark = scratch + 3 * (B + 1)
-        for s0 in range(0, B + 1, SEQS):
-            s = s0 + tl.arange(0, SEQS)
-            real = s < B
-            target = tl.load(cu + s, mask=s <= B, other=0) + BLOCK_M
-            lo = s
-            hi = tl.zeros_like(s) + B
-            for _ in range(0, ROUNDS):  # sequences t < s end by cu[s]: the answer is >= s
-                mid = (lo + hi) // 2
-                open_ = lo < hi
-                fits = tl.load(cu + mid + 1, mask=open_ & real, other=0) <= target
-                lo = tl.where(open_ & fits, mid + 1, lo)
-                hi = tl.where(open_ & ~fits, mid, hi)
-            nxt = tl.where(real, tl.maximum(lo, s + 1), B)
-            tl.store(nxt0 + s, nxt, mask=s <= B)
-            tl.store(jump + s, nxt, mask=s <= B)
-            tl.store(mark + s, (s == 0).to(tl.int32), mask=s <= B)
-        tl.debug_barrier()
-        for r in range(0, ROUNDS):  # marks: next^i(0), i < 2^(r + 1)
-            src = jump + (r % 2) * (B + 1)
-            dst = jump + ((r + 1) % 2) * (B + 1)
-            for s0 in range(0, B + 1, SEQS):
-                s = s0 + tl.arange(0, SEQS)
-                m = s <= B
-                j = tl.load(src + s, mask=m, other=B)
-                on = tl.load(mark + s, mask=m, other=0) != 0
-                tl.store(mark + j, tl.full([SEQS], 1, tl.int32), mask=m & on)
-                tl.store(dst + s, tl.load(src + j, mask=m, other=B), mask=m)
-            tl.debug_barrier()
-        n_live = 0
-        for s0 in range(0, B, SEQS):
-            s = s0 + tl.arange(0, SEQS)
-            real = s < B
-            head = real & (tl.load(mark + s, mask=real, other=0) != 0)
-            t = tl.load(nxt0 + s, mask=head, other=0)
-            start = tl.load(cu + s, mask=head, other=0)
-            rows = tl.load(cu + t, mask=head, other=0) - start
-            n_w = tl.where(head, tl.maximum(tl.cdiv(rows, BLOCK_M), 1), 0)
-            base = n_live + tl.cumsum(n_w, 0) - n_w
-            for j in range(0, SPAN):
-                w = base + j
-                keep = (j < n_w) & (w < n_win)
-                tl.store(win_ptr + w, s, mask=keep)
-                tl.store(win_ptr + n_win + w, t - 1, mask=keep)
-                tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
-            n_live += tl.sum(n_w, 0)
+        if WHOLE:
+            n_live = _groups_whole(cu, win_ptr, B, n_win, SPAN, ROUNDS, BLOCK_M, SEQS)
+        else:
+            n_live = _groups_scratch(cu, win_ptr, scratch, B, n_win, SPAN, ROUNDS, BLOCK_M,
+                                     SEQS)
         n_live = tl.minimum(n_live, n_win)
         for w0 in range(n_live, n_win, SEQS):  # dead windows
             w = w0 + tl.arange(0, SEQS)
@@ -573,6 +533,104 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, 
             tl.debug_barrier()  # the windows this program wrote, visible to all its threads
             _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
             tl.store(count_ptr, n_live)
+
+
+@triton.jit
+def _store_groups(win_ptr, n_win, s, t, start, rows, head, n_live, SPAN,
+                  BLOCK_M: tl.constexpr):
+    """Groups s..t - 1 (head: a group starts at s; rows from `start`) as windows from
+    window n_live on, in order -> the windows stored so far."""
+    n_w = tl.where(head, tl.maximum(tl.cdiv(rows, BLOCK_M), 1), 0)
+    base = n_live + tl.cumsum(n_w, 0) - n_w
+    for j in range(0, SPAN):
+        w = base + j
+        keep = (j < n_w) & (w < n_win)
+        tl.store(win_ptr + w, s, mask=keep)
+        tl.store(win_ptr + n_win + w, t - 1, mask=keep)
+        tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
+    return n_live + tl.sum(n_w, 0)
+
+
+@triton.jit
+def _groups_whole(cu, win_ptr, B, n_win, SPAN, ROUNDS, BLOCK_M: tl.constexpr,
+                  SEQS: tl.constexpr):
+    """_windows_kernel's groups with the batch in registers (B < SEQS), the tables read
+    with tl.gather (shared memory): lane s finds next(s), then after the doubling lane
+    i < B holds the i-th group's first sequence, next^i(0) (B past the last group)."""
+    s = tl.arange(0, SEQS)
+    real = s < B
+    starts = tl.load(cu + s, mask=s <= B, other=0)                  # cu[s]
+    ends = tl.load(cu + s + 1, mask=real, other=2147483647)         # cu[s + 1]
+    target = starts + BLOCK_M
+    lo = s
+    hi = tl.zeros_like(s) + B
+    for _ in range(0, ROUNDS):  # sequences t < s end by cu[s]: the answer is >= s
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        fits = tl.gather(ends, tl.minimum(mid, SEQS - 1), 0) <= target
+        lo = tl.where(open_ & fits, mid + 1, lo)
+        hi = tl.where(open_ & ~fits, mid, hi)
+    nxt = tl.where(real, tl.maximum(lo, s + 1), B)
+    jump = nxt                                  # next^(2^r)
+    first = tl.zeros_like(s)                    # next^(i mod 2^r)(0), lane i
+    for r in range(0, ROUNDS):
+        first = tl.where(((s >> r) & 1) == 1, tl.gather(jump, first, 0), first)
+        jump = tl.gather(jump, jump, 0)
+    t = tl.gather(nxt, first, 0)
+    start = tl.gather(starts, first, 0)
+    # lanes from B on hold no group (at most B of them), nor next^i(0) (i >= 2^ROUNDS)
+    return _store_groups(win_ptr, n_win, first, t, start, tl.gather(starts, t, 0) - start,
+                         real & (first < B), 0, SPAN, BLOCK_M)
+
+
+@triton.jit
+def _groups_scratch(cu, win_ptr, scratch, B, n_win, SPAN, ROUNDS, BLOCK_M: tl.constexpr,
+                    SEQS: tl.constexpr):
+    """_windows_kernel's groups for any batch, SEQS sequences a pass: next(s) and two jump
+    tables in scratch, the groups' first sequences marked by pointer doubling (round r:
+    next^i(0), i < 2^(r + 1)), then stored in sequence order."""
+    nxt0 = scratch
+    jump = scratch + (B + 1)      # two tables, B + 1 apart: round r reads r % 2
+    mark = scratch + 3 * (B + 1)
+    for s0 in range(0, B + 1, SEQS):
+        s = s0 + tl.arange(0, SEQS)
+        real = s < B
+        target = tl.load(cu + s, mask=s <= B, other=0) + BLOCK_M
+        lo = s
+        hi = tl.zeros_like(s) + B
+        for _ in range(0, ROUNDS):  # sequences t < s end by cu[s]: the answer is >= s
+            mid = (lo + hi) // 2
+            open_ = lo < hi
+            fits = tl.load(cu + mid + 1, mask=open_ & real, other=0) <= target
+            lo = tl.where(open_ & fits, mid + 1, lo)
+            hi = tl.where(open_ & ~fits, mid, hi)
+        nxt = tl.where(real, tl.maximum(lo, s + 1), B)
+        tl.store(nxt0 + s, nxt, mask=s <= B)
+        tl.store(jump + s, nxt, mask=s <= B)
+        tl.store(mark + s, (s == 0).to(tl.int32), mask=s <= B)
+    tl.debug_barrier()
+    for r in range(0, ROUNDS):
+        src = jump + (r % 2) * (B + 1)
+        dst = jump + ((r + 1) % 2) * (B + 1)
+        for s0 in range(0, B + 1, SEQS):
+            s = s0 + tl.arange(0, SEQS)
+            m = s <= B
+            j = tl.load(src + s, mask=m, other=B)
+            on = tl.load(mark + s, mask=m, other=0) != 0
+            tl.store(mark + j, tl.full([SEQS], 1, tl.int32), mask=m & on)
+            tl.store(dst + s, tl.load(src + j, mask=m, other=B), mask=m)
+        tl.debug_barrier()
+    n_live = 0
+    for s0 in range(0, B, SEQS):
+        s = s0 + tl.arange(0, SEQS)
+        real = s < B
+        head = real & (tl.load(mark + s, mask=real, other=0) != 0)
+        t = tl.load(nxt0 + s, mask=head, other=0)
+        start = tl.load(cu + s, mask=head, other=0)
+        n_live = _store_groups(win_ptr, n_win, s, t, start,
+                               tl.load(cu + t, mask=head, other=0) - start, head, n_live,
+                               SPAN, BLOCK_M)
+    return n_live
 
 
 @triton.jit
@@ -629,15 +687,33 @@ def windows(cu_q, n_rows: int, max_len: int, block_m: int):
     return per_offsets(_build_windows, cu_q, cu_q, n_rows, max_len, block_m)
 
 
+# batches up to this many sequences find their windows in registers (_groups_whole)
+WHOLE_SEQS = 4096
+
+
+def _group_pass(batch: int) -> tuple[bool, int, int]:
+    """(whole, SEQS, scratch int32s) of _windows_kernel for a batch."""
+    if batch + 1 <= WHOLE_SEQS:
+        return True, max(128, next_pow2(batch + 1)), 0
+    return False, 1024, 4 * (batch + 1)
+
+
 def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
     n_win = window_count(n_rows, block_m)
     B = cu_q.shape[0] - 1
-    buf = torch.empty(_aligned4(3 * n_win) + 4 * (B + 1), dtype=torch.int32,
+    whole, seqs, n_scratch = _group_pass(B)
+    buf = torch.empty(_aligned4(3 * n_win) + n_scratch, dtype=torch.int32,
                       device=cu_q.device)
-    fast(_windows_kernel)[(1,)](cu_q, buf, None, None, buf[_aligned4(3 * n_win):], B, n_win,
+    fast(_windows_kernel)[(1,)](cu_q, buf, None, None,
+                                None if whole else buf[_aligned4(3 * n_win):], B, n_win,
                                 _span(max_len, block_m), _rounds(B), None, 0, 0, 0, 0,
-                                BLOCK_M=block_m, SEQS=1024, ORDER=False)
+                                BLOCK_M=block_m, SEQS=seqs, ORDER=False, WHOLE=whole,
+                                num_warps=_group_warps(seqs))
     return buf[:3 * n_win].view(3, n_win)
+
+
+def _group_warps(seqs: int) -> int:
+    return min(8, max(4, seqs // 256))
 
 
 def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int,
@@ -656,19 +732,21 @@ def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int
 def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     n_win = window_count(n_rows, block_m)
     B = cu_q.shape[0] - 1
-    # win, order, the count, then the scratch, each at a 16-byte aligned offset
+    # win, order, the count, then any scratch, each at a 16-byte aligned offset
     o1 = _aligned4(3 * n_win)
     o2 = o1 + _aligned4(n_win)
     o3 = o2 + 4
-    buf = torch.empty(o3 + 4 * (B + 1), dtype=torch.int32, device=cu_q.device)
+    whole, seqs, n_scratch = _group_pass(B)
+    buf = torch.empty(o3 + n_scratch, dtype=torch.int32, device=cu_q.device)
     sort = n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
-    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], buf[o3:], B, n_win,
-                                _span(max_q, block_m), _rounds(B), cu_k, *sizes,
-                                BLOCK_M=block_m, SEQS=1024, ORDER=True, BLOCK_N=block_n,
-                                BLOCK=block, SORT=sort,
-                                num_warps=min(8, max(4, block // 256)), PDL=PDL, **checked)
+    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], None if whole else buf[o3:],
+                                B, n_win, _span(max_q, block_m), _rounds(B), cu_k, *sizes,
+                                BLOCK_M=block_m, SEQS=seqs, ORDER=True, WHOLE=whole,
+                                BLOCK_N=block_n, BLOCK=block, SORT=sort,
+                                num_warps=_group_warps(max(block, seqs)), PDL=PDL,
+                                **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
 
 

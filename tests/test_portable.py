@@ -181,15 +181,20 @@ def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constex
     tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_windows_pack_whole_sequences(seed):
-    """tiles.windows (one program: a search a sequence, pointer doubling over the groups)
-    against the greedy packing done one sequence at a time, on random batches: empty
-    sequences in runs, sequences of exactly a block, longer ones (their blocks windows of
-    their own), one sequence, rows past the last sequence; every window within a block
-    and within the room window_count leaves."""
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_windows_pack_whole_sequences(monkeypatch, seed, whole):
+    """tiles.windows (one program: a search a sequence, pointer doubling over the groups,
+    in registers or, whole=False, through global scratch as large batches do) against the
+    greedy packing done one sequence at a time, on random batches: empty sequences in
+    runs, sequences of exactly a block, longer ones (their blocks windows of their own),
+    one sequence, rows past the last sequence; every window within a block and within the
+    room window_count leaves."""
     import random
+    import jagged.tiles
     from jagged.tiles import window_count, windows, windows_reference
+    if not whole:
+        monkeypatch.setattr(jagged.tiles, "WHOLE_SEQS", 0)
     rng = random.Random(seed)
     for _ in range(6):
         BM = rng.choice([4, 8, 16])
