@@ -48,7 +48,10 @@ case $1 in
         grep -E "BAD|GATE_WINDOWS|Error" /tmp/gate_windows.log | head -20
         timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py tests/test_gpu_core.py \
           -k "test_windows or short-windows" > /tmp/gpu_windows.log 2>&1
-        echo "gpu windows rc $?"; tail -3 /tmp/gpu_windows.log ;;
+        echo "gpu windows rc $?"; tail -3 /tmp/gpu_windows.log
+        # fp8 forwards over row windows (each row its own sequence's descales)
+        timeout 120 python3 -m pytest -q -m gpu tests/test_fp8_kernel.py -k short \
+          > /tmp/gpu_fp8_windows.log 2>&1; echo "fp8 windows rc $?"; tail -3 /tmp/gpu_fp8_windows.log ;;
   kernels)
     for root in . .snap/base; do
       (cd $root && timeout 60 python3 $OLDPWD/scripts/ab/window_list_time.py $root)
