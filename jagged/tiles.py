@@ -493,36 +493,29 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 
 
 @triton.jit
-def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, ROUNDS, cu_k,
+def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, cu_k,
                     n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
-                    WHOLE: tl.constexpr = False,
                     BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
                     SORT: tl.constexpr = False,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: windows of whole sequences (`windows`), packed greedily in sequence
-    order. A group starting at sequence s runs to next(s), the first sequence that would
-    take it past BLOCK_M rows (one binary search a sequence; s + 1 at least). The groups
-    are the chain 0, next(0), next(next(0)), ..., found by pointer doubling in ROUNDS >=
-    bit_length(B) rounds: WHOLE (B < SEQS) in registers, one lane a sequence
-    (`_groups_whole`), else through global scratch, SEQS sequences a pass
-    (`_groups_scratch`; 4 (B + 1) int32). A group of g rows holds max(cdiv(g, BLOCK_M),
-    1) windows: one, or the BLOCK_M-row blocks of one longer sequence (SPAN >= cdiv(max
+    order within runs of SEQS - 1 sequences (`_groups`, one run a pass, in registers; a
+    run's end also ends a group). A group of g rows holds max(cdiv(g, BLOCK_M), 1)
+    windows: one, or the BLOCK_M-row blocks of one longer sequence (SPAN >= cdiv(max
     length, BLOCK_M)); a group of empty sequences one too, so every sequence is in a
-    window. ORDER: then the window tile list (`window_tiles`) from them. CHECK: the
-    offsets check first (cu: cu_seqlens_q; as _tile_keys_kernel's); PDL as
-    _tile_keys_kernel's."""
+    window. ROUNDS >= bit_length(min(B, SEQS - 1)). ORDER: then the window tile list
+    (`window_tiles`) from them. CHECK: the offsets check first (cu: cu_seqlens_q; as
+    _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
     if PDL:
         gdc_launch_dependents()
     ok = True
     if CHECK:
         ok = check_offsets(cu, cu_k, B, n_q, n_k, max_q, max_k, True, 1024)
     if ok:
-        if WHOLE:
-            n_live = _groups_whole(cu, win_ptr, B, n_win, SPAN, ROUNDS, BLOCK_M, SEQS)
-        else:
-            n_live = _groups_scratch(cu, win_ptr, scratch, B, n_win, SPAN, ROUNDS, BLOCK_M,
-                                     SEQS)
+        n_live = 0
+        for c0 in range(0, B, SEQS - 1):
+            n_live = _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M, SEQS)
         n_live = tl.minimum(n_live, n_win)
         for w0 in range(n_live, n_win, SEQS):  # dead windows
             w = w0 + tl.arange(0, SEQS)
@@ -536,101 +529,48 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, scratch, B, n_win, SPAN, 
 
 
 @triton.jit
-def _store_groups(win_ptr, n_win, s, t, start, rows, head, n_live, SPAN,
-                  BLOCK_M: tl.constexpr):
-    """Groups s..t - 1 (head: a group starts at s; rows from `start`) as windows from
-    window n_live on, in order -> the windows stored so far."""
-    n_w = tl.where(head, tl.maximum(tl.cdiv(rows, BLOCK_M), 1), 0)
-    base = n_live + tl.cumsum(n_w, 0) - n_w
-    for j in range(0, SPAN):
-        w = base + j
-        keep = (j < n_w) & (w < n_win)
-        tl.store(win_ptr + w, s, mask=keep)
-        tl.store(win_ptr + n_win + w, t - 1, mask=keep)
-        tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
-    return n_live + tl.sum(n_w, 0)
-
-
-@triton.jit
-def _groups_whole(cu, win_ptr, B, n_win, SPAN, ROUNDS, BLOCK_M: tl.constexpr,
-                  SEQS: tl.constexpr):
-    """_windows_kernel's groups with the batch in registers (B < SEQS), the tables read
-    with tl.gather (shared memory): lane s finds next(s), then after the doubling lane
-    i < B holds the i-th group's first sequence, next^i(0) (B past the last group)."""
-    s = tl.arange(0, SEQS)
-    real = s < B
-    starts = tl.load(cu + s, mask=s <= B, other=0)                  # cu[s]
-    ends = tl.load(cu + s + 1, mask=real, other=2147483647)         # cu[s + 1]
+def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constexpr,
+            SEQS: tl.constexpr):
+    """The groups of sequences c0 .. c0 + n - 1 (n = min(B - c0, SEQS - 1)), lane i
+    sequence c0 + i, lane n the run's end: lane i finds next(i), the first sequence that
+    would take a group from i past BLOCK_M rows (a binary search; i + 1 at least); the
+    groups are the chain 0, next(0), next(next(0)), ..., which pointer doubling puts in
+    the lanes (lane i < n: next^i(0), n past the last group). The tables are read with
+    tl.gather (shared memory). Stored as windows from window n_live on -> the windows
+    stored so far."""
+    i = tl.arange(0, SEQS)
+    n = tl.minimum(B - c0, SEQS - 1)
+    real = i < n
+    starts = tl.load(cu + c0 + i, mask=i <= n, other=0)            # cu[c0 + i]
+    ends = tl.load(cu + c0 + i + 1, mask=real, other=2147483647)   # cu[c0 + i + 1]
     target = starts + BLOCK_M
-    lo = s
-    hi = tl.zeros_like(s) + B
-    for _ in range(0, ROUNDS):  # sequences t < s end by cu[s]: the answer is >= s
+    lo = i
+    hi = tl.zeros_like(i) + n
+    for _ in range(0, ROUNDS):  # sequences before i end by cu[i]: the answer is >= i
         mid = (lo + hi) // 2
         open_ = lo < hi
         fits = tl.gather(ends, tl.minimum(mid, SEQS - 1), 0) <= target
         lo = tl.where(open_ & fits, mid + 1, lo)
         hi = tl.where(open_ & ~fits, mid, hi)
-    nxt = tl.where(real, tl.maximum(lo, s + 1), B)
+    nxt = tl.where(real, tl.maximum(lo, i + 1), n)
     jump = nxt                                  # next^(2^r)
-    first = tl.zeros_like(s)                    # next^(i mod 2^r)(0), lane i
+    first = tl.zeros_like(i)                    # next^(i mod 2^r)(0), lane i
     for r in range(0, ROUNDS):
-        first = tl.where(((s >> r) & 1) == 1, tl.gather(jump, first, 0), first)
+        first = tl.where(((i >> r) & 1) == 1, tl.gather(jump, first, 0), first)
         jump = tl.gather(jump, jump, 0)
     t = tl.gather(nxt, first, 0)
     start = tl.gather(starts, first, 0)
-    # lanes from B on hold no group (at most B of them), nor next^i(0) (i >= 2^ROUNDS)
-    return _store_groups(win_ptr, n_win, first, t, start, tl.gather(starts, t, 0) - start,
-                         real & (first < B), 0, SPAN, BLOCK_M)
-
-
-@triton.jit
-def _groups_scratch(cu, win_ptr, scratch, B, n_win, SPAN, ROUNDS, BLOCK_M: tl.constexpr,
-                    SEQS: tl.constexpr):
-    """_windows_kernel's groups for any batch, SEQS sequences a pass: next(s) and two jump
-    tables in scratch, the groups' first sequences marked by pointer doubling (round r:
-    next^i(0), i < 2^(r + 1)), then stored in sequence order."""
-    nxt0 = scratch
-    jump = scratch + (B + 1)      # two tables, B + 1 apart: round r reads r % 2
-    mark = scratch + 3 * (B + 1)
-    for s0 in range(0, B + 1, SEQS):
-        s = s0 + tl.arange(0, SEQS)
-        real = s < B
-        target = tl.load(cu + s, mask=s <= B, other=0) + BLOCK_M
-        lo = s
-        hi = tl.zeros_like(s) + B
-        for _ in range(0, ROUNDS):  # sequences t < s end by cu[s]: the answer is >= s
-            mid = (lo + hi) // 2
-            open_ = lo < hi
-            fits = tl.load(cu + mid + 1, mask=open_ & real, other=0) <= target
-            lo = tl.where(open_ & fits, mid + 1, lo)
-            hi = tl.where(open_ & ~fits, mid, hi)
-        nxt = tl.where(real, tl.maximum(lo, s + 1), B)
-        tl.store(nxt0 + s, nxt, mask=s <= B)
-        tl.store(jump + s, nxt, mask=s <= B)
-        tl.store(mark + s, (s == 0).to(tl.int32), mask=s <= B)
-    tl.debug_barrier()
-    for r in range(0, ROUNDS):
-        src = jump + (r % 2) * (B + 1)
-        dst = jump + ((r + 1) % 2) * (B + 1)
-        for s0 in range(0, B + 1, SEQS):
-            s = s0 + tl.arange(0, SEQS)
-            m = s <= B
-            j = tl.load(src + s, mask=m, other=B)
-            on = tl.load(mark + s, mask=m, other=0) != 0
-            tl.store(mark + j, tl.full([SEQS], 1, tl.int32), mask=m & on)
-            tl.store(dst + s, tl.load(src + j, mask=m, other=B), mask=m)
-        tl.debug_barrier()
-    n_live = 0
-    for s0 in range(0, B, SEQS):
-        s = s0 + tl.arange(0, SEQS)
-        real = s < B
-        head = real & (tl.load(mark + s, mask=real, other=0) != 0)
-        t = tl.load(nxt0 + s, mask=head, other=0)
-        start = tl.load(cu + s, mask=head, other=0)
-        n_live = _store_groups(win_ptr, n_win, s, t, start,
-                               tl.load(cu + t, mask=head, other=0) - start, head, n_live,
-                               SPAN, BLOCK_M)
-    return n_live
+    # lanes from n on hold no group (at most n of them), nor next^i(0) (i >= 2^ROUNDS)
+    head = real & (first < n)
+    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.gather(starts, t, 0) - start, BLOCK_M), 1), 0)
+    base = n_live + tl.cumsum(n_w, 0) - n_w
+    for j in range(0, SPAN):
+        w = base + j
+        keep = (j < n_w) & (w < n_win)
+        tl.store(win_ptr + w, c0 + first, mask=keep)
+        tl.store(win_ptr + n_win + w, c0 + t - 1, mask=keep)
+        tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
+    return n_live + tl.sum(n_w, 0)
 
 
 @triton.jit
@@ -661,15 +601,16 @@ def _span(max_len: int, block: int) -> int:
     return max(1, -(-max_len // block))
 
 
-def window_count(n_rows: int, block: int) -> int:
-    """Room for the windows of `n_rows` packed rows: full blocks (<= n_rows / block) and
-    one last window a group (< 2 n_rows / block + 2: two groups in a row hold more than a
-    block, or the second would have joined the first)."""
-    return 3 * max(1, -(-n_rows // block)) + 2
+def window_count(n_rows: int, block: int, batch: int = 0) -> int:
+    """Room for the windows of `n_rows` packed rows in `batch` sequences: full blocks (<=
+    n_rows / block) and one last window a group (< 2 n_rows / block + 2: two groups in a
+    row hold more than a block, or the second would have joined the first; each run of
+    _windows_kernel's ends a group too)."""
+    return 3 * max(1, -(-n_rows // block)) + 2 + _group_pass(batch)[1]
 
 
-def _rounds(batch: int) -> int:
-    return max(1, batch.bit_length())
+def _rounds(batch: int, seqs: int) -> int:
+    return max(1, min(batch, seqs - 1).bit_length())
 
 
 def _aligned4(n: int) -> int:
@@ -677,43 +618,39 @@ def _aligned4(n: int) -> int:
 
 
 def windows(cu_q, n_rows: int, max_len: int, block_m: int):
-    """int32 [3, window_count(n_rows, block_m)]: each window's first and last sequence
-    and its first row (-1 past the live ones). A window is whole sequences of at most
-    block_m rows together, packed greedily in order, or one block of a longer sequence,
-    so no sequence shorter than a block shares its rows with another window; every
-    sequence, empty ones too, is in a window. `n_rows`
-    bounds the packed rows (q.shape[0]: no sync), `max_len` the sequences' lengths.
-    Cached like the tile lists."""
+    """int32 [3, window_count(n_rows, block_m, batch)]: each window's first and last
+    sequence and its first row (-1 past the live ones). A window is whole sequences of at
+    most block_m rows together, packed greedily in order (within runs of a few thousand
+    sequences, `_group_pass`), or one block of a longer sequence, so no sequence shorter
+    than a block shares its rows with another window; every sequence, empty ones too, is
+    in a window. `n_rows` bounds the packed rows (q.shape[0]: no sync), `max_len` the
+    sequences' lengths. Cached like the tile lists."""
     return per_offsets(_build_windows, cu_q, cu_q, n_rows, max_len, block_m)
 
 
-# batches up to this many sequences find their windows in registers (_groups_whole)
+# the most sequences _windows_kernel packs in one pass (a run: SEQS - 1 of them)
 WHOLE_SEQS = 4096
 
 
-def _group_pass(batch: int) -> tuple[bool, int, int]:
-    """(whole, SEQS, scratch int32s) of _windows_kernel for a batch."""
-    if batch + 1 <= WHOLE_SEQS:
-        return True, max(128, next_pow2(batch + 1)), 0
-    return False, 1024, 4 * (batch + 1)
-
-
-def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
-    n_win = window_count(n_rows, block_m)
-    B = cu_q.shape[0] - 1
-    whole, seqs, n_scratch = _group_pass(B)
-    buf = torch.empty(_aligned4(3 * n_win) + n_scratch, dtype=torch.int32,
-                      device=cu_q.device)
-    fast(_windows_kernel)[(1,)](cu_q, buf, None, None,
-                                None if whole else buf[_aligned4(3 * n_win):], B, n_win,
-                                _span(max_len, block_m), _rounds(B), None, 0, 0, 0, 0,
-                                BLOCK_M=block_m, SEQS=seqs, ORDER=False, WHOLE=whole,
-                                num_warps=_group_warps(seqs))
-    return buf[:3 * n_win].view(3, n_win)
+def _group_pass(batch: int) -> tuple[int, int]:
+    """(SEQS, runs after the first) of _windows_kernel for a batch."""
+    seqs = min(WHOLE_SEQS, max(128, next_pow2(batch + 1)))
+    return seqs, max(0, -(-batch // (seqs - 1)) - 1)
 
 
 def _group_warps(seqs: int) -> int:
     return min(8, max(4, seqs // 256))
+
+
+def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
+    B = cu_q.shape[0] - 1
+    n_win = window_count(n_rows, block_m, B)
+    seqs = _group_pass(B)[0]
+    out = torch.empty(3, n_win, dtype=torch.int32, device=cu_q.device)
+    fast(_windows_kernel)[(1,)](cu_q, out, None, None, B, n_win, _span(max_len, block_m),
+                                _rounds(B, seqs), None, 0, 0, 0, 0, BLOCK_M=block_m,
+                                SEQS=seqs, ORDER=False, num_warps=_group_warps(seqs))
+    return out
 
 
 def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int,
@@ -730,35 +667,36 @@ def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int
 
 
 def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
-    n_win = window_count(n_rows, block_m)
     B = cu_q.shape[0] - 1
-    # win, order, the count, then any scratch, each at a 16-byte aligned offset
+    n_win = window_count(n_rows, block_m, B)
+    # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
     o1 = _aligned4(3 * n_win)
     o2 = o1 + _aligned4(n_win)
-    o3 = o2 + 4
-    whole, seqs, n_scratch = _group_pass(B)
-    buf = torch.empty(o3 + n_scratch, dtype=torch.int32, device=cu_q.device)
+    buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
+    seqs = _group_pass(B)[0]
     sort = n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
-    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], None if whole else buf[o3:],
-                                B, n_win, _span(max_q, block_m), _rounds(B), cu_k, *sizes,
-                                BLOCK_M=block_m, SEQS=seqs, ORDER=True, WHOLE=whole,
-                                BLOCK_N=block_n, BLOCK=block, SORT=sort,
-                                num_warps=_group_warps(max(block, seqs)), PDL=PDL,
-                                **checked)
+    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win,
+                                _span(max_q, block_m), _rounds(B, seqs), cu_k, *sizes,
+                                BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
+                                BLOCK=block, SORT=sort,
+                                num_warps=_group_warps(max(block, seqs)), PDL=PDL, **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
 
 
 def windows_reference(cu_q, n_rows: int, block_m: int):
-    """`windows` in Python: the greedy packing, one sequence at a time."""
+    """`windows` in Python: the greedy packing, one sequence at a time, a new group at
+    each run of the kernel's."""
     cu = [int(x) for x in cu_q.to(torch.int64).cpu()]
-    n_win = window_count(n_rows, block_m)
+    B = len(cu) - 1
+    n_win = window_count(n_rows, block_m, B)
+    run = _group_pass(B)[0] - 1
     out = torch.full((3, n_win), -1, dtype=torch.int32)
-    w, s, B = 0, 0, len(cu) - 1
+    w, s = 0, 0
     while s < B:
         t = s + 1
-        while t < B and cu[t + 1] - cu[s] <= block_m:
+        while t < min(B, (s // run + 1) * run) and cu[t + 1] - cu[s] <= block_m:
             t += 1
         for j in range(max(1, -(-(cu[t] - cu[s]) // block_m))):
             out[:, w] = torch.tensor([s, t - 1, cu[s] + j * block_m])

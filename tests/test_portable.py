@@ -181,20 +181,20 @@ def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constex
     tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
 
 
-@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("runs", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_windows_pack_whole_sequences(monkeypatch, seed, whole):
-    """tiles.windows (one program: a search a sequence, pointer doubling over the groups,
-    in registers or, whole=False, through global scratch as large batches do) against the
-    greedy packing done one sequence at a time, on random batches: empty sequences in
+def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
+    """tiles.windows (one program: a search a sequence, pointer doubling over the groups
+    in registers; runs: batches over several of its passes, as beyond WHOLE_SEQS) against
+    the greedy packing done one sequence at a time, on random batches: empty sequences in
     runs, sequences of exactly a block, longer ones (their blocks windows of their own),
     one sequence, rows past the last sequence; every window within a block and within the
     room window_count leaves."""
     import random
     import jagged.tiles
     from jagged.tiles import window_count, windows, windows_reference
-    if not whole:
-        monkeypatch.setattr(jagged.tiles, "WHOLE_SEQS", 0)
+    if runs:  # passes of 15 sequences
+        monkeypatch.setattr(jagged.tiles, "WHOLE_SEQS", 16)
     rng = random.Random(seed)
     for _ in range(6):
         BM = rng.choice([4, 8, 16])
@@ -206,7 +206,7 @@ def test_windows_pack_whole_sequences(monkeypatch, seed, whole):
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
         n_rows = int(cu[-1]) + rng.choice([0, 3])
         win = windows(cu, n_rows, max(lens + [1]), BM)
-        assert win.shape[1] == window_count(n_rows, BM)
+        assert win.shape[1] == window_count(n_rows, BM, B)
         assert torch.equal(win, windows_reference(cu, n_rows, BM)), (seed, BM, lens)
         live = int((win[0] >= 0).sum())
         for w in range(live):
