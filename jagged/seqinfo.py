@@ -18,7 +18,7 @@ A block of packed rows may also span sequences (a window of short sequences): ea
 then sees the packed key columns [lo, hi) of its own sequence (`row_seq`,
 `row_kv_range`), the causal cut included; a block of key columns, the rows
 `col_q_range` gives. Over a whole batch a row's sequence is a binary search of the
-offsets (`seq_of_rows`).
+offsets (`sequence_of`).
 
 Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
 helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`
@@ -76,19 +76,19 @@ def row_seq(cu, s_first, s_last, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def seq_of_rows(cu, B, rows, ROUNDS):
-    """The sequence holding each packed row, over the whole batch (the last s < B with
-    cu[s] <= row; B - 1 past the last row): a binary search of the offsets in ROUNDS >=
-    bit_length(B) steps. row_seq's scan suits a window's few sequences, this a batch."""
-    lo = tl.zeros_like(rows) + 1
-    hi = tl.zeros_like(rows) + B
-    for _ in range(0, ROUNDS):
-        mid = (lo + hi) // 2
-        open_ = lo < hi
-        le = tl.load(cu + mid, mask=open_, other=0) <= rows
-        lo = tl.where(open_ & le, mid + 1, lo)
-        hi = tl.where(open_ & ~le, mid, hi)
-    return lo - 1
+def sequence_of(token, cu, B, steps):  # role: schedule
+    """The largest b in [0, B] with cu[b] <= token (an empty sequence shares its start
+    with the next one, and the largest b is the one holding the token); b == B means
+    past the last sequence. `steps` >= ceil(log2(B + 1)) halvings. Over a whole batch;
+    row_seq's scan suits a window's few sequences."""
+    lo = tl.zeros_like(token)
+    hi = lo + B
+    for _ in range(steps):
+        mid = (lo + hi + 1) // 2
+        below = tl.load(cu + mid) <= token
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid - 1)
+    return lo
 
 
 @triton.jit

@@ -613,10 +613,6 @@ def _rounds(batch: int, seqs: int) -> int:
     return max(1, min(batch, seqs - 1).bit_length())
 
 
-def _aligned4(n: int) -> int:
-    return -(-n // 4) * 4
-
-
 def windows(cu_q, n_rows: int, max_len: int, block_m: int):
     """int32 [3, window_count(n_rows, block_m, batch)]: each window's first and last
     sequence and its first row (-1 past the live ones). A window is whole sequences of at
@@ -629,12 +625,12 @@ def windows(cu_q, n_rows: int, max_len: int, block_m: int):
 
 
 # the most sequences _windows_kernel packs in one pass (a run: SEQS - 1 of them)
-WHOLE_SEQS = 4096
+GROUP_SEQS = 4096
 
 
 def _group_pass(batch: int) -> tuple[int, int]:
     """(SEQS, runs after the first) of _windows_kernel for a batch."""
-    seqs = min(WHOLE_SEQS, max(128, next_pow2(batch + 1)))
+    seqs = min(GROUP_SEQS, max(128, next_pow2(batch + 1)))
     return seqs, max(0, -(-batch // (seqs - 1)) - 1)
 
 
@@ -670,8 +666,8 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     B = cu_q.shape[0] - 1
     n_win = window_count(n_rows, block_m, B)
     # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
-    o1 = _aligned4(3 * n_win)
-    o2 = o1 + _aligned4(n_win)
+    o1 = cdiv(3 * n_win, 4) * 4
+    o2 = o1 + cdiv(n_win, 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
     seqs = _group_pass(B)[0]
     sort = n_win <= SORT_MAX

@@ -391,7 +391,7 @@ def _kernel_classes():
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             red_add_v2, replaced, store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, tile_range
-    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, seq_search_step
+    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, sequence_of_step
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
     def transposed(s, shape, order):
@@ -405,11 +405,11 @@ def _kernel_classes():
         windows of their own, or a row past the last sequence (zeros). Every other row's
         sequence is whole in one window (jagged.tiles.windows), which stores its dQ
         (`store_dq`). TLX's `_accumulated`."""
-        lo, hi = Int32(1), B
+        seq, hi = Int32(0), B
         for _ in cutlass.range(rounds, unroll=1):
-            lo, hi = seq_search_step(mCuQ, tok, lo, hi)
-        seq = lo - 1
-        return (tok >= mCuQ[B]) | (mCuK[seq + 1] - mCuK[seq] > long_k)
+            seq, hi = sequence_of_step(mCuQ, tok, seq, hi)
+        last = cutlass.min(seq, B - 1)              # an in-bounds read past the last one
+        return (seq == B) | (mCuK[last + 1] - mCuK[last] > long_k)
 
     # ================================================================================
     # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
@@ -691,7 +691,7 @@ def _kernel_classes():
         def window_keys(self, sched, coords):
             """The keys of a key window's sequences: at most BLOCK_N where the window holds
             them all (jagged.tiles.windows: whole sequences, not a block of a longer one;
-            TLX's `_owned`); then a step's dQ is its rows' whole dQ, stored once in q's
+            TLX's `_window_keys`); then a step's dQ is its rows' whole dQ, stored once in q's
             dtype (`store_dq`), not reduce-added."""
             return sched.mCuK[coords[6] + 1] - sched.mCuK[coords[0]]
 

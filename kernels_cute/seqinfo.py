@@ -16,7 +16,7 @@ sequences): each row sees the packed key columns [lo, hi) of its own sequence
 A window of packed key columns (key windows, the backward of short sequences) is the
 transpose: each column meets the packed query rows [lo, hi) of its own sequence
 (`row_seq_chunk` over the key offsets, `col_q_range`). Over a whole batch a row's
-sequence is a binary search of the offsets (`seq_search_step`).
+sequence is a binary search of the offsets (`sequence_of_step`).
 
 Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
 module does not load the DSL.
@@ -111,16 +111,14 @@ def row_seq_chunk(cu, j0, s_last, row, seq):
     return seq
 
 
-def seq_search_step(cu, row, lo, hi):
-    """One bisection of `seq_of_rows` (jagged.seqinfo) -> (lo, hi): from lo = 1, hi = B,
-    after bit_length(B) steps the sequence holding packed row `row` is lo - 1 (B - 1 past
-    the last row). Branch-free; the load stays inside cu (mid <= hi <= B)."""
+def sequence_of_step(cu, row, lo, hi):
+    """One halving of `sequence_of` (jagged.seqinfo) -> (lo, hi): from lo = 0, hi = B,
+    after ceil(log2(B + 1)) steps lo is the largest b in [0, B] with cu[b] <= row (B:
+    past the last sequence). Branch-free."""
     import cutlass
-    mid = (lo + hi) // 2
-    open_ = lo < hi
-    start = cu[mid]
-    return (cutlass.select_(open_ & (start <= row), mid + 1, lo),
-            cutlass.select_(open_ & (start > row), mid, hi))
+    mid = (lo + hi + 1) // 2
+    below = cu[mid] <= row
+    return cutlass.select_(below, mid, lo), cutlass.select_(below, hi, mid - 1)
 
 
 def row_kv_range(cu_q, cu_k, seq, row, causal: bool):

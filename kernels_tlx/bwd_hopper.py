@@ -65,10 +65,10 @@ query row of its sequences; each key column meets its own sequence's rows (`_col
 `_keep`), every step masked; the rows of every column come from `_window_rows`, launched
 before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) tile is
 ~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
-(`window_config`). A window of whole sequences holds every key its rows meet (`_owned`),
-so a step's dQ is whole: the consumers store it in q's dtype (`_store_dq`) and reduce_dq
-adds nothing; the preprocess zeroes and `_bwd_post_rows` converts only the rows of the
-longer sequences, whose blocks reduce-add their partials.
+(`window_config`). A window of whole sequences holds every key its rows meet
+(`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
+(`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
+converts only the rows of the longer sequences, whose blocks reduce-add their partials.
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
@@ -98,7 +98,7 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_visible, col_q_range, row_seq, seq_of_rows
+from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
                           dkv_accumulator, dq_accumulator, kv_tiles, slot_count, window_tiles,
                           windowed)
@@ -293,9 +293,11 @@ def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr):
     accumulator: rows of a sequence of more than LONG_K keys, whose key blocks are windows
     of their own, and rows past the last sequence (zeros). Every other row's sequence is
     whole in one window (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
-    seq = seq_of_rows(cu_q_ptr, B, tok, ROUNDS)
-    keys = tl.load(cu_k_ptr + seq + 1) - tl.load(cu_k_ptr + seq)
-    return (tok >= tl.load(cu_q_ptr + B)) | (keys > LONG_K)
+    seq = sequence_of(tok, cu_q_ptr, B, ROUNDS)
+    real = seq < B
+    keys = (tl.load(cu_k_ptr + seq + 1, mask=real, other=0)
+            - tl.load(cu_k_ptr + seq, mask=real, other=0))
+    return ~real | (keys > LONG_K)
 
 
 @triton.jit
@@ -370,11 +372,12 @@ def _col_bounds(col_rows, tiles, tile, c0: tl.constexpr, N: tl.constexpr,
 
 
 @triton.jit
-def _owned(tiles, tile, BLOCK_N: tl.constexpr):  # role: schedule
-    """Whether a key window holds every key of its sequences (jagged.tiles.windows: whole
-    sequences of at most BLOCK_N keys, not a block of a longer one): then a step's dQ is
-    its rows' whole dQ, stored once in q's dtype (`_store_dq`), not reduce-added."""
-    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b) <= BLOCK_N
+def _window_keys(tiles, tile):  # role: schedule
+    """The keys of a key window's sequences: at most BLOCK_N where the window holds them
+    all (jagged.tiles.windows: whole sequences, not a block of a longer one); then a
+    step's dQ is its rows' whole dQ, stored once in q's dtype (`_store_dq`), not
+    reduce-added."""
+    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b)
 
 
 @triton.jit
@@ -550,7 +553,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
         offs_n = nc0 + tl.arange(0, BNC)
         if WINDOWS:
             bounds = _col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
-            owned = _owned(tiles, tile, BLOCK_N)
+            owned = _window_keys(tiles, tile) <= BLOCK_N
         else:
             bounds = None
             owned = False
@@ -823,7 +826,7 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     while t < n_tiles:
         tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
                        PARTS)
-        add = not _owned(tiles, tile, BLOCK_N) if WINDOWS else True
+        add = _window_keys(tiles, tile) > BLOCK_N if WINDOWS else True
         for j in range(0, G * tile.n_m):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
@@ -842,7 +845,8 @@ def _reduce_step(dq_desc, smem, bars, row, h, qcnt, add,
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
     last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
     (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D.
-    add false (an owned key window, `_owned`): the hand-over only, nothing added."""
+    add false (a key window that owns its keys, `_window_keys`): the hand-over only,
+    nothing added."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(bars.dq_full[c], qcnt & 1)

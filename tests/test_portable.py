@@ -185,7 +185,7 @@ def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constex
 @pytest.mark.parametrize("seed", range(4))
 def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
     """tiles.windows (one program: a search a sequence, pointer doubling over the groups
-    in registers; runs: batches over several of its passes, as beyond WHOLE_SEQS) against
+    in registers; runs: batches over several of its passes, as beyond GROUP_SEQS) against
     the greedy packing done one sequence at a time, on random batches: empty sequences in
     runs, sequences of exactly a block, longer ones (their blocks windows of their own),
     one sequence, rows past the last sequence; every window within a block and within the
@@ -194,7 +194,7 @@ def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
     import jagged.tiles
     from jagged.tiles import window_count, windows, windows_reference
     if runs:  # passes of 15 sequences
-        monkeypatch.setattr(jagged.tiles, "WHOLE_SEQS", 16)
+        monkeypatch.setattr(jagged.tiles, "GROUP_SEQS", 16)
     rng = random.Random(seed)
     for _ in range(6):
         BM = rng.choice([4, 8, 16])

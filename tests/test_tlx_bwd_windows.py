@@ -115,7 +115,7 @@ def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, 
     t = tl.program_id(0)
     if t < tl.load(count) * HKV:
         tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
-        owned = bw._owned(tiles, tile, BLOCK_N)
+        owned = bw._window_keys(tiles, tile) <= BLOCK_N
         for cid in tl.static_range(2):
             _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
                       n_q, n_k, owned, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
