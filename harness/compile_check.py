@@ -192,16 +192,17 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
                                     "n_tiles_ptr", "sched_ptr")})
     sig.update(scale="fp32", L_q="i32", n_slots="i32", stride_k_tok="i32", stride_k_h="i32",
-               stride_lse_h="i32", col_rows="constexpr")  # None: not over key windows
+               stride_lse_h="i32", col_rows="constexpr",  # None: not over key windows
+               dq_ptr="constexpr")
     const = dict(H=H, HKV=HKV, D=d, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
                  SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts)
-    if windows:  # with each key column's query rows (bw.window_rows)
-        sig["col_rows"] = "*i32"
+    if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
+        sig.update(col_rows="*i32", dq_ptr=f"*{dt}")
     else:
-        const["col_rows"] = None
+        const.update(col_rows=None, dq_ptr=None)
     return dict(module=bw.__name__, qualname="bwd_kernel", signature=sig,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
                 name=f"bwd D{d} {'windows' if windows else bucket} "

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .launch import cdiv, fast, next_pow2
+from .seqinfo import sequence_of
 
 FP8 = torch.float8_e4m3fn
 
@@ -45,21 +46,6 @@ def fill_descales(batch: int, kv_heads: int, device, q_descale, k_descale, v_des
 
 
 @triton.jit
-def _sequence_of(token, cu, B, steps):  # role: schedule
-    """The largest b in [0, B] with cu[b] <= token (an empty sequence shares its start
-    with the next one, and the largest b is the one holding the token); b == B means
-    past the last sequence. `steps` >= ceil(log2(B + 1)) halvings."""
-    lo = tl.zeros_like(token)
-    hi = lo + B
-    for _ in range(steps):
-        mid = (lo + hi + 1) // 2
-        below = tl.load(cu + mid) <= token
-        lo = tl.where(below, mid, lo)
-        hi = tl.where(below, hi, mid - 1)
-    return lo
-
-
-@triton.jit
 def _bf16_nearest(y):  # role: compute
     """fp32 -> bf16 rounded to the nearest (ties to even) by its bits: the same result
     compiled and in the interpreter (whose cast truncates)."""
@@ -78,7 +64,7 @@ def _dequantize_kernel(x_ptr, descale_ptr, cu_ptr, y_ptr, n_rows, H, B, steps,
     live = r < n_rows
     token = r // H
     h = r % H
-    b = _sequence_of(token, cu_ptr, B, steps)
+    b = sequence_of(token, cu_ptr, B, steps)
     inside = live & (b < B) & (token >= tl.load(cu_ptr))
     scale = tl.load(descale_ptr + tl.minimum(b, B - 1) * H + h, mask=inside, other=0.0)
     d = tl.arange(0, BLOCK_D)

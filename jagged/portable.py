@@ -155,16 +155,19 @@ ROW_SEQ_CHUNK: tl.constexpr = tl.constexpr(16)  # offsets a pass of row_seq comp
 @triton.jit
 def query_window(CU_Q, CU_K, WIN, n_win, w, s_first, BLOCK_M: tl.constexpr,
                  CAUSAL: tl.constexpr):
-    """Live window w of BLOCK_M packed query rows (tiles.windows; s_first its first
-    sequence): (its rows, one past its last real row, each row's keys [lo, hi) (rows past
-    the window's sequences see none), and the key range the window reads)."""
+    """Live window w of at most BLOCK_M packed query rows (tiles.windows; s_first its first
+    sequence): (its first row, its rows counted from there, their count, each row's keys
+    [lo, hi) (rows past the window's sequences see none), and the key range the window
+    reads). Rows counted from the first keep the block's alignment: the masks' register
+    cost stays that of a block-aligned window (the D = 128 forward spills otherwise)."""
     s_last = tl.load(WIN + n_win + w)
-    n_rows = tl.load(CU_Q + s_last + 1)
-    rows = w * BLOCK_M + tl.arange(0, BLOCK_M)
-    seq = row_seq(CU_Q, s_first, s_last, rows, ROW_SEQ_CHUNK)
-    lo, hi = row_kv_range(CU_Q, CU_K, seq, rows, CAUSAL)
+    start = tl.load(WIN + 2 * n_win + w)
+    n_rows = tl.load(CU_Q + s_last + 1) - start
+    rows = tl.arange(0, BLOCK_M)
+    seq = row_seq(CU_Q, s_first, s_last, start + rows, ROW_SEQ_CHUNK)
+    lo, hi = row_kv_range(CU_Q, CU_K, seq, start + rows, CAUSAL)
     hi = tl.where(rows < n_rows, hi, lo)
-    return rows, n_rows, lo, hi, tl.load(CU_K + s_first), tl.max(hi, 0)
+    return start, rows, n_rows, lo, hi, tl.load(CU_K + s_first), tl.max(hi, 0)
 
 
 @triton.jit
@@ -172,18 +175,18 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
-    """The forward over windows of BLOCK_M packed query rows (jagged.tiles.windows): a
+    """The forward over windows of at most BLOCK_M packed query rows (tiles.windows): a
     window may hold several short sequences; each row sees its own sequence's keys
     (seqinfo.row_kv_range), and the window reads the keys of the sequences it spans."""
     w, h = tl.program_id(0), tl.program_id(1)
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
-                                                      BLOCK_M, CAUSAL)
+    start, rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w,
+                                                             s_first, BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
 
-    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
+    q = load(Q + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -206,8 +209,8 @@ def fwd_window_kernel(Q, K, V, O, LSE, CU_Q, CU_K, WIN, qk_scale, n_out, n_win, 
     l_i = tl.where(empty, 1.0, l_i)
     out = acc / l_i[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
-    store(O + h * stride_oh, rows, n_rows, stride_ot, out, D)
-    tl.store(LSE + h * n_out + rows, lse, mask=rows < n_rows)
+    store(O + h * stride_oh + start * stride_ot, rows, n_rows, stride_ot, out, D)
+    tl.store(LSE + h * n_out + start + rows, lse, mask=rows < n_rows)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -300,15 +303,15 @@ def dkdv_window_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, WIN, scale, 
                        stride_ot, stride_oh, GROUP: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                        DENSE_Q: tl.constexpr):
-    """dK, dV over windows of BLOCK_N packed key columns (tiles.windows over cu_k): each
-    column meets the query rows of its own sequence (seqinfo.col_q_range)."""
+    """dK, dV over windows of at most BLOCK_N packed key columns (tiles.windows over
+    cu_k): each column meets the query rows of its own sequence (seqinfo.col_q_range)."""
     w, hkv = tl.program_id(0), tl.program_id(1)
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
     s_last = tl.load(WIN + n_win + w)
     n_cols = tl.load(CU_K + s_last + 1)
-    cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.load(WIN + 2 * n_win + w) + tl.arange(0, BLOCK_N)
     seq = row_seq(CU_K, s_first, s_last, cols, ROW_SEQ_CHUNK)
     lo, hi = col_q_range(CU_Q, CU_K, seq, cols, CAUSAL)
     hi = tl.where(cols < n_cols, hi, lo)  # columns past the window's keys meet no row
@@ -342,18 +345,18 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
                      n_win, L_q, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot,
                      stride_oh, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DENSE_Q: tl.constexpr):
-    """dQ over windows of BLOCK_M packed query rows, as fwd_window_kernel."""
+    """dQ over windows of at most BLOCK_M packed query rows, as fwd_window_kernel."""
     w, h = tl.program_id(0), tl.program_id(1)
     s_first = tl.load(WIN + w)
     if s_first < 0:
         return
-    rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w, s_first,
-                                                      BLOCK_M, CAUSAL)
+    start, rows, n_rows, lo, hi, kv_lo, kv_hi = query_window(CU_Q, CU_K, WIN, n_win, w,
+                                                             s_first, BLOCK_M, CAUSAL)
     Kh, Vh = K + (h // GROUP) * stride_kh, V + (h // GROUP) * stride_kh
-    q = load(Q + h * stride_qh, rows, n_rows, stride_qt, D)
-    do = load(DO + h * stride_oh, rows, n_rows, stride_ot, D)
-    lse2 = tl.load(LSE + h * n_out + rows, mask=rows < n_rows, other=0.0) * LOG2E
-    delta = tl.load(DELTA + h * n_out + rows, mask=rows < n_rows, other=0.0)
+    q = load(Q + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, D)
+    do = load(DO + h * stride_oh + start * stride_ot, rows, n_rows, stride_ot, D)
+    lse2 = tl.load(LSE + h * n_out + start + rows, mask=rows < n_rows, other=0.0) * LOG2E
+    delta = tl.load(DELTA + h * n_out + start + rows, mask=rows < n_rows, other=0.0)
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     for n_start in range(kv_lo, kv_hi, BLOCK_N):
         cols = n_start + tl.arange(0, BLOCK_N)
@@ -363,7 +366,7 @@ def dq_window_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, WIN, scale, qk_sca
         p = probs(mma(q, tl.trans(k)) * qk_scale, lse2[:, None], ok)
         ds = p * (mma(do, tl.trans(v)) - delta[:, None])
         dq += mma(ds.to(k.dtype), k)
-    store(DQ + h * stride_qh, rows, n_rows, stride_qt, dq * scale, D)
+    store(DQ + h * stride_qh + start * stride_qt, rows, n_rows, stride_qt, dq * scale, D)
 
 
 # ----------------------------------------------------------------------------- host side

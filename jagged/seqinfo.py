@@ -17,7 +17,8 @@ every key; with len_q > len_k the first len_q - len_k rows see none). Hence:
 A block of packed rows may also span sequences (a window of short sequences): each row
 then sees the packed key columns [lo, hi) of its own sequence (`row_seq`,
 `row_kv_range`), the causal cut included; a block of key columns, the rows
-`col_q_range` gives.
+`col_q_range` gives. Over a whole batch a row's sequence is a binary search of the
+offsets (`sequence_of`).
 
 Both ranges are clamped to the sequence ([0, len_k] and [0, len_q]). The `@triton.jit`
 helpers work on scalars or blocks, in plain Triton and TLX kernels alike; the `*_ref`
@@ -72,6 +73,22 @@ def row_seq(cu, s_first, s_last, rows, CHUNK: tl.constexpr):
         starts = tl.load(cu + j, mask=j <= s_last, other=2147483647)
         seq += tl.sum((starts[None, :] <= rows[:, None]).to(tl.int32), 1)
     return seq
+
+
+@triton.jit
+def sequence_of(token, cu, B, steps):  # role: schedule
+    """The largest b in [0, B] with cu[b] <= token (an empty sequence shares its start
+    with the next one, and the largest b is the one holding the token); b == B means
+    past the last sequence. `steps` >= ceil(log2(B + 1)) halvings. Over a whole batch;
+    row_seq's scan suits a window's few sequences."""
+    lo = tl.zeros_like(token)
+    hi = lo + B
+    for _ in range(steps):
+        mid = (lo + hi + 1) // 2
+        below = tl.load(cu + mid) <= token
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid - 1)
+    return lo
 
 
 @triton.jit

@@ -473,9 +473,11 @@ def pairs_per_sequence(max_q: int, block_m: int) -> int:
 
 # ----------------------------------------------------------------------------- row windows
 # Short sequences leave most of a per-sequence query block empty (gem 256 / 0.1: 26 rows
-# of 128 on average). A window is instead a block of BLOCK_M consecutive packed query
-# rows, whatever sequences hold them: each row sees its own sequence's keys
-# (seqinfo.row_kv_range), and the window reads the keys of every sequence it touches.
+# of 128 on average). A window is instead whole sequences of at most BLOCK_M packed rows
+# together (or one BLOCK_M-row block of a longer sequence): each row sees its own
+# sequence's keys (seqinfo.row_kv_range), and the window reads its sequences' keys. Whole
+# sequences, not BLOCK_M consecutive rows: a window reads no key of a sequence whose rows
+# another window holds, and a backward key window holds all the keys its rows meet.
 
 # the forward runs over windows when the mean query length is at most this fraction of a
 # block: several sequences a program, where a program per (sequence, block) would leave
@@ -491,45 +493,84 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 
 
 @triton.jit
-def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, cu_k,
+def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, cu_k,
                     n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
                     BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
                     SORT: tl.constexpr = False,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
-    """One program. Each window w (rows [w * BLOCK_M, ...)) gets its first and last
-    sequence, those holding its first and last row (-1, -1 past the last row): every
-    sequence writes itself into the windows whose first (last) row it holds, at most
-    SPAN = cdiv(max length, BLOCK_M) + 1 of them; no search, no dependent loads.
-    ORDER: then the window tile list (`window_tiles`) from them. CHECK: the offsets
-    check first (cu: cu_seqlens_q; as _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
+    """One program: windows of whole sequences (`windows`), packed greedily in sequence
+    order within runs of SEQS - 1 sequences (`_groups`, one run a pass, in registers; a
+    run's end also ends a group). A group of g rows holds max(cdiv(g, BLOCK_M), 1)
+    windows: one, or the BLOCK_M-row blocks of one longer sequence (SPAN >= cdiv(max
+    length, BLOCK_M)); a group of empty sequences one too, so every sequence is in a
+    window. ROUNDS >= bit_length(min(B, SEQS - 1)). ORDER: then the window tile list
+    (`window_tiles`) from them. CHECK: the offsets check first (cu: cu_seqlens_q; as
+    _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
     if PDL:
         gdc_launch_dependents()
     ok = True
     if CHECK:
         ok = check_offsets(cu, cu_k, B, n_q, n_k, max_q, max_k, True, 1024)
     if ok:
-        total = tl.load(cu + B)
-        n_live = tl.cdiv(total, BLOCK_M)
+        n_live = 0
+        for c0 in range(0, B, SEQS - 1):
+            n_live = _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M, SEQS)
+        n_live = tl.minimum(n_live, n_win)
         for w0 in range(n_live, n_win, SEQS):  # dead windows
             w = w0 + tl.arange(0, SEQS)
             tl.store(win_ptr + w, -1, mask=w < n_win)
             tl.store(win_ptr + n_win + w, -1, mask=w < n_win)
-        for s0 in range(0, B, SEQS):
-            s = s0 + tl.arange(0, SEQS)
-            start = tl.load(cu + s, mask=s < B, other=0)
-            end = tl.load(cu + s + 1, mask=s < B, other=0)
-            first = tl.cdiv(start, BLOCK_M)        # windows whose first row is in [start, end)
-            last = tl.cdiv(start + 1, BLOCK_M) - 1  # ... whose last row w * BM + BM - 1 is
-            for j in range(0, SPAN):
-                tl.store(win_ptr + first + j, s, mask=(first + j) * BLOCK_M < end)
-                tl.store(win_ptr + n_win + last + j, s, mask=(last + j + 1) * BLOCK_M - 1 < end)
-            # the last live window ends at the last row, which the last non-empty sequence holds
-            tl.store(win_ptr + n_win + n_live - 1 + s * 0, s, mask=(end == total) & (start < end))
+            tl.store(win_ptr + 2 * n_win + w, -1, mask=w < n_win)
         if ORDER:
             tl.debug_barrier()  # the windows this program wrote, visible to all its threads
             _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
             tl.store(count_ptr, n_live)
+
+
+@triton.jit
+def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constexpr,
+            SEQS: tl.constexpr):
+    """The groups of sequences c0 .. c0 + n - 1 (n = min(B - c0, SEQS - 1)), lane i
+    sequence c0 + i, lane n the run's end: lane i finds next(i), the first sequence that
+    would take a group from i past BLOCK_M rows (a binary search; i + 1 at least); the
+    groups are the chain 0, next(0), next(next(0)), ..., which pointer doubling puts in
+    the lanes (lane i < n: next^i(0), n past the last group). The tables are read with
+    tl.gather (shared memory). Stored as windows from window n_live on -> the windows
+    stored so far."""
+    i = tl.arange(0, SEQS)
+    n = tl.minimum(B - c0, SEQS - 1)
+    real = i < n
+    starts = tl.load(cu + c0 + i, mask=i <= n, other=0)            # cu[c0 + i]
+    ends = tl.load(cu + c0 + i + 1, mask=real, other=2147483647)   # cu[c0 + i + 1]
+    target = starts + BLOCK_M
+    lo = i
+    hi = tl.zeros_like(i) + n
+    for _ in range(0, ROUNDS):  # sequences before i end by cu[i]: the answer is >= i
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        fits = tl.gather(ends, tl.minimum(mid, SEQS - 1), 0) <= target
+        lo = tl.where(open_ & fits, mid + 1, lo)
+        hi = tl.where(open_ & ~fits, mid, hi)
+    nxt = tl.where(real, tl.maximum(lo, i + 1), n)
+    jump = nxt                                  # next^(2^r)
+    first = tl.zeros_like(i)                    # next^(i mod 2^r)(0), lane i
+    for r in range(0, ROUNDS):
+        first = tl.where(((i >> r) & 1) == 1, tl.gather(jump, first, 0), first)
+        jump = tl.gather(jump, jump, 0)
+    t = tl.gather(nxt, first, 0)
+    start = tl.gather(starts, first, 0)
+    # lanes from n on hold no group (at most n of them), nor next^i(0) (i >= 2^ROUNDS)
+    head = real & (first < n)
+    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.gather(starts, t, 0) - start, BLOCK_M), 1), 0)
+    base = n_live + tl.cumsum(n_w, 0) - n_w
+    for j in range(0, SPAN):
+        w = base + j
+        keep = (j < n_w) & (w < n_win)
+        tl.store(win_ptr + w, c0 + first, mask=keep)
+        tl.store(win_ptr + n_win + w, c0 + t - 1, mask=keep)
+        tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
+    return n_live + tl.sum(n_w, 0)
 
 
 @triton.jit
@@ -557,64 +598,107 @@ def _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N: tl.constexpr,
 
 
 def _span(max_len: int, block: int) -> int:
-    return -(-max(max_len, 1) // block) + 1
+    return max(1, -(-max_len // block))
+
+
+def window_count(n_rows: int, block: int, batch: int = 0) -> int:
+    """Room for the windows of `n_rows` packed rows in `batch` sequences: full blocks (<=
+    n_rows / block) and one last window a group (< 2 n_rows / block + 2: two groups in a
+    row hold more than a block, or the second would have joined the first; each run of
+    _windows_kernel's ends a group too)."""
+    return 3 * max(1, -(-n_rows // block)) + 2 + _group_pass(batch)[1]
+
+
+def _rounds(batch: int, seqs: int) -> int:
+    return max(1, min(batch, seqs - 1).bit_length())
 
 
 def windows(cu_q, n_rows: int, max_len: int, block_m: int):
-    """int32 [2, ceil(n_rows / block_m)]: each window's first and last sequence (-1 past
-    the last packed row). `n_rows` bounds the packed rows (q.shape[0]: no sync),
-    `max_len` the sequences' lengths. Cached like the tile lists."""
+    """int32 [3, window_count(n_rows, block_m, batch)]: each window's first and last
+    sequence and its first row (-1 past the live ones). A window is whole sequences of at
+    most block_m rows together, packed greedily in order (within runs of a few thousand
+    sequences, `_group_pass`), or one block of a longer sequence, so no sequence shorter
+    than a block shares its rows with another window; every sequence, empty ones too, is
+    in a window. `n_rows` bounds the packed rows (q.shape[0]: no sync), `max_len` the
+    sequences' lengths. Cached like the tile lists."""
     return per_offsets(_build_windows, cu_q, cu_q, n_rows, max_len, block_m)
 
 
+# the most sequences _windows_kernel packs in one pass (a run: SEQS - 1 of them)
+GROUP_SEQS = 4096
+
+
+def _group_pass(batch: int) -> tuple[int, int]:
+    """(SEQS, runs after the first) of _windows_kernel for a batch."""
+    seqs = min(GROUP_SEQS, max(128, next_pow2(batch + 1)))
+    return seqs, max(0, -(-batch // (seqs - 1)) - 1)
+
+
+def _group_warps(seqs: int) -> int:
+    return min(8, max(4, seqs // 256))
+
+
 def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
-    n_win = max(1, -(-n_rows // block_m))
-    out = torch.empty(2, n_win, dtype=torch.int32, device=cu_q.device)
-    fast(_windows_kernel)[(1,)](cu_q, out, None, None, cu_q.shape[0] - 1, n_win,
-                                _span(max_len, block_m), None, 0, 0, 0, 0,
-                                BLOCK_M=block_m, SEQS=1024, ORDER=False)
+    B = cu_q.shape[0] - 1
+    n_win = window_count(n_rows, block_m, B)
+    seqs = _group_pass(B)[0]
+    out = torch.empty(3, n_win, dtype=torch.int32, device=cu_q.device)
+    fast(_windows_kernel)[(1,)](cu_q, out, None, None, B, n_win, _span(max_len, block_m),
+                                _rounds(B, seqs), None, 0, 0, 0, 0, BLOCK_M=block_m,
+                                SEQS=seqs, ORDER=False, num_warps=_group_warps(seqs))
     return out
 
 
 def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int,
                  check: tuple | None = None):
-    """The forward's tile list over row windows (the Hopper kernels of both styles):
-    (order int32 [n_win], the windows longest first (by the keys of the sequences they
-    span), dead ones last; count int32 [1] of live windows; win int32 [2, n_win], each
-    window's first and last sequence, `windows`). One kernel, no host sync; cached like
-    the others. Up to SORT_MAX windows are sorted, more stay in row order. `check`: as
-    fwd_tiles' (the forward's windows only: cu_q the query offsets)."""
+    """The tile list over windows of whole sequences (`windows`; the Hopper kernels of
+    both styles, forward over cu_q, backward with the offsets swapped): (order int32
+    [n_win], the windows longest first (by the keys of the sequences they span), dead
+    ones last; count int32 [1] of live windows; win int32 [3, n_win], `windows`). One
+    kernel, no host sync; cached like the others. Up to SORT_MAX windows are sorted, more
+    stay in row order. `check`: as fwd_tiles' (the forward's windows only: cu_q the query
+    offsets)."""
     return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, max_q, block_m, block_n,
                        check)
 
 
 def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
-    n_win = max(1, -(-n_rows // block_m))
+    B = cu_q.shape[0] - 1
+    n_win = window_count(n_rows, block_m, B)
     # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
-    o1 = -(-2 * n_win // 4) * 4
-    o2 = o1 + -(-n_win // 4) * 4
+    o1 = cdiv(3 * n_win, 4) * 4
+    o2 = o1 + cdiv(n_win, 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
+    seqs = _group_pass(B)[0]
     sort = n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
-    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], cu_q.shape[0] - 1, n_win,
-                                _span(max_q, block_m), cu_k, *sizes, BLOCK_M=block_m,
-                                SEQS=1024, ORDER=True, BLOCK_N=block_n, BLOCK=block,
-                                SORT=sort, num_warps=min(8, max(4, block // 256)), PDL=PDL,
-                                **checked)
-    return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:2 * n_win].view(2, n_win)
+    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win,
+                                _span(max_q, block_m), _rounds(B, seqs), cu_k, *sizes,
+                                BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
+                                BLOCK=block, SORT=sort,
+                                num_warps=_group_warps(max(block, seqs)), PDL=PDL, **checked)
+    return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
 
 
 def windows_reference(cu_q, n_rows: int, block_m: int):
-    cu = cu_q.to(torch.int64)
-    n_win = max(1, -(-n_rows // block_m))
-    total = int(cu[-1])
-    r0 = torch.arange(n_win, dtype=torch.int64) * block_m
-    r1 = torch.clamp(r0 + block_m, max=total) - 1
-    hold = lambda r: torch.searchsorted(cu, r, right=True) - 1
-    live = r0 < total
-    return torch.stack([torch.where(live, hold(r0), -1),
-                        torch.where(live, hold(r1), -1)]).to(torch.int32)
+    """`windows` in Python: the greedy packing, one sequence at a time, a new group at
+    each run of the kernel's."""
+    cu = [int(x) for x in cu_q.to(torch.int64).cpu()]
+    B = len(cu) - 1
+    n_win = window_count(n_rows, block_m, B)
+    run = _group_pass(B)[0] - 1
+    out = torch.full((3, n_win), -1, dtype=torch.int32)
+    w, s = 0, 0
+    while s < B:
+        t = s + 1
+        while t < min(B, (s // run + 1) * run) and cu[t + 1] - cu[s] <= block_m:
+            t += 1
+        for j in range(max(1, -(-(cu[t] - cu[s]) // block_m))):
+            out[:, w] = torch.tensor([s, t - 1, cu[s] + j * block_m])
+            w += 1
+        s = t
+    return out
 
 
 def window_tiles_reference(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
@@ -622,7 +706,7 @@ def window_tiles_reference(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
     win = windows_reference(cu_q, n_rows, block_m).to(torch.int64)
     cu_k = cu_k.to(torch.int64).cpu()
     live = win[0] >= 0
-    keys = torch.where(live, cu_k[win[1] + 1] - cu_k[win[0].clamp(min=0)], 0)
+    keys = torch.where(live, cu_k[win[1].clamp(min=0) + 1] - cu_k[win[0].clamp(min=0)], 0)
     work = torch.where(live, (keys + block_n - 1) // block_n + 1, 0)
     if win.shape[1] <= SORT_MAX:
         order = torch.sort(work, descending=True, stable=True).indices

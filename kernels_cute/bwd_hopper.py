@@ -78,14 +78,17 @@ and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
 Key windows (`takes_windows`: short packed keys, mean length at most half a tile; the
-`window_config` build): a tile is a window of BLOCK_N consecutive packed key columns,
-whatever sequences hold them (jagged.tiles.window_tiles over the key offsets,
-schedule.kv_window_coords), dealt round-robin over windows x KV heads (never from the
-counter, causal or not). Its Q blocks run over every query row of the sequences it spans,
-from its first sequence's first row; each key column meets only its own sequence's rows
-(`col_ranges`, once a tile) and every step masks P^T to them (`window_keep`: one
-unsigned compare); dK / dV go to the window's real columns, dQ partials to the packed
-rows as above. Not for broadcast-Q. Measured: not yet (compile-checked only).
+`window_config` build): a tile is a window of whole sequences of at most BLOCK_N packed
+key columns together, or a BLOCK_N-key block of a longer one (jagged.tiles.windows over
+the key offsets, schedule.kv_window_coords), dealt round-robin over windows x KV heads
+(never from the counter, causal or not). Its Q blocks run over every query row of its
+sequences, from its first sequence's first row; each key column meets only its own
+sequence's rows (`col_ranges`, once a tile) and every step masks P^T to them
+(`window_keep`: one unsigned compare); dK / dV go to the window's real columns. A window
+of whole sequences holds every key its rows meet, so its steps' dQ is whole: `compute`
+stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
+`PostRows` converts only the rows of the longer sequences, whose blocks reduce-add their
+partials as above. Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -93,7 +96,7 @@ once), not with split ones; dQ is not bitwise deterministic.
 import math
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
@@ -314,7 +317,7 @@ class Sched(NamedTuple):
     mTileB: Any          # the list: batch element of each tile; key windows: the
                          # window order
     mTileN: Any          # and its KV block; key windows: each window's first and last
-                         # sequence [2, n_win]
+                         # sequence and first key [3, n_win]
     mNTiles: Any         # the list's length (live windows), on the device
     mCuQ: Any
     mCuK: Any
@@ -388,37 +391,57 @@ def _kernel_classes():
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             red_add_v2, replaced, store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, tile_range
-    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk
+    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, sequence_of_step
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
     def transposed(s, shape, order):
         """A transposed view of a swizzled smem tile (the MN-major operand views)."""
         return cute.composition(s, cute.make_ordered_layout(shape, order=order))
 
+    @cute.jit
+    def accumulated(mCuQ, mCuK, B, rounds, tok, long_k: cutlass.Constexpr):
+        """Key windows: whether packed query row `tok` takes its dQ from the fp32
+        accumulator: a row of a sequence of more than long_k keys, whose key blocks are
+        windows of their own, or a row past the last sequence (zeros). Every other row's
+        sequence is whole in one window (jagged.tiles.windows), which stores its dQ
+        (`store_dq`). TLX's `_accumulated`."""
+        seq, hi = Int32(0), B
+        for _ in cutlass.range(rounds, unroll=1):
+            seq, hi = sequence_of_step(mCuQ, tok, seq, hi)
+        last = cutlass.min(seq, B - 1)              # an in-bounds read past the last one
+        return (seq == B) | (mCuK[last + 1] - mCuK[last] > long_k)
+
     # ================================================================================
     # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
     # ================================================================================
     # role: compute
     class Preprocess:
-        def __init__(self, dtype, head_dim: int, zero_dq: bool):
-            self.dtype, self.D, self.zero_dq = dtype, head_dim, zero_dq
+        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0):
+            self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                     mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32, stream):
+                     mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
+                     mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
+                     rounds: Int32, stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
-            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H).launch(
+            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, mCuQ, mCuK, B,
+                        rounds).launch(
                 grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
-                   mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32):
+                   mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
+                   mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
+                   rounds: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator). The main kernel queued
-            behind may launch at once: it waits for these writes itself."""
+            tile counter mSched[0] (jagged.tiles.dq_accumulator); long_k (key windows)
+            only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
+            sequences, rounds >= bit_length(B)). The main kernel queued behind may launch
+            at once: it waits for these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
@@ -439,9 +462,14 @@ def _kernel_classes():
                 if chunk == 0:
                     mDelta[r % H, r // H] = total
                 if const_expr(self.zero_dq):
-                    rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
-                    rA.fill(0.0)
-                    cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC), (r, chunk)))
+                    zero = True
+                    if const_expr(self.long_k > 0):
+                        zero = accumulated(mCuQ, mCuK, B, rounds, r // H, self.long_k)
+                    if zero:
+                        rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                        rA.fill(0.0)
+                        cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
+                                                              (r, chunk)))
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
@@ -475,12 +503,16 @@ def _kernel_classes():
                      mCuQ: cute.Tensor, mCuK: cute.Tensor, mTileB: cute.Tensor,
                      mTileN: cute.Tensor, mNTiles: cute.Tensor, mSched: cute.Tensor,
                      scale: Float32, L_q: Int32, n_slots: Int32, group: Int32,
-                     num_programs: Int32, stream):
+                     num_programs: Int32, mdQ: Optional[cute.Tensor], stream):
             D, dt = self.D, self.dtype
             # [tokens, heads, D] -> (tokens, D, heads): the TMA boxes tile (rows, D)
             mQ, mK, mV, mdO, mdQacc, mdK, mdV = [
                 cute.make_tensor(t.iterator, cute.select(t.layout, mode=[0, 2, 1]))
                 for t in (mQ, mK, mV, mdO, mdQacc, mdK, mdV)]
+            # key windows: dQ itself, which owned windows store (`store_dq`)
+            assert (mdQ is not None) == self.windows and not (self.windows and self.dq_t)
+            if const_expr(mdQ is not None):
+                mdQ = cute.make_tensor(mdQ.iterator, cute.select(mdQ.layout, mode=[0, 2, 1]))
             # smem tiles, 128B-swizzled along their contiguous dim
             atom_D = warpgroup.make_smem_layout_atom(
                 sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dt, D), dt)
@@ -562,7 +594,7 @@ def _kernel_classes():
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
                 scale, L_q, n_slots, group,
                 sK_layout, sV_layout, sQ_layout, sdO_layout, sdS_layout, sdQ_layout,
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, SharedStorage, mdQ,
             ).launch(grid=[num_programs, 1, 1], block=[NUM_THREADS, 1, 1],
                      stream=stream, min_blocks_per_mp=1,
                      use_pdl=bwd_dependent(self.broadcast_q))
@@ -582,7 +614,8 @@ def _kernel_classes():
                    sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
                    sdS_layout: cute.ComposedLayout, sdQ_layout,
                    tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma,
-                   tiled_mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+                   tiled_mma_dq: cute.TiledMma, SharedStorage: cutlass.Constexpr,
+                   mdQ: Optional[cute.Tensor]):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp_idx == 0:
                 for a in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ):
@@ -651,9 +684,17 @@ def _kernel_classes():
                 tidx = cute.arch.thread_idx()[0] - 128
                 self.compute(mdK, mdV, s, pipeline_kv, pipeline_q,
                              (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq), tidx, scale,
-                             sched)
+                             sched, mdQ)
 
         # ------------------------------------------------------------------ schedule
+        @cute.jit
+        def window_keys(self, sched, coords):
+            """The keys of a key window's sequences: at most BLOCK_N where the window holds
+            them all (jagged.tiles.windows: whole sequences, not a block of a longer one;
+            TLX's `_window_keys`); then a step's dQ is its rows' whole dQ, stored once in q's
+            dtype (`store_dq`), not reduce-added."""
+            return sched.mCuK[coords[6] + 1] - sched.mCuK[coords[0]]
+
         @cute.jit
         def tile_range(self, sched):
             """(first tile, step, tile count, dQ slot row, pinned KV head) of this CTA."""
@@ -781,8 +822,9 @@ def _kernel_classes():
         # ------------------------------------------------------------------ compute
         @cute.jit
         def compute(self, mdK, mdV, s: Smem, pipeline_kv, pipeline_q, mmas, tidx, scale,
-                    sched):
-            """The two compute warpgroups: every step of every tile, then `store`."""
+                    sched, mdQ=None):
+            """The two compute warpgroups: every step of every tile, then `store`. mdQ
+            (key windows): dQ, where an owned window stores a step's (`store_dq`)."""
             D = self.D
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = mmas
             group = sched.group
@@ -844,11 +886,14 @@ def _kernel_classes():
                            tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS,
                            tdQrKt, acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
             cols = None
+            dq_out = None
             if const_expr(self.windows):
                 # key windows: the query rows [q_lo, q_lo + q_w) each of this thread's
                 # key columns meets, counted from the window's first row (`col_ranges`)
                 cols = (cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32),
                         cute.make_rmem_tensor(cute.size(tScS, mode=[0]), Int32))
+                # an owned window's dQ (`store_dq`)
+                dq_out = (mdQ, tidx, scale)
 
             lane = cute.arch.lane_idx()
             # byte offset in sLD of this thread's first query column (2 (lane % 4): wgmma
@@ -869,8 +914,10 @@ def _kernel_classes():
             while t < n_tiles:
                 coords = self.kv_tile_coords(t, pinned, sched)
                 b, hk, n0, seq, m_lo, n_m = coords[:6]
+                keys = None
                 if const_expr(self.windows):
                     self.col_ranges(sched, seq, b, coords[6], tScS, cols)
+                    keys = self.window_keys(sched, coords)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
                 jm = m_lo * 0     # step j's Q block (j % n_m), carried; the head is not read
@@ -881,8 +928,12 @@ def _kernel_classes():
                     kv_smem = (sV[None, None, kv], s.sVst[None, None, kv])
                 for j in cutlass.range(group * n_m, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
+                    step_dq = None
+                    if const_expr(self.windows):  # + (head, window keys, first row, window)
+                        step_dq = dq_out + (hk * group + j // n_m, keys, m_lo + jm * self.bm,
+                                            seq)
                     self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                      seq, scale_log2, (s.sLD, ld_off), kv, cols)
+                                      seq, scale_log2, (s.sLD, ld_off), kv, cols, step_dq)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
                 # ---- store dK, dV (a split tile: add them)
@@ -944,25 +995,25 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                         ld, kv=None, cols=None):
+                         ld, kv=None, cols=None, dq_out=None):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
             offset), `read_ld`. kv: the tile's K/V stage (None: one stage). cols: key
-            windows' row ranges (`col_ranges`)."""
+            windows' row ranges (`col_ranges`); dq_out: key windows' dQ (`store_dq`)."""
             if const_expr(kv is not None):
                 mma = replaced(mma, tSrK=mma.tSrK[None, None, None, kv],
                                tPrV=mma.tPrV[None, None, None, kv],
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm == 128):
                 self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
-                                      cols)
+                                      cols, dq_out)
             else:
                 self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
-                                     cols)
+                                     cols, dq_out)
 
         @cute.jit
         def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                            ld, cols=None):
+                            ld, cols=None, dq_out=None):
             """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
             starts from -delta, so it returns dP^T - delta and no delta register lives
             through the step's peak (dS^T); lse is read after the S^T wait, at use (read
@@ -999,11 +1050,11 @@ def _kernel_classes():
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
-            self.dk_dq(mma, acc_dP, q_state, pipeline_q)
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q, dq_out)
 
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                             ld, cols=None):
+                             ld, cols=None, dq_out=None):
             """compute_step at 128 query rows (D = 64). S^T / dP^T are [64, 128] fp32 (64
             registers each) beside dK, dV (32 each); lse / delta are read at their use.
             Config.sdp_together (the default, but not at broadcast-Q, whose causal fp16
@@ -1045,7 +1096,7 @@ def _kernel_classes():
             if const_expr(self.sdp_together):
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
-            self.dk_dq(mma, acc_dP, q_state, pipeline_q)
+            self.dk_dq(mma, acc_dP, q_state, pipeline_q, dq_out)
 
         @cute.jit
         def minus_delta(self, acc_dP, ld, ncol):
@@ -1097,10 +1148,12 @@ def _kernel_classes():
             return Int32(q - lo).bitcast(cutlass.Uint32) < width
 
         @cute.jit
-        def dk_dq(self, mma: Operands, acc_dP, q_state, pipeline_q):
+        def dk_dq(self, mma: Operands, acc_dP, q_state, pipeline_q, dq_out=None):
             """The step's end, from dS^T in acc_dP: dS^T -> smem, dQ = dS K, then dK +=
             dS^T Q under the dQ partial's hand-over to reduce_dq (the FA3/FA4 order: wait
-            for dQ only; llm 24.48 -> 22.81 ms against dK first and a wait for both)."""
+            for dQ only; llm 24.48 -> 22.81 ms against dK first and a wait for both). An
+            owned key window (dq_out) stores its dQ instead; the hand-over stays, and
+            reduce_dq adds nothing."""
             s = q_state.index
             mma.tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
             # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
@@ -1123,12 +1176,40 @@ def _kernel_classes():
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            mma.tdQsdQ.store(acc_dQ.load())
+            if const_expr(dq_out is None):
+                mma.tdQsdQ.store(acc_dQ.load())
+            else:
+                if dq_out[4] > BLOCK_N:    # a block of a longer sequence: reduce-added
+                    mma.tdQsdQ.store(acc_dQ.load())
+                else:                      # owned: its rows' whole dQ
+                    self.store_dq(mma, acc_dQ, dq_out)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
                                      number_of_threads=DQ_BARRIER_THREADS)
             warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
             pipeline_q.consumer_release(q_state)
+
+        @cute.jit
+        def store_dq(self, mma: Operands, acc_dQ, dq_out):
+            """An owned key window's step: this thread's part of its dQ (the (bm, D) block
+            of head h from row m0), times the softmax scale, in q's dtype, the window's
+            rows only. dq_out: (mdQ, the compute thread index, scale, h, the window's keys,
+            m0, its SeqlenInfo). TLX's `_store_dq`."""
+            mdQ, tidx, scale, h, _, m0, seq = dq_out
+            thr_dq = mma.tiled_mma_dq.get_slice(tidx)
+            tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((self.bm, self.D)))
+            tdQgdQ = thr_dq.partition_C(head_tile(mdQ, seq.q_start + m0, h, self.bm, self.D))
+            rows = seq.len_q - m0
+            # the wgmma C fragment ((2 columns, 2 rows 8 apart, column groups), 1, 1): a
+            # column pair is one 4-byte store, kept where its row is the window's
+            assert cute.size(acc_dQ, mode=[1]) == 1 and cute.size(acc_dQ, mode=[2]) == 1
+            pair = cute.make_rmem_tensor((2,), self.dtype)
+            for j in cutlass.range_constexpr(cute.size(acc_dQ, mode=[0, 1])):
+                for k in cutlass.range_constexpr(cute.size(acc_dQ, mode=[0, 2])):
+                    if tdQcdQ[(0, j, k), 0, 0][0] < rows:
+                        for c in cutlass.range_constexpr(2):
+                            pair[c] = (acc_dQ[(c, j, k), 0, 0] * scale).to(self.dtype)
+                        cute.autovec_copy(pair, tdQgdQ[(None, j, k), 0, 0])
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
@@ -1146,7 +1227,11 @@ def _kernel_classes():
             if const_expr(self.dynamic):
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             while t < n_tiles:
-                b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
+                coords = self.kv_tile_coords(t, pinned, sched)
+                b, hk, n0, seq, m_lo, n_m = coords[:6]
+                add = True
+                if const_expr(self.windows):  # an owned window stores its dQ itself
+                    add = self.window_keys(sched, coords) > BLOCK_N
                 for j in cutlass.range(group * n_m, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
@@ -1154,10 +1239,11 @@ def _kernel_classes():
                         mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
                     cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
                                       number_of_threads=DQ_BARRIER_THREADS)
-                    # the whole warp calls: the TMA op elects one issuing lane itself
-                    cute.copy(tma_atom_dQ, tsdQ, tgdQ)
-                    cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    if add:
+                        # the whole warp calls: the TMA op elects one issuing lane itself
+                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
                                              number_of_threads=DQ_BARRIER_THREADS)
                 i += 1
@@ -1263,14 +1349,51 @@ def _kernel_classes():
                 out.store((acc.load() * scale).to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
 
-    return Preprocess, BwdMain, Postprocess
+    # role: reduce_dq
+    class PostRows:
+        """Key windows: dQ = scale * the accumulator for the rows it holds (`accumulated`);
+        the owned windows' rows, stored by the main kernel, are left alone. TLX's
+        `_bwd_post_rows`."""
+
+        def __init__(self, dtype, long_k: int, pdl: bool):
+            self.dtype, self.long_k, self.pdl = dtype, long_k, pdl
+
+        @cute.jit
+        def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                     mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
+                     token_vecs: Int32, scale: Float32, stream):
+            self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale).launch(
+                grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
+                block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
+
+        @cute.kernel
+        def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                   mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
+                   token_vecs: Int32, scale: Float32):
+            """mdQacc, mdQ (n_elem,), token-major; POST_VEC elements a thread, token_vecs
+            vectors a token (H * D / POST_VEC). Its reads wait for the main kernel."""
+            cute.arch.griddepcontrol_wait()
+            i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
+            if i < n_vec:
+                if accumulated(mCuQ, mCuK, B, rounds, i // token_vecs, self.long_k):
+                    acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                    cute.autovec_copy(cute.local_tile(mdQacc, (POST_VEC,), (i,)), acc)
+                    out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                    out.store((acc.load() * scale).to(self.dtype))
+                    cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+
+    return Preprocess, BwdMain, Postprocess, PostRows
 
 
 # --------------------------------------------------------------------------------------
 # Host: compile once per config (on symbolic tensors), then launch
 # --------------------------------------------------------------------------------------
 
-def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
+def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
+                       options: str = ""):
+    """long_k (key windows): zero only the rows of sequences of more than long_k keys
+    (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
+    rounds unused)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1282,8 +1405,29 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, options: str = ""):
                       (cute.sym_int64(), 1), 4)
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq), o, do, delta, acc, sched,
-                               cutlass.Int32(1), cutlass.Int32(1), options=options)
+    nb = cute.sym_int32()
+    cus = ((host.fake(cutlass.Int32, (nb,), (1,), 4), host.fake(cutlass.Int32, (nb,), (1,), 4))
+           if long_k else (None, None))
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k), o, do, delta, acc, sched,
+                               cutlass.Int32(1), cutlass.Int32(1), *cus, cutlass.Int32(1),
+                               cutlass.Int32(1), options=options)
+
+
+def compile_post_rows(dtype, pdl: bool = True, options: str = ""):
+    """Key windows' postprocess (PostRows) for BLOCK_N-key windows."""
+    import cutlass
+    import cutlass.cute as cute
+    cdt = host.cute_dtype(dtype)
+    PostRows = _kernel_classes()[3]
+    n = cute.sym_int32()
+    acc = host.fake(cutlass.Float32, (n,), (1,), 16)
+    dq = host.fake(cdt, (n,), (1,), 16)
+    nb = cute.sym_int32()
+    cu_q = host.fake(cutlass.Int32, (nb,), (1,), 4)
+    cu_k = host.fake(cutlass.Int32, (nb,), (1,), 4)
+    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl), acc, dq, cu_q, cu_k,
+                               cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Int32(1), cutlass.Float32(1.0), options=options)
 
 
 def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
@@ -1315,9 +1459,16 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     if dynamic is None:
         dynamic = bwd_dynamic(broadcast_q) and not cfg.windows
+    # key windows: dQ in q's dtype (owned windows store it), contiguous: its static
+    # strides keep store_dq's addresses out of the registers the tile loop holds
+    dq = None
+    if cfg.windows:
+        heads = cute.sym_int32()
+        dq = host.fake(cdt, (cute.sym_int32(), heads, head_dim),
+                       (heads * head_dim, head_dim, 1), 16)
     return host.compile_kernel(Main(cdt, head_dim, causal, broadcast_q, cfg, dynamic, parts),
                                *args, sched, cutlass.Float32(1.0), cutlass.Int32(0),
-                               cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), dq,
                                options=options)
 
 
@@ -1329,7 +1480,8 @@ def _main(c: host.BwdCall):
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
     parts = 1
-    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
+    windows = takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q)
+    if windows:
         cfg, dynamic = window_config(D), False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
@@ -1349,12 +1501,14 @@ def _main(c: host.BwdCall):
                   dynamic, "", parts)(
         c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, dk, dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
-        c.scale, c.L_q, c.n_slots, c.group, c.grid)
+        c.scale, c.L_q, c.n_slots, c.group, c.grid, c.dq if windows else None)
     return dkv_acc
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
-                          partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC)
+                          partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
+                          takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
+                          BLOCK_N)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

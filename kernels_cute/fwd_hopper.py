@@ -46,9 +46,10 @@ Broadcast-Q with a short L_q under GQA packs the group's heads into a tile's row
 and head.
 
 Row windows (`takes_windows`: short packed queries, mean length at most half a tile;
-the `window_config` build): a tile is a window of 128 consecutive packed query rows,
-whatever sequences hold them (jagged.tiles.window_tiles, schedule.window_coords), so a
-tile of short sequences is not mostly empty rows. `load` is unchanged (Q at the
+the `window_config` build): a tile is a window of whole sequences of at most 128 packed
+query rows together, or a 128-row block of a longer one (jagged.tiles.windows /
+window_tiles, schedule.window_coords), so a tile of short sequences is not mostly empty
+rows. `load` is unchanged (Q at the
 window's first row, K / V from its first sequence's first key, up to the last key any
 of its rows sees); `compute` finds each of its rows' sequence and key columns once a
 tile (`row_ranges`) and masks every KV block to them (`window_mask`: no unmasked bulk);
@@ -197,7 +198,8 @@ class Sched(NamedTuple):
     group: Any           # query heads per KV head
     nblk: Any            # query blocks per sequence (the pair encoding's stride);
                          # row windows: the windows (unused)
-    mWin: Any            # row windows: each window's first and last sequence [2, n_win]
+    mWin: Any            # row windows: each window's first and last sequence and first
+                         # row [3, n_win]
 
 
 class Scales(NamedTuple):

@@ -105,10 +105,10 @@ def descale_args(fp8: bool, count: int = 2):
 
 def window_args(windows: bool):
     """The window table of a forward that has row-window builds, after the descales:
-    symbolic int32 [2, n_win] for a windows build, None for the others."""
+    symbolic int32 [3, n_win] for a windows build, None for the others."""
     import cutlass
     import cutlass.cute as cute
-    return (fake(cutlass.Int32, (2, cute.sym_int32()), (cute.sym_int64(), 1), 4)
+    return (fake(cutlass.Int32, (3, cute.sym_int32()), (cute.sym_int64(), 1), 4)
             if windows else None,)
 
 
@@ -236,7 +236,7 @@ def persistent_programs(cfg, n_tiles: int, device) -> int:
 def bwd_args(dtype, head_dim: int, windows: bool = False, dkv_fp32: bool = False):
     """The backward main kernel's symbolic tensors: q, k, v, dO, lse, delta, the fp32
     dQ accumulator, dK, dV (dkv_fp32: fp32 accumulators), cu_q, cu_k and the KV-tile list
-    (tile_b, tile_n, n_tiles); key windows: the window order, table int32 [2, n_win] and
+    (tile_b, tile_n, n_tiles); key windows: the window order, table int32 [3, n_win] and
     count in its place."""
     import cutlass
     import cutlass.cute as cute
@@ -255,7 +255,7 @@ def bwd_args(dtype, head_dim: int, windows: bool = False, dkv_fp32: bool = False
     tile_b = fake(cutlass.Int32, (nt,), (1,), 4)
     tile_n = fake(cutlass.Int32, (nt,), (1,), 4)
     if windows:
-        tile_n = fake(cutlass.Int32, (2, nt), (cute.sym_int64(), 1), 4)
+        tile_n = fake(cutlass.Int32, (3, nt), (cute.sym_int64(), 1), 4)
     n_tiles = fake(cutlass.Int32, (1,), (1,), 4)
     return q, k, v, do, lse, delta, dq_acc, dk, dv, cu_q, cu_k, tile_b, tile_n, n_tiles
 
@@ -283,16 +283,25 @@ class BwdCall(NamedTuple):
     grid: int            # programs of the main kernel (jagged.tiles.dq_accumulator)
     sched: Any           # the scheduling buffer (tile counter and handoffs)
     max_q: int = 0       # the longest query sequence (0: not given)
+    dq: Any = None       # dQ itself, in q's dtype (key windows store into it)
 
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq) -> the compiled preprocess
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k) -> the compiled preprocess
+                           # (long_k: key windows, the rows of longer sequences only)
     main: Callable         # (BwdCall) -> launch the main kernel; its fp32 dK / dV
                            # accumulators [2, Nk, H_kv, D] to convert, or None
     postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
                            # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
     post_vec: int
+    # key windows (None: the architecture has none): (n_keys, batch, max_k, broadcast_q)
+    # -> whether the main kernel takes them; their postprocess (dtype, pdl) -> the
+    # compiled rows postprocess; a window's keys (the accumulator's rows are those of
+    # longer sequences)
+    takes_windows: Callable | None = None
+    post_rows: Callable | None = None
+    window_keys: int = 0
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -314,13 +323,18 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         dk.zero_(); dv.zero_(); dq.zero_()
         return dq, dk, dv
 
-    # (a) preprocess
+    # (a) preprocess; key windows: the accumulator's rows are the longer sequences' only
+    windows = (kern.takes_windows is not None
+               and kern.takes_windows(k.shape[0], B, max_k, broadcast_q))
+    long_k = kern.window_keys if windows else 0
+    cus = (cu_q, cu_k) if windows else (None, None)
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
     dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
                                               dev, k.shape[0])
     n_slots = slot_count(dq_acc, broadcast_q)
-    kern.preprocess(q.dtype, D, not broadcast_q)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H)
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k)(
+        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
+        *cus, B, B.bit_length())
     if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
 
@@ -328,13 +342,18 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     dkv_acc = kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
                                 cu_q, cu_k, max_k, bool(causal), float(scale),
                                 bool(broadcast_q), L_q, n_slots, H // HKV, grid_main, sched,
-                                int(max_q or 0)))
+                                int(max_q or 0), dq if windows else None))
 
     # (c) postprocess; a split tile list's dK / dV from their accumulators after it
     n_elem = dq.numel()
     post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q))
-    post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-         float(scale))
+    if windows:  # the rows the accumulator holds; the windows stored the others
+        kern.post_rows(q.dtype, bwd_dependent(broadcast_q))(
+            dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
+            n_elem // kern.post_vec, H * D // kern.post_vec, float(scale))
+    else:
+        post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
+             float(scale))
     if dkv_acc is not None:
         for acc, grad in zip(dkv_acc, (dk, dv)):
             post(acc.view(1, -1), grad.view(-1), grad.numel() // kern.post_vec, 1, 1.0)

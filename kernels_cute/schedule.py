@@ -12,22 +12,22 @@ one head's K/V. CTA p takes the p-th tile of every round of P tiles, in odd full
 counted from the right (boustrophedon), which keeps the per-sequence sawtooth of causal
 tiles balanced.
 
-Row windows (short sequences, `window_coords`): a tile is a window of BLOCK_M
-consecutive packed query rows, whatever sequences hold them (jagged.tiles.window_tiles:
-live windows longest first), times the heads; each row sees its own sequence's keys, the
-window reads the keys of every sequence it spans.
+Row windows (short sequences, `window_coords`): a tile is a window of whole sequences of
+at most BLOCK_M packed query rows, or a block of a longer one (jagged.tiles.windows /
+window_tiles: live windows longest first), times the heads; each row sees its own
+sequence's keys, the window reads its sequences' keys.
 
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA walks the
 list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Packed
 lists are taken from a counter instead (tile_counter.py).
 
-Key windows (short sequences, `kv_window_coords`): a tile is a window of BLOCK_N
-consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles
-over the key offsets: live windows longest first), times the KV heads, dealt by the same
-static round-robin (`tile_range`; never from the counter, causal or not); each column
-meets its own sequence's query rows, the window reads the rows of every sequence it
-spans.
+Key windows (short sequences, `kv_window_coords`): a tile is a window of whole sequences
+of at most BLOCK_N packed key columns, or a block of a longer one (jagged.tiles.windows /
+window_tiles over the key offsets: live windows longest first), times the KV heads,
+dealt by the same static round-robin (`tile_range`; never from the counter, causal or
+not); each column meets its own sequence's query rows, the window reads its sequences'
+rows.
 
 Every role of a kernel decodes the same tile ids with these, so the `load` warp and the
 `compute` warpgroups agree on every tile without talking. The device-side helpers are
@@ -101,9 +101,10 @@ def window_coords(tile, mOrder, n_live, mWin, mCuQ, mCuK, H, group, BLOCK_M: int
     sequence: (h, kv head, m0 = 0, the window as a SeqlenInfo, n_bulk = 0 (every KV block
     masked), n_end, its first sequence, its last sequence).
 
-    A window w is the packed query rows [w * BLOCK_M, + BLOCK_M) (jagged.tiles.
-    window_tiles: mOrder the live windows longest first, n_live of them, mWin [2, n_win]
-    their first and last sequence). Its SeqlenInfo: q_start = out_start the first row,
+    A window w is the packed query rows from mWin[2, w], at most BLOCK_M, up to its last
+    sequence's end (jagged.tiles.windows: whole sequences, or a block of a longer one;
+    window_tiles: mOrder the live windows longest first, n_live of them, mWin [3, n_win]
+    their first and last sequence and first row). Its SeqlenInfo: q_start = out_start the first row,
     len_q the real rows, k_start its first sequence's first key, len_k up to the last key
     any of its rows sees. Tiles walk the list heads fastest, in boustrophedon rounds."""
     import cutlass
@@ -114,7 +115,7 @@ def window_coords(tile, mOrder, n_live, mWin, mCuQ, mCuK, H, group, BLOCK_M: int
     w = mOrder[idx]
     s_first = mWin[0, w]
     s_last = mWin[1, w]
-    q_start = w * BLOCK_M
+    q_start = mWin[2, w]
     k_start = mCuK[s_first]
     rows_end = mCuQ[s_last + 1]                   # one past the last sequence's rows
     len_q = cutlass.min(rows_end - q_start, BLOCK_M)
@@ -205,12 +206,14 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
     sequence: (first sequence, KV head hk, n0 = 0, the window as a SeqlenInfo, m_lo = 0,
     number of Q blocks n_m, last sequence).
 
-    A window w is the packed key columns [w * BLOCK_N, + BLOCK_N) (sched.mTileB: the live
-    windows longest first, sched.mNTiles of them; sched.mTileN [2, n_win]: each one's
-    first and last sequence). Its SeqlenInfo: k_start the first column, len_k its real
-    columns; q_start = out_start the first sequence's first query row, len_q every row
-    up to the last sequence's end: a first sequence that starts before the window still
-    sees its columns, so no row is cut (no causal bound of one column). Tiles walk the
+    A window w is the packed key columns from sched.mTileN[2, w], at most BLOCK_N, up to
+    its last sequence's end (jagged.tiles.windows over the keys: whole sequences, or a
+    block of a longer one; sched.mTileB: the live windows longest first, sched.mNTiles of
+    them; sched.mTileN [3, n_win]: each one's first and last sequence and first key). Its
+    SeqlenInfo: k_start the first column, len_k its real columns; q_start = out_start the
+    first sequence's first query row, len_q every row up to the last sequence's end: a
+    longer sequence's later blocks start after its first key, so no row is cut (no
+    causal bound of one column). Tiles walk the
     list x KV heads, heads fastest."""
     import cutlass
 
@@ -220,7 +223,7 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
     w = sched.mTileB[idx]
     s_first = sched.mTileN[0, w]
     s_last = sched.mTileN[1, w]
-    k_start = w * BLOCK_N
+    k_start = sched.mTileN[2, w]
     len_k = cutlass.min(sched.mCuK[s_last + 1] - k_start, BLOCK_N)
     q_start = sched.mCuQ[s_first]
     len_q = sched.mCuQ[s_last + 1] - q_start

@@ -15,7 +15,8 @@ sequences): each row sees the packed key columns [lo, hi) of its own sequence
 (`row_seq_chunk` finds it, `row_kv_range` gives the range, the causal cut included).
 A window of packed key columns (key windows, the backward of short sequences) is the
 transpose: each column meets the packed query rows [lo, hi) of its own sequence
-(`row_seq_chunk` over the key offsets, `col_q_range`).
+(`row_seq_chunk` over the key offsets, `col_q_range`). Over a whole batch a row's
+sequence is a binary search of the offsets (`sequence_of_step`).
 
 Plain arithmetic, traced inside a @cute.jit role on the DSL's integers; importing this
 module does not load the DSL.
@@ -108,6 +109,16 @@ def row_seq_chunk(cu, j0, s_last, row, seq):
         j = j0 + i
         seq = seq + ((j <= s_last) & (cu[_min(j, s_last)] <= row))
     return seq
+
+
+def sequence_of_step(cu, row, lo, hi):
+    """One halving of `sequence_of` (jagged.seqinfo) -> (lo, hi): from lo = 0, hi = B,
+    after ceil(log2(B + 1)) steps lo is the largest b in [0, B] with cu[b] <= row (B:
+    past the last sequence). Branch-free."""
+    import cutlass
+    mid = (lo + hi + 1) // 2
+    below = cu[mid] <= row
+    return cutlass.select_(below, mid, lo), cutlass.select_(below, hi, mid - 1)
 
 
 def row_kv_range(cu_q, cu_k, seq, row, causal: bool):

@@ -58,13 +58,17 @@ query rows a sequence), 64 at D = 128, 32 for mean KV lengths up to SHORT_MEAN_K
   * 128 rows (D = 64 only): as 64 rows, and the consumers split dQ by query rows
     (`_step_rows`); 195 KB with one K/V stage (two spilled in causal).
 
-Key windows (short keys on average, `takes_windows`): a tile is instead BLOCK_N
-consecutive packed key columns, whatever sequences hold them (jagged.tiles.window_tiles
-over cu_k, schedule.kv_window_coords), against every query row of those sequences; each
-key column meets its own sequence's rows (`_col_bounds`, `_keep`), every step masked; the
-rows of every column come from `_window_rows`, launched before the main kernel. At gem 256
-/ 0.1 (mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked
-statically, causal too, in the short bucket's steps (`window_config`).
+Key windows (short keys on average, `takes_windows`): a tile is instead whole sequences
+of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of a longer one
+(jagged.tiles.windows / window_tiles over cu_k, schedule.kv_window_coords), against every
+query row of its sequences; each key column meets its own sequence's rows (`_col_bounds`,
+`_keep`), every step masked; the rows of every column come from `_window_rows`, launched
+before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) tile is
+~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
+(`window_config`). A window of whole sequences holds every key its rows meet
+(`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
+(`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
+converts only the rows of the longer sequences, whose blocks reduce-add their partials.
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
@@ -94,12 +98,12 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_visible, col_q_range, row_seq
+from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, slot_count, window_tiles,
-                          windowed)
+                          dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, slot_count,
+                          window_tiles, windowed)
 
-from jagged.launch import cdiv, fast, tma_desc
+from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -155,13 +159,13 @@ def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf) -> Confi
     return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
 
 
-# Key windows (short keys, jagged.tiles.windowed): a tile is BLOCK_N packed key columns,
-# whatever sequences hold them, against every query row of those sequences. The windows
-# take the short bucket's steps (32 rows, two K/V stages): windowed calls have mean keys
-# of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured fastest in;
-# a window's rows are its sequences' (~BLOCK_N + the two end sequences' spill-over at
-# len_q = len_k), so 32-row steps leave the least padding at the row range's end; and a
-# window has few steps, so the next window's K/V loading under this one's pays.
+# Key windows (short keys, jagged.tiles.windowed): a tile is whole sequences of at most
+# BLOCK_N keys (jagged.tiles.windows), against every query row of those sequences. The
+# windows take the short bucket's steps (32 rows, two K/V stages): windowed calls have
+# mean keys of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured
+# fastest in; a window's rows are its sequences' (at most BLOCK_N at len_q = len_k), so
+# 32-row steps leave the least padding at the row range's end; and a window has few
+# steps, so the next window's K/V loading under this one's pays.
 def window_config(head_dim: int) -> Config:
     return CONFIGS[(head_dim, "short")]
 
@@ -226,12 +230,15 @@ class RowStats(NamedTuple):
 
 
 class Grads(NamedTuple):
-    """dK and dV ([Nk, H_kv, D], strides in elements) and the softmax scale dK takes."""
+    """dK and dV ([Nk, H_kv, D], strides in elements), the softmax scale dK (and dQ)
+    take, and dQ ([Nq, H, D] contiguous, q's dtype) where key windows store it directly
+    (`_store_dq`; None otherwise)."""
     dk: object
     dv: object
     stride_tok: object
     stride_h: object
     scale: object
+    dq: object = None
 
 
 def dq_cols(head_dim: int) -> int:  # role: host
@@ -249,12 +256,15 @@ def dq_rows(block_m: int) -> int:  # role: host
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
-                    stride_delta_h,
+                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    ZERO_DQ: tl.constexpr, PDL: tl.constexpr = False):
+                    ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
+                    PDL: tl.constexpr = False):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the tile counter sched_ptr[0] (jagged.tiles.dq_accumulator). PDL:
-    the kernel queued behind may launch at once (it waits for these writes itself)."""
+    modes) also zeroes the dQ accumulator and the tile counter sched_ptr[0]
+    (jagged.tiles.dq_accumulator); LONG_K (key windows) only the rows the windows
+    reduce-add into (`_accumulated`). PDL: the kernel queued behind may launch at once (it
+    waits for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -268,20 +278,37 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                  mask=valid[:, None], other=0.0).to(tl.float32)
     tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
     if ZERO_DQ:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
+        zero = valid
+        if LONG_K:
+            zero = valid & _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K)
         tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
-                 tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+                 tl.zeros([ROWS, D], dtype=tl.float32), mask=zero[:, None])
         if tl.program_id(0) == 0:
             tl.store(sched_ptr, 0)
+
+
+@triton.jit
+def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr):
+    """Key windows: whether packed query rows `tok` take their dQ from the fp32
+    accumulator: rows of a sequence of more than LONG_K keys, whose key blocks are windows
+    of their own, and rows past the last sequence (zeros). Every other row's sequence is
+    whole in one window (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
+    seq = sequence_of(tok, cu_q_ptr, B, ROUNDS)
+    real = seq < B
+    keys = (tl.load(cu_k_ptr + seq + 1, mask=real, other=0)
+            - tl.load(cu_k_ptr + seq, mask=real, other=0))
+    return ~real | (keys > LONG_K)
 
 
 @triton.jit
 def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PDL: tl.constexpr = False):
     """Key windows (jagged.tiles.window_tiles over cu_k: win = each window's first and last
-    sequence): one program per window; each of its BLOCK_N packed key columns gets the
-    packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
-    col_q_range; lo = hi past the window's keys), into col_rows [2, n_win * BLOCK_N]. The
-    main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
+    sequence and first key): one program per window; each of its packed key columns gets
+    the packed query rows [lo, hi) of its own sequence that see it (seqinfo.row_seq,
+    col_q_range), into col_rows [2, n_win * BLOCK_N] at the column's packed index (each
+    column written by its own window; `_col_bounds` gives the columns past a window's keys
+    no row). The main kernel's consumers load them: row_seq's loop there costs 13 spill instructions
     at D = 128 (and 6-22 in the load task, which runs on the compiler's few registers).
     PDL: as _bwd_preprocess's."""
     if PDL:
@@ -290,12 +317,12 @@ def _window_rows(cu_q_ptr, cu_k_ptr, win_ptr, n_win, col_rows_ptr,
     s_first = tl.load(win_ptr + w)
     if s_first >= 0:  # live
         s_last = tl.load(win_ptr + n_win + w)
-        cols = w * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.load(win_ptr + 2 * n_win + w) + tl.arange(0, BLOCK_N)
         seq = row_seq(cu_k_ptr, s_first, s_last, cols, ROW_SEQ_CHUNK)
         lo, hi = col_q_range(cu_q_ptr, cu_k_ptr, seq, cols, CAUSAL)
-        hi = tl.where(cols < tl.load(cu_k_ptr + s_last + 1), hi, lo)
-        tl.store(col_rows_ptr + cols, lo)
-        tl.store(col_rows_ptr + n_win * BLOCK_N + cols, hi)
+        own = cols < tl.load(cu_k_ptr + s_last + 1)  # the next window's keys are its own
+        tl.store(col_rows_ptr + cols, lo, mask=own)
+        tl.store(col_rows_ptr + n_win * BLOCK_N + cols, hi, mask=own)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -337,10 +364,32 @@ def _col_bounds(col_rows, tiles, tile, c0: tl.constexpr, N: tl.constexpr,
                 BLOCK_N: tl.constexpr):  # role: compute
     """Key window columns [c0, c0 + N): the query rows [lo, hi) (from tile.q_start) each
     meets, as `_window_rows` wrote them (col_rows [2, windows * BLOCK_N])."""
-    cols = tile.k_start + c0 + tl.arange(0, N)
+    c = c0 + tl.arange(0, N)
+    cols = tile.k_start + c
     lo = tl.load(col_rows + cols)
-    hi = tl.load(col_rows + tiles.L_q * BLOCK_N + cols)
+    hi = tl.where(c < tile.len_k, tl.load(col_rows + tiles.L_q * BLOCK_N + cols), lo)
     return lo - tile.q_start, hi - tile.q_start
+
+
+@triton.jit
+def _window_keys(tiles, tile):  # role: schedule
+    """The keys of a key window's sequences: at most BLOCK_N where the window holds them
+    all (jagged.tiles.windows: whole sequences, not a block of a longer one); then a
+    step's dQ is its rows' whole dQ, stored once in q's dtype (`_store_dq`), not
+    reduce-added."""
+    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b)
+
+
+@triton.jit
+def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
+              D: tl.constexpr):  # role: compute
+    """An owned window's step: dQ^T [columns, rows offs_m] (columns col0 on, of head h),
+    times the softmax scale, into dQ in q's dtype, the window's rows only."""
+    cols = col0 + tl.arange(0, dqt.shape[0])
+    rows = (tile.q_start + offs_m).to(tl.int64)
+    ptrs = grads.dq + (rows[None, :] * H + h) * D + cols[:, None]
+    tl.store(ptrs, (dqt * grads.scale).to(grads.dq.dtype.element_ty),
+             mask=(offs_m < tile.len_q)[None, :])
 
 
 @triton.jit
@@ -435,8 +484,8 @@ def load(descs, smem, bars, tiles, stats,
                 # K/V wait at a tile start needs only the previous tile's steps done, and
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
-                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS,
-                                 DQ_SUM, DQ_ROWS)
+                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC,
+                                 DQ_COLS, DQ_SUM, DQ_ROWS)
                 dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
@@ -447,8 +496,8 @@ def load(descs, smem, bars, tiles, stats,
             publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, i)
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
-            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, D, NC, DQ_COLS, DQ_SUM,
-                         DQ_ROWS)
+            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC, DQ_COLS,
+                         DQ_SUM, DQ_ROWS)
 
 
 @triton.jit
@@ -504,8 +553,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
         offs_n = nc0 + tl.arange(0, BNC)
         if WINDOWS:
             bounds = _col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
+            owned = _window_keys(tiles, tile) <= BLOCK_N
         else:
             bounds = None
+            owned = False
         dk = tl.zeros([BNC, D], dtype=tl.float32)
         dv = tl.zeros([BNC, D], dtype=tl.float32)
         kvb, kph = _buf_phase(i, NKV)
@@ -609,10 +660,17 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
                         tlx.barrier_arrive(bars.dq_empty[c2], 1)
             # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
-            # for the last consumer, above)
+            # for the last consumer, above); an owned window's whole dQ goes straight to
+            # dQ instead, and the hand-over stays (the reduce task adds nothing)
             tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
                 tlx.local_store(dqc, dqt)
+            elif WINDOWS and (cid == NC - 1 or not DQ_SUM):
+                if owned:
+                    _store_dq(grads, dqt, tile, h, offs_m, cid * DQ_COLS if DQ_COLS < D else 0,
+                              H, D)
+                else:
+                    tlx.local_store(tlx.local_trans(dqc), dqt)
             else:
                 tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
@@ -768,33 +826,38 @@ def reduce_dq(dq_desc, smem, bars, tiles,
     while t < n_tiles:
         tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
                        PARTS)
+        add = _window_keys(tiles, tile) > BLOCK_N if WINDOWS else True
         for j in range(0, G * tile.n_m):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,
-                         qcnt, D, NC, DQ_COLS, DQ_SUM)
+                         qcnt, add, D, NC, DQ_COLS, DQ_SUM)
             qcnt += 1
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 
 
 @triton.jit
-def _reduce_step(dq_desc, smem, bars, row, h, qcnt,
+def _reduce_step(dq_desc, smem, bars, row, h, qcnt, add,
                  D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
                  DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr = 0):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
     last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
-    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D."""
+    (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D.
+    add false (a key window that owns its keys, `_window_keys`): the hand-over only,
+    nothing added."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(bars.dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
-        if DQ_ROWS:
-            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
-                                       store_reduce="add")
-        else:
-            tlx.async_descriptor_store(dq_desc, smem.dq[c], [row, col], store_reduce="add")
+        if add:
+            if DQ_ROWS:
+                tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
+                                           store_reduce="add")
+            else:
+                tlx.async_descriptor_store(dq_desc, smem.dq[c], [row, col],
+                                           store_reduce="add")
     # rows past the sequence hold exact zeros (P = 0), so whole boxes are added
     tlx.async_descriptor_store_wait(0)
     for c in tl.static_range(C0, NC):
@@ -808,6 +871,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                cu_q_ptr, cu_k_ptr, tile_b_ptr, tile_n_ptr, n_tiles_ptr, sched_ptr,
                scale, L_q, n_slots, stride_k_tok, stride_k_h, stride_lse_h,
                col_rows,  # key windows: each key column's query rows (_window_rows); None
+               dq_ptr,    # key windows: dQ, which owned windows store (_store_dq); None
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, DQ_COLS: tl.constexpr,
@@ -832,6 +896,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     tl.static_assert(M128 or not SDP_TOGETHER, "SDP_TOGETHER is a 128-row step's order")
     # key windows: packed queries, walked statically (no tile counter, even causal)
     tl.static_assert(not WINDOWS or not (BROADCAST_Q or DYNAMIC), "windows: packed, static")
+    # key windows hand owned windows' dQ over in reduce_dq's protocol (_reduce_step's add)
+    tl.static_assert(not WINDOWS or BLOCK_M < 64, "windows: 32-row steps, the reduce warp")
     NKV: tl.constexpr = KV_STAGES
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
@@ -866,7 +932,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr,
                     n_slots)
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
-    grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale)
+    grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale, dq_ptr)
 
     # Launched as a programmatic dependent of the kernel before it (the preprocess, a list
     # kernel or _window_rows, which trigger first): each role waits (gdc_wait) before it
@@ -904,6 +970,25 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(0, n_slots):  # in a fixed order
         acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
+    tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD, scale,
+                   LONG_K: tl.constexpr, TOK: tl.constexpr, COLS: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
+    TOK tokens x COLS of their H * D values a program; the owned windows' rows, stored by
+    the main kernel, are left alone. PDL: as _bwd_postprocess's."""
+    if PDL:
+        gdc_wait()
+    tok = tl.program_id(0) * TOK + tl.arange(0, TOK)
+    take = (tok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B, tl.minimum(tok, n_tok - 1),
+                                        ROUNDS, LONG_K)
+    col = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    offs = tok.to(tl.int64)[:, None] * HD + col[None, :]
+    mask = take[:, None] & (col < HD)[None, :]
+    acc = tl.load(dq_acc_ptr + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
 
 
@@ -949,25 +1034,28 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _preprocess(p: Prep, broadcast_q, dlse):  # role: host
+def _preprocess(p: Prep, broadcast_q, dlse, windows=None):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    -> (delta, dq_acc, programs of the main kernel, scheduling buffer)."""
+    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into) -> (delta,
+    dq_acc, programs of the main kernel, scheduling buffer)."""
     dev = p.dq.device
     delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
     dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
                                          num_sms(dev), dev, p.dk.shape[0])
     ROWS = 32 if p.D <= 64 else 16
+    cu_q, cu_k = windows or (None, None)
     fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0),
-        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, PDL=PDL, num_warps=4)
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
+        p.B.bit_length(), H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
+        LONG_K=BLOCK_N if windows else 0, PDL=PDL, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
 
 
 def window_rows(cu_q, cu_k, win, causal):  # role: host
-    """Each key column's query rows over the key windows `win` ([2, n_win], window_tiles
+    """Each key column's query rows over the key windows `win` ([3, n_win], window_tiles
     over cu_k): int32 [2, n_win * BLOCK_N], (lo, hi) packed rows (_window_rows)."""
     n_win = win.shape[1]
     out = torch.empty((2, n_win * BLOCK_N), dtype=torch.int32, device=win.device)
@@ -976,13 +1064,23 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     return out
 
 
-def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None):  # role: host
+def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
+                 windows=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
-    the one before."""
+    the one before. windows = (cu_q, cu_k): key windows, only the rows the accumulator
+    holds (_bwd_post_rows)."""
     pdl = PDL and bwd_dependent(broadcast_q)
     n_slots = slot_count(dq_acc, broadcast_q)
-    _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
+    if windows is not None:
+        TOK, HD = 8, p.H * p.D
+        COLS = min(1024, next_pow2(HD))
+        fast(_bwd_post_rows)[(cdiv(p.Nq, TOK), cdiv(HD, COLS))](
+            dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
+            float(scale), LONG_K=BLOCK_N, TOK=TOK, COLS=COLS, PDL=PDL, num_warps=4,
+            launch_pdl=pdl)
+    else:
+        _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
     if dkv_acc is not None:
         for acc, grad in zip(dkv_acc, (p.dk, p.dv)):
             _cast(acc, grad, grad.numel(), 1, 0, 1.0, pdl)
@@ -1009,7 +1107,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse)
+    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse,
+                                                  (cu_q, cu_k) if windows else None)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1030,12 +1129,12 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), l_q, slot_count(dq_acc, broadcast_q), p.dk.stride(0), p.dk.stride(1),
-        p.lse.stride(0), col_rows,
+        p.lse.stride(0), col_rows, p.dq if windows else None,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
         SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
         num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
-    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None)
     return p.dq, p.dk, p.dv

@@ -116,8 +116,8 @@ def pick_config(head_dim: int, max_seqlen_k: int, causal: bool,
     return CONFIGS[(head_dim, fwd_bucket(max_seqlen_k, mean_k, causal), bool(causal))]
 
 
-# Row windows (short queries, jagged.tiles.windowed): 128 packed rows a tile, whatever
-# sequences hold them; every KV block is masked (each row to its own sequence's keys), so
+# Row windows (short queries, jagged.tiles.windowed): whole sequences of at most 128 packed
+# rows a tile (jagged.tiles.windows); every KV block is masked (each row to its own sequence's keys), so
 # no masked block goes first and nothing overlaps across steps.
 WINDOW_CONFIG = Config(block_m=128, block_n=64, num_buffers_kv=3, overlap=False,
                        mask_first=False)

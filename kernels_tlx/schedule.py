@@ -18,8 +18,9 @@ Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) ti
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks
 the list (packed: tiles x KV heads round-robin; broadcast-Q: programs pinned to a KV
 head). Packed lists are taken from a counter instead (tile_counter.py). Short keys
-take key windows instead (`kv_window_coords`): BLOCK_N consecutive packed key columns,
-whatever sequences hold them (jagged.tiles.window_tiles over cu_k), walked statically.
+take key windows instead (`kv_window_coords`): whole sequences of at most BLOCK_N packed
+key columns, or a block of a longer one (jagged.tiles.windows over cu_k), walked
+statically.
 """
 from __future__ import annotations
 
@@ -110,15 +111,15 @@ def tile_coords(tile, pairs_ptr, n_pairs, cu_q, cu_k, L_q, H, GROUP, NBLK,
 def window_coords(tile, order_ptr, n_live, win_ptr, n_win, cu_q, cu_k, H, GROUP,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Forward tile id over row windows (jagged.tiles.window_tiles: order, live count,
-    each window's first / last sequence) -> Tile: the window's BLOCK_M packed rows from
-    q_start (len_q of them real, m0 = 0), the keys of the sequences it spans from k_start,
+    each window's first / last sequence and first row) -> Tile: the window's packed rows
+    from q_start (len_q <= BLOCK_M of them, up to its last sequence's end; m0 = 0), the keys of the sequences it spans from k_start,
     every block masked (n_bulk = 0: each row sees its own sequence's keys only)."""
     tile = _snake(tile, n_live * H)
     h = tile % H
     w = tl.load(order_ptr + tile // H)
     s_first = tl.load(win_ptr + w)
     s_last = tl.load(win_ptr + n_win + w)
-    q_start = w * BLOCK_M
+    q_start = tl.load(win_ptr + 2 * n_win + w)
     q_end = tl.load(cu_q + s_last + 1)
     len_q = tl.minimum(q_end - q_start, BLOCK_M)
     k_start = tl.load(cu_k + s_first)
@@ -265,13 +266,13 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     """Backward tile t over key windows (tiles: KVTiles of a window list) -> KVTile: KV
     head t % HKV of window order[t // HKV], its real key columns [k_start, k_start + len_k)
     (n0 = 0) and every query row of the sequences b..s_last it spans, n_m blocks from
-    q_start (m_lo = 0). All rows: the first sequence may start before the window and the
-    last end after it, and each key column's rows are the mask's (seqinfo.col_q_range),
-    so no causal cut of the row range holds for every sequence of the window."""
+    q_start (m_lo = 0). All rows: a longer sequence's later blocks start after its first
+    key, and each key column's rows are the mask's (seqinfo.col_q_range), so no causal cut
+    of the row range holds for every sequence of the window."""
     w = tl.load(tiles.tile_b + t // HKV)
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
-    k_start = w * BLOCK_N
+    k_start = tl.load(tiles.tile_n + 2 * tiles.L_q + w)
     len_k = tl.minimum(tl.load(tiles.cu_k + s_last + 1) - k_start, BLOCK_N)
     q_start = tl.load(tiles.cu_q + s_first)
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start

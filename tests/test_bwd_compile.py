@@ -260,14 +260,19 @@ def test_window_decision():
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
 
 
+# the preprocess's arguments; the offsets (cu_q_ptr, cu_k_ptr) only over key windows
+PRE_SIG = {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
+           "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
+           "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32",
+           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32"}
+
+
 @pytest.mark.parametrize("d", (pytest.param(64, marks=pytest.mark.matrix), 128))
 def test_pre_post_compile(d):
     pre = compile_kernel(
-        bw._bwd_preprocess,
-        {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
-         "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
-         "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32"},
-        constexprs=dict(H=4, D=d, ROWS=16, ZERO_DQ=True, PDL=True), arch=90, num_warps=4)
+        bw._bwd_preprocess, dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr"),
+        constexprs=dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
+                        LONG_K=0, PDL=True), arch=90, num_warps=4)
     post = compile_kernel(
         bw._bwd_postprocess,
         {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
@@ -276,6 +281,23 @@ def test_pre_post_compile(d):
     assert not pre.spills and not post.spills
     # the chain of dependent launches: the preprocess lets the main kernel launch under
     # it; the postprocess, launched under the main kernel, waits for it
+    assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
+    assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
+
+
+def test_window_pre_post_compile():
+    """Key windows' preprocess (zeroing the rows of long sequences only) and rows
+    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches."""
+    pre = compile_kernel(
+        bw._bwd_preprocess, PRE_SIG,
+        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True),
+        arch=90, num_warps=4)
+    post = compile_kernel(
+        bw._bwd_post_rows,
+        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+         "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"},
+        constexprs=dict(LONG_K=bw.BLOCK_N, TOK=8, COLS=512, PDL=True), arch=90, num_warps=4)
+    assert not pre.spills and not post.spills, (pre.row(), post.row())
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 

@@ -37,13 +37,49 @@ def test_preprocess(d, zero_dq):
     rows = 32 if d <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq)
+        dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, H=H, D=d,
+        ROWS=rows, ZERO_DQ=zero_dq)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
     if zero_dq:
         assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     else:
         assert dq_acc.isnan().all() and (sched == 7).all()
+
+
+def test_pre_post_rows_of_long_sequences():
+    """Key windows (LONG_K): the preprocess zeroes, and _bwd_post_rows converts, only the
+    rows of sequences of more than LONG_K keys and the rows past the last sequence; the
+    owned windows' rows stay untouched (NaN) in the accumulator and in dQ."""
+    g = torch.Generator().manual_seed(3)
+    lq = torch.tensor([2, 5, 3, 0, 4, 6, 0, 1])
+    lk = torch.tensor([3, 9, 0, 8, 20, 1, 30, 0])
+    cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).to(torch.int32)
+    cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).to(torch.int32)
+    B, H, d, long_k, extra = len(lq), 3, 64, 8, 3
+    nq = int(cu_q[-1]) + extra
+    seq = torch.repeat_interleave(torch.arange(B), lq)
+    want = torch.cat([lk[seq] > long_k, torch.ones(extra, dtype=torch.bool)])
+    assert want.any() and not want.all()
+    out = torch.randn(nq, H, d, generator=g).half()
+    dout = torch.randn(nq, H, d, generator=g).half()
+    delta = torch.full((H, nq), float("nan"))
+    dq_acc = torch.full((nq, H, d), float("nan"))
+    sched = torch.full((4,), 7, dtype=torch.int32)
+    bw._bwd_preprocess[(triton.cdiv(nq * H, 32),)](
+        out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
+        H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
+                               atol=1e-4)
+    assert (dq_acc[want] == 0).all() and dq_acc[~want].isnan().all()
+    acc = torch.randn(nq, H, d, generator=g)
+    dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
+    bw._bwd_post_rows[(triton.cdiv(nq, 4), 2)](
+        acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, LONG_K=long_k, TOK=4,
+        COLS=128)
+    torch.testing.assert_close(dq[want].float(), (acc[want] * 0.5).half().float())
+    assert dq[~want].isnan().all()
 
 
 def test_postprocess():

@@ -338,9 +338,12 @@ def test_dkv_fragment_coordinates(tmp_path):
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing) and postprocess (slot sum, cast) kernels."""
+    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
+    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False)")
+                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
+                       "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
+                       "B.compile_post_rows(dt)")
 
 
 @needs_dsl
@@ -558,7 +561,8 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
     """The key-windows build (window_config): tiles round-robin, never from the counter
     (no atomic add, causal or not); P^T masked by one unsigned compare a score (bm / 2
     a compute thread a step: 64 keys x bm queries / 128 threads); the default build's
-    dQ reduces, dK / dV stores and wgmma shapes; no spills in the cubin; its
+    dQ reduces, dK / dV stores and wgmma shapes; an owned window's dQ in 4-byte column
+    pairs (`store_dq`: bm x D / 256 threads / 2 a thread); no spills in the cubin; its
     SharedStorage (asserted equal to smem_bytes when traced) within the limit."""
     from jagged.arch import SMEM_LIMIT
     from kernels_cute import bwd_hopper as B
@@ -576,6 +580,7 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
     assert _count(red, ptx) == D // B.DQ_WIDE
     assert _count(r"st\.global\.v4\.b32", ptx) == D // 8
+    assert _count(r"st\.global\.b32", ptx) == bm * D // 512
     assert _count(r"mbarrier\.arrive\.expect_tx", ptx) == 2
     if bm == 128:
         assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16", ptx) == 8
@@ -669,17 +674,21 @@ def test_kv_window_coords_match_the_reference(causal):
         for P in (1, 5, 132):              # tile_range's packed round-robin
             seen = [Sch.kv_window_coords(t, sched, BM, BN)
                     for p in range(P) for t in range(p, n_live * HKV, P)]
-            assert sorted((c[3].k_start // BN, c[1]) for c in seen) == \
-                sorted((int(w), hk) for w in order[:n_live] for hk in range(HKV))
+            assert sorted((c[3].k_start, c[1]) for c in seen) == \
+                sorted((int(win[2, w]), hk) for w in order[:n_live] for hk in range(HKV))
         for idx in range(n_live):
             s_first, hk, n0, seq, m_lo, n_m, s_last = Sch.kv_window_coords(
                 idx * HKV + 2, sched, BM, BN)
             w = int(order[idx])
-            cols = torch.arange(w * BN, min(w * BN + BN, total_k))
+            start = int(win[2, w])
+            cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
             assert (hk, n0, m_lo) == (2, 0, 0)
-            assert (s_first, s_last) == (int(ref_seq[0]), int(ref_seq[-1]))
-            assert seq.k_start == w * BN and seq.len_k == len(cols)
+            # the window's sequences: its rows' own, and empty ones around them
+            f, l = int(ref_seq[0]), int(ref_seq[-1])
+            assert s_first <= f and l <= s_last
+            assert (lk[s_first:f] == 0).all() and (lk[l + 1:s_last + 1] == 0).all()
+            assert seq.k_start == start and seq.len_k == len(cols)
             assert seq.q_start == seq.out_start == int(cu_q[s_first])
             assert seq.q_start + seq.len_q == int(cu_q[s_last + 1])
             assert n_m == -(-seq.len_q // BM)
@@ -709,8 +718,10 @@ def test_host_backward_launches_windows(monkeypatch, short):
     """host.backward with bwd_hopper's main (the tile lists in the interpreter, the
     kernels recorders): short packed keys launch the window_config build, never from
     the counter, on window_tiles over the key offsets (order, table, count in the tile
-    list's places); otherwise, and always in broadcast-Q, the default build for the mean
-    query rows on kv_tiles. Preprocess and postprocess run as before."""
+    list's places), dQ itself passed for the owned windows' stores, the preprocess zeroing
+    and the rows postprocess converting the longer sequences' rows only; otherwise, and
+    always in broadcast-Q, the default build for the mean query rows on kv_tiles, between
+    the whole preprocess and postprocess."""
     import torch
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
@@ -724,7 +735,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -742,10 +753,21 @@ def test_host_backward_launches_windows(monkeypatch, short):
             calls.clear()
             host.backward(kern, o, q, k, k, o, lse, None if bq else cu_q, cu_k, n_q, max_k,
                           causal, 0.125, bq)
-            (pre, _), (main, args), (post, _) = calls
+            (pre, pre_args), (main, args), (post, post_args) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
-            assert pre == (q.dtype, D, not bq) and post == (q.dtype, not bq)
-            if short and not bq:
+            windows = short and not bq
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0)
+            assert post == (q.dtype, not bq)
+            B_ = len(lk)
+            assert pre_args[7:] == ((cu_q, cu_k) if windows else (None, None)) + (
+                B_, B_.bit_length())
+            if windows:   # the rows postprocess: the offsets, vectors a token
+                assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
+                assert post_args[7] == H * D // B.POST_VEC
+                assert args[20].shape == q.shape and args[20].dtype == q.dtype
+            else:
+                assert args[20] is None
+            if windows:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
                                                  cfg.block_m)

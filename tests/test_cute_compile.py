@@ -308,18 +308,23 @@ def test_window_coords_match_the_reference(monkeypatch, causal):
             for t in range(p, n_live * H, P):
                 c = Sch.window_coords(t, _Ints(order), n_live, _Ints(win), cq, ck, H, group,
                                       BM, BN, causal)
-                seen.append((c[3].q_start // BM, c[0]))
-        assert sorted(seen) == sorted((int(w), h) for w in order[:n_live] for h in range(H))
+                seen.append((c[3].q_start, c[0]))
+        assert sorted(seen) == sorted((int(win[2, w]), h) for w in order[:n_live]
+                                      for h in range(H))
 
     for idx in range(n_live):
         h, hk, m0, seq, n_bulk, n_end, s_first, s_last = Sch.window_coords(
             idx * H + 2, _Ints(order), n_live, _Ints(win), cq, ck, H, group, BM, BN, causal)
         w = int(order[idx])
-        rows = torch.arange(w * BM, min(w * BM + BM, total))
+        start = int(win[2, w])
+        rows = torch.arange(start, min(start + BM, int(cu_q[int(win[1, w]) + 1])))
         ref_seq, ref_lo, ref_hi = row_kv_range_ref(cu_q, cu_k, rows, causal)
         assert (h, hk, m0, n_bulk) == (2, 0, 0, 0)
-        assert (s_first, s_last) == (int(ref_seq[0]), int(ref_seq[-1]))
-        assert seq.q_start == seq.out_start == w * BM and seq.len_q == len(rows)
+        # the window's sequences: its rows' own, and empty ones around them
+        f, l = int(ref_seq[0]), int(ref_seq[-1])
+        assert s_first <= f and l <= s_last
+        assert (lq[s_first:f] == 0).all() and (lq[l + 1:s_last + 1] == 0).all()
+        assert seq.q_start == seq.out_start == start and seq.len_q == len(rows)
         assert seq.k_start == int(cu_k[s_first])
         seen_keys = ref_hi > ref_lo
         if seen_keys.any():                 # the blocks read cover every key a row sees

@@ -159,23 +159,60 @@ def _row_probe(cu_q, cu_k, win, out, n_win, BM: tl.constexpr, CAUSAL: tl.constex
     w = tl.program_id(0)
     s0 = tl.load(win + w)
     s1 = tl.load(win + n_win + w)
-    rows = w * BM + tl.arange(0, BM)
+    rows = tl.load(win + 2 * n_win + w) + tl.arange(0, BM)
+    own = rows < tl.load(cu_q + s1 + 1)  # a window's rows: up to its last sequence's end
     seq = row_seq(cu_q, s0, s1, rows, 4)
     lo, hi = row_kv_range(cu_q, cu_k, seq, rows, CAUSAL)
-    tl.store(out + rows, seq)
-    tl.store(out + n_win * BM + rows, lo)
-    tl.store(out + 2 * n_win * BM + rows, hi)
+    tl.store(out + rows, seq, mask=own)
+    tl.store(out + n_win * BM + rows, lo, mask=own)
+    tl.store(out + 2 * n_win * BM + rows, hi, mask=own)
 
 
 @triton.jit
 def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constexpr):
     w = tl.program_id(0)
-    cols = w * BN + tl.arange(0, BN)
-    seq = row_seq(cu_k, tl.load(win + w), tl.load(win + n_win + w), cols, 4)
+    s1 = tl.load(win + n_win + w)
+    cols = tl.load(win + 2 * n_win + w) + tl.arange(0, BN)
+    own = cols < tl.load(cu_k + s1 + 1)
+    seq = row_seq(cu_k, tl.load(win + w), s1, cols, 4)
     lo, hi = col_q_range(cu_q, cu_k, seq, cols, CAUSAL)
-    tl.store(out + cols, seq)
-    tl.store(out + n_win * BN + cols, lo)
-    tl.store(out + 2 * n_win * BN + cols, hi)
+    tl.store(out + cols, seq, mask=own)
+    tl.store(out + n_win * BN + cols, lo, mask=own)
+    tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
+
+
+@pytest.mark.parametrize("runs", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
+    """tiles.windows (one program: a search a sequence, pointer doubling over the groups
+    in registers; runs: batches over several of its passes, as beyond GROUP_SEQS) against
+    the greedy packing done one sequence at a time, on random batches: empty sequences in
+    runs, sequences of exactly a block, longer ones (their blocks windows of their own),
+    one sequence, rows past the last sequence; every window within a block and within the
+    room window_count leaves."""
+    import random
+    import jagged.tiles
+    from jagged.tiles import window_count, windows, windows_reference
+    if runs:  # passes of 15 sequences
+        monkeypatch.setattr(jagged.tiles, "GROUP_SEQS", 16)
+    rng = random.Random(seed)
+    for _ in range(6):
+        BM = rng.choice([4, 8, 16])
+        B = rng.choice([1, 2, 7, 40, 300])
+        draw = [lambda: 0, lambda: rng.randint(1, BM // 2), lambda: BM,
+                lambda: rng.randint(BM + 1, 5 * BM), lambda: rng.randint(1, BM)]
+        weights = [3, 6, 1, 1 if seed % 2 else 0, 4]
+        lens = [rng.choices(draw, weights)[0]() for _ in range(B)]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        n_rows = int(cu[-1]) + rng.choice([0, 3])
+        win = windows(cu, n_rows, max(lens + [1]), BM)
+        assert win.shape[1] == window_count(n_rows, BM, B)
+        assert torch.equal(win, windows_reference(cu, n_rows, BM)), (seed, BM, lens)
+        live = int((win[0] >= 0).sum())
+        for w in range(live):
+            s0, s1, start = (int(x) for x in win[:, w])
+            end = int(cu[s1 + 1])
+            assert start >= int(cu[s0]) and end - start <= BM or s0 == s1
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -197,7 +234,14 @@ def test_row_ranges_and_windows(causal):
     win = windows(cu_q, n_rows, int(lq.max()), BM)
     assert torch.equal(win, windows_reference(cu_q, n_rows, BM))
     live = int((win[0] >= 0).sum())
-    assert live == -(-int(cu_q[-1]) // BM) and (win[:, live:] == -1).all()
+    assert (win[:, live:] == -1).all()
+    # whole sequences a window, or one block of a longer one; every row in one window
+    spans = [(int(win[2, w]), int(cu_q[int(win[1, w]) + 1])) for w in range(live)]
+    assert all(0 <= min(e - s, BM) for s, e in spans)
+    covered = torch.zeros(int(cu_q[-1]), dtype=torch.int32)
+    for s, e in spans:
+        covered[s:min(e, s + BM)] += 1
+    assert (covered == 1).all()
     out = torch.empty(3, win.shape[1] * BM, dtype=torch.int32)
     _row_probe[(live,)](cu_q, cu_k, win, out, win.shape[1], BM=BM, CAUSAL=causal)
     rows = torch.arange(int(cu_q[-1]))
@@ -209,7 +253,8 @@ def test_row_ranges_and_windows(causal):
     kwin = windows(cu_k, n_cols, int(lk.max()), BM)
     assert torch.equal(kwin, windows_reference(cu_k, n_cols, BM))
     out = torch.empty(3, kwin.shape[1] * BM, dtype=torch.int32)
-    _col_probe[(kwin.shape[1],)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)
+    k_live = int((kwin[0] >= 0).sum())
+    _col_probe[(k_live,)](cu_q, cu_k, kwin, out, kwin.shape[1], BN=BM, CAUSAL=causal)
     cols = torch.arange(n_cols)
     seq, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
     assert torch.equal(out[0, cols].long(), seq) and (lk[seq] > 0).all()

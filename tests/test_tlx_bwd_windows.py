@@ -18,50 +18,65 @@ from kernels_tlx.schedule import KVTiles  # noqa: E402
 
 
 @triton.jit
+def _kv(k, v, tile, offs_n, n_k, HKV: tl.constexpr, D: tl.constexpr):
+    """The tile's keys offs_n: (their rows, K and V in fp32 for the interpreter's dots,
+    the inputs' dtype), zero past the tensor's end."""
+    kr = tile.k_start + offs_n
+    at = (kr * HKV + tile.hk)[:, None] * D + tl.arange(0, D)[None, :]
+    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
+    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
+    return kr, kc.to(tl.float32), vc, kc.dtype
+
+
+@triton.jit
+def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
+          D: tl.constexpr, dt: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """Step j of a tile (G query heads a KV head) for the keys offs_n (kc, vc in fp32):
+    (head, rows offs_m, Q, dO, P^T, and dS^T rounded to the inputs' dtype as the kernel's
+    wgmma reads it); TMA's zero fill past the tensors' ends as masks."""
+    h = tile.hk * G + j // tile.n_m
+    offs_m = tile.m_lo + (j % tile.n_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    rows = tile.q_start + offs_m
+    orows = tile.o_start + offs_m
+    qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
+                 other=0.0).to(tl.float32)
+    dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
+                  mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
+    inb = offs_m < tile.len_q
+    lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
+    dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
+    pt = tl.math.exp2(tl.dot(kc, tl.trans(qb)) * (scale * 1.4426950408889634) - lse2[None, :])
+    pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
+    dst = (pt * (tl.dot(vc, tl.trans(dob)) - dl[None, :])).to(dt).to(tl.float32)
+    return h, offs_m, qb, dob, pt, dst
+
+
+@triton.jit
 def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-              n_q, n_k, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              n_q, n_k, owned, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """bw.compute's math for consumer cid's 64 keys (32-row steps), TMA's zero fill and
-    clipping past the tensors' ends as masks."""
+    clipping past the tensors' ends as masks; an owned window's dQ is `_owned_dq`'s."""
     G = H // HKV
     BNC: tl.constexpr = BLOCK_N // 2
     nc0 = tile.n0 + cid * BNC
     offs_n = nc0 + tl.arange(0, BNC)
     bounds = bw._col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
     d = tl.arange(0, D)
-    kr = tile.k_start + offs_n
-    at = (kr * HKV + tile.hk)[:, None] * D + d[None, :]
-    kc = tl.load(k + at, mask=(kr < n_k)[:, None], other=0.0)
-    vc = tl.load(v + at, mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
-    dt = kc.dtype
-    kc = kc.to(tl.float32)  # interpreter: fp32 dots
+    kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
     dk_c = tl.zeros([BNC, D], tl.float32)
     dv_c = tl.zeros([BNC, D], tl.float32)
-    qk_scale2 = scale * 1.4426950408889634
     for j in range(0, G * tile.n_m):
-        h = tile.hk * G + j // tile.n_m
-        m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
-        offs_m = m0 + tl.arange(0, BLOCK_M)
+        h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
+                                            j, scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         rows = tile.q_start + offs_m
-        orows = tile.o_start + offs_m
-        qb = tl.load(q + (rows * H + h)[:, None] * D + d[None, :], mask=(rows < n_q)[:, None],
-                     other=0.0).to(tl.float32)
-        dob = tl.load(do + (orows * H + h)[:, None] * D + d[None, :],
-                      mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
-        inb = offs_m < tile.len_q
-        lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
-        dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
-        st = tl.dot(kc, tl.trans(qb))
-        pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-        pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
         dv_c += tl.dot(pt.to(dt).to(tl.float32), dob)
-        dpt = tl.dot(vc, tl.trans(dob))
-        dst = (pt * (dpt - dl[None, :])).to(dt).to(tl.float32)
         dk_c += tl.dot(dst, qb)
         # the whole step's box is reduce-added (rows past the tile's hold zeros), clipped
         # at the tensor's end
         tl.atomic_add(dq_acc + (rows * H + h)[:, None] * D + d[None, :],
-                      tl.dot(tl.trans(dst), kc), mask=(rows < n_q)[:, None])
+                      tl.dot(tl.trans(dst), kc), mask=(rows < n_q)[:, None] & ~owned)
     # bw.store's arithmetic and row bound, without its shared-memory staging
     out = (tile.k_start + offs_n)[:, None] * HKV * D + tile.hk * D + d[None, :]
     keep = (offs_n < tile.len_k)[:, None]
@@ -70,17 +85,44 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
 
 
 @triton.jit
-def _emulate(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, cu_q, cu_k, order, count,
-             win, n_win, scale, n_q, n_k, H, HKV: tl.constexpr, D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
+              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DQ_COLS: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """An owned window's dQ as bw.compute forms it: per step, each consumer's DQ_COLS
+    columns over all BLOCK_N keys (dQ^T = K[:, cols]^T dS^T), stored by bw._store_dq."""
+    G = H // HKV
+    offs_n = tl.arange(0, BLOCK_N)
+    bounds = bw._col_bounds(col_rows, tiles, tile, 0, BLOCK_N, BLOCK_N)
+    kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
+    for j in range(0, G * tile.n_m):
+        h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
+                                            j, grads.scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
+        for c in tl.static_range(D // DQ_COLS):
+            cols = c * DQ_COLS + tl.arange(0, DQ_COLS)
+            kt = tl.load(k + (kr * HKV + tile.hk)[:, None] * D + cols[None, :],
+                         mask=(kr < n_k)[:, None], other=0.0).to(tl.float32)
+            bw._store_dq(grads, tl.dot(tl.trans(kt), dst), tile, h, offs_m, c * DQ_COLS, H,
+                         D)
+
+
+@triton.jit
+def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, order,
+             count, win, n_win, scale, n_q, n_k, H: tl.constexpr, HKV: tl.constexpr,
+             D: tl.constexpr, DQ_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """One program per (window, KV head) slot t of the static walk."""
     tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
     t = tl.program_id(0)
     if t < tl.load(count) * HKV:
         tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+        owned = bw._window_keys(tiles, tile) <= BLOCK_N
         for cid in tl.static_range(2):
             _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-                      n_q, n_k, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
+                      n_q, n_k, owned, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
+        if owned:
+            grads = bw.Grads(dk, dv, 0, 0, scale, dq)
+            _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, H,
+                      HKV, D, DQ_COLS, BLOCK_M, BLOCK_N, CAUSAL)
 
 
 def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
@@ -99,19 +141,21 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     rows = 32 if D <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
-        p.dout.stride(0), p.dout.stride(1), delta.stride(0), H=H, D=D, ROWS=rows,
-        ZERO_DQ=True)
+        p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
+        H=H, D=D, ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
     col_rows = bw.window_rows(cu_q, cu_k, win, causal)
     p.dk.fill_(float("nan"))  # every real key row must be stored
     p.dv.fill_(float("nan"))
+    p.dq.fill_(float("nan"))  # every query row: by an owned window or the postprocess
     _emulate[(win.shape[1] * HKV,)](
-        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dk, p.dv,
-        col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H, HKV=HKV,
-        D=D, BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N, CAUSAL=causal)
-    bw._postprocess(p, dq_acc, scale, broadcast_q)
+        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, p.dk, p.dv,
+        col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H=H,
+        HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
+        CAUSAL=causal)
+    bw._postprocess(p, dq_acc, scale, broadcast_q, None, (cu_q, cu_k))
     return p.dq, p.dk, p.dv
 
 
@@ -187,8 +231,8 @@ def test_window_backward_against_oracle(p, lengths):
 
 @interp
 def test_window_rows_against_reference():
-    """`window_rows` against seqinfo.col_q_range_ref per key column (lo = hi past the
-    window's keys: the last window's tail)."""
+    """`window_rows` against seqinfo.col_q_range_ref per key column (each written by the
+    window holding it; `_col_bounds` gives the columns past a window's keys no row)."""
     from jagged.seqinfo import col_q_range_ref
     from jagged.tiles import window_tiles
     def cu(lengths):
@@ -203,5 +247,3 @@ def test_window_rows_against_reference():
         _, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
         assert torch.equal(got[0, :n_k].long(), lo)
         assert torch.equal(got[1, :n_k].long(), hi)
-        pad = torch.arange(n_k, win.shape[1] * bw.BLOCK_N)
-        assert torch.equal(got[0, pad], got[1, pad])

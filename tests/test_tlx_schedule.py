@@ -436,7 +436,8 @@ def test_tile_sequence(programs, causal, bq):
 @pytest.mark.parametrize("n_seq,extra", [(40, 0), (40, 9), (5000, 0)])  # sorted; row order
 def test_window_tiles_match_reference(n_seq, extra):
     """The row-window tile list against its torch reference: empty sequences (first,
-    last, runs), rows past the last sequence (dead windows last), longest first."""
+    last, runs), rows past the last sequence (dead windows last), longest first, every
+    row in one window."""
     from jagged.tiles import SORT_MAX, window_tiles, window_tiles_reference
     g = torch.Generator().manual_seed(n_seq + extra)
     lq = torch.randint(0, 7, (n_seq,), generator=g)
@@ -454,8 +455,12 @@ def test_window_tiles_match_reference(n_seq, extra):
     assert torch.equal(win, ref[2]) and torch.equal(count, ref[1])
     assert torch.equal(order, ref[0])
     live = int(count)
-    assert live == -(-int(cu_q[-1]) // BM)
     assert sorted(order[:live].tolist()) == list(range(live))
+    covered = torch.zeros(int(cu_q[-1]), dtype=torch.int32)  # each row in one window
+    for w in range(live):
+        start, end = int(win[2, w]), int(cu_q[int(win[1, w]) + 1])
+        covered[start:min(end, start + BM)] += 1
+    assert (covered == 1).all()
 
 
 def test_dq_slots():
