@@ -234,7 +234,11 @@ def test_oracle_check_with_dlse(inp):
 
 def test_gradient_buffers_do_not_alias(inp):
     """The styles' backward outputs (jagged.tiles.grad_buffers, as TLX's `_prepare` holds
-    them) are three allocations: torch.compile rejects a custom op whose outputs alias."""
+    them) are three allocations: torch.compile rejects a custom op whose outputs alias.
+    A style whose backward returns them (filled by the portable one) compiles with
+    fullgraph=True, forward and backward."""
+    from jagged import portable
+    from jagged.api import make_jagged_attention
     from jagged.tiles import grad_buffers
     from kernels_tlx.bwd_hopper import _prepare
     p = _prepare(inp.q, inp.q, inp.k, inp.v, inp.q, torch.zeros(2, inp.q.shape[0]),
@@ -244,3 +248,23 @@ def test_gradient_buffers_do_not_alias(inp):
         assert len(storages) == 3
         assert [g.shape for g in grads] == [inp.q.shape, inp.k.shape, inp.v.shape]
         assert all(g.is_contiguous() for g in grads[1:])
+
+    def bwd(dout, q, k, v, out, lse, cu_q, cu_k, *rest, dlse=None):
+        grads = portable.bwd(dout, q, k, v, out, lse, cu_q, cu_k, *rest, dlse=dlse)
+        prep = _prepare(dout, q, k, v, out, lse, cu_k, rest[-1])
+        for dst, src in zip((prep.dq, prep.dk, prep.dv), grads):
+            dst.copy_(src)
+        return prep.dq, prep.dk, prep.dv
+
+    attn = make_jagged_attention("grad_buffers_probe", portable.fwd, bwd)
+
+    def f(q, k, v):
+        return attn(q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q,
+                    inp.max_seqlen_k, causal=True).float().square().sum()
+
+    torch._dynamo.reset()
+    q1, q2 = (inp.q.clone().requires_grad_() for _ in range(2))
+    eager = torch.autograd.grad(f(q1, inp.k, inp.v), q1)[0]
+    compiled = torch.autograd.grad(
+        torch.compile(f, backend="aot_eager", fullgraph=True)(q2, inp.k, inp.v), q2)[0]
+    torch.testing.assert_close(compiled, eager)
