@@ -867,10 +867,19 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     return parts
 
 
+def grad_buffers(q: torch.Tensor, k: torch.Tensor):
+    """(dq, dk, dv), uninitialized, in q's and k's shapes and dtypes (dk, dv contiguous):
+    three allocations, as a custom op's outputs may not alias one another (torch.compile
+    checks it)."""
+    def kv():
+        return torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    return torch.empty_like(q), kv(), kv()
+
+
 def dkv_accumulator(k: torch.Tensor, parts: int) -> torch.Tensor | None:
     """Tiles split over `parts` programs (bwd_parts > 1): zeroed fp32 dK / dV accumulators,
-    [2, Nk, H_kv, D] (dK then dV, as the gradients' own buffer), that the parts add into
-    and the postprocess converts; None otherwise."""
+    [2, Nk, H_kv, D] (dK then dV), that the parts add into and the postprocess converts;
+    None otherwise."""
     if parts == 1:
         return None
     return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)

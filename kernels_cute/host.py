@@ -16,8 +16,8 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, packed_query,
-                          pairs_per_sequence, slot_count, window_tiles)
+from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, grad_buffers,
+                          packed_query, pairs_per_sequence, slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -318,9 +318,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     dev = q.device
     L_q = q.shape[0] if broadcast_q else 0
 
-    dq = torch.empty_like(q)
-    dkv = torch.empty((2, *k.shape), dtype=k.dtype, device=dev)  # dK, dV: one buffer
-    dk, dv = dkv[0], dkv[1]
+    dq, dk, dv = grad_buffers(q, k)
     if k.shape[0] == 0 or B == 0 or Nq == 0:
         dk.zero_(); dv.zero_(); dq.zero_()
         return dq, dk, dv
@@ -357,5 +355,6 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
              float(scale))
     if dkv_acc is not None:
-        post(dkv_acc.view(1, -1), dkv.view(-1), dkv.numel() // kern.post_vec, 1, 1.0)
+        for acc, grad in zip(dkv_acc, (dk, dv)):
+            post(acc.view(1, -1), grad.view(-1), grad.numel() // kern.post_vec, 1, 1.0)
     return dq, dk, dv

@@ -100,8 +100,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, dq_accumulator, kv_tiles, slot_count, window_tiles,
-                          windowed)
+                          dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, slot_count,
+                          window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
@@ -1013,7 +1013,7 @@ class Prep(NamedTuple):
     Nq: int
     L_q: int             # broadcast-Q: the shared query length; 0 otherwise
     dq: torch.Tensor
-    dk: torch.Tensor     # dk and dv: the two halves of one [2, Nk, H_kv, D] buffer
+    dk: torch.Tensor
     dv: torch.Tensor
 
     @property
@@ -1025,12 +1025,10 @@ class Prep(NamedTuple):
 
 def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     """The host prologue of a backward call; an empty call's gradients come zeroed."""
-    dev = q.device
-    # contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
-    dkv = torch.empty((2, *k.shape), dtype=k.dtype, device=dev)
+    # dk, dv contiguous (the store assumes 16-byte aligned rows of HKV * D elements)
     p = Prep(dout.contiguous(), out.contiguous(), lse.contiguous(), q.shape[1], k.shape[1],
              q.shape[2], cu_k.shape[0] - 1, out.shape[0], q.shape[0] if broadcast_q else 0,
-             torch.empty_like(q), dkv[0], dkv[1])
+             *grad_buffers(q, k))
     if p.empty:
         p.dk.zero_(); p.dv.zero_(); p.dq.zero_()
     return p
@@ -1083,8 +1081,9 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
             launch_pdl=pdl)
     else:
         _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
-    if dkv_acc is not None:  # p.dk opens the [2, Nk, H_kv, D] buffer: both halves
-        _cast(dkv_acc, p.dk, dkv_acc.numel(), 1, 0, 1.0, pdl)
+    if dkv_acc is not None:
+        for acc, grad in zip(dkv_acc, (p.dk, p.dv)):
+            _cast(acc, grad, grad.numel(), 1, 0, 1.0, pdl)
 
 
 def _cast(acc, out, n_elem, n_slots, slot_stride, scale, pdl):  # role: host

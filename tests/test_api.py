@@ -230,3 +230,17 @@ def test_oracle_check_with_dlse(inp):
     dlse = torch.randn(inp.q.shape[1], inp.q.shape[0], generator=torch.Generator().manual_seed(2))
     rep = check(inp, functools.partial(jagged_attention, return_lse=True), dlse=dlse)
     assert rep.ok, str(rep)
+
+
+def test_gradient_buffers_do_not_alias(inp):
+    """The styles' backward outputs (jagged.tiles.grad_buffers, as TLX's `_prepare` holds
+    them) are three allocations: torch.compile rejects a custom op whose outputs alias."""
+    from jagged.tiles import grad_buffers
+    from kernels_tlx.bwd_hopper import _prepare
+    p = _prepare(inp.q, inp.q, inp.k, inp.v, inp.q, torch.zeros(2, inp.q.shape[0]),
+                 inp.cu_seqlens_k, False)
+    for grads in (grad_buffers(inp.q, inp.k), (p.dq, p.dk, p.dv)):
+        storages = {g.untyped_storage().data_ptr() for g in grads}
+        assert len(storages) == 3
+        assert [g.shape for g in grads] == [inp.q.shape, inp.k.shape, inp.v.shape]
+        assert all(g.is_contiguous() for g in grads[1:])
