@@ -353,7 +353,7 @@ def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl
     """Tile t -> KVTile, from the (sequence, KV block) list (split PARTS ways) or the
     key-window list."""
     if WINDOWS:
-        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N)
+        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL)
     else:
         return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
                               PARTS)
@@ -377,7 +377,7 @@ def _window_keys(tiles, tile):  # role: schedule
     all (jagged.tiles.windows: whole sequences, not a block of a longer one); then a
     step's dQ is its rows' whole dQ, stored once in q's dtype (`_store_dq`), not
     reduce-added."""
-    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b)
+    return tile.keys
 
 
 @triton.jit
@@ -827,12 +827,24 @@ def reduce_dq(dq_desc, smem, bars, tiles,
         tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
                        PARTS)
         add = _window_keys(tiles, tile) > BLOCK_N if WINDOWS else True
-        for j in range(0, G * tile.n_m):
-            h = tile.hk * G + j // tile.n_m
-            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
-            _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,
-                         qcnt, add, D, NC, DQ_COLS, DQ_SUM)
-            qcnt += 1
+        if WINDOWS:  # the same steps, (head, row) counted without dividing by n_m
+            row0 = (tile.q_start + tile.m_lo).to(tl.int32)  # (the warp's 24 registers)
+            h = tile.hk * G
+            jm = 0
+            for j in range(0, G * tile.n_m):
+                _reduce_step(dq_desc, smem, bars, row0 + jm * BLOCK_M, h, qcnt, add, D, NC,
+                             DQ_COLS, DQ_SUM)
+                qcnt += 1
+                jm += 1
+                h += (jm == tile.n_m).to(tl.int32)
+                jm = tl.where(jm == tile.n_m, 0, jm)
+        else:
+            for j in range(0, G * tile.n_m):
+                h = tile.hk * G + j // tile.n_m
+                m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+                _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32),
+                             h, qcnt, add, D, NC, DQ_COLS, DQ_SUM)
+                qcnt += 1
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 
