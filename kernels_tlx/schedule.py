@@ -112,8 +112,9 @@ def window_coords(tile, order_ptr, n_live, win_ptr, n_win, cu_q, cu_k, H, GROUP,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Forward tile id over row windows (jagged.tiles.window_tiles: order, live count,
     each window's first / last sequence and first row) -> Tile: the window's packed rows
-    from q_start (len_q <= BLOCK_M of them, up to its last sequence's end; m0 = 0), the keys of the sequences it spans from k_start,
-    every block masked (n_bulk = 0: each row sees its own sequence's keys only)."""
+    from q_start (len_q <= BLOCK_M of them, up to its last sequence's end; m0 = 0), the
+    keys of the sequences it spans from k_start, every block masked (n_bulk = 0: each row
+    sees its own sequence's keys only)."""
     tile = _snake(tile, n_live * H)
     h = tile % H
     w = tl.load(order_ptr + tile // H)
