@@ -638,14 +638,20 @@ def _group_warps(seqs: int) -> int:
     return min(8, max(4, seqs // 256))
 
 
-def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
+def _window_sizes(cu_q, n_rows, max_len, block_m):
+    """(B, n_win, SPAN, ROUNDS, SEQS): _windows_kernel's sizes for a call."""
     B = cu_q.shape[0] - 1
-    n_win = window_count(n_rows, block_m, B)
     seqs = _group_pass(B)[0]
+    return (B, window_count(n_rows, block_m, B), _span(max_len, block_m), _rounds(B, seqs),
+            seqs)
+
+
+def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
+    B, n_win, span, rounds, seqs = _window_sizes(cu_q, n_rows, max_len, block_m)
     out = torch.empty(3, n_win, dtype=torch.int32, device=cu_q.device)
-    fast(_windows_kernel)[(1,)](cu_q, out, None, None, B, n_win, _span(max_len, block_m),
-                                _rounds(B, seqs), None, 0, 0, 0, 0, BLOCK_M=block_m,
-                                SEQS=seqs, ORDER=False, num_warps=_group_warps(seqs))
+    fast(_windows_kernel)[(1,)](cu_q, out, None, None, B, n_win, span, rounds, None, 0, 0,
+                                0, 0, BLOCK_M=block_m, SEQS=seqs, ORDER=False,
+                                num_warps=_group_warps(seqs))
     return out
 
 
@@ -663,19 +669,16 @@ def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int
 
 
 def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
-    B = cu_q.shape[0] - 1
-    n_win = window_count(n_rows, block_m, B)
+    B, n_win, span, rounds, seqs = _window_sizes(cu_q, n_rows, max_q, block_m)
     # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
     o1 = cdiv(3 * n_win, 4) * 4
     o2 = o1 + cdiv(n_win, 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
-    seqs = _group_pass(B)[0]
     sort = n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
-    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win,
-                                _span(max_q, block_m), _rounds(B, seqs), cu_k, *sizes,
-                                BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
+    fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win, span, rounds, cu_k,
+                                *sizes, BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
                                 BLOCK=block, SORT=sort,
                                 num_warps=_group_warps(max(block, seqs)), PDL=PDL, **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
