@@ -826,19 +826,22 @@ BWD_PART_ROWS = 300.0
 # cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step, split in two: +8 / +10 %)
 BWD_SPLIT_CALL_STEPS = 3.0
 BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorter
+BWD_MAX_PARTS = 8     # one build per P (1, 2, 4, 8)
 
 
 def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
               broadcast_q: bool, block_m: int, block_n: int, programs: int,
               max_q: int = 0, max_k: int = 0) -> int:
-    """How many programs share each backward tile (both styles): 1, 2 or 4. A tile (KV
-    block, KV head) walks the Q blocks that see it for every query head of its GQA group;
-    split P ways, part p takes the p-th P-th of those Q blocks for all the group's heads
-    and adds its dK / dV into fp32 accumulators. Few long tiles balance badly over the
+    """How many programs share each backward tile (both styles): 1, 2, 4 or 8. A tile (KV
+    block, KV head) walks the Q blocks that see it for every query head of its GQA group
+    (group x n_m steps); split P ways, part p takes the p-th P-th of those steps (schedule
+    part_steps) and adds its dK / dV into fp32 accumulators. Few long tiles balance badly over the
     programs (fuzz B2 H8/2 D64 16384 / 0.9: 442 tiles of ~450 steps on 132 programs).
 
     From host sizes only (no sync): T ~ h_kv (n_k / block_n + batch / 2) tiles of w
-    steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned);
+    steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned;
+    self-attention lengths: scaled by the least sum of squared lengths the longest
+    sequence allows, over n^2 / batch);
     over r = T P / programs rounds, the model span of P is (max(r, 1) + the last round's
     idle part, min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P +
     a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
@@ -855,6 +858,11 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
         rows = mq
     tiles = h_kv * (n_k / block_n + batch / 2)
     steps = group * rows / block_m
+    if max_q and max_q == max_k and n_q == n_k and batch > 1:
+        # self-attention lengths: a call's steps go with the sum of its squared lengths,
+        # at least max^2 + (n - max)^2 / (batch - 1) where one sequence is the longest
+        m = min(max_q, n_q)
+        steps *= max((m * m + (n_q - m) ** 2 / (batch - 1)) / (n_q * n_q / batch), 1.0)
     longest = group * (min(max_q, max_k) if causal else max_q) / block_m
 
     def span(p: int) -> float:
@@ -865,7 +873,7 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
         return (max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
                 + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
     parts = 1
-    while parts < 4 and span(2 * parts) < BWD_PART_GAIN * span(parts):
+    while parts < BWD_MAX_PARTS and span(2 * parts) < BWD_PART_GAIN * span(parts):
         parts *= 2
     return parts
 

@@ -46,7 +46,7 @@ and its load task reduces 64 x 64 boxes.
     GQA: a tile owns one KV head and loops over the query heads of its group (step j:
     head hk * G + j // n_m, Q block j % n_m), so dK/dV are summed in registers and stored
     once. Where a call has few long tiles (jagged.tiles.bwd_parts > 1), as TLX's, each
-    tile is split over that many CTAs by its Q blocks (schedule.kv_tile_coords); every
+    tile's steps are shared evenly by that many CTAs (schedule.part_steps); every
     part adds its dK / dV in fp32 into zeroed accumulators (`store_add`: from registers,
     red.global.add.v2.f32; TLX stages them through V smem for 16-byte adds).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
@@ -390,7 +390,7 @@ def _kernel_classes():
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
                             red_add_v2, replaced, store_rows, tma_tiles, wgmma)
-    from .schedule import kv_tile_coords, kv_window_coords, tile_range
+    from .schedule import kv_tile_coords, kv_window_coords, part_steps, tile_range
     from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, sequence_of_step
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -729,21 +729,23 @@ def _kernel_classes():
                 publish_tile(sched.mSched, sched.pipeline_tile, t, i)
             while t < n_tiles:
                 b, hk, n0, seq, m_lo, n_m = self.kv_tile_coords(t, pinned, sched)[:6]
-                if n_m > 0:   # (n_m > 0 implies len_q > 0: the row clamp is in range)
-                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group, seq, m_lo)
+                j0, j1 = part_steps(t, group * n_m, self.parts)   # the tile's, or its part's
+                if j0 < j1:   # (then n_m > 0 and len_q > 0: the row clamp is in range)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group + j0 // n_m,
+                                             seq, m_lo + (j0 % n_m) * self.bm)
                 self.load_kv(mK, mV, s.sK, s.sV, tma_atom_K, tma_atom_V, pipeline_kv,
                              kv_state, seq.k_start + n0, hk)
                 kv_state.advance()
-                for j in cutlass.range(group * n_m, unroll=1):
+                for j in cutlass.range(j0, j1, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
                     self.load_q(mQ, mdO, s, tma_atom_Q, tma_atom_dO, pipeline_q, q_state,
                                 seq.q_start + m0, seq.out_start + m0, h, raw, lane, m0,
                                 seq.len_q)
                     # the next step's rows (the last step reloads its own: no branch)
-                    j1 = cutlass.min(j + 1, group * n_m - 1)
-                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group + j1 // n_m,
-                                             seq, m_lo + (j1 % n_m) * self.bm)
+                    jn = cutlass.min(j + 1, j1 - 1)
+                    self.load_lse_delta_rows(raw, mLSE, mDelta, lane, hk * group + jn // n_m,
+                                             seq, m_lo + (jn % n_m) * self.bm)
                     q_state.advance()
                 # the next tile, taken once this one's loads are issued
                 i += 1
@@ -920,13 +922,16 @@ def _kernel_classes():
                     keys = self.window_keys(sched, coords)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
+                j0, j1 = part_steps(t, group * n_m, self.parts)
                 jm = m_lo * 0     # step j's Q block (j % n_m), carried; the head is not read
+                if const_expr(self.parts > 1):
+                    jm = j0 % cutlass.max(n_m, 1)
                 pipeline_kv.consumer_wait(kv_state)
                 kv, kv_smem = None, (sV, s.sVst)   # the tile's K/V stage, its sV views
                 if const_expr(self.kv_stages > 1):
                     kv = kv_state.index
                     kv_smem = (sV[None, None, kv], s.sVst[None, None, kv])
-                for j in cutlass.range(group * n_m, unroll=1):
+                for j in cutlass.range(j0, j1, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     step_dq = None
                     if const_expr(self.windows):  # + (head, window keys, first row, window)
@@ -1232,7 +1237,8 @@ def _kernel_classes():
                 add = True
                 if const_expr(self.windows):  # an owned window stores its dQ itself
                     add = self.window_keys(sched, coords) > BLOCK_N
-                for j in cutlass.range(group * n_m, unroll=1):
+                j0, j1 = part_steps(t, group * n_m, self.parts)
+                for j in cutlass.range(j0, j1, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
                     tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(

@@ -177,8 +177,8 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
                    BROADCAST_Q: bool):
     """Backward tile t -> (batch b, KV head hk, first key n0, its sequence (SeqlenInfo),
     first Q row m_lo, number of Q blocks n_m). Broadcast-Q: hk is the pinned head.
-    sched.parts > 1 (packed): t walks the list x H_kv heads x parts, and part p keeps the
-    p-th run of ceil(n_m / parts) of its Q blocks."""
+    sched.parts > 1 (packed): t walks the list x H_kv heads x parts; the whole tile's Q
+    blocks here, its part's steps: part_steps."""
     import cutlass
 
     HKV, parts = sched.HKV, sched.parts
@@ -193,12 +193,20 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     if cutlass.const_expr(CAUSAL):
         m_lo = seq.causal_q_start(n0) // BLOCK_M * BLOCK_M   # the block of the first row
     n_m = cutlass.max((seq.len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
-    if cutlass.const_expr(parts > 1):
-        per = (n_m + parts - 1) // parts
-        part = t % parts
-        m_lo = m_lo + part * per * BLOCK_M
-        n_m = cutlass.min(cutlass.max(n_m - part * per, 0), per)
     return b, hk, n0, seq, m_lo, n_m
+
+
+def part_steps(t, steps, parts: int):
+    """The steps [j0, j1) of tile t's part (t % parts) out of the tile's `steps` (group x
+    n_m: step j is query head hk * group + j // n_m, Q block j % n_m): an even share, so a
+    causal tile's parts differ by one step at most, and up to group x n_m CTAs can share
+    it."""
+    import cutlass
+
+    if cutlass.const_expr(parts > 1):
+        part = t % parts
+        return part * steps // parts, (part + 1) * steps // parts
+    return steps * 0, steps
 
 
 def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):

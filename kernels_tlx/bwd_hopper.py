@@ -32,8 +32,8 @@ Three kernels:
              consumer's own V smem (no longer read), in 16-row slices.
     GQA: a tile owns one KV head and loops over the query heads of its group, so dK / dV
     are summed in registers and stored once. Where a call has few long tiles
-    (jagged.tiles.bwd_parts: PARTS > 1) each tile is split over PARTS programs by its Q
-    blocks (schedule.kv_tile_coords); every part adds its dK / dV in fp32 (16-byte
+    (jagged.tiles.bwd_parts: PARTS > 1) each tile's steps are shared evenly by PARTS
+    programs (schedule.part_steps); every part adds its dK / dV in fp32 (16-byte
     atomics, half the columns at a time through the same V smem) into zeroed
     accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
@@ -104,7 +104,8 @@ from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, 
                           window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
-from .schedule import KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, tile_range
+from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
+                       tile_range)
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -449,8 +450,9 @@ def load(descs, smem, bars, tiles, stats,
                                       [krow + c * BNC, tile.hk * D], bars.kv_full[kvb])
             tlx.async_descriptor_load(descs.v, smem.v[kvb * NC + c],
                                       [krow + c * BNC, tile.hk * D], bars.kv_full[kvb])
-        # Q, dO per (query head of the group, Q block)
-        for j in range(0, G * tile.n_m):
+        # Q, dO per (query head of the group, Q block): the tile's, or its part's
+        j0, j1 = part_steps(t, G * tile.n_m, PARTS)
+        for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
@@ -563,15 +565,23 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
         tlx.barrier_wait(bars.kv_full[kvb], kph)
         kc = smem.k[kvb * NC + cid]
         vc = smem.v[kvb * NC + cid]
-        # step 0's LSE / delta: head hk * G, rows m_lo + [0, BLOCK_M) (all masked off when
-        # n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
+        j0, j1 = part_steps(t, G * tile.n_m, PARTS)
+        # step j0's LSE / delta: a whole tile's is head hk * G, rows m_lo + [0, BLOCK_M)
+        # (all masked off when n_m == 0: then m_lo >= len_q); rows past the sequence -> P = 0
         if smem.lse is None:  # (with smem.lse: staged per Q stage by the load task)
+            h_0 = tile.hk * G
             offs_0 = tile.m_lo + tl.arange(0, BLOCK_M)  # (names not reused in the loop)
-            off_0 = tile.hk * G * stats.stride_h + tile.o_start + offs_0
-            lse_nx = tl.load(stats.lse + off_0, mask=offs_0 < tile.len_q, other=float("inf"))
-            delta_nx = tl.load(stats.delta + off_0, mask=offs_0 < tile.len_q, other=0.0)
+            ok_0 = offs_0 < tile.len_q
+            if PARTS > 1:  # a part's first step (an empty part reads nothing)
+                n_m1 = tl.maximum(tile.n_m, 1)
+                h_0 += j0 // n_m1
+                offs_0 += (j0 % n_m1) * BLOCK_M
+                ok_0 = (offs_0 < tile.len_q) & (j0 < j1)
+            off_0 = h_0 * stats.stride_h + tile.o_start + offs_0
+            lse_nx = tl.load(stats.lse + off_0, mask=ok_0, other=float("inf"))
+            delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
-        for j in tl.range(0, G * tile.n_m, num_stages=Q_LOOP_STAGES):
+        for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
             jm = j % tile.n_m
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + jm * BLOCK_M
@@ -604,7 +614,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
                 # delta loads about as early.
                 if smem.lse is None:
-                    more = j + 1 < G * tile.n_m
+                    more = j + 1 < j1
                     wrap = jm == tile.n_m - 1
                     h_nx = tl.where(more & wrap, h + 1, h)
                     m0_nx = tl.where(more, tl.where(wrap, tile.m_lo, m0 + BLOCK_M), m0)
@@ -827,7 +837,8 @@ def reduce_dq(dq_desc, smem, bars, tiles,
         tile = _coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS,
                        PARTS)
         add = _window_keys(tiles, tile) > BLOCK_N if WINDOWS else True
-        for j in range(0, G * tile.n_m):
+        j0, j1 = part_steps(t, G * tile.n_m, PARTS)
+        for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,

@@ -33,7 +33,8 @@ from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 __all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps",
-           "kv_tile_coords", "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
+           "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords", "tile_range",
+           "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -227,7 +228,7 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
                    PARTS: tl.constexpr = 1):
     """Backward tile t of program pid (tiles: KVTiles) -> KVTile. Broadcast-Q: the
     program's pinned KV head, pid % HKV. PARTS > 1 (packed): t walks the list x HKV heads
-    x PARTS parts, and part p keeps the p-th run of ceil(n_m / PARTS) of its Q blocks."""
+    x PARTS parts; the whole tile's Q blocks here, its part's steps: part_steps."""
     if BROADCAST_Q:
         base = t
     else:
@@ -251,14 +252,21 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     else:
         m_lo = 0
     n_m = tl.maximum(tl.cdiv(len_q - m_lo, BLOCK_M), 0)
-    if PARTS > 1:
-        per = tl.cdiv(n_m, PARTS)
-        part = t % PARTS
-        m_lo += part * per * BLOCK_M
-        n_m = tl.minimum(tl.maximum(n_m - part * per, 0), per)
     if BROADCAST_Q:
         hk = pid % HKV
     return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, b)
+
+
+@triton.jit
+def part_steps(t, steps, PARTS: tl.constexpr):
+    """The steps [j0, j1) of tile t's part (t % PARTS) out of the tile's `steps` (G x n_m:
+    step j is query head hk * G + j // n_m, Q block j % n_m): an even share, so a causal
+    tile's parts differ by one step at most, and up to G x n_m programs can share it."""
+    if PARTS > 1:
+        part = t % PARTS
+        return part * steps // PARTS, (part + 1) * steps // PARTS
+    else:
+        return 0, steps
 
 
 @triton.jit

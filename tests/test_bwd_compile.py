@@ -317,7 +317,7 @@ def test_window_rows_compile(causal):
 
 # tiles split over programs (jagged.tiles.bwd_parts): (head dim, bucket, causal, parts)
 SPLIT_CASES = [(64, "long", False, 2), (128, "long", True, 2), (64, "long", True, 4),
-               (64, "short", False, 2)]
+               (64, "short", False, 2), (128, "long", True, 8)]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import triton.language as tl  # noqa: E402
 
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
-from kernels_tlx.schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range  # noqa: E402
+from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
+                                   tile_range)
 
 
 @pytest.mark.parametrize("zero_dq", [False, True])
@@ -97,9 +98,10 @@ def test_postprocess():
 def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, n_slots, out_ptr, HKV: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
           BROADCAST_Q: tl.constexpr,
-          PARTS: tl.constexpr = 1):
-    """Every tile of every program's static walk: its program, coordinates and dQ slot
-    row, 12 int64 values a tile at out_ptr + 12 * tile."""
+          PARTS: tl.constexpr = 1, G: tl.constexpr = 1):
+    """Every tile of every program's static walk: its program, coordinates, dQ slot row
+    and steps [j0, j1) of a group of G query heads, 14 int64 values a tile at
+    out_ptr + 14 * tile."""
     pid = tl.program_id(0)
     tiles = KVTiles(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, None, n_slots)
     first, step, n = tile_range(pid, tl.num_programs(0), n_tiles_ptr, HKV, BROADCAST_Q,
@@ -109,24 +111,27 @@ def _walk(tile_b, tile_n, n_tiles_ptr, cu_q, cu_k, L_q, n_slots, out_ptr, HKV: t
                               PARTS)
         if BROADCAST_Q:
             t = t * HKV + tile.hk  # a slot per (tile, head)
+        j0, j1 = part_steps(t, G * tile.n_m, PARTS)
         vals = (pid, tile.b, tile.hk, tile.n0, tile.len_k, tile.len_q, tile.k_start,
                 tile.q_start, tile.o_start, tile.m_lo, tile.n_m,
-                pid * 0 + dq_slot_row(pid, tiles, HKV, BROADCAST_Q))
-        for i in tl.static_range(12):
-            tl.store(out_ptr + 12 * t + i, vals[i])
+                pid * 0 + dq_slot_row(pid, tiles, HKV, BROADCAST_Q), pid * 0 + j0, pid * 0 + j1)
+        for i in tl.static_range(14):
+            tl.store(out_ptr + 14 * t + i, vals[i])
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bq,n_slots,parts", [(False, 1, 1), (True, 1, 1), (True, 2, 1),
-                                              (True, 3, 1), (False, 1, 2), (False, 1, 4)])
+                                              (True, 3, 1), (False, 1, 2), (False, 1, 4),
+                                              (False, 1, 8)])
 def test_kv_tile_walk(causal, bq, n_slots, parts):
     """Each (KV tile, KV head) is visited once, by the program tile_range deals it to, and
     its Q blocks [m_lo, m_lo + n_m * BLOCK_M) are the blocks holding a row that sees one
     of its keys (bottom-right causal, len_q above and below len_k). Broadcast-Q: the
     programs of a KV head share n_slots dQ slots round-robin (dq_slot_row). Split into
     `parts` (jagged.tiles.bwd_parts): each (tile, head) is visited once a part, and its
-    parts' Q blocks run back to back, in order, over those blocks, ceil(n / parts) each."""
-    BM, BN, HKV, n_prog = 32, 128, 2, 6
+    parts' steps (schedule.part_steps; G query heads x its Q blocks) run back to back, in
+    order, over the tile's steps, floor or ceil of steps / parts each."""
+    BM, BN, HKV, n_prog, G = 32, 128, 2, 6, 3
     lk = torch.tensor([300, 1, 0, 129, 40])
     lq = torch.tensor([64] * 5) if bq else torch.tensor([100, 1, 3, 129, 200])
     cu = lambda x: torch.nn.functional.pad(torch.cumsum(x, 0), (1, 0)).to(torch.int32)  # noqa
@@ -134,27 +139,22 @@ def test_kv_tile_walk(causal, bq, n_slots, parts):
     L_q = 64 if bq else 0
     tile_b, tile_n, n_tiles = kv_tiles_reference(cu_q, cu_k, L_q, int(lk.max()), causal, BM, BN)
     n = int(n_tiles)
-    out = torch.full((n * HKV * parts, 12), -1, dtype=torch.int64)
+    out = torch.full((n * HKV * parts, 14), -1, dtype=torch.int64)
     _walk[(n_prog,)](tile_b, tile_n, n_tiles, cu_k if bq else cu_q, cu_k, L_q, n_slots, out,
                      HKV=HKV, BLOCK_M=BM, BLOCK_N=BN, CAUSAL=causal, BROADCAST_Q=bq,
-                     PARTS=parts)
+                     PARTS=parts, G=G)
     assert (out[:, 0] >= 0).all(), "a (tile, head, part) never visited"
     for tp in range(0, n * HKV * parts, parts):
         t = tp // parts
         for p in range(parts):  # round-robin over tiles x heads x parts
             assert out[tp + p, 0] == (tp + p) % n_prog
         vals = out[tp:tp + parts]
-        assert (vals[:, 1:9] == vals[0, 1:9]).all()
-        blocks_of = [list(range(v[9] // BM, v[9] // BM + v[10])) for v in vals.tolist()]
-        per = -(-sum(map(len, blocks_of)) // parts)
-        assert all(len(x) == min(per, max(0, sum(map(len, blocks_of)) - i * per))
-                   for i, x in enumerate(blocks_of)), blocks_of
+        assert (vals[:, 1:12] == vals[0, 1:12]).all()
         pid, b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, slot_row = \
-            vals[0].tolist()
-        m_lo = min((v[9] for v in vals.tolist() if v[10] > 0), default=m_lo)
-        n_m = sum(map(len, blocks_of))
-        if n_m:
-            assert sum(blocks_of, []) == list(range(m_lo // BM, m_lo // BM + n_m))
+            vals[0, :12].tolist()
+        steps = [list(range(j0, j1)) for j0, j1 in vals[:, 12:].tolist()]
+        assert sum(steps, []) == list(range(G * n_m)), steps
+        assert all(len(x) in (G * n_m // parts, -(-G * n_m // parts)) for x in steps)
         assert slot_row == ((pid // HKV) % n_slots * L_q if bq else 0)
         base = t // HKV
         assert (b, n0) == (int(tile_b[base]), int(tile_n[base]) * BN)

@@ -273,11 +273,11 @@ def test_bwd_configs():
 
 
 @needs_dsl
-@pytest.mark.parametrize("D,causal,mean_q,dtype", [(64, False, 16384, "bf16"),
-                                                   (128, True, 4096, "bf16"),
-                                                   pytest.param(128, False, 4096, "fp16",
-                                                                marks=pytest.mark.matrix)])
-def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype):
+@pytest.mark.parametrize("D,causal,mean_q,dtype,parts", [(64, False, 16384, "bf16", 2),
+                                                         (128, True, 4096, "bf16", 8),
+                                                         pytest.param(128, False, 4096, "fp16", 4,
+                                                                      marks=pytest.mark.matrix)])
+def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype, parts):
     """The build whose tiles are split over CTAs (jagged.tiles.bwd_parts; `store_add`): dK
     and dV added into fp32 from registers, D / 2 red.global.add.v2.f32 a thread (each
     warpgroup's 64 x D accumulators over 128 threads, two tensors, pairs), no 16-byte
@@ -289,7 +289,7 @@ def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype):
     assert cfg.block_m == (128 if D == 64 else 64) and not cfg.dq_t and not cfg.sdp_together
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"B.pick_config({D}, {mean_q}, {causal}, False, split=True), "
-                              f"parts=2)", dtype)
+                              f"parts={parts})", dtype)
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -875,7 +875,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     q = torch.zeros(n, H, D, dtype=torch.bfloat16)
     k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
     lse = torch.zeros(H, n)
-    parts = bwd_parts(n, n, 2, HKV, H, causal, False, 64, B.BLOCK_N, 132)
+    parts = bwd_parts(n, n, 2, HKV, H // HKV, causal, False, 64, B.BLOCK_N, 132, 2000, 2000)
     assert parts > 1
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)

@@ -659,18 +659,21 @@ def test_tlx_bwd_tile_handoff_counts_the_reduce_warp():
 
 
 @pytest.mark.parametrize("style", ["tlx", "cute"])
-@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("parts", [2, 4, 8])
 def test_bwd_split_tiles_protocol(style, parts):
-    """Tiles split over programs by their Q blocks (jagged.tiles.bwd_parts): every part of
-    every (tile, KV head) finished once, parts with no Q block among them (a tile of one
-    or two blocks in four parts), with no race or deadlock, in both styles' models."""
+    """Tiles split over programs by their steps (jagged.tiles.bwd_parts, schedule
+    part_steps): every part of every (tile, KV head) finished once, parts with no step
+    among them (a tile of one or two steps in four or eight parts), with no race or
+    deadlock, in both styles' models."""
     model, cfg = ((P.tlx_bwd_hopper, _tlx_bwd_configs()[(128, "long")]) if style == "tlx"
                   else (P.cute_bwd_hopper, _cute_bwd_configs()[(128, "long")]))
     for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
         assert P.check(lambda sim: model(sim, prob, cfg, 3, 128, parts=parts), range(3)) > 0
     w = P.BwdWalk(BWD, 64, 128, 3, parts)
-    got = [w.coords(t, 0)[3:] for t in range(w.range(0)[2])]
-    assert any(n_m == 0 for _, n_m in got) and any(n_m > 0 for _, n_m in got)
+    got = [len(w.steps(t, 0)[1]) for t in range(w.range(0)[2])]
+    tiles = [got[t:t + parts] for t in range(0, len(got), parts)]
+    assert all(max(x) - min(x) <= 1 for x in tiles) and max(got) > 0
+    assert (0 in got) == (parts > 2)   # the shortest tile: 2 steps
 
 
 # ----------------------------------------------------------------------------- CuteDSL backward

@@ -129,8 +129,8 @@ def test_bwd_dynamic():
 def test_bwd_parts():
     """Tiles split over programs where a call has few long ones (jagged.tiles.bwd_parts,
     host sizes only): fuzz B2 H8/2 D64 16384 / 0.9's 442 tiles of ~450 steps in two, a
-    handful of long tiles in four; many tiles, a list that already fills one round, short
-    tiles and broadcast-Q stay whole."""
+    handful of long tiles in four, a few GQA groups of eight heads in eight; many tiles, a
+    list that already fills one round, short tiles and broadcast-Q stay whole."""
     from jagged.tiles import bwd_parts, dkv_accumulator
     S = 132
     # (n_q, n_k, batch, h_kv, group, causal, broadcast_q, block_m) -> parts
@@ -150,6 +150,14 @@ def test_bwd_parts():
     # H4/1 D64 8192 / 0.5, max 7280 rows) bounds the span, halved by a split
     assert bwd_parts(26466, 26466, 5, 1, 4, True, False, 128, 128, S) == 1
     assert bwd_parts(26466, 26466, 5, 1, 4, True, False, 128, 128, S, 7280, 7280) == 2
+    # a GQA group of eight heads over a few short causal sequences (fuzz seed 2 B5 H8/1
+    # D128 2048 / 0.25: 17 tiles, the longest 104 steps) or one long one: eight parts
+    assert bwd_parts(1825, 1825, 5, 1, 8, True, False, 64, 128, S, 823, 823) == 8
+    assert bwd_parts(4137, 4137, 1, 1, 8, True, False, 64, 128, S, 4137, 4137) == 8
+    # one sequence holds most of the keys (seed 2 B8 H2/1 D64 8192 / 0.25 causal, the
+    # longest 4091 of 9164): the call's steps are more than its mean length says (its
+    # squared lengths), the programs busy at four parts already
+    assert bwd_parts(9164, 9164, 8, 1, 2, True, False, 128, 128, S, 4091, 4091) == 4
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
     assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32 and not acc.any()

@@ -22,7 +22,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     staging, retired by its wait), at D = 64 below 128-row steps summed into the last
     consumer's first. Packed lists: tiles from the counter, handed to the
     consumers (and reduce_dq) through the two-slot ring. parts: each tile split over that
-    many programs by its Q blocks (jagged.tiles.bwd_parts)."""
+    many programs by its steps (jagged.tiles.bwd_parts, schedule.part_steps)."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_tlx.bwd_hopper import BLOCK_N, NUM_BUF_Q, NUM_CONSUMERS, dq_cols

@@ -178,7 +178,7 @@ class BwdWalk:
         return pid, P, self.n_real * HKV * self.parts
 
     def coords(self, t, pid):
-        """schedule.kv_tile_coords -> (key, hk, b, m_lo, n_m)."""
+        """schedule.kv_tile_coords -> (key, hk, b, m_lo, n_m): the whole tile's Q blocks."""
         pr, HKV, BM, PT = self.problem, self.problem.hkv, self.block_m, self.parts
         base, hk = (t, pid % HKV) if pr.broadcast_q else (t // (HKV * PT), t // PT % HKV)
         part = 0 if pr.broadcast_q else t % PT
@@ -186,16 +186,17 @@ class BwdWalk:
         len_q, len_k = pr.lens_q[b], pr.lens_k[b]
         m_lo = max(n0 - len_k + len_q, 0) // BM * BM if pr.causal else 0
         n_m = max(-(-(len_q - m_lo) // BM), 0)
-        per = -(-n_m // PT)
-        m_lo, n_m = m_lo + part * per * BM, min(max(n_m - part * per, 0), per)
         return (base, hk, part), hk, b, m_lo, n_m
 
     def steps(self, t, pid):
-        """-> (key, the tile's Q steps as (b, query head, first row)): its GQA group's
-        heads one after another, each over the rows that see its keys."""
+        """-> (key, the Q steps of tile t's part as (b, query head, first row)): its GQA
+        group's heads one after another, each over the rows that see its keys; a part
+        takes its even share of them (schedule.part_steps)."""
         key, hk, b, m_lo, n_m = self.coords(t, pid)
-        G, BM = self.problem.heads // self.problem.hkv, self.block_m
-        return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(G * n_m)]
+        G, BM, PT = self.problem.heads // self.problem.hkv, self.block_m, self.parts
+        part = key[2]
+        j0, j1 = part * G * n_m // PT, (part + 1) * G * n_m // PT
+        return key, [(b, hk * G + j // n_m, m_lo + (j % n_m) * BM) for j in range(j0, j1)]
 
     def finish(self):
         if sorted(self.done) != self.want:
