@@ -88,7 +88,9 @@ sequence's rows (`col_ranges`, once a tile) and every step masks P^T to them
 of whole sequences holds every key its rows meet, so its steps' dQ is whole: `compute`
 stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
 `PostRows` converts only the rows of the longer sequences, whose blocks reduce-add their
-partials as above. Not for broadcast-Q.
+partials as above. A call of a few windows (jagged.tiles.window_parts > 1) shares each
+window's steps over CTAs as split tiles do (`store_add`; a step's dQ stays its own). Not
+for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -100,7 +102,7 @@ from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, kv_tiles, window_tiles, windowed)
+                          dkv_accumulator, kv_tiles, window_parts, window_tiles, windowed)
 
 from . import host
 
@@ -187,6 +189,12 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     cfg = CONFIGS[(head_dim, bucket)]
+    return _split(cfg, split)
+
+
+def _split(cfg: Config, split: bool) -> Config:
+    """A build whose tiles are split over CTAs ends in fp32 adds: with them, ptxas
+    serializes the wgmmas of FA4's dot order (pick_config), so it takes the other."""
     return replace(cfg, sdp_together=False) if split and cfg.sdp_together else cfg
 
 
@@ -201,10 +209,11 @@ def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
     return mean_q >= PLAIN_MEAN_Q
 
 
-def window_config(head_dim: int) -> Config:
+def window_config(head_dim: int, split: bool = False) -> Config:
     """Key windows: the head dim's long-sequence step (D = 64: 128 rows, two K/V
-    stages; D = 128: 64 rows, one stage), its tiles key windows."""
-    return replace(CONFIGS[(head_dim, "long")], windows=True)
+    stages; D = 128: 64 rows, one stage), its tiles key windows; split (window_parts >
+    1): its dots one after another, as pick_config's."""
+    return _split(replace(CONFIGS[(head_dim, "long")], windows=True), split)
 
 
 def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
@@ -481,7 +490,7 @@ def _kernel_classes():
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config, dynamic: bool = False, parts: int = 1):
             check_config(head_dim, cfg)
-            assert parts == 1 or not (broadcast_q or cfg.windows)
+            assert parts == 1 or not broadcast_q
             self.parts = parts      # CTAs a tile; > 1: mdK / mdV are fp32 accumulators
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
@@ -1485,10 +1494,11 @@ def _main(c: host.BwdCall):
     CTAs (jagged.tiles.bwd_parts), else None."""
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
-    parts = 1
     windows = takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q)
     if windows:
-        cfg, dynamic = window_config(D), False
+        parts = window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group,
+                             window_config(D).block_m, BLOCK_N, c.grid)
+        cfg, dynamic = window_config(D, parts > 1), False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:

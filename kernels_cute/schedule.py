@@ -222,12 +222,12 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
     first sequence's first query row, len_q every row up to the last sequence's end: a
     longer sequence's later blocks start after its first key, so no row is cut (no
     causal bound of one column). Tiles walk the
-    list x KV heads, heads fastest."""
+    list x KV heads x sched.parts parts, parts fastest (a part's steps: part_steps)."""
     import cutlass
 
-    HKV = sched.HKV
-    idx = t // HKV
-    hk = t - idx * HKV
+    HKV, parts = sched.HKV, sched.parts
+    idx = t // (HKV * parts)
+    hk = t // parts % HKV
     w = sched.mTileB[idx]
     s_first = sched.mTileN[0, w]
     s_last = sched.mTileN[1, w]

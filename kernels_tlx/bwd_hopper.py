@@ -69,6 +69,8 @@ before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) t
 (`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
 converts only the rows of the longer sequences, whose blocks reduce-add their partials.
+A call of a few windows (jagged.tiles.window_parts > 1) shares each window's steps over
+PARTS programs as split tiles do (dK / dV added in fp32; a step's dQ stays its own).
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
@@ -101,7 +103,7 @@ from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
                           dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, slot_count,
-                          window_tiles, windowed)
+                          window_parts, window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -351,10 +353,10 @@ def lse_log2(lse):  # role: compute
 def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr,
             WINDOWS: tl.constexpr, PARTS: tl.constexpr = 1):  # role: schedule
-    """Tile t -> KVTile, from the (sequence, KV block) list (split PARTS ways) or the
-    key-window list."""
+    """Tile t -> KVTile, from the (sequence, KV block) list or the key-window list, each
+    tile split PARTS ways."""
     if WINDOWS:
-        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N)
+        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N, PARTS)
     else:
         return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
                               PARTS)
@@ -1129,9 +1131,12 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
-    parts = 1 if windows else bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV,
-                                        causal, broadcast_q, BM, BLOCK_N, grid_main,
-                                        int(max_q), int(max_k))
+    if windows:
+        parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
+                             grid_main)
+    else:
+        parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
+                          broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value

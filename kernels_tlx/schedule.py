@@ -271,19 +271,20 @@ def part_steps(t, steps, PARTS: tl.constexpr):
 
 @triton.jit
 def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, PARTS: tl.constexpr = 1):
     """Backward tile t over key windows (tiles: KVTiles of a window list) -> KVTile: KV
-    head t % HKV of window order[t // HKV], its real key columns [k_start, k_start + len_k)
+    head t // PARTS % HKV of window order[t // (HKV PARTS)] (PARTS > 1: the window's steps
+    shared by its parts, part_steps), its real key columns [k_start, k_start + len_k)
     (n0 = 0) and every query row of the sequences b..s_last it spans, n_m blocks from
     q_start (m_lo = 0). All rows: a longer sequence's later blocks start after its first
     key, and each key column's rows are the mask's (seqinfo.col_q_range), so no causal cut
     of the row range holds for every sequence of the window."""
-    w = tl.load(tiles.tile_b + t // HKV)
+    w = tl.load(tiles.tile_b + t // (HKV * PARTS))
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
     k_start = tl.load(tiles.tile_n + 2 * tiles.L_q + w)
     len_k = tl.minimum(tl.load(tiles.cu_k + s_last + 1) - k_start, BLOCK_N)
     q_start = tl.load(tiles.cu_q + s_first)
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start
-    return KVTile(s_first, t % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
+    return KVTile(s_first, t // PARTS % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
                   q_start.to(tl.int64), 0, tl.cdiv(len_q, BLOCK_M), s_last)

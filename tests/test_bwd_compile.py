@@ -360,3 +360,25 @@ def test_split_builds(split_reports, case):
     assert len(split) == len(base) == 3, (split, base)
     assert all(a <= b + more for a, b in zip(split[:2], base[:2])), (split, base)
     assert split[2] <= base[2] + 3, (split, base)
+
+
+@pytest.mark.parametrize("d", [64, pytest.param(128, marks=pytest.mark.matrix)])
+def test_window_split_builds(d):
+    """Key windows split over programs (jagged.tiles.window_parts > 1): the window build
+    with store_add's 16-byte fp32 atomics, in its whole twin's shared memory; step-loop
+    spills at most one a consumer step more (D = 128: 1 against 0) and 4 more in the load
+    task's loop (only calls of a few windows take it)."""
+    rep, whole = compile_batch([tlx_bwd_job(d, None, True, False, H=8, HKV=1, windows=True,
+                                            parts=p) for p in (8, 1)])
+    assert not isinstance(rep, str), rep
+    assert not isinstance(whole, str), whole
+    print(rep.row())
+    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
+    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
+    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    assert "atom.global.gpu.relaxed.add.v4.f32" not in whole.ptx
+    assert rep.total_smem == whole.total_smem
+    split, base = _step_spills(rep), _step_spills(whole)
+    assert len(split) == len(base) == 3, (split, base)
+    assert all(a <= b + 1 for a, b in zip(split[:2], base[:2])), (split, base)
+    assert split[2] <= base[2] + 4, (split, base)

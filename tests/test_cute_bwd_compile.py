@@ -300,6 +300,27 @@ def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype, parts):
 
 
 @needs_dsl
+@pytest.mark.parametrize("D,causal", [(64, True), pytest.param(128, False,
+                                                           marks=pytest.mark.matrix)])
+def test_bwd_window_split_compile(tmp_path, D, causal):
+    """Key windows split over CTAs (jagged.tiles.window_parts > 1): the window build with
+    `store_add`'s fp32 adds in place of the store, its dots one after another, spill-free
+    in the step loop, with no ptxas advisory."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.window_config(D, split=True)
+    assert cfg.windows and not cfg.sdp_together
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
+                              f"B.window_config({D}, split=True), parts=8)")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    assert _count(r"red\.global\.add\.v2\.f32", ptx) == D // 2
+    assert _count(r"st\.global\.v4\.b32", ptx) == 0
+    _no_step_spills(path, _ptxas(path))
+    assert not _ptxas_advisories(path)
+
+
+@needs_dsl
 def test_dkv_fragment_coordinates(tmp_path):
     """`store_add`'s addressing: in the dK / dV wgmma's C fragment, every thread's element
     i = v0 + 2 v1 + 4 j sits at (row + 8 v1, column + v0 + 8 j) from its element 0, at

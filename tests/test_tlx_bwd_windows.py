@@ -4,6 +4,8 @@ own tile decoding (`_coords` -> schedule.kv_window_coords), each key column's qu
 over its key-window list (jagged.tiles.window_tiles over cu_k), with plain loads, dots
 and atomic adds in place of TMA, wgmma and the bulk dQ reduce, between the kernel's own
 preprocess and postprocess, against the oracle. The forward is jagged.portable's."""
+import functools
+
 import pytest
 import torch
 import triton
@@ -14,7 +16,7 @@ from harness.problems import Problem
 from _interp import interp
 
 bw = pytest.importorskip("kernels_tlx.bwd_hopper")
-from kernels_tlx.schedule import KVTiles  # noqa: E402
+from kernels_tlx.schedule import KVTiles, part_steps  # noqa: E402
 
 
 @triton.jit
@@ -54,10 +56,12 @@ def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
 
 @triton.jit
 def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-              n_q, n_k, owned, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """bw.compute's math for consumer cid's 64 keys (32-row steps), TMA's zero fill and
-    clipping past the tensors' ends as masks; an owned window's dQ is `_owned_dq`'s."""
+              n_q, n_k, owned, j0, j1, H, cid: tl.constexpr, HKV: tl.constexpr,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, PARTS: tl.constexpr):
+    """bw.compute's math for consumer cid's 64 keys (32-row steps) over steps [j0, j1),
+    TMA's zero fill and clipping past the tensors' ends as masks; an owned window's dQ is
+    `_owned_dq`'s. PARTS > 1: dK / dV added into the fp32 accumulators dk, dv."""
     G = H // HKV
     BNC: tl.constexpr = BLOCK_N // 2
     nc0 = tile.n0 + cid * BNC
@@ -67,7 +71,7 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
     kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
     dk_c = tl.zeros([BNC, D], tl.float32)
     dv_c = tl.zeros([BNC, D], tl.float32)
-    for j in range(0, G * tile.n_m):
+    for j in range(j0, j1):
         h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
                                             j, scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         rows = tile.q_start + offs_m
@@ -80,12 +84,16 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
     # bw.store's arithmetic and row bound, without its shared-memory staging
     out = (tile.k_start + offs_n)[:, None] * HKV * D + tile.hk * D + d[None, :]
     keep = (offs_n < tile.len_k)[:, None]
-    tl.store(dk + out, (dk_c * scale).to(dk.dtype.element_ty), mask=keep)
-    tl.store(dv + out, dv_c.to(dv.dtype.element_ty), mask=keep)
+    if PARTS > 1:  # bw.store_add's
+        tl.atomic_add(dk + out, dk_c * scale, mask=keep)
+        tl.atomic_add(dv + out, dv_c, mask=keep)
+    else:
+        tl.store(dk + out, (dk_c * scale).to(dk.dtype.element_ty), mask=keep)
+        tl.store(dv + out, dv_c.to(dv.dtype.element_ty), mask=keep)
 
 
 @triton.jit
-def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
+def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, j0, j1,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DQ_COLS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """An owned window's dQ as bw.compute forms it: per step, each consumer's DQ_COLS
@@ -94,7 +102,7 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
     offs_n = tl.arange(0, BLOCK_N)
     bounds = bw._col_bounds(col_rows, tiles, tile, 0, BLOCK_N, BLOCK_N)
     kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
-    for j in range(0, G * tile.n_m):
+    for j in range(j0, j1):
         h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
                                             j, grads.scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         for c in tl.static_range(D // DQ_COLS):
@@ -109,26 +117,29 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
 def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, order,
              count, win, n_win, scale, n_q, n_k, H: tl.constexpr, HKV: tl.constexpr,
              D: tl.constexpr, DQ_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """One program per (window, KV head) slot t of the static walk."""
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PARTS: tl.constexpr):
+    """One program per (window, KV head, part) slot t of the static walk."""
     tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
     t = tl.program_id(0)
-    if t < tl.load(count) * HKV:
-        tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+    if t < tl.load(count) * HKV * PARTS:
+        tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True, PARTS)
         owned = bw._window_keys(tiles, tile) <= BLOCK_N
+        j0, j1 = part_steps(t, (H // HKV) * tile.n_m, PARTS)
         for cid in tl.static_range(2):
             _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-                      n_q, n_k, owned, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
+                      n_q, n_k, owned, j0, j1, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
+                      PARTS)
         if owned:
             grads = bw.Grads(dk, dv, 0, 0, scale, dq)
-            _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, H,
-                      HKV, D, DQ_COLS, BLOCK_M, BLOCK_N, CAUSAL)
+            _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, j0,
+                      j1, H, HKV, D, DQ_COLS, BLOCK_M, BLOCK_N, CAUSAL)
 
 
 def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                      broadcast_q, dlse=None):
-    """bw.backward's windows path with the main kernel emulated (_emulate)."""
-    from jagged.tiles import window_tiles
+                      broadcast_q, dlse=None, parts=None):
+    """bw.backward's windows path with the main kernel emulated (_emulate); parts: each
+    window split so many ways (None: jagged.tiles.window_parts, as bw.backward)."""
+    from jagged.tiles import dkv_accumulator, window_parts, window_tiles
     n_q, H, D = q.shape
     n_k, HKV = k.shape[:2]
     B = cu_k.shape[0] - 1
@@ -150,37 +161,41 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     p.dk.fill_(float("nan"))  # every real key row must be stored
     p.dv.fill_(float("nan"))
     p.dq.fill_(float("nan"))  # every query row: by an owned window or the postprocess
-    _emulate[(win.shape[1] * HKV,)](
-        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, p.dk, p.dv,
+    if parts is None:
+        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132)
+    dkv_acc = dkv_accumulator(k, parts)
+    dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
+    _emulate[(win.shape[1] * HKV * parts,)](
+        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, dk, dv,
         col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H=H,
         HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
-        CAUSAL=causal)
-    bw._postprocess(p, dq_acc, scale, broadcast_q, None, (cu_q, cu_k))
+        CAUSAL=causal, PARTS=parts)
+    bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
     return p.dq, p.dk, p.dv
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts):
         from jagged import portable
         out, lse = portable.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, causal, scale)
+        ctx.args = (max_q, max_k, causal, scale, parts)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, causal, scale = ctx.args
+        max_q, max_k, causal, scale, parts = ctx.args
         dq, dk, dv = emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                                       causal, scale, False)
-        return dq, dk, dv, None, None, None, None, None, None
+                                       causal, scale, False, parts=parts)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def emulated(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None,
-             broadcast_q=False):
+             broadcast_q=False, parts=None):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts)
 
 
 def _short(n, lo, hi, seed):
@@ -227,6 +242,32 @@ def test_window_backward_against_oracle(p, lengths):
     assert bw.takes_windows(inp.k.shape[0], p.batch, inp.max_seqlen_k, False)
     rep = check(inp, emulated, causal=p.causal, backward=True)
     assert rep.ok, f"{p.label()}\n{rep}"
+
+
+@interp
+@pytest.mark.parametrize("parts", [2, 8])
+@pytest.mark.parametrize("case", ["self-d64-empties-ones", "self-causal-gqa-d128",
+                                  "cross-causal-lq>lk-gqa"])
+def test_window_parts_against_oracle(case, parts):
+    """Windows split over programs (jagged.tiles.window_parts > 1): the kernel's own
+    decoding of (window, KV head, part) and each part's steps (schedule.part_steps), dK /
+    dV added into fp32 accumulators, an owned window's dQ stored step by step, parts with
+    no step among them."""
+    p, lengths = next(c[1:] for c in CASES if c[0] == case)
+    inp = p.build(lengths=lengths)
+    rep = check(inp, functools.partial(emulated, parts=parts), causal=p.causal,
+                backward=True)
+    assert rep.ok, f"{p.label()} parts {parts}\n{rep}"
+
+
+def test_window_parts_rule():
+    """A call of a few windows whose steps walk a GQA group splits them (fuzz B8 H8/1
+    D128 512 / 0.1 causal: 443 tokens); many windows, or few steps a window, do not."""
+    from jagged.tiles import window_parts
+    assert window_parts(443, 443, 1, 8, 32, 128, 132) == 8
+    assert window_parts(30000, 30000, 4, 1, 32, 128, 132) == 1   # gem 256 / 0.1's size
+    assert window_parts(5000, 5000, 2, 4, 32, 128, 132) == 1
+    assert window_parts(300, 300, 1, 1, 64, 128, 132) == 1
 
 
 @interp
