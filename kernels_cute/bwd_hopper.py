@@ -714,7 +714,7 @@ def _kernel_classes():
             """Tile t -> where it lives (schedule.kv_tile_coords); key windows:
             schedule.kv_window_coords, which also gives the window's last sequence."""
             if const_expr(self.windows):
-                return kv_window_coords(t, sched, self.bm, BLOCK_N)
+                return kv_window_coords(t, sched, self.bm, BLOCK_N, self.causal)
             return kv_tile_coords(t, pinned, sched, self.bm, BLOCK_N, self.causal,
                                   self.broadcast_q)
 

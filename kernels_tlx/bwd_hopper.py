@@ -356,7 +356,7 @@ def _coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl
     """Tile t -> KVTile, from the (sequence, KV block) list or the key-window list, each
     tile split PARTS ways."""
     if WINDOWS:
-        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N, PARTS)
+        return kv_window_coords(t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, PARTS)
     else:
         return kv_tile_coords(t, pid, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
                               PARTS)
@@ -380,7 +380,7 @@ def _window_keys(tiles, tile):  # role: schedule
     all (jagged.tiles.windows: whole sequences, not a block of a longer one); then a
     step's dQ is its rows' whole dQ, stored once in q's dtype (`_store_dq`), not
     reduce-added."""
-    return tl.load(tiles.cu_k + tile.s_last + 1) - tl.load(tiles.cu_k + tile.b)
+    return tile.keys
 
 
 @triton.jit
@@ -840,12 +840,27 @@ def reduce_dq(dq_desc, smem, bars, tiles,
                        PARTS)
         add = _window_keys(tiles, tile) > BLOCK_N if WINDOWS else True
         j0, j1 = part_steps(t, G * tile.n_m, PARTS)
-        for j in range(j0, j1):
-            h = tile.hk * G + j // tile.n_m
-            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
-            _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32), h,
-                         qcnt, add, D, NC, DQ_COLS, DQ_SUM)
-            qcnt += 1
+        if WINDOWS:  # the same steps, (head, row) counted without dividing by n_m
+            row0 = (tile.q_start + tile.m_lo).to(tl.int32)  # (the warp's 24 registers)
+            h = tile.hk * G
+            jm = 0
+            if PARTS > 1:  # a part's first step
+                h += j0 // tl.maximum(tile.n_m, 1)
+                jm = j0 % tl.maximum(tile.n_m, 1)
+            for j in range(j0, j1):
+                _reduce_step(dq_desc, smem, bars, row0 + jm * BLOCK_M, h, qcnt, add, D, NC,
+                             DQ_COLS, DQ_SUM)
+                qcnt += 1
+                jm += 1
+                h += (jm == tile.n_m).to(tl.int32)
+                jm = tl.where(jm == tile.n_m, 0, jm)
+        else:
+            for j in range(j0, j1):
+                h = tile.hk * G + j // tile.n_m
+                m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+                _reduce_step(dq_desc, smem, bars, (slot_row + tile.q_start + m0).to(tl.int32),
+                             h, qcnt, add, D, NC, DQ_COLS, DQ_SUM)
+                qcnt += 1
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
 

@@ -663,7 +663,9 @@ def test_kv_window_coords_match_the_reference(causal):
     runs them), on plain ints against jagged's torch references: every (live window, KV
     head) tile once per grid size under the round-robin; a window's first column, real
     columns, first / last sequence, its rows all those of the sequences it spans (a
-    first sequence that starts before the window included, no causal cut) in n_m blocks;
+    first sequence that starts before the window included) in n_m blocks from m_lo: 0
+    but for a causal block of a longer sequence, the Q block of the first row that sees
+    its first key, no row before it seeing any of its columns;
     each column's rows those of col_q_range_ref (none past the real columns), and the
     unsigned mask (`window_keep`) over every step keeps exactly the (row, column) pairs of
     one sequence that attention sees (bottom-right causal). The lengths include empty
@@ -683,28 +685,32 @@ def test_kv_window_coords_match_the_reference(causal):
     lq[:2], lk[:2] = torch.tensor([10, 300]), torch.tensor([100, 10])
     lq[5:12] = torch.tensor([0, 1, 0, 9, 40, 1, 0])
     lk[5:12] = torch.tensor([3, 0, 0, 7, 300, 1, 5])
+    lq[20], lk[20] = 260, 260     # causal: its later blocks' walks start past its first rows
     cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)])
     cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)])
     total_k = int(cu_k[-1])
     for BM in (64, 128):
         # key windows: the table over the key offsets, sorted by the query blocks spanned
         order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
-        n_live = int(count)
+        n_live, cuts = int(count), 0
         sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
                       HKV, 3, None, None, 1)
         for P in (1, 5, 132):              # tile_range's packed round-robin
-            seen = [Sch.kv_window_coords(t, sched, BM, BN)
+            seen = [Sch.kv_window_coords(t, sched, BM, BN, causal)
                     for p in range(P) for t in range(p, n_live * HKV, P)]
             assert sorted((c[3].k_start, c[1]) for c in seen) == \
                 sorted((int(win[2, w]), hk) for w in order[:n_live] for hk in range(HKV))
         for idx in range(n_live):
             s_first, hk, n0, seq, m_lo, n_m, s_last = Sch.kv_window_coords(
-                idx * HKV + 2, sched, BM, BN)
+                idx * HKV + 2, sched, BM, BN, causal)
             w = int(order[idx])
             start = int(win[2, w])
             cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
-            assert (hk, n0, m_lo) == (2, 0, 0)
+            keys = int(cu_k[s_last + 1] - cu_k[s_first])
+            cut = max(start - int(cu_k[s_last + 1]) + seq.len_q if keys > BN else 0, 0)
+            assert (hk, n0, m_lo) == (2, 0, cut // BM * BM if causal else 0)
+            cuts += m_lo > 0
             # the window's sequences: its rows' own, and empty ones around them
             f, l = int(ref_seq[0]), int(ref_seq[-1])
             assert s_first <= f and l <= s_last
@@ -712,7 +718,7 @@ def test_kv_window_coords_match_the_reference(causal):
             assert seq.k_start == start and seq.len_k == len(cols)
             assert seq.q_start == seq.out_start == int(cu_q[s_first])
             assert seq.q_start + seq.len_q == int(cu_q[s_last + 1])
-            assert n_m == -(-seq.len_q // BM)
+            assert n_m == -(-(seq.len_q - m_lo) // BM)
             for col in range(BN):
                 s, lo, hi = _col_ranges(S, _Ints(cu_q), _Ints(cu_k), seq, s_first, s_last,
                                         col, causal)
@@ -723,14 +729,16 @@ def test_kv_window_coords_match_the_reference(causal):
                 q_lo, q_w = lo - seq.q_start, max(hi - lo, 0)
                 # the pairs attention sees: one sequence, bottom-right causal
                 q0, q1, k0 = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s])
-                rows = torch.arange(seq.q_start, seq.q_start + n_m * BM)
+                rows = torch.arange(seq.q_start, seq.q_start + m_lo + n_m * BM)
                 sees = (rows >= q0) & (rows < q1) & (col < seq.len_k)
                 if causal:
                     sees &= causal_visible_ref(rows - q0, seq.k_start + col - k0,
                                                int(lq[s]), int(lk[s]))
-                keep = [(q - (q_lo - m * BM)) % 2 ** 32 < q_w      # window_range, _keep
+                assert not sees[:m_lo].any(), (w, col)              # the rows cut see none
+                keep = [(q - (q_lo - m_lo - m * BM)) % 2 ** 32 < q_w  # window_range, _keep
                         for m in range(n_m) for q in range(BM)]
-                assert keep == sees.tolist(), (w, col)
+                assert keep == sees[m_lo:].tolist(), (w, col)
+        assert (cuts > 0) == causal
 
 
 @interp

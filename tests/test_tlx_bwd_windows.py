@@ -207,6 +207,12 @@ def _short(n, lo, hi, seed):
 # [0, 30), [30, 230), [230, 240), [240, 420): window 1 = [128, 256) spans 1..3)
 SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
 
+# causal blocks of longer sequences (300 and 200 keys: windows of their own) among short
+# ones, cross with len_q > len_k for the 200-key one
+LONG_PROBLEM = Problem(batch=40, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=330,
+                       max_seqlen_k=300, mode="cross", causal=True)
+LONG = ([300, 4, 330] + _short(37, 0, 12, 10), [300, 4, 200] + _short(37, 0, 12, 10))
+
 CASES = [  # (id, problem, (len_q, len_k))
     ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
      ([0, 1, 100, 0, 0, 1, 1] + _short(33, 0, 12, 1),) * 2),
@@ -232,6 +238,8 @@ CASES = [  # (id, problem, (len_q, len_k))
     ("self-causal-many-empty", Problem(batch=60, heads=2, head_dim=64, max_seqlen_q=90,
                                        causal=True, seed=1),
      ([5] + [0] * 40 + [90, 7] + [0] * 10 + _short(7, 0, 30, 9),) * 2),
+    # longer sequences' later key blocks, causal: their walks start past the first rows
+    ("self-causal-long-blocks", LONG_PROBLEM, LONG),
 ]
 
 
@@ -288,3 +296,47 @@ def test_window_rows_against_reference():
         _, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
         assert torch.equal(got[0, :n_k].long(), lo)
         assert torch.equal(got[1, :n_k].long(), hi)
+
+
+@triton.jit
+def _tile_probe(order, count, win, cu_q, cu_k, n_win, out, HKV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
+    t = tl.program_id(0)
+    tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+    tl.store(out + 3 * t, tile.k_start.to(tl.int32))
+    tl.store(out + 3 * t + 1, tile.m_lo)
+    tl.store(out + 3 * t + 2, tile.n_m)
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_row_cut(causal):
+    """kv_window_coords: a causal block of a longer sequence starts its walk at the Q block
+    of the first row that sees its first key (the tightest block-aligned start); windows
+    of whole sequences, and every window without causal masking, walk all their rows."""
+    from jagged.tiles import window_tiles
+    lq, lk = LONG
+    cu_q, cu_k = (torch.nn.functional.pad(torch.tensor(x).cumsum(0), (1, 0)).to(torch.int32)
+                  for x in LONG)
+    n_k = int(cu_k[-1])
+    BM = bw.window_config(64).block_m
+    order, count, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, BM)
+    live = int(count)
+    out = torch.zeros(3 * live, dtype=torch.int32)
+    _tile_probe[(live,)](order, count, win, cu_q, cu_k, win.shape[1], out, HKV=1, BLOCK_M=BM,
+                         BLOCK_N=bw.BLOCK_N, CAUSAL=causal)
+    cut = 0
+    for t in range(live):
+        w = int(order[t])
+        s0, s1 = int(win[0, w]), int(win[1, w])
+        k_start, m_lo, n_m = (int(x) for x in out[3 * t:3 * t + 3])
+        len_q = int(cu_q[s1 + 1] - cu_q[s0])
+        keys = int(cu_k[s1 + 1] - cu_k[s0])
+        want = 0
+        if causal and keys > bw.BLOCK_N:   # the first row seeing key k_start (bottom-right)
+            want = max(k_start - int(cu_k[s0]) - keys + len_q, 0) // BM * BM
+        assert (m_lo, n_m) == (want, -(-(len_q - want) // BM)), (t, s0, s1, k_start)
+        cut += want > 0
+    assert cut == (4 if causal else 0)   # the later two blocks of 300 keys; both of 200 keys
+    # under 330 rows (the last 130 rows see the first key)
