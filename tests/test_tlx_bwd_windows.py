@@ -255,12 +255,12 @@ def test_window_backward_against_oracle(p, lengths):
 @interp
 @pytest.mark.parametrize("parts", [2, 8])
 @pytest.mark.parametrize("case", ["self-d64-empties-ones", "self-causal-gqa-d128",
-                                  "cross-causal-lq>lk-gqa"])
+                                  "cross-causal-lq>lk-gqa", "self-causal-long-blocks"])
 def test_window_parts_against_oracle(case, parts):
     """Windows split over programs (jagged.tiles.window_parts > 1): the kernel's own
     decoding of (window, KV head, part) and each part's steps (schedule.part_steps), dK /
     dV added into fp32 accumulators, an owned window's dQ stored step by step, parts with
-    no step among them."""
+    no step among them; a longer sequence's causal blocks split after their row cut."""
     p, lengths = next(c[1:] for c in CASES if c[0] == case)
     inp = p.build(lengths=lengths)
     rep = check(inp, functools.partial(emulated, parts=parts), causal=p.causal,
