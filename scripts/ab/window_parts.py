@@ -1,9 +1,8 @@
 """GPU (branch windows-next): key windows split over programs (jagged.tiles.window_parts)
-in both styles: the
-oracle on fuzz shapes whose windows the rule splits (8 parts) and on a mix of long and
-short sequences with 8 parts forced (windows not owned: dQ through the accumulator);
-then each shape's backward replayed from a CUDA graph, the rule against whole windows
-(window_parts forced to 1: main's path) and FA4, in this one process."""
+in both styles: the oracle on fuzz shapes whose windows the rule splits (8 parts) and on
+a mix of long and short sequences with 8 parts forced (windows not owned: dQ through the
+accumulator); then each shape's backward replayed from a CUDA graph, the rule against
+whole windows (window_parts forced to 1: main's path) and FA4, in this one process."""
 import sys
 import torch
 sys.path.insert(0, ".")
