@@ -814,7 +814,7 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
     return max(1, min(programs, MAX_SLOT_BYTES // max(slot_bytes, 1), -(-n_k // SLOT_KEYS)))
 
 
-# Backward tiles split over their query blocks (`bwd_parts`): a tile's fixed cost in Q
+# Backward tiles split over their steps (`bwd_parts`): a tile's fixed cost in Q
 # steps (its K / V load, the dK / dV epilogue); a split tile's, BWD_PART_ROWS / block_m
 # steps with every program busy (its fp32 dK / dV adds, their zeroing and conversion:
 # bytes in proportion to the tile's keys x D, a step's time to block_m x keys x D);
@@ -822,8 +822,9 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
 # steps) ~4.8 steps, fuzz B2 H8/2 D64 16384 / 0.9 (128 rows) ~2.7
 BWD_TILE_STEPS = 1.0
 BWD_PART_ROWS = 300.0
-# and a split call's own, in steps: the zeroing and conversion launches (~3-4 us; fuzz
-# cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step, split in two: +8 / +10 %)
+# and a split call's own, in steps: zeroing and converting the accumulators (~3-4 us as
+# launches of their own; fuzz cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step,
+# split in two: +8 / +10 %; folded into the pre- and postprocess: to measure)
 BWD_SPLIT_CALL_STEPS = 3.0
 BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorter
 BWD_MAX_PARTS = 8     # one build per P (1, 2, 4, 8)
@@ -900,12 +901,13 @@ def grad_buffers(q: torch.Tensor, k: torch.Tensor):
 
 
 def dkv_accumulator(k: torch.Tensor, parts: int) -> torch.Tensor | None:
-    """Tiles split over `parts` programs (bwd_parts > 1): zeroed fp32 dK / dV accumulators,
-    [2, Nk, H_kv, D] (dK then dV), that the parts add into and the postprocess converts;
-    None otherwise."""
+    """Tiles split over `parts` programs (bwd_parts > 1): fp32 dK / dV accumulators,
+    [2, Nk, H_kv, D] (dK then dV), uninitialized: the preprocess zeroes them, the parts
+    add into them and the postprocess converts them, no launch of their own; None
+    otherwise."""
     if parts == 1:
         return None
-    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+    return torch.empty((2, *k.shape), dtype=torch.float32, device=k.device)
 
 
 def bwd_dependent(broadcast_q: bool) -> bool:

@@ -102,7 +102,7 @@ from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
 from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, kv_tiles, window_parts, window_tiles, windowed)
+                          kv_tiles, window_parts, window_tiles, windowed)
 
 from . import host
 
@@ -425,17 +425,20 @@ def _kernel_classes():
     # ================================================================================
     # role: compute
     class Preprocess:
-        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0):
+        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
+                     zero_dkv: bool = False):
             self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
+            self.zero_dkv = zero_dkv
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                      mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
                      mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
-                     rounds: Int32, stream):
+                     rounds: Int32, mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32,
+                     stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
             self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, mCuQ, mCuK, B,
-                        rounds).launch(
+                        rounds, mdKVacc, n_kv_rows).launch(
                 grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
                 block=[PRE_THREADS, 1, 1], stream=stream)
 
@@ -443,19 +446,27 @@ def _kernel_classes():
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                    mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
                    mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
-                   rounds: Int32):
+                   rounds: Int32, mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
             neighbouring threads share a row (16-byte loads, coalesced) and sum their
             partial dot products with shuffles. zero_dq (packed modes) also zeroes the
             tile counter mSched[0] (jagged.tiles.dq_accumulator); long_k (key windows)
             only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
-            sequences, rounds >= bit_length(B)). The main kernel queued behind may launch
-            at once: it waits for these writes itself."""
+            sequences, rounds >= bit_length(B)); zero_dkv (tiles split over CTAs) each
+            CTA's grid-stride share of the fp32 dK / dV accumulators mdKVacc, n_kv_rows
+            rows of D (jagged.tiles.dkv_accumulator; no launch of their own). The main
+            kernel queued behind may launch at once: it waits for these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
             r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
             chunk = tidx % tpr
+            if const_expr(self.zero_dkv):
+                rZ = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rZ.fill(0.0)
+                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+                for rk in cutlass.range(r, n_kv_rows, grid_rows, unroll=1):
+                    cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
             rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
             rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
             rO.fill(0.0)
@@ -1335,20 +1346,43 @@ def _kernel_classes():
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
     # ================================================================================
     # role: reduce_dq
-    class Postprocess:
-        def __init__(self, dtype, pdl: bool):
+    class CastDKV:
+        """Tiles split over CTAs (dkv): a postprocess also casts the fp32 dK / dV
+        accumulators, each into its own gradient (jagged.tiles.grad_buffers)."""
+
+        @cute.jit
+        def cast_dkv(self, mdKVacc, mdK, mdV, n_kv_vec: Int32, i: Int32, stride: Int32):
+            """Thread i of `stride`: its grid-stride share of mdKVacc (2, n) fp32 (dK, then
+            dV, scaled by the parts) into mdK, mdV (n,), POST_VEC elements at a time; no
+            launch of their own."""
+            kv = cute.make_rmem_tensor((POST_VEC,), Float32)
+            out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+            for iv in cutlass.range(i, n_kv_vec, stride, unroll=1):
+                for half, m in ((0, mdK), (1, mdV)):
+                    cute.autovec_copy(cute.local_tile(mdKVacc[half, None], (POST_VEC,), (iv,)),
+                                      kv)
+                    out.store(kv.load().to(self.dtype))
+                    cute.autovec_copy(out, cute.local_tile(m, (POST_VEC,), (iv,)))
+
+    class Postprocess(CastDKV):
+        def __init__(self, dtype, pdl: bool, dkv: bool = False):
             self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
+            self.dkv = dkv                     # CastDKV
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                     n_slots: Int32, scale: Float32, stream):
-            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
+                     n_slots: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                     mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                     stream):
+            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale, mdKVacc, mdK, mdV,
+                        n_kv_vec).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                   n_slots: Int32, scale: Float32):
+                   n_slots: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                   mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32):
             """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
             Its reads wait for the main kernel (where launched as its dependent)."""
             cute.arch.griddepcontrol_wait()
@@ -1363,28 +1397,36 @@ def _kernel_classes():
                 out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                 out.store((acc.load() * scale).to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+            if const_expr(self.dkv):
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, i,
+                              cute.arch.grid_dim()[0] * POST_THREADS)
 
     # role: reduce_dq
-    class PostRows:
+    class PostRows(CastDKV):
         """Key windows: dQ = scale * the accumulator for the rows it holds (`accumulated`);
         the owned windows' rows, stored by the main kernel, are left alone. TLX's
         `_bwd_post_rows`."""
 
-        def __init__(self, dtype, long_k: int, pdl: bool):
+        def __init__(self, dtype, long_k: int, pdl: bool, dkv: bool = False):
             self.dtype, self.long_k, self.pdl = dtype, long_k, pdl
+            self.dkv = dkv   # windows split over CTAs: CastDKV
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
                      mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
-                     token_vecs: Int32, scale: Float32, stream):
-            self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale).launch(
+                     token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                     mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                     stream):
+            self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale,
+                        mdKVacc, mdK, mdV, n_kv_vec).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
                    mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
-                   token_vecs: Int32, scale: Float32):
+                   token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                   mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32):
             """mdQacc, mdQ (n_elem,), token-major; POST_VEC elements a thread, token_vecs
             vectors a token (H * D / POST_VEC). Its reads wait for the main kernel."""
             cute.arch.griddepcontrol_wait()
@@ -1396,6 +1438,9 @@ def _kernel_classes():
                     out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                     out.store((acc.load() * scale).to(self.dtype))
                     cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+            if const_expr(self.dkv):
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, i,
+                              cute.arch.grid_dim()[0] * POST_THREADS)
 
     return Preprocess, BwdMain, Postprocess, PostRows
 
@@ -1405,10 +1450,11 @@ def _kernel_classes():
 # --------------------------------------------------------------------------------------
 
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       options: str = ""):
+                       zero_dkv: bool = False, options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
-    rounds unused)."""
+    rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
+    otherwise None and 0)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1423,13 +1469,29 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
     nb = cute.sym_int32()
     cus = ((host.fake(cutlass.Int32, (nb,), (1,), 4), host.fake(cutlass.Int32, (nb,), (1,), 4))
            if long_k else (None, None))
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k), o, do, delta, acc, sched,
-                               cutlass.Int32(1), cutlass.Int32(1), *cus, cutlass.Int32(1),
-                               cutlass.Int32(1), options=options)
+    kv_acc = (host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+              if zero_dkv else None)
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv), o, do, delta,
+                               acc, sched, cutlass.Int32(1), cutlass.Int32(1), *cus,
+                               cutlass.Int32(1), cutlass.Int32(1), kv_acc, cutlass.Int32(0),
+                               options=options)
 
 
-def compile_post_rows(dtype, pdl: bool = True, options: str = ""):
-    """Key windows' postprocess (PostRows) for BLOCK_N-key windows."""
+def _dkv_args(cdt, dkv: bool) -> tuple:
+    """The postprocesses' split-tile arguments: the fp32 dK / dV accumulators (2, n) and
+    the two gradients (n,), or None where dkv is off."""
+    import cutlass
+    import cutlass.cute as cute
+    if not dkv:
+        return None, None, None
+    n = cute.sym_int32()
+    return (host.fake(cutlass.Float32, (2, n), (cute.sym_int64(divisibility=POST_VEC), 1), 16),
+            host.fake(cdt, (n,), (1,), 16), host.fake(cdt, (n,), (1,), 16))
+
+
+def compile_post_rows(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+    """Key windows' postprocess (PostRows) for BLOCK_N-key windows; dkv: windows split
+    over CTAs, their fp32 dK / dV converted too."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1440,12 +1502,14 @@ def compile_post_rows(dtype, pdl: bool = True, options: str = ""):
     nb = cute.sym_int32()
     cu_q = host.fake(cutlass.Int32, (nb,), (1,), 4)
     cu_k = host.fake(cutlass.Int32, (nb,), (1,), 4)
-    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl), acc, dq, cu_q, cu_k,
+    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl, dkv), acc, dq, cu_q, cu_k,
                                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Int32(1), cutlass.Float32(1.0), options=options)
+                               cutlass.Int32(1), cutlass.Float32(1.0), *_dkv_args(cdt, dkv),
+                               cutlass.Int32(0), options=options)
 
 
-def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+    """dkv: tiles split over CTAs, their fp32 dK / dV converted too."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1454,8 +1518,9 @@ def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
                     (cute.sym_int64(divisibility=POST_VEC), 1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Float32(1.0), options=options)
+    return host.compile_kernel(Post(cdt, pdl, dkv), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Float32(1.0), *_dkv_args(cdt, dkv), cutlass.Int32(0),
+                               options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1487,44 +1552,50 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                options=options)
 
 
+def _parts(c: host.BwdCall) -> int:
+    """CTAs a tile (jagged.tiles.bwd_parts, from the whole tiles' step) or a key window
+    (window_parts)."""
+    D = c.q.shape[2]
+    B = c.cu_k.shape[0] - 1
+    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
+        return window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group,
+                            window_config(D).block_m, BLOCK_N, c.grid)
+    cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal, c.broadcast_q,
+                      c.max_q)
+    return bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
+                     c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+
+
 def _main(c: host.BwdCall):
     """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
     window_tiles over the key offsets, the window order, count and table in place of the
-    list; module docstring) -> the fp32 dK / dV accumulators where tiles are split over
-    CTAs (jagged.tiles.bwd_parts), else None."""
+    list; module docstring), each tile in c.parts parts (> 1: c.dk, c.dv are the fp32
+    accumulators, `_parts`)."""
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
+    split = c.parts > 1
     windows = takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q)
     if windows:
-        parts = window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group,
-                             window_config(D).block_m, BLOCK_N, c.grid)
-        cfg, dynamic = window_config(D, parts > 1), False
+        cfg, dynamic = window_config(D, split), False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        mean_q = bwd_mean_q(c.q.shape[0], B, c.broadcast_q)
-        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
-        parts = bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
-                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
-        if parts > 1:
-            cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q, split=True)
+        cfg = pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
+                          c.broadcast_q, c.max_q, split=split)
         dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
-    dkv_acc = dkv_accumulator(c.k, parts)
-    dk, dv = (c.dk, c.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
-                  dynamic, "", parts)(
-        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, dk, dv,
+                  dynamic, "", c.parts)(
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
         c.scale, c.L_q, c.n_slots, c.group, c.grid, c.dq if windows else None)
-    return dkv_acc
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
                           partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
                           takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
-                          BLOCK_N)
+                          BLOCK_N, _parts)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

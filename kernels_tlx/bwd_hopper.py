@@ -259,21 +259,28 @@ def dq_rows(block_m: int) -> int:  # role: host
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
-                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS,
+                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS, dkv_acc_ptr, n_dkv_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False):
     """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
     modes) also zeroes the dQ accumulator and the tile counter sched_ptr[0]
     (jagged.tiles.dq_accumulator); LONG_K (key windows) only the rows the windows
-    reduce-add into (`_accumulated`). PDL: the kernel queued behind may launch at once (it
-    waits for these writes itself)."""
+    reduce-add into (`_accumulated`). ZERO_DKV (tiles split over programs): each program
+    also zeroes its grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of
+    D (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
+    may launch at once (it waits for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     tok = r // H
     h = r % H
     d = tl.arange(0, D)
+    if ZERO_DKV:
+        for r0 in range(tl.program_id(0) * ROWS, n_dkv_rows, tl.num_programs(0) * ROWS):
+            rk = r0 + tl.arange(0, ROWS)
+            tl.store(dkv_acc_ptr + rk[:, None].to(tl.int64) * D + d[None, :],
+                     tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_dkv_rows)[:, None])
     valid = r < n_rows
     o = tl.load(out_ptr + tok[:, None] * stride_o_tok + h[:, None] * stride_o_h + d[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
@@ -989,8 +996,11 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
 # ----------------------------------------------------------------------------- postprocess
 @triton.jit
 def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """PDL: launched as a dependent of the main kernel, so its reads wait for it."""
+                     dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False, DKV: tl.constexpr = False):
+    """dQ = scale * the sum of the accumulator's n_slots slots, BLOCK elements a program;
+    DKV: `_cast_dkv` too. PDL: launched as a dependent of the main kernel, so its reads
+    wait for it."""
     if PDL:
         gdc_wait()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -999,15 +1009,34 @@ def _bwd_postprocess(dq_acc_ptr, dq_ptr, n_elem, n_slots, slot_stride, scale,
     for s in range(0, n_slots):  # in a fixed order
         acc += tl.load(dq_acc_ptr + s * slot_stride + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+    if DKV:
+        _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, tl.program_id(0), tl.num_programs(0),
+                  BLOCK)
+
+
+@triton.jit
+def _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, pid, nprog, BLOCK: tl.constexpr):
+    """Tiles split over programs: program pid of nprog casts its grid-stride share of the
+    fp32 dK / dV accumulators ([2, n_kv]: dK then dV, scaled by the parts) into dk and dv,
+    each gradient its own allocation (jagged.tiles.grad_buffers); no launch of their own."""
+    for b in range(pid, tl.cdiv(n_kv, BLOCK), nprog):
+        offs = b * tl.full([], BLOCK, tl.int64) + tl.arange(0, BLOCK)
+        mask = offs < n_kv
+        tl.store(dk_ptr + offs, tl.load(dkv_acc_ptr + offs, mask=mask, other=0.0)
+                 .to(dk_ptr.dtype.element_ty), mask=mask)
+        tl.store(dv_ptr + offs, tl.load(dkv_acc_ptr + n_kv + offs, mask=mask, other=0.0)
+                 .to(dv_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD, scale,
+                   dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
                    LONG_K: tl.constexpr, TOK: tl.constexpr, COLS: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   PDL: tl.constexpr = False, DKV: tl.constexpr = False):
     """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
     TOK tokens x COLS of their H * D values a program; the owned windows' rows, stored by
-    the main kernel, are left alone. PDL: as _bwd_postprocess's."""
+    the main kernel, are left alone. DKV (windows split over programs): `_cast_dkv` too.
+    PDL: as _bwd_postprocess's."""
     if PDL:
         gdc_wait()
     tok = tl.program_id(0) * TOK + tl.arange(0, TOK)
@@ -1018,6 +1047,10 @@ def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD,
     mask = take[:, None] & (col < HD)[None, :]
     acc = tl.load(dq_acc_ptr + offs, mask=mask, other=0.0)
     tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+    if DKV:
+        _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
+                  tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+                  tl.num_programs(0) * tl.num_programs(1), TOK * COLS)
 
 
 # ----------------------------------------------------------------------------- host
@@ -1062,21 +1095,30 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _preprocess(p: Prep, broadcast_q, dlse, windows=None):  # role: host
-    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into) -> (delta,
-    dq_acc, programs of the main kernel, scheduling buffer)."""
+def _accumulators(p: Prep, broadcast_q):  # role: host
+    """(dQ accumulator, programs of the main kernel, scheduling buffer):
+    jagged.tiles.dq_accumulator."""
     dev = p.dq.device
-    delta = torch.empty((p.H, p.Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid, sched = dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q,
-                                         num_sms(dev), dev, p.dk.shape[0])
+    return dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q, num_sms(dev), dev,
+                          p.dk.shape[0])
+
+
+def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
+                dkv_acc=None):  # role: host
+    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
+    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into), and
+    dkv_acc (tiles split over programs) in the same launch -> (delta, dq_acc, programs of
+    the main kernel, scheduling buffer). acc: `_accumulators`' (made here if None)."""
+    delta = torch.empty((p.H, p.Nq), device=p.dq.device, dtype=torch.float32)
+    dq_acc, grid, sched = acc or _accumulators(p, broadcast_q)
     ROWS = 32 if p.D <= 64 else 16
     cu_q, cu_k = windows or (None, None)
     fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
-        p.B.bit_length(), H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
-        LONG_K=BLOCK_N if windows else 0, PDL=PDL, num_warps=4)
+        p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
+        H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q, LONG_K=BLOCK_N if windows else 0,
+        PDL=PDL, ZERO_DKV=dkv_acc is not None, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
@@ -1095,31 +1137,25 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
                  windows=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
-    dkv_acc (tiles split over programs) also dK / dV from it, each kernel the dependent of
-    the one before. windows = (cu_q, cu_k): key windows, only the rows the accumulator
-    holds (_bwd_post_rows)."""
+    dkv_acc (tiles split over programs) also dK / dV from it, in the same launch.
+    windows = (cu_q, cu_k): key windows, only the rows the accumulator holds
+    (_bwd_post_rows)."""
     pdl = PDL and bwd_dependent(broadcast_q)
-    n_slots = slot_count(dq_acc, broadcast_q)
+    dkv = (dkv_acc, p.dk, p.dv, 0 if dkv_acc is None else p.dk.numel())
     if windows is not None:
         TOK, HD = 8, p.H * p.D
         COLS = min(1024, next_pow2(HD))
         fast(_bwd_post_rows)[(cdiv(p.Nq, TOK), cdiv(HD, COLS))](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
-            float(scale), LONG_K=BLOCK_N, TOK=TOK, COLS=COLS, PDL=PDL, num_warps=4,
-            launch_pdl=pdl)
+            float(scale), *dkv, LONG_K=BLOCK_N, TOK=TOK, COLS=COLS, PDL=PDL,
+            DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
     else:
-        _cast(dq_acc, p.dq, p.dq.numel(), n_slots, p.L_q * p.H * p.D, float(scale), pdl)
-    if dkv_acc is not None:
-        for acc, grad in zip(dkv_acc, (p.dk, p.dv)):
-            _cast(acc, grad, grad.numel(), 1, 0, 1.0, pdl)
-
-
-def _cast(acc, out, n_elem, n_slots, slot_stride, scale, pdl):  # role: host
-    """out[:n_elem] = scale * the sum of acc's n_slots slots (_bwd_postprocess)."""
-    PB = 1024
-    fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
-        acc, out, n_elem, n_slots, slot_stride, scale, BLOCK=PB, PDL=PDL, num_warps=4,
-        launch_pdl=pdl)
+        PB = 1024
+        n_elem = p.dq.numel()
+        fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
+            dq_acc, p.dq, n_elem, slot_count(dq_acc, broadcast_q), p.L_q * p.H * p.D,
+            float(scale), *dkv, BLOCK=PB, PDL=PDL, DKV=dkv_acc is not None, num_warps=4,
+            launch_pdl=pdl)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -1135,8 +1171,17 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    delta, dq_acc, grid_main, sched = _preprocess(p, broadcast_q, dlse,
-                                                  (cu_q, cu_k) if windows else None)
+    acc = _accumulators(p, broadcast_q)
+    grid_main = acc[1]
+    if windows:
+        parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
+                             grid_main)
+    else:
+        parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
+                          broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
+    dkv_acc = dkv_accumulator(k, parts)
+    delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
+                                          (cu_q, cu_k) if windows else None, acc, dkv_acc)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1146,13 +1191,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
-    if windows:
-        parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
-                             grid_main)
-    else:
-        parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
-                          broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
-    dkv_acc = dkv_accumulator(k, parts)
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
     fast(bwd_kernel)[(grid_main,)](

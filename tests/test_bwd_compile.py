@@ -264,20 +264,38 @@ def test_window_decision():
 PRE_SIG = {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
            "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
            "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32",
-           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32"}
+           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32",
+           "dkv_acc_ptr": "*fp32", "n_dkv_rows": "i32"}
+POST_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
+            "slot_stride": "i32", "scale": "fp32"}
+ROWS_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+            "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"}
+# split tiles' fp32 dK / dV accumulators, converted in the postprocesses (whole tiles:
+# no accumulator, as the host passes it)
+DKV_SIG = {"dkv_acc_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "n_kv": "i32"}
 
 
-@pytest.mark.parametrize("d", (pytest.param(64, marks=pytest.mark.matrix), 128))
-def test_pre_post_compile(d):
-    pre = compile_kernel(
-        bw._bwd_preprocess, dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr"),
-        constexprs=dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
-                        LONG_K=0, PDL=True), arch=90, num_warps=4)
-    post = compile_kernel(
-        bw._bwd_postprocess,
-        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
-         "slot_stride": "i32", "scale": "fp32"},
-        constexprs=dict(BLOCK=1024, PDL=True), arch=90, num_warps=4)
+def _dkv(split: bool):
+    """(signature, constexprs) of the postprocesses' dK / dV arguments."""
+    if split:
+        return DKV_SIG, {"DKV": True}
+    return dict(DKV_SIG, dkv_acc_ptr="constexpr"), {"dkv_acc_ptr": None, "DKV": False}
+
+
+@pytest.mark.parametrize("d,split", (pytest.param(64, False, marks=pytest.mark.matrix),
+                                     (128, False), (128, True)))
+def test_pre_post_compile(d, split):
+    """Spill-free; split: with the split tiles' fp32 dK / dV zeroed and converted."""
+    pre_sig = dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr")
+    pre_const = dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
+                     LONG_K=0, PDL=True, ZERO_DKV=split)
+    if not split:
+        pre_sig["dkv_acc_ptr"], pre_const["dkv_acc_ptr"] = "constexpr", None
+    pre = compile_kernel(bw._bwd_preprocess, pre_sig, constexprs=pre_const, arch=90,
+                         num_warps=4)
+    sig, const = _dkv(split)
+    post = compile_kernel(bw._bwd_postprocess, dict(POST_SIG, **sig),
+                          constexprs=dict(const, BLOCK=1024, PDL=True), arch=90, num_warps=4)
     assert not pre.spills and not post.spills
     # the chain of dependent launches: the preprocess lets the main kernel launch under
     # it; the postprocess, launched under the main kernel, waits for it
@@ -285,18 +303,20 @@ def test_pre_post_compile(d):
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 
 
-def test_window_pre_post_compile():
+@pytest.mark.parametrize("split", (False, True))
+def test_window_pre_post_compile(split):
     """Key windows' preprocess (zeroing the rows of long sequences only) and rows
-    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches."""
+    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches;
+    split: with the split windows' fp32 dK / dV zeroed and converted."""
     pre = compile_kernel(
         bw._bwd_preprocess, PRE_SIG,
-        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True),
-        arch=90, num_warps=4)
+        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True,
+                        ZERO_DKV=split), arch=90, num_warps=4)
+    sig, const = _dkv(split)
     post = compile_kernel(
-        bw._bwd_post_rows,
-        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
-         "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"},
-        constexprs=dict(LONG_K=bw.BLOCK_N, TOK=8, COLS=512, PDL=True), arch=90, num_warps=4)
+        bw._bwd_post_rows, dict(ROWS_SIG, **sig),
+        constexprs=dict(const, LONG_K=bw.BLOCK_N, TOK=8, COLS=512, PDL=True), arch=90,
+        num_warps=4)
     assert not pre.spills and not post.spills, (pre.row(), post.row())
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()

@@ -17,17 +17,19 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from _launches import record_launches  # noqa: E402
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
                                    tile_range)
 
 
-@pytest.mark.parametrize("zero_dq", [False, True])
+@pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("d", [64, 128])
-def test_preprocess(d, zero_dq):
+def test_preprocess(d, zero_dq, zero_dkv):
     """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator and
-    the tile counter."""
+    the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three
+    times the grid's rows (its grid-stride loop), and not a row past them."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
@@ -35,17 +37,21 @@ def test_preprocess(d, zero_dq):
     delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
+    n_kv = 3 * nq * H + 5
+    dkv_acc = torch.full((n_kv + 1, d), float("nan"))
     rows = 32 if d <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, H=H, D=d,
-        ROWS=rows, ZERO_DQ=zero_dq)
+        dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, dkv_acc, n_kv,
+        H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
     if zero_dq:
         assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     else:
         assert dq_acc.isnan().all() and (sched == 7).all()
+    assert (dkv_acc[:n_kv] == 0).all() if zero_dkv else dkv_acc[:n_kv].isnan().all()
+    assert dkv_acc[n_kv].isnan().all()
 
 
 def test_pre_post_rows_of_long_sequences():
@@ -70,17 +76,23 @@ def test_pre_post_rows_of_long_sequences():
     bw._bwd_preprocess[(triton.cdiv(nq * H, 32),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+        None, 0, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
     torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
                                atol=1e-4)
     assert (dq_acc[want] == 0).all() and dq_acc[~want].isnan().all()
     acc = torch.randn(nq, H, d, generator=g)
     dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
+    # windows split over programs: the dK / dV accumulators converted in the same launch
+    n_kv = 700
+    dkv_acc = torch.randn(2, n_kv, generator=g)
+    dk, dv = (torch.full((n_kv,), float("nan"), dtype=torch.float16) for _ in range(2))
     bw._bwd_post_rows[(triton.cdiv(nq, 4), 2)](
-        acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, LONG_K=long_k, TOK=4,
-        COLS=128)
+        acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, dkv_acc, dk, dv, n_kv,
+        LONG_K=long_k, TOK=4, COLS=128, DKV=True)
     torch.testing.assert_close(dq[want].float(), (acc[want] * 0.5).half().float())
     assert dq[~want].isnan().all()
+    torch.testing.assert_close(dk.float(), dkv_acc[0].half().float())
+    torch.testing.assert_close(dv.float(), dkv_acc[1].half().float())
 
 
 def test_postprocess():
@@ -90,7 +102,7 @@ def test_postprocess():
     acc = torch.randn(n_slots, L_q, H, d, generator=g)
     dq = torch.empty(L_q, H, d, dtype=torch.float16)
     bw._bwd_postprocess[(triton.cdiv(dq.numel(), 256),)](
-        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, BLOCK=256)
+        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, None, None, None, 0, BLOCK=256)
     torch.testing.assert_close(dq.float(), (acc.sum(0) * 0.125).half().float())
 
 
@@ -187,17 +199,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     PTX checks)."""
     from jagged.tiles import bwd_dependent
     from kernels_tlx import bwd_blackwell as bb
-    launches = []
-
-    class Recorder:
-        def __init__(self, fn):
-            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, kw))
-
-    monkeypatch.setattr(bw, "fast", Recorder)
-    monkeypatch.setattr(bb, "fast", Recorder)
+    launches = record_launches(monkeypatch, bw, bb)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
     H, HKV, D = 4, 2, 128
@@ -211,7 +213,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     o = torch.zeros(n_out, H, D, dtype=torch.float16)
     (bw if arch == "hopper" else bb).backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q,
                                               cu_k, n_q, int(lk.max()), False, 0.125, bq)
-    kw = dict(launches)
+    kw = {name: kwargs for name, _, kwargs in launches}
     assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
     assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
     assert bwd_dependent(bq) == (not bq)
@@ -219,13 +221,47 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
+@pytest.mark.parametrize("windows", [False, True])
+def test_host_split_launches(monkeypatch, windows):
+    """A call whose tiles (or key windows) are split over programs launches what a whole
+    one does: the preprocess zeroes the fp32 dK / dV accumulators and the postprocess
+    converts them, each into its own gradient, no launch of their own."""
+    launches = record_launches(monkeypatch, bw)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(bw, "bwd_parts", lambda *a: 4)
+    monkeypatch.setattr(bw, "window_parts", lambda *a: 4)
+    monkeypatch.setattr(bw, "window_tiles", lambda *a: (None, None, torch.zeros(3, 2)))
+    monkeypatch.setattr(bw, "window_rows", lambda *a: None)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([30, 20, 5] if windows else [300, 200, 5])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    assert bw.takes_windows(n, len(lk), int(lk.max()), False) == windows
+    q = torch.zeros(n, H, D, dtype=torch.float16)
+    k = torch.zeros(n, HKV, D, dtype=torch.float16)
+    _, dk, dv = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, int(lk.max()),
+                            int(lk.max()), True, 0.125, False)
+    post_name = "_bwd_post_rows" if windows else "_bwd_postprocess"
+    (pre, pa, pk), (main, ma, mk), (post, qa, qk) = (x for x in launches
+                                                     if x[0] != "_window_rows")
+    assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", post_name)
+    assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"]
+    acc = pa[15]
+    assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D) and pa[16] == 2 * n * HKV
+    assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
+    at = 9 if windows else 6
+    assert qa[at] is acc and qa[at + 1] is dk and qa[at + 2] is dv and qa[at + 3] == dk.numel()
+    assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
+
+
 def test_postprocess_converts_split_dkv():
     """Tiles split over programs (jagged.tiles.bwd_parts): the host's postprocess also
-    casts the fp32 dK / dV accumulators, both halves, into the gradients' one buffer
-    (scale already applied by the parts), after dQ."""
+    casts the fp32 dK / dV accumulators, each into its own gradient (scale already applied
+    by the parts), in the dQ launch (its grid-stride loop: more key rows than query rows
+    here)."""
     from jagged.tiles import dkv_accumulator
     g = torch.Generator().manual_seed(1)
-    nq, nk, H, HKV, d = 9, 7, 4, 2, 64
+    nq, nk, H, HKV, d = 9, 70, 4, 2, 64
     q = torch.empty(nq, H, d, dtype=torch.float16)
     k = torch.empty(nk, HKV, d, dtype=torch.float16)
     out = torch.randn(nq, H, d, generator=g).half()

@@ -360,11 +360,15 @@ def test_dkv_fragment_coordinates(tmp_path):
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
     """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
-    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels."""
+    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels;
+    split tiles and windows: with their fp32 dK / dV zeroed and converted."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
                        "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
+                       "B.compile_preprocess(dt, 128, True, 0, True); "
+                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
-                       "B.compile_post_rows(dt)")
+                       "B.compile_postprocess(dt, True, True); "
+                       "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True)")
 
 
 @needs_dsl
@@ -764,6 +768,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
+    monkeypatch.setattr(B, "window_parts", lambda *a: 1)
     kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
@@ -785,11 +790,11 @@ def test_host_backward_launches_windows(monkeypatch, short):
             (pre, pre_args), (main, args), (post, post_args) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
             windows = short and not bq
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0)
-            assert post == (q.dtype, not bq)
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False)
+            assert post == (q.dtype, not bq, False)
             B_ = len(lk)
             assert pre_args[7:] == ((cu_q, cu_k) if windows else (None, None)) + (
-                B_, B_.bit_length())
+                B_, B_.bit_length(), None, 0)
             if windows:   # the rows postprocess: the offsets, vectors a token
                 assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
                 assert post_args[7] == H * D // B.POST_VEC
@@ -881,9 +886,9 @@ def test_host_backward_launches_plain(monkeypatch):
 def test_host_backward_launches_split(monkeypatch, causal):
     """host.backward with bwd_hopper's main on a call of few long tiles (kernels recorded):
     the tiles split over CTAs (jagged.tiles.bwd_parts) launch the split build (the 64-row
-    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators, zeroed; the
-    postprocess then converts each into its own gradient (three allocations: a custom
-    op's outputs may not alias)."""
+    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators that the
+    preprocess zeroes and the postprocess converts, each into its own gradient (three
+    allocations: a custom op's outputs may not alias): three launches, as a whole call."""
     import torch
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
@@ -896,7 +901,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
@@ -908,19 +913,19 @@ def test_host_backward_launches_split(monkeypatch, causal):
     assert parts > 1
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
-    (pre, _), (main, args), (post, pa), *posts = calls
+    (pre, pa), (main, args), (post, qa) = calls
     cfg = B.CONFIGS[(D, "long")]
     assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
         64 if causal else 80)
     assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
-    assert not acc_k.any() and not acc_v.any()
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert len(posts) == 2 and dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
-    for (post2, pb), acc, grad in zip(posts, (acc_k, acc_v), (dk, dv)):
-        assert post == post2 == (q.dtype, True)
-        src, dst, n_vec, n_slots, scale = pb
-        assert src.data_ptr() == acc.data_ptr() and src.numel() == k.numel()
-        assert dst.data_ptr() == grad.data_ptr() and dst.numel() == k.numel()
-        assert (n_vec, n_slots, scale) == (k.numel() // B.POST_VEC, 1, 1.0)
+    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, True, True)
+    assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
+    assert pa[-1] == 2 * n * HKV
+    acc, gk, gv, n_vec = qa[5:]
+    assert acc.data_ptr() == acc_k.data_ptr() and acc.shape == (2, k.numel())
+    assert gk.data_ptr() == dk.data_ptr() and gv.data_ptr() == dv.data_ptr()
+    assert n_vec == k.numel() // B.POST_VEC
+    assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()

@@ -146,6 +146,11 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     assert bw.takes_windows(n_k, B, max_k, broadcast_q)
     cfg = bw.window_config(D)
     p = bw._prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
+    if parts is None:
+        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132)
+    dkv_acc = dkv_accumulator(k, parts)
+    if dkv_acc is not None:
+        dkv_acc.fill_(float("nan"))  # the preprocess zeroes it
     delta = torch.empty((H, n_q), dtype=torch.float32)
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
@@ -153,7 +158,8 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        H=H, D=D, ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N)
+        dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, H=H, D=D, ROWS=rows,
+        ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
@@ -161,9 +167,6 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     p.dk.fill_(float("nan"))  # every real key row must be stored
     p.dv.fill_(float("nan"))
     p.dq.fill_(float("nan"))  # every query row: by an owned window or the postprocess
-    if parts is None:
-        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132)
-    dkv_acc = dkv_accumulator(k, parts)
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     _emulate[(win.shape[1] * HKV * parts,)](
         q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, dk, dv,

@@ -160,7 +160,7 @@ def test_bwd_parts():
     assert bwd_parts(9164, 9164, 8, 1, 2, True, False, 128, 128, S, 4091, 4091) == 4
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
-    assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32 and not acc.any()
+    assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32  # the preprocess zeroes it
 
 
 @pytest.mark.parametrize("bq", [False, True])
