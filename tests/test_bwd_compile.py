@@ -357,6 +357,19 @@ def _step_spills(rep) -> list:
             for body in sorted(step_loops(parse(rep.sass)), key=len)]
 
 
+def _check_adds(rep, whole, d):
+    """A split build against its whole twin: both compiled, dK / dV added by 16-byte fp32
+    atomics (per consumer copy, each compiled on its own: 16-row slices x 2 halves x dK,
+    dV, D / 64 vectors a thread a slice), in the same shared memory."""
+    assert not isinstance(rep, str), rep
+    assert not isinstance(whole, str), whole
+    print(rep.row())
+    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
+    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
+    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    assert rep.total_smem == whole.total_smem
+
+
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids(SPLIT_CASES))
 def test_split_builds(split_reports, case):
     """The builds whose tiles are split over programs: dK / dV added into fp32 by 16-byte
@@ -365,16 +378,8 @@ def test_split_builds(split_reports, case):
     load task's loop (24 registers; it forms each part's Q rows) up to 3 more."""
     d, bucket, causal, parts = case
     rep, whole = split_reports[case]
-    assert not isinstance(rep, str), rep
-    assert not isinstance(whole, str), whole
-    print(rep.row())
-    # per consumer copy (each compiled on its own): 16-row slices x 2 halves x dK, dV,
-    # D / 64 vectors a thread a slice
-    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
-    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
-    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    _check_adds(rep, whole, d)
     assert "st.global.v4" in whole.ptx and "st.global.v4" not in rep.ptx
-    assert rep.total_smem == whole.total_smem
     more = 9 if (d, bucket, causal) == (64, "long", True) else 0
     split, base = _step_spills(rep), _step_spills(whole)
     assert len(split) == len(base) == 3, (split, base)
@@ -390,14 +395,8 @@ def test_window_split_builds(d):
     task's loop (only calls of a few windows take it)."""
     rep, whole = compile_batch([tlx_bwd_job(d, None, True, False, H=8, HKV=1, windows=True,
                                             parts=p) for p in (8, 1)])
-    assert not isinstance(rep, str), rep
-    assert not isinstance(whole, str), whole
-    print(rep.row())
-    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
-    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
-    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    _check_adds(rep, whole, d)
     assert "atom.global.gpu.relaxed.add.v4.f32" not in whole.ptx
-    assert rep.total_smem == whole.total_smem
     split, base = _step_spills(rep), _step_spills(whole)
     assert len(split) == len(base) == 3, (split, base)
     assert all(a <= b + 1 for a, b in zip(split[:2], base[:2])), (split, base)
