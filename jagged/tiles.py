@@ -782,10 +782,11 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     return tile_b, tile_n, n_tiles
 
 
-def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
+def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=None):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
-    Packed modes: one [Nq, H, D] buffer (the preprocess zeroes it), one program per SM.
+    Packed modes: one [rows, H, D] buffer (rows: Nq, or `flat_rows` of a block-padded
+    one; the preprocess zeroes it), one program per SM.
     Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
     programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
     the postprocess sums the slots.
@@ -794,7 +795,7 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
     4 + 2p + 2) program p's two-slot tile handoff."""
     if not broadcast_q:
-        shape, make, grid = (Nq, H, D), torch.empty, n_sms
+        shape, make, grid = (Nq if rows is None else rows, H, D), torch.empty, n_sms
     else:
         programs = max(1, n_sms // H_kv)  # a KV head's
         shape = (dq_slots(programs, L_q * H * D * 4, n_k), L_q, H, D)
@@ -802,6 +803,34 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     n = math.prod(shape)
     buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
+
+
+# takes_flat. A block-padded dQ accumulator pads each sequence to whole steps (on average
+# half a step: 6-8 % more accumulator rows at a mean of 512 rows) for 16-byte stores of
+# the step's dQ partial in its accumulator's register order (CuteDSL's 80-row step: 40
+# STS.32 a thread -> 10 STS.128; TLX's 64-row step: 32 -> 8).
+FLAT_MEAN_Q = 512
+
+
+def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
+    """Whether a backward's dQ partials go to a block-padded accumulator (both styles'
+    dq_flat): packed sequences of at least FLAT_MEAN_Q query rows on average (key windows
+    never: their builds keep the row accumulator)."""
+    return not broadcast_q and mean_q >= FLAT_MEAN_Q
+
+
+def flat_block(q_start, b, m_lo, block_m: int):
+    """A block-padded dQ accumulator's block (CuteDSL's Config.dq_flat) of the Q block of
+    sequence b (first row q_start) that starts m_lo rows in (a multiple of block_m): the
+    sequence's blocks start at (q_start + b block_m) // block_m, whole blocks past the one
+    before, so no two sequences share one. Plain arithmetic: host ints or traced."""
+    return (q_start + b * block_m) // block_m + m_lo // block_m
+
+
+def flat_rows(n_q: int, batch: int, block_m: int) -> int:
+    """Rows of a block-padded dQ accumulator (`flat_block`): every block of a call with
+    n_q query rows over `batch` sequences is below n_q // block_m + batch."""
+    return (n_q // block_m + batch) * block_m
 
 
 def slot_count(dq_acc: torch.Tensor, broadcast_q: bool) -> int:

@@ -16,9 +16,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, fwd_direct,
-                          fwd_tiles, grad_buffers, packed_query, pairs_per_sequence,
-                          slot_count, window_tiles)
+from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
+                          fwd_direct, fwd_tiles, grad_buffers, packed_query,
+                          pairs_per_sequence, slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -307,6 +307,12 @@ class BwdKernels(NamedTuple):
     window_keys: int = 0
     # (BwdCall) -> CTAs a tile (jagged.tiles.bwd_parts / window_parts); None: whole tiles
     parts: Callable | None = None
+    # long packed sequences (None: no block-padded dQ): (BwdCall, parts set) -> the main
+    # kernel's config where its dQ accumulator is block-padded (block_m rows a block,
+    # jagged.tiles.flat_block), else None; its postprocess (dtype, head_dim, config, pdl,
+    # dkv) -> the compiled postprocess
+    dq_flat: Callable | None = None
+    post_flat: Callable | None = None
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -334,21 +340,31 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     long_k = kern.window_keys if windows else 0
     cus = (cu_q, cu_k) if windows else (None, None)
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev, k.shape[0])
-    n_slots = slot_count(dq_acc, broadcast_q)
-    call = BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv, cu_q, cu_k,
-                   max_k, bool(causal), float(scale), bool(broadcast_q), L_q, n_slots,
-                   H // HKV, grid_main, sched, int(max_q or 0), dq if windows else None)
+    n_sms = num_sms(dev)
+    # the call as the kernels' choices see it (the tiles' parts, the dQ accumulator's
+    # form); the accumulators' fields once they are made
+    call = BwdCall(q, k, v, dout, lse, delta, None, dk, dv, cu_q, cu_k, max_k, bool(causal),
+                   float(scale), bool(broadcast_q), L_q, 1, H // HKV, n_sms, None,
+                   int(max_q or 0), dq if windows else None)
     # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
     # preprocess and converted by the postprocess
-    parts = 1 if kern.parts is None else kern.parts(call)
-    dkv_acc = dkv_accumulator(k, parts)
+    call = call._replace(parts=1 if kern.parts is None else kern.parts(call))
+    # long packed sequences: a block-padded dQ accumulator (key windows never: their
+    # rows postprocess and owned windows' stores take the row accumulator)
+    flat = None if kern.dq_flat is None or windows else kern.dq_flat(call)
+    dq_acc, grid_main, sched = dq_accumulator(
+        Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
+        None if flat is None else flat_rows(Nq, B, flat.block_m))
+    n_slots = slot_count(dq_acc, broadcast_q)
+    call = call._replace(dq_acc=dq_acc.view(-1, H, D), n_slots=n_slots, grid=grid_main,
+                         sched=sched)
+    dkv_acc = dkv_accumulator(k, call.parts)
     if dkv_acc is not None:
-        call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1], parts=parts)
+        call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
     kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
-        *cus, B, B.bit_length(), None if dkv_acc is None else dkv_acc.view(-1, D),
+        dq_acc.numel() // D, *cus, B, B.bit_length(),
+        None if dkv_acc is None else dkv_acc.view(-1, D),
         0 if dkv_acc is None else dkv_acc.numel() // D)
     if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
@@ -365,6 +381,9 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split)(
             dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
             n_elem // kern.post_vec, H * D // kern.post_vec, float(scale), *dkv)
+    elif flat is not None:  # the rows back from the accumulator's blocks
+        kern.post_flat(q.dtype, D, flat, bwd_dependent(broadcast_q), split)(
+            dq_acc.view(-1), dq, cu_q, dq_acc.shape[0] // flat.block_m, float(scale), *dkv)
     else:
         kern.postprocess(q.dtype, bwd_dependent(broadcast_q), split)(
             dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,

@@ -14,10 +14,12 @@ import re
 import shutil
 import subprocess
 import textwrap
+from dataclasses import replace
 
 import pytest
 
 from _cute import ROOT, compile_in_subprocess, have_dsl, traced_check
+from jagged.tiles import FLAT_MEAN_Q
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -128,7 +130,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
       bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
       st.shared.b32), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
-      addresses: test_dq_smem_addresses;
+      addresses: test_dq_smem_addresses; long packed sequences (Config.dq_flat): a 1-D
+      bulk add a warpgroup, bm * D / 1024 st.shared.v4 a thread (test_dq_flat_order);
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
       would need without them; the load warp's rows go out before its arrive.expect_tx
@@ -155,10 +158,17 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == \
         (not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
-    assert _count(red, ptx) == D // B.DQ_WIDE
-    dq_stores = 0 if cfg.dq_t else bm * D // 512
+    flat_red = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
+    assert cfg.dq_flat == (not bq and mean_q >= FLAT_MEAN_Q)
+    if cfg.dq_flat:   # a 1-D bulk add a warpgroup, 16-byte stores of its partial
+        assert _count(red, ptx) == 0 and _count(flat_red, ptx) == B.NUM_MMA_WG
+        assert _count(r"st\.shared\.v4\.(b32|f32)", ptx) == bm * D // 1024
+    else:
+        assert _count(red, ptx) == D // B.DQ_WIDE and _count(flat_red, ptx) == 0
+    dq_stores = 0 if cfg.dq_t or cfg.dq_flat else bm * D // 512
     assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == dq_stores + B.ld_rows(bm)
-    assert _count(r"st\.shared\.(b32|f32)", ptx) == (bm * D // 256 if cfg.dq_t else 0)
+    assert _count(r"st\.shared\.(b32|f32)", ptx) == (
+        bm * D // 256 if cfg.dq_t and not cfg.dq_flat else 0)
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -235,14 +245,18 @@ def test_bwd_configs():
     and the steps the kernel does not build are ValueErrors on the host."""
     from jagged.tiles import BWD_MID_MEAN_Q
     from kernels_cute import bwd_hopper as B
-    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
+    flat = dict(dq_flat=True)   # long packed sequences (FLAT_MEAN_Q): block-padded dQ
+    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True, **flat)
     assert B.pick_config(64, causal=True) == B.pick_config(64)
-    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1)
-    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True)
-    assert B.pick_config(128, broadcast_q=True) == B.pick_config(128, causal=True)
+    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1, **flat)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, ds_stages=2,
+                                          **flat)
+    assert B.pick_config(128, broadcast_q=True) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
-    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
-    assert B.pick_config(128, 16.0) == B.pick_config(128, causal=True)
+    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == replace(B.pick_config(64), dq_flat=False)
+    assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(128, FLAT_MEAN_Q - 1).dq_flat is False
+    assert B.pick_config(128, FLAT_MEAN_Q).dq_flat is True
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
@@ -253,7 +267,8 @@ def test_bwd_configs():
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
     assert B.smem_bytes(128, B.pick_config(128, causal=True)) == 178 * 1024
-    assert B.smem_bytes(128, B.pick_config(128)) == 207 * 1024
+    assert B.smem_bytes(128, B.pick_config(128)) == 227 * 1024     # two dS^T stages: full
+    assert B.smem_bytes(128, B.Config(80, 1, dq_t=True)) == 207 * 1024
     assert B.smem_bytes(128, B.Config(64, 2)) == 242 * 1024          # over the limit
     for (D, _), cfg in B.CONFIGS.items():
         B.check_config(D, cfg)
@@ -262,7 +277,9 @@ def test_bwd_configs():
                         (64, B.Config(32, 1), "block_m = 32"),
                         (128, B.Config(80, 1), "takes dq_t"),
                         (64, B.Config(80, 1, dq_t=True), "dq_t at D = 64"),
-                        (64, B.Config(64, 3), "kv_stages = 3")):
+                        (64, B.Config(64, 3), "kv_stages = 3"),
+                        (64, B.Config(64, 2, ds_stages=3), "ds_stages = 3"),
+                        (64, B.Config(128, 2, windows=True, dq_flat=True), "dq_flat")):
         with pytest.raises(ValueError, match=why):
             B.check_config(D, cfg)
     # the load warp's lse / delta rows cover a step's rows once (2 or 4 a lane; at 80
@@ -369,6 +386,91 @@ def test_bwd_pre_post_compile(tmp_path):
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
                        "B.compile_postprocess(dt, True, True); "
                        "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True)")
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal,dkv", [(128, False, False), (128, True, True),
+                                          (64, False, False)])
+def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
+    """PostprocessFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
+    128 rows), with the split tiles' dK / dV share (CastDKV): spill-free; a thread's
+    accumulator fragment in bm * D / 1024 16-byte loads, the rows out in 16-byte stores
+    (to the sequence's end: one predicated st.global.v4 in a loop), none per element."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.pick_config(D, 4096.0, causal)
+    assert cfg.dq_flat
+    path = _compile(tmp_path, f"B.compile_postprocess_flat(dt, {D}, "
+                              f"B.pick_config({D}, 4096.0, {causal}), True, {dkv})")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    # CastDKV: POST_VEC floats of dK and of dV a step (two loads, one store each)
+    assert _count(r"ld\.global\.v4\.(b32|f32)", ptx) == cfg.block_m * D // 1024 + dkv * 4
+    assert _count(r"st\.global\.v4\.b32", ptx) == 1 + dkv * 2
+    assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx)
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
+def test_dq_flat_order(tmp_path):
+    """Config.dq_flat's partial, at each step it serves (D = 128: 64 rows, the warpgroups
+    split the columns, and 80 rows, dQ^T; D = 64: 128 rows, split by rows): thread t of
+    the compute warpgroups (the dQ wgmma's C partition) writes register i to float
+    `flat_copy`(t, i) of the buffers (the bulk add copies them as they are; PostprocessFlat
+    reads the same positions back into the same partition): every (row, col) of the bm x
+    D block exactly once; a thread's registers in its own warpgroup's buffer, 4 at a time
+    into 16 contiguous bytes (st.shared.v4), a warp's store covering 512 contiguous bytes
+    (all 32 banks, 4 wavefronts: the minimum for 512 bytes)."""
+    traced_check(tmp_path, "flat_check", """
+        import cutlass, cutlass.cute as cute
+        from kernels_cute import bwd_hopper as B
+        from kernels_cute.fragments import flat_copy
+
+        FOUND = {}
+
+        def run():
+            for key, D, cfg in ((64, 64, B.pick_config(64)),
+                                (128, 128, B.pick_config(128, causal=True)),
+                                (129, 128, B.pick_config(128))):
+                bm, dq_t = cfg.block_m, cfg.dq_t
+                tiled = B.dq_mma(cutlass.BFloat16, D, bm, dq_t)
+                half = bm * D // B.NUM_MMA_WG
+                flat = cute.make_identity_tensor((half, B.NUM_MMA_WG))
+                seen, own, vec, warp = {}, [], [], {}
+                for t in range(128 * B.NUM_MMA_WG):
+                    C = tiled.get_slice(t).partition_C(
+                        cute.make_identity_tensor((D, bm) if dq_t else (bm, D)))
+                    Fp = flat_copy(128, B.NUM_MMA_WG).get_slice(t).partition_D(flat)
+                    n = cute.size(C)
+                    assert cute.size(Fp) == n, (cute.size(Fp), n)
+                    pos = []
+                    for i in range(n):
+                        rc = tuple(C[i])[::-1] if dq_t else tuple(C[i])
+                        f = tuple(Fp[i])
+                        seen[rc] = seen.get(rc, 0) + 1
+                        if f[1] != t // 128:
+                            own.append((t, i, f))
+                        pos.append(f[1] * half + f[0])
+                    for i in range(0, n, 4):
+                        if pos[i:i + 4] != list(range(pos[i], pos[i] + 4)) or pos[i] % 4:
+                            vec.append((t, i))
+                        warp.setdefault((t // 32, i), []).append(pos[i])
+                spans = [k for k, a in warp.items()
+                         if sorted(a) != list(range(min(a), min(a) + 128, 4))]
+                FOUND[key] = dict(
+                    once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
+                    and set(seen.values()) == {1},
+                    own=own, vec=vec, spans=spans, n=len(warp))
+    """, """
+        for key in (64, 128, 129):
+            f = F[key]
+            assert f["once"], key
+            assert not f["own"], f["own"][:5]
+            assert not f["vec"], f["vec"][:5]
+            assert not f["spans"], f["spans"][:5]
+    """)
 
 
 @needs_dsl
@@ -769,7 +871,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     monkeypatch.setattr(B, "window_parts", lambda *a: 1)
-    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -793,7 +896,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
             assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False)
             assert post == (q.dtype, not bq, False)
             B_ = len(lk)
-            assert pre_args[7:] == ((cu_q, cu_k) if windows else (None, None)) + (
+            assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the accumulator's
+            assert pre_args[8:] == ((cu_q, cu_k) if windows else (None, None)) + (
                 B_, B_.bit_length(), None, 0)
             if windows:   # the rows postprocess: the offsets, vectors a token
                 assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
@@ -844,6 +948,17 @@ def test_tile_range_slots(monkeypatch, bq, n_slots):
             assert (first, step, n_tiles, slot_row) == (p, P, 7 * HKV, 0)
 
 
+def _packed_call(lengths, H, HKV, D):
+    """A self-attention call's host inputs for recorded launches: (lengths, offsets,
+    tokens, q, k, lse), zeros."""
+    import torch
+    lk = torch.tensor(lengths)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    return (lk, cu, n, torch.zeros(n, H, D, dtype=torch.bfloat16),
+            torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
+
+
 def test_host_backward_launches_plain(monkeypatch):
     """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
     sequences without causal masking launch the 80-row build on kv_tiles of 80-row
@@ -860,17 +975,12 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, dq_flat=B._flat, post_flat=rec)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
                                      ([512] * 3, False, 64)):
-        lk = torch.tensor(lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-        n = int(cu[-1])
-        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
-        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
-        lse = torch.zeros(H, n)
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
                       0.125, False)
@@ -901,7 +1011,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
@@ -914,14 +1025,15 @@ def test_host_backward_launches_split(monkeypatch, causal):
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
     (pre, pa), (main, args), (post, qa) = calls
-    cfg = B.CONFIGS[(D, "long")]
+    # long sequences: the block-padded dQ accumulator (test_host_backward_launches_flat)
+    cfg = replace(B.CONFIGS[(D, "long")], dq_flat=True)
     assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
         64 if causal else 80)
     assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, True, True)
+    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, D, cfg, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
     acc, gk, gv, n_vec = qa[5:]
@@ -929,3 +1041,66 @@ def test_host_backward_launches_split(monkeypatch, causal):
     assert gk.data_ptr() == dk.data_ptr() and gv.data_ptr() == dv.data_ptr()
     assert n_vec == k.numel() // B.POST_VEC
     assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
+
+
+@interp
+def test_host_backward_launches_flat(monkeypatch):
+    """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
+    least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
+    plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
+    preprocess, and PostprocessFlat over its blocks; shorter ones, and broadcast-Q, keep
+    the row accumulator and the row postprocess; key windows never take it, however long
+    their query sequences (the window build, the rows postprocess)."""
+    import torch
+    from jagged.tiles import flat_rows
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append((key, args))
+
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)
+    monkeypatch.setattr(B, "window_parts", lambda *a: 1)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
+    H, HKV, D = 4, 2, 128
+    for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
+                                ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
+        calls.clear()
+        dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
+                                 int(lk.max()), causal, 0.125, False)
+        (pre, ra), (main, args), (post, pa) = calls
+        cfg = main[4]
+        acc = args[6]
+        assert pre == (q.dtype, D, True, 0, False)
+        assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
+        assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
+        if bm:
+            rows = flat_rows(n, len(lengths), bm)
+            assert cfg.dq_flat and cfg.block_m == bm and acc.shape == (rows, H, D)
+            assert post == (q.dtype, D, cfg, True, False)
+            assert pa[0].data_ptr() == acc.data_ptr() and pa[0].numel() == rows * H * D
+            assert pa[1] is dq and pa[2] is cu and pa[3] == rows // bm and pa[4] == 0.125
+        else:
+            assert not cfg.dq_flat and acc.shape == (n, H, D)
+            assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
+    assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
+    lq, lk = torch.tensor([600, 900, 700] * 8), torch.tensor([26, 40, 31] * 8)
+    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0).to(torch.int32)])
+                  for x in (lq, lk))
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 40, False)
+    q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(n_k, HKV, D, dtype=torch.bfloat16)
+    calls.clear()
+    host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 40, False,
+                  0.125, False)
+    (pre, ra), (main, args), (post, pa) = calls
+    assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
+    assert pre[3] == B.BLOCK_N and ra[7] == n_q * H
+    assert post == (q.dtype, True, False) and pa[2:4] == (cu_q, cu_k)
