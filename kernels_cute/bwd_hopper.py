@@ -136,6 +136,16 @@ PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
+# Key windows: the accumulator rows of sequences longer than a window are zeroed, and
+# converted, by CTAs of WIN_TOK tokens, one search a token for its sequence (TLX's
+# WIN_TOK). A search a thread of a row's vector left both passes latency-bound.
+WIN_TOK = 32
+
+
+def pre_ctas(n_rows: int, head_dim: int, n_tok: int, long_k: int) -> int:
+    """Preprocess's grid: the delta CTAs, then (key windows) the zeroing ones."""
+    per = PRE_THREADS // (head_dim // PRE_VEC)
+    return -(-n_rows // per) + (-(-n_tok // WIN_TOK) if long_k else 0)
 DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
 
@@ -483,10 +493,12 @@ def _kernel_classes():
                      mCuK: Optional[cute.Tensor], B: Int32, rounds: Int32,
                      mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32, stream):
             rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
+            n_ctas = (n_rows + rows_per_cta - 1) // rows_per_cta
+            if const_expr(self.long_k > 0):
+                n_ctas += (n_rows // H + WIN_TOK - 1) // WIN_TOK
             self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, n_dq_rows, mCuQ, mCuK,
                         B, rounds, mdKVacc, n_kv_rows).launch(
-                grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
-                block=[PRE_THREADS, 1, 1], stream=stream)
+                grid=[n_ctas, 1, 1], block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
@@ -494,21 +506,24 @@ def _kernel_classes():
                    n_dq_rows: Int32, mCuQ: Optional[cute.Tensor],
                    mCuK: Optional[cute.Tensor], B: Int32, rounds: Int32,
                    mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32):
-            """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
-            neighbouring threads share a row (16-byte loads, coalesced) and sum their
-            partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            accumulator's n_dq_rows rows of D (a row a thread group, those past n_rows of
-            a block-padded one, Config.dq_flat, as grid-stride shares) and the tile
-            counter mSched[0] (jagged.tiles.dq_accumulator); long_k (key windows) only
-            the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B sequences,
-            rounds >= bit_length(B)); zero_dkv (tiles split over CTAs) each CTA's
-            grid-stride share of the fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of
-            D (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel
-            queued behind may launch at once: it waits for these writes itself."""
+            """Rows are (token, head) pairs, token-major ([Nq * H, D]); in the delta
+            CTAs D / PRE_VEC neighbouring threads share a row (16-byte loads, coalesced)
+            and sum their partial dot products with shuffles. zero_dq (packed modes) also
+            zeroes the accumulator's n_dq_rows rows of D (a row a thread group, those past
+            n_rows of a block-padded one, Config.dq_flat, as grid-stride shares) and the
+            tile counter mSched[0] (jagged.tiles.dq_accumulator). long_k (key windows):
+            only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
+            sequences, rounds >= bit_length(B)), by CTAs of WIN_TOK tokens after the delta
+            ones (`pre_ctas`), PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
+            nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
+            fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
+            (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
+            behind may launch at once: it waits for these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
-            r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
+            bid = cute.arch.block_idx()[0]
+            r = bid * (PRE_THREADS // tpr) + tidx // tpr
             chunk = tidx % tpr
             if const_expr(self.zero_dkv):
                 rZ = cute.make_rmem_tensor((1, PRE_VEC), Float32)
@@ -516,29 +531,38 @@ def _kernel_classes():
                 grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
                 for rk in cutlass.range(r, n_kv_rows, grid_rows, unroll=1):
                     cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
-            rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-            rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-            rO.fill(0.0)
-            rdO.fill(0.0)
-            if r < n_rows:
-                cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (r, chunk)), rO)
-                cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (r, chunk)), rdO)
-            part = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
-                cute.ReductionOp.ADD, Float32(0.0), 0)
-            # every lane shuffles (rows past the end add zeros), then the guard
-            total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
-            if r < n_rows:
-                if chunk == 0:
-                    mDelta[r % H, r // H] = total
-                if const_expr(self.zero_dq):
-                    zero = True
-                    if const_expr(self.long_k > 0):
-                        zero = accumulated(mCuQ, mCuK, B, rounds, r // H, self.long_k)
-                    if zero:
+            n_delta = (n_rows + PRE_THREADS // tpr - 1) // (PRE_THREADS // tpr)
+            if bid < n_delta:
+                rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                rO.fill(0.0)
+                rdO.fill(0.0)
+                if r < n_rows:
+                    cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (r, chunk)), rO)
+                    cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (r, chunk)), rdO)
+                part = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
+                    cute.ReductionOp.ADD, Float32(0.0), 0)
+                # every lane shuffles (rows past the end add zeros), then the guard
+                total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
+                if r < n_rows:
+                    if chunk == 0:
+                        mDelta[r % H, r // H] = total
+                    if const_expr(self.zero_dq and self.long_k == 0):
                         rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
                         rA.fill(0.0)
                         cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
                                                               (r, chunk)))
+            if const_expr(self.long_k > 0):
+                if bid >= n_delta:  # a CTA of WIN_TOK tokens, all their rows
+                    tpt = PRE_THREADS // WIN_TOK            # threads a token
+                    tok = (bid - n_delta) * WIN_TOK + tidx // tpt
+                    if tok < n_rows // H:
+                        if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k):
+                            rZq = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rZq.fill(0.0)
+                            for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
+                                cute.autovec_copy(rZq, cute.local_tile(
+                                    mdQacc, (1, PRE_VEC), (tok * H + v // tpr, v % tpr)))
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
@@ -1524,9 +1548,10 @@ def _kernel_classes():
                      token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
                      mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
                      stream):
+            n_tok = n_vec // token_vecs
             self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale,
                         mdKVacc, mdK, mdV, n_kv_vec).launch(
-                grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
+                grid=[(n_tok + WIN_TOK - 1) // WIN_TOK, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
@@ -1534,19 +1559,28 @@ def _kernel_classes():
                    mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
                    token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
                    mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32):
-            """mdQacc, mdQ (n_elem,), token-major; POST_VEC elements a thread, token_vecs
-            vectors a token (H * D / POST_VEC). Its reads wait for the main kernel."""
+            """mdQacc, mdQ (n_elem,), token-major, token_vecs vectors of POST_VEC a token
+            (H * D / POST_VEC); a CTA WIN_TOK tokens, POST_THREADS / WIN_TOK threads a
+            token, each searching its token's sequence once, ahead of the wait (it reads
+            only the offsets). Its reads of the accumulator wait for the main kernel."""
+            tpt = POST_THREADS // WIN_TOK                   # threads a token
+            tidx = cute.arch.thread_idx()[0]
+            tok = cute.arch.block_idx()[0] * WIN_TOK + tidx // tpt
+            n_tok = n_vec // token_vecs
+            take = (tok < n_tok) & accumulated(mCuQ, mCuK, B, rounds,
+                                               cutlass.min(tok, n_tok - 1), self.long_k)
             cute.arch.griddepcontrol_wait()
-            i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
-            if i < n_vec:
-                if accumulated(mCuQ, mCuK, B, rounds, i // token_vecs, self.long_k):
-                    acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+            if take:
+                acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                for v in cutlass.range(tidx % tpt, token_vecs, tpt, unroll=1):
+                    i = tok * token_vecs + v
                     cute.autovec_copy(cute.local_tile(mdQacc, (POST_VEC,), (i,)), acc)
-                    out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                     out.store((acc.load() * scale).to(self.dtype))
                     cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
             if const_expr(self.dkv):
-                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, i,
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec,
+                              cute.arch.block_idx()[0] * POST_THREADS + tidx,
                               cute.arch.grid_dim()[0] * POST_THREADS)
 
     # role: reduce_dq

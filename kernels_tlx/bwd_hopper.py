@@ -283,6 +283,19 @@ def dq_rows(block_m: int) -> int:  # role: host
 
 
 # ----------------------------------------------------------------------------- preprocess
+# Key windows: the accumulator rows of sequences longer than a window are zeroed, and
+# converted, by programs of WIN_TOK tokens, one search a token for its sequence. A search a
+# program of a few rows left the passes latency-bound (each program's dependent loads).
+WIN_TOK = tl.constexpr(32)
+POST_COLS = 128  # _bwd_post_rows: columns a pass ([WIN_TOK, POST_COLS], 32 values a thread)
+
+
+def pre_programs(n_tok: int, H: int, rows: int, windows: bool) -> int:  # role: host
+    """_bwd_preprocess's grid: the delta programs of `rows` (token, head) rows, then (key
+    windows) the zeroing ones of WIN_TOK tokens."""
+    return cdiv(n_tok * H, rows) + (cdiv(n_tok, WIN_TOK.value) if windows else 0)
+
+
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
@@ -291,41 +304,52 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
                     PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False):
-    """One program per ROWS (token, head) pairs; rows ordered token-major. ZERO_DQ (packed
-    modes) also zeroes the dQ accumulator's n_dq_rows rows of D (a block-padded one's past
-    n_rows as grid-stride shares, Config.dq_flat) and the tile counter sched_ptr[0]
-    (jagged.tiles.dq_accumulator); LONG_K (key windows) only the rows the windows
-    reduce-add into (`_accumulated`). ZERO_DKV (tiles split over programs): each program
-    also zeroes its grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of
-    D (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
+    """Programs [0, cdiv(n_rows, ROWS)): ROWS (token, head) pairs each, token-major, their
+    delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (a
+    block-padded one's past n_rows as grid-stride shares, Config.dq_flat) and the tile
+    counter sched_ptr[0] (jagged.tiles.dq_accumulator). LONG_K (key windows): only the
+    rows the windows reduce-add into (`_accumulated`), by WIN_TOK tokens a program in
+    programs of their own after the delta ones (`pre_programs`): the delta programs search
+    nothing. ZERO_DKV (tiles split over programs): each program also zeroes its
+    grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of D
+    (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
     may launch at once (it waits for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    tok = r // H
-    h = r % H
+    pid = tl.program_id(0)
     d = tl.arange(0, D)
     if ZERO_DKV:
-        for r0 in range(tl.program_id(0) * ROWS, n_dkv_rows, tl.num_programs(0) * ROWS):
+        for r0 in range(pid * ROWS, n_dkv_rows, tl.num_programs(0) * ROWS):
             rk = r0 + tl.arange(0, ROWS)
             tl.store(dkv_acc_ptr + rk[:, None].to(tl.int64) * D + d[None, :],
                      tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_dkv_rows)[:, None])
-    valid = r < n_rows
-    o = tl.load(out_ptr + tok[:, None] * stride_o_tok + h[:, None] * stride_o_h + d[None, :],
-                mask=valid[:, None], other=0.0).to(tl.float32)
-    do = tl.load(dout_ptr + tok[:, None] * stride_do_tok + h[:, None] * stride_do_h + d[None, :],
-                 mask=valid[:, None], other=0.0).to(tl.float32)
-    tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
-    if ZERO_DQ:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
-        zero = valid
-        if LONG_K:
-            zero = valid & _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K)
-        tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
-                 tl.zeros([ROWS, D], dtype=tl.float32), mask=zero[:, None])
-        if tl.program_id(0) == 0:
+    n_delta = tl.cdiv(n_rows, ROWS)
+    if pid < n_delta:
+        r = pid * ROWS + tl.arange(0, ROWS)
+        tok = r // H
+        h = r % H
+        valid = r < n_rows
+        o = tl.load(out_ptr + tok[:, None] * stride_o_tok + h[:, None] * stride_o_h
+                    + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        do = tl.load(dout_ptr + tok[:, None] * stride_do_tok + h[:, None] * stride_do_h
+                     + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
+        if ZERO_DQ and not LONG_K:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
+            tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
+                     tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+    elif LONG_K:  # a program of WIN_TOK tokens: their rows, all heads
+        n_tok = n_rows // H
+        ztok = (pid - n_delta) * WIN_TOK + tl.arange(0, WIN_TOK)
+        zero = (ztok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B,
+                                             tl.minimum(ztok, n_tok - 1), ROUNDS, LONG_K)
+        for hz in range(0, H):
+            tl.store(dq_acc_ptr + (ztok * H + hz).to(tl.int64)[:, None] * D + d[None, :],
+                     tl.zeros([WIN_TOK, D], dtype=tl.float32), mask=zero[:, None])
+    if ZERO_DQ:
+        if pid == 0:
             tl.store(sched_ptr, 0)
         grid_rows = tl.num_programs(0) * ROWS
-        for r0 in range(n_rows + tl.program_id(0) * ROWS, n_dq_rows, grid_rows):
+        for r0 in range(n_rows + pid * ROWS, n_dq_rows, grid_rows):
             rt = r0 + tl.arange(0, ROWS)
             tl.store(dq_acc_ptr + rt[:, None].to(tl.int64) * D + d[None, :],
                      tl.zeros([ROWS, D], dtype=tl.float32), mask=(rt < n_dq_rows)[:, None])
@@ -1109,26 +1133,27 @@ def _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, pid, nprog, BLOCK: tl.constexpr
 @triton.jit
 def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD, scale,
                    dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
-                   LONG_K: tl.constexpr, TOK: tl.constexpr, COLS: tl.constexpr,
+                   LONG_K: tl.constexpr, COLS: tl.constexpr,
                    PDL: tl.constexpr = False, DKV: tl.constexpr = False):
     """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
-    TOK tokens x COLS of their H * D values a program; the owned windows' rows, stored by
-    the main kernel, are left alone. DKV (windows split over programs): `_cast_dkv` too.
-    PDL: as _bwd_postprocess's."""
-    if PDL:
-        gdc_wait()
-    tok = tl.program_id(0) * TOK + tl.arange(0, TOK)
+    WIN_TOK tokens a program, COLS of their H * D values at a time; the owned windows'
+    rows, stored by the main kernel, are left alone. DKV (windows split over programs):
+    `_cast_dkv` too. PDL: as _bwd_postprocess's; the search reads only the offsets, so it
+    runs ahead of the wait."""
+    tok = tl.program_id(0) * WIN_TOK + tl.arange(0, WIN_TOK)
     take = (tok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B, tl.minimum(tok, n_tok - 1),
                                         ROUNDS, LONG_K)
-    col = tl.program_id(1) * COLS + tl.arange(0, COLS)
-    offs = tok.to(tl.int64)[:, None] * HD + col[None, :]
-    mask = take[:, None] & (col < HD)[None, :]
-    acc = tl.load(dq_acc_ptr + offs, mask=mask, other=0.0)
-    tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
+    if PDL:
+        gdc_wait()
+    for c0 in range(0, HD, COLS):
+        col = c0 + tl.arange(0, COLS)
+        offs = tok.to(tl.int64)[:, None] * HD + col[None, :]
+        mask = take[:, None] & (col < HD)[None, :]
+        acc = tl.load(dq_acc_ptr + offs, mask=mask, other=0.0)
+        tl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=mask)
     if DKV:
-        _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
-                  tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                  tl.num_programs(0) * tl.num_programs(1), TOK * COLS)
+        _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, tl.program_id(0), tl.num_programs(0),
+                  WIN_TOK * COLS // 4)
 
 
 @triton.jit
@@ -1239,7 +1264,7 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
     dq_acc, grid, sched = acc or _accumulators(p, broadcast_q)
     ROWS = 32 if p.D <= 64 else 16
     cu_q, cu_k = windows or (None, None)
-    fast(_bwd_preprocess)[(cdiv(p.Nq * p.H, ROWS),)](
+    fast(_bwd_preprocess)[(pre_programs(p.Nq, p.H, ROWS, windows is not None),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
@@ -1272,11 +1297,10 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None, windows=None
     dkv = (dkv_acc, p.dk, p.dv, 0 if dkv_acc is None else p.dk.numel())
     PB = 1024
     if windows is not None:
-        TOK, HD = 8, p.H * p.D
-        COLS = min(1024, next_pow2(HD))
-        fast(_bwd_post_rows)[(cdiv(p.Nq, TOK), cdiv(HD, COLS))](
+        HD = p.H * p.D
+        fast(_bwd_post_rows)[(cdiv(p.Nq, WIN_TOK.value),)](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
-            float(scale), *dkv, LONG_K=BLOCK_N, TOK=TOK, COLS=COLS, PDL=PDL,
+            float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)), PDL=PDL,
             DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
     elif cfg is not None and cfg.dq_flat:
         fast(_bwd_post_flat)[(dq_acc.shape[0] // cfg.block_m,)](

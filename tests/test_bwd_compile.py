@@ -327,11 +327,15 @@ def test_window_pre_post_compile(split):
     sig, const = _dkv(split)
     post = compile_kernel(
         bw._bwd_post_rows, dict(ROWS_SIG, **sig),
-        constexprs=dict(const, LONG_K=bw.BLOCK_N, TOK=8, COLS=512, PDL=True), arch=90,
+        constexprs=dict(const, LONG_K=bw.BLOCK_N, COLS=bw.POST_COLS, PDL=True), arch=90,
         num_warps=4)
     assert not pre.spills and not post.spills, (pre.row(), post.row())
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
+    # the post's search reads only the offsets: ahead of the wait; every store after it
+    wait = post.ptx.index("griddepcontrol.wait")
+    assert "ld.global" in post.ptx[:wait] and "st.global" not in post.ptx[:wait]
+    assert "ld.global" in post.ptx[wait:] and "st.global" in post.ptx[wait:]
 
 
 @pytest.mark.parametrize("d,split", [(128, False), (128, True), (64, False)])

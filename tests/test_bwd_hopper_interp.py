@@ -57,26 +57,31 @@ def test_preprocess(d, zero_dq, zero_dkv):
     assert dkv_acc[n_kv].isnan().all()
 
 
-def test_pre_post_rows_of_long_sequences():
+@pytest.mark.parametrize("many", [False, True])
+def test_pre_post_rows_of_long_sequences(many):
     """Key windows (LONG_K): the preprocess zeroes, and _bwd_post_rows converts, only the
     rows of sequences of more than LONG_K keys and the rows past the last sequence; the
-    owned windows' rows stay untouched (NaN) in the accumulator and in dQ."""
+    owned windows' rows stay untouched (NaN) in the accumulator and in dQ. many: several
+    programs of WIN_TOK tokens, sequences across their bounds."""
     g = torch.Generator().manual_seed(3)
     lq = torch.tensor([2, 5, 3, 0, 4, 6, 0, 1])
     lk = torch.tensor([3, 9, 0, 8, 20, 1, 30, 0])
+    if many:
+        lq = torch.randint(0, 9, (40,), generator=g)
+        lk = torch.randint(0, 17, (40,), generator=g)
     cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).to(torch.int32)
     cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).to(torch.int32)
     B, H, d, long_k, extra = len(lq), 3, 64, 8, 3
     nq = int(cu_q[-1]) + extra
     seq = torch.repeat_interleave(torch.arange(B), lq)
     want = torch.cat([lk[seq] > long_k, torch.ones(extra, dtype=torch.bool)])
-    assert want.any() and not want.all()
+    assert want.any() and not want.all() and (nq > 3 * bw.WIN_TOK.value) == many
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
-    bw._bwd_preprocess[(triton.cdiv(nq * H, 32),)](
+    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
@@ -89,9 +94,9 @@ def test_pre_post_rows_of_long_sequences():
     n_kv = 700
     dkv_acc = torch.randn(2, n_kv, generator=g)
     dk, dv = (torch.full((n_kv,), float("nan"), dtype=torch.float16) for _ in range(2))
-    bw._bwd_post_rows[(triton.cdiv(nq, 4), 2)](
+    bw._bwd_post_rows[(triton.cdiv(nq, bw.WIN_TOK.value),)](
         acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, dkv_acc, dk, dv, n_kv,
-        LONG_K=long_k, TOK=4, COLS=128, DKV=True)
+        LONG_K=long_k, COLS=128, DKV=True)
     torch.testing.assert_close(dq[want].float(), (acc[want] * 0.5).half().float())
     assert dq[~want].isnan().all()
     torch.testing.assert_close(dk.float(), dkv_acc[0].half().float())

@@ -389,6 +389,25 @@ def test_bwd_pre_post_compile(tmp_path):
 
 
 @needs_dsl
+@pytest.mark.parametrize("dkv", [False, True])
+def test_bwd_post_rows_searches_ahead(tmp_path, dkv):
+    """Key windows' PostRows: each thread's one search of its token's sequence (loads of
+    the offsets) comes before the wait for the main kernel, the accumulator's reads
+    (16-byte) after it; spill-free."""
+    path = _compile(tmp_path, f"B.compile_post_rows(dt, True, {dkv})")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    wait = ptx.index("griddepcontrol.wait;")
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    assert re.search(r"ld\.global(\.\w+)*\.(b32|s32|u32)", ptx[:wait])
+    assert not re.search(r"ld\.global(\.\w+)*\.v4", ptx[:wait])
+    assert re.search(r"ld\.global(\.\w+)*\.v4", ptx[wait:])
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
 @pytest.mark.parametrize("D,causal,dkv", [(128, False, False), (128, True, True),
                                           (64, False, False)])
 def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):

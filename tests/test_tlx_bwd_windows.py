@@ -155,7 +155,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
     rows = 32 if D <= 64 else 16
-    bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
+    bw._bwd_preprocess[(bw.pre_programs(n_q, H, rows, True),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
