@@ -11,9 +11,10 @@
 #                                       #   (cute) against one (cute-ds1), ~5 min
 # Each: `source .gpu2/activate.sh; bash scripts/ab/dq_flat.sh X` carrying .gpu2, after a
 # .gpu1 activation. CSVs land in $OUT, logs in /tmp.
-# On flat-next-ab, one session's order (each a device call, ~22 min in all): windows_next.sh
-# parts; dq_flat.sh gate; dq_flat.sh time a; windows_next.sh split (.snap/base = main's tree);
-# then, if time is left, dq_flat.sh time b and windows_next.sh tests.
+# On next-ab (split-fused, flat-next, win-passes and list-loads with their A/B scripts), one
+# session's order, each a device call (~29 min in all): windows_next.sh parts;
+# win_passes.sh (.snap/wbase = flat-next's tree); dq_flat.sh gate; dq_flat.sh time a;
+# windows_next.sh split (.snap/base = main's tree); then dq_flat.sh time b if time is left.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 run() {  # $1 tag, then bench arguments

@@ -7,7 +7,8 @@
 #   source .gpu2/activate.sh; bash scripts/ab/win_passes.sh        (~7 min)
 # The GPU tests of the windows first (oracle, poisoned outputs), then gem-jagged 256 / 512
 # at 0.1 (D = 128 and 64) backward, both styles, this tree with FA4 and the base tree, and
-# the kernels' own times (torch.profiler) at D = 128 in both trees.
+# the kernels' own times (torch.profiler) at D = 128 in both trees; then the window list
+# kernel alone (window_list.py: the search by loads of branch list-loads) in both trees.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py tests/test_gpu_core.py \
@@ -30,4 +31,8 @@ PY
   (cd $root && timeout 60 python3 -m harness profile --suite gem-jagged --backends tlx,cute \
      --passes bwd --match "Lq256 Lk256 s0.1 bf16" --n 20 2>&1 | grep -iE "pre|post|kernel|us" |
      head -20)
+done
+for root in . .snap/wbase; do
+  (cd $root && timeout 40 python3 $OLDPWD/scripts/ab/window_list.py \
+     $([ $root = . ] && echo new || echo base) 2>&1 | grep -E "WINDOW_LIST|GRAPH|Error")
 done
