@@ -4,9 +4,10 @@
 # wait) against flat-next's per-row searches. One device call, after a .gpu1 activation,
 # carrying .gpu2 and .snap (.snap/wbase: git archive flat-next harness jagged kernels_tlx
 # kernels_cute pyproject.toml | tar -x -C .snap/wbase):
-#   source .gpu2/activate.sh; bash scripts/ab/win_passes.sh        (~7 min)
+#   source .gpu2/activate.sh; bash scripts/ab/win_passes.sh        (~9 min)
 # The GPU tests of the windows first (oracle, poisoned outputs), then gem-jagged 256 / 512
-# at 0.1 (D = 128 and 64) backward, both styles, this tree with FA4 and the base tree, and
+# at 0.1 and 2048 / 0.9 (CuteDSL's preprocess in PRE_GROUPS row groups on every call; D =
+# 128 and 64) backward, both styles, this tree with FA4 and the base tree, and
 # the kernels' own times (torch.profiler) at D = 128 in both trees; then the window list
 # kernel alone (window_list.py: the search by loads of branch list-loads) in both trees.
 export PYTHONUNBUFFERED=1
@@ -17,8 +18,9 @@ echo "tests rc $?"; tail -3 $OUT/tests.log
 for root in . .snap/wbase; do
   tag=$([ $root = . ] && echo new || echo base)
   backends=$([ $root = . ] && echo tlx,cute,fa4 || echo tlx,cute)
-  (cd $root && timeout 150 python3 -m harness bench --backends $backends --passes bwd \
-     --suite gem-jagged,gem-jagged-d64 --match "Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16" \
+  (cd $root && timeout 200 python3 -m harness bench --backends $backends --passes bwd \
+     --suite gem-jagged,gem-jagged-d64 \
+     --match "Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16|Lq2048 Lk2048 s0.9 bf16" \
      --warm 4 --out $OUT/$tag > /tmp/$tag.log 2>&1)
   echo "$tag rc $?"
   python3 - "$OUT/$tag/results.csv" <<'PY'
