@@ -12,8 +12,8 @@
 # Each: `source .gpu2/activate.sh; bash scripts/ab/dq_flat.sh X` carrying .gpu2, after a
 # .gpu1 activation. CSVs land in $OUT, logs in /tmp.
 # On next-ab (split-fused, flat-next, win-passes and list-loads with their A/B scripts), one
-# session's order, each a device call (~29 min in all): windows_next.sh parts;
-# win_passes.sh (.snap/wbase = flat-next's tree); dq_flat.sh gate; dq_flat.sh time a;
+# session's order, each a device call (~30 min in all): windows_next.sh parts;
+# win_passes.sh a, b (.snap/wbase = flat-next's tree); dq_flat.sh gate; dq_flat.sh time a;
 # windows_next.sh split (.snap/base = main's tree); then dq_flat.sh time b if time is left.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
