@@ -758,3 +758,26 @@ for _s in ("tlx", "cute"):
         register(Backend(f"{_s}-p{_p}", *_experiment(_s, _forced_parts(_s, _p)),
                          supports=_ours_supports(_s), own=True, experimental=True,
                          note=f"{_s} with every backward tile in {_p} parts"))
+
+
+def _windows_up_to(fraction: float):
+    """The backward over key windows up to a mean key length of `fraction` of a tile
+    (jagged.tiles.WINDOW_MEAN_FRACTION: 0.5), the forward unchanged."""
+    def apply(style: str):
+        import importlib
+        mod = importlib.import_module(f"kernels_{style}.bwd_hopper")
+
+        def takes(n_keys, batch, max_k, broadcast_q):
+            return (not broadcast_q and batch > 1 and max_k > 1
+                    and n_keys <= fraction * mod.BLOCK_N * batch)
+        mod.takes_windows = takes
+        if style == "cute":  # its host reads the call's kernels from KERNELS
+            mod.KERNELS = mod.KERNELS._replace(takes_windows=takes)
+    return apply
+
+
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-win1", *_experiment(_s, lambda s=_s: _windows_up_to(1.0)(s)),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the backward over key windows up to a mean of a "
+                          "whole tile of keys (owned windows store dQ whole)"))
