@@ -781,3 +781,14 @@ for _s in ("tlx", "cute"):
                      supports=_ours_supports(_s), own=True, experimental=True,
                      note=f"{_s} with the backward over key windows up to a mean of a "
                           "whole tile of keys (owned windows store dQ whole)"))
+
+
+def _window_row_order():
+    import jagged.tiles
+    jagged.tiles.WINDOW_SORT = False   # _build_window_tiles reads it at each build
+
+
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-nosort", *_experiment(_s, _window_row_order),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the window lists in row order (no sort by work)"))

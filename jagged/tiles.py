@@ -670,13 +670,17 @@ def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int
                        check)
 
 
+# experiment (harness backends *-nosort): the windows in row order, the sort left out
+WINDOW_SORT = True
+
+
 def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     B, n_win, span, rounds, seqs = _window_sizes(cu_q, n_rows, max_q, block_m)
     # win, order, then the count, each at a 16-byte aligned offset (as _build_fwd_tiles)
     o1 = cdiv(3 * n_win, 4) * 4
     o2 = o1 + cdiv(n_win, 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
-    sort = n_win <= SORT_MAX
+    sort = WINDOW_SORT and n_win <= SORT_MAX
     block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
     fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win, span, rounds, cu_k,

@@ -13,9 +13,9 @@
 # .gpu1 activation. CSVs land in $OUT, logs in /tmp.
 # On next-ab (split-fused, flat-next, win-passes and list-loads with their A/B scripts), one
 # session's order, each a device call (~27 min): windows_next.sh parts; win_passes.sh c;
-# win_passes.sh a; dq_flat.sh gate; dq_flat.sh time a. The next session: win_passes.sh b
-# (.snap/wbase = flat-next's tree), windows_next.sh split (.snap/base = main's tree),
-# dq_flat.sh time b.
+# win_passes.sh a; dq_flat.sh gate; dq_flat.sh time a. The next session: win_passes.sh d
+# and b (.snap/wbase = flat-next's tree), windows_next.sh split (.snap/base = main's
+# tree), dq_flat.sh time b.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 run() {  # $1 tag, then bench arguments

@@ -15,6 +15,10 @@
 #       (128; the default 64), its windows of sequences of at most 128 keys owned, their dQ
 #       stored whole (no fp32 accumulator rows): fuzz shapes of seeds 0-2 with a mean of
 #       65-128 keys and gem-jagged 1024 / 0.1, against tlx / cute and FA4 in one run
+#   source .gpu2/activate.sh; bash scripts/ab/win_passes.sh d   (~5 min) tlx-nosort /
+#       cute-nosort: the window lists in row order, no sort (its ~5 us of the forward's
+#       13.6 us list at 256 / 0.1) against the balance it buys, both passes, gem 256 / 512
+#       at 0.1, D = 128 and 64
 # The timed cells of a and b: gem-jagged 256 / 512 at 0.1 and 2048 / 0.9 (CuteDSL's row
 # groups on a long call), D = 128 and 64, backward, both styles.
 export PYTHONUNBUFFERED=1
@@ -29,7 +33,7 @@ bench() {  # $1 tree, $2 tag, $3 backends, then more bench arguments
 import csv, os, sys
 if os.path.exists(sys.argv[1]):
     for r in csv.DictReader(open(sys.argv[1])):
-        print(r["backend"], r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
+        print(r["backend"], r["pass"], r["batch"], r["heads"], r["kv_heads"], r["head_dim"],
               r["max_seqlen_q"], r["max_seqlen_k"], r["sparsity"], r["causal"], r["status"],
               r["ms"], r["graph_ms"])
 PY
@@ -52,4 +56,7 @@ case $1 in
      bench . win_s1 $W --suite fuzz --fuzz-seed 1 --match "B457 H8/1|B222 H4/4|B23 H8/8"
      bench . win_s2 $W --suite fuzz --fuzz-seed 2 --match "B53 H16/2|B119 H8/4"
      bench . win_gem $W --suite gem-jagged --match "Lq1024 Lk1024 s0.1 bf16" ;;
+  d) export TIMEOUT=280
+     bench . nosort tlx,tlx-nosort,cute,cute-nosort --suite gem-jagged,gem-jagged-d64 \
+       --match "Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16" --passes fwd,bwd ;;
 esac
