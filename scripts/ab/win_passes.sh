@@ -56,6 +56,10 @@ case $1 in
      bench . win_s1 $W --suite fuzz --fuzz-seed 1 --match "B457 H8/1|B222 H4/4|B23 H8/8"
      bench . win_s2 $W --suite fuzz --fuzz-seed 2 --match "B53 H16/2|B119 H8/4"
      bench . win_gem $W --suite gem-jagged --match "Lq1024 Lk1024 s0.1 bf16" ;;
+  c1) export TIMEOUT=130  # c's seed 1 shapes and gem 1024 / 0.1 alone (~4 min)
+     W=tlx,tlx-win1,cute,cute-win1,fa4
+     bench . win_s1 $W --suite fuzz --fuzz-seed 1 --match "B457 H8/1|B222 H4/4|B23 H8/8"
+     bench . win_gem $W --suite gem-jagged --match "Lq1024 Lk1024 s0.1 bf16" ;;
   d) export TIMEOUT=280
      bench . nosort tlx,tlx-nosort,cute,cute-nosort --suite gem-jagged,gem-jagged-d64 \
        --match "Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16" --passes fwd,bwd ;;
