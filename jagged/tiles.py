@@ -814,7 +814,7 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
     return max(1, min(programs, MAX_SLOT_BYTES // max(slot_bytes, 1), -(-n_k // SLOT_KEYS)))
 
 
-# Backward tiles split over their query blocks (`bwd_parts`): a tile's fixed cost in Q
+# Backward tiles split over their steps (`bwd_parts`): a tile's fixed cost in Q
 # steps (its K / V load, the dK / dV epilogue); a split tile's, BWD_PART_ROWS / block_m
 # steps with every program busy (its fp32 dK / dV adds, their zeroing and conversion:
 # bytes in proportion to the tile's keys x D, a step's time to block_m x keys x D);
@@ -834,9 +834,10 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
               max_q: int = 0, max_k: int = 0) -> int:
     """How many programs share each backward tile (both styles): 1, 2, 4 or 8. A tile (KV
     block, KV head) walks the Q blocks that see it for every query head of its GQA group
-    (group x n_m steps); split P ways, part p takes the p-th P-th of those steps (schedule
-    part_steps) and adds its dK / dV into fp32 accumulators. Few long tiles balance badly over the
-    programs (fuzz B2 H8/2 D64 16384 / 0.9: 442 tiles of ~450 steps on 132 programs).
+    (group x n_m steps); split P ways, part p takes the p-th P-th of those steps
+    (schedule.part_steps) and adds its dK / dV into fp32 accumulators. Few long tiles
+    balance badly over the programs (fuzz B2 H8/2 D64 16384 / 0.9: 442 tiles of ~450 steps
+    on 132 programs).
 
     From host sizes only (no sync): T ~ h_kv (n_k / block_n + batch / 2) tiles of w
     steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned;
