@@ -711,3 +711,50 @@ def _flashinfer_make():
 register(Backend("flashinfer", _flashinfer_make, _flashinfer_available, kind="decode", note=(
     "FlashInfer `BatchDecodeWithPagedKVCacheWrapper` (NHD; a contiguous cache as one page "
     "per sequence), planned once per batch layout (not timed)")))
+
+
+def _forced_parts(style: str, parts: int):
+    def apply():
+        import importlib
+        import jagged.tiles
+        mod = importlib.import_module(f"kernels_{style}.bwd_hopper")
+        mod.bwd_parts = lambda *a: parts
+        jagged.tiles.FLAT_MEAN_Q = float("inf")   # the row accumulator: the parts alone
+    return apply
+
+
+def _flat_from(mean_q: float):
+    def apply():
+        import jagged.tiles
+        jagged.tiles.FLAT_MEAN_Q = mean_q   # jagged.tiles.takes_flat reads it at each call
+    return apply
+
+
+def _ds_stages(stages: int):
+    def apply():
+        import dataclasses
+
+        import kernels_cute.bwd_hopper as mod
+        key = (128, "plain")
+        mod.CONFIGS[key] = dataclasses.replace(mod.CONFIGS[key], ds_stages=stages)
+    return apply
+
+
+register(Backend("cute-ds1", *_experiment("cute", _ds_stages(1)),
+                 supports=_ours_supports("cute"), own=True, experimental=True,
+                 note="cute with one dS^T stage at the 80-row step (two barriers a step)"))
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-rows", *_experiment(_s, _flat_from(float("inf"))),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the row dQ accumulator everywhere (no Config.dq_flat)"))
+    register(Backend(f"{_s}-flat", *_experiment(_s, _flat_from(0.0)),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with the block-padded dQ accumulator in every packed call "
+                          "its steps take it at"))
+
+
+for _s in ("tlx", "cute"):
+    for _p in (1, 2, 4, 8):
+        register(Backend(f"{_s}-p{_p}", *_experiment(_s, _forced_parts(_s, _p)),
+                         supports=_ours_supports(_s), own=True, experimental=True,
+                         note=f"{_s} with every backward tile in {_p} parts"))
