@@ -535,21 +535,22 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
     sequence c0 + i, lane n the run's end: lane i finds next(i), the first sequence that
     would take a group from i past BLOCK_M rows (a binary search; i + 1 at least); the
     groups are the chain 0, next(0), next(next(0)), ..., which pointer doubling puts in
-    the lanes (lane i < n: next^i(0), n past the last group). The tables are read with
-    tl.gather (shared memory). Stored as windows from window n_live on -> the windows
-    stored so far."""
+    the lanes (lane i < n: next^i(0), n past the last group). The search reads the
+    offsets again from global memory (L1 hits after the loads above, no barrier: a
+    tl.gather of a lane table takes shared-memory round trips behind barriers, 14 a round
+    at 2048 lanes in sm_90a SASS); the doubling's tables, new each round, go through
+    tl.gather. Stored as windows from window n_live on -> the windows stored so far."""
     i = tl.arange(0, SEQS)
     n = tl.minimum(B - c0, SEQS - 1)
     real = i < n
-    starts = tl.load(cu + c0 + i, mask=i <= n, other=0)            # cu[c0 + i]
-    ends = tl.load(cu + c0 + i + 1, mask=real, other=2147483647)   # cu[c0 + i + 1]
-    target = starts + BLOCK_M
+    target = tl.load(cu + c0 + i, mask=i <= n, other=0) + BLOCK_M   # cu[c0 + i] + BLOCK_M
     lo = i
     hi = tl.zeros_like(i) + n
     for _ in range(0, ROUNDS):  # sequences before i end by cu[i]: the answer is >= i
         mid = (lo + hi) // 2
         open_ = lo < hi
-        fits = tl.gather(ends, tl.minimum(mid, SEQS - 1), 0) <= target
+        # the end of sequence c0 + mid (mid < n), cu[c0 + mid + 1]
+        fits = tl.load(cu + c0 + mid + 1, mask=open_ & (mid < n), other=2147483647) <= target
         lo = tl.where(open_ & fits, mid + 1, lo)
         hi = tl.where(open_ & ~fits, mid, hi)
     nxt = tl.where(real, tl.maximum(lo, i + 1), n)
@@ -559,10 +560,11 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
         first = tl.where(((i >> r) & 1) == 1, tl.gather(jump, first, 0), first)
         jump = tl.gather(jump, jump, 0)
     t = tl.gather(nxt, first, 0)
-    start = tl.gather(starts, first, 0)
     # lanes from n on hold no group (at most n of them), nor next^i(0) (i >= 2^ROUNDS)
     head = real & (first < n)
-    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.gather(starts, t, 0) - start, BLOCK_M), 1), 0)
+    start = tl.load(cu + c0 + first, mask=head, other=0)           # first, t <= n
+    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.load(cu + c0 + t, mask=head, other=0) - start,
+                                            BLOCK_M), 1), 0)
     base = n_live + tl.cumsum(n_w, 0) - n_w
     for j in range(0, SPAN):
         w = base + j
