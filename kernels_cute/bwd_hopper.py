@@ -134,6 +134,8 @@ DQ_WG_THREADS = 128 + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
+PRE_GROUPS = 2          # preprocess: row groups a delta CTA (16 rows at D = 128, 32 at
+                        # D = 64: TLX's ROWS), their loads issued before any sum
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
 # Key windows: the accumulator rows of sequences longer than a window are zeroed, and
@@ -144,7 +146,7 @@ WIN_TOK = 32
 
 def pre_ctas(n_rows: int, head_dim: int, n_tok: int, long_k: int) -> int:
     """Preprocess's grid: the delta CTAs, then (key windows) the zeroing ones."""
-    per = PRE_THREADS // (head_dim // PRE_VEC)
+    per = PRE_GROUPS * PRE_THREADS // (head_dim // PRE_VEC)
     return -(-n_rows // per) + (-(-n_tok // WIN_TOK) if long_k else 0)
 DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
@@ -492,7 +494,7 @@ def _kernel_classes():
                      n_dq_rows: Int32, mCuQ: Optional[cute.Tensor],
                      mCuK: Optional[cute.Tensor], B: Int32, rounds: Int32,
                      mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32, stream):
-            rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
+            rows_per_cta = PRE_GROUPS * PRE_THREADS // (self.D // PRE_VEC)
             n_ctas = (n_rows + rows_per_cta - 1) // rows_per_cta
             if const_expr(self.long_k > 0):
                 n_ctas += (n_rows // H + WIN_TOK - 1) // WIN_TOK
@@ -531,27 +533,37 @@ def _kernel_classes():
                 grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
                 for rk in cutlass.range(r, n_kv_rows, grid_rows, unroll=1):
                     cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
-            n_delta = (n_rows + PRE_THREADS // tpr - 1) // (PRE_THREADS // tpr)
+            per_group = PRE_THREADS // tpr                 # rows a group
+            n_delta = (n_rows + PRE_GROUPS * per_group - 1) // (PRE_GROUPS * per_group)
             if bid < n_delta:
-                rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-                rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-                rO.fill(0.0)
-                rdO.fill(0.0)
-                if r < n_rows:
-                    cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (r, chunk)), rO)
-                    cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (r, chunk)), rdO)
-                part = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
-                    cute.ReductionOp.ADD, Float32(0.0), 0)
-                # every lane shuffles (rows past the end add zeros), then the guard
-                total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
-                if r < n_rows:
-                    if chunk == 0:
-                        mDelta[r % H, r // H] = total
-                    if const_expr(self.zero_dq and self.long_k == 0):
-                        rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
-                        rA.fill(0.0)
-                        cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
-                                                              (r, chunk)))
+                rows, rOs, rdOs = [], [], []
+                for g in cutlass.range_constexpr(PRE_GROUPS):  # the loads first
+                    rg = (bid * PRE_GROUPS + g) * per_group + tidx // tpr
+                    rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rO.fill(0.0)
+                    rdO.fill(0.0)
+                    if rg < n_rows:
+                        cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (rg, chunk)), rO)
+                        cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (rg, chunk)),
+                                          rdO)
+                    rows.append(rg)
+                    rOs.append(rO)
+                    rdOs.append(rdO)
+                for g in cutlass.range_constexpr(PRE_GROUPS):
+                    rg = rows[g]
+                    part = (rOs[g].load().to(Float32) * rdOs[g].load().to(Float32)).reduce(
+                        cute.ReductionOp.ADD, Float32(0.0), 0)
+                    # every lane shuffles (rows past the end add zeros), then the guard
+                    total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
+                    if rg < n_rows:
+                        if chunk == 0:
+                            mDelta[rg % H, rg // H] = total
+                        if const_expr(self.zero_dq and self.long_k == 0):
+                            rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rA.fill(0.0)
+                            cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
+                                                                  (rg, chunk)))
             if const_expr(self.long_k > 0):
                 if bid >= n_delta:  # a CTA of WIN_TOK tokens, all their rows
                     tpt = PRE_THREADS // WIN_TOK            # threads a token

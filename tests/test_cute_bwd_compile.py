@@ -389,6 +389,23 @@ def test_bwd_pre_post_compile(tmp_path):
 
 
 @needs_dsl
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_preprocess_loads_ahead(tmp_path, D):
+    """The preprocess's delta CTA (PRE_GROUPS row groups): every group's 16-byte loads of
+    O and dO are issued before the first shuffle of a row's sum; spill-free."""
+    from kernels_cute import bwd_hopper as B
+    path = _compile(tmp_path, f"B.compile_preprocess(dt, {D}, True)")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    loads = [m.start() for m in re.finditer(r"ld\.global(\.\w+)*\.v4", ptx)]
+    assert len(loads) == 2 * B.PRE_GROUPS, len(loads)
+    assert max(loads) < ptx.index("shfl.sync")
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
 @pytest.mark.parametrize("dkv", [False, True])
 def test_bwd_post_rows_searches_ahead(tmp_path, dkv):
     """Key windows' PostRows: each thread's one search of its token's sequence (loads of
