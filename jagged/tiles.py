@@ -485,11 +485,20 @@ def pairs_per_sequence(max_q: int, block_m: int) -> int:
 WINDOW_MEAN_FRACTION = 0.5
 
 
-def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool) -> bool:
-    """Whether a forward takes row windows: packed queries (not broadcast-Q) whose mean
-    length (rows / batch: no sync) is at most WINDOW_MEAN_FRACTION of a block."""
+# the Hopper backwards run over key windows up to a mean of a whole 128-key tile: a window
+# of sequences of at most a tile of keys owns them and stores their dQ whole, where a tile
+# list's tiles reduce-add every row into the fp32 accumulator, which the preprocess zeroes
+# and the postprocess converts
+BWD_WINDOW_MEAN_FRACTION = 1.0
+
+
+def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool,
+             fraction: float = WINDOW_MEAN_FRACTION) -> bool:
+    """Whether a pass takes windows: packed rows (not broadcast-Q) whose mean length (rows
+    / batch: no sync) is at most `fraction` of a block (the forwards' row windows at
+    WINDOW_MEAN_FRACTION, the backwards' key windows at BWD_WINDOW_MEAN_FRACTION)."""
     return (not broadcast_q and batch > 1 and max_q > 1
-            and n_rows <= WINDOW_MEAN_FRACTION * block_m * batch)
+            and n_rows <= fraction * block_m * batch)
 
 
 @triton.jit

@@ -87,20 +87,20 @@ causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) tri
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
-Key windows (`takes_windows`: short packed keys, mean length at most half a tile; the
-`window_config` build): a tile is a window of whole sequences of at most BLOCK_N packed
-key columns together, or a BLOCK_N-key block of a longer one (jagged.tiles.windows over
-the key offsets, schedule.kv_window_coords), dealt round-robin over windows x KV heads
-(never from the counter, causal or not). Its Q blocks run over every query row of its
-sequences, from its first sequence's first row; each key column meets only its own
-sequence's rows (`col_ranges`, once a tile) and every step masks P^T to them
-(`window_keep`: one unsigned compare); dK / dV go to the window's real columns. A window
-of whole sequences holds every key its rows meet, so its steps' dQ is whole: `compute`
-stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
-`PostRows` converts only the rows of the longer sequences, whose blocks reduce-add their
-partials as above. A call of a few windows (jagged.tiles.window_parts > 1) shares each
-window's steps over CTAs as split tiles do (`store_add`; a step's dQ stays its own). Not
-for broadcast-Q.
+Key windows (`takes_windows`: short packed keys, mean length at most a tile,
+jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a window of
+whole sequences of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of
+a longer one (jagged.tiles.windows over the key offsets, schedule.kv_window_coords),
+dealt round-robin over windows x KV heads (never from the counter, causal or not). Its Q
+blocks run over every query row of its sequences, from its first sequence's first row;
+each key column meets only its own sequence's rows (`col_ranges`, once a tile) and every
+step masks P^T to them (`window_keep`: one unsigned compare); dK / dV go to the window's
+real columns. A window of whole sequences holds every key its rows meet, so its steps' dQ
+is whole: `compute` stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the
+preprocess zeroes and `PostRows` converts only the rows of the longer sequences, whose
+blocks reduce-add their partials as above. A call of a few windows
+(jagged.tiles.window_parts > 1) shares each window's steps over CTAs as split tiles do
+(`store_add`; a step's dQ stays its own). Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -111,9 +111,9 @@ from functools import partial
 from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          flat_block, kv_tiles, takes_flat, window_parts, window_tiles,
-                          windowed)
+from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, bwd_dependent, bwd_dynamic, bwd_mean_q,
+                          bwd_mid, bwd_parts, flat_block, kv_tiles, takes_flat, window_parts,
+                          window_tiles, windowed)
 
 from . import host
 
@@ -255,7 +255,7 @@ def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> boo
     """Whether a call's main kernel runs on key windows (jagged.tiles.windowed over the
     keys: short packed keys, decided on the host without a sync); broadcast-Q never
     does."""
-    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q)
+    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q, BWD_WINDOW_MEAN_FRACTION)
 
 
 def check_config(head_dim: int, cfg: Config) -> None:

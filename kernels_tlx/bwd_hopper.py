@@ -109,9 +109,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
-from jagged.tiles import (PDL, bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, dq_accumulator, flat_rows, grad_buffers, kv_tiles,
-                          slot_count, takes_flat, window_parts, window_tiles, windowed)
+from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
+                          bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
+                          flat_rows, grad_buffers, kv_tiles, slot_count, takes_flat,
+                          window_parts, window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, flat_block, kv_tile_coords, kv_window_coords,
@@ -191,18 +192,18 @@ def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf,
 
 # Key windows (short keys, jagged.tiles.windowed): a tile is whole sequences of at most
 # BLOCK_N keys (jagged.tiles.windows), against every query row of those sequences. The
-# windows take the short bucket's steps (32 rows, two K/V stages): windowed calls have
-# mean keys of at most half a tile (64, SHORT_MEAN_K), the bucket 32 rows were measured
-# fastest in; a window's rows are its sequences' (at most BLOCK_N at len_q = len_k), so
-# 32-row steps leave the least padding at the row range's end; and a window has few
-# steps, so the next window's K/V loading under this one's pays.
+# windows take the short bucket's steps (32 rows, two K/V stages), measured fastest at
+# mean keys of at most half a tile (64, SHORT_MEAN_K; windowed calls go up to a tile,
+# jagged.tiles.BWD_WINDOW_MEAN_FRACTION); a window's rows are its sequences' (at most
+# BLOCK_N at len_q = len_k), so 32-row steps leave the least padding at the row range's
+# end; and a window has few steps, so the next window's K/V loading under this one's pays.
 def window_config(head_dim: int) -> Config:
     return CONFIGS[(head_dim, "short")]
 
 
 def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
     """Whether a backward runs over key windows (packed queries, short keys on average)."""
-    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q)
+    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q, BWD_WINDOW_MEAN_FRACTION)
 
 
 NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring

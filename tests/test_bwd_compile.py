@@ -254,16 +254,16 @@ def test_config_table():
 
 
 def test_window_decision():
-    """Key windows for packed calls whose mean keys are at most half a tile (gem 256 / 0.1:
-    1152 sequences, mean ~26), never broadcast-Q or one sequence; they run the short
-    bucket's 32-row steps, never the block-padded dQ accumulator (Config.dq_flat: however
-    long their query rows)."""
+    """Key windows for packed calls whose mean keys are at most a tile (gem 256 / 0.1:
+    1152 sequences, mean ~26; every sequence 128 keys), never broadcast-Q or one sequence;
+    they run the short bucket's 32-row steps, never the block-padded dQ accumulator
+    (Config.dq_flat: however long their query rows)."""
     assert bw.takes_windows(1152 * 26, 1152, 256, False)
     assert not bw.takes_windows(1152 * 26, 1152, 256, True)
     assert not bw.takes_windows(26, 1, 26, False)
     assert not bw.takes_windows(8 * 2048, 8, 4096, False)
-    assert bw.takes_windows(64 * 10, 10, 128, False)
-    assert not bw.takes_windows(65 * 10, 10, 128, False)
+    assert bw.takes_windows(128 * 10, 10, 128, False)
+    assert not bw.takes_windows(129 * 10, 10, 256, False)
     for d in (64, 128):
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
         assert not bw.window_config(d).dq_flat

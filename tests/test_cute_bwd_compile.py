@@ -759,8 +759,9 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
 def test_bwd_window_config():
     """Key windows: the head dim's long-sequence step (causal masking's, never the
     80-row one) with windows on, and only where jagged.tiles.windowed over the keys
-    (128-key blocks) says so, never broadcast-Q."""
-    from jagged.tiles import windowed
+    (128-key blocks, up to a mean of BWD_WINDOW_MEAN_FRACTION of one) says so, never
+    broadcast-Q."""
+    from jagged.tiles import BWD_WINDOW_MEAN_FRACTION, windowed
     from kernels_cute import bwd_hopper as B
     for d in (64, 128):
         cfg, base = B.window_config(d), B.pick_config(d, causal=True)
@@ -768,13 +769,15 @@ def test_bwd_window_config():
         assert (cfg.block_m, cfg.kv_stages) == (base.block_m, base.kv_stages)
         B.check_config(d, cfg)
     for n_keys, batch, max_k in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
-                                 (5, 1, 5), (40, 40, 1)):
+                                 (128 * 10, 10, 128), (129 * 10, 10, 200), (5, 1, 5),
+                                 (40, 40, 1)):
         for bq in (False, True):
             assert B.takes_windows(n_keys, batch, max_k, bq) == \
-                windowed(n_keys, batch, max_k, 128, bq)
+                windowed(n_keys, batch, max_k, 128, bq, BWD_WINDOW_MEAN_FRACTION)
     assert B.takes_windows(26 * 1152, 1152, 256, False)        # gem-jagged 256
     assert not B.takes_windows(26 * 1152, 1152, 256, True)
-    assert not B.takes_windows(65 * 100, 100, 256, False)
+    assert B.takes_windows(128 * 100, 100, 128, False)         # every sequence a tile
+    assert not B.takes_windows(129 * 100, 100, 256, False)
 
 
 class _Ints:

@@ -243,6 +243,10 @@ CASES = [  # (id, problem, (len_q, len_k))
      ([5] + [0] * 40 + [90, 7] + [0] * 10 + _short(7, 0, 30, 9),) * 2),
     # longer sequences' later key blocks, causal: their walks start past the first rows
     ("self-causal-long-blocks", LONG_PROBLEM, LONG),
+    # a mean of most of a tile (windows up to BWD_WINDOW_MEAN_FRACTION): windows of one
+    # sequence of up to 128 keys each, owned, and longer ones' blocks
+    ("self-tile-mean", Problem(batch=10, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=256),
+     ([129, 127, 3, 256, 77, 128, 0, 140, 95, 64],) * 2),
 ]
 
 
