@@ -142,12 +142,6 @@ POST_VEC = 8
 # converted, by CTAs of WIN_TOK tokens, one search a token for its sequence (TLX's
 # WIN_TOK). A search a thread of a row's vector left both passes latency-bound.
 WIN_TOK = 32
-
-
-def pre_ctas(n_rows: int, head_dim: int, n_tok: int, long_k: int) -> int:
-    """Preprocess's grid: the delta CTAs, then (key windows) the zeroing ones."""
-    per = PRE_GROUPS * PRE_THREADS // (head_dim // PRE_VEC)
-    return -(-n_rows // per) + (-(-n_tok // WIN_TOK) if long_k else 0)
 DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
 
@@ -516,7 +510,7 @@ def _kernel_classes():
             tile counter mSched[0] (jagged.tiles.dq_accumulator). long_k (key windows):
             only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
             sequences, rounds >= bit_length(B)), by CTAs of WIN_TOK tokens after the delta
-            ones (`pre_ctas`), PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
+            ones in the grid, PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
             nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
             fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
             (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
