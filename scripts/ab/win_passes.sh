@@ -23,6 +23,7 @@
 # groups on a long call), D = 128 and 64, backward, both styles.
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
+W=tlx,tlx-win1,cute,cute-win1,fa4  # c, c1
 MATCH="Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16|Lq2048 Lk2048 s0.9 bf16"
 bench() {  # $1 tree, $2 tag, $3 backends, then more bench arguments
   local root=$1 tag=$2 backends=$3; shift 3
@@ -51,13 +52,9 @@ case $1 in
           $([ $root = . ] && echo new || echo base) 2>&1 | grep -E "WINDOW_LIST|GRAPH|Error")
      done ;;
   c) export TIMEOUT=130
-     W=tlx,tlx-win1,cute,cute-win1,fa4
      bench . win_s0 $W --suite fuzz --fuzz-seed 0 --match "B24 H2/2 D128|B385 H32/8|B395 H1/1"
-     bench . win_s1 $W --suite fuzz --fuzz-seed 1 --match "B457 H8/1|B222 H4/4|B23 H8/8"
-     bench . win_s2 $W --suite fuzz --fuzz-seed 2 --match "B53 H16/2|B119 H8/4"
-     bench . win_gem $W --suite gem-jagged --match "Lq1024 Lk1024 s0.1 bf16" ;;
+     bench . win_s2 $W --suite fuzz --fuzz-seed 2 --match "B53 H16/2|B119 H8/4" ;&
   c1) export TIMEOUT=130  # c's seed 1 shapes and gem 1024 / 0.1 alone (~4 min)
-     W=tlx,tlx-win1,cute,cute-win1,fa4
      bench . win_s1 $W --suite fuzz --fuzz-seed 1 --match "B457 H8/1|B222 H4/4|B23 H8/8"
      bench . win_gem $W --suite gem-jagged --match "Lq1024 Lk1024 s0.1 bf16" ;;
   d) export TIMEOUT=280
