@@ -175,11 +175,12 @@ def _run_job(job: dict) -> CompileReport:
 
 
 def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
-                parts=1, flat=None) -> dict:
+                parts=1, flat=None, own_delta=None) -> dict:
     """A `_run_job` job: the TLX backward's main kernel as `backward` launches it (bucket:
     a key of its CONFIGS; windows: over key windows, its window_config; parts: programs a
     tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators; flat: Config.dq_flat,
-    the block-padded dQ accumulator; None: as a call of long packed sequences takes it)."""
+    the block-padded dQ accumulator; None: as a call of long packed sequences takes it;
+    own_delta: owned windows form their delta, None: as a call with no lse gradient)."""
     from jagged.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper as bw
     cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
@@ -203,7 +204,9 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, FLAT=flat)
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, FLAT=flat,
+                 OWN_DELTA=(bw.owns_delta(windows, None, parts) if own_delta is None
+                            else own_delta))
     if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
         sig.update(col_rows="*i32", dq_ptr=f"*{dt}")
     else:

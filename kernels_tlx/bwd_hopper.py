@@ -77,6 +77,9 @@ before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) t
 (`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
 converts only the rows of the longer sequences, whose blocks reduce-add their partials.
+For the same reason a whole window forms its rows' delta from P^T and dP^T
+(`_minus_delta`, no lse gradient): the preprocess reads O and dO of the longer
+sequences' rows only.
 A call of a few windows (jagged.tiles.window_parts > 1) shares each window's steps over
 PARTS programs as split tiles do (dK / dV added in fp32; a step's dQ stays its own).
 
@@ -214,6 +217,7 @@ REGS_COMPUTE = tl.constexpr(232)
 REGS_COMPUTE_M64 = tl.constexpr(240)  # 64- and 128-row steps: no reduce warp, 3 warpgroups
 REGS_REDUCE = tl.constexpr(24)
 DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
+DELTA_BARRIER = tl.constexpr(9)   # named barrier: both consumers' P^T * dP^T are in smem
 ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (windows)
 
 
@@ -229,7 +233,8 @@ class Descs(NamedTuple):
 class Smem(NamedTuple):
     """A program's shared memory: K / V halves [stage * NC + consumer], the Q / dO ring,
     dS^T halves (two steps deep), each consumer's dQ staging, and the step's lse2 / delta
-    beside the ring (None at 32-row steps, where the consumers carry them)."""
+    beside the ring (None at 32-row steps, where the consumers carry them); with
+    OWN_DELTA each consumer's P^T * dP^T, two steps deep (`_minus_delta`)."""
     k: object
     v: object
     q: object
@@ -238,6 +243,8 @@ class Smem(NamedTuple):
     dq: object
     lse: object
     delta: object
+    xs: object = None
+    neg: object = None
 
 
 class Bars(NamedTuple):
@@ -291,10 +298,12 @@ WIN_TOK = tl.constexpr(32)
 POST_COLS = 128  # _bwd_post_rows: columns a pass ([WIN_TOK, POST_COLS], 32 values a thread)
 
 
-def pre_programs(n_tok: int, H: int, rows: int, windows: bool) -> int:  # role: host
-    """_bwd_preprocess's grid: the delta programs of `rows` (token, head) rows, then (key
-    windows) the zeroing ones of WIN_TOK tokens."""
-    return cdiv(n_tok * H, rows) + (cdiv(n_tok, WIN_TOK.value) if windows else 0)
+def pre_programs(n_tok: int, H: int, rows: int, windows: bool,
+                 own_delta: bool = False) -> int:  # role: host
+    """_bwd_preprocess's grid: the delta programs of `rows` (token, head) rows (none with
+    own_delta), then (key windows) the zeroing ones of WIN_TOK tokens."""
+    return ((0 if own_delta else cdiv(n_tok * H, rows))
+            + (cdiv(n_tok, WIN_TOK.value) if windows else 0))
 
 
 @triton.jit
@@ -304,14 +313,17 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     n_dq_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
-                    PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False):
+                    PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False,
+                    OWN_DELTA: tl.constexpr = False):
     """Programs [0, cdiv(n_rows, ROWS)): ROWS (token, head) pairs each, token-major, their
     delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (a
     block-padded one's past n_rows as grid-stride shares, Config.dq_flat) and the tile
     counter sched_ptr[0] (jagged.tiles.dq_accumulator). LONG_K (key windows): only the
     rows the windows reduce-add into (`_accumulated`), by WIN_TOK tokens a program in
     programs of their own after the delta ones (`pre_programs`): the delta programs search
-    nothing. ZERO_DKV (tiles split over programs): each program also zeroes its
+    nothing. OWN_DELTA (key windows whose main kernel forms an owned window's delta,
+    `_minus_delta`): no delta programs; the WIN_TOK programs also write their rows'
+    delta. ZERO_DKV (tiles split over programs): each program also zeroes its
     grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of D
     (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
     may launch at once (it waits for these writes itself)."""
@@ -324,7 +336,7 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
             rk = r0 + tl.arange(0, ROWS)
             tl.store(dkv_acc_ptr + rk[:, None].to(tl.int64) * D + d[None, :],
                      tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_dkv_rows)[:, None])
-    n_delta = tl.cdiv(n_rows, ROWS)
+    n_delta = 0 if OWN_DELTA else tl.cdiv(n_rows, ROWS)
     if pid < n_delta:
         r = pid * ROWS + tl.arange(0, ROWS)
         tok = r // H
@@ -343,9 +355,17 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
         ztok = (pid - n_delta) * WIN_TOK + tl.arange(0, WIN_TOK)
         zero = (ztok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B,
                                              tl.minimum(ztok, n_tok - 1), ROUNDS, LONG_K)
+        zt = ztok.to(tl.int64)[:, None]
         for hz in range(0, H):
-            tl.store(dq_acc_ptr + (ztok * H + hz).to(tl.int64)[:, None] * D + d[None, :],
+            tl.store(dq_acc_ptr + (zt * H + hz) * D + d[None, :],
                      tl.zeros([WIN_TOK, D], dtype=tl.float32), mask=zero[:, None])
+            if OWN_DELTA:
+                o = tl.load(out_ptr + zt * stride_o_tok + hz * stride_o_h + d[None, :],
+                            mask=zero[:, None], other=0.0).to(tl.float32)
+                do = tl.load(dout_ptr + zt * stride_do_tok + hz * stride_do_h + d[None, :],
+                             mask=zero[:, None], other=0.0).to(tl.float32)
+                tl.store(delta_ptr + hz * stride_delta_h + ztok, tl.sum(o * do, axis=1),
+                         mask=zero)
     if ZERO_DQ:
         if pid == 0:
             tl.store(sched_ptr, 0)
@@ -459,6 +479,26 @@ def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
     ptrs = grads.dq + (rows[None, :] * H + h) * D + cols[:, None]
     tl.store(ptrs, (dqt * grads.scale).to(grads.dq.dtype.element_ty),
              mask=(offs_m < tile.len_q)[None, :])
+
+
+@triton.jit
+def _minus_delta(xs, neg, pt, dpt, qcnt, cid: tl.constexpr,
+                 NC: tl.constexpr):  # role: compute
+    """An owned window's step: dP^T - delta, with delta_i = sum_j P_ij dP_ij over the
+    window's keys, which are all the keys row i meets (so it is rowsum(dO_i * O_i) in
+    exact arithmetic: dP_ij = dO_i . V_j, O_i = sum_j P_ij V_j), in place of a delta pass.
+    Each consumer's P^T * dP^T goes to smem in the inputs' dtype (as dS^T does), and
+    wgmmas of -1s against both consumers' add -delta_i to every key row of dP^T's
+    accumulator: no cross-warp sum. Two steps deep: a consumer writes step s + 2's after
+    both passed step s + 1's barrier, so after the other's wgmmas read step s's. In
+    flight on return."""
+    par = (qcnt % 2) * NC
+    tlx.local_store(xs[par + cid], (pt * dpt).to(xs.dtype))
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(DELTA_BARRIER, NC * 128)
+    for c2 in tl.static_range(NC):
+        dpt = tlx.async_dot(neg, xs[par + c2], dpt)
+    return dpt
 
 
 @triton.jit
@@ -609,7 +649,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
             ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr,
-            PARTS: tl.constexpr, FLAT: tl.constexpr = False):
+            PARTS: tl.constexpr, FLAT: tl.constexpr = False, OWN_DELTA: tl.constexpr = False):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -634,7 +674,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     stages them in smem (smem.lse / smem.delta), read at use.
 
     WINDOWS: the tile is a key window; each key's query rows (_col_bounds, read at the
-    tile's start) mask every step."""
+    tile's start) mask every step. OWN_DELTA: an owned window's steps take their delta
+    from P^T and dP^T (`_minus_delta`) and load none."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     pid = tl.program_id(0)
@@ -644,6 +685,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     i = 0
     qcnt = 0
     dqc = smem.dq[cid]
+    if OWN_DELTA:  # -1s, _minus_delta's A (both consumers write the same values; the
+        # first read is past DELTA_BARRIER)
+        tlx.local_store(smem.neg[0], tl.full([BNC, BNC], -1.0, smem.neg.dtype))
     t = first
     if DYNAMIC:
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, 0, DYNAMIC)
@@ -678,6 +722,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 ok_0 = (offs_0 < tile.len_q) & (j0 < j1)
             off_0 = h_0 * stats.stride_h + tile.o_start + offs_0
             lse_nx = tl.load(stats.lse + off_0, mask=ok_0, other=float("inf"))
+            if OWN_DELTA:  # an owned window's delta is formed, not loaded
+                ok_0 = ok_0 & ~owned
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
         for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
@@ -732,8 +778,14 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 dpt = tlx.async_dot_wait(1, dpt)
                 if smem.lse is not None:
                     delta = tlx.local_load(smem.delta[buf])
+                if OWN_DELTA:  # (delta is 0: not loaded)
+                    dpt = tlx.async_dot_wait(0, _minus_delta(smem.xs, smem.neg[0],
+                                                             tl.where(owned, pt, 0.0), dpt,
+                                                             qcnt, cid, NC))
                 dst = (pt * (dpt - delta[None, :])).to(kc.dtype)
                 if smem.lse is None:
+                    if OWN_DELTA:
+                        rmask_nx = rmask_nx & ~owned
                     delta_nx = tl.load(stats.delta + off_nx, mask=rmask_nx, other=0.0)
                 sb = (qcnt % 2) * NC
                 dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
@@ -1012,7 +1064,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
                SDP_TOGETHER: tl.constexpr = False,  # Config.sdp_together
                PARTS: tl.constexpr = 1,  # programs a tile (bwd_parts); dk / dv fp32 if > 1
-               FLAT: tl.constexpr = False):  # Config.dq_flat (dq_desc: the flat accumulator)
+               FLAT: tl.constexpr = False,  # Config.dq_flat (dq_desc: the flat accumulator)
+               OWN_DELTA: tl.constexpr = False):  # windows: owned ones form delta (compute)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -1030,6 +1083,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     tl.static_assert(not WINDOWS or not (BROADCAST_Q or DYNAMIC), "windows: packed, static")
     # key windows hand owned windows' dQ over in reduce_dq's protocol (_reduce_step's add)
     tl.static_assert(not WINDOWS or BLOCK_M < 64, "windows: 32-row steps, the reduce warp")
+    tl.static_assert(WINDOWS or not OWN_DELTA, "OWN_DELTA: owned key windows")
     NKV: tl.constexpr = KV_STAGES
     REGS_LOAD: tl.constexpr = REGS_REDUCE if M64 else None  # (None: the compiler's)
     REGS_C: tl.constexpr = REGS_COMPUTE_M64 if M64 else REGS_COMPUTE
@@ -1054,7 +1108,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         dq=tlx.local_alloc((FLAT_ROWS, FLAT_COLS) if FLAT else
                            (DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC),
         lse=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None,  # with the ring
-        delta=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None)
+        delta=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None,
+        xs=tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC) if OWN_DELTA else None,
+        neg=tlx.local_alloc((BNC, BNC), dt, 1) if OWN_DELTA else None)
     bars = Bars(
         kv_full=tlx.alloc_barriers(num_barriers=NKV, arrive_count=1),
         kv_empty=tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC),
@@ -1087,7 +1143,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS, SDP_TOGETHER, PARTS, FLAT)
+                    M128, WINDOWS, SDP_TOGETHER, PARTS, FLAT, OWN_DELTA)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
@@ -1256,25 +1312,34 @@ def _accumulators(p: Prep, broadcast_q, cfg: Config | None = None):  # role: hos
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
-                dkv_acc=None):  # role: host
+                dkv_acc=None, own=False):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into), and
-    dkv_acc (tiles split over programs) in the same launch -> (delta, dq_acc, programs of
-    the main kernel, scheduling buffer). acc: `_accumulators`' (made here if None)."""
+    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into, and with own
+    only those rows' delta: `owns_delta`), and dkv_acc (tiles split over programs) in the
+    same launch -> (delta, dq_acc, programs of the main kernel, scheduling buffer). acc:
+    `_accumulators`' (made here if None)."""
     delta = torch.empty((p.H, p.Nq), device=p.dq.device, dtype=torch.float32)
     dq_acc, grid, sched = acc or _accumulators(p, broadcast_q)
     ROWS = 32 if p.D <= 64 else 16
     cu_q, cu_k = windows or (None, None)
-    fast(_bwd_preprocess)[(pre_programs(p.Nq, p.H, ROWS, windows is not None),)](
+    fast(_bwd_preprocess)[(pre_programs(p.Nq, p.H, ROWS, windows is not None, own),)](
         p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
         dq_acc.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
         LONG_K=BLOCK_N if windows else 0, PDL=PDL, ZERO_DKV=dkv_acc is not None,
-        num_warps=4)
+        OWN_DELTA=own, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
+
+
+def owns_delta(windows: bool, dlse, parts: int) -> bool:  # role: host
+    """Whether the main kernel forms an owned key window's delta (`_minus_delta`): over
+    whole windows, unless lse has a gradient (it enters through delta, a load a row).
+    Split windows (parts > 1) load theirs: with the fp32 adds the D = 128 step loop
+    spilled 14 instructions a consumer step (none whole)."""
+    return windows and dlse is None and parts == 1
 
 
 def window_rows(cu_q, cu_k, win, causal):  # role: host
@@ -1339,8 +1404,10 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
+    own = owns_delta(windows, dlse, parts)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
-                                          (cu_q, cu_k) if windows else None, acc, dkv_acc)
+                                          (cu_q, cu_k) if windows else None, acc, dkv_acc,
+                                          own)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1368,7 +1435,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
         SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, FLAT=cfg.dq_flat,
-        num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
+        OWN_DELTA=own, num_warps=4, num_stages=cfg.num_stages,
+        launch_pdl=bwd_dependent(broadcast_q))
 
     _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None,
                  cfg, cu_q)

@@ -57,12 +57,14 @@ def test_preprocess(d, zero_dq, zero_dkv):
     assert dkv_acc[n_kv].isnan().all()
 
 
+@pytest.mark.parametrize("own", [False, True])
 @pytest.mark.parametrize("many", [False, True])
-def test_pre_post_rows_of_long_sequences(many):
+def test_pre_post_rows_of_long_sequences(many, own):
     """Key windows (LONG_K): the preprocess zeroes, and _bwd_post_rows converts, only the
     rows of sequences of more than LONG_K keys and the rows past the last sequence; the
     owned windows' rows stay untouched (NaN) in the accumulator and in dQ. many: several
-    programs of WIN_TOK tokens, sequences across their bounds."""
+    programs of WIN_TOK tokens, sequences across their bounds. own (OWN_DELTA: owned
+    windows form their delta): only those rows' delta, no delta programs."""
     g = torch.Generator().manual_seed(3)
     lq = torch.tensor([2, 5, 3, 0, 4, 6, 0, 1])
     lk = torch.tensor([3, 9, 0, 8, 20, 1, 30, 0])
@@ -81,12 +83,14 @@ def test_pre_post_rows_of_long_sequences(many):
     delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
-    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
+    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True, own),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
-    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
-                               atol=1e-4)
+        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k, OWN_DELTA=own)
+    rows = want if own else torch.ones_like(want)
+    torch.testing.assert_close(delta[:, rows], (out.float() * dout.float()).sum(-1).T[:, rows],
+                               rtol=1e-5, atol=1e-4)
+    assert delta[:, ~rows].isnan().all()
     assert (dq_acc[want] == 0).all() and dq_acc[~want].isnan().all()
     acc = torch.randn(nq, H, d, generator=g)
     dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)

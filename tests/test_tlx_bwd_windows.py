@@ -31,11 +31,11 @@ def _kv(k, v, tile, offs_n, n_k, HKV: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
-          D: tl.constexpr, dt: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def _p_dp(q, do, lse, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
+          D: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """Step j of a tile (G query heads a KV head) for the keys offs_n (kc, vc in fp32):
-    (head, rows offs_m, Q, dO, P^T, and dS^T rounded to the inputs' dtype as the kernel's
-    wgmma reads it); TMA's zero fill past the tensors' ends as masks."""
+    (head, rows offs_m, their packed rows, which are in the sequence, Q, dO, P^T, dP^T);
+    TMA's zero fill past the tensors' ends as masks."""
     h = tile.hk * G + j // tile.n_m
     offs_m = tile.m_lo + (j % tile.n_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     d = tl.arange(0, D)
@@ -47,11 +47,39 @@ def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
                   mask=(orows < n_q)[:, None], other=0.0).to(tl.float32)
     inb = offs_m < tile.len_q
     lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
-    dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
     pt = tl.math.exp2(tl.dot(kc, tl.trans(qb)) * (scale * 1.4426950408889634) - lse2[None, :])
     pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
-    dst = (pt * (tl.dot(vc, tl.trans(dob)) - dl[None, :])).to(dt).to(tl.float32)
+    return h, offs_m, orows, inb, qb, dob, pt, tl.dot(vc, tl.trans(dob))
+
+
+@triton.jit
+def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
+          D: tl.constexpr, dt: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """_p_dp's step with its delta: (head, rows offs_m, Q, dO, P^T, and dS^T rounded to
+    the inputs' dtype as the kernel's wgmma reads it)."""
+    h, offs_m, orows, inb, qb, dob, pt, dpt = _p_dp(q, do, lse, kc, vc, tile, bounds, offs_n,
+                                                    j, scale, n_q, H, G, D, BLOCK_M, CAUSAL)
+    dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
+    dst = (pt * (dpt - dl[None, :])).to(dt).to(tl.float32)
     return h, offs_m, qb, dob, pt, dst
+
+
+@triton.jit
+def _own_delta(q, k, v, do, lse, delta, col_rows, tiles, tile, scale, n_q, n_k, j0, j1,
+               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """An owned window's delta as bw.compute forms it (OWN_DELTA, bw._minus_delta): per
+    step the sum over the window's keys of P^T * dP^T rounded to the inputs' dtype, in
+    fp32, written where the consumers' steps read delta (the preprocess wrote none)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    bounds = bw._col_bounds(col_rows, tiles, tile, 0, BLOCK_N, BLOCK_N)
+    kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
+    for j in range(j0, j1):
+        h, offs_m, orows, inb, qb, dob, pt, dpt = _p_dp(q, do, lse, kc, vc, tile, bounds,
+                                                        offs_n, j, scale, n_q, H, H // HKV,
+                                                        D, BLOCK_M, CAUSAL)
+        tl.store(delta + h * n_q + orows, tl.sum((pt * dpt).to(dt).to(tl.float32), axis=0),
+                 mask=inb)
 
 
 @triton.jit
@@ -117,7 +145,8 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, j
 def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, order,
              count, win, n_win, scale, n_q, n_k, H: tl.constexpr, HKV: tl.constexpr,
              D: tl.constexpr, DQ_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PARTS: tl.constexpr):
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PARTS: tl.constexpr,
+             OWN_DELTA: tl.constexpr):
     """One program per (window, KV head, part) slot t of the static walk."""
     tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
     t = tl.program_id(0)
@@ -125,6 +154,10 @@ def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, 
         tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True, PARTS)
         owned = bw._window_keys(tiles, tile) <= BLOCK_N
         j0, j1 = part_steps(t, (H // HKV) * tile.n_m, PARTS)
+        if OWN_DELTA:
+            if owned:
+                _own_delta(q, k, v, do, lse, delta, col_rows, tiles, tile, scale, n_q, n_k,
+                           j0, j1, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
         for cid in tl.static_range(2):
             _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
                       n_q, n_k, owned, j0, j1, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
@@ -136,9 +169,10 @@ def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, 
 
 
 def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                      broadcast_q, dlse=None, parts=None):
+                      broadcast_q, dlse=None, parts=None, own=None):
     """bw.backward's windows path with the main kernel emulated (_emulate); parts: each
-    window split so many ways (None: jagged.tiles.window_parts, as bw.backward)."""
+    window split so many ways (None: jagged.tiles.window_parts, as bw.backward); own:
+    owned windows form their delta (None: bw.owns_delta, as bw.backward)."""
     from jagged.tiles import dkv_accumulator, window_parts, window_tiles
     n_q, H, D = q.shape
     n_k, HKV = k.shape[:2]
@@ -151,15 +185,17 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     dkv_acc = dkv_accumulator(k, parts)
     if dkv_acc is not None:
         dkv_acc.fill_(float("nan"))  # the preprocess zeroes it
-    delta = torch.empty((H, n_q), dtype=torch.float32)
+    own = bw.owns_delta(True, dlse, parts) if own is None else own
+    delta = torch.full((H, n_q), float("nan"))  # own: the preprocess writes long rows only
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
     rows = 32 if D <= 64 else 16
-    bw._bwd_preprocess[(bw.pre_programs(n_q, H, rows, True),)](
+    bw._bwd_preprocess[(bw.pre_programs(n_q, H, rows, True, own),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
-        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None)
+        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None,
+        OWN_DELTA=own)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
@@ -172,33 +208,33 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
         q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, dk, dv,
         col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H=H,
         HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
-        CAUSAL=causal, PARTS=parts)
+        CAUSAL=causal, PARTS=parts, OWN_DELTA=own)
     bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
     return p.dq, p.dk, p.dv
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts, own):
         from jagged import portable
         out, lse = portable.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, causal, scale, parts)
+        ctx.args = (max_q, max_k, causal, scale, parts, own)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, causal, scale, parts = ctx.args
+        max_q, max_k, causal, scale, parts, own = ctx.args
         dq, dk, dv = emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                                       causal, scale, False, parts=parts)
-        return dq, dk, dv, None, None, None, None, None, None, None
+                                       causal, scale, False, parts=parts, own=own)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def emulated(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None,
-             broadcast_q=False, parts=None):
+             broadcast_q=False, parts=None, own=None):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts)
+    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts, own)
 
 
 def _short(n, lo, hi, seed):
@@ -273,6 +309,17 @@ def test_window_parts_against_oracle(case, parts):
     rep = check(inp, functools.partial(emulated, parts=parts), causal=p.causal,
                 backward=True)
     assert rep.ok, f"{p.label()} parts {parts}\n{rep}"
+
+
+@interp
+@pytest.mark.parametrize("case", ["self-spanning-d128", "self-causal-long-blocks"])
+def test_window_loaded_delta_against_oracle(case):
+    """Windows whose delta comes from the preprocess for every row (a call with an lse
+    gradient: bw.owns_delta False), owned windows loading theirs too."""
+    p, lengths = next(c[1:] for c in CASES if c[0] == case)
+    inp = p.build(lengths=lengths)
+    rep = check(inp, functools.partial(emulated, own=False), causal=p.causal, backward=True)
+    assert rep.ok, f"{p.label()}\n{rep}"
 
 
 def test_window_parts_rule():
