@@ -181,7 +181,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
     tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators; flat: Config.dq_flat,
     the block-padded dQ accumulator; None: as a call of long packed sequences takes it;
     own_delta: owned windows form their delta, None: as a call with no lse gradient)."""
-    from jagged.tiles import bwd_dynamic
+    from jagged.tiles import bwd_dynamic, owns_delta
     from kernels_tlx import bwd_hopper as bw
     cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
     if flat is None:
@@ -205,7 +205,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
                  SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, FLAT=flat,
-                 OWN_DELTA=(bw.owns_delta(windows, None, parts) if own_delta is None
+                 OWN_DELTA=(owns_delta(windows, False, parts) if own_delta is None
                             else own_delta))
     if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
         sig.update(col_rows="*i32", dq_ptr=f"*{dt}")

@@ -932,6 +932,16 @@ def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_
                      programs)
 
 
+def owns_delta(windows: bool, dlse_given: bool, parts: int) -> bool:
+    """Whether a backward over key windows forms a whole window's delta in its main kernel
+    (both Hopper styles): a window of whole sequences holds every key its rows meet, so
+    delta_i = sum_j P_ij dP_ij over its keys, and the preprocess reads O and dO of the
+    longer sequences' rows only. Not with an lse gradient (it enters through delta, a
+    load a row), nor over split windows (parts > 1), whose fp32 adds leave the step no
+    registers for it (TLX D = 128: 14 spill instructions a step)."""
+    return windows and not dlse_given and parts == 1
+
+
 def grad_buffers(q: torch.Tensor, k: torch.Tensor):
     """(dq, dk, dv), uninitialized, in q's and k's shapes and dtypes (dk, dv contiguous):
     three allocations, as a custom op's outputs may not alias one another (torch.compile

@@ -114,7 +114,7 @@ from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
-                          flat_rows, grad_buffers, kv_tiles, slot_count, takes_flat,
+                          flat_rows, grad_buffers, kv_tiles, owns_delta, slot_count, takes_flat,
                           window_parts, window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
@@ -1334,14 +1334,6 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
     return delta, dq_acc, grid, sched
 
 
-def owns_delta(windows: bool, dlse, parts: int) -> bool:  # role: host
-    """Whether the main kernel forms an owned key window's delta (`_minus_delta`): over
-    whole windows, unless lse has a gradient (it enters through delta, a load a row).
-    Split windows (parts > 1) load theirs: with the fp32 adds the D = 128 step loop
-    spilled 14 instructions a consumer step (none whole)."""
-    return windows and dlse is None and parts == 1
-
-
 def window_rows(cu_q, cu_k, win, causal):  # role: host
     """Each key column's query rows over the key windows `win` ([3, n_win], window_tiles
     over cu_k): int32 [2, n_win * BLOCK_N], (lo, hi) packed rows (_window_rows)."""
@@ -1404,7 +1396,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
-    own = owns_delta(windows, dlse, parts)
+    own = owns_delta(windows, dlse is not None, parts)  # (_minus_delta)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
                                           own)

@@ -24,6 +24,7 @@ except Exception as e:  # pragma: no cover
 
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from harness.sass_steps import counts, parse, step_loops  # noqa: E402
+from jagged.tiles import owns_delta  # noqa: E402
 
 MODES = [(c, bq) for c in (False, True) for bq in (False, True)]
 # (head dim, bucket, causal, broadcast-Q, dtype)
@@ -331,7 +332,7 @@ def test_window_pre_post_compile(split):
     pre = compile_kernel(
         bw._bwd_preprocess, PRE_SIG,
         constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True,
-                        ZERO_DKV=split, OWN_DELTA=bw.owns_delta(True, None, 1)), arch=90,
+                        ZERO_DKV=split, OWN_DELTA=owns_delta(True, False, 1)), arch=90,
         num_warps=4)
     sig, const = _dkv(split)
     post = compile_kernel(
@@ -432,7 +433,7 @@ def test_split_builds(split_reports, case):
 def test_window_split_builds(d):
     """Key windows split over programs (jagged.tiles.window_parts > 1): the window build
     with store_add's 16-byte fp32 atomics, in its whole twin's shared memory (the twin
-    loading its delta, as split windows do: bw.owns_delta); step-loop
+    loading its delta, as split windows do: jagged.tiles.owns_delta); step-loop
     spills at most one a consumer step more (D = 128: 1 against 0) and 4 more in the load
     task's loop (only calls of a few windows take it)."""
     rep, whole = compile_batch([tlx_bwd_job(d, None, True, False, H=8, HKV=1, windows=True,

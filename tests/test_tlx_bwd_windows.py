@@ -17,6 +17,7 @@ from _interp import interp
 
 bw = pytest.importorskip("kernels_tlx.bwd_hopper")
 from kernels_tlx.schedule import KVTiles, part_steps  # noqa: E402
+from jagged.tiles import owns_delta  # noqa: E402
 
 
 @triton.jit
@@ -172,7 +173,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
                       broadcast_q, dlse=None, parts=None, own=None):
     """bw.backward's windows path with the main kernel emulated (_emulate); parts: each
     window split so many ways (None: jagged.tiles.window_parts, as bw.backward); own:
-    owned windows form their delta (None: bw.owns_delta, as bw.backward)."""
+    owned windows form their delta (None: jagged.tiles.owns_delta, as bw.backward)."""
     from jagged.tiles import dkv_accumulator, window_parts, window_tiles
     n_q, H, D = q.shape
     n_k, HKV = k.shape[:2]
@@ -185,7 +186,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     dkv_acc = dkv_accumulator(k, parts)
     if dkv_acc is not None:
         dkv_acc.fill_(float("nan"))  # the preprocess zeroes it
-    own = bw.owns_delta(True, dlse, parts) if own is None else own
+    own = owns_delta(True, dlse is not None, parts) if own is None else own
     delta = torch.full((H, n_q), float("nan"))  # own: the preprocess writes long rows only
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
@@ -315,7 +316,7 @@ def test_window_parts_against_oracle(case, parts):
 @pytest.mark.parametrize("case", ["self-spanning-d128", "self-causal-long-blocks"])
 def test_window_loaded_delta_against_oracle(case):
     """Windows whose delta comes from the preprocess for every row (a call with an lse
-    gradient: bw.owns_delta False), owned windows loading theirs too."""
+    gradient: jagged.tiles.owns_delta False), owned windows loading theirs too."""
     p, lengths = next(c[1:] for c in CASES if c[0] == case)
     inp = p.build(lengths=lengths)
     rep = check(inp, functools.partial(emulated, own=False), causal=p.causal, backward=True)
