@@ -98,9 +98,11 @@ step masks P^T to them (`window_keep`: one unsigned compare); dK / dV go to the 
 real columns. A window of whole sequences holds every key its rows meet, so its steps' dQ
 is whole: `compute` stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the
 preprocess zeroes and `PostRows` converts only the rows of the longer sequences, whose
-blocks reduce-add their partials as above. A call of a few windows
-(jagged.tiles.window_parts > 1) shares each window's steps over CTAs as split tiles do
-(`store_add`; a step's dQ stays its own). Not for broadcast-Q.
+blocks reduce-add their partials as above. For the same reason a whole window forms its
+rows' delta from P^T and dP^T at 64-row steps (`window_delta`, Config.own_delta, no lse
+gradient): the preprocess reads O and dO of the longer sequences' rows only. A call of a
+few windows (jagged.tiles.window_parts > 1) shares each window's steps over CTAs as split
+tiles do (`store_add`; a step's dQ stays its own). Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -132,6 +134,10 @@ DQ_FULL_WG = 6          # Config.dq_flat: + warpgroup (6, 7), compute -> reduce_
 DQ_EMPTY_WG = 8         # + warpgroup (8, 9), reduce_dq -> compute, a warpgroup's buffer
 DQ_WG_THREADS = 128 + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
+NEG_ROWS = 64           # Config.own_delta: the -1s' rows (a warpgroup's M)
+# Config.own_delta's steps: D = 128's 64 rows. At D = 64's 128 rows X spilled 68-80 B
+# beside S^T, dP^T (64 registers each), dK and dV, and ptxas serialized the wgmmas (C7512)
+OWN_DELTA_ROWS = 64
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
 PRE_GROUPS = 2          # preprocess: row groups a delta CTA (16 rows at D = 128, 32 at
@@ -162,6 +168,8 @@ class Config:
                            # by 1-D bulk adds into a block-padded accumulator
                            # (jagged.tiles.takes_flat; PostprocessFlat restores
                            # the rows)
+    own_delta: bool = False  # key windows: a whole window forms its delta from P^T and
+                             # dP^T (BwdMain.window_delta, jagged.tiles.owns_delta)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -238,11 +246,15 @@ def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
     return mean_q >= PLAIN_MEAN_Q
 
 
-def window_config(head_dim: int, split: bool = False) -> Config:
+def window_config(head_dim: int, split: bool = False, own_delta: bool = False) -> Config:
     """Key windows: the head dim's long-sequence step (D = 64: 128 rows, two K/V
     stages; D = 128: 64 rows, one stage), its tiles key windows; split (window_parts >
-    1): its dots one after another, as pick_config's."""
-    return _split(replace(CONFIGS[(head_dim, "long")], windows=True), split)
+    1): its dots one after another, as pick_config's; own_delta: whole windows form
+    their delta (jagged.tiles.owns_delta), at steps of at most OWN_DELTA_ROWS."""
+    cfg = CONFIGS[(head_dim, "long")]
+    return _split(replace(cfg, windows=True, own_delta=(own_delta and not split
+                                                       and cfg.block_m <= OWN_DELTA_ROWS)),
+                  split)
 
 
 def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
@@ -285,6 +297,8 @@ def smem_bytes(head_dim: int, cfg: Config) -> int:
     D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
     n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + cfg.ds_stages * BLOCK_N * bm)
     n += 4 * bm * D                                        # sdQ, fp32
+    if cfg.own_delta:
+        n += 2 * NEG_ROWS * BLOCK_N                        # sNeg, -1s
     n += 4 * math.prod(ld_shape(bm))                       # sLD
     return -(-n // 1024) * 1024                            # the struct's 1 KB alignment
 
@@ -402,6 +416,8 @@ class Smem(NamedTuple):
     sdQflat: Any         # Config.dq_flat: the same bytes, a warpgroup's buffer a column
     sVst: Any            # sV with the swizzle in the layout: `store`'s 16-byte reads
     sLD: Any             # lse*log2e and delta of each Q stage's rows
+    sNeg: Any = None     # Config.own_delta: -1s (NEG_ROWS, BLOCK_N), window_delta's A
+    sNegFlat: Any = None  # the same bytes, flat (filled once)
 
 
 class Operands(NamedTuple):
@@ -429,6 +445,9 @@ class Operands(NamedTuple):
     thr_r2s_dS: Any
     tdSsdS: Any
     tScS: Any            # (key, query) of every S^T accumulator element
+    tiled_mma_x: Any = None  # Config.own_delta: dP^T += -1s X over a window's keys
+    tXrNeg: Any = None
+    tXrX: Any = None         # X = P^T * dP^T, through sdS
 
 
 _COMPILED = {}
@@ -478,9 +497,11 @@ def _kernel_classes():
     # role: compute
     class Preprocess:
         def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                     zero_dkv: bool = False):
+                     zero_dkv: bool = False, own_delta: bool = False):
             self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
             self.zero_dkv = zero_dkv
+            self.own_delta = own_delta      # key windows: no delta CTAs (Config.own_delta)
+            assert long_k > 0 or not own_delta
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
@@ -490,6 +511,8 @@ def _kernel_classes():
                      mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32, stream):
             rows_per_cta = PRE_GROUPS * PRE_THREADS // (self.D // PRE_VEC)
             n_ctas = (n_rows + rows_per_cta - 1) // rows_per_cta
+            if const_expr(self.own_delta):
+                n_ctas = 0
             if const_expr(self.long_k > 0):
                 n_ctas += (n_rows // H + WIN_TOK - 1) // WIN_TOK
             self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, n_dq_rows, mCuQ, mCuK,
@@ -513,8 +536,10 @@ def _kernel_classes():
             ones in the grid, PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
             nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
             fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
-            (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
-            behind may launch at once: it waits for these writes itself."""
+            (jagged.tiles.dkv_accumulator; no launch of their own). own_delta (key windows
+            whose main kernel forms a whole window's delta): no delta CTAs; the WIN_TOK
+            CTAs also write their rows' delta. The main kernel queued behind may launch at
+            once: it waits for these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
@@ -529,6 +554,8 @@ def _kernel_classes():
                     cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
             per_group = PRE_THREADS // tpr                 # rows a group
             n_delta = (n_rows + PRE_GROUPS * per_group - 1) // (PRE_GROUPS * per_group)
+            if const_expr(self.own_delta):
+                n_delta = 0
             if bid < n_delta:
                 rows, rOs, rdOs = [], [], []
                 for g in cutlass.range_constexpr(PRE_GROUPS):  # the loads first
@@ -562,13 +589,18 @@ def _kernel_classes():
                 if bid >= n_delta:  # a CTA of WIN_TOK tokens, all their rows
                     tpt = PRE_THREADS // WIN_TOK            # threads a token
                     tok = (bid - n_delta) * WIN_TOK + tidx // tpt
+                    acc_tok = tok < 0              # (False, as a dynamic Boolean)
                     if tok < n_rows // H:
                         if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k):
+                            acc_tok = tok >= 0
                             rZq = cute.make_rmem_tensor((1, PRE_VEC), Float32)
                             rZq.fill(0.0)
                             for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
                                 cute.autovec_copy(rZq, cute.local_tile(
                                     mdQacc, (1, PRE_VEC), (tok * H + v // tpr, v % tpr)))
+                    if const_expr(self.own_delta):  # the token's rows' delta, all heads
+                        self.token_delta(mO, mdO, mDelta, tok, acc_tok, H, tidx % tpt, tpt,
+                                         tpr)
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
@@ -577,6 +609,30 @@ def _kernel_classes():
                 grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
                 for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
                     cute.autovec_copy(rT, cute.local_tile(mdQacc, (1, PRE_VEC), (rt, chunk)))
+
+        @cute.jit
+        def token_delta(self, mO, mdO, mDelta, tok, acc_tok, H, lane_t, tpt: cutlass.Constexpr,
+                        tpr: cutlass.Constexpr):
+            """own_delta: delta of token tok's H rows where acc_tok, its tpt threads (lanes
+            lane_t of a group) a row's tpr 16-byte chunks apart; every lane shuffles (the
+            others add zeros), then the guard."""
+            for h in cutlass.range(H, unroll=1):
+                part = Float32(0.0)
+                for c in cutlass.range_constexpr(tpr // tpt):
+                    rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rO.fill(0.0)
+                    rdO.fill(0.0)
+                    if acc_tok:
+                        at = (tok * H + h, lane_t + c * tpt)
+                        cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), at), rO)
+                        cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), at), rdO)
+                    part += (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
+                        cute.ReductionOp.ADD, Float32(0.0), 0)
+                total = cute.arch.warp_reduction_sum(part, threads_in_group=tpt)
+                if acc_tok:
+                    if lane_t == 0:
+                        mDelta[h, tok] = total
 
     # ================================================================================
     # (b) main kernel, one method per role
@@ -591,6 +647,8 @@ def _kernel_classes():
             self.causal, self.broadcast_q = causal, broadcast_q
             self.windows = cfg.windows                        # key windows
             assert not (self.windows and (broadcast_q or dynamic))
+            self.own_delta = cfg.own_delta                    # whole windows' delta
+            assert not cfg.own_delta or (self.windows and parts == 1 and cfg.ds_stages == 1)
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.cfg = cfg
             self.kv_stages = cfg.kv_stages
@@ -684,6 +742,8 @@ def _kernel_classes():
                 sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
                 sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
                 sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+                if const_expr(self.own_delta):
+                    sNeg: cute.struct.Align[cute.struct.MemRange[dt, NEG_ROWS * BLOCK_N], 1024]
                 sLD: cute.struct.Align[
                     cute.struct.MemRange[Float32, math.prod(ld_shape(self.bm))], 16]
 
@@ -766,6 +826,11 @@ def _kernel_classes():
                     cute.make_layout((self.bm * self.D // NUM_MMA_WG, NUM_MMA_WG))),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
+            if const_expr(self.own_delta):
+                neg = self.neg_layout()
+                s = s._replace(sNeg=storage.sNeg.get_tensor(neg.outer, swizzle=neg.inner),
+                               sNegFlat=storage.sNeg.get_tensor(
+                                   cute.make_layout(NEG_ROWS * BLOCK_N)))
 
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
                           group, mSched, pipeline_tile, n_slots, self.parts)
@@ -790,6 +855,14 @@ def _kernel_classes():
                 self.compute(mdK, mdV, s, pipeline_kv, pipeline_q,
                              (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq), tidx, scale,
                              sched, mdQ)
+
+        def neg_layout(self):
+            """Config.own_delta: the -1s, (NEG_ROWS, BLOCK_N), K-major (window_delta's A
+            operand: K = a window's keys)."""
+            atom = warpgroup.make_smem_layout_atom(
+                sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, BLOCK_N),
+                self.dtype)
+            return cute.tile_to_shape(atom, (NEG_ROWS, BLOCK_N), (0, 1))
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
@@ -999,6 +1072,22 @@ def _kernel_classes():
             mma = Operands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, shape_S, shape_dQ,
                            tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdVrPt, tdKrdSt, tdQrdS,
                            tdQrKt, acc_dK, acc_dV, tdQsdQ, r2s_dS, thr_r2s_dS, tdSsdS, tScS)
+            if const_expr(self.own_delta):
+                # window_delta's dot: M = this warpgroup's keys (every row the same sum), N =
+                # queries, K = the window's keys; A the -1s, B = X in sdS (queries, keys)
+                per = NEG_ROWS * BLOCK_N // (NUM_MMA_WG * 128)
+                for e in cutlass.range_constexpr(per):
+                    s.sNegFlat[tidx + e * NUM_MMA_WG * 128] = self.dtype(-1.0)
+                cute.arch.fence_view_async_shared()   # read first past a PDS barrier
+                tiled_mma_x = sm90.make_trivial_tiled_mma(
+                    self.dtype, self.dtype, warpgroup.OperandMajorMode.K,
+                    warpgroup.OperandMajorMode.MN, Float32, atom_layout_mnk=(1, 1, 1),
+                    tiler_mn=(NEG_ROWS, self.bm))
+                thr_x = tiled_mma_x.get_slice(tidx % 128)
+                mma = mma._replace(
+                    tiled_mma_x=tiled_mma_x,
+                    tXrNeg=thr_x.make_fragment_A(thr_x.partition_A(s.sNeg)),
+                    tXrX=thr_x.make_fragment_B(thr_x.partition_B(sdSt)))
             cols = None
             dq_out = None
             if const_expr(self.windows):
@@ -1137,13 +1226,14 @@ def _kernel_classes():
             earlier, or delta after the dP^T wait: 8-64 B of spills at D = 128, causal /
             broadcast-Q)."""
             s = q_state.index
+            owned = self.owns_delta(dq_out)
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
             acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
             wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],  # S^T = K Q^T
                   zero_init=True, wait=-1)
             ncol = cute.size(mma.tScS, mode=[1])
-            self.minus_delta(acc_dP, ld, ncol)
+            self.minus_delta(acc_dP, ld, ncol, owned)
             wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],  # dP^T
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
@@ -1154,9 +1244,12 @@ def _kernel_classes():
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
-                warpgroup.wait_group(1)
+                # own_delta: dV done too, its P^T operand's registers free for X
+                warpgroup.wait_group(0 if const_expr(self.own_delta) else 1)
             else:
                 warpgroup.wait_group(0)
+            if const_expr(self.own_delta):
+                self.window_delta(mma, acc_S, acc_dP, owned)
             # dS^T = P^T (dP^T - delta)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
@@ -1181,6 +1274,7 @@ def _kernel_classes():
             then dP^T (from -delta), dS^T, dK, dQ."""
             s = q_state.index
             ncol = cute.size(mma.tScS, mode=[1])
+            owned = self.owns_delta(dq_out)
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
             acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
@@ -1192,13 +1286,13 @@ def _kernel_classes():
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
-                self.minus_delta(acc_dP, ld, ncol)
+                self.minus_delta(acc_dP, ld, ncol, owned)
                 wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
                       zero_init=False, wait=0)                                     # dP^T - delta
             else:
                 wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
                       zero_init=True, wait=-1)                                     # S^T = K Q^T
-                self.minus_delta(acc_dP, ld, ncol)
+                self.minus_delta(acc_dP, ld, ncol, owned)
                 wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
                       zero_init=False, wait=-1)                                    # dP^T - delta
                 warpgroup.wait_group(1)
@@ -1206,28 +1300,66 @@ def _kernel_classes():
                                 scale_log2, cols)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 warpgroup.wait_group(0)
+            if const_expr(self.own_delta):
+                if const_expr(self.sdp_together):  # dV first: its P^T operand free for X
+                    wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                # dV += P^T dO
+                          mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
+                self.window_delta(mma, acc_S, acc_dP, owned)
             dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
-            if const_expr(self.sdp_together):
+            if const_expr(self.sdp_together and not self.own_delta):
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
             self.dk_dq(mma, acc_dP, q_state, pipeline_q, dq_out)
 
         @cute.jit
-        def minus_delta(self, acc_dP, ld, ncol):
+        def minus_delta(self, acc_dP, ld, ncol, owned=None):
             """The dP^T accumulator set to -delta of its query columns (read from sLD,
             `read_ld`), so its wgmma returns dP^T - delta. Two distinct values (0 - x is
             not -x at x = +0): one accumulator register each, else a copy lands after
             wgmma.fence and ptxas injects a wait for the S^T wgmma before issuing the dP^T
-            one (C7517)."""
+            one (C7517). owned (Config.own_delta): a whole window's step, whose delta is
+            window_delta's (the loaded one, never written, is not read: 0)."""
             delta = self.read_ld(ld, 1, ncol)
             dPt = acc_rows_cols(acc_dP)
             assert cute.size(dPt, mode=[0]) == 2
             for c in cutlass.range_constexpr(ncol):
-                dPt[0, c] = -delta[c]
-                dPt[1, c] = Float32(0.0) - delta[c]
+                d = delta[c]
+                if const_expr(owned is not None):
+                    d = Float32(0.0) if owned else d
+                dPt[0, c] = -d
+                dPt[1, c] = Float32(0.0) - d
+
+        @cute.jit
+        def owns_delta(self, dq_out):
+            """Config.own_delta: whether the step's window is whole (its keys at most
+            BLOCK_N: every key its rows meet), so window_delta forms its delta; else
+            None."""
+            owned = None
+            if const_expr(self.own_delta):
+                owned = dq_out[4] <= BLOCK_N
+            return owned
+
+        @cute.jit
+        def window_delta(self, mma: Operands, acc_S, acc_dP, owned):
+            """A whole window's step: dP^T -= delta, delta_i = sum_j P_ij dP_ij over the
+            window's keys, which are all the keys row i meets (rowsum(dO_i * O_i) in exact
+            arithmetic), in place of the preprocess's. X = P^T * dP^T goes to sdS in the
+            inputs' dtype, as dS^T does, and a
+            wgmma of -1s (NEG_ROWS x BLOCK_N) against both warpgroups' X adds -delta_i to
+            every key row of the accumulator: no cross-warp sum. sdS is free once both
+            warpgroups passed the first barrier (the last dQ wgmma done) and again at
+            dk_dq's first (this wgmma waited). TLX's `_minus_delta`."""
+            if owned:  # (a window's: both warpgroups meet the barriers, or neither)
+                rX = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rX.store((acc_S.load() * acc_dP.load()).to(self.dtype))
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+                cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rX), mma.tdSsdS)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+                wgmma(mma.tiled_mma_x, acc_dP, mma.tXrNeg, mma.tXrX, zero_init=False, wait=0)
 
         @cute.jit
         def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None):
@@ -1689,11 +1821,11 @@ def _kernel_classes():
 # --------------------------------------------------------------------------------------
 
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       zero_dkv: bool = False, options: str = ""):
+                       zero_dkv: bool = False, own_delta: bool = False, options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
     rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
-    otherwise None and 0)."""
+    otherwise None and 0); own_delta: only those rows' delta (Config.own_delta)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1710,7 +1842,8 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
            if long_k else (None, None))
     kv_acc = (host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
               if zero_dkv else None)
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv), o, do, delta,
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv, own_delta), o,
+                               do, delta,
                                acc, sched, cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Int32(1), *cus, cutlass.Int32(1), cutlass.Int32(1),
                                kv_acc, cutlass.Int32(0), options=options)
@@ -1825,9 +1958,16 @@ def _config(c: host.BwdCall, parts: int) -> Config:
     D = c.q.shape[2]
     B = c.cu_k.shape[0] - 1
     if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
-        return window_config(D, parts > 1)
+        return window_config(D, parts > 1, c.own_delta)
     return pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
                        c.broadcast_q, c.max_q, split=parts > 1)
+
+
+def _own_delta(c: host.BwdCall) -> bool:
+    """Whether the call's window step forms a whole window's delta (Config.own_delta: at
+    most OWN_DELTA_ROWS rows a step; the preprocess then writes the longer sequences'
+    rows' only)."""
+    return _config(c._replace(own_delta=True), c.parts).own_delta
 
 
 def _flat(c: host.BwdCall) -> Config | None:
@@ -1864,7 +2004,8 @@ KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess),
                           partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
                           takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
                           BLOCK_N, _parts, _flat,
-                          partial(host.compiled, _COMPILED, compile_postprocess_flat))
+                          partial(host.compiled, _COMPILED, compile_postprocess_flat),
+                          _own_delta)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

@@ -17,7 +17,7 @@ import torch
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
-                          fwd_direct, fwd_tiles, grad_buffers, packed_query,
+                          fwd_direct, fwd_tiles, grad_buffers, owns_delta, packed_query,
                           pairs_per_sequence, slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
@@ -286,13 +286,15 @@ class BwdCall(NamedTuple):
     max_q: int = 0       # the longest query sequence (0: not given)
     dq: Any = None       # dQ itself, in q's dtype (key windows store into it)
     parts: int = 1       # CTAs a tile (> 1: dk, dv are fp32 accumulators)
+    own_delta: bool = False  # key windows: whole ones form their delta (owns_delta)
 
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv) -> the compiled
-                           # preprocess (long_k: key windows, the rows of longer sequences
-                           # only; zero_dkv: the split tiles' fp32 dK / dV too)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, own_delta) -> the
+                           # compiled preprocess (long_k: key windows, the rows of longer
+                           # sequences only; zero_dkv: the split tiles' fp32 dK / dV too;
+                           # own_delta: only those rows' delta)
     main: Callable         # (BwdCall) -> launch the main kernel
     postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
                            # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent;
@@ -313,6 +315,9 @@ class BwdKernels(NamedTuple):
     # dkv) -> the compiled postprocess
     dq_flat: Callable | None = None
     post_flat: Callable | None = None
+    # key windows (None: never): (BwdCall) -> whether the main kernel's step forms a whole
+    # window's delta where jagged.tiles.owns_delta allows it
+    own_delta: Callable | None = None
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -349,6 +354,10 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
     # preprocess and converted by the postprocess
     call = call._replace(parts=1 if kern.parts is None else kern.parts(call))
+    # whole key windows form their delta in the main kernel; the preprocess writes the
+    # longer sequences' rows' only
+    own = owns_delta(windows, dlse is not None, call.parts)
+    call = call._replace(own_delta=own and kern.own_delta is not None and kern.own_delta(call))
     # long packed sequences: a block-padded dQ accumulator (key windows never: their
     # rows postprocess and owned windows' stores take the row accumulator)
     flat = None if kern.dq_flat is None or windows else kern.dq_flat(call)
@@ -361,7 +370,8 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     dkv_acc = dkv_accumulator(k, call.parts)
     if dkv_acc is not None:
         call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None)(
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None,
+                    call.own_delta)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
         dq_acc.numel() // D, *cus, B, B.bit_length(),
         None if dkv_acc is None else dkv_acc.view(-1, D),

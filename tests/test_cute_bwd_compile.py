@@ -376,11 +376,14 @@ def test_dkv_fragment_coordinates(tmp_path):
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
-    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels;
-    split tiles and windows: with their fp32 dK / dV zeroed and converted."""
+    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows, and
+    with own_delta only their delta) and postprocess (slot sum, cast; key windows: the
+    rows the accumulator holds) kernels; split tiles and windows: with their fp32 dK / dV
+    zeroed and converted."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
                        "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
+                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True); "
+                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, False, True); "
                        "B.compile_preprocess(dt, 128, True, 0, True); "
                        "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
@@ -756,6 +759,44 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
     assert not adv, adv
 
 
+@needs_dsl
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=pytest.mark.matrix)])
+def test_bwd_window_own_delta_builds(tmp_path, causal):
+    """Whole key windows forming their delta (Config.own_delta, jagged.tiles.owns_delta;
+    D = 128's 64-row step, OWN_DELTA_ROWS): window_delta's wgmmas (the -1s against X over
+    BLOCK_N keys: m64n64k16, BLOCK_N / 16 a step) beside the build's own, its two PDS
+    barriers a step more, the -1s filled once (NEG_ROWS x BLOCK_N / 256 16-bit stores a
+    thread); spill-free step loops (causal: one local load a step), no serialized wgmmas;
+    its SharedStorage within the limit."""
+    from jagged.arch import SMEM_LIMIT
+    from kernels_cute import bwd_hopper as B
+    D = 128
+    cfg, base = B.window_config(D, own_delta=True), B.window_config(D)
+    assert cfg.own_delta and not base.own_delta and not B.window_config(D, True, True).own_delta
+    assert not B.window_config(64, own_delta=True).own_delta   # 128-row steps: spills
+    bm = cfg.block_m
+    assert B.smem_bytes(D, cfg) == B.smem_bytes(D, base) + 2 * B.NEG_ROWS * B.BLOCK_N
+    assert B.smem_bytes(D, cfg) <= SMEM_LIMIT[90]
+    for tag in ("own", "base"):
+        (tmp_path / tag).mkdir()
+    paths = [_compile(tmp_path / tag, f"B.compile_main(dt, {D}, {causal}, False, "
+                                      f"B.window_config({D}, own_delta={own}))")
+             for tag, own in (("own", True), ("base", False))]
+    if None in paths:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx, ptx0 = (open(p).read() for p in paths)
+    mma = rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16"
+    assert _count(mma, ptx) == _count(mma, ptx0) + B.BLOCK_N // 16
+    bar = rf"bar\.sync\s+{B.PDS_BARRIER}, 256"
+    assert _count(bar, ptx) == _count(bar, ptx0) + 2, (_count(bar, ptx), _count(bar, ptx0))
+    assert _count(r"st\.shared\.b16", ptx) >= B.NEG_ROWS * B.BLOCK_N // 256
+    res, adv = _ptxas(paths[0]), _ptxas_advisories(paths[0])
+    print(f"own delta D={D} causal={causal}: ptxas (registers, spill bytes): {res}, "
+          f"advisories {adv}, smem {B.smem_bytes(D, cfg)} B")
+    _no_step_spills(paths[0], res, step_loads=1 if causal else 0)  # causal: one LDL a step
+    assert not adv, adv
+
+
 def test_bwd_window_config():
     """Key windows: the head dim's long-sequence step (causal masking's, never the
     80-row one) with windows on, and only where jagged.tiles.windowed over the keys
@@ -932,7 +973,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
             (pre, pre_args), (main, args), (post, post_args) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
             windows = short and not bq
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False)
+            own = windows and B.window_config(D, own_delta=True).own_delta  # (D = 64: no)
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False, own)
             assert post == (q.dtype, not bq, False)
             B_ = len(lk)
             assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the accumulator's
@@ -944,8 +986,8 @@ def test_host_backward_launches_windows(monkeypatch, short):
                 assert args[20].shape == q.shape and args[20].dtype == q.dtype
             else:
                 assert args[20] is None
-            if windows:
-                cfg = B.window_config(D)
+            if windows:  # whole windows form their delta (no lse gradient, one part)
+                cfg = B.window_config(D, own_delta=True)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
                                                  cfg.block_m)
                 assert main == (q.dtype, D, causal, False, cfg, False, "", 1)
@@ -1072,7 +1114,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, D, cfg, True, True)
+    assert pre == (q.dtype, D, True, 0, True, False) and post == (q.dtype, D, cfg, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
     acc, gk, gv, n_vec = qa[5:]
@@ -1116,7 +1158,7 @@ def test_host_backward_launches_flat(monkeypatch):
         (pre, ra), (main, args), (post, pa) = calls
         cfg = main[4]
         acc = args[6]
-        assert pre == (q.dtype, D, True, 0, False)
+        assert pre == (q.dtype, D, True, 0, False, False)
         assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
         assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
         if bm:
@@ -1140,6 +1182,14 @@ def test_host_backward_launches_flat(monkeypatch):
     host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 40, False,
                   0.125, False)
     (pre, ra), (main, args), (post, pa) = calls
-    assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
+    assert main[4] == B.window_config(D, own_delta=True) and args[6].shape == (n_q, H, D)
     assert pre[3] == B.BLOCK_N and ra[7] == n_q * H
     assert post == (q.dtype, True, False) and pa[2:4] == (cu_q, cu_k)
+    # whole windows form their delta (the preprocess writes the longer sequences' rows'),
+    # unless lse has a gradient: then every row's comes from the preprocess
+    assert main[4].own_delta and pre[5]
+    calls.clear()
+    host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 40, False,
+                  0.125, False, torch.zeros(H, n_q))
+    (pre, ra), (main, args), (post, pa) = calls
+    assert main[4] == B.window_config(D) and not main[4].own_delta and not pre[5]
