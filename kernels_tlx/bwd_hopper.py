@@ -775,7 +775,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
                 lp = pt.to(kc.dtype)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
-                dpt = tlx.async_dot_wait(1, dpt)
+                # OWN_DELTA: dV waited too, its P^T operand's registers free for X (D =
+                # 128: 34-38 -> 23-26 spill instructions, all outside the step loops)
+                dpt = tlx.async_dot_wait(0 if OWN_DELTA else 1, dpt)
                 if smem.lse is not None:
                     delta = tlx.local_load(smem.delta[buf])
                 if OWN_DELTA:  # (delta is 0: not loaded)
