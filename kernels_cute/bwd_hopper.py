@@ -135,8 +135,9 @@ DQ_EMPTY_WG = 8         # + warpgroup (8, 9), reduce_dq -> compute, a warpgroup'
 DQ_WG_THREADS = 128 + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 NEG_ROWS = 64           # Config.own_delta: the -1s' rows (a warpgroup's M)
-# Config.own_delta's steps: D = 128's 64 rows. At D = 64's 128 rows X spilled 68-80 B
-# beside S^T, dP^T (64 registers each), dK and dV, and ptxas serialized the wgmmas (C7512)
+# Config.own_delta's steps: D = 128's 64 rows. At D = 64's 128 rows X spilled 48-80 B
+# beside S^T, dP^T (64 registers each), dK and dV (48 with dV issued first), and ptxas
+# serialized the wgmmas (C7512)
 OWN_DELTA_ROWS = 64
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
@@ -648,7 +649,8 @@ def _kernel_classes():
             self.windows = cfg.windows                        # key windows
             assert not (self.windows and (broadcast_q or dynamic))
             self.own_delta = cfg.own_delta                    # whole windows' delta
-            assert not cfg.own_delta or (self.windows and parts == 1 and cfg.ds_stages == 1)
+            assert not cfg.own_delta or (self.windows and parts == 1 and cfg.ds_stages == 1
+                                         and cfg.block_m <= OWN_DELTA_ROWS)
             self.dynamic = dynamic and not broadcast_q       # tiles from the counter
             self.cfg = cfg
             self.kv_stages = cfg.kv_stages
@@ -1274,7 +1276,6 @@ def _kernel_classes():
             then dP^T (from -delta), dS^T, dK, dQ."""
             s = q_state.index
             ncol = cute.size(mma.tScS, mode=[1])
-            owned = self.owns_delta(dq_out)
             pipeline_q.consumer_wait(q_state)
             acc_S = cute.make_rmem_tensor(mma.shape_S, Float32)
             acc_dP = cute.make_rmem_tensor(mma.shape_S, Float32)
@@ -1286,13 +1287,13 @@ def _kernel_classes():
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
-                self.minus_delta(acc_dP, ld, ncol, owned)
+                self.minus_delta(acc_dP, ld, ncol)
                 wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
                       zero_init=False, wait=0)                                     # dP^T - delta
             else:
                 wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
                       zero_init=True, wait=-1)                                     # S^T = K Q^T
-                self.minus_delta(acc_dP, ld, ncol, owned)
+                self.minus_delta(acc_dP, ld, ncol)
                 wgmma(mma.tiled_mma_sdp, acc_dP, mma.tPrV, mma.tPrdO[None, None, None, s],
                       zero_init=False, wait=-1)                                    # dP^T - delta
                 warpgroup.wait_group(1)
@@ -1300,16 +1301,11 @@ def _kernel_classes():
                                 scale_log2, cols)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 warpgroup.wait_group(0)
-            if const_expr(self.own_delta):
-                if const_expr(self.sdp_together):  # dV first: its P^T operand free for X
-                    wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                # dV += P^T dO
-                          mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
-                self.window_delta(mma, acc_S, acc_dP, owned)
             dPt = acc_rows_cols(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dPt, mode=[0])):               # dS^T
                 for c in cutlass.range_constexpr(cute.size(dPt, mode=[1])):
                     dPt[r, c] = St[r, c] * dPt[r, c]
-            if const_expr(self.sdp_together and not self.own_delta):
+            if const_expr(self.sdp_together):
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=-1)
             self.dk_dq(mma, acc_dP, q_state, pipeline_q, dq_out)
@@ -1347,11 +1343,11 @@ def _kernel_classes():
             """A whole window's step: dP^T -= delta, delta_i = sum_j P_ij dP_ij over the
             window's keys, which are all the keys row i meets (rowsum(dO_i * O_i) in exact
             arithmetic), in place of the preprocess's. X = P^T * dP^T goes to sdS in the
-            inputs' dtype, as dS^T does, and a
-            wgmma of -1s (NEG_ROWS x BLOCK_N) against both warpgroups' X adds -delta_i to
-            every key row of the accumulator: no cross-warp sum. sdS is free once both
-            warpgroups passed the first barrier (the last dQ wgmma done) and again at
-            dk_dq's first (this wgmma waited). TLX's `_minus_delta`."""
+            inputs' dtype, as dS^T does, and a wgmma of -1s (NEG_ROWS x BLOCK_N) against
+            both warpgroups' X adds -delta_i to every key row of the accumulator: no
+            cross-warp sum. sdS is free once both warpgroups passed the first barrier (the
+            last dQ wgmma done) and again at dk_dq's first (this wgmma waited). TLX's
+            `_minus_delta`."""
             if owned:  # (a window's: both warpgroups meet the barriers, or neither)
                 rX = cute.make_rmem_tensor_like(acc_dP, self.dtype)
                 rX.store((acc_S.load() * acc_dP.load()).to(self.dtype))
