@@ -1347,7 +1347,7 @@ def _kernel_classes():
             both warpgroups' X adds -delta_i to every key row of the accumulator: no
             cross-warp sum. sdS is free once both warpgroups passed the first barrier (the
             last dQ wgmma done) and again at dk_dq's first (this wgmma waited). TLX's
-            `_minus_delta`."""
+            `_window_delta`."""
             if owned:  # (a window's: both warpgroups meet the barriers, or neither)
                 rX = cute.make_rmem_tensor_like(acc_dP, self.dtype)
                 rX.store((acc_S.load() * acc_dP.load()).to(self.dtype))

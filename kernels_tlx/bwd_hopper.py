@@ -78,7 +78,7 @@ before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) t
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
 converts only the rows of the longer sequences, whose blocks reduce-add their partials.
 For the same reason a whole window forms its rows' delta from P^T and dP^T
-(`_minus_delta`, no lse gradient): the preprocess reads O and dO of the longer
+(`_window_delta`, no lse gradient): the preprocess reads O and dO of the longer
 sequences' rows only.
 A call of a few windows (jagged.tiles.window_parts > 1) shares each window's steps over
 PARTS programs as split tiles do (dK / dV added in fp32; a step's dQ stays its own).
@@ -234,7 +234,7 @@ class Smem(NamedTuple):
     """A program's shared memory: K / V halves [stage * NC + consumer], the Q / dO ring,
     dS^T halves (two steps deep), each consumer's dQ staging, and the step's lse2 / delta
     beside the ring (None at 32-row steps, where the consumers carry them); with
-    OWN_DELTA each consumer's P^T * dP^T, two steps deep (`_minus_delta`)."""
+    OWN_DELTA each consumer's P^T * dP^T, two steps deep (`_window_delta`)."""
     k: object
     v: object
     q: object
@@ -322,7 +322,7 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
     rows the windows reduce-add into (`_accumulated`), by WIN_TOK tokens a program in
     programs of their own after the delta ones (`pre_programs`): the delta programs search
     nothing. OWN_DELTA (key windows whose main kernel forms an owned window's delta,
-    `_minus_delta`): no delta programs; the WIN_TOK programs also write their rows'
+    `_window_delta`): no delta programs; the WIN_TOK programs also write their rows'
     delta. ZERO_DKV (tiles split over programs): each program also zeroes its
     grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of D
     (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
@@ -482,7 +482,7 @@ def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
 
 
 @triton.jit
-def _minus_delta(xs, neg, pt, dpt, qcnt, cid: tl.constexpr,
+def _window_delta(xs, neg, pt, dpt, qcnt, cid: tl.constexpr,
                  NC: tl.constexpr):  # role: compute
     """An owned window's step: dP^T - delta, with delta_i = sum_j P_ij dP_ij over the
     window's keys, which are all the keys row i meets (so it is rowsum(dO_i * O_i) in
@@ -675,7 +675,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
 
     WINDOWS: the tile is a key window; each key's query rows (_col_bounds, read at the
     tile's start) mask every step. OWN_DELTA: an owned window's steps take their delta
-    from P^T and dP^T (`_minus_delta`) and load none."""
+    from P^T and dP^T (`_window_delta`) and load none."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     pid = tl.program_id(0)
@@ -685,7 +685,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     i = 0
     qcnt = 0
     dqc = smem.dq[cid]
-    if OWN_DELTA:  # -1s, _minus_delta's A (both consumers write the same values; the
+    if OWN_DELTA:  # -1s, _window_delta's A (both consumers write the same values; the
         # first read is past DELTA_BARRIER)
         tlx.local_store(smem.neg[0], tl.full([BNC, BNC], -1.0, smem.neg.dtype))
     t = first
@@ -781,9 +781,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 if smem.lse is not None:
                     delta = tlx.local_load(smem.delta[buf])
                 if OWN_DELTA:  # (delta is 0: not loaded)
-                    dpt = tlx.async_dot_wait(0, _minus_delta(smem.xs, smem.neg[0],
-                                                             tl.where(owned, pt, 0.0), dpt,
-                                                             qcnt, cid, NC))
+                    dpt = tlx.async_dot_wait(0, _window_delta(smem.xs, smem.neg[0],
+                                                              tl.where(owned, pt, 0.0), dpt,
+                                                              qcnt, cid, NC))
                 dst = (pt * (dpt - delta[None, :])).to(kc.dtype)
                 if smem.lse is None:
                     if OWN_DELTA:
@@ -1398,7 +1398,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
-    own = owns_delta(windows, dlse is not None, parts)  # (_minus_delta)
+    own = owns_delta(windows, dlse is not None, parts)  # (_window_delta)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
                                           own)

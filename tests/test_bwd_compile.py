@@ -169,7 +169,7 @@ def _dependent(rep, block_m):
 def test_windows_compile(request, case):
     """The key-window builds: the short bucket's structure (32-row steps, the 1-warp
     reduce_dq task, LSE / delta carried a step ahead), a static walk (no tile counter,
-    causal too), and owned windows' delta from P^T and dP^T (bw._minus_delta: both
+    causal too), and owned windows' delta from P^T and dP^T (bw._window_delta: both
     consumers meet at DELTA_BARRIER; two -1 wgmmas a step). Spill-free at D = 64; at D =
     128 the consumers' step loops are, and a tile's values spill around them (SASS)."""
     d, causal, dt = case

@@ -69,7 +69,7 @@ def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
 def _own_delta(q, k, v, do, lse, delta, col_rows, tiles, tile, scale, n_q, n_k, j0, j1,
                H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """An owned window's delta as bw.compute forms it (OWN_DELTA, bw._minus_delta): per
+    """An owned window's delta as bw.compute forms it (OWN_DELTA, bw._window_delta): per
     step the sum over the window's keys of P^T * dP^T rounded to the inputs' dtype, in
     fp32, written where the consumers' steps read delta (the preprocess wrote none)."""
     offs_n = tl.arange(0, BLOCK_N)

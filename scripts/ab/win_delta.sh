@@ -1,6 +1,6 @@
 #!/bin/bash
 # A/B of branch win-delta-cute on the H200: whole key windows form their delta from P^T
-# and dP^T (TLX kernels_tlx.bwd_hopper._minus_delta; CuteDSL BwdMain.window_delta, at
+# and dP^T (TLX kernels_tlx.bwd_hopper._window_delta; CuteDSL BwdMain.window_delta, at
 # D = 128's 64-row step only), so the preprocess writes the delta of long sequences' rows
 # only, against land-stack's tree (every row's delta in the preprocess). One device call
 # after a .gpu1 activation, carrying .gpu2 and .snap (.snap/land: git archive land-stack
