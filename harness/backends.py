@@ -201,6 +201,17 @@ def _experiment(style: str, apply: Callable[[], None]):
     return make, available
 
 
+def _fwd_static():
+    import jagged.tiles
+    jagged.tiles.FWD_DYNAMIC = False  # fwd_dynamic reads it at each call
+
+
+for _s in ("tlx", "cute"):
+    register(Backend(f"{_s}-fstatic", *_experiment(_s, _fwd_static),
+                     supports=_ours_supports(_s), own=True, experimental=True,
+                     note=f"{_s} with every forward list dealt round-robin (no tile counter)"))
+
+
 # ---------------------------------------------------------------------------- FA4
 
 def _fa4_make():

@@ -415,6 +415,22 @@ def test_mutations_are_caught(name, model, configs, consumer):
         assert kind == "deadlock" and f"bar.sync cta0.{turn}" in msg
 
 
+def test_tlx_fwd_hopper_counter_mutations():
+    """Causal packed lists take their tiles from the counter (jagged.tiles.fwd_dynamic):
+    every tile finished once with several programs, and a broken handoff is caught."""
+    cfg = _tlx_configs()[(128, "long", True)]
+    causal = Problem((300, 40, 530, 128), (300, 40, 530, 128), heads=2, causal=True)
+    steps = P.check(lambda sim: P.tlx_fwd_hopper(sim, causal, cfg, 3), range(6))
+    assert steps > 0
+    # a consumer that never frees its handoff slot: the producer's third publish waits
+    for seed in range(4):
+        with pytest.raises(ProtocolError) as e:
+            P.check(lambda sim: P.tlx_fwd_hopper(sim, causal, cfg, 1), [seed],
+                    mutate=_drop("consumer1", lambda op: type(op) is Arrive
+                                 and "tile_empty" in op.bar))
+        assert e.value.kind == "deadlock" and "cta0.load: wait cta0.tile_empty[" in str(e.value)
+
+
 # ----------------------------------------------------------------------------- Blackwell
 def _tlx_bw_configs():
     from kernels_tlx.fwd_blackwell import CONFIGS
