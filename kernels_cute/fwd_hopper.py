@@ -31,6 +31,15 @@ The kernel is launched as a programmatic dependent of its tile-list kernel (use_
 list kernels trigger first): its launch and barrier setup run under the list kernel, and
 it waits (griddepcontrol.wait) before it reads global memory.
 
+Causal packed lists take their tiles from a counter (Config.dynamic, jagged.tiles.
+fwd_dynamic), as the backward's: the load warp's first tile is its CTA id, each next one
+an atomic add once the last one's loads are issued (tile_counter.next_tile), handed to
+the consumers (and fp8_v's converting warps) through the scheduling buffer's two slots a
+CTA (publish_tile / fetch_tile); the static round-robin deals a causal list's sawtooth of
+tile lengths unevenly. The buffer (mSched, jagged.tiles.fwd_sched) is zeroed by the list
+kernel, and again by the launch's last CTA to finish its loads (`finish_tiles`), so a
+reused list runs without a launch ahead.
+
 The KV loop is peeled: blocks [0, n_bulk) are visible to every row of the tile and run
 branch-free; blocks [n_bulk, n_end) (the sequence tail and the causal diagonal) are
 masked. Causal masking is bottom-right aligned: query i sees key j iff
@@ -108,6 +117,8 @@ class Config:
                               # jagged.tiles.fwd_direct)
     fp8_v: bool = False       # fp8: V converted tile by tile in the kernel (a call's
                               # fp8_v_tiles), P V in f16, v_descale on O
+    dynamic: bool = False     # tiles from the counter in mSched (a call's
+                              # jagged.tiles.fwd_dynamic: causal packed lists)
 
 
 def smem_bytes(head_dim: int, cfg: Config, fp8: bool = False) -> int:
@@ -200,6 +211,8 @@ class Sched(NamedTuple):
                          # row windows: the windows (unused)
     mWin: Any            # row windows: each window's first and last sequence and first
                          # row [3, n_win]
+    mSched: Any = None   # dynamic: the counter and the tile handoff slots (tile_counter)
+    pipeline_tile: Any = None  # dynamic: the handoff's barriers, load warp -> the others
 
 
 class Scales(NamedTuple):
@@ -250,6 +263,7 @@ def _kernel_class():
 
     from .fragments import (acc_as_operand_a, acc_rows_cols, head_tile, packed_views,
                             replaced, store_rows, tma_tiles, wgmma)
+    from .tile_counter import fetch_tile, finish_tiles, next_tile, publish_tile
 
     class FwdHopper:
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -278,7 +292,12 @@ def _kernel_class():
             self.windows = cfg.windows
             self.pack = cfg.pack
             self.direct = cfg.direct
+            self.dynamic = cfg.dynamic
+            # dynamic: the threads that fetch each tile from the load warp (tile_counter):
+            # the consumers', and fp8_v's three other converting warps'
+            self.tile_fetchers = 128 * self.num_mma_wg + (96 if self.fp8_v else 0)
             assert not (self.windows and (broadcast_q or self.mask_first))
+            assert not (self.dynamic and self.direct)   # direct: no list, no counter
             # fp8 row windows: a softmax scale (and, fp8_v, a v_descale) per row, its own
             # sequence's descales
             self.row_scale = self.windows and self.fp8
@@ -293,7 +312,8 @@ def _kernel_class():
                      mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                      mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
                      mVDescale: Optional[cute.Tensor],
-                     mWin: Optional[cute.Tensor], scale_log2: Float32, L_q: Int32,
+                     mWin: Optional[cute.Tensor], mSched: cute.Tensor, scale_log2: Float32,
+                     L_q: Int32,
                      group: Int32, nblk: Int32, num_programs: Int32, stream):
             D, dt, pv, od = self.D, self.dtype, self.pv_dtype, self.o_dtype
             if const_expr(self.pack > 1):
@@ -363,6 +383,8 @@ def _kernel_class():
                 mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
                 if const_expr(self.fp8_v):
                     mbar_V8: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+                if const_expr(self.dynamic):
+                    mbar_Tile: cute.struct.MemRange[cutlass.Int64, 2 * 2]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[pv, cute.cosize(sV_layout)], 1024]
@@ -378,7 +400,7 @@ def _kernel_class():
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg, self.fp8))
             self.kernel(
                 tma_Q, tma_K, tma_V, mO, mLSE, mCuQ, mCuK, mPairs, mCount,
-                mQDescale, mKDescale, mVDescale, mWin,
+                mQDescale, mKDescale, mVDescale, mWin, mSched,
                 tma_atom_Q, tma_atom_K, tma_atom_V, scale_log2, L_q, group, nblk,
                 sQ_layout, sK_layout, sV_layout, sO_layout, sV8_layout,
                 tiled_mma_qk, tiled_mma_pv, store_tiled_copy_O, SharedStorage,
@@ -392,7 +414,8 @@ def _kernel_class():
                    mCuK: cute.Tensor, mPairs: cute.Tensor, mCount: cute.Tensor,
                    mQDescale: Optional[cute.Tensor], mKDescale: Optional[cute.Tensor],
                    mVDescale: Optional[cute.Tensor],
-                   mWin: Optional[cute.Tensor], tma_atom_Q: cute.CopyAtom,
+                   mWin: Optional[cute.Tensor], mSched: cute.Tensor,
+                   tma_atom_Q: cute.CopyAtom,
                    tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom, scale_log2: Float32,
                    L_q: Int32, group: Int32, nblk: Int32,
                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -437,6 +460,17 @@ def _kernel_class():
                     barrier_storage=storage.mbar_V.data_ptr(), num_stages=self.stages,
                     producer_group=load_warp, consumer_group=mma_warps,
                     tx_count=self.bytes_V, defer_sync=True)
+            pipeline_tile = None
+            if const_expr(self.dynamic):
+                # the tile handoff, load warp -> every thread of the consumers and (fp8_v)
+                # of the three other converting warps, which walk the tiles too (two
+                # slots; the tile ids themselves go through mSched, see tile_counter)
+                pipeline_tile = pipeline.PipelineAsync.create(
+                    barrier_storage=storage.mbar_Tile.data_ptr(), num_stages=2,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                             self.tile_fetchers),
+                    defer_sync=True)
             pipeline.pipeline_init_arrive()
 
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -463,7 +497,7 @@ def _kernel_class():
             else:
                 cute.arch.griddepcontrol_wait()
                 sched = Sched(mPairs, mCount[0], mCuQ, mCuK, L_q, mQ.shape[2], group, nblk,
-                              mWin)
+                              mWin, mSched, pipeline_tile)
             pipeline.pipeline_init_wait()
 
             if warp_idx < 4:
@@ -518,6 +552,9 @@ def _kernel_class():
                                                        self.stages)
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
+            i = Int32(0)            # dynamic: the CTA's tiles so far (tile_counter's slots)
+            if const_expr(self.dynamic):
+                tile = self.hand_over(tile, i, sched, issuer)
             while tile < num_tiles:
                 h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
@@ -558,7 +595,27 @@ def _kernel_class():
                                       kv_block(n_end - 1, n_end, self.mask_first), seq.len_k)
                         v8_state.advance()
                         v_state.advance()
-                tile += cute.arch.grid_dim()[0]
+                if const_expr(self.dynamic):
+                    # the next tile, taken once this one's loads are issued
+                    i += 1
+                    if issuer:
+                        tile = next_tile(tile, 0, sched.mSched, True)
+                    tile = self.hand_over(tile, i, sched, issuer)
+                else:
+                    tile += cute.arch.grid_dim()[0]
+            if const_expr(self.dynamic):
+                if issuer:
+                    finish_tiles(sched.mSched)
+
+        @cute.jit
+        def hand_over(self, tile: Int32, i: Int32, sched: Sched, issuer):
+            """dynamic, the load warpgroup: the load warp (issuer) publishes its CTA's i-th
+            tile; fp8_v's other converting warps fetch it, as the consumers do."""
+            if issuer:
+                publish_tile(sched.mSched, sched.pipeline_tile, tile, i)
+            else:
+                tile = fetch_tile(sched.mSched, sched.pipeline_tile, tile, 0, i, True)
+            return tile
 
         @cute.jit
         def v_to_f16(self, sV8, sV, pipeline_v8, pipeline_v, v8_state, v_state, blk, len_k):
@@ -643,6 +700,9 @@ def _kernel_class():
                 cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER, number_of_threads=256)
             num_tiles = sched.n_pairs * sched.H
             tile = cute.arch.block_idx()[0]
+            i = Int32(0)            # dynamic: the CTA's tiles so far (tile_counter's slots)
+            if const_expr(self.dynamic):
+                tile = fetch_tile(sched.mSched, sched.pipeline_tile, tile, 0, i, True)
             while tile < num_tiles:
                 coords = self.schedule(tile, sched)
                 h, hk, m0, seq, n_bulk, n_end, b = coords[:7]
@@ -693,7 +753,11 @@ def _kernel_class():
                 cute.arch.fence_view_async_shared()
                 pipeline_q.consumer_release(q_state)
                 q_state.advance()
-                tile += cute.arch.grid_dim()[0]
+                if const_expr(self.dynamic):
+                    i += 1
+                    tile = fetch_tile(sched.mSched, sched.pipeline_tile, tile, 0, i, True)
+                else:
+                    tile += cute.arch.grid_dim()[0]
 
         @cute.jit
         def tile_scale(self, scale_log2, scales: Scales, b, hk):  # role: compute
@@ -923,13 +987,13 @@ def compile_forward(dtype, head_dim: int, causal: bool, broadcast_q: bool,
     fwd = _kernel_class()(host.cute_dtype(dtype), head_dim, causal, broadcast_q, cfg)
     return host.compile_fwd(fwd, broadcast_q, head_dim, options,
                             descale=host.descale_args(fwd.fp8) + host.descale_args(
-                                fwd.fp8_v, 1), windows=fwd.windows)
+                                fwd.fp8_v, 1), windows=fwd.windows, sched=True)
 
 
 KERNELS = host.FwdKernels(pick_config, partial(host.compiled, _COMPILED, compile_forward),
                           host.persistent_programs, fp8=True, takes_windows=takes_windows,
                           window_config=window_config, pack_gqa=True, direct=True,
-                          fp8_v=fp8_v_tiles)
+                          fp8_v=fp8_v_tiles, dynamic=True)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):

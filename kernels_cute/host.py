@@ -16,8 +16,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_tiles, grad_buffers,
-                          packed_query, pairs_per_sequence, slot_count, window_tiles)
+from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_dynamic, fwd_sched,
+                          fwd_tiles, grad_buffers, packed_query, pairs_per_sequence,
+                          slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -113,18 +114,22 @@ def window_args(windows: bool):
 
 
 def compile_fwd(kernel, broadcast_q: bool, head_dim: int, options: str = "",
-                descale: tuple = (), windows: bool | None = None):
+                descale: tuple = (), windows: bool | None = None, sched: bool = False):
     """Compile a forward kernel object (its dtype, head dim and flags set) on symbolic
     tensors; the scalars (scale, L_q, group, nblk, programs) are runtime values.
     descale: the descale arguments of a forward with an fp8 build (`descale_args`).
     windows: None for a forward without row windows, else whether this build runs them
-    (`window_args`)."""
+    (`window_args`). sched: every build of the forward takes the scheduling buffer
+    (FwdKernels.dynamic), int32, after the window table."""
     import cutlass
+    import cutlass.cute as cute
     args = fwd_args(kernel.dtype, broadcast_q, head_dim, bool(windows),
                     getattr(kernel, "pack", 1) > 1, getattr(kernel, "fp8_v", False)) + \
         tuple(descale)
     if windows is not None:
         args += window_args(windows)
+    if sched:
+        args += (fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4),)
     return compile_kernel(kernel, *args, cutlass.Float32(1.0), cutlass.Int32(0),
                           cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                           options=options)
@@ -149,9 +154,13 @@ class FwdKernels(NamedTuple):
     fp8_v: Callable | None = None  # (group, mean_k) -> whether an fp8 call converts V in
                             # the kernel (Config.fp8_v: e4m3 V, no V pass); the kernel takes
                             # v_descale after k_descale (None when not converting)
+    dynamic: bool = False   # causal packed lists take their tiles from a counter (the
+                            # Config's `dynamic`, jagged.tiles.fwd_dynamic); every build
+                            # takes the scheduling buffer (fwd_sched) after the window table
 
 
-_UNUSED: dict = {}  # device -> (pairs, count) a list-free build takes and never reads
+_UNUSED: dict = {}  # device -> (pairs, count) a list-free build takes and never reads;
+                   # the count also stands for the scheduling buffer of a static build
 
 
 def _unused_list(device):
@@ -186,6 +195,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     else:
         cfg = kern.pick_config(D, max_k, causal, k.shape[0] / B)
     table = () if kern.takes_windows is None else (None,)  # the kernel's window table
+    sched = (_unused_list(q.device)[1],) if kern.dynamic else ()  # its scheduling buffer
     # the tiles' query rows and heads: a packing tile holds `pack` heads
     q, pack = packed_query(q, broadcast_q and kern.pack_gqa, k.shape[1], cfg.block_m)
     if pack > 1:
@@ -206,6 +216,9 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
         if direct:  # no list: the kernel waits for the check before it stores
             cfg = replace(cfg, direct=True)
             pairs, count = _unused_list(q.device)
+        elif kern.dynamic and fwd_dynamic(bool(causal), bool(broadcast_q), windows, direct):
+            cfg = replace(cfg, dynamic=True)
+            sched = (fwd_sched(count),)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale
     if kern.fp8_v is not None:                    # and v_descale
         descales += (None,)
@@ -220,7 +233,7 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     num_programs = kern.programs(cfg, n_tiles, q.device)
     fn = kern.compiled(q.dtype, D, bool(causal), bool(broadcast_q), cfg)
     fn(q, k, v, out, lse, None if broadcast_q else cu_q, cu_k, pairs, count, *descales,
-       *table, scale * math.log2(math.e), L_t, H_t // k.shape[1], nblk, num_programs)
+       *table, *sched, scale * math.log2(math.e), L_t, H_t // k.shape[1], nblk, num_programs)
     return out, lse
 
 

@@ -9,8 +9,8 @@ pairs stays on the device. Causal lists keep each sequence's tiles together
 (jagged.tiles.fwd_tiles). Heads are folded in by the kernel (`tile_coords`): tiles walk
 the list in chunks of NBLK pairs, pairs fastest, then heads, so neighbouring CTAs read
 one head's K/V. CTA p takes the p-th tile of every round of P tiles, in odd full rounds
-counted from the right (boustrophedon), which keeps the per-sequence sawtooth of causal
-tiles balanced.
+counted from the right (boustrophedon). Causal packed lists are taken from a counter
+instead (jagged.tiles.fwd_dynamic, tile_counter.py), as TLX's.
 
 Row windows (short sequences, `window_coords`): a tile is a window of whole sequences of
 at most BLOCK_M packed query rows, or a block of a longer one (jagged.tiles.windows /

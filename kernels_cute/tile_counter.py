@@ -1,12 +1,15 @@
 """Tiles from a counter for the roles of a CuteDSL kernel, the twin of
-`kernels_tlx/tile_counter.py` (the backward's causal packed lists,
-`jagged.tiles.bwd_dynamic`): the load warp takes each CTA's next tile with an atomic add
-(`next_tile`) and hands it to the other roles through a two-slot ring (`publish_tile`,
-`fetch_tile`); without `dynamic` every role steps the static round-robin itself.
+`kernels_tlx/tile_counter.py` (the backward's packed lists, `jagged.tiles.bwd_dynamic`;
+the Hopper forward's causal packed lists, `jagged.tiles.fwd_dynamic`): the load warp
+takes each CTA's next tile with an atomic add (`next_tile`) and hands it to the other
+roles through a two-slot ring (`publish_tile`, `fetch_tile`); without `dynamic` every
+role steps the static round-robin itself.
 
-The ring is in global memory, as TLX's (the scheduling buffer of
-`jagged.tiles.dq_accumulator`: [0] the counter, zeroed before the launch; [4 + 2p,
-4 + 2p + 2) CTA p's slots), guarded by a two-stage `PipelineAsync` whose barriers the
+The ring is in global memory, as TLX's (a scheduling buffer: the backward's in
+`jagged.tiles.dq_accumulator`, zeroed before the launch; the forward's after its tile
+list's count, `jagged.tiles.fwd_sched`, zeroed again by its last CTA,
+`finish_tiles`): [0] the counter, [1] the CTAs finished (forward), [4 + 2p,
+4 + 2p + 2) CTA p's slots, guarded by a two-stage `PipelineAsync` whose barriers the
 helpers drive with a slot and phase derived from a loop-carried count i: a pipeline state
 advanced inside a called helper is not carried by the caller's tile loop. Imported only
 inside the kernel factories (the DSL loads with it)."""
@@ -57,3 +60,17 @@ def fetch_tile(mSched: cute.Tensor, pipeline_tile, t: Int32, step: Int32, i: Int
     else:
         t = t + step
     return t
+
+
+@cute.jit
+def finish_tiles(mSched: cute.Tensor):
+    """The load warp past its last tile: count this CTA finished, and the last one zeroes
+    the counter and that count for the next launch over the same buffer (the forward's,
+    which lives with its cached tile list: jagged.tiles.fwd_sched). Every CTA's counter
+    adds (its lane 0's) come before its own finished add (acq_rel), so none follows the
+    reset."""
+    if cute.arch.lane_idx() == 0:
+        done = cute.arch.atomic_add(mSched.iterator + 1, Int32(1), sem="acq_rel", scope="gpu")
+        if done == cute.arch.grid_dim()[0] - 1:
+            mSched[0] = Int32(0)
+            mSched[1] = Int32(0)

@@ -12,7 +12,10 @@ Persistent (one program per SM) and warp-specialized:
                                    outside the sequence
     schedule (everyone)            tile id -> (sequence, query block, head), from a
                                    longest-first list built on the GPU (causal: by
-                                   sequence), walked round by round (schedule.py)
+                                   sequence), walked round by round (schedule.py);
+                                   DYNAMIC (jagged.tiles.fwd_dynamic): the producer
+                                   takes the next tile from a counter and hands it to
+                                   the consumers (tile_counter.py)
 
 How the jagged layout meets TMA: Q, K and V are viewed as 2-D tensors [tokens, heads*D]
 and described once on the host; a tile's box starts at its sequence's first row
@@ -51,11 +54,13 @@ from jagged.arch import num_sms
 from jagged.fp8 import dequantize_rows
 from jagged.seqinfo import row_kv_range, row_seq
 from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, fwd_direct,
-                          packed_query, pairs_per_sequence, window_tiles, windowed)
+                          fwd_dynamic, packed_query, pairs_per_sequence, window_tiles,
+                          windowed)
 from jagged.validate import forward_without_tiles
 
 from jagged.launch import fast, tma_desc
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
+from .tile_counter import fetch_tile, finish_tiles, next_tile, publish_tile
 
 SPLIT_M = tl.constexpr(64)        # query rows of one consumer warpgroup (a wgmma's M)
 ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (windows)
@@ -156,20 +161,24 @@ class Scales(NamedTuple):
 
 
 class Bars(NamedTuple):
-    """mbarriers, a full / empty pair per Q slot and per K and V ring stage."""
+    """mbarriers, a full / empty pair per Q slot and per K and V ring stage; DYNAMIC: the
+    tile handoff's two slots (producer -> consumers)."""
     q_full: object
     q_empty: object
     k_full: object
     k_empty: object
     v_full: object
     v_empty: object
+    tile_full: object
+    tile_empty: object
 
 
 class Tiles(NamedTuple):
     """The forward tile list (schedule.build_tiles: pairs, the count of valid ones) and
     what `tile_coords` reads with it: offsets, broadcast-Q's query length L_q, heads, the
     GQA group and the query blocks per sequence. Row windows (window_coords): the window
-    order, the live count, each window's sequences `win` and the window count in NBLK."""
+    order, the live count, each window's sequences `win` and the window count in NBLK.
+    DYNAMIC: the scheduling buffer after the count (jagged.tiles.fwd_sched)."""
     pairs: object
     n_pairs: object
     cu_q: object
@@ -179,6 +188,7 @@ class Tiles(NamedTuple):
     GROUP: object
     NBLK: object
     win: object
+    sched: object = None
 
 
 class Out(NamedTuple):
@@ -339,16 +349,21 @@ def _pack_p(p, dtype: tl.constexpr):  # role: compute
 def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
          BLOCK_N: tl.constexpr, NUM_BUFFERS_Q: tl.constexpr, NUM_BUFFERS_KV: tl.constexpr,
          CAUSAL: tl.constexpr, BROADCAST_Q: tl.constexpr, MASK_FIRST: tl.constexpr,
-         WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
+         WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr,
+         DYNAMIC: tl.constexpr):
     """Producer: for each of this program's tiles, Q (a block per consumer) then its K/V
-    blocks."""
+    blocks; takes (DYNAMIC) and publishes the next tile once they are issued."""
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     Q_BYTES: tl.constexpr = SPLIT_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.q))
     K_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.k))
     V_BYTES: tl.constexpr = BLOCK_N * HEAD_DIM * tlx.size_of(tlx.dtype_of(descs.v))
     kv_cnt = 0
     i = 0
-    for t in range(tl.program_id(0), tiles.n_pairs * tiles.H, tl.num_programs(0)):
+    n_tiles = tiles.n_pairs * tiles.H
+    t = tl.program_id(0)
+    if DYNAMIC:
+        publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
+    while t < n_tiles:
         tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK, DIRECT)
         qb, qph = _buf_phase(i, NUM_BUFFERS_Q)
         for c in tl.static_range(NUM_CONSUMERS):
@@ -371,6 +386,11 @@ def load(descs, smem, bars, tiles, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
                                       bars.v_full[kb])
             kv_cnt += 1
         i += 1
+        t = next_tile(t, tl.num_programs(0), tiles.sched, DYNAMIC)
+        if DYNAMIC:
+            publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, i)
+    if DYNAMIC:
+        finish_tiles(tiles.sched)
 
 
 @triton.jit
@@ -478,6 +498,16 @@ def _count(count_ptr, DIRECT: tl.constexpr):  # role: schedule
 
 
 @triton.jit
+def _sched(count_ptr, DYNAMIC: tl.constexpr):  # role: schedule
+    """DYNAMIC: the scheduling buffer after the pair count (jagged.tiles.fwd_sched), per
+    task: a pointer made before the task split would be carried into every task."""
+    if DYNAMIC:
+        return count_ptr + 1
+    else:
+        return None
+
+
+@triton.jit
 def _tile_scale(qk_scale, scales, tiles, b, hk, FP8: tl.constexpr):  # role: compute
     """The qk scale of a tile of sequence b (or of rows of sequences b, a block) and KV
     head hk: fp8 folds in their q_descale * k_descale (fp32 [B, H_kv])."""
@@ -499,7 +529,8 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                NUM_BUFFERS_KV: tl.constexpr, CAUSAL: tl.constexpr,
                BROADCAST_Q: tl.constexpr, CONSUMER_REGS: tl.constexpr,
                PRODUCER_REGS: tl.constexpr, OVERLAP: tl.constexpr, MASK_FIRST: tl.constexpr,
-               WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr):
+               WINDOWS: tl.constexpr, PACK: tl.constexpr, DIRECT: tl.constexpr,
+               DYNAMIC: tl.constexpr):
     NUM_CONSUMERS: tl.constexpr = BLOCK_M // SPLIT_M
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     smem = Smem(q=tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, NUM_BUFFERS_Q * NUM_CONSUMERS),
@@ -515,7 +546,10 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                                            arrive_count=NUM_CONSUMERS),
                 v_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
                 v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
-                                           arrive_count=NUM_CONSUMERS))
+                                           arrive_count=NUM_CONSUMERS),
+                tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
+                tile_empty=tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS))
+    tl.static_assert(not DYNAMIC or not (WINDOWS or DIRECT), "the counter walks a list")
     out = Out(out_ptr, lse_ptr, H * PACK, n_out)  # H: the tiles' heads (KV heads if packed)
 
     # Launched as a programmatic dependent of the kernel ahead (jagged.tiles PDL): the
@@ -528,21 +562,25 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
             if not DIRECT:
                 gdc_wait()
             tiles = Tiles(pairs_ptr, _count(count_ptr, DIRECT), cu_q, cu_k, L_q, H, GROUP,
-                          NBLK, win_ptr)
+                          NBLK, win_ptr, _sched(count_ptr, DYNAMIC))
             load(Descs(desc_q, desc_k, desc_v), smem, bars, tiles, HEAD_DIM, BLOCK_M, BLOCK_N,
                  NUM_BUFFERS_Q, NUM_BUFFERS_KV, CAUSAL, BROADCAST_Q, MASK_FIRST, WINDOWS, PACK,
-                 DIRECT)
+                 DIRECT, DYNAMIC)
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=NUM_CONSUMERS):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if not DIRECT:
                 gdc_wait()
             tiles = Tiles(pairs_ptr, _count(count_ptr, DIRECT), cu_q, cu_k, L_q, H, GROUP,
-                          NBLK, win_ptr)
+                          NBLK, win_ptr, _sched(count_ptr, DYNAMIC))
             if cid == NUM_CONSUMERS - 1:  # let consumer 0 issue first
                 _hand_over(cid, NUM_CONSUMERS)
             kv_cnt = 0
             i = 0
-            for t in range(tl.program_id(0), tiles.n_pairs * H, tl.num_programs(0)):
+            n_tiles = tiles.n_pairs * H
+            t = tl.program_id(0)
+            if DYNAMIC:
+                t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0, 0, DYNAMIC)
+            while t < n_tiles:
                 tile = _coords(t, tiles, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS, PACK,
                                DIRECT)
                 scales = Scales(q_descale, k_descale)
@@ -570,23 +608,26 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
                 tlx.fence("async_shared")  # our generic smem writes before the next TMA write
                 tlx.barrier_arrive(bars.q_empty[slot], 1)
                 i += 1
+                t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t,
+                               tl.num_programs(0), i, DYNAMIC)
 
 
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, causal: bool, broadcast_q: bool,
                 fp8: bool = False, windows: bool = False, pack: int = 1,
-                direct: bool = False) -> dict:
+                direct: bool = False, dynamic: bool = False) -> dict:
     """The constexpr arguments of `fwd_kernel` (shared with compile checks); the GQA
     group is a runtime argument, so it costs no extra compile. windows: over row windows
     (with WINDOW_CONFIG); pack: query heads a tile's rows hold (jagged.tiles.gqa_pack);
-    direct: no tile list (jagged.tiles.fwd_direct)."""
+    direct: no tile list (jagged.tiles.fwd_direct); dynamic: tiles from the counter
+    (jagged.tiles.fwd_dynamic)."""
     consumer_regs = min(cfg.consumer_regs, fwd_consumers(cfg.block_m, cfg.producer_regs)[1])
     return dict(FP8=fp8, BROADCAST_Q=broadcast_q, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, NUM_BUFFERS_Q=cfg.num_buffers_q,
                 NUM_BUFFERS_KV=cfg.num_buffers_kv,
                 CAUSAL=causal, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                 OVERLAP=cfg.overlap, MASK_FIRST=cfg.mask_first, WINDOWS=windows, PACK=pack,
-                DIRECT=direct)
+                DIRECT=direct, DYNAMIC=dynamic)
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, descale=None):
@@ -632,8 +673,9 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
-        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct), num_warps=4,
-        num_stages=1, launch_pdl=True)
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct,
+                      fwd_dynamic(bool(causal), bool(broadcast_q), windows, direct)),
+        num_warps=4, num_stages=1, launch_pdl=True)
     return out, lse
 
 

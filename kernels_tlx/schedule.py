@@ -11,8 +11,9 @@ the list in chunks of NBLK pairs, pairs fastest, then heads, so neighbouring pro
 read one head's K/V (chunked by head against heads fastest: llm -3.5 %, causal -12.7 %).
 A persistent program p takes the p-th tile of every round of P tiles, in odd full rounds
 counted from the right (boustrophedon): the program that took a round's longest tile
-takes the next round's shortest, which keeps the per-sequence sawtooth of causal tiles
-balanced.
+takes the next round's shortest. Causal packed lists are taken from a counter instead
+(jagged.tiles.fwd_dynamic, tile_counter.py): the round-robin deals a sequence's sawtooth of
+causal tiles unevenly wherever its period and the program count disagree.
 
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks

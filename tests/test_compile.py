@@ -70,6 +70,32 @@ def test_fwd_hopper_direct_sm90(d, bucket, causal):
     assert rep.ptx.count("griddepcontrol.wait") == consumers, rep.row()
 
 
+@pytest.mark.parametrize("d", [128, 64])
+def test_fwd_hopper_dynamic_sm90(d):
+    """Causal packed lists from the tile counter (jagged.tiles.fwd_dynamic): the two
+    atomics (the counter, the finished programs), the KV step loops as the static build's
+    and spill-free (D = 128 keeps a few spill instructions outside them: the program id
+    and the issue-turn barrier ids across the tasks' register split)."""
+    from harness.sass_steps import parse, step_loops
+    cfg = fh.CONFIGS[(d, "long", True)]
+    rep = compile_kernel(fh.fwd_kernel, fh.signature(cfg, d, "bf16"),
+                         fh.kernel_args(cfg, d, True, False, dynamic=True), arch=90,
+                         num_warps=4, num_stages=1, name=f"fwd dynamic D{d} causal")
+    print(rep.row())
+    assert rep.has_mma and rep.mma == "wgmma" and rep.fits(), rep.row()
+    assert rep.ptx.count("atom.") == 2, rep.row()
+    static = compile_fwd(d, "long", True, False, "bf16")
+    kv_steps = lambda r: [body for body in step_loops(parse(r.sass))
+                          if any(x.op.startswith("HGMMA") for x in body)]
+    # the KV step loops (a copy in each consumer) unchanged; the tile loops take the
+    # handoff
+    lens = [len(body) for body in kv_steps(static)]
+    step_lens = {n for n in lens if lens.count(n) == 2}
+    assert len(step_lens) == 2 and step_lens <= set(map(len, kv_steps(rep))), lens
+    assert not any(x.op.startswith(("LDL", "STL")) for body in kv_steps(rep) for x in body)
+    assert rep.spill_insts <= 16, rep.row()
+
+
 @pytest.mark.parametrize("d,bucket,causal,bq,dt", ci_first(FWD_CONFIGS, FWD_CI))
 def test_fwd_hopper_sm90(d, bucket, causal, bq, dt):
     rep = compile_fwd(d, bucket, causal, bq, dt)

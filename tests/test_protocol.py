@@ -415,6 +415,29 @@ def test_mutations_are_caught(name, model, configs, consumer):
         assert kind == "deadlock" and f"bar.sync cta0.{turn}" in msg
 
 
+COUNTER_MODELS = [("tlx", P.tlx_fwd_hopper, _tlx_configs, "consumer1"),
+                  ("cute", P.cute_fwd_hopper, _cute_configs, "compute1"),
+                  ("cute-v-tiles", partial(P.cute_fwd_hopper, v_tiles=True), _cute_configs,
+                   "convert2")]
+
+
+@pytest.mark.parametrize("name,model,configs,reader", COUNTER_MODELS,
+                         ids=[m[0] for m in COUNTER_MODELS])
+def test_fwd_hopper_counter_handoff(name, model, configs, reader):
+    """Causal packed lists take their tiles from the counter (jagged.tiles.fwd_dynamic):
+    every tile finished once with several programs, and a reader that never frees its
+    handoff slot is caught (the load role's third publish waits forever)."""
+    cfg = configs()[(128, "long", True)]
+    causal = Problem((300, 40, 530, 128), (300, 40, 530, 128), heads=2, causal=True)
+    assert P.check(lambda sim: model(sim, causal, cfg, 3), range(6)) > 0
+    for seed in range(4):
+        with pytest.raises(ProtocolError) as e:
+            P.check(lambda sim: model(sim, causal, cfg, 1), [seed],
+                    mutate=_drop(reader, lambda op: type(op) is Arrive
+                                 and "tile_empty" in op.bar))
+        assert e.value.kind == "deadlock" and "cta0.load: wait cta0.tile_empty[" in str(e.value)
+
+
 # ----------------------------------------------------------------------------- Blackwell
 def _tlx_bw_configs():
     from kernels_tlx.fwd_blackwell import CONFIGS

@@ -1,8 +1,10 @@
 """The forward Hopper kernels' protocols (kernels_tlx/ and kernels_cute/ fwd_hopper.py)."""
 from __future__ import annotations
 
-from .sim import (Arrive, BarArrive, BarSync, kv_rings, load_kv, Mma, MmaWait, Read, ring,
-                  Sim, Tma, Wait, Write)
+from functools import partial
+
+from .sim import (Arrive, BarArrive, BarSync, fetch_tile, kv_rings, load_kv, Mma, MmaWait,
+                  publish_tile, Read, ring, Sim, Take, Tma, Wait, Write)
 from .tiles import consumer_steps, kv_block, Problem, Walk
 
 
@@ -14,23 +16,44 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     empty barriers of one arrival; K and V: num_buffers_kv-deep rings, full barriers of
     one arrival (the producer's expect) plus the TMA bytes, empty barriers of one
     arrival per consumer; the consumers' wgmma issue turns: named barriers 9.. of 256
-    threads (`_hand_over`), the last consumer handing the first turn to consumer 0."""
+    threads (`_hand_over`), the last consumer handing the first turn to consumer 0.
+    Causal packed lists (jagged.tiles.fwd_dynamic): the producer takes each next tile
+    from the counter and hands it to the consumers through the two-slot ring
+    (tile_counter.py), else everyone steps the static round-robin."""
+    from jagged.tiles import fwd_dynamic
     walk = Walk(problem, cfg.block_m, cfg.block_n, programs)
     NC, S, NBQ = cfg.block_m // 64, cfg.num_buffers_kv, cfg.num_buffers_q
+    P, total = walk.programs, walk.total
+    dyn = fwd_dynamic(problem.causal, problem.broadcast_q, False, False)
     Q_BYTES = 64 * head_dim * elem_bytes
     KV_BYTES = cfg.block_n * head_dim * elem_bytes
-    for p, tiles in enumerate(walk.tiles):
+    counter = sim.counter("tile_counter")
+    for p in range(P):
         pre = f"cta{p}."
         q = sim.buffers(pre + "q", NBQ * NC)
         k, v, k_full, k_empty, v_full, v_empty = kv_rings(sim, pre, S, NC)
         q_full = sim.mbarriers(pre + "q_full", NBQ * NC, 1)
         q_empty = sim.mbarriers(pre + "q_empty", NBQ * NC, 1)
         turn = [sim.named_barrier(f"{pre}bar{9 + c}") for c in range(NC)]
+        tile_slot = sim.buffers(pre + "tile", 2)
+        tile_full = sim.mbarriers(pre + "tile_full", 2, 1)
+        tile_empty = sim.mbarriers(pre + "tile_empty", 2, NC)
+        publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
-        def load(tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
-                 k_empty=k_empty, v_full=v_full, v_empty=v_empty):
-            kv_cnt = 0
-            for i, t in enumerate(tiles):
+        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
+            """A consumer's i-th tile after t (its first: i = 0, t its program id)."""
+            if not dyn:
+                return t + P if i else t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
+
+        def load(p=p, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
+                 k_empty=k_empty, v_full=v_full, v_empty=v_empty, publish=publish):
+            kv_cnt = i = 0
+            tid = p
+            if dyn:
+                yield from publish(tid, 0)
+            while tid < total:
+                t = walk.coords(tid)
                 qb, qph = ring(i, NBQ)
                 for c in range(NC):
                     slot = qb * NC + c
@@ -41,9 +64,13 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield from load_kv(k, v, k_full, k_empty, v_full, v_empty, kv_cnt, S,
                                        t.key, kv_block(j, t.n_end, cfg.mask_first), KV_BYTES)
                     kv_cnt += 1
+                i += 1
+                tid = P + (yield Take(counter)) if dyn else tid + P
+                if dyn:
+                    yield from publish(tid, i)
 
-        def consumer(cid, tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
-                     k_full=k_full, k_empty=k_empty, v_full=v_full, v_empty=v_empty, turn=turn):
+        def consumer(cid, p=p, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
+                     k_empty=k_empty, v_full=v_full, v_empty=v_empty, turn=turn, fetch=fetch):
             hand_over = BarArrive(turn[(cid + 1) % NC], 256)
 
             def issue_qk(slot, kv_cnt, tag, pass_turn):               # _issue_qk
@@ -56,8 +83,10 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
 
             if cid == NC - 1:  # let consumer 0 issue first
                 yield hand_over
-            kv_cnt = 0
-            for i, t in enumerate(tiles):
+            kv_cnt = i = 0
+            tid = yield from fetch(p, 0)
+            while tid < total:
+                t = walk.coords(tid)
                 qb, qph = ring(i, NBQ)
                 slot = qb * NC + cid
                 yield Wait(q_full[slot], qph)
@@ -92,6 +121,8 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                 yield Arrive(q_empty[slot], release=(q[slot],))
                 if cid == 0:
                     walk.done.append(t.key)
+                i += 1
+                tid = yield from fetch(tid, i)
 
         sim.role(pre + "load", load())
         for c in range(NC):
@@ -114,15 +145,34 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     warps (`convert<w>`, warp 0 the `load` role) each convert their rows of it (`v8[slot,
     w]` -> `v[slot, w]`) one block behind the copies (`v_to_f16`: the e4m3 tile landed,
     the f16 slot freed, the e4m3 slot released, one arrive a warp on v_full, of four);
-    the consumers read all four parts."""
+    the consumers read all four parts.
+    Causal packed lists (jagged.tiles.fwd_dynamic): the load warp takes each next tile
+    from the counter and hands it over through the two-slot ring (tile_counter.py) to
+    every thread that walks the tiles (the consumers', v_tiles' three other converting
+    warps'), each arriving on the slot's empty barrier."""
+    from jagged.tiles import fwd_dynamic
     walk = Walk(problem, cfg.block_m, cfg.block_n, programs)
     NC, S, NBQ = cfg.block_m // 64, cfg.num_buffers_kv, cfg.num_buffers_q
     W = 4 if v_tiles else 1   # parts of a V slot: the converting warps' rows
     Q_BYTES = cfg.block_m * head_dim * elem_bytes
     KV_BYTES = cfg.block_n * head_dim * elem_bytes
     SCHED = 2
-    for p, tiles in enumerate(walk.tiles):
+    P, total = walk.programs, walk.total
+    dyn = fwd_dynamic(problem.causal, problem.broadcast_q, False, False)
+    counter = sim.counter("tile_counter")
+    for p in range(P):
         pre = f"cta{p}."
+        tile_slot = sim.buffers(pre + "tile", 2)
+        tile_full = sim.mbarriers(pre + "tile_full", 2, 32)
+        tile_empty = sim.mbarriers(pre + "tile_empty", 2, 128 * NC + 32 * (W - 1))
+        publish = partial(publish_tile, tile_slot, tile_full, tile_empty, threads=32)
+
+        def fetch(t, i, threads, tile_slot=tile_slot, tile_full=tile_full,
+                  tile_empty=tile_empty):
+            """A walking role's i-th tile after t (its first: i = 0, t its CTA id)."""
+            if not dyn:
+                return t + P if i else t
+            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i, threads))
         q = sim.buffers(pre + "q", NBQ * NC)   # slot s, warpgroup c's rows: s * NC + c
         k, v, k_full, k_empty, v_full, v_empty = kv_rings(sim, pre, S, NC * 4)
         q_full = sim.mbarriers(pre + "q_full", NBQ, 1)
@@ -151,19 +201,27 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
             yield Arrive(v8_empty[vb], release=(v8[vb * W + w],))
             yield Arrive(v_full[vb])
 
-        def convert(w, tiles=tiles, to_f16=to_f16):
+        def convert(w, p=p, to_f16=to_f16, fetch=fetch):
             """Warp w's conversions, in the order of CuteDSL `load` (fp8_v)."""
-            cnt = 0
-            for t in tiles:
+            cnt = i = 0
+            tid = yield from fetch(p, 0, 32)
+            while tid < total:
+                t = walk.coords(tid)
                 for n in range(1, t.n_end + 1):
                     yield from to_f16(w, cnt, t.key, kv_block(n - 1, t.n_end, cfg.mask_first))
                     cnt += 1
+                i += 1
+                tid = yield from fetch(tid, i, 32)
 
-        def load(tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
+        def load(p=p, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
                  k_empty=k_empty, v_full=v_full, v_empty=v_empty, to_f16=to_f16, v8=v8,
-                 v8_full=v8_full, v8_empty=v8_empty):
-            q_cnt = kv_cnt = 0
-            for t in tiles:
+                 v8_full=v8_full, v8_empty=v8_empty, publish=publish):
+            q_cnt = kv_cnt = i = 0
+            tid = p
+            if dyn:
+                yield from publish(tid, 0)
+            while tid < total:
+                t = walk.coords(tid)
                 s, ph = ring(q_cnt, NBQ)                               # producer_acquire
                 yield Wait(q_empty[s], ph ^ 1)
                 yield Arrive(q_full[s], tx=Q_BYTES)
@@ -193,14 +251,20 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                 if v_tiles and t.n_end > 0:
                     yield from to_f16(0, kv_cnt - 1, t.key,
                                       kv_block(t.n_end - 1, t.n_end, cfg.mask_first))
+                i += 1
+                tid = P + (yield Take(counter)) if dyn else tid + P
+                if dyn:
+                    yield from publish(tid, i)
 
-        def compute(wg, tiles=tiles, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
+        def compute(wg, p=p, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty,
                     k_full=k_full, k_empty=k_empty, v_full=v_full, v_empty=v_empty,
-                    turn=turn, epi=epi, v_parts=v_parts):
+                    turn=turn, epi=epi, v_parts=v_parts, fetch=fetch):
             if wg == 0:  # consumer 0 issues first
                 yield BarArrive(turn[0], 256)
-            q_cnt = kv_cnt = 0
-            for t in tiles:
+            q_cnt = kv_cnt = i = 0
+            tid = yield from fetch(p, 0, 128)
+            while tid < total:
+                t = walk.coords(tid)
                 s, qph = ring(q_cnt, NBQ)
                 qbuf = q[s * NC + wg]
                 qtag = ("Q", t.key, wg)
@@ -239,6 +303,8 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                 q_cnt += 1
                 if wg == 0:
                     walk.done.append(t.key)
+                i += 1
+                tid = yield from fetch(tid, i, 128)
 
         sim.role(pre + "load", load())
         for w in range(1, W):

@@ -1,0 +1,64 @@
+"""The forward's tile counter on the GPU (`pytest -m gpu`): causal packed calls of more
+than one wave take their tiles from a counter that lives with their cached tile list
+(jagged.tiles.fwd_sched), which the kernel's last program zeroes again. So calls on the
+same offsets tensors, one after another, with other heads, and on a second stream, each
+match the oracle (outputs NaN-poisoned by harness.oracle.check)."""
+import dataclasses
+
+import pytest
+import torch
+
+from harness.oracle import check
+from harness.problems import Problem
+
+# more tiles than SMs (a list, not the one-wave direct launch): B5 H8 1500 makes ~300
+PROBLEMS = {
+    "d128-gqa": Problem(batch=5, heads=8, kv_heads=2, head_dim=128, max_seqlen_q=1500,
+                        sparsity=0.5, causal=True, seed=21),
+    "d64": Problem(batch=7, heads=4, kv_heads=4, head_dim=64, max_seqlen_q=2048,
+                   sparsity=0.75, causal=True, dtype="fp16", seed=22),
+}
+
+
+def style_fn(style):
+    from jagged.dispatch import style_available, style_fn
+    ok, why = style_available(style)
+    if not ok:
+        pytest.skip(f"{style}: {why}")
+    return style_fn(style)
+
+
+def _other_heads(p: Problem, inp, heads: int, kv_heads: int):
+    """Fresh inputs with other head counts on `inp`'s offsets tensors (the same list)."""
+    other = dataclasses.replace(p, heads=heads, kv_heads=kv_heads, seed=p.seed + 1)
+    new = other.build("cuda", lengths=(inp.lengths_q, inp.lengths_k))
+    return other, dataclasses.replace(new, cu_seqlens_q=inp.cu_seqlens_q,
+                                      cu_seqlens_k=inp.cu_seqlens_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_counter_calls_on_one_list(style, name):
+    fn = style_fn(style)
+    p = PROBLEMS[name]
+    inp = p.build("cuda")
+    for i in range(3):  # the same list each time: its counter zeroed by the call before
+        rep = check(inp, fn, causal=True, backward=False)
+        assert rep.ok, f"call {i}: {rep.summary()}"
+    p2, inp2 = _other_heads(p, inp, 2 * p.heads, p.kv_heads)  # more tiles, same list
+    rep = check(inp2, fn, causal=True, backward=False)
+    assert rep.ok, f"{p2}: {rep.summary()}"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # another stream: a list (and counter) of its own
+        rep = check(inp, fn, causal=True, backward=False)
+    torch.cuda.current_stream().wait_stream(side)
+    assert rep.ok, f"second stream: {rep.summary()}"
+    from jagged.tiles import _TILE_CACHE, fwd_sched
+    torch.cuda.synchronize()
+    lists = [out for _, _, out in list(_TILE_CACHE.values())  # forward lists: nblk an int
+             if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], int)]
+    assert lists
+    for _, count, _ in lists:  # zeroed again by each launch's last program
+        assert fwd_sched(count)[:2].tolist() == [0, 0]
