@@ -35,6 +35,18 @@ def compile_in_subprocess(tmp_path, script: str, timeout: int):
     return ptx[0] if ptx else None
 
 
+def ptxas_v(path: str):
+    """ptxas -v for sm_90a on a kept PTX file: the finished process (its stderr holds the
+    resource lines and the advisories), or None without ptxas."""
+    import shutil
+    import subprocess
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return None
+    return subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
+                          capture_output=True, text=True, timeout=120)
+
+
 def traced_check(tmp_path, name: str, module_src: str, asserts: str, timeout: int = 300):
     """Plain-Python checks of CuteDSL layouts, run at trace time (the DSL evaluates layout
     algebra inside jit functions only): `module_src` defines FOUND and run() and is written

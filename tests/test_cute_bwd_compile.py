@@ -11,13 +11,11 @@ ranges against jagged's torch references, and the host's launch of either build.
 import math
 import os
 import re
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl, traced_check
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v, traced_check
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -49,11 +47,9 @@ def _ptxas(path):
         from harness.compile_check import _resource_usage
         use = _resource_usage(open(cubin, "rb").read())
         return use["REG"], use["STACK"] + use["LOCAL"] + use["spill_insts"]
-    exe = shutil.which("ptxas")
-    if exe is None:
+    r = ptxas_v(path)
+    if r is None:
         return None
-    r = subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
-                       capture_output=True, text=True, timeout=120)
     regs = re.findall(r"Used (\d+) registers", r.stderr)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
     if r.returncode != 0 or not regs:
@@ -80,11 +76,9 @@ def _no_step_spills(path, res, step_loads=0):
 def _ptxas_advisories(path):
     """ptxas -v lines that say it serialized wgmmas (C7515-C7517: an injected
     warpgroup.wait), or None without ptxas."""
-    exe = shutil.which("ptxas")
-    if exe is None:
+    r = ptxas_v(path)
+    if r is None:
         return None
-    r = subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
-                       capture_output=True, text=True, timeout=120)
     return [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)]
 
 

@@ -7,13 +7,11 @@ every other build with an unused stand-in in its place. On the GPU, the forward 
 run it through the oracle."""
 import os
 import re
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -23,11 +21,9 @@ needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 def _ptxas(path):
     """ptxas -v on the PTX: (spill bytes, the C751x lines that say it serialized wgmmas),
     or None without ptxas."""
-    exe = shutil.which("ptxas")
-    if exe is None:
+    r = ptxas_v(path)
+    if r is None:
         return None
-    r = subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
-                       capture_output=True, text=True, timeout=120)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
     assert r.returncode == 0 and spills, r.stderr[-2000:]
     return (sum(int(a) + int(b) for a, b in spills),
