@@ -89,12 +89,18 @@ def test_matrix(impl, idx):
         dlse = torch.randn(p.heads, inp.dout.shape[0], device="cuda",
                            generator=torch.Generator("cuda").manual_seed(SEED + idx))
     what = f"{impl} {p.label()} lengths={lengths} JAGGED_MATRIX_SEED={SEED}"
-    try:
-        rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                    broadcast_q=p.mode == "broadcast_q", dlse=dlse)
-    except Exception as e:  # name the problem and the seed that replays it
-        raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
+    rep = _checked(what, inp, fn, causal=p.causal, broadcast_q=p.mode == "broadcast_q",
+                   dlse=dlse)
     assert rep.ok, f"{what}\n{rep}"
+
+
+def _checked(what, inp, fn, **kw):
+    """The oracle's report on fn (with its lse); an exception in the call names the
+    problem and the seed that replays it."""
+    try:
+        return check(inp, functools.partial(fn, return_lse=True), **kw)
+    except Exception as e:
+        raise AssertionError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def window_problems():
@@ -141,7 +147,7 @@ def test_windows(impl, idx):
         fh = importlib.import_module(f"kernels_{impl}.fwd_hopper")
         assert fh.takes_windows(n_rows, inp.k.shape[0], batch, inp.max_seqlen_q, False)
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
-    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal)
+    rep = _checked(what, inp, fn, causal=p.causal)
     assert rep.ok, f"{what}\n{rep}"
 
 
@@ -196,8 +202,8 @@ def _check_with_lse(impl, fn, p, inp, broadcast_q):
     fp8 = p.dtype == "fp8"
     dlse = None if fp8 else torch.randn(p.heads, inp.dout.shape[0], device="cuda")
     what = f"{impl} {p.label()} JAGGED_MATRIX_SEED={SEED}"
-    rep = check(inp, functools.partial(fn, return_lse=True), causal=p.causal,
-                broadcast_q=broadcast_q, backward=not fp8, dlse=dlse)
+    rep = _checked(what, inp, fn, causal=p.causal, broadcast_q=broadcast_q,
+                   backward=not fp8, dlse=dlse)
     assert rep.ok, f"{what}\n{rep}"
 
 
