@@ -413,8 +413,11 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
         if check is not None:  # broadcast-Q (L_q given): the key offsets only
             check_offsets_async(None if L_q is not None else cu_q, cu_k, *check)
         return None, batch * nblk, nblk
-    # keyed by the stream too: a list's tile counter serves one forward at a time
-    stream = torch.cuda.current_stream(cu_k.device).cuda_stream if cu_k.is_cuda else 0
+    # a list whose tiles come from its counter is keyed by the stream too: the counter
+    # serves one forward at a time
+    stream = 0
+    if cu_k.is_cuda and fwd_dynamic(causal, L_q is not None, False, False):
+        stream = torch.cuda.current_stream(cu_k.device).cuda_stream
     return per_offsets(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
                        block_n, bool(causal), check, stream)
 

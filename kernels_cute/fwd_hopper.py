@@ -554,7 +554,7 @@ def _kernel_class():
             tile = cute.arch.block_idx()[0]
             i = Int32(0)            # dynamic: the CTA's tiles so far (tile_counter's slots)
             if const_expr(self.dynamic):
-                tile = self.hand_over(tile, i, sched, issuer)
+                tile = self.share_tile(tile, i, sched, issuer)
             while tile < num_tiles:
                 h, hk, m0, seq, n_bulk, n_end, b = self.schedule(tile, sched)[:7]
                 # Q: one (block_m, D) box at row q_start + m0 of head h, into the next of
@@ -600,7 +600,7 @@ def _kernel_class():
                     i += 1
                     if issuer:
                         tile = next_tile(tile, 0, sched.mSched, True)
-                    tile = self.hand_over(tile, i, sched, issuer)
+                    tile = self.share_tile(tile, i, sched, issuer)
                 else:
                     tile += cute.arch.grid_dim()[0]
             if const_expr(self.dynamic):
@@ -608,7 +608,7 @@ def _kernel_class():
                     finish_tiles(sched.mSched)
 
         @cute.jit
-        def hand_over(self, tile: Int32, i: Int32, sched: Sched, issuer):
+        def share_tile(self, tile: Int32, i: Int32, sched: Sched, issuer):
             """dynamic, the load warpgroup: the load warp (issuer) publishes its CTA's i-th
             tile; fp8_v's other converting warps fetch it, as the consumers do."""
             if issuer:
