@@ -34,6 +34,11 @@ def interpreter_bounds():
     from triton.runtime import interpreter as I
     state = {"fn": "?", "spans": np.zeros((0, 2), np.uint64)}
     b, grid = I.InterpreterBuilder, I.GridExecutor
+    hooks = ("create_masked_load", "create_masked_store", "create_atomic_rmw",
+             "create_atomic_cas")
+    if not hasattr(grid, "_init_args_hst") or not all(hasattr(b, h) for h in hooks):
+        yield  # another interpreter: unchecked (test_portable's stray-load test fails)
+        return
     saved = (grid._init_args_hst, b.create_masked_load, b.create_masked_store,
              b.create_atomic_rmw, b.create_atomic_cas)
     init0, load0, store0, rmw0, cas0 = saved
