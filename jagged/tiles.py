@@ -529,11 +529,20 @@ def pairs_per_sequence(max_q: int, block_m: int) -> int:
 WINDOW_MEAN_FRACTION = 0.5
 
 
-def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool) -> bool:
-    """Whether a forward takes row windows: packed queries (not broadcast-Q) whose mean
-    length (rows / batch: no sync) is at most WINDOW_MEAN_FRACTION of a block."""
+# the Hopper backwards run over key windows up to a mean of a whole 128-key tile: a window
+# of sequences of at most a tile of keys owns them and stores their dQ whole, where a tile
+# list's tiles reduce-add every row into the fp32 accumulator, which the preprocess zeroes
+# and the postprocess converts
+BWD_WINDOW_MEAN_FRACTION = 1.0
+
+
+def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: bool,
+             fraction: float = WINDOW_MEAN_FRACTION) -> bool:
+    """Whether a pass takes windows: packed rows (not broadcast-Q) whose mean length (rows
+    / batch: no sync) is at most `fraction` of a block (the forwards' row windows at
+    WINDOW_MEAN_FRACTION, the backwards' key windows at BWD_WINDOW_MEAN_FRACTION)."""
     return (not broadcast_q and batch > 1 and max_q > 1
-            and n_rows <= WINDOW_MEAN_FRACTION * block_m * batch)
+            and n_rows <= fraction * block_m * batch)
 
 
 @triton.jit
@@ -579,21 +588,22 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
     sequence c0 + i, lane n the run's end: lane i finds next(i), the first sequence that
     would take a group from i past BLOCK_M rows (a binary search; i + 1 at least); the
     groups are the chain 0, next(0), next(next(0)), ..., which pointer doubling puts in
-    the lanes (lane i < n: next^i(0), n past the last group). The tables are read with
-    tl.gather (shared memory). Stored as windows from window n_live on -> the windows
-    stored so far."""
+    the lanes (lane i < n: next^i(0), n past the last group). The search reads the
+    offsets again from global memory (L1 hits after the loads above, no barrier: a
+    tl.gather of a lane table takes shared-memory round trips behind barriers, 14 a round
+    at 2048 lanes in sm_90a SASS); the doubling's tables, new each round, go through
+    tl.gather. Stored as windows from window n_live on -> the windows stored so far."""
     i = tl.arange(0, SEQS)
     n = tl.minimum(B - c0, SEQS - 1)
     real = i < n
-    starts = tl.load(cu + c0 + i, mask=i <= n, other=0)            # cu[c0 + i]
-    ends = tl.load(cu + c0 + i + 1, mask=real, other=2147483647)   # cu[c0 + i + 1]
-    target = starts + BLOCK_M
+    target = tl.load(cu + c0 + i, mask=i <= n, other=0) + BLOCK_M   # cu[c0 + i] + BLOCK_M
     lo = i
     hi = tl.zeros_like(i) + n
     for _ in range(0, ROUNDS):  # sequences before i end by cu[i]: the answer is >= i
         mid = (lo + hi) // 2
         open_ = lo < hi
-        fits = tl.gather(ends, tl.minimum(mid, SEQS - 1), 0) <= target
+        # the end of sequence c0 + mid (mid < n), cu[c0 + mid + 1]
+        fits = tl.load(cu + c0 + mid + 1, mask=open_ & (mid < n), other=2147483647) <= target
         lo = tl.where(open_ & fits, mid + 1, lo)
         hi = tl.where(open_ & ~fits, mid, hi)
     nxt = tl.where(real, tl.maximum(lo, i + 1), n)
@@ -603,10 +613,11 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
         first = tl.where(((i >> r) & 1) == 1, tl.gather(jump, first, 0), first)
         jump = tl.gather(jump, jump, 0)
     t = tl.gather(nxt, first, 0)
-    start = tl.gather(starts, first, 0)
     # lanes from n on hold no group (at most n of them), nor next^i(0) (i >= 2^ROUNDS)
     head = real & (first < n)
-    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.gather(starts, t, 0) - start, BLOCK_M), 1), 0)
+    start = tl.load(cu + c0 + first, mask=head, other=0)           # first, t <= n
+    n_w = tl.where(head, tl.maximum(tl.cdiv(tl.load(cu + c0 + t, mask=head, other=0) - start,
+                                            BLOCK_M), 1), 0)
     base = n_live + tl.cumsum(n_w, 0) - n_w
     for j in range(0, SPAN):
         w = base + j
@@ -826,10 +837,11 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     return tile_b, tile_n, n_tiles
 
 
-def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
+def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=None):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
-    Packed modes: one [Nq, H, D] buffer (the preprocess zeroes it), one program per SM.
+    Packed modes: one [rows, H, D] buffer (rows: Nq, or `flat_rows` of a block-padded
+    one; the preprocess zeroes it), one program per SM.
     Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
     programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
     the postprocess sums the slots.
@@ -838,7 +850,7 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
     4 + 2p + 2) program p's two-slot tile handoff."""
     if not broadcast_q:
-        shape, make, grid = (Nq, H, D), torch.empty, n_sms
+        shape, make, grid = (Nq if rows is None else rows, H, D), torch.empty, n_sms
     else:
         programs = max(1, n_sms // H_kv)  # a KV head's
         shape = (dq_slots(programs, L_q * H * D * 4, n_k), L_q, H, D)
@@ -846,6 +858,34 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k):
     n = math.prod(shape)
     buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
+
+
+# takes_flat. A block-padded dQ accumulator pads each sequence to whole steps (on average
+# half a step: 6-8 % more accumulator rows at a mean of 512 rows) for 16-byte stores of
+# the step's dQ partial in its accumulator's register order (CuteDSL's 80-row step: 40
+# STS.32 a thread -> 10 STS.128; TLX's 64-row step: 32 -> 8).
+FLAT_MEAN_Q = 512
+
+
+def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
+    """Whether a backward's dQ partials go to a block-padded accumulator (both styles'
+    dq_flat): packed sequences of at least FLAT_MEAN_Q query rows on average (key windows
+    never: their builds keep the row accumulator)."""
+    return not broadcast_q and mean_q >= FLAT_MEAN_Q
+
+
+def flat_block(q_start, b, m_lo, block_m: int):
+    """A block-padded dQ accumulator's block (CuteDSL's Config.dq_flat) of the Q block of
+    sequence b (first row q_start) that starts m_lo rows in (a multiple of block_m): the
+    sequence's blocks start at (q_start + b block_m) // block_m, whole blocks past the one
+    before, so no two sequences share one. Plain arithmetic: host ints or traced."""
+    return (q_start + b * block_m) // block_m + m_lo // block_m
+
+
+def flat_rows(n_q: int, batch: int, block_m: int) -> int:
+    """Rows of a block-padded dQ accumulator (`flat_block`): every block of a call with
+    n_q query rows over `batch` sequences is below n_q // block_m + batch."""
+    return (n_q // block_m + batch) * block_m
 
 
 def slot_count(dq_acc: torch.Tensor, broadcast_q: bool) -> int:
@@ -866,8 +906,9 @@ def dq_slots(programs: int, slot_bytes: int, n_k: int) -> int:
 # steps) ~4.8 steps, fuzz B2 H8/2 D64 16384 / 0.9 (128 rows) ~2.7
 BWD_TILE_STEPS = 1.0
 BWD_PART_ROWS = 300.0
-# and a split call's own, in steps: the zeroing and conversion launches (~3-4 us; fuzz
-# cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step, split in two: +8 / +10 %)
+# and a split call's own, in steps: zeroing and converting the accumulators (~3-4 us as
+# launches of their own; fuzz cross B8 H1/1 D128 8192 / 128 causal, 8 tiles of one step,
+# split in two: +8 / +10 %; folded into the pre- and postprocess: to measure)
 BWD_SPLIT_CALL_STEPS = 3.0
 BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorter
 BWD_MAX_PARTS = 8     # one build per P (1, 2, 4, 8)
@@ -923,6 +964,18 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     return parts
 
 
+def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_n: int,
+                 programs: int) -> int:
+    """`bwd_parts` for a backward over key windows (`windows` over the keys, both styles):
+    its windows taken as cdiv(n_k, block_n) sequences of block_n keys, every query row of
+    a window walked (no causal cut). A call of a few windows, each walking a GQA group's
+    heads over its rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443
+    tokens, 8 parts); the short-sequence cells' hundreds of windows stay whole."""
+    windows = max(1, -(-n_k // block_n))
+    return bwd_parts(n_q, n_k, windows, h_kv, group, False, False, block_m, block_n,
+                     programs)
+
+
 def grad_buffers(q: torch.Tensor, k: torch.Tensor):
     """(dq, dk, dv), uninitialized, in q's and k's shapes and dtypes (dk, dv contiguous):
     three allocations, as a custom op's outputs may not alias one another (torch.compile
@@ -933,12 +986,13 @@ def grad_buffers(q: torch.Tensor, k: torch.Tensor):
 
 
 def dkv_accumulator(k: torch.Tensor, parts: int) -> torch.Tensor | None:
-    """Tiles split over `parts` programs (bwd_parts > 1): zeroed fp32 dK / dV accumulators,
-    [2, Nk, H_kv, D] (dK then dV), that the parts add into and the postprocess converts;
-    None otherwise."""
+    """Tiles split over `parts` programs (bwd_parts > 1): fp32 dK / dV accumulators,
+    [2, Nk, H_kv, D] (dK then dV), uninitialized: the preprocess zeroes them, the parts
+    add into them and the postprocess converts them, no launch of their own; None
+    otherwise."""
     if parts == 1:
         return None
-    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+    return torch.empty((2, *k.shape), dtype=torch.float32, device=k.device)
 
 
 def bwd_dependent(broadcast_q: bool) -> bool:

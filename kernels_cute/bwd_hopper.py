@@ -50,8 +50,18 @@ and its load task reduces 64 x 64 boxes.
     part adds its dK / dV in fp32 into zeroed accumulators (`store_add`: from registers,
     red.global.add.v2.f32; TLX stages them through V smem for 16-byte adds).
 (c) `Postprocess` (`_bwd_postprocess`): dQ = scale * sum over slots of the fp32
-    accumulator, cast to the input dtype; split tiles: then dK / dV from their
-    accumulators (host.backward).
+    accumulator, cast to the input dtype; split tiles: dK / dV from their accumulators
+    too, each into its own gradient, in the same launch (the preprocess zeroed them;
+    host.backward).
+Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat) hand dQ over as FA4 does: each
+compute warpgroup stores its partial in the wgmma accumulator's register order into a
+buffer of its own (16-byte stores, barriers 6 + w / 8 + w), and reduce_dq adds it with one
+1-D bulk add (cp.reduce.async.bulk .add.f32) into a block-padded accumulator: Q block j
+of sequence b is block jagged.tiles.flat_block, bm x D floats a (block, query head).
+`PostprocessFlat` reads a block's fragments back through the same wgmma partition and
+stores its rows up to the sequence's end. The padding is half a step a sequence on
+average, hence the threshold. Key windows never take it (check_config): a window's Q
+blocks run across its sequences, which no flat_block holds, and owned windows store dQ.
 In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
@@ -77,18 +87,20 @@ causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) tri
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
 reach past the sequence but add exact zeros there; TMA clips past the tensor).
 
-Key windows (`takes_windows`: short packed keys, mean length at most half a tile; the
-`window_config` build): a tile is a window of whole sequences of at most BLOCK_N packed
-key columns together, or a BLOCK_N-key block of a longer one (jagged.tiles.windows over
-the key offsets, schedule.kv_window_coords), dealt round-robin over windows x KV heads
-(never from the counter, causal or not). Its Q blocks run over every query row of its
-sequences, from its first sequence's first row; each key column meets only its own
-sequence's rows (`col_ranges`, once a tile) and every step masks P^T to them
-(`window_keep`: one unsigned compare); dK / dV go to the window's real columns. A window
-of whole sequences holds every key its rows meet, so its steps' dQ is whole: `compute`
-stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
-`PostRows` converts only the rows of the longer sequences, whose blocks reduce-add their
-partials as above. Not for broadcast-Q.
+Key windows (`takes_windows`: short packed keys, mean length at most a tile,
+jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a window of
+whole sequences of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of
+a longer one (jagged.tiles.windows over the key offsets, schedule.kv_window_coords),
+dealt round-robin over windows x KV heads (never from the counter, causal or not). Its Q
+blocks run over every query row of its sequences, from its first sequence's first row;
+each key column meets only its own sequence's rows (`col_ranges`, once a tile) and every
+step masks P^T to them (`window_keep`: one unsigned compare); dK / dV go to the window's
+real columns. A window of whole sequences holds every key its rows meet, so its steps' dQ
+is whole: `compute` stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the
+preprocess zeroes and `PostRows` converts only the rows of the longer sequences, whose
+blocks reduce-add their partials as above. A call of a few windows
+(jagged.tiles.window_parts > 1) shares each window's steps over CTAs as split tiles do
+(`store_add`; a step's dQ stays its own). Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.
@@ -99,8 +111,9 @@ from functools import partial
 from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import (bwd_dependent, bwd_dynamic, bwd_mean_q, bwd_mid, bwd_parts,
-                          dkv_accumulator, kv_tiles, window_tiles, windowed)
+from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, bwd_dependent, bwd_dynamic, bwd_mean_q,
+                          bwd_mid, bwd_parts, flat_block, kv_tiles, takes_flat, window_parts,
+                          window_tiles, windowed)
 
 from . import host
 
@@ -115,11 +128,20 @@ PDS_BARRIER = 1         # compute warpgroups: dS^T in smem written / free again
 DQ_FULL_BARRIER = 2     # compute -> reduce_dq: the dQ partial is in smem
 DQ_EMPTY_BARRIER = 3    # reduce_dq -> compute: the smem dQ buffer may be overwritten
 DQ_BARRIER_THREADS = 128 * NUM_MMA_WG + 32
+DQ_FULL_WG = 6          # Config.dq_flat: + warpgroup (6, 7), compute -> reduce_dq, and
+DQ_EMPTY_WG = 8         # + warpgroup (8, 9), reduce_dq -> compute, a warpgroup's buffer
+DQ_WG_THREADS = 128 + 32
 STORE_BARRIER = 4       # + warpgroup (4, 5): a warpgroup's sV half written / read
 PRE_THREADS = 128       # preprocess: D / PRE_VEC threads per (token, head) row
 PRE_VEC = 8
+PRE_GROUPS = 2          # preprocess: row groups a delta CTA (16 rows at D = 128, 32 at
+                        # D = 64: TLX's ROWS), their loads issued before any sum
 POST_THREADS = 128      # postprocess: 8 elements per thread
 POST_VEC = 8
+# Key windows: the accumulator rows of sequences longer than a window are zeroed, and
+# converted, by CTAs of WIN_TOK tokens, one search a token for its sequence (TLX's
+# WIN_TOK). A search a thread of a row's vector left both passes latency-bound.
+WIN_TOK = 32
 DQ_WIDE = 32            # fp32 columns of a dQ reduce box (128 B, the swizzle span)
 
 
@@ -133,6 +155,13 @@ class Config:
                                 # (compute_step_128; not for broadcast-Q)
     dq_t: bool = False   # dQ^T = K^T dS^T, the head dim as M (D = 128: a warpgroup's 64
                          # columns): the form of a step whose rows are no multiple of 64
+    ds_stages: int = 1     # dS^T buffers: 2 (one a Q stage) leave one of the step's two
+                           # dS^T barriers (the buffer free again) out
+    dq_flat: bool = False  # each warpgroup's dQ partial in a buffer of its own, in its
+                           # accumulator's register order (16-byte stores), reduce-added
+                           # by 1-D bulk adds into a block-padded accumulator
+                           # (jagged.tiles.takes_flat; PostprocessFlat restores
+                           # the rows)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -147,12 +176,14 @@ class Config:
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem); "plain": 80 rows
 #     (takes_plain), against 64, one run, FA4 in it: llm B8 H16 8192 -3.7 % (replayed
 #     -1.2 %), B4 H32/8 4096 -3.6 % (-3.1 %); gem-jagged 1024 / 0.9 -3.0 %, 2048 / 0.9
-#     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %.
+#     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %. Its two dS^T
+#     stages (one dS^T barrier a step, as FA4's two PdS stages; 227 KB, the limit) are
+#     compiled, not measured; at 64 rows they lost (PERF, Tried and lost: `dsdbl`).
 CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
     (128, "long"): Config(block_m=64, kv_stages=1),
-    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True),
+    (128, "plain"): Config(block_m=80, kv_stages=1, dq_t=True, ds_stages=2),
 }
 
 
@@ -186,7 +217,13 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
     if (bucket == "long" and not causal and not broadcast_q and (head_dim, "plain") in CONFIGS
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
-    cfg = CONFIGS[(head_dim, bucket)]
+    cfg = _split(CONFIGS[(head_dim, bucket)], split)
+    return replace(cfg, dq_flat=True) if takes_flat(mean_q, broadcast_q) else cfg
+
+
+def _split(cfg: Config, split: bool) -> Config:
+    """A build whose tiles are split over CTAs ends in fp32 adds: with them, ptxas
+    serializes the wgmmas of FA4's dot order (pick_config), so it takes the other."""
     return replace(cfg, sdp_together=False) if split and cfg.sdp_together else cfg
 
 
@@ -201,17 +238,18 @@ def takes_plain(head_dim: int, mean_q: float, max_q: int = 0) -> bool:
     return mean_q >= PLAIN_MEAN_Q
 
 
-def window_config(head_dim: int) -> Config:
+def window_config(head_dim: int, split: bool = False) -> Config:
     """Key windows: the head dim's long-sequence step (D = 64: 128 rows, two K/V
-    stages; D = 128: 64 rows, one stage), its tiles key windows."""
-    return replace(CONFIGS[(head_dim, "long")], windows=True)
+    stages; D = 128: 64 rows, one stage), its tiles key windows; split (window_parts >
+    1): its dots one after another, as pick_config's."""
+    return _split(replace(CONFIGS[(head_dim, "long")], windows=True), split)
 
 
 def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> bool:
     """Whether a call's main kernel runs on key windows (jagged.tiles.windowed over the
     keys: short packed keys, decided on the host without a sync); broadcast-Q never
     does."""
-    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q)
+    return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q, BWD_WINDOW_MEAN_FRACTION)
 
 
 def check_config(head_dim: int, cfg: Config) -> None:
@@ -227,6 +265,10 @@ def check_config(head_dim: int, cfg: Config) -> None:
         raise ValueError(f"block_m = {cfg.block_m} takes dq_t (wgmma's M is 64 a warpgroup)")
     if cfg.sdp_together and cfg.block_m != 128:
         raise ValueError(f"sdp_together is a 128-row step's order (block_m = {cfg.block_m})")
+    if cfg.dq_flat and cfg.windows:
+        raise ValueError("dq_flat: whole sequences' Q blocks (not key windows)")
+    if cfg.ds_stages not in (1, 2) or Q_STAGES % cfg.ds_stages:
+        raise ValueError(f"ds_stages = {cfg.ds_stages}: 1 or 2 (a Q stage's)")
     if cfg.kv_stages not in (1, 2):
         raise ValueError(f"kv_stages = {cfg.kv_stages}: 1 or 2")
     if smem_bytes(head_dim, cfg) > SMEM_LIMIT[90]:
@@ -238,9 +280,10 @@ def smem_bytes(head_dim: int, cfg: Config) -> int:
     """Bytes of the main kernel's SharedStorage for 16-bit inputs (the mbarriers, padded
     to sK's 1 KB alignment, then the tiles; sLD last). BwdMain asserts it equals the
     struct's size at trace time. D = 64, 128 rows: 195 KB (one K/V stage: 163 KB);
-    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT); 80 rows: 207 KB."""
+    D = 128, 64 rows: 178 KB (two K/V stages: 242 KB, over SMEM_LIMIT); 80 rows: 207 KB,
+    with two dS^T stages 227 KB (SMEM_LIMIT exactly)."""
     D, ks, bm = head_dim, cfg.kv_stages, cfg.block_m
-    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + BLOCK_N * bm)
+    n = 1024 + 2 * (2 * ks * BLOCK_N * D + 2 * Q_STAGES * bm * D + cfg.ds_stages * BLOCK_N * bm)
     n += 4 * bm * D                                        # sdQ, fp32
     n += 4 * math.prod(ld_shape(bm))                       # sLD
     return -(-n // 1024) * 1024                            # the struct's 1 KB alignment
@@ -298,6 +341,22 @@ def dq_smem_layout(D: int, bm: int):
     return cute.tile_to_shape(atom, (bm, D), (0, 1))
 
 
+def dq_mma(dt, D: int, bm: int, dq_t: bool):
+    """The dQ wgmma (its C partition is the partial's layout, which PostprocessFlat reads
+    back). dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
+    64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
+    dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A = K^T,
+    B = dS (both MN-major)."""
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import warpgroup
+    split = (NUM_MMA_WG, 1, 1) if bm == 128 or dq_t else (1, NUM_MMA_WG, 1)
+    tiler = (64, bm) if dq_t else (64, D) if bm == 128 else (64, D // NUM_MMA_WG)
+    return sm90.make_trivial_tiled_mma(
+        dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
+        atom_layout_mnk=split, tiler_mn=tiler)
+
+
 def dq_store_view(layout):
     """The compute threads' view of `dq_smem_layout`: the swizzle in elements (static
     offsets: 4 live STS.64 bases a thread, one per 8-column group of a block; blocks and
@@ -340,6 +399,7 @@ class Smem(NamedTuple):
     sdS: Any             # dS^T (keys, queries)
     sdQ: Any             # the fp32 dQ partial as the TMA reduce reads it
     sdQst: Any           # the same bytes as the compute threads write them
+    sdQflat: Any         # Config.dq_flat: the same bytes, a warpgroup's buffer a column
     sVst: Any            # sV with the swizzle in the layout: `store`'s 16-byte reads
     sLD: Any             # lse*log2e and delta of each Q stage's rows
 
@@ -388,8 +448,9 @@ def _kernel_classes():
     from cutlass.cute.nvgpu import cpasync, warpgroup
     from cutlass.utils import LayoutEnum
 
-    from .fragments import (acc_as_operand_a, acc_rows_cols, element_swizzled, head_tile,
-                            red_add_v2, replaced, store_rows, tma_tiles, wgmma)
+    from .fragments import (acc_as_operand_a, acc_rows_cols, aligned, bulk_reduce_add_f32,
+                            element_swizzled, flat_copy, head_tile, red_add_v2, replaced,
+                            store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, part_steps, tile_range
     from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, sequence_of_step
     from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -416,63 +477,106 @@ def _kernel_classes():
     # ================================================================================
     # role: compute
     class Preprocess:
-        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0):
+        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
+                     zero_dkv: bool = False):
             self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
+            self.zero_dkv = zero_dkv
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                      mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
-                     mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
-                     rounds: Int32, stream):
-            rows_per_cta = PRE_THREADS // (self.D // PRE_VEC)
-            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, mCuQ, mCuK, B,
-                        rounds).launch(
-                grid=[(n_rows + rows_per_cta - 1) // rows_per_cta, 1, 1],
-                block=[PRE_THREADS, 1, 1], stream=stream)
+                     n_dq_rows: Int32, mCuQ: Optional[cute.Tensor],
+                     mCuK: Optional[cute.Tensor], B: Int32, rounds: Int32,
+                     mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32, stream):
+            rows_per_cta = PRE_GROUPS * PRE_THREADS // (self.D // PRE_VEC)
+            n_ctas = (n_rows + rows_per_cta - 1) // rows_per_cta
+            if const_expr(self.long_k > 0):
+                n_ctas += (n_rows // H + WIN_TOK - 1) // WIN_TOK
+            self.kernel(mO, mdO, mDelta, mdQacc, mSched, n_rows, H, n_dq_rows, mCuQ, mCuK,
+                        B, rounds, mdKVacc, n_kv_rows).launch(
+                grid=[n_ctas, 1, 1], block=[PRE_THREADS, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
                    mdQacc: cute.Tensor, mSched: cute.Tensor, n_rows: Int32, H: Int32,
-                   mCuQ: Optional[cute.Tensor], mCuK: Optional[cute.Tensor], B: Int32,
-                   rounds: Int32):
-            """Rows are (token, head) pairs, token-major ([Nq * H, D]); D / PRE_VEC
-            neighbouring threads share a row (16-byte loads, coalesced) and sum their
-            partial dot products with shuffles. zero_dq (packed modes) also zeroes the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator); long_k (key windows)
+                   n_dq_rows: Int32, mCuQ: Optional[cute.Tensor],
+                   mCuK: Optional[cute.Tensor], B: Int32, rounds: Int32,
+                   mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32):
+            """Rows are (token, head) pairs, token-major ([Nq * H, D]); in the delta
+            CTAs D / PRE_VEC neighbouring threads share a row (16-byte loads, coalesced)
+            and sum their partial dot products with shuffles. zero_dq (packed modes) also
+            zeroes the accumulator's n_dq_rows rows of D (a row a thread group, those past
+            n_rows of a block-padded one, Config.dq_flat, as grid-stride shares) and the
+            tile counter mSched[0] (jagged.tiles.dq_accumulator). long_k (key windows):
             only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
-            sequences, rounds >= bit_length(B)). The main kernel queued behind may launch
-            at once: it waits for these writes itself."""
+            sequences, rounds >= bit_length(B)), by CTAs of WIN_TOK tokens after the delta
+            ones in the grid, PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
+            nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
+            fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
+            (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
+            behind may launch at once: it waits for these writes itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]
-            r = cute.arch.block_idx()[0] * (PRE_THREADS // tpr) + tidx // tpr
+            bid = cute.arch.block_idx()[0]
+            r = bid * (PRE_THREADS // tpr) + tidx // tpr
             chunk = tidx % tpr
-            rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-            rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
-            rO.fill(0.0)
-            rdO.fill(0.0)
-            if r < n_rows:
-                cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (r, chunk)), rO)
-                cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (r, chunk)), rdO)
-            part = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(
-                cute.ReductionOp.ADD, Float32(0.0), 0)
-            # every lane shuffles (rows past the end add zeros), then the guard
-            total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
-            if r < n_rows:
-                if chunk == 0:
-                    mDelta[r % H, r // H] = total
-                if const_expr(self.zero_dq):
-                    zero = True
-                    if const_expr(self.long_k > 0):
-                        zero = accumulated(mCuQ, mCuK, B, rounds, r // H, self.long_k)
-                    if zero:
-                        rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
-                        rA.fill(0.0)
-                        cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
-                                                              (r, chunk)))
+            if const_expr(self.zero_dkv):
+                rZ = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rZ.fill(0.0)
+                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+                for rk in cutlass.range(r, n_kv_rows, grid_rows, unroll=1):
+                    cute.autovec_copy(rZ, cute.local_tile(mdKVacc, (1, PRE_VEC), (rk, chunk)))
+            per_group = PRE_THREADS // tpr                 # rows a group
+            n_delta = (n_rows + PRE_GROUPS * per_group - 1) // (PRE_GROUPS * per_group)
+            if bid < n_delta:
+                rows, rOs, rdOs = [], [], []
+                for g in cutlass.range_constexpr(PRE_GROUPS):  # the loads first
+                    rg = (bid * PRE_GROUPS + g) * per_group + tidx // tpr
+                    rO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rdO = cute.make_rmem_tensor((1, PRE_VEC), self.dtype)
+                    rO.fill(0.0)
+                    rdO.fill(0.0)
+                    if rg < n_rows:
+                        cute.autovec_copy(cute.local_tile(mO, (1, PRE_VEC), (rg, chunk)), rO)
+                        cute.autovec_copy(cute.local_tile(mdO, (1, PRE_VEC), (rg, chunk)),
+                                          rdO)
+                    rows.append(rg)
+                    rOs.append(rO)
+                    rdOs.append(rdO)
+                for g in cutlass.range_constexpr(PRE_GROUPS):
+                    rg = rows[g]
+                    part = (rOs[g].load().to(Float32) * rdOs[g].load().to(Float32)).reduce(
+                        cute.ReductionOp.ADD, Float32(0.0), 0)
+                    # every lane shuffles (rows past the end add zeros), then the guard
+                    total = cute.arch.warp_reduction_sum(part, threads_in_group=tpr)
+                    if rg < n_rows:
+                        if chunk == 0:
+                            mDelta[rg % H, rg // H] = total
+                        if const_expr(self.zero_dq and self.long_k == 0):
+                            rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rA.fill(0.0)
+                            cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
+                                                                  (rg, chunk)))
+            if const_expr(self.long_k > 0):
+                if bid >= n_delta:  # a CTA of WIN_TOK tokens, all their rows
+                    tpt = PRE_THREADS // WIN_TOK            # threads a token
+                    tok = (bid - n_delta) * WIN_TOK + tidx // tpt
+                    if tok < n_rows // H:
+                        if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k):
+                            rZq = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rZq.fill(0.0)
+                            for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
+                                cute.autovec_copy(rZq, cute.local_tile(
+                                    mdQacc, (1, PRE_VEC), (tok * H + v // tpr, v % tpr)))
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
+                rT = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rT.fill(0.0)
+                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+                for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
+                    cute.autovec_copy(rT, cute.local_tile(mdQacc, (1, PRE_VEC), (rt, chunk)))
 
     # ================================================================================
     # (b) main kernel, one method per role
@@ -481,7 +585,7 @@ def _kernel_classes():
         def __init__(self, dtype, head_dim: int, causal: bool, broadcast_q: bool,
                      cfg: Config, dynamic: bool = False, parts: int = 1):
             check_config(head_dim, cfg)
-            assert parts == 1 or not (broadcast_q or cfg.windows)
+            assert parts == 1 or not broadcast_q
             self.parts = parts      # CTAs a tile; > 1: mdK / mdV are fp32 accumulators
             self.dtype, self.D = dtype, head_dim
             self.causal, self.broadcast_q = causal, broadcast_q
@@ -493,6 +597,8 @@ def _kernel_classes():
             self.bm = cfg.block_m                             # query rows a step
             self.sdp_together = sdp_together(cfg, broadcast_q)
             self.dq_t = cfg.dq_t                              # dQ^T, the head dim as M
+            self.dq_flat = cfg.dq_flat                        # block-padded dQ partials
+            assert not (self.dq_flat and broadcast_q)
             self.ld_rows = ld_rows(self.bm)                   # lse / delta rows a load lane
 
         # ------------------------------------------------------------------ host side
@@ -531,8 +637,12 @@ def _kernel_classes():
             QS = Q_STAGES
             sQ_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
             sdO_layout = cute.tile_to_shape(atom_D, (self.bm, D, QS), (0, 1, 2))
-            # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order)
+            # dS^T: (keys, queries), queries contiguous (the accumulator's row-major order);
+            # ds_stages 2: a stage mode, a Q stage's
             sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm), (0, 1))
+            if const_expr(self.cfg.ds_stages > 1):
+                sdS_layout = cute.tile_to_shape(atom_M, (BLOCK_N, self.bm, self.cfg.ds_stages),
+                                                (0, 1, 2))
             # dQ partial, fp32 (bm, D): the TMA reduce boxes (dq_smem_layout)
             sdQ_layout = dq_smem_layout(D, self.bm)
 
@@ -547,16 +657,8 @@ def _kernel_classes():
                 dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(NUM_MMA_WG, 1, 1), tiler_mn=(64, D),
                 a_source=warpgroup.OperandSource.RMEM)
-            # dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
-            # 64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
-            # dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A =
-            # K^T, B = dS (both MN-major)
-            dq_split = (NUM_MMA_WG, 1, 1) if self.bm == 128 or self.dq_t else (1, NUM_MMA_WG, 1)
-            dq_tiler = ((64, self.bm) if self.dq_t else
-                        (64, D) if self.bm == 128 else (64, D // NUM_MMA_WG))
-            tiled_mma_dq = sm90.make_trivial_tiled_mma(
-                dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=dq_split, tiler_mn=dq_tiler)
+            # dQ = dS K (dq_mma)
+            tiled_mma_dq = dq_mma(dt, D, self.bm, self.dq_t)
 
             # TMA atoms: K, V, Q, dO loads; the dQ reduce-add
             g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -589,7 +691,8 @@ def _kernel_classes():
             assert SharedStorage.size_in_bytes() == smem_bytes(D, self.cfg), \
                 (SharedStorage.size_in_bytes(), smem_bytes(D, self.cfg))
             self.kernel(
-                tma_Q, tma_K, tma_V, tma_dO, tma_dQ, mLSE, mDelta, mdK, mdV,
+                tma_Q, tma_K, tma_V, tma_dO, mdQacc if self.dq_flat else tma_dQ, mLSE,
+                mDelta, mdK, mdV,
                 mCuQ, mCuK, mTileB, mTileN, mNTiles, mSched,
                 tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_dQ,
                 scale, L_q, n_slots, group,
@@ -659,6 +762,8 @@ def _kernel_classes():
                 sdS=storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
                 sdQ=storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner),
                 sdQst=storage.sdQ.get_tensor(dq_store_view(sdQ_layout)),
+                sdQflat=storage.sdQ.get_tensor(
+                    cute.make_layout((self.bm * self.D // NUM_MMA_WG, NUM_MMA_WG))),
                 sVst=storage.sV.get_tensor(element_swizzled(sV_layout, self.dtype)),
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
@@ -678,7 +783,7 @@ def _kernel_classes():
                               (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO),
                               pipeline_kv, pipeline_q, sched)
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, s.sdQ, tma_atom_dQ, sched)
+                    self.reduce_dq(mdQacc, s, tma_atom_dQ, sched)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGS)
                 tidx = cute.arch.thread_idx()[0] - 128
@@ -705,7 +810,7 @@ def _kernel_classes():
             """Tile t -> where it lives (schedule.kv_tile_coords); key windows:
             schedule.kv_window_coords, which also gives the window's last sequence."""
             if const_expr(self.windows):
-                return kv_window_coords(t, sched, self.bm, BLOCK_N)
+                return kv_window_coords(t, sched, self.bm, BLOCK_N, self.causal)
             return kv_tile_coords(t, pinned, sched, self.bm, BLOCK_N, self.causal,
                                   self.broadcast_q)
 
@@ -840,6 +945,8 @@ def _kernel_classes():
             if const_expr(self.kv_stages > 1):
                 sKt = transposed(sK, (D, BLOCK_N, self.kv_stages), (1, 0, 2))
             sdSt = transposed(sdS, (self.bm, BLOCK_N), (1, 0))          # dS (queries, keys)
+            if const_expr(self.cfg.ds_stages > 1):
+                sdSt = transposed(sdS, (self.bm, BLOCK_N, self.cfg.ds_stages), (1, 0, 2))
             # S^T = K Q^T, dP^T = V dO^T
             wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
             tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -864,15 +971,20 @@ def _kernel_classes():
                 tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdSt))
                 tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(sKt))
                 shape_dQ = wg_dq.partition_shape_C((self.bm, D))
-                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
+                if const_expr(not self.dq_flat):
+                    tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(s.sdQst)
             else:
                 # dQ^T: its (column, row) elements stored transposed into the same smem
                 # partial (one STS.32 each; the swizzle spreads a warp's over all banks)
                 tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(sKt))
                 tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdSt))
                 shape_dQ = wg_dq.partition_shape_C((D, self.bm))
-                tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(
-                    transposed(s.sdQst, (D, self.bm), (1, 0)))
+                if const_expr(not self.dq_flat):
+                    tdQsdQ = tiled_mma_dq.get_slice(tidx).partition_C(
+                        transposed(s.sdQst, (D, self.bm), (1, 0)))
+            if const_expr(self.dq_flat):
+                # the warpgroup's buffer in the accumulator's register order
+                tdQsdQ = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_D(s.sdQflat)
             # dS^T registers -> smem (stmatrix)
             r2s_dS = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
@@ -1161,36 +1273,55 @@ def _kernel_classes():
             reduce_dq adds nothing."""
             s = q_state.index
             mma.tdKrdSt.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
-            # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
             rdS.store(acc_dP.load().to(self.dtype))
-            cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-            cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rdS), mma.tdSsdS)
+            tdSsdS, tdQrdS = mma.tdSsdS, mma.tdQrdS
+            if const_expr(self.cfg.ds_stages > 1):
+                # the step's own buffer: the other warpgroup's dQ MMA that read it two steps
+                # ago finished before its last barrier below, which this one passed
+                tdSsdS = tdSsdS[None, None, None, s]
+                tdQrdS = tdQrdS[None, None, None, s]
+            else:
+                # dS^T -> smem, once both warpgroups' previous dQ wgmmas are done reading it
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            cute.copy(mma.r2s_dS, mma.thr_r2s_dS.retile(rdS), tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             acc_dQ = cute.make_rmem_tensor(mma.shape_dQ, Float32)
             if const_expr(self.dq_t):
                 warpgroup.wait_group(0)    # dV: its P^T operand's registers free for dQ^T
-                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrKt, mma.tdQrdS, zero_init=True,  # dQ^T =
-                      wait=-1)                                                         # K^T dS^T
+                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrKt, tdQrdS, zero_init=True,  # dQ^T =
+                      wait=-1)                                                     # K^T dS^T
             else:
-                wgmma(mma.tiled_mma_dq, acc_dQ, mma.tdQrdS, mma.tdQrKt, zero_init=True,  # dQ = dS K
+                wgmma(mma.tiled_mma_dq, acc_dQ, tdQrdS, mma.tdQrKt, zero_init=True,  # dQ = dS K
                       wait=-1)
             # wait for dQ (and dV) only, so dK runs under the store
             wgmma(mma.tiled_mma_dkv, mma.acc_dK, mma.tdKrdSt,                      # dK += dS^T Q
                   mma.tdKrQt[None, None, None, s], zero_init=False, wait=1)
             # ---- hand the dQ partial to reduce_dq
-            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_BARRIER_THREADS)
-            if const_expr(dq_out is None):
-                mma.tdQsdQ.store(acc_dQ.load())
+            if const_expr(self.dq_flat):   # this warpgroup's buffer, its own barriers
+                assert dq_out is None      # key windows never take it (check_config)
+                wg = cute.arch.make_warp_uniform(cute.arch.warp_idx() // 4 - 1)
+                cute.arch.barrier(barrier_id=DQ_EMPTY_WG + wg, number_of_threads=DQ_WG_THREADS)
+                cute.autovec_copy(cute.make_tensor(acc_dQ.iterator,
+                                                   cute.make_layout(mma.tdQsdQ.shape)),
+                                  mma.tdQsdQ)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_WG + wg,
+                                         number_of_threads=DQ_WG_THREADS)
             else:
-                if dq_out[4] > BLOCK_N:    # a block of a longer sequence: reduce-added
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER,
+                                  number_of_threads=DQ_BARRIER_THREADS)
+                if const_expr(dq_out is None):
                     mma.tdQsdQ.store(acc_dQ.load())
-                else:                      # owned: its rows' whole dQ
-                    self.store_dq(mma, acc_dQ, dq_out)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
-                                     number_of_threads=DQ_BARRIER_THREADS)
+                else:
+                    if dq_out[4] > BLOCK_N:    # a block of a longer sequence: reduce-added
+                        mma.tdQsdQ.store(acc_dQ.load())
+                    else:                      # owned: its rows' whole dQ
+                        self.store_dq(mma, acc_dQ, dq_out)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER,
+                                         number_of_threads=DQ_BARRIER_THREADS)
             warpgroup.wait_group(0)        # dK: done reading Q (smem) and dS^T (registers)
             pipeline_q.consumer_release(q_state)
 
@@ -1218,15 +1349,15 @@ def _kernel_classes():
 
         # ------------------------------------------------------------------ reduce_dq
         @cute.jit
-        def reduce_dq(self, mdQacc, sdQ, tma_atom_dQ, sched):
+        def reduce_dq(self, mdQacc, s: Smem, tma_atom_dQ, sched):
             """Reduce-add each step's dQ partial ([bm, D] fp32, smem) into the fp32
             accumulator with TMA bulk reduces (smem -> cp.reduce.async.bulk.tensor.add).
             Rows past the sequence carry exact zeros (P = 0 there), so the whole box can
-            be added; TMA clips rows past the tensor."""
+            be added; TMA clips rows past the tensor. dq_flat: `reduce_flat`."""
             group = sched.group
-            # the buffer starts empty
-            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                     number_of_threads=DQ_BARRIER_THREADS)
+            if const_expr(not self.dq_flat):   # the buffer starts empty
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                         number_of_threads=DQ_BARRIER_THREADS)
             t, step, n_tiles, slot_row, pinned = self.tile_range(sched)
             i = Int32(0)
             if const_expr(self.dynamic):
@@ -1241,20 +1372,46 @@ def _kernel_classes():
                 for j in cutlass.range(j0, j1, unroll=1):
                     h = hk * group + j // n_m
                     m0 = m_lo + (j % n_m) * self.bm
-                    tsdQ, tgdQ = tma_tiles(tma_atom_dQ, sdQ, head_tile(
-                        mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
-                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
-                                      number_of_threads=DQ_BARRIER_THREADS)
-                    if add:
-                        # the whole warp calls: the TMA op elects one issuing lane itself
-                        cute.copy(tma_atom_dQ, tsdQ, tgdQ)
-                        cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
-                                             number_of_threads=DQ_BARRIER_THREADS)
+                    if const_expr(self.dq_flat):   # no key windows: every step adds
+                        self.reduce_flat(mdQacc, s.sdQflat, sched.H, h,
+                                         flat_block(seq.q_start, b, m0, self.bm))
+                    else:
+                        tsdQ, tgdQ = tma_tiles(tma_atom_dQ, s.sdQ, head_tile(
+                            mdQacc, slot_row + seq.q_start + m0, h, self.bm, self.D))
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER,
+                                          number_of_threads=DQ_BARRIER_THREADS)
+                        if add:
+                            # the whole warp calls: the TMA op elects one issuing lane
+                            cute.copy(tma_atom_dQ, tsdQ, tgdQ)
+                            cute.arch.cp_async_bulk_commit_group()
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER,
+                                                 number_of_threads=DQ_BARRIER_THREADS)
                 i += 1
                 t = fetch_tile(sched.mSched, sched.pipeline_tile, t, step, i, self.dynamic)
             cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+        @cute.jit
+        def reduce_flat(self, mdQacc, sdQflat, H, h, block):
+            """Config.dq_flat's step: each warpgroup's partial (bm x D / 2 floats in its
+            accumulator's register order, `flat_copy`) reduce-added by one 1-D bulk add
+            into its run of the block-padded accumulator: the step's block
+            (jagged.tiles.flat_block), then its query head h, then the warpgroup (bm x D
+            floats a block and head; PostprocessFlat restores the rows). A warpgroup's
+            buffer is handed back once the add of its last partial has read it, the
+            other's add still in flight."""
+            half = self.bm * self.D // NUM_MMA_WG
+            run = (cutlass.Int64(block) * H + h) * (self.bm * self.D)
+            for w in cutlass.range_constexpr(NUM_MMA_WG):
+                cute.arch.cp_async_bulk_wait_group(NUM_MMA_WG - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_WG + w,
+                                         number_of_threads=DQ_WG_THREADS)
+            for w in cutlass.range_constexpr(NUM_MMA_WG):
+                cute.arch.barrier(barrier_id=DQ_FULL_WG + w, number_of_threads=DQ_WG_THREADS)
+                with cute.arch.elect_one():
+                    bulk_reduce_add_f32(sdQflat[None, w].iterator,
+                                        mdQacc.iterator + run + w * half, 4 * half)
+                cute.arch.cp_async_bulk_commit_group()
 
         # ------------------------------------------------------------------ store
         @cute.jit
@@ -1326,20 +1483,43 @@ def _kernel_classes():
     # (c) postprocess: dQ = scale * sum_slots dq_acc, cast
     # ================================================================================
     # role: reduce_dq
-    class Postprocess:
-        def __init__(self, dtype, pdl: bool):
+    class CastDKV:
+        """Tiles split over CTAs (dkv): a postprocess also casts the fp32 dK / dV
+        accumulators, each into its own gradient (jagged.tiles.grad_buffers)."""
+
+        @cute.jit
+        def cast_dkv(self, mdKVacc, mdK, mdV, n_kv_vec: Int32, i: Int32, stride: Int32):
+            """Thread i of `stride`: its grid-stride share of mdKVacc (2, n) fp32 (dK, then
+            dV, scaled by the parts) into mdK, mdV (n,), POST_VEC elements at a time; no
+            launch of their own."""
+            kv = cute.make_rmem_tensor((POST_VEC,), Float32)
+            out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+            for iv in cutlass.range(i, n_kv_vec, stride, unroll=1):
+                for half, m in ((0, mdK), (1, mdV)):
+                    cute.autovec_copy(cute.local_tile(mdKVacc[half, None], (POST_VEC,), (iv,)),
+                                      kv)
+                    out.store(kv.load().to(self.dtype))
+                    cute.autovec_copy(out, cute.local_tile(m, (POST_VEC,), (iv,)))
+
+    class Postprocess(CastDKV):
+        def __init__(self, dtype, pdl: bool, dkv: bool = False):
             self.dtype, self.pdl = dtype, pdl  # pdl: launched as the main kernel's dependent
+            self.dkv = dkv                     # CastDKV
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                     n_slots: Int32, scale: Float32, stream):
-            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale).launch(
+                     n_slots: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                     mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                     stream):
+            self.kernel(mdQacc, mdQ, n_vec, n_slots, scale, mdKVacc, mdK, mdV,
+                        n_kv_vec).launch(
                 grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, n_vec: Int32,
-                   n_slots: Int32, scale: Float32):
+                   n_slots: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                   mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32):
             """mdQacc (n_slots, n_elem) fp32, mdQ (n_elem,); POST_VEC elements a thread.
             Its reads wait for the main kernel (where launched as its dependent)."""
             cute.arch.griddepcontrol_wait()
@@ -1354,41 +1534,154 @@ def _kernel_classes():
                 out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                 out.store((acc.load() * scale).to(self.dtype))
                 cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+            if const_expr(self.dkv):
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, i,
+                              cute.arch.grid_dim()[0] * POST_THREADS)
 
     # role: reduce_dq
-    class PostRows:
+    class PostRows(CastDKV):
         """Key windows: dQ = scale * the accumulator for the rows it holds (`accumulated`);
         the owned windows' rows, stored by the main kernel, are left alone. TLX's
         `_bwd_post_rows`."""
 
-        def __init__(self, dtype, long_k: int, pdl: bool):
+        def __init__(self, dtype, long_k: int, pdl: bool, dkv: bool = False):
             self.dtype, self.long_k, self.pdl = dtype, long_k, pdl
+            self.dkv = dkv   # windows split over CTAs: CastDKV
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
                      mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
-                     token_vecs: Int32, scale: Float32, stream):
-            self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale).launch(
-                grid=[(n_vec + POST_THREADS - 1) // POST_THREADS, 1, 1],
+                     token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                     mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                     stream):
+            n_tok = n_vec // token_vecs
+            self.kernel(mdQacc, mdQ, mCuQ, mCuK, B, rounds, n_vec, token_vecs, scale,
+                        mdKVacc, mdK, mdV, n_kv_vec).launch(
+                grid=[(n_tok + WIN_TOK - 1) // WIN_TOK, 1, 1],
                 block=[POST_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
         def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
                    mCuK: cute.Tensor, B: Int32, rounds: Int32, n_vec: Int32,
-                   token_vecs: Int32, scale: Float32):
-            """mdQacc, mdQ (n_elem,), token-major; POST_VEC elements a thread, token_vecs
-            vectors a token (H * D / POST_VEC). Its reads wait for the main kernel."""
+                   token_vecs: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                   mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32):
+            """mdQacc, mdQ (n_elem,), token-major, token_vecs vectors of POST_VEC a token
+            (H * D / POST_VEC); a CTA WIN_TOK tokens, POST_THREADS / WIN_TOK threads a
+            token, each searching its token's sequence once, ahead of the wait (it reads
+            only the offsets). Its reads of the accumulator wait for the main kernel."""
+            tpt = POST_THREADS // WIN_TOK                   # threads a token
+            tidx = cute.arch.thread_idx()[0]
+            tok = cute.arch.block_idx()[0] * WIN_TOK + tidx // tpt
+            n_tok = n_vec // token_vecs
+            take = (tok < n_tok) & accumulated(mCuQ, mCuK, B, rounds,
+                                               cutlass.min(tok, n_tok - 1), self.long_k)
             cute.arch.griddepcontrol_wait()
-            i = cute.arch.block_idx()[0] * POST_THREADS + cute.arch.thread_idx()[0]
-            if i < n_vec:
-                if accumulated(mCuQ, mCuK, B, rounds, i // token_vecs, self.long_k):
-                    acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+            if take:
+                acc = cute.make_rmem_tensor((POST_VEC,), Float32)
+                out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                for v in cutlass.range(tidx % tpt, token_vecs, tpt, unroll=1):
+                    i = tok * token_vecs + v
                     cute.autovec_copy(cute.local_tile(mdQacc, (POST_VEC,), (i,)), acc)
-                    out = cute.make_rmem_tensor((POST_VEC,), self.dtype)
                     out.store((acc.load() * scale).to(self.dtype))
                     cute.autovec_copy(out, cute.local_tile(mdQ, (POST_VEC,), (i,)))
+            if const_expr(self.dkv):
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec,
+                              cute.arch.block_idx()[0] * POST_THREADS + tidx,
+                              cute.arch.grid_dim()[0] * POST_THREADS)
 
-    return Preprocess, BwdMain, Postprocess, PostRows
+    # role: reduce_dq
+    class PostprocessFlat(CastDKV):
+        """Config.dq_flat's postprocess: a CTA an accumulator block (its sequence found
+        once, by a binary search of the offsets), its query heads one after another; two
+        warpgroups of 128 threads, each thread with the accumulator fragment of the main
+        kernel's compute thread of its index (`flat_copy` reads it in 16-byte loads), cast
+        through the dQ wgmma's own partition into the block's rows in smem, then stored
+        16 bytes a thread up to the sequence's end. Blocks past their sequence's last (the
+        padding) store nothing."""
+
+        def __init__(self, dtype, head_dim: int, cfg: Config, pdl: bool, dkv: bool = False):
+            self.dtype, self.D, self.bm, self.dq_t = dtype, head_dim, cfg.block_m, cfg.dq_t
+            self.pdl = pdl
+            self.dkv = dkv   # tiles split over CTAs: CastDKV
+
+        @cute.jit
+        def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                     n_blocks: Int32, scale: Float32, mdKVacc: Optional[cute.Tensor],
+                     mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                     stream):
+            D, bm = self.D, self.bm
+            # the block's rows in smem, a row 16 bytes longer than D (its 16-byte reads
+            # and the partition's 2-byte writes spread over the banks)
+            sO_layout = cute.make_layout((bm, D), stride=(D + 8, 1))
+
+            @cute.struct
+            class SharedStorage:
+                sO: cute.struct.Align[cute.struct.MemRange[self.dtype, bm * (D + 8)], 16]
+
+            self.kernel(mdQacc, mdQ, mCuQ, scale, mdKVacc, mdK, mdV, n_kv_vec,
+                        dq_mma(self.dtype, D, bm, self.dq_t), sO_layout,
+                        SharedStorage).launch(
+                grid=[n_blocks, 1, 1], block=[128 * NUM_MMA_WG, 1, 1],
+                smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl)
+
+        @cute.kernel
+        def kernel(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
+                   scale: Float32, mdKVacc: Optional[cute.Tensor],
+                   mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor], n_kv_vec: Int32,
+                   tiled_mma_dq: cute.TiledMma, sO_layout: cute.Layout,
+                   SharedStorage: cutlass.Constexpr):
+            """mdQacc: the block-padded accumulator, flat; mdQ [Nq, H, D]. Its reads
+            wait for the main kernel (where launched as its dependent)."""
+            D, bm = self.D, self.bm
+            cute.arch.griddepcontrol_wait()
+            tidx = cute.arch.thread_idx()[0]
+            blk = cute.arch.block_idx()[0]
+            H = mdQ.shape[1]
+            # the sequence whose blocks hold blk: the last b with flat_block(cu[b], b) <= blk
+            lo, hi = Int32(0), Int32(mCuQ.shape[0] - 2)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if flat_block(mCuQ[mid], mid, 0, bm) <= blk:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            row0 = mCuQ[lo] + (blk - flat_block(mCuQ[lo], lo, 0, bm)) * bm
+            rows = cutlass.min(mCuQ[lo + 1] - row0, bm)
+            if rows > 0:
+                smem = cutlass.utils.SmemAllocator()
+                sO = smem.allocate(SharedStorage).sO.get_tensor(sO_layout)
+                thr_mma = tiled_mma_dq.get_slice(tidx)
+                tOsO = thr_mma.partition_C(
+                    cute.composition(sO, cute.make_ordered_layout((D, bm), order=(1, 0)))
+                    if const_expr(self.dq_t) else sO)
+                acc = cute.make_rmem_tensor(tOsO.shape, Float32)
+                half = bm * D // NUM_MMA_WG
+                vpr = D // POST_VEC                       # 16-byte vectors a row
+                r = cute.make_rmem_tensor((POST_VEC,), self.dtype)
+                for h in cutlass.range(H, unroll=1):
+                    # this block and head's run: the warpgroups' buffers as its two columns
+                    run = (cutlass.Int64(blk) * H + h) * (bm * D)
+                    gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
+                                            cute.make_layout((half, NUM_MMA_WG)))
+                    tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
+                    cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
+                                                            cute.make_layout(tAg.shape)))
+                    cute.arch.sync_threads()              # the last head's rows are out
+                    tOsO.store((acc.load() * scale).to(self.dtype))
+                    cute.arch.sync_threads()
+                    for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
+                        row, c = v // vpr, v % vpr
+                        if row < rows:
+                            cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,),
+                                                              (c,)), r)
+                            cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
+                                                                 (POST_VEC,), (c,)))
+            if const_expr(self.dkv):
+                nt = 128 * NUM_MMA_WG
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, blk * nt + tidx,
+                              cute.arch.grid_dim()[0] * nt)
+
+    return Preprocess, BwdMain, Postprocess, PostRows, PostprocessFlat
 
 
 # --------------------------------------------------------------------------------------
@@ -1396,10 +1689,11 @@ def _kernel_classes():
 # --------------------------------------------------------------------------------------
 
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       options: str = ""):
+                       zero_dkv: bool = False, options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
-    rounds unused)."""
+    rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
+    otherwise None and 0)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1414,13 +1708,29 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
     nb = cute.sym_int32()
     cus = ((host.fake(cutlass.Int32, (nb,), (1,), 4), host.fake(cutlass.Int32, (nb,), (1,), 4))
            if long_k else (None, None))
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k), o, do, delta, acc, sched,
-                               cutlass.Int32(1), cutlass.Int32(1), *cus, cutlass.Int32(1),
-                               cutlass.Int32(1), options=options)
+    kv_acc = (host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+              if zero_dkv else None)
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv), o, do, delta,
+                               acc, sched, cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Int32(1), *cus, cutlass.Int32(1), cutlass.Int32(1),
+                               kv_acc, cutlass.Int32(0), options=options)
 
 
-def compile_post_rows(dtype, pdl: bool = True, options: str = ""):
-    """Key windows' postprocess (PostRows) for BLOCK_N-key windows."""
+def _dkv_args(cdt, dkv: bool) -> tuple:
+    """The postprocesses' split-tile arguments: the fp32 dK / dV accumulators (2, n) and
+    the two gradients (n,), or None where dkv is off."""
+    import cutlass
+    import cutlass.cute as cute
+    if not dkv:
+        return None, None, None
+    n = cute.sym_int32()
+    return (host.fake(cutlass.Float32, (2, n), (cute.sym_int64(divisibility=POST_VEC), 1), 16),
+            host.fake(cdt, (n,), (1,), 16), host.fake(cdt, (n,), (1,), 16))
+
+
+def compile_post_rows(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+    """Key windows' postprocess (PostRows) for BLOCK_N-key windows; dkv: windows split
+    over CTAs, their fp32 dK / dV converted too."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1431,12 +1741,14 @@ def compile_post_rows(dtype, pdl: bool = True, options: str = ""):
     nb = cute.sym_int32()
     cu_q = host.fake(cutlass.Int32, (nb,), (1,), 4)
     cu_k = host.fake(cutlass.Int32, (nb,), (1,), 4)
-    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl), acc, dq, cu_q, cu_k,
+    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl, dkv), acc, dq, cu_q, cu_k,
                                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Int32(1), cutlass.Float32(1.0), options=options)
+                               cutlass.Int32(1), cutlass.Float32(1.0), *_dkv_args(cdt, dkv),
+                               cutlass.Int32(0), options=options)
 
 
-def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
+def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+    """dkv: tiles split over CTAs, their fp32 dK / dV converted too."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1445,8 +1757,26 @@ def compile_postprocess(dtype, pdl: bool = True, options: str = ""):
     acc = host.fake(cutlass.Float32, (cute.sym_int32(), n),
                     (cute.sym_int64(divisibility=POST_VEC), 1), 16)
     dq = host.fake(cdt, (n,), (1,), 16)
-    return host.compile_kernel(Post(cdt, pdl), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
-                               cutlass.Float32(1.0), options=options)
+    return host.compile_kernel(Post(cdt, pdl, dkv), acc, dq, cutlass.Int32(1), cutlass.Int32(1),
+                               cutlass.Float32(1.0), *_dkv_args(cdt, dkv), cutlass.Int32(0),
+                               options=options)
+
+
+def compile_postprocess_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
+                             dkv: bool = False, options: str = ""):
+    """The postprocess of cfg's block-padded dQ accumulator (Config.dq_flat); dkv as
+    compile_postprocess's."""
+    import cutlass
+    import cutlass.cute as cute
+    cdt = host.cute_dtype(dtype)
+    Post = _kernel_classes()[4]
+    acc = host.fake(cutlass.Float32, (cute.sym_int32(),), (1,), 16)
+    dq = host.fake(cdt, (cute.sym_int32(), cute.sym_int32(), head_dim),
+                   (cute.sym_int64(divisibility=head_dim), head_dim, 1), 16)
+    cu_q = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
+    return host.compile_kernel(Post(cdt, head_dim, cfg, pdl, dkv), acc, dq, cu_q,
+                               cutlass.Int32(1), cutlass.Float32(1.0), *_dkv_args(cdt, dkv),
+                               cutlass.Int32(0), options=options)
 
 
 def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
@@ -1478,43 +1808,63 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                options=options)
 
 
+def _parts(c: host.BwdCall) -> int:
+    """CTAs a tile (jagged.tiles.bwd_parts, from the whole tiles' step) or a key window
+    (window_parts)."""
+    cfg = _config(c, 1)
+    if cfg.windows:
+        return window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group, cfg.block_m,
+                            BLOCK_N, c.grid)
+    return bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1], c.group,
+                     c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+
+
+def _config(c: host.BwdCall, parts: int) -> Config:
+    """The main kernel's step for a call whose tiles (or key windows) are in `parts`
+    parts."""
+    D = c.q.shape[2]
+    B = c.cu_k.shape[0] - 1
+    if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
+        return window_config(D, parts > 1)
+    return pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
+                       c.broadcast_q, c.max_q, split=parts > 1)
+
+
+def _flat(c: host.BwdCall) -> Config | None:
+    """The call's config where its dQ accumulator is block-padded (Config.dq_flat, from
+    pick_config; key windows never: window_config keeps the row accumulator, whose rows
+    PostRows and the owned windows' stores read and write)."""
+    cfg = _config(c, c.parts)
+    return cfg if cfg.dq_flat else None
+
+
 def _main(c: host.BwdCall):
     """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
     window_tiles over the key offsets, the window order, count and table in place of the
-    list; module docstring) -> the fp32 dK / dV accumulators where tiles are split over
-    CTAs (jagged.tiles.bwd_parts), else None."""
+    list; module docstring), each tile in c.parts parts (> 1: c.dk, c.dv are the fp32
+    accumulators, `_parts`)."""
     D = c.q.shape[2]
-    B = c.cu_k.shape[0] - 1
-    parts = 1
-    windows = takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q)
-    if windows:
-        cfg, dynamic = window_config(D), False
+    cfg = _config(c, c.parts)
+    if cfg.windows:
+        dynamic = False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
                                                BLOCK_N, cfg.block_m)
     else:
-        mean_q = bwd_mean_q(c.q.shape[0], B, c.broadcast_q)
-        cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q)
-        parts = bwd_parts(c.q.shape[0], c.k.shape[0], B, c.k.shape[1], c.group, c.causal,
-                          c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
-        if parts > 1:
-            cfg = pick_config(D, mean_q, c.causal, c.broadcast_q, c.max_q, split=True)
         dynamic = bwd_dynamic(c.broadcast_q)
         tile_b, tile_n, n_tiles = kv_tiles(c.cu_q, c.cu_k, c.L_q, c.max_k, c.causal,
                                            cfg.block_m, BLOCK_N)
-    dkv_acc = dkv_accumulator(c.k, parts)
-    dk, dv = (c.dk, c.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     host.compiled(_COMPILED, compile_main, c.q.dtype, D, c.causal, c.broadcast_q, cfg,
-                  dynamic, "", parts)(
-        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, dk, dv,
+                  dynamic, "", c.parts)(
+        c.q, c.k, c.v, c.dout, c.lse, c.delta, c.dq_acc, c.dk, c.dv,
         c.cu_q if c.cu_q is not None else c.cu_k, c.cu_k, tile_b, tile_n, n_tiles, c.sched,
-        c.scale, c.L_q, c.n_slots, c.group, c.grid, c.dq if windows else None)
-    return dkv_acc
+        c.scale, c.L_q, c.n_slots, c.group, c.grid, c.dq if cfg.windows else None)
 
 
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
                           partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
                           takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
-                          BLOCK_N)
+                          BLOCK_N, _parts, _flat,
+                          partial(host.compiled, _COMPILED, compile_postprocess_flat))
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

@@ -112,3 +112,32 @@ def red_add_v2(ptr, a, b):
                     "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
                     has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def bulk_reduce_add_f32(smem_ptr, gmem_ptr, n_bytes: int):
+    """cp.reduce.async.bulk .add.f32 of n_bytes (a multiple of 16, both ends 16-byte
+    aligned) from smem to gmem, one thread's issue, in the bulk group the caller commits;
+    no tensor map: a contiguous run of floats (traced in a kernel)."""
+    from cutlass._mlir.dialects import llvm
+    llvm.inline_asm(None, [gmem_ptr.toint().ir_value(), smem_ptr.toint().ir_value(),
+                           cutlass.Int32(n_bytes).ir_value()],
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+                    "l,r,r", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def flat_copy(threads: int, groups: int):
+    """The 16-byte copy of a block-padded dQ partial (Config.dq_flat): `groups` buffers
+    of `threads` x 4 floats a chunk, thread t of group g at floats 4 t.. of every chunk
+    of buffer g, so a warp's stores (and loads) are 512 contiguous bytes. Over a (n, groups)
+    tensor (buffer g: column g) thread t + threads g holds (4, n / (4 threads))."""
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32,
+                            num_bits_per_copy=128),
+        cute.make_layout((threads, groups)), cute.make_layout(4))
+
+
+def aligned(ptr, align: int):
+    """ptr with `align` bytes of alignment assumed (an offset the compiler cannot see is
+    a multiple of it, e.g. of a whole block of floats)."""
+    return cute.make_ptr(ptr.dtype, ptr.toint(), mem_space=ptr.memspace, assumed_align=align)

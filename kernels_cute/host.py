@@ -16,9 +16,9 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
-from jagged.tiles import (bwd_dependent, dq_accumulator, fwd_direct, fwd_dynamic, fwd_sched,
-                          fwd_tiles, grad_buffers, packed_query, pairs_per_sequence,
-                          slot_count, window_tiles)
+from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
+                          fwd_direct, fwd_dynamic, fwd_sched, fwd_tiles, grad_buffers,
+                          packed_query, pairs_per_sequence, slot_count, window_tiles)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -297,24 +297,34 @@ class BwdCall(NamedTuple):
     sched: Any           # the scheduling buffer (tile counter and handoffs)
     max_q: int = 0       # the longest query sequence (0: not given)
     dq: Any = None       # dQ itself, in q's dtype (key windows store into it)
+    parts: int = 1       # CTAs a tile (> 1: dk, dv are fp32 accumulators)
 
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k) -> the compiled preprocess
-                           # (long_k: key windows, the rows of longer sequences only)
-    main: Callable         # (BwdCall) -> launch the main kernel; its fp32 dK / dV
-                           # accumulators [2, Nk, H_kv, D] to convert, or None
-    postprocess: Callable  # (dtype, pdl) -> the compiled postprocess (post_vec per thread;
-                           # pdl: launched as a dependent, jagged.tiles.bwd_dependent)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv) -> the compiled
+                           # preprocess (long_k: key windows, the rows of longer sequences
+                           # only; zero_dkv: the split tiles' fp32 dK / dV too)
+    main: Callable         # (BwdCall) -> launch the main kernel
+    postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
+                           # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent;
+                           # dkv: the split tiles' dK / dV converted too)
     post_vec: int
     # key windows (None: the architecture has none): (n_keys, batch, max_k, broadcast_q)
-    # -> whether the main kernel takes them; their postprocess (dtype, pdl) -> the
+    # -> whether the main kernel takes them; their postprocess (dtype, pdl, dkv) -> the
     # compiled rows postprocess; a window's keys (the accumulator's rows are those of
     # longer sequences)
     takes_windows: Callable | None = None
     post_rows: Callable | None = None
     window_keys: int = 0
+    # (BwdCall) -> CTAs a tile (jagged.tiles.bwd_parts / window_parts); None: whole tiles
+    parts: Callable | None = None
+    # long packed sequences (None: no block-padded dQ): (BwdCall, parts set) -> the main
+    # kernel's config where its dQ accumulator is block-padded (block_m rows a block,
+    # jagged.tiles.flat_block), else None; its postprocess (dtype, head_dim, config, pdl,
+    # dkv) -> the compiled postprocess
+    dq_flat: Callable | None = None
+    post_flat: Callable | None = None
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -342,32 +352,52 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     long_k = kern.window_keys if windows else 0
     cus = (cu_q, cu_k) if windows else (None, None)
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
-    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, num_sms(dev),
-                                              dev, k.shape[0])
+    n_sms = num_sms(dev)
+    # the call as the kernels' choices see it (the tiles' parts, the dQ accumulator's
+    # form); the accumulators' fields once they are made
+    call = BwdCall(q, k, v, dout, lse, delta, None, dk, dv, cu_q, cu_k, max_k, bool(causal),
+                   float(scale), bool(broadcast_q), L_q, 1, H // HKV, n_sms, None,
+                   int(max_q or 0), dq if windows else None)
+    # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
+    # preprocess and converted by the postprocess
+    call = call._replace(parts=1 if kern.parts is None else kern.parts(call))
+    # long packed sequences: a block-padded dQ accumulator (key windows never: their
+    # rows postprocess and owned windows' stores take the row accumulator)
+    flat = None if kern.dq_flat is None or windows else kern.dq_flat(call)
+    dq_acc, grid_main, sched = dq_accumulator(
+        Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
+        None if flat is None else flat_rows(Nq, B, flat.block_m))
     n_slots = slot_count(dq_acc, broadcast_q)
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k)(
+    call = call._replace(dq_acc=dq_acc.view(-1, H, D), n_slots=n_slots, grid=grid_main,
+                         sched=sched)
+    dkv_acc = dkv_accumulator(k, call.parts)
+    if dkv_acc is not None:
+        call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None)(
         out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
-        *cus, B, B.bit_length())
+        dq_acc.numel() // D, *cus, B, B.bit_length(),
+        None if dkv_acc is None else dkv_acc.view(-1, D),
+        0 if dkv_acc is None else dkv_acc.numel() // D)
     if dlse is not None:  # the gradient on lse (jagged.api)
         delta -= dlse
 
     # (b) main
-    dkv_acc = kern.main(BwdCall(q, k, v, dout, lse, delta, dq_acc.view(-1, H, D), dk, dv,
-                                cu_q, cu_k, max_k, bool(causal), float(scale),
-                                bool(broadcast_q), L_q, n_slots, H // HKV, grid_main, sched,
-                                int(max_q or 0), dq if windows else None))
+    kern.main(call)
 
-    # (c) postprocess; a split tile list's dK / dV from their accumulators after it
+    # (c) postprocess, with a split call's dK / dV
     n_elem = dq.numel()
-    post = kern.postprocess(q.dtype, bwd_dependent(broadcast_q))
+    dkv = (None, None, None, 0) if dkv_acc is None else (
+        dkv_acc.view(2, -1), dk.view(-1), dv.view(-1), dk.numel() // kern.post_vec)
+    split = dkv_acc is not None
     if windows:  # the rows the accumulator holds; the windows stored the others
-        kern.post_rows(q.dtype, bwd_dependent(broadcast_q))(
+        kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split)(
             dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
-            n_elem // kern.post_vec, H * D // kern.post_vec, float(scale))
+            n_elem // kern.post_vec, H * D // kern.post_vec, float(scale), *dkv)
+    elif flat is not None:  # the rows back from the accumulator's blocks
+        kern.post_flat(q.dtype, D, flat, bwd_dependent(broadcast_q), split)(
+            dq_acc.view(-1), dq, cu_q, dq_acc.shape[0] // flat.block_m, float(scale), *dkv)
     else:
-        post(dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
-             float(scale))
-    if dkv_acc is not None:
-        for acc, grad in zip(dkv_acc, (dk, dv)):
-            post(acc.view(1, -1), grad.view(-1), grad.numel() // kern.post_vec, 1, 1.0)
+        kern.postprocess(q.dtype, bwd_dependent(broadcast_q), split)(
+            dq_acc.view(n_slots, n_elem), dq.view(-1), n_elem // kern.post_vec, n_slots,
+            float(scale), *dkv)
     return dq, dk, dv

@@ -209,32 +209,39 @@ def part_steps(t, steps, parts: int):
     return steps * 0, steps
 
 
-def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int):
+def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool):
     """Backward tile t over key windows -> kv_tile_coords' tuple and the window's last
-    sequence: (first sequence, KV head hk, n0 = 0, the window as a SeqlenInfo, m_lo = 0,
-    number of Q blocks n_m, last sequence).
+    sequence: (first sequence, KV head hk, n0 = 0, the window as a SeqlenInfo, first Q row
+    m_lo, number of Q blocks n_m, last sequence).
 
     A window w is the packed key columns from sched.mTileN[2, w], at most BLOCK_N, up to
     its last sequence's end (jagged.tiles.windows over the keys: whole sequences, or a
     block of a longer one; sched.mTileB: the live windows longest first, sched.mNTiles of
     them; sched.mTileN [3, n_win]: each one's first and last sequence and first key). Its
     SeqlenInfo: k_start the first column, len_k its real columns; q_start = out_start the
-    first sequence's first query row, len_q every row up to the last sequence's end: a
-    longer sequence's later blocks start after its first key, so no row is cut (no
-    causal bound of one column). Tiles walk the
-    list x KV heads, heads fastest."""
+    first sequence's first query row, len_q every row up to the last sequence's end. A
+    window of whole sequences walks all their rows (the owned dQ store writes each of
+    them); a block of a longer sequence (more than BLOCK_N keys, its rows' dQ reduce-added
+    into the zeroed accumulator), causal, starts at the Q block of the first row that sees
+    its first key, as kv_tile_coords' tiles. Tiles walk the list x KV heads x sched.parts
+    parts, parts fastest (a part's steps: part_steps)."""
     import cutlass
 
-    HKV = sched.HKV
-    idx = t // HKV
-    hk = t - idx * HKV
+    HKV, parts = sched.HKV, sched.parts
+    idx = t // (HKV * parts)
+    hk = t // parts % HKV
     w = sched.mTileB[idx]
     s_first = sched.mTileN[0, w]
     s_last = sched.mTileN[1, w]
     k_start = sched.mTileN[2, w]
-    len_k = cutlass.min(sched.mCuK[s_last + 1] - k_start, BLOCK_N)
+    k_end = sched.mCuK[s_last + 1]
+    len_k = cutlass.min(k_end - k_start, BLOCK_N)
     q_start = sched.mCuQ[s_first]
     len_q = sched.mCuQ[s_last + 1] - q_start
     seq = SeqlenInfo(q_start, q_start, k_start, len_q, len_k)
-    n_m = (len_q + BLOCK_M - 1) // BLOCK_M
-    return s_first, hk, w * 0, seq, w * 0, n_m, s_last
+    m_lo = w * 0
+    if cutlass.const_expr(CAUSAL):  # keys > BLOCK_N: one longer sequence (long: 1)
+        long = cutlass.min(cutlass.max(k_end - sched.mCuK[s_first] - BLOCK_N, 0), 1)
+        m_lo = cutlass.max(k_start - k_end + len_q, 0) * long // BLOCK_M * BLOCK_M
+    n_m = (len_q - m_lo + BLOCK_M - 1) // BLOCK_M
+    return s_first, hk, w * 0, seq, m_lo, n_m, s_last

@@ -33,9 +33,9 @@ import triton.language as tl
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps",
-           "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords", "tile_range",
-           "window_coords"]
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "flat_block", "kv_block",
+           "kv_steps", "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords",
+           "tile_range", "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -221,6 +221,14 @@ class KVTile(NamedTuple):
     m_lo: object
     n_m: object
     s_last: object
+    keys: object = 0     # key windows: the keys of sequences b..s_last
+
+
+@triton.jit
+def flat_block(q_start, b, m_lo, BLOCK_M: tl.constexpr):  # role: schedule
+    """jagged.tiles.flat_block in a kernel: the block-padded dQ accumulator's block of
+    sequence b's (first row q_start) Q block at m_lo (a multiple of BLOCK_M)."""
+    return (q_start + b * BLOCK_M) // BLOCK_M + m_lo // BLOCK_M
 
 
 @triton.jit
@@ -272,19 +280,27 @@ def part_steps(t, steps, PARTS: tl.constexpr):
 
 @triton.jit
 def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PARTS: tl.constexpr = 1):
     """Backward tile t over key windows (tiles: KVTiles of a window list) -> KVTile: KV
-    head t % HKV of window order[t // HKV], its real key columns [k_start, k_start + len_k)
-    (n0 = 0) and every query row of the sequences b..s_last it spans, n_m blocks from
-    q_start (m_lo = 0). All rows: a longer sequence's later blocks start after its first
-    key, and each key column's rows are the mask's (seqinfo.col_q_range), so no causal cut
-    of the row range holds for every sequence of the window."""
-    w = tl.load(tiles.tile_b + t // HKV)
+    head t // PARTS % HKV of window order[t // (HKV PARTS)] (PARTS > 1: the window's steps
+    shared by its parts, part_steps), its real key columns [k_start, k_start + len_k)
+    (n0 = 0) and the query rows of the sequences b..s_last it spans, n_m blocks from
+    q_start + m_lo. A window of whole sequences walks all their rows (the owned dQ store
+    writes each of them); a block of a longer sequence (more than BLOCK_N keys, its rows'
+    dQ reduce-added into the zeroed accumulator), causal, starts at the Q block of the
+    first row that sees its first key, as kv_tile_coords' tiles."""
+    w = tl.load(tiles.tile_b + t // (HKV * PARTS))
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
     k_start = tl.load(tiles.tile_n + 2 * tiles.L_q + w)
-    len_k = tl.minimum(tl.load(tiles.cu_k + s_last + 1) - k_start, BLOCK_N)
+    k_end = tl.load(tiles.cu_k + s_last + 1)
+    len_k = tl.minimum(k_end - k_start, BLOCK_N)
     q_start = tl.load(tiles.cu_q + s_first)
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start
-    return KVTile(s_first, t % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
-                  q_start.to(tl.int64), 0, tl.cdiv(len_q, BLOCK_M), s_last)
+    keys = k_end - tl.load(tiles.cu_k + s_first)
+    m_lo = 0
+    if CAUSAL:  # keys > BLOCK_N: one longer sequence, the first row seeing key k_start
+        m_lo = tl.maximum(tl.where(keys > BLOCK_N, k_start - k_end + len_q, 0),
+                          0) // BLOCK_M * BLOCK_M
+    return KVTile(s_first, t // PARTS % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
+                  q_start.to(tl.int64), m_lo, tl.cdiv(len_q - m_lo, BLOCK_M), s_last, keys)

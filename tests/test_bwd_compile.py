@@ -4,6 +4,7 @@ wgmmas, no spill, shared memory within 227 KB and the structure their step is bu
 CI builds CI_CASES, the first key-window build and one head dim's pre/postprocess; the
 rest run under `-m matrix`. The main-kernel compiles run batched in two subprocesses (one
 Triton import each)."""
+import dataclasses
 import os
 import pickle
 import re
@@ -226,9 +227,15 @@ def test_config_table():
     D = 64 (64, two K/V stages, up to jagged.tiles.BWD_MID_MEAN_Q query rows a sequence)
     and 64 at D = 128 (the Q loop out of the pipeliner there); one K/V stage where two do
     not fit."""
-    from jagged.tiles import BWD_MID_MEAN_Q
+    from jagged.tiles import BWD_MID_MEAN_Q, FLAT_MEAN_Q
     assert bw.pick_config(128, bw.SHORT_MEAN_K) is bw.CONFIGS[(128, "short")]
-    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1) is bw.CONFIGS[(128, "long")]
+    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1, FLAT_MEAN_Q - 1) is bw.CONFIGS[(128, "long")]
+    # long packed sequences: D = 128's step into the block-padded accumulator (FLAT_STEPS)
+    flat = bw.pick_config(128, bw.SHORT_MEAN_K + 1)
+    assert flat.dq_flat and flat == dataclasses.replace(bw.CONFIGS[(128, "long")], dq_flat=True)
+    assert not bw.pick_config(128, 8192.0, broadcast_q=True).dq_flat
+    assert bw.pick_config(64, 2048.0).dq_flat and not bw.pick_config(64, 2048.0, 200.0).dq_flat
+    assert bw.FLAT_STEPS == {(128, "long"), (64, "long")}
     assert bw.pick_config(64, 26.5).block_m == 32 and bw.pick_config(64, 2048.0).block_m == 128
     assert bw.pick_config(128, 8192.0).block_m == 64
     # the mid bucket: D = 64 by mean query rows (keys past SHORT_MEAN_K)
@@ -247,37 +254,60 @@ def test_config_table():
 
 
 def test_window_decision():
-    """Key windows for packed calls whose mean keys are at most half a tile (gem 256 / 0.1:
-    1152 sequences, mean ~26), never broadcast-Q or one sequence; they run the short
-    bucket's 32-row steps."""
+    """Key windows for packed calls whose mean keys are at most a tile (gem 256 / 0.1:
+    1152 sequences, mean ~26; every sequence 128 keys), never broadcast-Q or one sequence;
+    they run the short bucket's 32-row steps, never the block-padded dQ accumulator
+    (Config.dq_flat: however long their query rows)."""
     assert bw.takes_windows(1152 * 26, 1152, 256, False)
     assert not bw.takes_windows(1152 * 26, 1152, 256, True)
     assert not bw.takes_windows(26, 1, 26, False)
     assert not bw.takes_windows(8 * 2048, 8, 4096, False)
-    assert bw.takes_windows(64 * 10, 10, 128, False)
-    assert not bw.takes_windows(65 * 10, 10, 128, False)
+    assert bw.takes_windows(128 * 10, 10, 128, False)
+    assert not bw.takes_windows(129 * 10, 10, 256, False)
     for d in (64, 128):
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
+        assert not bw.window_config(d).dq_flat
+        assert not bw.pick_config(d, bw.SHORT_MEAN_K, 4096.0).dq_flat
 
 
 # the preprocess's arguments; the offsets (cu_q_ptr, cu_k_ptr) only over key windows
 PRE_SIG = {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_acc_ptr": "*fp32",
            "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
            "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32",
-           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32"}
+           "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32",
+           "dkv_acc_ptr": "*fp32", "n_dkv_rows": "i32", "n_dq_rows": "i32"}
+POST_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
+            "slot_stride": "i32", "scale": "fp32"}
+ROWS_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
+            "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"}
+FLAT_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "B": "i32",
+            "scale": "fp32"}
+# split tiles' fp32 dK / dV accumulators, converted in the postprocesses (whole tiles:
+# no accumulator, as the host passes it)
+DKV_SIG = {"dkv_acc_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "n_kv": "i32"}
 
 
-@pytest.mark.parametrize("d", (pytest.param(64, marks=pytest.mark.matrix), 128))
-def test_pre_post_compile(d):
-    pre = compile_kernel(
-        bw._bwd_preprocess, dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr"),
-        constexprs=dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
-                        LONG_K=0, PDL=True), arch=90, num_warps=4)
-    post = compile_kernel(
-        bw._bwd_postprocess,
-        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
-         "slot_stride": "i32", "scale": "fp32"},
-        constexprs=dict(BLOCK=1024, PDL=True), arch=90, num_warps=4)
+def _dkv(split: bool):
+    """(signature, constexprs) of the postprocesses' dK / dV arguments."""
+    if split:
+        return DKV_SIG, {"DKV": True}
+    return dict(DKV_SIG, dkv_acc_ptr="constexpr"), {"dkv_acc_ptr": None, "DKV": False}
+
+
+@pytest.mark.parametrize("d,split", (pytest.param(64, False, marks=pytest.mark.matrix),
+                                     (128, False), (128, True)))
+def test_pre_post_compile(d, split):
+    """Spill-free; split: with the split tiles' fp32 dK / dV zeroed and converted."""
+    pre_sig = dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr")
+    pre_const = dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
+                     LONG_K=0, PDL=True, ZERO_DKV=split)
+    if not split:
+        pre_sig["dkv_acc_ptr"], pre_const["dkv_acc_ptr"] = "constexpr", None
+    pre = compile_kernel(bw._bwd_preprocess, pre_sig, constexprs=pre_const, arch=90,
+                         num_warps=4)
+    sig, const = _dkv(split)
+    post = compile_kernel(bw._bwd_postprocess, dict(POST_SIG, **sig),
+                          constexprs=dict(const, BLOCK=1024, PDL=True), arch=90, num_warps=4)
     assert not pre.spills and not post.spills
     # the chain of dependent launches: the preprocess lets the main kernel launch under
     # it; the postprocess, launched under the main kernel, waits for it
@@ -285,21 +315,43 @@ def test_pre_post_compile(d):
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 
 
-def test_window_pre_post_compile():
+@pytest.mark.parametrize("split", (False, True))
+def test_window_pre_post_compile(split):
     """Key windows' preprocess (zeroing the rows of long sequences only) and rows
-    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches."""
+    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches;
+    split: with the split windows' fp32 dK / dV zeroed and converted."""
     pre = compile_kernel(
         bw._bwd_preprocess, PRE_SIG,
-        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True),
-        arch=90, num_warps=4)
+        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True,
+                        ZERO_DKV=split), arch=90, num_warps=4)
+    sig, const = _dkv(split)
     post = compile_kernel(
-        bw._bwd_post_rows,
-        {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
-         "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"},
-        constexprs=dict(LONG_K=bw.BLOCK_N, TOK=8, COLS=512, PDL=True), arch=90, num_warps=4)
+        bw._bwd_post_rows, dict(ROWS_SIG, **sig),
+        constexprs=dict(const, LONG_K=bw.BLOCK_N, COLS=bw.POST_COLS, PDL=True), arch=90,
+        num_warps=4)
     assert not pre.spills and not post.spills, (pre.row(), post.row())
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
+    # the post's search reads only the offsets: ahead of the wait; every store after it
+    wait = post.ptx.index("griddepcontrol.wait")
+    assert "ld.global" in post.ptx[:wait] and "st.global" not in post.ptx[:wait]
+    assert "ld.global" in post.ptx[wait:] and "st.global" in post.ptx[wait:]
+
+
+@pytest.mark.parametrize("d,split", [(128, False), (128, True), (64, False)])
+def test_post_flat_compile(d, split):
+    """The block-padded accumulator's postprocess (Config.dq_flat: D = 128's 64-row step,
+    dQ^T runs; D = 64's 128-row one, row halves), with the split tiles' dK / dV:
+    spill-free; each run read in 16-byte loads."""
+    sig, const = _dkv(split)
+    post = compile_kernel(
+        bw._bwd_post_flat, dict(FLAT_SIG, **sig),
+        constexprs=dict(const, H=4, D=d, BLOCK_M=64 if d == 128 else 128, NC=2,
+                        ROW_SPLIT=d == 64, BLOCK=1024, PDL=True),
+        arch=90, num_warps=4)
+    assert not post.spills, post.row()
+    assert post.ptx.count("griddepcontrol.wait") == 1
+    assert re.search(r"ld\.global(\.\w+)*\.v4\.(b32|f32)", post.ptx), "no 16-byte loads"
 
 
 @pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))
@@ -337,6 +389,19 @@ def _step_spills(rep) -> list:
             for body in sorted(step_loops(parse(rep.sass)), key=len)]
 
 
+def _check_adds(rep, whole, d):
+    """A split build against its whole twin: both compiled, dK / dV added by 16-byte fp32
+    atomics (per consumer copy, each compiled on its own: 16-row slices x 2 halves x dK,
+    dV, D / 64 vectors a thread a slice), in the same shared memory."""
+    assert not isinstance(rep, str), rep
+    assert not isinstance(whole, str), whole
+    print(rep.row())
+    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
+    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
+    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    assert rep.total_smem == whole.total_smem
+
+
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=_ids(SPLIT_CASES))
 def test_split_builds(split_reports, case):
     """The builds whose tiles are split over programs: dK / dV added into fp32 by 16-byte
@@ -345,18 +410,26 @@ def test_split_builds(split_reports, case):
     load task's loop (24 registers; it forms each part's Q rows) up to 3 more."""
     d, bucket, causal, parts = case
     rep, whole = split_reports[case]
-    assert not isinstance(rep, str), rep
-    assert not isinstance(whole, str), whole
-    print(rep.row())
-    # per consumer copy (each compiled on its own): 16-row slices x 2 halves x dK, dV,
-    # D / 64 vectors a thread a slice
-    nc, bnc = bw.NUM_CONSUMERS.value, bw.BLOCK_N // bw.NUM_CONSUMERS.value
-    adds = rep.ptx.count("atom.global.gpu.relaxed.add.v4.f32")
-    assert adds == nc * (bnc // 16) * 2 * 2 * (d // 64), adds
+    _check_adds(rep, whole, d)
     assert "st.global.v4" in whole.ptx and "st.global.v4" not in rep.ptx
-    assert rep.total_smem == whole.total_smem
     more = 9 if (d, bucket, causal) == (64, "long", True) else 0
     split, base = _step_spills(rep), _step_spills(whole)
     assert len(split) == len(base) == 3, (split, base)
     assert all(a <= b + more for a, b in zip(split[:2], base[:2])), (split, base)
     assert split[2] <= base[2] + 3, (split, base)
+
+
+@pytest.mark.parametrize("d", [64, pytest.param(128, marks=pytest.mark.matrix)])
+def test_window_split_builds(d):
+    """Key windows split over programs (jagged.tiles.window_parts > 1): the window build
+    with store_add's 16-byte fp32 atomics, in its whole twin's shared memory; step-loop
+    spills at most one a consumer step more (D = 128: 1 against 0) and 4 more in the load
+    task's loop (only calls of a few windows take it)."""
+    rep, whole = compile_batch([tlx_bwd_job(d, None, True, False, H=8, HKV=1, windows=True,
+                                            parts=p) for p in (8, 1)])
+    _check_adds(rep, whole, d)
+    assert "atom.global.gpu.relaxed.add.v4.f32" not in whole.ptx
+    split, base = _step_spills(rep), _step_spills(whole)
+    assert len(split) == len(base) == 3, (split, base)
+    assert all(a <= b + 1 for a, b in zip(split[:2], base[:2])), (split, base)
+    assert split[2] <= base[2] + 4, (split, base)

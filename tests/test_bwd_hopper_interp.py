@@ -17,70 +17,90 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from _launches import record_launches  # noqa: E402
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
                                    tile_range)
 
 
-@pytest.mark.parametrize("zero_dq", [False, True])
+@pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("d", [64, 128])
-def test_preprocess(d, zero_dq):
-    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator and
-    the tile counter."""
+def test_preprocess(d, zero_dq, zero_dkv):
+    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator (here
+    a block-padded one's, Config.dq_flat: twice the grid's rows more, its grid-stride
+    loop) and the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over
+    three times the grid's rows, and not a row past either."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
-    dq_acc = torch.full((nq, H, d), float("nan"))
+    n_dq = 3 * nq * H + 3                      # rows of D: past n_rows as a padded one's
+    dq_acc = torch.full((n_dq + 1, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
+    n_kv = 3 * nq * H + 5
+    dkv_acc = torch.full((n_kv + 1, d), float("nan"))
     rows = 32 if d <= 64 else 16
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, H=H, D=d,
-        ROWS=rows, ZERO_DQ=zero_dq)
+        dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, dkv_acc, n_kv,
+        n_dq, H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
     if zero_dq:
-        assert (dq_acc == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
+        assert (dq_acc[:n_dq] == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     else:
-        assert dq_acc.isnan().all() and (sched == 7).all()
+        assert dq_acc[:n_dq].isnan().all() and (sched == 7).all()
+    assert dq_acc[n_dq].isnan().all()
+    assert (dkv_acc[:n_kv] == 0).all() if zero_dkv else dkv_acc[:n_kv].isnan().all()
+    assert dkv_acc[n_kv].isnan().all()
 
 
-def test_pre_post_rows_of_long_sequences():
+@pytest.mark.parametrize("many", [False, True])
+def test_pre_post_rows_of_long_sequences(many):
     """Key windows (LONG_K): the preprocess zeroes, and _bwd_post_rows converts, only the
     rows of sequences of more than LONG_K keys and the rows past the last sequence; the
-    owned windows' rows stay untouched (NaN) in the accumulator and in dQ."""
+    owned windows' rows stay untouched (NaN) in the accumulator and in dQ. many: several
+    programs of WIN_TOK tokens, sequences across their bounds."""
     g = torch.Generator().manual_seed(3)
     lq = torch.tensor([2, 5, 3, 0, 4, 6, 0, 1])
     lk = torch.tensor([3, 9, 0, 8, 20, 1, 30, 0])
+    if many:
+        lq = torch.randint(0, 9, (40,), generator=g)
+        lk = torch.randint(0, 17, (40,), generator=g)
     cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).to(torch.int32)
     cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).to(torch.int32)
     B, H, d, long_k, extra = len(lq), 3, 64, 8, 3
     nq = int(cu_q[-1]) + extra
     seq = torch.repeat_interleave(torch.arange(B), lq)
     want = torch.cat([lk[seq] > long_k, torch.ones(extra, dtype=torch.bool)])
-    assert want.any() and not want.all()
+    assert want.any() and not want.all() and (nq > 3 * bw.WIN_TOK.value) == many
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
-    bw._bwd_preprocess[(triton.cdiv(nq * H, 32),)](
+    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
     torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
                                atol=1e-4)
     assert (dq_acc[want] == 0).all() and dq_acc[~want].isnan().all()
     acc = torch.randn(nq, H, d, generator=g)
     dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
-    bw._bwd_post_rows[(triton.cdiv(nq, 4), 2)](
-        acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, LONG_K=long_k, TOK=4,
-        COLS=128)
+    # windows split over programs: the dK / dV accumulators converted in the same launch
+    n_kv = 700
+    dkv_acc = torch.randn(2, n_kv, generator=g)
+    dk, dv = (torch.full((n_kv,), float("nan"), dtype=torch.float16) for _ in range(2))
+    bw._bwd_post_rows[(triton.cdiv(nq, bw.WIN_TOK.value),)](
+        acc, dq, cu_q, cu_k, B, B.bit_length(), nq, H * d, 0.5, dkv_acc, dk, dv, n_kv,
+        LONG_K=long_k, COLS=128, DKV=True)
     torch.testing.assert_close(dq[want].float(), (acc[want] * 0.5).half().float())
     assert dq[~want].isnan().all()
+    torch.testing.assert_close(dk.float(), dkv_acc[0].half().float())
+    torch.testing.assert_close(dv.float(), dkv_acc[1].half().float())
 
 
 def test_postprocess():
@@ -90,7 +110,7 @@ def test_postprocess():
     acc = torch.randn(n_slots, L_q, H, d, generator=g)
     dq = torch.empty(L_q, H, d, dtype=torch.float16)
     bw._bwd_postprocess[(triton.cdiv(dq.numel(), 256),)](
-        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, BLOCK=256)
+        acc, dq, dq.numel(), n_slots, L_q * H * d, 0.125, None, None, None, 0, BLOCK=256)
     torch.testing.assert_close(dq.float(), (acc.sum(0) * 0.125).half().float())
 
 
@@ -187,17 +207,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     PTX checks)."""
     from jagged.tiles import bwd_dependent
     from kernels_tlx import bwd_blackwell as bb
-    launches = []
-
-    class Recorder:
-        def __init__(self, fn):
-            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.name, kw))
-
-    monkeypatch.setattr(bw, "fast", Recorder)
-    monkeypatch.setattr(bb, "fast", Recorder)
+    launches = record_launches(monkeypatch, bw, bb)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
     H, HKV, D = 4, 2, 128
@@ -211,7 +221,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     o = torch.zeros(n_out, H, D, dtype=torch.float16)
     (bw if arch == "hopper" else bb).backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q,
                                               cu_k, n_q, int(lk.max()), False, 0.125, bq)
-    kw = dict(launches)
+    kw = {name: kwargs for name, _, kwargs in launches}
     assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
     assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
     assert bwd_dependent(bq) == (not bq)
@@ -219,13 +229,49 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
+@pytest.mark.parametrize("windows,flat", [(False, False), (True, False), (False, True)])
+def test_host_split_launches(monkeypatch, windows, flat):
+    """A call whose tiles (or key windows) are split over programs launches what a whole
+    one does: the preprocess zeroes the fp32 dK / dV accumulators and the postprocess
+    converts them, each into its own gradient, no launch of their own; flat (long packed
+    sequences, Config.dq_flat): _bwd_post_flat converts them."""
+    launches = record_launches(monkeypatch, bw)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(bw, "bwd_parts", lambda *a: 4)
+    monkeypatch.setattr(bw, "window_parts", lambda *a: 4)
+    monkeypatch.setattr(bw, "window_tiles", lambda *a: (None, None, torch.zeros(3, 2)))
+    monkeypatch.setattr(bw, "window_rows", lambda *a: None)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([30, 20, 5] if windows else [1300, 900, 5] if flat else [300, 200, 5])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    assert bw.takes_windows(n, len(lk), int(lk.max()), False) == windows
+    q = torch.zeros(n, H, D, dtype=torch.float16)
+    k = torch.zeros(n, HKV, D, dtype=torch.float16)
+    _, dk, dv = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, int(lk.max()),
+                            int(lk.max()), True, 0.125, False)
+    post_name = ("_bwd_post_rows" if windows else "_bwd_post_flat" if flat else
+                 "_bwd_postprocess")
+    (pre, pa, pk), (main, ma, mk), (post, qa, qk) = (x for x in launches
+                                                     if x[0] != "_window_rows")
+    assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", post_name)
+    assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"] and mk["FLAT"] == flat
+    acc = pa[15]
+    assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D) and pa[16] == 2 * n * HKV
+    assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
+    at = 9 if windows else 5 if flat else 6
+    assert qa[at] is acc and qa[at + 1] is dk and qa[at + 2] is dv and qa[at + 3] == dk.numel()
+    assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
+
+
 def test_postprocess_converts_split_dkv():
     """Tiles split over programs (jagged.tiles.bwd_parts): the host's postprocess also
-    casts the fp32 dK / dV accumulators, both halves, into the gradients' one buffer
-    (scale already applied by the parts), after dQ."""
+    casts the fp32 dK / dV accumulators, each into its own gradient (scale already applied
+    by the parts), in the dQ launch (its grid-stride loop: more key rows than query rows
+    here)."""
     from jagged.tiles import dkv_accumulator
     g = torch.Generator().manual_seed(1)
-    nq, nk, H, HKV, d = 9, 7, 4, 2, 64
+    nq, nk, H, HKV, d = 9, 70, 4, 2, 64
     q = torch.empty(nq, H, d, dtype=torch.float16)
     k = torch.empty(nk, HKV, d, dtype=torch.float16)
     out = torch.randn(nq, H, d, generator=g).half()
@@ -237,3 +283,77 @@ def test_postprocess_converts_split_dkv():
     torch.testing.assert_close(p.dq.float(), (dq_acc * 0.5).half().float())
     torch.testing.assert_close(p.dk.float(), acc[0].half().float())
     torch.testing.assert_close(p.dv.float(), acc[1].half().float())
+
+
+def _flat_order_ref(x):
+    """bw._flat_order in torch: the same reshape and permute (the order is logical)."""
+    return x.reshape(4, 2, 8, 8, 4, 2).permute(3, 0, 2, 4, 1, 5).reshape(-1)
+
+
+@triton.jit
+def _flat_probe(x_ptr, out_ptr):
+    i = tl.arange(0, 64)
+    y = bw._flat_order(tl.load(x_ptr + i[:, None] * 64 + i[None, :]))
+    r = tl.arange(0, 128)
+    c = tl.arange(0, 32)
+    tl.store(out_ptr + r[:, None] * 32 + c[None, :], y)
+
+
+def test_flat_order():
+    """The main kernel's _flat_order is _flat_order_ref (what test_post_flat writes), and
+    each thread's 4 registers of a chunk (c1, r8 of the wgmma accumulator) are adjacent."""
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    out = torch.empty(4096)
+    _flat_probe[(1,)](x, out)
+    assert torch.equal(out, _flat_order_ref(x))
+    # run position 4 (128 j + 32 w + 4 lq + lr) + 2 r8 + c1 holds row 16 w + 8 r8 + lq,
+    # column 8 j + 2 lr + c1
+    w, r8, lq, j, lr, c1 = 1, 1, 5, 3, 2, 1
+    assert out[4 * (128 * j + 32 * w + 4 * lq + lr) + 2 * r8 + c1] == x[16 * w + 8 * r8 + lq,
+                                                                         8 * j + 2 * lr + c1]
+
+
+@pytest.mark.parametrize("row_split", [False, True])
+def test_post_flat(row_split):
+    """Config.dq_flat end to end on the host side: a block-padded accumulator written as
+    the main kernel writes it (per sequence, Q block, query head and consumer, the 64 x 64
+    partial in _flat_order at the load task's run, jagged.tiles.flat_block; rows past a
+    sequence zero) and read back by _bwd_post_flat (through bw._postprocess; split tiles'
+    dK / dV too, each into its own gradient) gives scale * dQ in every row, over empty,
+    one-row and block-edge sequences; the padding blocks store nothing."""
+    from jagged.tiles import flat_block, flat_rows
+    g = torch.Generator().manual_seed(int(row_split))
+    D, bm = (64, 128) if row_split else (128, 64)
+    H, NC = 3, 2
+    lens = [0, 1, bm - 1, bm, bm + 1, 300, 2, 0, 2 * bm, 77]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    nq = int(cu[-1])
+    dq_true = torch.randn(nq, H, D, generator=g)
+    rows_acc = flat_rows(nq, len(lens), bm)
+    acc = torch.full((rows_acc, H, D), float("nan"))   # every run the kernel adds is zeroed
+    flat = acc.view(-1)
+    written = torch.zeros(rows_acc * H * D // 4096, dtype=torch.bool)
+    for b, n in enumerate(lens):
+        q0 = int(cu[b])
+        for j in range(-(-n // bm)):
+            blk = flat_block(q0, b, j * bm, bm)
+            part = torch.zeros(bm, H, D)
+            r = min(bm, n - j * bm)
+            part[:r] = dq_true[q0 + j * bm:q0 + j * bm + r]
+            for h in range(H):
+                for c in range(NC):
+                    x = (part[c * 64:(c + 1) * 64, h, :] if row_split      # rows, all D
+                         else part[:, h, c * 64:(c + 1) * 64].T)           # dQ^T: cols, rows
+                    run = (blk * H + h) * NC + c
+                    flat[run * 4096:(run + 1) * 4096] = _flat_order_ref(x)
+                    written[run] = True
+    dq = torch.full((nq, H, D), float("nan")).half()
+    dkv_acc = torch.randn(2, 5, 2, D, generator=g)
+    dk, dv = (torch.full((5, 2, D), float("nan")).half() for _ in range(2))
+    p = bw.Prep(None, None, None, H, 2, D, len(lens), nq, 0, dq, dk, dv)
+    cfg = bw.Config(block_m=bm, kv_stages=1, num_stages=0, dq_flat=True)
+    bw._postprocess(p, acc, 0.5, False, dkv_acc, None, cfg, cu)
+    torch.testing.assert_close(dq.float(), (dq_true * 0.5).half().float())
+    torch.testing.assert_close(dk.float(), dkv_acc[0].half().float())
+    torch.testing.assert_close(dv.float(), dkv_acc[1].half().float())
+    assert written.sum() > 0 and not written.all()     # padding blocks exist and stay unread

@@ -12,10 +12,12 @@ import math
 import os
 import re
 import textwrap
+from dataclasses import replace
 
 import pytest
 
 from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v, traced_check
+from jagged.tiles import FLAT_MEAN_Q
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -122,7 +124,8 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     - dQ partials reduced in D / 32 TMA reduce-adds of bm x 32 fp32 a step, written by
       bm * D / 512 st.shared.v2 a compute thread (dQ^T, 80 rows: bm * D / 256
       st.shared.b32), plus the load warp's lse / delta rows (`ld_rows` a lane, in pairs),
-      addresses: test_dq_smem_addresses;
+      addresses: test_dq_smem_addresses; long packed sequences (Config.dq_flat): a 1-D
+      bulk add a warpgroup, bm * D / 1024 st.shared.v4 a thread (test_dq_flat_order);
     - lse / delta read from sLD (2 * bm / 8 ld.shared.v2: 2 x bm / 16 query columns a
       thread), none of the 32 lse / delta shuffles (shfl.idx, c = 0x31f = 799) the step
       would need without them; the load warp's rows go out before its arrive.expect_tx
@@ -149,10 +152,17 @@ def test_bwd_main_default_builds(tmp_path, D, causal, bq, dtype, mean_q):
     assert bool(re.search(r"atom\.global(\.relaxed\.gpu)?\.add\.u32", ptx)) == \
         (not bq)
     red = r"cp\.reduce\.async\.bulk\.tensor\.\w+\.global\.shared::cta\.add"
-    assert _count(red, ptx) == D // B.DQ_WIDE
-    dq_stores = 0 if cfg.dq_t else bm * D // 512
+    flat_red = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
+    assert cfg.dq_flat == (not bq and mean_q >= FLAT_MEAN_Q)
+    if cfg.dq_flat:   # a 1-D bulk add a warpgroup, 16-byte stores of its partial
+        assert _count(red, ptx) == 0 and _count(flat_red, ptx) == B.NUM_MMA_WG
+        assert _count(r"st\.shared\.v4\.(b32|f32)", ptx) == bm * D // 1024
+    else:
+        assert _count(red, ptx) == D // B.DQ_WIDE and _count(flat_red, ptx) == 0
+    dq_stores = 0 if cfg.dq_t or cfg.dq_flat else bm * D // 512
     assert _count(r"st\.shared\.v2\.(b32|f32)", ptx) == dq_stores + B.ld_rows(bm)
-    assert _count(r"st\.shared\.(b32|f32)", ptx) == (bm * D // 256 if cfg.dq_t else 0)
+    assert _count(r"st\.shared\.(b32|f32)", ptx) == (
+        bm * D // 256 if cfg.dq_t and not cfg.dq_flat else 0)
     assert _count(r"ld\.shared\.v2\.(b32|f32)", ptx) == 2 * bm // 8
     assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, \d+, 799,", ptx)
     assert "bar.warp.sync" in ptx
@@ -229,14 +239,18 @@ def test_bwd_configs():
     and the steps the kernel does not build are ValueErrors on the host."""
     from jagged.tiles import BWD_MID_MEAN_Q
     from kernels_cute import bwd_hopper as B
-    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True)
+    flat = dict(dq_flat=True)   # long packed sequences (FLAT_MEAN_Q): block-padded dQ
+    assert B.pick_config(64) == B.Config(block_m=128, kv_stages=2, sdp_together=True, **flat)
     assert B.pick_config(64, causal=True) == B.pick_config(64)
-    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1)
-    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True)
-    assert B.pick_config(128, broadcast_q=True) == B.pick_config(128, causal=True)
+    assert B.pick_config(128, causal=True) == B.Config(block_m=64, kv_stages=1, **flat)
+    assert B.pick_config(128) == B.Config(block_m=80, kv_stages=1, dq_t=True, ds_stages=2,
+                                          **flat)
+    assert B.pick_config(128, broadcast_q=True) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(64, BWD_MID_MEAN_Q) == B.Config(block_m=64, kv_stages=2)
-    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == B.pick_config(64)
-    assert B.pick_config(128, 16.0) == B.pick_config(128, causal=True)
+    assert B.pick_config(64, BWD_MID_MEAN_Q + 1) == replace(B.pick_config(64), dq_flat=False)
+    assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
+    assert B.pick_config(128, FLAT_MEAN_Q - 1).dq_flat is False
+    assert B.pick_config(128, FLAT_MEAN_Q).dq_flat is True
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
@@ -247,7 +261,8 @@ def test_bwd_configs():
     assert B.smem_bytes(64, B.pick_config(64)) == 195 * 1024
     assert B.smem_bytes(64, B.Config(128, 1)) == 163 * 1024
     assert B.smem_bytes(128, B.pick_config(128, causal=True)) == 178 * 1024
-    assert B.smem_bytes(128, B.pick_config(128)) == 207 * 1024
+    assert B.smem_bytes(128, B.pick_config(128)) == 227 * 1024     # two dS^T stages: full
+    assert B.smem_bytes(128, B.Config(80, 1, dq_t=True)) == 207 * 1024
     assert B.smem_bytes(128, B.Config(64, 2)) == 242 * 1024          # over the limit
     for (D, _), cfg in B.CONFIGS.items():
         B.check_config(D, cfg)
@@ -256,7 +271,9 @@ def test_bwd_configs():
                         (64, B.Config(32, 1), "block_m = 32"),
                         (128, B.Config(80, 1), "takes dq_t"),
                         (64, B.Config(80, 1, dq_t=True), "dq_t at D = 64"),
-                        (64, B.Config(64, 3), "kv_stages = 3")):
+                        (64, B.Config(64, 3), "kv_stages = 3"),
+                        (64, B.Config(64, 2, ds_stages=3), "ds_stages = 3"),
+                        (64, B.Config(128, 2, windows=True, dq_flat=True), "dq_flat")):
         with pytest.raises(ValueError, match=why):
             B.check_config(D, cfg)
     # the load warp's lse / delta rows cover a step's rows once (2 or 4 a lane; at 80
@@ -284,6 +301,12 @@ def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype, parts):
     path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
                               f"B.pick_config({D}, {mean_q}, {causal}, False, split=True), "
                               f"parts={parts})", dtype)
+    _check_split_build(path, D)
+
+
+def _check_split_build(path, D):
+    """A split build's PTX: D / 2 red.global.add.v2.f32 a thread and no 16-byte stores,
+    spill-free step loops, no ptxas advisory."""
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -291,6 +314,21 @@ def test_bwd_split_compile(tmp_path, D, causal, mean_q, dtype, parts):
     assert _count(r"st\.global\.v4\.b32", ptx) == 0
     _no_step_spills(path, _ptxas(path))
     assert not _ptxas_advisories(path)
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal", [(64, True), pytest.param(128, False,
+                                                           marks=pytest.mark.matrix)])
+def test_bwd_window_split_compile(tmp_path, D, causal):
+    """Key windows split over CTAs (jagged.tiles.window_parts > 1): the window build with
+    `store_add`'s fp32 adds in place of the store, its dots one after another, spill-free
+    in the step loop, with no ptxas advisory."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.window_config(D, split=True)
+    assert cfg.windows and not cfg.sdp_together
+    path = _compile(tmp_path, f"B.compile_main(dt, {D}, {causal}, False, "
+                              f"B.window_config({D}, split=True), parts=8)")
+    _check_split_build(path, D)
 
 
 @needs_dsl
@@ -333,11 +371,136 @@ def test_dkv_fragment_coordinates(tmp_path):
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
     """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
-    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels."""
+    postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels;
+    split tiles and windows: with their fp32 dK / dV zeroed and converted."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
                        "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
+                       "B.compile_preprocess(dt, 128, True, 0, True); "
+                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
-                       "B.compile_post_rows(dt)")
+                       "B.compile_postprocess(dt, True, True); "
+                       "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True)")
+
+
+@needs_dsl
+@pytest.mark.parametrize("D", [64, 128])
+def test_bwd_preprocess_loads_ahead(tmp_path, D):
+    """The preprocess's delta CTA (PRE_GROUPS row groups): every group's 16-byte loads of
+    O and dO are issued before the first shuffle of a row's sum; spill-free."""
+    from kernels_cute import bwd_hopper as B
+    path = _compile(tmp_path, f"B.compile_preprocess(dt, {D}, True)")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    loads = [m.start() for m in re.finditer(r"ld\.global(\.\w+)*\.v4", ptx)]
+    assert len(loads) == 2 * B.PRE_GROUPS, len(loads)
+    assert max(loads) < ptx.index("shfl.sync")
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
+@pytest.mark.parametrize("dkv", [False, True])
+def test_bwd_post_rows_searches_ahead(tmp_path, dkv):
+    """Key windows' PostRows: each thread's one search of its token's sequence (loads of
+    the offsets) comes before the wait for the main kernel, the accumulator's reads
+    (16-byte) after it; spill-free."""
+    path = _compile(tmp_path, f"B.compile_post_rows(dt, True, {dkv})")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    wait = ptx.index("griddepcontrol.wait;")
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    assert re.search(r"ld\.global(\.\w+)*\.(b32|s32|u32)", ptx[:wait])
+    assert not re.search(r"ld\.global(\.\w+)*\.v4", ptx[:wait])
+    assert re.search(r"ld\.global(\.\w+)*\.v4", ptx[wait:])
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal,dkv", [(128, False, False), (128, True, True),
+                                          (64, False, False)])
+def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
+    """PostprocessFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
+    128 rows), with the split tiles' dK / dV share (CastDKV): spill-free; a thread's
+    accumulator fragment in bm * D / 1024 16-byte loads, the rows out in 16-byte stores
+    (to the sequence's end: one predicated st.global.v4 in a loop), none per element."""
+    from kernels_cute import bwd_hopper as B
+    cfg = B.pick_config(D, 4096.0, causal)
+    assert cfg.dq_flat
+    path = _compile(tmp_path, f"B.compile_postprocess_flat(dt, {D}, "
+                              f"B.pick_config({D}, 4096.0, {causal}), True, {dkv})")
+    if path is None:
+        pytest.skip("compiled, but the DSL kept no PTX to inspect")
+    ptx = open(path).read()
+    # CastDKV: POST_VEC floats of dK and of dV a step (two loads, one store each)
+    assert _count(r"ld\.global\.v4\.(b32|f32)", ptx) == cfg.block_m * D // 1024 + dkv * 4
+    assert _count(r"st\.global\.v4\.b32", ptx) == 1 + dkv * 2
+    assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx)
+    assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    res = _ptxas(path)
+    assert res is None or res[1] == 0, res
+
+
+@needs_dsl
+def test_dq_flat_order(tmp_path):
+    """Config.dq_flat's partial, at each step it serves (D = 128: 64 rows, the warpgroups
+    split the columns, and 80 rows, dQ^T; D = 64: 128 rows, split by rows): thread t of
+    the compute warpgroups (the dQ wgmma's C partition) writes register i to float
+    `flat_copy`(t, i) of the buffers (the bulk add copies them as they are; PostprocessFlat
+    reads the same positions back into the same partition): every (row, col) of the bm x
+    D block exactly once; a thread's registers in its own warpgroup's buffer, 4 at a time
+    into 16 contiguous bytes (st.shared.v4), a warp's store covering 512 contiguous bytes
+    (all 32 banks, 4 wavefronts: the minimum for 512 bytes)."""
+    traced_check(tmp_path, "flat_check", """
+        import cutlass, cutlass.cute as cute
+        from kernels_cute import bwd_hopper as B
+        from kernels_cute.fragments import flat_copy
+
+        FOUND = {}
+
+        def run():
+            for key, D, cfg in ((64, 64, B.pick_config(64)),
+                                (128, 128, B.pick_config(128, causal=True)),
+                                (129, 128, B.pick_config(128))):
+                bm, dq_t = cfg.block_m, cfg.dq_t
+                tiled = B.dq_mma(cutlass.BFloat16, D, bm, dq_t)
+                half = bm * D // B.NUM_MMA_WG
+                flat = cute.make_identity_tensor((half, B.NUM_MMA_WG))
+                seen, own, vec, warp = {}, [], [], {}
+                for t in range(128 * B.NUM_MMA_WG):
+                    C = tiled.get_slice(t).partition_C(
+                        cute.make_identity_tensor((D, bm) if dq_t else (bm, D)))
+                    Fp = flat_copy(128, B.NUM_MMA_WG).get_slice(t).partition_D(flat)
+                    n = cute.size(C)
+                    assert cute.size(Fp) == n, (cute.size(Fp), n)
+                    pos = []
+                    for i in range(n):
+                        rc = tuple(C[i])[::-1] if dq_t else tuple(C[i])
+                        f = tuple(Fp[i])
+                        seen[rc] = seen.get(rc, 0) + 1
+                        if f[1] != t // 128:
+                            own.append((t, i, f))
+                        pos.append(f[1] * half + f[0])
+                    for i in range(0, n, 4):
+                        if pos[i:i + 4] != list(range(pos[i], pos[i] + 4)) or pos[i] % 4:
+                            vec.append((t, i))
+                        warp.setdefault((t // 32, i), []).append(pos[i])
+                spans = [k for k, a in warp.items()
+                         if sorted(a) != list(range(min(a), min(a) + 128, 4))]
+                FOUND[key] = dict(
+                    once=sorted(seen) == [(r, c) for r in range(bm) for c in range(D)]
+                    and set(seen.values()) == {1},
+                    own=own, vec=vec, spans=spans, n=len(warp))
+    """, """
+        for key in (64, 128, 129):
+            f = F[key]
+            assert f["once"], key
+            assert not f["own"], f["own"][:5]
+            assert not f["vec"], f["vec"][:5]
+            assert not f["spans"], f["spans"][:5]
+    """)
 
 
 @needs_dsl
@@ -590,8 +753,9 @@ def test_bwd_window_builds(tmp_path, D, causal, dtype):
 def test_bwd_window_config():
     """Key windows: the head dim's long-sequence step (causal masking's, never the
     80-row one) with windows on, and only where jagged.tiles.windowed over the keys
-    (128-key blocks) says so, never broadcast-Q."""
-    from jagged.tiles import windowed
+    (128-key blocks, up to a mean of BWD_WINDOW_MEAN_FRACTION of one) says so, never
+    broadcast-Q."""
+    from jagged.tiles import BWD_WINDOW_MEAN_FRACTION, windowed
     from kernels_cute import bwd_hopper as B
     for d in (64, 128):
         cfg, base = B.window_config(d), B.pick_config(d, causal=True)
@@ -599,13 +763,15 @@ def test_bwd_window_config():
         assert (cfg.block_m, cfg.kv_stages) == (base.block_m, base.kv_stages)
         B.check_config(d, cfg)
     for n_keys, batch, max_k in ((26 * 100, 100, 60), (64 * 10, 10, 64), (65 * 10, 10, 90),
-                                 (5, 1, 5), (40, 40, 1)):
+                                 (128 * 10, 10, 128), (129 * 10, 10, 200), (5, 1, 5),
+                                 (40, 40, 1)):
         for bq in (False, True):
             assert B.takes_windows(n_keys, batch, max_k, bq) == \
-                windowed(n_keys, batch, max_k, 128, bq)
+                windowed(n_keys, batch, max_k, 128, bq, BWD_WINDOW_MEAN_FRACTION)
     assert B.takes_windows(26 * 1152, 1152, 256, False)        # gem-jagged 256
     assert not B.takes_windows(26 * 1152, 1152, 256, True)
-    assert not B.takes_windows(65 * 100, 100, 256, False)
+    assert B.takes_windows(128 * 100, 100, 128, False)         # every sequence a tile
+    assert not B.takes_windows(129 * 100, 100, 256, False)
 
 
 class _Ints:
@@ -636,7 +802,9 @@ def test_kv_window_coords_match_the_reference(causal):
     runs them), on plain ints against jagged's torch references: every (live window, KV
     head) tile once per grid size under the round-robin; a window's first column, real
     columns, first / last sequence, its rows all those of the sequences it spans (a
-    first sequence that starts before the window included, no causal cut) in n_m blocks;
+    first sequence that starts before the window included) in n_m blocks from m_lo: 0
+    but for a causal block of a longer sequence, the Q block of the first row that sees
+    its first key, no row before it seeing any of its columns;
     each column's rows those of col_q_range_ref (none past the real columns), and the
     unsigned mask (`window_keep`) over every step keeps exactly the (row, column) pairs of
     one sequence that attention sees (bottom-right causal). The lengths include empty
@@ -656,28 +824,32 @@ def test_kv_window_coords_match_the_reference(causal):
     lq[:2], lk[:2] = torch.tensor([10, 300]), torch.tensor([100, 10])
     lq[5:12] = torch.tensor([0, 1, 0, 9, 40, 1, 0])
     lk[5:12] = torch.tensor([3, 0, 0, 7, 300, 1, 5])
+    lq[20], lk[20] = 260, 260     # causal: its later blocks' walks start past its first rows
     cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)])
     cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)])
     total_k = int(cu_k[-1])
     for BM in (64, 128):
         # key windows: the table over the key offsets, sorted by the query blocks spanned
         order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
-        n_live = int(count)
+        n_live, cuts = int(count), 0
         sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
                       HKV, 3, None, None, 1)
         for P in (1, 5, 132):              # tile_range's packed round-robin
-            seen = [Sch.kv_window_coords(t, sched, BM, BN)
+            seen = [Sch.kv_window_coords(t, sched, BM, BN, causal)
                     for p in range(P) for t in range(p, n_live * HKV, P)]
             assert sorted((c[3].k_start, c[1]) for c in seen) == \
                 sorted((int(win[2, w]), hk) for w in order[:n_live] for hk in range(HKV))
         for idx in range(n_live):
             s_first, hk, n0, seq, m_lo, n_m, s_last = Sch.kv_window_coords(
-                idx * HKV + 2, sched, BM, BN)
+                idx * HKV + 2, sched, BM, BN, causal)
             w = int(order[idx])
             start = int(win[2, w])
             cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
-            assert (hk, n0, m_lo) == (2, 0, 0)
+            keys = int(cu_k[s_last + 1] - cu_k[s_first])
+            cut = max(start - int(cu_k[s_last + 1]) + seq.len_q if keys > BN else 0, 0)
+            assert (hk, n0, m_lo) == (2, 0, cut // BM * BM if causal else 0)
+            cuts += m_lo > 0
             # the window's sequences: its rows' own, and empty ones around them
             f, l = int(ref_seq[0]), int(ref_seq[-1])
             assert s_first <= f and l <= s_last
@@ -685,7 +857,7 @@ def test_kv_window_coords_match_the_reference(causal):
             assert seq.k_start == start and seq.len_k == len(cols)
             assert seq.q_start == seq.out_start == int(cu_q[s_first])
             assert seq.q_start + seq.len_q == int(cu_q[s_last + 1])
-            assert n_m == -(-seq.len_q // BM)
+            assert n_m == -(-(seq.len_q - m_lo) // BM)
             for col in range(BN):
                 s, lo, hi = _col_ranges(S, _Ints(cu_q), _Ints(cu_k), seq, s_first, s_last,
                                         col, causal)
@@ -696,14 +868,16 @@ def test_kv_window_coords_match_the_reference(causal):
                 q_lo, q_w = lo - seq.q_start, max(hi - lo, 0)
                 # the pairs attention sees: one sequence, bottom-right causal
                 q0, q1, k0 = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s])
-                rows = torch.arange(seq.q_start, seq.q_start + n_m * BM)
+                rows = torch.arange(seq.q_start, seq.q_start + m_lo + n_m * BM)
                 sees = (rows >= q0) & (rows < q1) & (col < seq.len_k)
                 if causal:
                     sees &= causal_visible_ref(rows - q0, seq.k_start + col - k0,
                                                int(lq[s]), int(lk[s]))
-                keep = [(q - (q_lo - m * BM)) % 2 ** 32 < q_w      # window_range, _keep
+                assert not sees[:m_lo].any(), (w, col)              # the rows cut see none
+                keep = [(q - (q_lo - m_lo - m * BM)) % 2 ** 32 < q_w  # window_range, _keep
                         for m in range(n_m) for q in range(BM)]
-                assert keep == sees.tolist(), (w, col)
+                assert keep == sees[m_lo:].tolist(), (w, col)
+        assert (cuts > 0) == causal
 
 
 @interp
@@ -729,7 +903,9 @@ def test_host_backward_launches_windows(monkeypatch, short):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
-    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder)
+    monkeypatch.setattr(B, "window_parts", lambda *a: 1)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
@@ -750,11 +926,12 @@ def test_host_backward_launches_windows(monkeypatch, short):
             (pre, pre_args), (main, args), (post, post_args) = calls
             # the postprocess launches as the main kernel's dependent in the packed modes
             windows = short and not bq
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0)
-            assert post == (q.dtype, not bq)
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False)
+            assert post == (q.dtype, not bq, False)
             B_ = len(lk)
-            assert pre_args[7:] == ((cu_q, cu_k) if windows else (None, None)) + (
-                B_, B_.bit_length())
+            assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the accumulator's
+            assert pre_args[8:] == ((cu_q, cu_k) if windows else (None, None)) + (
+                B_, B_.bit_length(), None, 0)
             if windows:   # the rows postprocess: the offsets, vectors a token
                 assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
                 assert post_args[7] == H * D // B.POST_VEC
@@ -804,6 +981,17 @@ def test_tile_range_slots(monkeypatch, bq, n_slots):
             assert (first, step, n_tiles, slot_row) == (p, P, 7 * HKV, 0)
 
 
+def _packed_call(lengths, H, HKV, D):
+    """A self-attention call's host inputs for recorded launches: (lengths, offsets,
+    tokens, q, k, lse), zeros."""
+    import torch
+    lk = torch.tensor(lengths)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    n = int(cu[-1])
+    return (lk, cu, n, torch.zeros(n, H, D, dtype=torch.bfloat16),
+            torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
+
+
 def test_host_backward_launches_plain(monkeypatch):
     """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
     sequences without causal masking launch the 80-row build on kv_tiles of 80-row
@@ -820,17 +1008,12 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC)
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, dq_flat=B._flat, post_flat=rec)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
                                      ([512] * 3, False, 64)):
-        lk = torch.tensor(lengths)
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-        n = int(cu[-1])
-        q = torch.zeros(n, H, D, dtype=torch.bfloat16)
-        k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
-        lse = torch.zeros(H, n)
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()), int(lk.max()), causal,
                       0.125, False)
@@ -846,9 +1029,9 @@ def test_host_backward_launches_plain(monkeypatch):
 def test_host_backward_launches_split(monkeypatch, causal):
     """host.backward with bwd_hopper's main on a call of few long tiles (kernels recorded):
     the tiles split over CTAs (jagged.tiles.bwd_parts) launch the split build (the 64-row
-    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators, zeroed; the
-    postprocess then converts each into its own gradient (three allocations: a custom
-    op's outputs may not alias)."""
+    step at D = 128, never the 80-row one) on fp32 dK / dV accumulators that the
+    preprocess zeroes and the postprocess converts, each into its own gradient (three
+    allocations: a custom op's outputs may not alias): three launches, as a whole call."""
     import torch
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
@@ -861,7 +1044,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    kern = host.BwdKernels(recorder, B._main, recorder, B.POST_VEC)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
     cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
@@ -873,19 +1057,83 @@ def test_host_backward_launches_split(monkeypatch, causal):
     assert parts > 1
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
-    (pre, _), (main, args), (post, pa), *posts = calls
-    cfg = B.CONFIGS[(D, "long")]
+    (pre, pa), (main, args), (post, qa) = calls
+    # long sequences: the block-padded dQ accumulator (test_host_backward_launches_flat)
+    cfg = replace(B.CONFIGS[(D, "long")], dq_flat=True)
     assert cfg.block_m == 64 and B.pick_config(D, n / 2, causal, False, 2000).block_m == (
         64 if causal else 80)
     assert main[:6] == (q.dtype, D, causal, False, cfg, True) and main[7] == parts
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
-    assert not acc_k.any() and not acc_v.any()
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert len(posts) == 2 and dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
-    for (post2, pb), acc, grad in zip(posts, (acc_k, acc_v), (dk, dv)):
-        assert post == post2 == (q.dtype, True)
-        src, dst, n_vec, n_slots, scale = pb
-        assert src.data_ptr() == acc.data_ptr() and src.numel() == k.numel()
-        assert dst.data_ptr() == grad.data_ptr() and dst.numel() == k.numel()
-        assert (n_vec, n_slots, scale) == (k.numel() // B.POST_VEC, 1, 1.0)
+    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, D, cfg, True, True)
+    assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
+    assert pa[-1] == 2 * n * HKV
+    acc, gk, gv, n_vec = qa[5:]
+    assert acc.data_ptr() == acc_k.data_ptr() and acc.shape == (2, k.numel())
+    assert gk.data_ptr() == dk.data_ptr() and gv.data_ptr() == dv.data_ptr()
+    assert n_vec == k.numel() // B.POST_VEC
+    assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
+
+
+@interp
+def test_host_backward_launches_flat(monkeypatch):
+    """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
+    least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
+    plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
+    preprocess, and PostprocessFlat over its blocks; shorter ones, and broadcast-Q, keep
+    the row accumulator and the row postprocess; key windows never take it, however long
+    their query sequences (the window build, the rows postprocess)."""
+    import torch
+    from jagged.tiles import flat_rows
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append((key, args))
+
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)
+    monkeypatch.setattr(B, "window_parts", lambda *a: 1)
+    kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
+    H, HKV, D = 4, 2, 128
+    for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
+                                ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
+        lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
+        calls.clear()
+        dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
+                                 int(lk.max()), causal, 0.125, False)
+        (pre, ra), (main, args), (post, pa) = calls
+        cfg = main[4]
+        acc = args[6]
+        assert pre == (q.dtype, D, True, 0, False)
+        assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
+        assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
+        if bm:
+            rows = flat_rows(n, len(lengths), bm)
+            assert cfg.dq_flat and cfg.block_m == bm and acc.shape == (rows, H, D)
+            assert post == (q.dtype, D, cfg, True, False)
+            assert pa[0].data_ptr() == acc.data_ptr() and pa[0].numel() == rows * H * D
+            assert pa[1] is dq and pa[2] is cu and pa[3] == rows // bm and pa[4] == 0.125
+        else:
+            assert not cfg.dq_flat and acc.shape == (n, H, D)
+            assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
+    assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
+    lq, lk = torch.tensor([600, 900, 700] * 8), torch.tensor([26, 40, 31] * 8)
+    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0).to(torch.int32)])
+                  for x in (lq, lk))
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 40, False)
+    q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)
+    k = torch.zeros(n_k, HKV, D, dtype=torch.bfloat16)
+    calls.clear()
+    host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 40, False,
+                  0.125, False)
+    (pre, ra), (main, args), (post, pa) = calls
+    assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
+    assert pre[3] == B.BLOCK_N and ra[7] == n_q * H
+    assert post == (q.dtype, True, False) and pa[2:4] == (cu_q, cu_k)

@@ -681,15 +681,17 @@ def test_tlx_bwd_tile_handoff_counts_the_reduce_warp():
                for k, m in reports)
 
 
-@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("style", ["tlx", "cute", "cute-flat"])
 @pytest.mark.parametrize("parts", [2, 4, 8])
 def test_bwd_split_tiles_protocol(style, parts):
     """Tiles split over programs by their steps (jagged.tiles.bwd_parts, schedule
     part_steps): every part of every (tile, KV head) finished once, parts with no step
     among them (a tile of one or two steps in four or eight parts), with no race or
-    deadlock, in both styles' models."""
+    deadlock, in both styles' models (CuteDSL's also with Config.dq_flat)."""
     model, cfg = ((P.tlx_bwd_hopper, _tlx_bwd_configs()[(128, "long")]) if style == "tlx"
                   else (P.cute_bwd_hopper, _cute_bwd_configs()[(128, "long")]))
+    if style == "cute-flat":
+        cfg = dataclasses.replace(cfg, dq_flat=True)
     for prob in (BWD, Problem((300, 70, 64, 1), (400, 300, 100, 5), heads=4, kv_heads=2)):
         assert P.check(lambda sim: model(sim, prob, cfg, 3, 128, parts=parts), range(3)) > 0
     w = P.BwdWalk(BWD, 64, 128, 3, parts)
@@ -708,15 +710,58 @@ def _cute_bwd_configs():
 CUTE_BWD_KEYS = [(64, "mid"), (64, "long"), (128, "long"), (128, "plain")]
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["rows", "flat"])
 @pytest.mark.parametrize("key", CUTE_BWD_KEYS, ids=lambda k: f"{k[0]}-{k[1]}")
-def test_cute_bwd_hopper_protocol(key):
+def test_cute_bwd_hopper_protocol(key, flat):
     """128-row steps (D = 64, two K/V stages), 64-row steps (D = 128, one; D = 64, two)
     and 80-row ones (D = 128, dQ^T): the dS^T and dQ buffers behind named barriers, tiles
-    from the counter for causal packed lists."""
+    from the counter for causal packed lists; flat: a dQ buffer a warpgroup
+    (Config.dq_flat)."""
     d = key[0]
-    runs, _ = P.sweep(P.cute_bwd_hopper, _cute_bwd_configs()[key], problems=5, seeds=3,
+    cfg = dataclasses.replace(_cute_bwd_configs()[key], dq_flat=flat)
+    runs, _ = P.sweep(P.cute_bwd_hopper, cfg, problems=5, seeds=3,
                       seed=_seed(("cute bwd",) + key), max_len=300, head_dim=d)
     assert runs == 15
+
+
+def test_cute_bwd_ds_stages_need_both_buffers():
+    """Config.ds_stages 2 (one dS^T barrier a step): its two buffers folded into one, a
+    warpgroup overwrites its dS^T half while the other's dQ MMA still reads it."""
+    cfg = dataclasses.replace(_cute_bwd_configs()[(128, "plain")], ds_stages=2)
+    assert P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, cfg, 2, 128), range(4)) > 0
+    out = []
+    for seed in range(6):
+        try:
+            P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, cfg, 2, 128), [seed],
+                    mutate=_rename({f"cta0.ds[{2 + w}]": f"cta0.ds[{w}]" for w in range(2)}))
+        except ProtocolError as e:
+            out.append((e.kind, str(e)))
+    assert len(out) == 6 and all(k in ("race", "stale") and "ds[" in m for k, m in out)
+
+
+def test_cute_bwd_flat_mutations_are_caught():
+    """Config.dq_flat's hand-over: a warpgroup's buffer handed back before its bulk add
+    has read it (reduce_dq's bulk waits one short), or written without its empty barrier
+    (one warpgroup skips it), is reported on every seed."""
+    cfg = dataclasses.replace(_cute_bwd_configs()[(128, "plain")], dq_flat=True)
+
+    def reports(mutate):
+        out = []
+        for seed in range(6):
+            try:
+                P.check(lambda sim: P.cute_bwd_hopper(sim, BWD, cfg, 2, 128), [seed],
+                        mutate=mutate)
+            except ProtocolError as e:
+                out.append((e.kind, str(e)))
+        return out
+
+    early = reports(lambda r, op: MmaWait(op.pending + 1) if (
+        r.endswith("reduce_dq") and type(op) is MmaWait and op.pending < 1) else op)
+    assert len(early) == 6 and all(k == "race" and "dq[" in m for k, m in early)
+    skip = reports(lambda r, op: None if (
+        r.endswith("compute1") and type(op) is BarSync and op.id.endswith("bar9")) else op)
+    assert len(skip) == 6 and all(k in ("arrival", "race", "stale", "deadlock")
+                                  for k, _ in skip)
 
 
 def _cute_bwd_reports(d, seeds=range(6), **kw):

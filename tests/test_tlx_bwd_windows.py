@@ -4,6 +4,8 @@ own tile decoding (`_coords` -> schedule.kv_window_coords), each key column's qu
 over its key-window list (jagged.tiles.window_tiles over cu_k), with plain loads, dots
 and atomic adds in place of TMA, wgmma and the bulk dQ reduce, between the kernel's own
 preprocess and postprocess, against the oracle. The forward is jagged.portable's."""
+import functools
+
 import pytest
 import torch
 import triton
@@ -14,7 +16,7 @@ from harness.problems import Problem
 from _interp import interp
 
 bw = pytest.importorskip("kernels_tlx.bwd_hopper")
-from kernels_tlx.schedule import KVTiles  # noqa: E402
+from kernels_tlx.schedule import KVTiles, part_steps  # noqa: E402
 
 
 @triton.jit
@@ -54,10 +56,12 @@ def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
 
 @triton.jit
 def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-              n_q, n_k, owned, H, cid: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """bw.compute's math for consumer cid's 64 keys (32-row steps), TMA's zero fill and
-    clipping past the tensors' ends as masks; an owned window's dQ is `_owned_dq`'s."""
+              n_q, n_k, owned, j0, j1, H, cid: tl.constexpr, HKV: tl.constexpr,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, PARTS: tl.constexpr):
+    """bw.compute's math for consumer cid's 64 keys (32-row steps) over steps [j0, j1),
+    TMA's zero fill and clipping past the tensors' ends as masks; an owned window's dQ is
+    `_owned_dq`'s. PARTS > 1: dK / dV added into the fp32 accumulators dk, dv."""
     G = H // HKV
     BNC: tl.constexpr = BLOCK_N // 2
     nc0 = tile.n0 + cid * BNC
@@ -67,7 +71,7 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
     kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
     dk_c = tl.zeros([BNC, D], tl.float32)
     dv_c = tl.zeros([BNC, D], tl.float32)
-    for j in range(0, G * tile.n_m):
+    for j in range(j0, j1):
         h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
                                             j, scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         rows = tile.q_start + offs_m
@@ -80,12 +84,16 @@ def _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, sc
     # bw.store's arithmetic and row bound, without its shared-memory staging
     out = (tile.k_start + offs_n)[:, None] * HKV * D + tile.hk * D + d[None, :]
     keep = (offs_n < tile.len_k)[:, None]
-    tl.store(dk + out, (dk_c * scale).to(dk.dtype.element_ty), mask=keep)
-    tl.store(dv + out, dv_c.to(dv.dtype.element_ty), mask=keep)
+    if PARTS > 1:  # bw.store_add's
+        tl.atomic_add(dk + out, dk_c * scale, mask=keep)
+        tl.atomic_add(dv + out, dv_c, mask=keep)
+    else:
+        tl.store(dk + out, (dk_c * scale).to(dk.dtype.element_ty), mask=keep)
+        tl.store(dv + out, dv_c.to(dv.dtype.element_ty), mask=keep)
 
 
 @triton.jit
-def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
+def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, j0, j1,
               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DQ_COLS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """An owned window's dQ as bw.compute forms it: per step, each consumer's DQ_COLS
@@ -94,7 +102,7 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
     offs_n = tl.arange(0, BLOCK_N)
     bounds = bw._col_bounds(col_rows, tiles, tile, 0, BLOCK_N, BLOCK_N)
     kr, kc, vc, dt = _kv(k, v, tile, offs_n, n_k, HKV, D)
-    for j in range(0, G * tile.n_m):
+    for j in range(j0, j1):
         h, offs_m, qb, dob, pt, dst = _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n,
                                             j, grads.scale, n_q, H, G, D, dt, BLOCK_M, CAUSAL)
         for c in tl.static_range(D // DQ_COLS):
@@ -109,40 +117,49 @@ def _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k,
 def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, order,
              count, win, n_win, scale, n_q, n_k, H: tl.constexpr, HKV: tl.constexpr,
              D: tl.constexpr, DQ_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """One program per (window, KV head) slot t of the static walk."""
+             BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PARTS: tl.constexpr):
+    """One program per (window, KV head, part) slot t of the static walk."""
     tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
     t = tl.program_id(0)
-    if t < tl.load(count) * HKV:
-        tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+    if t < tl.load(count) * HKV * PARTS:
+        tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True, PARTS)
         owned = bw._window_keys(tiles, tile) <= BLOCK_N
+        j0, j1 = part_steps(t, (H // HKV) * tile.n_m, PARTS)
         for cid in tl.static_range(2):
             _consumer(q, k, v, do, lse, delta, dq_acc, dk, dv, col_rows, tiles, tile, scale,
-                      n_q, n_k, owned, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL)
+                      n_q, n_k, owned, j0, j1, H, cid, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
+                      PARTS)
         if owned:
             grads = bw.Grads(dk, dv, 0, 0, scale, dq)
-            _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, H,
-                      HKV, D, DQ_COLS, BLOCK_M, BLOCK_N, CAUSAL)
+            _owned_dq(q, k, v, do, lse, delta, grads, col_rows, tiles, tile, n_q, n_k, j0,
+                      j1, H, HKV, D, DQ_COLS, BLOCK_M, BLOCK_N, CAUSAL)
 
 
 def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                      broadcast_q, dlse=None):
-    """bw.backward's windows path with the main kernel emulated (_emulate)."""
-    from jagged.tiles import window_tiles
+                      broadcast_q, dlse=None, parts=None):
+    """bw.backward's windows path with the main kernel emulated (_emulate); parts: each
+    window split so many ways (None: jagged.tiles.window_parts, as bw.backward)."""
+    from jagged.tiles import dkv_accumulator, window_parts, window_tiles
     n_q, H, D = q.shape
     n_k, HKV = k.shape[:2]
     B = cu_k.shape[0] - 1
     assert bw.takes_windows(n_k, B, max_k, broadcast_q)
     cfg = bw.window_config(D)
     p = bw._prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
+    if parts is None:
+        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132)
+    dkv_acc = dkv_accumulator(k, parts)
+    if dkv_acc is not None:
+        dkv_acc.fill_(float("nan"))  # the preprocess zeroes it
     delta = torch.empty((H, n_q), dtype=torch.float32)
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
     rows = 32 if D <= 64 else 16
-    bw._bwd_preprocess[(triton.cdiv(n_q * H, rows),)](
+    bw._bwd_preprocess[(bw.pre_programs(n_q, H, rows, True),)](
         p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        H=H, D=D, ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N)
+        dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
+        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
@@ -150,37 +167,38 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     p.dk.fill_(float("nan"))  # every real key row must be stored
     p.dv.fill_(float("nan"))
     p.dq.fill_(float("nan"))  # every query row: by an owned window or the postprocess
-    _emulate[(win.shape[1] * HKV,)](
-        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, p.dk, p.dv,
+    dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
+    _emulate[(win.shape[1] * HKV * parts,)](
+        q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, dk, dv,
         col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H=H,
         HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
-        CAUSAL=causal)
-    bw._postprocess(p, dq_acc, scale, broadcast_q, None, (cu_q, cu_k))
+        CAUSAL=causal, PARTS=parts)
+    bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
     return p.dq, p.dk, p.dv
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts):
         from jagged import portable
         out, lse = portable.fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.args = (max_q, max_k, causal, scale)
+        ctx.args = (max_q, max_k, causal, scale, parts)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        max_q, max_k, causal, scale = ctx.args
+        max_q, max_k, causal, scale, parts = ctx.args
         dq, dk, dv = emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k,
-                                       causal, scale, False)
-        return dq, dk, dv, None, None, None, None, None, None
+                                       causal, scale, False, parts=parts)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def emulated(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None,
-             broadcast_q=False):
+             broadcast_q=False, parts=None):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale)
+    return _Attention.apply(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, parts)
 
 
 def _short(n, lo, hi, seed):
@@ -191,6 +209,12 @@ def _short(n, lo, hi, seed):
 # a window whose first sequence starts before it and whose last ends after it (keys
 # [0, 30), [30, 230), [230, 240), [240, 420): window 1 = [128, 256) spans 1..3)
 SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
+
+# causal blocks of longer sequences (300 and 200 keys: windows of their own) among short
+# ones, cross with len_q > len_k for the 200-key one
+LONG_PROBLEM = Problem(batch=40, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=330,
+                       max_seqlen_k=300, mode="cross", causal=True)
+LONG = ([300, 4, 330] + _short(37, 0, 12, 10), [300, 4, 200] + _short(37, 0, 12, 10))
 
 CASES = [  # (id, problem, (len_q, len_k))
     ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
@@ -217,6 +241,12 @@ CASES = [  # (id, problem, (len_q, len_k))
     ("self-causal-many-empty", Problem(batch=60, heads=2, head_dim=64, max_seqlen_q=90,
                                        causal=True, seed=1),
      ([5] + [0] * 40 + [90, 7] + [0] * 10 + _short(7, 0, 30, 9),) * 2),
+    # longer sequences' later key blocks, causal: their walks start past the first rows
+    ("self-causal-long-blocks", LONG_PROBLEM, LONG),
+    # a mean of most of a tile (windows up to BWD_WINDOW_MEAN_FRACTION): windows of one
+    # sequence of up to 128 keys each, owned, and longer ones' blocks
+    ("self-tile-mean", Problem(batch=10, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=256),
+     ([129, 127, 3, 256, 77, 128, 0, 140, 95, 64],) * 2),
 ]
 
 
@@ -227,6 +257,32 @@ def test_window_backward_against_oracle(p, lengths):
     assert bw.takes_windows(inp.k.shape[0], p.batch, inp.max_seqlen_k, False)
     rep = check(inp, emulated, causal=p.causal, backward=True)
     assert rep.ok, f"{p.label()}\n{rep}"
+
+
+@interp
+@pytest.mark.parametrize("parts", [2, 8])
+@pytest.mark.parametrize("case", ["self-d64-empties-ones", "self-causal-gqa-d128",
+                                  "cross-causal-lq>lk-gqa", "self-causal-long-blocks"])
+def test_window_parts_against_oracle(case, parts):
+    """Windows split over programs (jagged.tiles.window_parts > 1): the kernel's own
+    decoding of (window, KV head, part) and each part's steps (schedule.part_steps), dK /
+    dV added into fp32 accumulators, an owned window's dQ stored step by step, parts with
+    no step among them; a longer sequence's causal blocks split after their row cut."""
+    p, lengths = next(c[1:] for c in CASES if c[0] == case)
+    inp = p.build(lengths=lengths)
+    rep = check(inp, functools.partial(emulated, parts=parts), causal=p.causal,
+                backward=True)
+    assert rep.ok, f"{p.label()} parts {parts}\n{rep}"
+
+
+def test_window_parts_rule():
+    """A call of a few windows whose steps walk a GQA group splits them (fuzz B8 H8/1
+    D128 512 / 0.1 causal: 443 tokens); many windows, or few steps a window, do not."""
+    from jagged.tiles import window_parts
+    assert window_parts(443, 443, 1, 8, 32, 128, 132) == 8
+    assert window_parts(30000, 30000, 4, 1, 32, 128, 132) == 1   # gem 256 / 0.1's size
+    assert window_parts(5000, 5000, 2, 4, 32, 128, 132) == 1
+    assert window_parts(300, 300, 1, 1, 64, 128, 132) == 1
 
 
 @interp
@@ -247,3 +303,47 @@ def test_window_rows_against_reference():
         _, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
         assert torch.equal(got[0, :n_k].long(), lo)
         assert torch.equal(got[1, :n_k].long(), hi)
+
+
+@triton.jit
+def _tile_probe(order, count, win, cu_q, cu_k, n_win, out, HKV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    tiles = KVTiles(order, win, count, cu_q, cu_k, n_win, None)
+    t = tl.program_id(0)
+    tile = bw._coords(t, t, tiles, HKV, BLOCK_M, BLOCK_N, CAUSAL, False, True)
+    tl.store(out + 3 * t, tile.k_start.to(tl.int32))
+    tl.store(out + 3 * t + 1, tile.m_lo)
+    tl.store(out + 3 * t + 2, tile.n_m)
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_row_cut(causal):
+    """kv_window_coords: a causal block of a longer sequence starts its walk at the Q block
+    of the first row that sees its first key (the tightest block-aligned start); windows
+    of whole sequences, and every window without causal masking, walk all their rows."""
+    from jagged.tiles import window_tiles
+    lq, lk = LONG
+    cu_q, cu_k = (torch.nn.functional.pad(torch.tensor(x).cumsum(0), (1, 0)).to(torch.int32)
+                  for x in LONG)
+    n_k = int(cu_k[-1])
+    BM = bw.window_config(64).block_m
+    order, count, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, BM)
+    live = int(count)
+    out = torch.zeros(3 * live, dtype=torch.int32)
+    _tile_probe[(live,)](order, count, win, cu_q, cu_k, win.shape[1], out, HKV=1, BLOCK_M=BM,
+                         BLOCK_N=bw.BLOCK_N, CAUSAL=causal)
+    cut = 0
+    for t in range(live):
+        w = int(order[t])
+        s0, s1 = int(win[0, w]), int(win[1, w])
+        k_start, m_lo, n_m = (int(x) for x in out[3 * t:3 * t + 3])
+        len_q = int(cu_q[s1 + 1] - cu_q[s0])
+        keys = int(cu_k[s1 + 1] - cu_k[s0])
+        want = 0
+        if causal and keys > bw.BLOCK_N:   # the first row seeing key k_start (bottom-right)
+            want = max(k_start - int(cu_k[s0]) - keys + len_q, 0) // BM * BM
+        assert (m_lo, n_m) == (want, -(-(len_q - want) // BM)), (t, s0, s1, k_start)
+        cut += want > 0
+    assert cut == (4 if causal else 0)   # the later two blocks of 300 keys; both of 200 keys
+    # under 330 rows (the last 130 rows see the first key)

@@ -160,7 +160,7 @@ def test_bwd_parts():
     assert bwd_parts(9164, 9164, 8, 1, 2, True, False, 128, 128, S, 4091, 4091) == 4
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
-    assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32 and not acc.any()
+    assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32  # the preprocess zeroes it
 
 
 @pytest.mark.parametrize("bq", [False, True])
@@ -176,6 +176,32 @@ def test_dq_accumulator_sched_buffer(bq):
     assert sched.data_ptr() == acc.data_ptr() + acc.numel() * 4 and sched.data_ptr() % 16 == 0
     if bq:  # the slots start zeroed (the packed accumulator is zeroed by the preprocess)
         assert not acc.any()
+
+
+@pytest.mark.parametrize("block_m", [64, 80, 128])
+def test_flat_blocks_are_distinct(block_m):
+    """A block-padded dQ accumulator (CuteDSL's Config.dq_flat): every Q block of every
+    sequence (empty ones, one-row ones, lengths at and around multiples of the block) has a
+    block of its own, all below flat_rows / block_m, however the offsets fall; the host's
+    accumulator has those rows (dq_accumulator's `rows`)."""
+    from jagged.tiles import dq_accumulator, flat_block, flat_rows
+    gen = torch.Generator().manual_seed(block_m)
+    edge = [0, 1, block_m - 1, block_m, block_m + 1, 2 * block_m, 3 * block_m - 1]
+    for trial in range(200):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        if trial % 2:
+            lengths = torch.tensor(edge)[torch.randint(0, len(edge), (n,), generator=gen)]
+        else:
+            lengths = torch.randint(0, 5 * block_m, (n,), generator=gen)
+        cu = [0] + torch.cumsum(lengths, 0).tolist()
+        blocks = [flat_block(cu[b], b, j * block_m, block_m)
+                  for b in range(n) for j in range(-(-int(lengths[b]) // block_m))]
+        assert len(set(blocks)) == len(blocks)
+        assert not blocks or (min(blocks) >= 0 and
+                              max(blocks) < flat_rows(cu[-1], n, block_m) // block_m)
+    acc, _, _ = dq_accumulator(10, 0, 4, 2, 64, False, 132, "cpu", 50,
+                               rows=flat_rows(10, 3, block_m))
+    assert acc.shape == (flat_rows(10, 3, block_m), 4, 64)
 
 
 @pytest.mark.parametrize("B", [1, 2, 3, 5])

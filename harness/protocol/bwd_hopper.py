@@ -201,10 +201,14 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     rows beside), empty barriers of one arrival per compute warp; the tile handoff
     (packed lists) a PipelineAsync of 32 producer and 288 consumer threads. Named
     barriers: 1 (256 threads) twice a step around the single dS^T buffer (both halves
-    free, then both written: the dQ MMA reads both); 3 and 2 (288 threads: the compute
+    free, then both written: the dQ MMA reads both), once a step with cfg.ds_stages 2
+    (a buffer a Q stage: both written, and the other stage's readers done); 3 and 2 (288 threads: the compute
     warpgroups and reduce_dq) for the single dQ staging buffer (empty, pre-arrived by
-    reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half. parts:
-    as tlx_bwd_hopper's."""
+    reduce_dq; full); 4 + w (128) inside a warpgroup's store through its V half.
+    cfg.dq_flat: a dQ buffer a warpgroup behind barriers of its own (8 + w empty, 6 + w
+    full, 160 threads: the warpgroup and reduce_dq), which reduce_dq hands back at the
+    next step's start once that buffer's bulk add has read it (bulk waits of 1, then 0),
+    the other's still in flight. parts: as tlx_bwd_hopper's."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_cute.bwd_hopper import BLOCK_N, NUM_MMA_WG, Q_STAGES
@@ -214,6 +218,9 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     P = walk.programs
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
     DQ_THREADS = 128 * NW + 32
+    FLAT = getattr(cfg, "dq_flat", False)
+    DS = getattr(cfg, "ds_stages", 1)
+    WG_THREADS = 128 + 32
     counter = sim.counter("tile_counter")
     for p in range(P):
         pre = f"cta{p}."
@@ -222,7 +229,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         q = sim.buffers(pre + "q", Q_STAGES)
         do = sim.buffers(pre + "do", Q_STAGES)
         ld = sim.buffers(pre + "lse_delta", Q_STAGES)
-        ds = sim.buffers(pre + "ds", NW)          # one buffer, a half a warpgroup
+        ds = sim.buffers(pre + "ds", DS * NW)     # [stage * 2 + half]: a half a warpgroup
         dq = sim.buffers(pre + "dq", NW)
         tile_slot = sim.buffers(pre + "tile", 2)
         bar = lambda name, n, count=1: sim.mbarriers(pre + name, n, count)
@@ -231,6 +238,8 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         tile_full, tile_empty = bar("tile_full", 2, 32), bar("tile_empty", 2, DQ_THREADS)
         pds, dq_full_b, dq_empty_b = (sim.named_barrier(f"{pre}bar{n}") for n in (1, 2, 3))
         store_b = [sim.named_barrier(f"{pre}bar{4 + w}") for w in range(NW)]
+        full_w = [sim.named_barrier(f"{pre}bar{6 + w}") for w in range(NW)]   # dq_flat
+        empty_w = [sim.named_barrier(f"{pre}bar{8 + w}") for w in range(NW)]
         first, step, end = walk.range(p)
 
         steps = partial(walk.steps, pid=p)
@@ -274,7 +283,8 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         def compute(w, p=p, k=k, v=v, q=q, do=do, ld=ld, ds=ds, dq=dq, kv_full=kv_full,
                     kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, pds=pds,
                     dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, store_b=store_b,
-                    fetch=fetch, first=first, end=end, steps=steps):
+                    full_w=full_w, empty_w=empty_w, fetch=fetch, first=first, end=end,
+                    steps=steps):
             t, i, qcnt = (yield from fetch(first, 0, 128)), 0, 0
             while t < end:
                 key, qsteps = steps(t)
@@ -307,18 +317,29 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                         if not cfg.dq_t:
                             yield MmaWait(1)
                     # dk_dq: dS^T to smem once both halves' previous readers are done
-                    yield BarSync(pds, 128 * NW, release=tuple(ds))
-                    yield Write(ds[w], ("dS", qkey, w))
-                    yield BarSync(pds, 128 * NW)
+                    sb = qcnt % DS * NW                              # the Q stage's
+                    if DS == 1:
+                        yield BarSync(pds, 128 * NW, release=tuple(ds))
+                        yield Write(ds[w], ("dS", qkey, w))
+                        yield BarSync(pds, 128 * NW)
+                    else:  # its dQ MMAs over the other stage are done: that stage is free
+                        yield Write(ds[sb + w], ("dS", qkey, w))
+                        yield BarSync(pds, 128 * NW,
+                                      release=tuple(ds[NW - sb + c] for c in range(NW)))
                     if cfg.dq_t:
                         yield MmaWait(0)                             # dV
-                    yield Mma({**{ds[c]: ("dS", qkey, c) for c in range(NW)},  # dQ (dQ^T)
+                    yield Mma({**{ds[sb + c]: ("dS", qkey, c) for c in range(NW)},  # dQ
                                **{k[st * NW + c]: ("K", key, c) for c in range(NW)}})
                     yield Mma({q[qs]: Q})                            # dK += dS^T Q
                     yield MmaWait(1)
-                    yield BarSync(dq_empty_b, DQ_THREADS)            # the dQ partial out
-                    yield Write(dq[w], ("dQ", qkey, w))
-                    yield BarArrive(dq_full_b, DQ_THREADS)
+                    if FLAT:                                         # its own buffer
+                        yield BarSync(empty_w[w], WG_THREADS)
+                        yield Write(dq[w], ("dQ", qkey, w))
+                        yield BarArrive(full_w[w], WG_THREADS)
+                    else:
+                        yield BarSync(dq_empty_b, DQ_THREADS)        # the dQ partial out
+                        yield Write(dq[w], ("dQ", qkey, w))
+                        yield BarArrive(dq_full_b, DQ_THREADS)
                     yield MmaWait(0)
                     yield Arrive(q_empty[qs], 4, release=(q[qs], do[qs], ld[qs]))
                     qcnt += 1
@@ -333,18 +354,28 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
                 t = yield from fetch(t, i, 128)
 
         def reduce_dq(p=p, dq=dq, dq_full_b=dq_full_b, dq_empty_b=dq_empty_b, fetch=fetch,
-                      first=first, end=end, steps=steps):
-            yield BarArrive(dq_empty_b, DQ_THREADS)                  # it starts empty
+                      full_w=full_w, empty_w=empty_w, first=first, end=end, steps=steps):
+            if not FLAT:
+                yield BarArrive(dq_empty_b, DQ_THREADS)              # it starts empty
             t, i = (yield from fetch(first, 0, 32)), 0
             while t < end:
                 _, qsteps = steps(t)
                 for qkey in qsteps:
+                    if FLAT:                                         # reduce_flat
+                        for c in range(NW):
+                            yield MmaWait(NW - 1 - c)                # buffer c's last add
+                            yield BarArrive(empty_w[c], WG_THREADS, release=(dq[c],))
+                        for c in range(NW):
+                            yield BarSync(full_w[c], WG_THREADS)
+                            yield Mma({dq[c]: ("dQ", qkey, c)})      # 1-D bulk add
+                        continue
                     yield BarSync(dq_full_b, DQ_THREADS)
                     yield Mma({dq[c]: ("dQ", qkey, c) for c in range(NW)})   # bulk reduce
                     yield MmaWait(0)                                 # its reads of sdQ
                     yield BarArrive(dq_empty_b, DQ_THREADS, release=tuple(dq))
                 i += 1
                 t = yield from fetch(t, i, 32)
+            yield MmaWait(0)
 
         sim.role(pre + "load", load(), threads=32)
         sim.role(pre + "reduce_dq", reduce_dq(), threads=32)

@@ -1,0 +1,18 @@
+"""Launches recorded instead of run: the host paths' tests on the CPU."""
+
+
+def record_launches(monkeypatch, *modules) -> list:
+    """Each module's `fast(kernel)[grid](*args, **kw)` (jagged.launch) recorded, not run:
+    the returned list fills with (kernel name, args, kw) as the host launches."""
+    launches = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, args, kw))
+
+    for m in modules:
+        monkeypatch.setattr(m, "fast", Recorder)
+    return launches
