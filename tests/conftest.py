@@ -27,3 +27,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"gpu test: {why}"))
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_bounds():
+    """Every interpreted launch stays in its tensor arguments' storages
+    (_interp.interpreter_bounds): a stray access raises at the access."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from _interp import interpreter_bounds
+    with interpreter_bounds():
+        yield

@@ -4,6 +4,8 @@ CPU tests run in the Triton interpreter (tests/conftest.py) on small problems wh
 lengths are given explicitly, to hit zero-length, length-1 and odd lengths, causal
 with len_q > len_k and len_q < len_k, GQA/MQA, both head dims and both dtypes.
 """
+import os
+
 import pytest
 import torch
 import triton
@@ -259,3 +261,21 @@ def test_row_ranges_and_windows(causal):
     seq, lo, hi = col_q_range_ref(cu_q, cu_k, cols, causal)
     assert torch.equal(out[0, cols].long(), seq) and (lk[seq] > 0).all()
     assert torch.equal(out[1, cols].long(), lo) and torch.equal(out[2, cols].long(), hi)
+
+
+@triton.jit
+def _stray(x, y, n, B: tl.constexpr):
+    i = tl.arange(0, B)
+    tl.store(y + i, tl.load(x + i, mask=i < n), mask=i < n)
+
+
+def test_bounds_check_stops_a_stray_access():
+    """The interpreter's bounds check (tests/conftest.py, every CPU test): lanes masked
+    off pass, a load past the storage raises."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    x, y = torch.arange(8.0), torch.empty(8)
+    _stray[(1,)](x, y, 8, B=16)
+    assert torch.equal(y, x)
+    with pytest.raises(Exception, match="_stray: load of 4 lanes outside"):
+        _stray[(1,)](x, y, 12, B=16)
