@@ -25,10 +25,10 @@ gate() {  # tag, then the command
   timeout ${TMO:-420} "$@" > $OUT/$tag.log 2>&1; echo "$tag rc $?: $(summary $OUT/$tag.log)"
 }
 [ -n "$SAN" ] && run san_s1 . 1 ${TSAN:-540} "not tlx and ($K)" $SAN --tool memcheck --print-limit 10 &
-for s in 1 2 3; do run other_s$s . $s ${TMO:-420} "not tlx and ($K)" & done
-run main_s1 .snap/base 1 ${TMO:-420} "not tlx and ($K)" &
+for s in ${SEEDS:-1 2 3}; do run other_s$s . $s ${TMO:-420} "not tlx and ($K)" & done
+[ -n "${MAIN:-1}" ] && run main_s1 .snap/base 1 ${TMO:-420} "not tlx and ($K)" &
 run tlx_s1 . 1 ${TMO:-420} "tlx and ($K)" &
-(for s in $(seq 5 12); do
+(for s in $(seq 5 ${LAST:-12}); do
    JAGGED_MATRIX_SEED=$s timeout 60 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py \
      -k "test_windows and triton" -x -p no:cacheprovider -rf > $OUT/triton_s$s.log 2>&1
    echo "triton_s$s rc $?: $(summary $OUT/triton_s$s.log)"
