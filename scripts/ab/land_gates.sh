@@ -26,7 +26,7 @@ gate() {  # tag, then the command
 }
 [ -n "$SAN" ] && run san_s1 . 1 ${TSAN:-540} "not tlx and ($K)" $SAN --tool memcheck --print-limit 10 &
 for s in ${SEEDS:-1 2 3}; do run other_s$s . $s ${TMO:-420} "not tlx and ($K)" & done
-[ -n "${MAIN:-1}" ] && run main_s1 .snap/base 1 ${TMO:-420} "not tlx and ($K)" &
+[ -n "${MAIN-1}" ] && run main_s1 .snap/base 1 ${TMO:-420} "not tlx and ($K)" &
 run tlx_s1 . 1 ${TMO:-420} "tlx and ($K)" &
 (for s in $(seq 5 ${LAST:-12}); do
    JAGGED_MATRIX_SEED=$s timeout 60 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py \
