@@ -50,6 +50,8 @@ def interpreter_bounds():
         elif hasattr(x, "untyped_storage"):
             s = x.untyped_storage()
             out.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
+        elif hasattr(getattr(x, "base", None), "untyped_storage"):  # a TensorDescriptor
+            storages(x.base, out)
         return out
 
     def init(self, args_dev, kwargs):

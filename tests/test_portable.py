@@ -279,3 +279,19 @@ def test_bounds_check_stops_a_stray_access():
     assert torch.equal(y, x)
     with pytest.raises(Exception, match="_stray: load of 4 lanes outside"):
         _stray[(1,)](x, y, 12, B=16)
+
+
+@triton.jit
+def _desc_copy(d, y, B: tl.constexpr):
+    i = tl.arange(0, B)
+    tl.store(y + i[:, None] * B + i[None, :], d.load([0, 0]))
+
+
+def test_bounds_check_follows_descriptors():
+    """A host TensorDescriptor's base is one of the launch's storages."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    x, y = torch.randn(16, 16), torch.empty(16, 16)
+    _desc_copy[(1,)](TensorDescriptor.from_tensor(x, [16, 16]), y, B=16)
+    assert torch.equal(y, x)
