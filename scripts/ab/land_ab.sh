@@ -1,6 +1,8 @@
 #!/bin/bash
 # The backward stack over main, backward, a few cells of each class the stack changes: this
-# tree (tag new, FA4 beside), then main's (.snap/base, tag base), one call:
+# tree (tag new, FA4 beside), then the tree before it (.snap/base, tag base: git archive
+# 81bcc88 harness jagged kernels_tlx kernels_cute pyproject.toml tests scripts | tar -x -C
+# .snap/base), one call (~8 min; T1 / T2 the grid's and the fuzz cell's time limits):
 #   source .gpu3/activate.sh; [TAGS=new] bash scripts/ab/land_ab.sh
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
