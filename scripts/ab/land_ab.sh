@@ -6,7 +6,7 @@
 #   source .gpu3/activate.sh; [TAGS=new] bash scripts/ab/land_ab.sh
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
-M=${M:-"Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16|Lq2048 Lk2048 s0.9 bf16|B8 H16/16 D128 Lq8192 Lk8192 s1 bf16"}
+M=${M:-"Lq256 Lk256 s0.1 bf16|Lq512 Lk512 s0.1 bf16|Lq1024 Lk1024 s0.1 bf16|Lq1024 Lk1024 s0.9 bf16|Lq2048 Lk2048 s0.9 bf16|B8 H16/16 D128 Lq8192 Lk8192 s1 bf16"}
 show() {
 python3 - "$1" <<'PY'
 import csv, os, sys
