@@ -383,7 +383,7 @@ def per_offsets(build, cu_q, cu_k, *params):
 
 def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
               block_m: int, block_n: int, causal: bool, check: tuple | None = None,
-              direct: bool = False):
+              direct: bool = False, dynamic: bool = False):
     """Forward tile list, the `build_tiles` of both styles' schedule (cached, above).
 
     -> (pairs int64 [batch * nblk], longest first, the pair b * nblk + m in the low 32
@@ -413,10 +413,10 @@ def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
         if check is not None:  # broadcast-Q (L_q given): the key offsets only
             check_offsets_async(None if L_q is not None else cu_q, cu_k, *check)
         return None, batch * nblk, nblk
-    # a list whose tiles come from its counter is keyed by the stream too: the counter
-    # serves one forward at a time
+    # a list whose tiles come from its counter (`dynamic`: fwd_dynamic, a Hopper forward)
+    # is keyed by the stream too: the counter serves one forward at a time
     stream = 0
-    if cu_k.is_cuda and fwd_dynamic(causal, L_q is not None, False, False):
+    if dynamic and cu_k.is_cuda:
         stream = torch.cuda.current_stream(cu_k.device).cuda_stream
     return per_offsets(_build_fwd_tiles, cu_q, cu_k, batch, max_seqlen_q, L_q, block_m,
                        block_n, bool(causal), check, stream)

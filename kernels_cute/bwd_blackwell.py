@@ -1385,15 +1385,11 @@ def _main(c: host.BwdCall):
         c.scale, c.L_q, c.n_slots, c.group, grid)
 
 
-def _flat(c: host.BwdCall) -> None:
-    """dQ is reduce-added from TMEM in TMA boxes over its rows (no block-padded form)."""
-    return None
-
-
-# the preprocess and postprocess are bwd_hopper's (plain SIMT code)
+# the preprocess and postprocess are bwd_hopper's (plain SIMT code); dQ is reduce-added
+# from TMEM in TMA boxes over its rows (no block-padded form: dq_flat None)
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, bwd_hopper.compile_preprocess),
                           _main, partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
-                          bwd_hopper.POST_VEC, dq_flat=_flat, post_flat=None)
+                          bwd_hopper.POST_VEC)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

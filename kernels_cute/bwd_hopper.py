@@ -58,7 +58,7 @@ compute warpgroup stores its partial in the wgmma accumulator's register order i
 buffer of its own (16-byte stores, barriers 6 + w / 8 + w), and reduce_dq adds it with one
 1-D bulk add (cp.reduce.async.bulk .add.f32) into a block-padded accumulator: Q block j
 of sequence b is block jagged.tiles.flat_block, bm x D floats a (block, query head).
-`PostprocessFlat` reads a block's fragments back through the same wgmma partition and
+`PostFlat` reads a block's fragments back through the same wgmma partition and
 stores its rows up to the sequence's end. The padding is half a step a sequence on
 average, hence the threshold. Key windows never take it (check_config): a window's Q
 blocks run across its sequences, which no flat_block holds, and owned windows store dQ.
@@ -160,7 +160,7 @@ class Config:
     dq_flat: bool = False  # each warpgroup's dQ partial in a buffer of its own, in its
                            # accumulator's register order (16-byte stores), reduce-added
                            # by 1-D bulk adds into a block-padded accumulator
-                           # (jagged.tiles.takes_flat; PostprocessFlat restores
+                           # (jagged.tiles.takes_flat; PostFlat restores
                            # the rows)
 
 
@@ -342,7 +342,7 @@ def dq_smem_layout(D: int, bm: int):
 
 
 def dq_mma(dt, D: int, bm: int, dq_t: bool):
-    """The dQ wgmma (its C partition is the partial's layout, which PostprocessFlat reads
+    """The dQ wgmma (its C partition is the partial's layout, which PostFlat reads
     back). dQ = dS K: M = queries, N = D (warpgroup w: columns w*D/2..; 128 rows: rows
     64w.., all D), K = keys; A = dS (the dS^T tile read M-major), B = K^T (MN-major).
     dq_t: dQ^T = K^T dS^T, M = D (warpgroup w: columns 64w..), N = queries; A = K^T,
@@ -1397,7 +1397,7 @@ def _kernel_classes():
             accumulator's register order, `flat_copy`) reduce-added by one 1-D bulk add
             into its run of the block-padded accumulator: the step's block
             (jagged.tiles.flat_block), then its query head h, then the warpgroup (bm x D
-            floats a block and head; PostprocessFlat restores the rows). A warpgroup's
+            floats a block and head; PostFlat restores the rows). A warpgroup's
             buffer is handed back once the add of its last partial has read it, the
             other's add still in flight."""
             half = self.bm * self.D // NUM_MMA_WG
@@ -1590,7 +1590,7 @@ def _kernel_classes():
                               cute.arch.grid_dim()[0] * POST_THREADS)
 
     # role: reduce_dq
-    class PostprocessFlat(CastDKV):
+    class PostFlat(CastDKV):
         """Config.dq_flat's postprocess: a CTA an accumulator block (its sequence found
         once, by a binary search of the offsets), its query heads one after another; two
         warpgroups of 128 threads, each thread with the accumulator fragment of the main
@@ -1681,7 +1681,7 @@ def _kernel_classes():
                 self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, blk * nt + tidx,
                               cute.arch.grid_dim()[0] * nt)
 
-    return Preprocess, BwdMain, Postprocess, PostRows, PostprocessFlat
+    return Preprocess, BwdMain, Postprocess, PostRows, PostFlat
 
 
 # --------------------------------------------------------------------------------------
@@ -1762,8 +1762,8 @@ def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str
                                options=options)
 
 
-def compile_postprocess_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
-                             dkv: bool = False, options: str = ""):
+def compile_post_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
+                      dkv: bool = False, options: str = ""):
     """The postprocess of cfg's block-padded dQ accumulator (Config.dq_flat); dkv as
     compile_postprocess's."""
     import cutlass
@@ -1864,7 +1864,7 @@ KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess),
                           partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
                           takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
                           BLOCK_N, _parts, _flat,
-                          partial(host.compiled, _COMPILED, compile_postprocess_flat))
+                          partial(host.compiled, _COMPILED, compile_post_flat))
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,

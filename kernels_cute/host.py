@@ -209,14 +209,16 @@ def forward(kern: FwdKernels, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale,
     else:
         nblk = pairs_per_sequence(L_t if broadcast_q else max_q, cfg.block_m)
         direct = kern.direct and fwd_direct(B * nblk * H_t, num_sms(q.device), fp8)
+        dynamic = kern.dynamic and fwd_dynamic(bool(causal), bool(broadcast_q), windows,
+                                               direct)
         pairs, count, nblk = fwd_tiles(cu_q, cu_k, B, L_t if broadcast_q else max_q,
                                        L_t if broadcast_q else None, cfg.block_m, cfg.block_n,
-                                       causal, check, direct)
+                                       causal, check, direct, dynamic)
         n_tiles = B * nblk * H_t
         if direct:  # no list: the kernel waits for the check before it stores
             cfg = replace(cfg, direct=True)
             pairs, count = _unused_list(q.device)
-        elif kern.dynamic and fwd_dynamic(bool(causal), bool(broadcast_q), windows, direct):
+        elif dynamic:
             cfg = replace(cfg, dynamic=True)
             sched = (fwd_sched(count),)
     descales = (None, None) if kern.fp8 else ()  # the kernel's q_descale, k_descale

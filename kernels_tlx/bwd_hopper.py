@@ -45,7 +45,7 @@ D = 128, its row half at D = 64) in the wgmma accumulator's register order
 element), and the load task reduce-adds it as one TMA box into a block-padded
 accumulator (each sequence's Q blocks whole blocks of their own, jagged.tiles.flat_block;
 a run of 4096 floats a block, query head and consumer); `_bwd_post_flat` reads each run
-back (`_flat_rows`) and stores the rows up to the sequence's end. The CuteDSL twin's
+back (`_flat_unorder`) and stores the rows up to the sequence's end. The CuteDSL twin's
 layout (Config.dq_flat there). Key windows never take it (`window_config`).
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
@@ -300,7 +300,7 @@ def pre_programs(n_tok: int, H: int, rows: int, windows: bool) -> int:  # role: 
 @triton.jit
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_o_tok, stride_o_h, stride_do_tok, stride_do_h,
-                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS, dkv_acc_ptr, n_dkv_rows,
+                    stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS, dkv_acc_ptr, n_kv_rows,
                     n_dq_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
@@ -312,7 +312,7 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
     rows the windows reduce-add into (`_accumulated`), by WIN_TOK tokens a program in
     programs of their own after the delta ones (`pre_programs`): the delta programs search
     nothing. ZERO_DKV (tiles split over programs): each program also zeroes its
-    grid-stride share of the fp32 dK / dV accumulators, n_dkv_rows rows of D
+    grid-stride share of the fp32 dK / dV accumulators, n_kv_rows rows of D
     (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
     may launch at once (it waits for these writes itself)."""
     if PDL:
@@ -320,10 +320,10 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
     pid = tl.program_id(0)
     d = tl.arange(0, D)
     if ZERO_DKV:
-        for r0 in range(pid * ROWS, n_dkv_rows, tl.num_programs(0) * ROWS):
+        for r0 in range(pid * ROWS, n_kv_rows, tl.num_programs(0) * ROWS):
             rk = r0 + tl.arange(0, ROWS)
             tl.store(dkv_acc_ptr + rk[:, None].to(tl.int64) * D + d[None, :],
-                     tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_dkv_rows)[:, None])
+                     tl.zeros([ROWS, D], dtype=tl.float32), mask=(rk < n_kv_rows)[:, None])
     n_delta = tl.cdiv(n_rows, ROWS)
     if pid < n_delta:
         r = pid * ROWS + tl.arange(0, ROWS)
@@ -498,7 +498,7 @@ def _flat_order(x):  # role: compute
 
 
 @triton.jit
-def _flat_rows(y):  # role: reduce_dq
+def _flat_unorder(y):  # role: reduce_dq
     """_flat_order's inverse: a 4096-float run back to the [64, 64] partial."""
     y = tl.reshape(y, [8, 4, 8, 4, 2, 2])        # (j, w, lq, lr, r8, c1)
     y = tl.permute(y, [1, 4, 2, 0, 3, 5])        # (w, r8, lq, j, lr, c1)
@@ -1165,7 +1165,7 @@ def _bwd_post_flat(dq_acc_ptr, dq_ptr, cu_q_ptr, B, scale,
                    PDL: tl.constexpr = False, DKV: tl.constexpr = False):
     """Config.dq_flat's postprocess: one program an accumulator block (its sequence found
     once, a binary search of the offsets); per query head and consumer the 4096-float run
-    back to its 64 x 64 partial (_flat_rows: dQ^T, the consumer's 64 columns by the
+    back to its 64 x 64 partial (_flat_unorder: dQ^T, the consumer's 64 columns by the
     block's rows; ROW_SPLIT: the consumer's 64 rows by all D), scaled, cast and stored up
     to the sequence's end. DKV, PDL: as _bwd_postprocess's."""
     if PDL:
@@ -1188,7 +1188,7 @@ def _bwd_post_flat(dq_acc_ptr, dq_ptr, cu_q_ptr, B, scale,
         for h in range(H):
             for c in tl.static_range(NC):
                 base = ((blk * H + h) * NC + c).to(tl.int64) * (FLAT_ROWS * FLAT_COLS)
-                x = _flat_rows(tl.load(dq_acc_ptr + base + run)) * scale
+                x = _flat_unorder(tl.load(dq_acc_ptr + base + run)) * scale
                 if ROW_SPLIT:      # (rows c*64.., all D)
                     r = c * 64 + i
                     col = i

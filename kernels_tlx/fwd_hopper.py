@@ -652,6 +652,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     L_t = Nq_t if broadcast_q else 0
     nblk = pairs_per_sequence(L_t if broadcast_q else max_q, cfg.block_m)
     direct = fwd_direct(batch * nblk * H_t, num_sms(q.device), windows or fp8)
+    dynamic = fwd_dynamic(bool(causal), bool(broadcast_q), windows, direct)
     if windows:  # NBLK carries the window count
         pairs, count, win = window_tiles(cu_q, cu_k, Nq_in, max_q, cfg.block_m,
                                          cfg.block_n, check)
@@ -659,7 +660,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     else:  # direct: no list (pairs None), the kernel waits for the check before it stores
         pairs, count, nblk = build_tiles(cu_q, cu_k, batch, L_t if broadcast_q else max_q,
                                          L_t if broadcast_q else None, cfg.block_m,
-                                         cfg.block_n, causal, check, direct)
+                                         cfg.block_n, causal, check, direct, dynamic)
         win, n_tiles = None, batch * nblk * H_t
     if fp8:  # after the check: the V pass reads the key offsets
         q_descale, k_descale, v_descale = descale
@@ -673,8 +674,7 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     fast(fwd_kernel)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
-        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct,
-                      fwd_dynamic(bool(causal), bool(broadcast_q), windows, direct)),
+        **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct, dynamic),
         num_warps=4, num_stages=1, launch_pdl=True)
     return out, lse
 

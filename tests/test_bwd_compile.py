@@ -275,7 +275,7 @@ PRE_SIG = {"out_ptr": "*bf16", "dout_ptr": "*bf16", "delta_ptr": "*fp32", "dq_ac
            "sched_ptr": "*i32", "n_rows": "i32", "stride_o_tok": "i32", "stride_o_h": "i32",
            "stride_do_tok": "i32", "stride_do_h": "i32", "stride_delta_h": "i32",
            "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "B": "i32", "ROUNDS": "i32",
-           "dkv_acc_ptr": "*fp32", "n_dkv_rows": "i32", "n_dq_rows": "i32"}
+           "dkv_acc_ptr": "*fp32", "n_kv_rows": "i32", "n_dq_rows": "i32"}
 POST_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots": "i32",
             "slot_stride": "i32", "scale": "fp32"}
 ROWS_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",

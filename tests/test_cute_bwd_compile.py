@@ -422,14 +422,14 @@ def test_bwd_post_rows_searches_ahead(tmp_path, dkv):
 @pytest.mark.parametrize("D,causal,dkv", [(128, False, False), (128, True, True),
                                           (64, False, False)])
 def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
-    """PostprocessFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
+    """PostFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
     128 rows), with the split tiles' dK / dV share (CastDKV): spill-free; a thread's
     accumulator fragment in bm * D / 1024 16-byte loads, the rows out in 16-byte stores
     (to the sequence's end: one predicated st.global.v4 in a loop), none per element."""
     from kernels_cute import bwd_hopper as B
     cfg = B.pick_config(D, 4096.0, causal)
     assert cfg.dq_flat
-    path = _compile(tmp_path, f"B.compile_postprocess_flat(dt, {D}, "
+    path = _compile(tmp_path, f"B.compile_post_flat(dt, {D}, "
                               f"B.pick_config({D}, 4096.0, {causal}), True, {dkv})")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
@@ -448,7 +448,7 @@ def test_dq_flat_order(tmp_path):
     """Config.dq_flat's partial, at each step it serves (D = 128: 64 rows, the warpgroups
     split the columns, and 80 rows, dQ^T; D = 64: 128 rows, split by rows): thread t of
     the compute warpgroups (the dQ wgmma's C partition) writes register i to float
-    `flat_copy`(t, i) of the buffers (the bulk add copies them as they are; PostprocessFlat
+    `flat_copy`(t, i) of the buffers (the bulk add copies them as they are; PostFlat
     reads the same positions back into the same partition): every (row, col) of the bm x
     D block exactly once; a thread's registers in its own warpgroup's buffer, 4 at a time
     into 16 contiguous bytes (st.shared.v4), a warp's store covering 512 contiguous bytes
@@ -1081,7 +1081,7 @@ def test_host_backward_launches_flat(monkeypatch):
     """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
     least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
     plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
-    preprocess, and PostprocessFlat over its blocks; shorter ones, and broadcast-Q, keep
+    preprocess, and PostFlat over its blocks; shorter ones, and broadcast-Q, keep
     the row accumulator and the row postprocess; key windows never take it, however long
     their query sequences (the window build, the rows postprocess)."""
     import torch

@@ -218,8 +218,8 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     P = walk.programs
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
     DQ_THREADS = 128 * NW + 32
-    FLAT = getattr(cfg, "dq_flat", False)
-    DS = getattr(cfg, "ds_stages", 1)
+    FLAT = cfg.dq_flat
+    DS = cfg.ds_stages
     WG_THREADS = 128 + 32
     counter = sim.counter("tile_counter")
     for p in range(P):
