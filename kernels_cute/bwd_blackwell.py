@@ -1386,7 +1386,7 @@ def _main(c: host.BwdCall):
 
 
 # the preprocess and postprocess are bwd_hopper's (plain SIMT code); dQ is reduce-added
-# from TMEM in TMA boxes over its rows (no block-padded form: dq_flat None)
+# from TMEM in TMA boxes over its rows (no block-padded form: post_flat None)
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, bwd_hopper.compile_preprocess),
                           _main, partial(host.compiled, _COMPILED, bwd_hopper.compile_postprocess),
                           bwd_hopper.POST_VEC)

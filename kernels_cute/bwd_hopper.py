@@ -1599,8 +1599,9 @@ def _kernel_classes():
         16 bytes a thread up to the sequence's end. Blocks past their sequence's last (the
         padding) store nothing."""
 
-        def __init__(self, dtype, head_dim: int, cfg: Config, pdl: bool, dkv: bool = False):
-            self.dtype, self.D, self.bm, self.dq_t = dtype, head_dim, cfg.block_m, cfg.dq_t
+        def __init__(self, dtype, head_dim: int, block_m: int, dq_t: bool, pdl: bool,
+                     dkv: bool = False):
+            self.dtype, self.D, self.bm, self.dq_t = dtype, head_dim, block_m, dq_t
             self.pdl = pdl
             self.dkv = dkv   # tiles split over CTAs: CastDKV
 
@@ -1762,9 +1763,10 @@ def compile_postprocess(dtype, pdl: bool = True, dkv: bool = False, options: str
                                options=options)
 
 
-def compile_post_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
+def compile_post_flat(dtype, head_dim: int, block_m: int, dq_t: bool, pdl: bool = True,
                       dkv: bool = False, options: str = ""):
-    """The postprocess of cfg's block-padded dQ accumulator (Config.dq_flat); dkv as
+    """The postprocess of a block-padded dQ accumulator (Config.dq_flat) of a main kernel
+    of block_m query rows a step, dQ^T where dq_t (its dQ wgmma's partition); dkv as
     compile_postprocess's."""
     import cutlass
     import cutlass.cute as cute
@@ -1774,7 +1776,7 @@ def compile_post_flat(dtype, head_dim: int, cfg: Config, pdl: bool = True,
     dq = host.fake(cdt, (cute.sym_int32(), cute.sym_int32(), head_dim),
                    (cute.sym_int64(divisibility=head_dim), head_dim, 1), 16)
     cu_q = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
-    return host.compile_kernel(Post(cdt, head_dim, cfg, pdl, dkv), acc, dq, cu_q,
+    return host.compile_kernel(Post(cdt, head_dim, block_m, dq_t, pdl, dkv), acc, dq, cu_q,
                                cutlass.Int32(1), cutlass.Float32(1.0), *_dkv_args(cdt, dkv),
                                cutlass.Int32(0), options=options)
 
@@ -1808,15 +1810,20 @@ def compile_main(dtype, head_dim: int, causal: bool, broadcast_q: bool,
                                options=options)
 
 
-def _parts(c: host.BwdCall) -> int:
+def _plan(c: host.BwdCall) -> tuple[int, Config]:
     """CTAs a tile (jagged.tiles.bwd_parts, from the whole tiles' step) or a key window
-    (window_parts)."""
+    (window_parts), and the main kernel's config for that many (_config). Key windows'
+    config keeps the row accumulator (window_config: no dq_flat), whose rows PostRows and
+    the owned windows' stores read and write."""
     cfg = _config(c, 1)
     if cfg.windows:
-        return window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group, cfg.block_m,
-                            BLOCK_N, c.grid)
-    return bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1], c.group,
-                     c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid, c.max_q, c.max_k)
+        parts = window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group, cfg.block_m,
+                             BLOCK_N, c.grid)
+    else:
+        parts = bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1],
+                          c.group, c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid,
+                          c.max_q, c.max_k)
+    return parts, cfg if parts == 1 else _config(c, parts)
 
 
 def _config(c: host.BwdCall, parts: int) -> Config:
@@ -1830,21 +1837,13 @@ def _config(c: host.BwdCall, parts: int) -> Config:
                        c.broadcast_q, c.max_q, split=parts > 1)
 
 
-def _flat(c: host.BwdCall) -> Config | None:
-    """The call's config where its dQ accumulator is block-padded (Config.dq_flat, from
-    pick_config; key windows never: window_config keeps the row accumulator, whose rows
-    PostRows and the owned windows' stores read and write)."""
-    cfg = _config(c, c.parts)
-    return cfg if cfg.dq_flat else None
-
-
 def _main(c: host.BwdCall):
     """(b): the main kernel over the KV-tile list, or over key windows (`takes_windows`:
     window_tiles over the key offsets, the window order, count and table in place of the
     list; module docstring), each tile in c.parts parts (> 1: c.dk, c.dv are the fp32
-    accumulators, `_parts`)."""
+    accumulators) with config c.cfg (`_plan`)."""
     D = c.q.shape[2]
-    cfg = _config(c, c.parts)
+    cfg = c.cfg
     if cfg.windows:
         dynamic = False
         tile_b, n_tiles, tile_n = window_tiles(c.cu_k, c.cu_q, c.k.shape[0], c.max_k,
@@ -1863,7 +1862,7 @@ def _main(c: host.BwdCall):
 KERNELS = host.BwdKernels(partial(host.compiled, _COMPILED, compile_preprocess), _main,
                           partial(host.compiled, _COMPILED, compile_postprocess), POST_VEC,
                           takes_windows, partial(host.compiled, _COMPILED, compile_post_rows),
-                          BLOCK_N, _parts, _flat,
+                          BLOCK_N, _plan,
                           partial(host.compiled, _COMPILED, compile_post_flat))
 
 

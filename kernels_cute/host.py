@@ -300,6 +300,7 @@ class BwdCall(NamedTuple):
     max_q: int = 0       # the longest query sequence (0: not given)
     dq: Any = None       # dQ itself, in q's dtype (key windows store into it)
     parts: int = 1       # CTAs a tile (> 1: dk, dv are fp32 accumulators)
+    cfg: Any = None      # the main kernel's config (BwdKernels.plan; None: its own default)
 
 
 class BwdKernels(NamedTuple):
@@ -319,13 +320,12 @@ class BwdKernels(NamedTuple):
     takes_windows: Callable | None = None
     post_rows: Callable | None = None
     window_keys: int = 0
-    # (BwdCall) -> CTAs a tile (jagged.tiles.bwd_parts / window_parts); None: whole tiles
-    parts: Callable | None = None
-    # long packed sequences (None: no block-padded dQ): (BwdCall, parts set) -> the main
-    # kernel's config where its dQ accumulator is block-padded (block_m rows a block,
-    # jagged.tiles.flat_block), else None; its postprocess (dtype, head_dim, config, pdl,
-    # dkv) -> the compiled postprocess
-    dq_flat: Callable | None = None
+    # (BwdCall) -> (CTAs a tile: jagged.tiles.bwd_parts / window_parts, the main kernel's
+    # config for them), decided once a call; None: whole tiles, the main kernel's default
+    plan: Callable | None = None
+    # long packed sequences: the postprocess of a config whose dQ accumulator is
+    # block-padded (Config.dq_flat: block_m rows a block, jagged.tiles.flat_block),
+    # (dtype, head_dim, block_m, dq_t, pdl, dkv) -> the compiled postprocess; None: none
     post_flat: Callable | None = None
 
 
@@ -362,10 +362,12 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
                    int(max_q or 0), dq if windows else None)
     # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
     # preprocess and converted by the postprocess
-    call = call._replace(parts=1 if kern.parts is None else kern.parts(call))
+    if kern.plan is not None:
+        parts, cfg = kern.plan(call)
+        call = call._replace(parts=parts, cfg=cfg)
     # long packed sequences: a block-padded dQ accumulator (key windows never: their
     # rows postprocess and owned windows' stores take the row accumulator)
-    flat = None if kern.dq_flat is None or windows else kern.dq_flat(call)
+    flat = call.cfg if kern.post_flat is not None and not windows and call.cfg.dq_flat else None
     dq_acc, grid_main, sched = dq_accumulator(
         Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
         None if flat is None else flat_rows(Nq, B, flat.block_m))
@@ -396,7 +398,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
             dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
             n_elem // kern.post_vec, H * D // kern.post_vec, float(scale), *dkv)
     elif flat is not None:  # the rows back from the accumulator's blocks
-        kern.post_flat(q.dtype, D, flat, bwd_dependent(broadcast_q), split)(
+        kern.post_flat(q.dtype, D, flat.block_m, flat.dq_t, bwd_dependent(broadcast_q), split)(
             dq_acc.view(-1), dq, cu_q, dq_acc.shape[0] // flat.block_m, float(scale), *dkv)
     else:
         kern.postprocess(q.dtype, bwd_dependent(broadcast_q), split)(

@@ -429,8 +429,8 @@ def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
     from kernels_cute import bwd_hopper as B
     cfg = B.pick_config(D, 4096.0, causal)
     assert cfg.dq_flat
-    path = _compile(tmp_path, f"B.compile_post_flat(dt, {D}, "
-                              f"B.pick_config({D}, 4096.0, {causal}), True, {dkv})")
+    path = _compile(tmp_path, f"B.compile_post_flat(dt, {D}, {cfg.block_m}, {cfg.dq_t}, "
+                              f"True, {dkv})")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -1008,7 +1008,7 @@ def test_host_backward_launches_plain(monkeypatch):
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)   # whole tiles (split: below)
     rec = lambda *key: (lambda *args: None)          # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, dq_flat=B._flat, post_flat=rec)
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=B._plan, post_flat=rec)
     H, HKV, D = 4, 2, 128
     for lengths, causal, block_m in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
                                      ([300, 900, 100], False, 64), ([1024] * 2, False, 80),
@@ -1066,7 +1066,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True) and post == (q.dtype, D, cfg, True, True)
+    assert pre == (q.dtype, D, True, 0, True)
+    assert post == (q.dtype, D, cfg.block_m, cfg.dq_t, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
     acc, gk, gv, n_vec = qa[5:]
@@ -1116,7 +1117,7 @@ def test_host_backward_launches_flat(monkeypatch):
         if bm:
             rows = flat_rows(n, len(lengths), bm)
             assert cfg.dq_flat and cfg.block_m == bm and acc.shape == (rows, H, D)
-            assert post == (q.dtype, D, cfg, True, False)
+            assert post == (q.dtype, D, bm, cfg.dq_t, True, False)
             assert pa[0].data_ptr() == acc.data_ptr() and pa[0].numel() == rows * H * D
             assert pa[1] is dq and pa[2] is cu and pa[3] == rows // bm and pa[4] == 0.125
         else:
