@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v, traced_check
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_report, traced_check
 from jagged.tiles import FLAT_MEAN_Q
 from _interp import interp
 
@@ -49,14 +49,10 @@ def _ptxas(path):
         from harness.compile_check import _resource_usage
         use = _resource_usage(open(cubin, "rb").read())
         return use["REG"], use["STACK"] + use["LOCAL"] + use["spill_insts"]
-    r = ptxas_v(path)
-    if r is None:
+    r = ptxas_report(path)
+    if r is None or r.returncode != 0 or not r.registers:
         return None
-    regs = re.findall(r"Used (\d+) registers", r.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    if r.returncode != 0 or not regs:
-        return None
-    return int(regs[0]), sum(int(a) + int(b) for a, b in spills)
+    return r.registers[0], r.spill_bytes
 
 
 def _no_step_spills(path, res, step_loads=0):
@@ -78,10 +74,8 @@ def _no_step_spills(path, res, step_loads=0):
 def _ptxas_advisories(path):
     """ptxas -v lines that say it serialized wgmmas (C7515-C7517: an injected
     warpgroup.wait), or None without ptxas."""
-    r = ptxas_v(path)
-    if r is None:
-        return None
-    return [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)]
+    r = ptxas_report(path)
+    return None if r is None else r.advisories
 
 
 def _kv_loads(ptx):

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_report
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -21,13 +21,11 @@ needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 def _ptxas(path):
     """ptxas -v on the PTX: (spill bytes, the C751x lines that say it serialized wgmmas),
     or None without ptxas."""
-    r = ptxas_v(path)
+    r = ptxas_report(path)
     if r is None:
         return None
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    assert r.returncode == 0 and spills, r.stderr[-2000:]
-    return (sum(int(a) + int(b) for a, b in spills),
-            [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)])
+    assert r.returncode == 0 and r.spills, r.stderr[-2000:]
+    return r.spill_bytes, r.advisories
 
 
 @needs_dsl
