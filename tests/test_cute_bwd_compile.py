@@ -885,6 +885,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     always in broadcast-Q, the default build for the mean query rows on kv_tiles, between
     the whole preprocess and postprocess."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -903,8 +904,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
-    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-    cu_q = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu_k, cu_q = offsets(lk), offsets(lq)
     max_k = int(lk.max())
     k = torch.zeros(int(cu_k[-1]), HKV, D, dtype=torch.bfloat16)
     for bq in (False, True):
@@ -979,8 +979,9 @@ def _packed_call(lengths, H, HKV, D):
     """A self-attention call's host inputs for recorded launches: (lengths, offsets,
     tokens, q, k, lse), zeros."""
     import torch
+    from harness.problems import offsets
     lk = torch.tensor(lengths)
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu = offsets(lk)
     n = int(cu[-1])
     return (lk, cu, n, torch.zeros(n, H, D, dtype=torch.bfloat16),
             torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
@@ -1027,6 +1028,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     preprocess zeroes and the postprocess converts, each into its own gradient (three
     allocations: a custom op's outputs may not alias): three launches, as a whole call."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -1042,7 +1044,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
                               post_flat=recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu = offsets(lk)
     n = int(cu[-1])
     q = torch.zeros(n, H, D, dtype=torch.bfloat16)
     k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
@@ -1079,6 +1081,7 @@ def test_host_backward_launches_flat(monkeypatch):
     the row accumulator and the row postprocess; key windows never take it, however long
     their query sequences (the window build, the rows postprocess)."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import flat_rows
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -1118,8 +1121,7 @@ def test_host_backward_launches_flat(monkeypatch):
             assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
     assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
     lq, lk = torch.tensor([600, 900, 700] * 8), torch.tensor([26, 40, 31] * 8)
-    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0).to(torch.int32)])
-                  for x in (lq, lk))
+    cu_q, cu_k = offsets(lq), offsets(lk)
     n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
     assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 40, False)
     q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)

@@ -91,6 +91,7 @@ def test_host_forward_dynamic(monkeypatch):
     from dataclasses import replace
 
     import torch
+    from harness.problems import offsets
     from jagged.tiles import FWD_SCHED_INTS, fwd_sched, fwd_tiles
     from kernels_cute import disk_cache
     from kernels_cute import fwd_hopper as F
@@ -106,7 +107,7 @@ def test_host_forward_dynamic(monkeypatch):
     assert kern.dynamic and not host.FwdKernels(F.pick_config, compiled, None).dynamic
     H, D = 16, 128
     lq = torch.tensor([300, 200, 5, 130])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), H, D, dtype=torch.bfloat16)
     k = torch.zeros(int(cu[-1]), 4, D, dtype=torch.bfloat16)
     unused = host._unused_list(q.device)[1]
