@@ -1,5 +1,6 @@
 """Shared by the CuteDSL compile tests: the repo root and whether the DSL imports."""
 import os
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,6 +46,32 @@ def ptxas_v(path: str):
         return None
     return subprocess.run([exe, "-arch=sm_90a", "-v", path, "-o", os.devnull],
                           capture_output=True, text=True, timeout=120)
+
+
+class PtxasReport(NamedTuple):
+    """What `ptxas -v` printed for a kept PTX file."""
+    returncode: int
+    registers: list[int]   # "Used N registers", one per function
+    spills: list[int]      # spill store + load bytes, one per function
+    advisories: list[str]  # C751x: ptxas serialized wgmmas (an injected warpgroup.wait)
+    stderr: str
+
+    @property
+    def spill_bytes(self) -> int:
+        return sum(self.spills)
+
+
+def ptxas_report(path: str) -> PtxasReport | None:
+    """ptxas_v's output parsed, or None without ptxas."""
+    import re
+    r = ptxas_v(path)
+    if r is None:
+        return None
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    return PtxasReport(
+        r.returncode, [int(n) for n in re.findall(r"Used (\d+) registers", r.stderr)],
+        [int(a) + int(b) for a, b in spills],
+        [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)], r.stderr)
 
 
 def traced_check(tmp_path, name: str, module_src: str, asserts: str, timeout: int = 300):

@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
+from harness.problems import offsets  # noqa: E402
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_cute import bwd_blackwell as B  # noqa: E402
 from kernels_cute.schedule import kv_tile_coords  # noqa: E402
@@ -36,7 +37,7 @@ class _Ints:
 
 
 def _cu(lens):
-    return torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32)
+    return offsets(torch.tensor(lens))
 
 
 def _problem(rng: random.Random, BM: int, BN: int):

@@ -18,6 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from _launches import record_launches  # noqa: E402
+from harness.problems import offsets  # noqa: E402
 from jagged.tiles import kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
@@ -69,8 +70,7 @@ def test_pre_post_rows_of_long_sequences(many):
     if many:
         lq = torch.randint(0, 9, (40,), generator=g)
         lk = torch.randint(0, 17, (40,), generator=g)
-    cu_q = torch.nn.functional.pad(lq.cumsum(0), (1, 0)).to(torch.int32)
-    cu_k = torch.nn.functional.pad(lk.cumsum(0), (1, 0)).to(torch.int32)
+    cu_q, cu_k = offsets(lq), offsets(lk)
     B, H, d, long_k, extra = len(lq), 3, 64, 8, 3
     nq = int(cu_q[-1]) + extra
     seq = torch.repeat_interleave(torch.arange(B), lq)
@@ -154,8 +154,7 @@ def test_kv_tile_walk(causal, bq, n_slots, parts):
     BM, BN, HKV, n_prog, G = 32, 128, 2, 6, 3
     lk = torch.tensor([300, 1, 0, 129, 40])
     lq = torch.tensor([64] * 5) if bq else torch.tensor([100, 1, 3, 129, 200])
-    cu = lambda x: torch.nn.functional.pad(torch.cumsum(x, 0), (1, 0)).to(torch.int32)  # noqa
-    cu_q, cu_k = (None if bq else cu(lq)), cu(lk)
+    cu_q, cu_k = (None if bq else offsets(lq)), offsets(lk)
     L_q = 64 if bq else 0
     tile_b, tile_n, n_tiles = kv_tiles_reference(cu_q, cu_k, L_q, int(lk.max()), causal, BM, BN)
     n = int(n_tiles)
@@ -212,7 +211,7 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
     H, HKV, D = 4, 2, 128
     lk = torch.tensor([300, 200, 5])
-    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu_k = offsets(lk)
     cu_q = None if bq else cu_k
     n_q = 7 if bq else int(cu_k[-1])
     n_out = n_q * len(lk) if bq else n_q
@@ -243,7 +242,7 @@ def test_host_split_launches(monkeypatch, windows, flat):
     monkeypatch.setattr(bw, "window_rows", lambda *a: None)
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([30, 20, 5] if windows else [1300, 900, 5] if flat else [300, 200, 5])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu = offsets(lk)
     n = int(cu[-1])
     assert bw.takes_windows(n, len(lk), int(lk.max()), False) == windows
     q = torch.zeros(n, H, D, dtype=torch.float16)
@@ -326,7 +325,7 @@ def test_post_flat(row_split):
     D, bm = (64, 128) if row_split else (128, 64)
     H, NC = 3, 2
     lens = [0, 1, bm - 1, bm, bm + 1, 300, 2, 0, 2 * bm, 77]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    cu = offsets(torch.tensor(lens))
     nq = int(cu[-1])
     dq_true = torch.randn(nq, H, D, generator=g)
     rows_acc = flat_rows(nq, len(lens), bm)

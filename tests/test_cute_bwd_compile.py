@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v, traced_check
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_report, traced_check
 from jagged.tiles import FLAT_MEAN_Q
 from _interp import interp
 
@@ -49,14 +49,10 @@ def _ptxas(path):
         from harness.compile_check import _resource_usage
         use = _resource_usage(open(cubin, "rb").read())
         return use["REG"], use["STACK"] + use["LOCAL"] + use["spill_insts"]
-    r = ptxas_v(path)
-    if r is None:
+    r = ptxas_report(path)
+    if r is None or r.returncode != 0 or not r.registers:
         return None
-    regs = re.findall(r"Used (\d+) registers", r.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    if r.returncode != 0 or not regs:
-        return None
-    return int(regs[0]), sum(int(a) + int(b) for a, b in spills)
+    return r.registers[0], r.spill_bytes
 
 
 def _no_step_spills(path, res, step_loads=0):
@@ -78,10 +74,8 @@ def _no_step_spills(path, res, step_loads=0):
 def _ptxas_advisories(path):
     """ptxas -v lines that say it serialized wgmmas (C7515-C7517: an injected
     warpgroup.wait), or None without ptxas."""
-    r = ptxas_v(path)
-    if r is None:
-        return None
-    return [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)]
+    r = ptxas_report(path)
+    return None if r is None else r.advisories
 
 
 def _kv_loads(ptx):
@@ -891,6 +885,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     always in broadcast-Q, the default build for the mean query rows on kv_tiles, between
     the whole preprocess and postprocess."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -909,8 +904,7 @@ def test_host_backward_launches_windows(monkeypatch, short):
     H, HKV, D = 4, 2, 64
     lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
     lq = lk.flip(0)
-    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
-    cu_q = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu_k, cu_q = offsets(lk), offsets(lq)
     max_k = int(lk.max())
     k = torch.zeros(int(cu_k[-1]), HKV, D, dtype=torch.bfloat16)
     for bq in (False, True):
@@ -985,8 +979,9 @@ def _packed_call(lengths, H, HKV, D):
     """A self-attention call's host inputs for recorded launches: (lengths, offsets,
     tokens, q, k, lse), zeros."""
     import torch
+    from harness.problems import offsets
     lk = torch.tensor(lengths)
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu = offsets(lk)
     n = int(cu[-1])
     return (lk, cu, n, torch.zeros(n, H, D, dtype=torch.bfloat16),
             torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
@@ -1033,6 +1028,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     preprocess zeroes and the postprocess converts, each into its own gradient (three
     allocations: a custom op's outputs may not alias): three launches, as a whole call."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -1048,7 +1044,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
                               post_flat=recorder)
     H, HKV, D = 4, 1, 128
     lk = torch.tensor([2000, 1800])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lk.cumsum(0).to(torch.int32)])
+    cu = offsets(lk)
     n = int(cu[-1])
     q = torch.zeros(n, H, D, dtype=torch.bfloat16)
     k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
@@ -1086,6 +1082,7 @@ def test_host_backward_launches_flat(monkeypatch):
     the row accumulator and the row postprocess; key windows never take it, however long
     their query sequences (the window build, the rows postprocess)."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import flat_rows
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
@@ -1125,8 +1122,7 @@ def test_host_backward_launches_flat(monkeypatch):
             assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
     assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
     lq, lk = torch.tensor([600, 900, 700] * 8), torch.tensor([26, 40, 31] * 8)
-    cu_q, cu_k = (torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0).to(torch.int32)])
-                  for x in (lq, lk))
+    cu_q, cu_k = offsets(lq), offsets(lk)
     n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
     assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 40, False)
     q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)

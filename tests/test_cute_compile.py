@@ -357,6 +357,7 @@ def test_host_forward_launches_windows(short):
     with no table (None); a forward without windows (takes_windows None, Blackwell)
     passes no table argument at all."""
     import torch
+    from harness.problems import offsets
     from jagged.tiles import fwd_tiles, window_tiles
     from kernels_cute import fwd_hopper as F
     from kernels_cute import host
@@ -368,7 +369,7 @@ def test_host_forward_launches_windows(short):
 
     H, D = 4, 64
     lq = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), H, D, dtype=torch.bfloat16)
     k = torch.zeros(int(cu[-1]), 2, D, dtype=torch.bfloat16)
     max_q = int(lq.max())

@@ -18,6 +18,7 @@ import torch
 from _cute import ROOT, compile_in_subprocess, have_dsl
 from _interp import interp
 from harness import protocol as P
+from harness.problems import offsets
 from harness.protocol import ProtocolError, Problem, Wait
 from jagged.fp8 import FP8
 
@@ -127,7 +128,7 @@ def test_forward_launch(monkeypatch, heads, lens, tiles):
                                                          programs=lambda *a: 132))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(host, "dequantize_rows", v_pass)
-    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu = offsets(torch.tensor(lens))
     n = int(cu[-1])
     q = torch.zeros(n, heads, 128).to(FP8)
     k = torch.zeros(n, 2, 128).to(FP8)

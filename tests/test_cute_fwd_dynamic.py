@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_v
+from _cute import ROOT, compile_in_subprocess, have_dsl, ptxas_report
 from _interp import interp
 
 _ok, _why = have_dsl()
@@ -21,13 +21,11 @@ needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
 def _ptxas(path):
     """ptxas -v on the PTX: (spill bytes, the C751x lines that say it serialized wgmmas),
     or None without ptxas."""
-    r = ptxas_v(path)
+    r = ptxas_report(path)
     if r is None:
         return None
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    assert r.returncode == 0 and spills, r.stderr[-2000:]
-    return (sum(int(a) + int(b) for a, b in spills),
-            [ln for ln in r.stderr.splitlines() if re.search(r"C751\d", ln)])
+    assert r.returncode == 0 and r.spills, r.stderr[-2000:]
+    return r.spill_bytes, r.advisories
 
 
 @needs_dsl
@@ -93,6 +91,7 @@ def test_host_forward_dynamic(monkeypatch):
     from dataclasses import replace
 
     import torch
+    from harness.problems import offsets
     from jagged.tiles import FWD_SCHED_INTS, fwd_sched, fwd_tiles
     from kernels_cute import disk_cache
     from kernels_cute import fwd_hopper as F
@@ -108,7 +107,7 @@ def test_host_forward_dynamic(monkeypatch):
     assert kern.dynamic and not host.FwdKernels(F.pick_config, compiled, None).dynamic
     H, D = 16, 128
     lq = torch.tensor([300, 200, 5, 130])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), H, D, dtype=torch.bfloat16)
     k = torch.zeros(int(cu[-1]), 4, D, dtype=torch.bfloat16)
     unused = host._unused_list(q.device)[1]

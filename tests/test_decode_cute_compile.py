@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from _cute import ROOT, have_dsl
+from harness.problems import offsets
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
@@ -251,8 +252,7 @@ def _case(D, group, layout, qmode, causal, splits, dtype, seed=0):
     B = seqk.shape[0]
     if qmode == "packed":
         n_q = torch.tensor([3, 0, 5, 1, 20], dtype=torch.int32)
-        cu_q = torch.zeros(B + 1, dtype=torch.int32)
-        cu_q[1:] = torch.cumsum(n_q, 0)
+        cu_q = offsets(n_q)
         len_q = int(n_q.max())
         Nq = int(cu_q[-1])
     else:
@@ -439,8 +439,7 @@ def _fp8_case(D, group, layout, qmode, causal, splits, q_fp8, seed=0, dev="cuda"
     B, cap = seqk.shape[0], 320
     if qmode == "packed":
         n_q = torch.tensor([3, 0, 5, 1, 20], dtype=torch.int32)
-        cu_q = torch.zeros(B + 1, dtype=torch.int32)
-        cu_q[1:] = torch.cumsum(n_q, 0)
+        cu_q = offsets(n_q)
         len_q, Nq = int(n_q.max()), int(cu_q[-1])
         q_rows = [(int(cu_q[b]), int(cu_q[b + 1])) for b in range(B)]
     else:

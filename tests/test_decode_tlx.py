@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from harness.compile_check import SMEM_LIMIT, compile_kernel
+from harness.problems import offsets
 from kernels_tlx import decode_hopper as dh
 
 interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -32,8 +33,7 @@ def build(n_q, n_k, H, H_kv, D, page_size, dtype, dense, seed):
     g = torch.Generator().manual_seed(seed)
     B = len(n_k)
     q = torch.randn(sum(n_q), H, D, generator=g).to(dtype)
-    cu_q = None if dense else torch.tensor([0] + list(torch.tensor(n_q).cumsum(0)),
-                                           dtype=torch.int32)
+    cu_q = None if dense else offsets(torch.tensor(n_q))
     ks = [torch.randn(n, H_kv, D, generator=g).to(dtype) for n in n_k]
     vs = [torch.randn(n, H_kv, D, generator=g).to(dtype) for n in n_k]
     L_max = max(max(n_k), 1) + 2

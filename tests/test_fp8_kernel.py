@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.problems import offsets
 from jagged.fp8 import FP8, dequantize_rows
 from _interp import interp
 
@@ -44,7 +45,7 @@ def test_dequantize_rows(d, hkv, lengths, tail):
     """x * descale[b(row), h] per row; empty sequences take no row; rows past the last
     sequence (tail) are 0."""
     gen = torch.Generator().manual_seed(d + 7 * hkv + len(lengths))
-    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu = offsets(torch.tensor(lengths))
     n = int(cu[-1]) + tail
     x = random_e4m3(n, hkv, d, gen=gen)
     descale = torch.rand(len(lengths), hkv, generator=gen) * 4 + 0.01
@@ -205,7 +206,7 @@ def run_fp8_case(style, d, causal, case, broadcast_q, heads=8, hkv=2, seed=0):
     len_k = len_k or len_q
     B = len(len_k)
     group = heads // hkv
-    cu_k = torch.tensor([0] + len_k).cumsum(0).to(torch.int32)
+    cu_k = offsets(torch.tensor(len_k))
     if broadcast_q:
         L_q = 96
         cu_q = None
@@ -213,7 +214,7 @@ def run_fp8_case(style, d, causal, case, broadcast_q, heads=8, hkv=2, seed=0):
         q8, qd = quantize(q32, B, group, gen)
         n_out, max_q = B * L_q, L_q
     else:
-        cu_q = torch.tensor([0] + len_q).cumsum(0).to(torch.int32)
+        cu_q = offsets(torch.tensor(len_q))
         q32 = torch.randn(int(cu_q[-1]), heads, d, generator=gen)
         q8, qd = quantize(q32, cu_q, group, gen)
         n_out, max_q = int(cu_q[-1]), max(len_q)
@@ -331,7 +332,7 @@ def test_fwd_fp8_v_tiles_nan_rows_gpu(d, causal, monkeypatch):
     monkeypatch.setattr(F, "FP8_V_TILES_MAX", math.inf)
     gen = torch.Generator().manual_seed(7 + d)
     lens, heads, hkv = [300, 129, 77], 8, 2
-    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    cu = offsets(torch.tensor(lens))
     n, last = int(cu[-1]), int(cu[-2])
     q8, qd = quantize(torch.randn(n, heads, d, generator=gen), cu, heads // hkv, gen)
     k8, kd = quantize(torch.randn(n, hkv, d, generator=gen), cu, 1, gen)

@@ -141,13 +141,13 @@ def test_tile_decode_covers_the_list():
     of half s, block n_end - 1 to some row of the tile, none past it (bottom-right
     causal; zero-length and length-1 sequences included)."""
     import torch
+    from harness.problems import offsets
     from jagged.seqinfo import causal_visible_ref
     from jagged.tiles import longest_first_tiles
     from kernels_cute import fwd_blackwell as F
     BM, BN = 256, 128
     for lq, lk in (([300, 0, 1, 700], [300, 0, 1, 700]), ([5, 1, 600], [900, 0, 130])):
-        cu_q = torch.tensor([0] + lq).cumsum(0).to(torch.int32)
-        cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+        cu_q, cu_k = offsets(torch.tensor(lq)), offsets(torch.tensor(lk))
         for causal in (False, True):
             pairs, count, nblk = longest_first_tiles(cu_q, cu_k, len(lq), max(lq), None,
                                                      BM, BN, causal)
@@ -212,13 +212,14 @@ def test_tile_decode_packed():
     so tile_of's causal split is that of the query rows a tile holds: blocks [0, n_bulk_s)
     visible to every row of half s, block n_end - 1 to some row, none past it."""
     import torch
+    from harness.problems import offsets
     from jagged.seqinfo import causal_visible_ref
     from jagged.tiles import longest_first_tiles
     from kernels_cute import fwd_blackwell as F
     BM, BN, H = 256, 128, 2
     for L_q, G, lk in ((16, 8, [300, 0, 1, 700]), (48, 4, [40, 600, 129])):
         L_t = L_q * G
-        cu_k = torch.tensor([0] + lk).cumsum(0).to(torch.int32)
+        cu_k = offsets(torch.tensor(lk))
         pairs, count, nblk = longest_first_tiles(None, cu_k, len(lk), L_t, L_t, BM, BN, True)
         n = int(count[0])
         sched = F.Sched([int(x) for x in pairs], [n], None, cu_k.tolist(), L_t, H, 1, nblk)

@@ -31,6 +31,7 @@ from _blackwell import (Bar, b200_matrix, check_on_b200, check_tcgen05,  # noqa:
                         skip_unless_b200, tlx_compile_tests, xfail_spills)
 from _interp import interp  # noqa: E402
 from harness.compile_check import SMEM_LIMIT, compile_kernel  # noqa: E402
+from harness.problems import offsets  # noqa: E402
 from kernels_tlx import fwd_blackwell as fb  # noqa: E402
 
 
@@ -147,8 +148,7 @@ def test_tile_list_is_the_core_list():
     for causal in (False, True):
         lq = torch.randint(0, 700, (6,), generator=g)
         lk = torch.randint(0, 900, (6,), generator=g)
-        cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
-        cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+        cu_q, cu_k = offsets(lq), offsets(lk)
         bm, bn = fb.BLOCK_M.value, 128
         pairs, count, nblk = build_tiles(cu_q, cu_k, 6, int(lq.max()), None, bm, bn, causal)
         ref_pairs, ref_count, ref_nblk = longest_first_tiles(cu_q, cu_k, 6, int(lq.max()), None,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from _interp import interp
+from harness.problems import offsets
 from jagged import tiles
 from jagged.tiles import fwd_direct
 
@@ -38,7 +39,7 @@ def test_tlx_forward_launches_direct(monkeypatch, heads):
     monkeypatch.setattr(fh, "num_sms", lambda dev: 132)
     monkeypatch.setattr(tiles, "check_offsets_async", lambda *a: checks.append(a))
     lq = torch.tensor([300, 200, 5])  # 3 query blocks of 128 a sequence: 9 pairs
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), heads, 128, dtype=torch.float16)
     k = torch.zeros(int(cu[-1]), 2, 128, dtype=torch.float16)
     fh.forward(q, k, k, cu, cu, 300, 300, True, 0.125, False)
@@ -75,7 +76,7 @@ def test_cute_forward_launches_direct(monkeypatch, heads):
         return lambda *args: calls.append((key, args))
 
     lq = torch.tensor([300, 200, 5])  # 3 query blocks of 128 a sequence: 9 pairs
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), heads, 128, dtype=torch.bfloat16)
     k = torch.zeros(int(cu[-1]), 2, 128, dtype=torch.bfloat16)
     for direct in (True, False):

@@ -25,6 +25,7 @@ from _blackwell import (check_cute, check_tcgen05, cute_run, cute_variant,
 from _capability import device  # noqa: F401  (a fixture)
 from _cute import have_dsl
 from _interp import interp
+from harness.problems import offsets
 from jagged import dispatch, tiles
 from kernels_tlx import fwd_blackwell as fb
 
@@ -145,7 +146,7 @@ def test_cute_direct_builds_matrix(tmp_path):
 def _call(heads, dtype):
     """Three sequences (300, 200, 5 rows): 2 query blocks of 256 a sequence, 6 pairs."""
     lq = torch.tensor([300, 200, 5])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lq.cumsum(0).to(torch.int32)])
+    cu = offsets(lq)
     q = torch.zeros(int(cu[-1]), heads, 128, dtype=dtype)
     k = torch.zeros(int(cu[-1]), 2, 128, dtype=dtype)
     return q, k, cu
@@ -248,7 +249,7 @@ def _cut(causal, b, m0, bm, bn):
 
 
 def _cu(lens):
-    return torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    return offsets(torch.tensor(lens))
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -2,7 +2,8 @@
 than one wave take their tiles from a counter that lives with their cached tile list
 (jagged.tiles.fwd_sched), which the kernel's last program zeroes again. So calls on the
 same offsets tensors, one after another, with other heads, and on a second stream, each
-match the oracle (outputs NaN-poisoned by harness.oracle.check)."""
+match the oracle (outputs NaN-poisoned by harness.oracle.check); on Hopper the second
+stream takes a list and counter of its own (the cache keys them by stream)."""
 import dataclasses
 
 import pytest
@@ -52,13 +53,26 @@ def test_counter_calls_on_one_list(style, name):
     p2, inp2 = _other_heads(p, inp, 2 * p.heads, p.kv_heads)  # more tiles, same list
     rep = check(inp2, fn, causal=True, backward=False)
     assert rep.ok, f"{p2}: {rep.summary()}"
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    default, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(default)
     with torch.cuda.stream(side):  # another stream: a list (and counter) of its own
         rep = check(inp, fn, causal=True, backward=False)
-    torch.cuda.current_stream().wait_stream(side)
+    default.wait_stream(side)
     assert rep.ok, f"second stream: {rep.summary()}"
-    from jagged.tiles import _TILE_CACHE, fwd_sched
+    from jagged.dispatch import kernel_arch
+    from jagged.tiles import _TILE_CACHE, _build_fwd_tiles, fwd_sched
+    # the streams wait for each other, so the oracle passes even with one counter shared:
+    # the cache (keyed by the stream where the counter is used) must hold a list per stream
+    per_stream = {key[-1][-1]: out for key, (_, cu_k, out) in _TILE_CACHE.items()
+                  if key[0] is _build_fwd_tiles
+                  and cu_k.data_ptr() == inp.cu_seqlens_k.data_ptr()}
+    assert per_stream
+    if kernel_arch() == "hopper":  # these calls take their tiles from the counter
+        assert {default.cuda_stream, side.cuda_stream} <= per_stream.keys(), list(per_stream)
+        ours, theirs = per_stream[default.cuda_stream], per_stream[side.cuda_stream]
+        assert ours[0].data_ptr() != theirs[0].data_ptr(), "one tile list for two streams"
+        assert fwd_sched(ours[1]).data_ptr() != fwd_sched(theirs[1]).data_ptr(), \
+            "one counter for two streams"
     torch.cuda.synchronize()
     lists = [out for _, _, out in list(_TILE_CACHE.values())  # forward lists: nblk an int
              if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], int)]

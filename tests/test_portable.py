@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from harness.oracle import check
-from harness.problems import Problem
+from harness.problems import Problem, offsets
 from jagged.portable import jagged_attention
 from jagged.seqinfo import col_q_range, row_kv_range, row_seq
 
@@ -205,7 +205,7 @@ def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
                 lambda: rng.randint(BM + 1, 5 * BM), lambda: rng.randint(1, BM)]
         weights = [3, 6, 1, 1 if seed % 2 else 0, 4]
         lens = [rng.choices(draw, weights)[0]() for _ in range(B)]
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        cu = offsets(torch.tensor(lens))
         n_rows = int(cu[-1]) + rng.choice([0, 3])
         win = windows(cu, n_rows, max(lens + [1]), BM)
         assert win.shape[1] == window_count(n_rows, BM, B)
@@ -230,8 +230,7 @@ def test_row_ranges_and_windows(causal):
     lq[-2:] = 0
     lq[10:17] = 0
     lk = torch.randint(0, 9, (30,), generator=g)
-    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
-    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+    cu_q, cu_k = offsets(lq), offsets(lk)
     BM, n_rows = 8, int(cu_q[-1]) + 5
     win = windows(cu_q, n_rows, int(lq.max()), BM)
     assert torch.equal(win, windows_reference(cu_q, n_rows, BM))

@@ -17,6 +17,7 @@ import triton.language as tl
 import zlib
 
 from harness import protocol as P
+from harness.problems import offsets
 from harness.protocol import (Arrive, BarArrive, BarSync, Commit, Mma, MmaWait, Problem,
                               ProtocolError, Read, Sim, Take, Tma, Wait, Write, ring)
 
@@ -261,10 +262,10 @@ def test_model_walk_is_the_kernels(causal):
     prob = Problem(lq, lk, heads=2, causal=causal)
     programs = 3
     walk = P.Walk(prob, 64, 64, programs)
-    cq = torch.tensor((0,) + tuple(torch.tensor(lq).cumsum(0).tolist()), dtype=torch.int32)
+    cq = offsets(torch.tensor(lq))
     # k_start encodes b: sequences with distinct key offsets (lk has no two equal prefixes
     # except where a length is 0, and those sequences' tiles are told apart by m0 / len)
-    ck = torch.tensor((0,) + tuple(torch.tensor(lk).cumsum(0).tolist()), dtype=torch.int32)
+    ck = offsets(torch.tensor(lk))
     pairs, count, nblk = build_tiles(cq, ck, len(lq), max(lq), None, 64, 64, causal)
     out = torch.full((programs * 64 * 5,), -1, dtype=torch.int32)
     _walk[(programs,)](pairs, int(count), cq, ck, out, 2, nblk, causal)

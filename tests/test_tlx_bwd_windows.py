@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from harness.oracle import check
-from harness.problems import Problem
+from harness.problems import Problem, offsets
 from _interp import interp
 
 bw = pytest.importorskip("kernels_tlx.bwd_hopper")
@@ -292,7 +292,7 @@ def test_window_rows_against_reference():
     from jagged.seqinfo import col_q_range_ref
     from jagged.tiles import window_tiles
     def cu(lengths):
-        return torch.nn.functional.pad(torch.tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
+        return offsets(torch.tensor(lengths))
     for causal in (False, True):
         lq, lk = _short(50, 0, 30, 8), SPAN
         cu_q, cu_k = cu(lq), cu(lk)
@@ -324,8 +324,7 @@ def test_window_row_cut(causal):
     of whole sequences, and every window without causal masking, walk all their rows."""
     from jagged.tiles import window_tiles
     lq, lk = LONG
-    cu_q, cu_k = (torch.nn.functional.pad(torch.tensor(x).cumsum(0), (1, 0)).to(torch.int32)
-                  for x in LONG)
+    cu_q, cu_k = (offsets(torch.tensor(x)) for x in LONG)
     n_k = int(cu_k[-1])
     BM = bw.window_config(64).block_m
     order, count, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, BM)

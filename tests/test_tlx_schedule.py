@@ -446,8 +446,7 @@ def test_tile_sequence(programs, causal, bq):
     with chunks and several heads."""
     len_q = [130, 0, 64, 1, 200, 65]
     len_k = [70, 5, 0, 1, 300, 64]
-    cu_q = torch.tensor([0] + len_q).cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + len_k).cumsum(0).to(torch.int32)
+    cu_q, cu_k = offsets(torch.tensor(len_q)), offsets(torch.tensor(len_k))
     H, group, L_q = 4, 2, 70
     pairs, count, nblk = build_tiles(None if bq else cu_q, cu_k, len(len_k),
                                      L_q if bq else max(len_q), L_q if bq else None, 64, 64,
@@ -479,8 +478,7 @@ def test_window_tiles_match_reference(n_seq, extra):
     lq[-3:] = 0
     lq[10:15] = 0
     lk = torch.randint(0, 60, (n_seq,), generator=g)
-    cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)]).to(torch.int32)
-    cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)]).to(torch.int32)
+    cu_q, cu_k = offsets(lq), offsets(lk)
     BM = 2 if n_seq > 1000 else 8  # over SORT_MAX windows: row order
     n_rows = int(cu_q[-1]) + extra * BM
     order, count, win = window_tiles(cu_q, cu_k, n_rows, int(lq.max()), BM, 16)

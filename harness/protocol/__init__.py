@@ -14,7 +14,7 @@ the models of those protocols.
 """
 from .sim import (Arrive, BarArrive, BarSync, Commit, Mma, MmaWait, ProtocolError, Read,
                   Release, Sim, Take, Tma, Wait, Write, check, fetch_tile, kv_rings, load_kv,
-                  publish_tile, ring)
+                  publish_tile, ring, tile_fetcher)
 from .tiles import (BwdWalk, FwdTile, Problem, Walk, consumer_steps, fwd_tile_list,
                     kv_block, kv_steps, random_problem)
 from .fwd_hopper import cute_fwd_hopper, tlx_fwd_hopper
@@ -26,7 +26,7 @@ from .sweep import MODELS, main, sweep
 __all__ = [
     "Arrive", "BarArrive", "BarSync", "Commit", "Mma", "MmaWait", "ProtocolError", "Read",
     "Release", "Sim", "Take", "Tma", "Wait", "Write", "check", "fetch_tile", "kv_rings",
-    "load_kv", "publish_tile", "ring", "BwdWalk", "FwdTile", "Problem", "Walk",
+    "load_kv", "publish_tile", "ring", "tile_fetcher", "BwdWalk", "FwdTile", "Problem", "Walk",
     "consumer_steps", "fwd_tile_list", "kv_block", "kv_steps", "random_problem",
     "cute_fwd_hopper", "tlx_fwd_hopper", "cute_fwd_blackwell", "tlx_fwd_blackwell",
     "cute_bwd_hopper", "tlx_bwd_hopper", "cute_bwd_blackwell", "cute_bwd_blackwell_pair",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from .sim import (Arrive, BarArrive, BarSync, Commit, fetch_tile, Mma, MmaWait,
-                  publish_tile, Read, Release, ring, Sim, Take, Tma, Wait, Write)
+from .sim import (Arrive, BarArrive, BarSync, Commit, Mma, MmaWait, publish_tile, Read,
+                  Release, ring, Sim, Take, tile_fetcher, Tma, Wait, Write)
 from .tiles import BwdWalk, Problem
 
 
@@ -53,11 +53,7 @@ def tlx_bwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
 
         steps = partial(walk.steps, pid=p)
 
-        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
-                  step=step):
-            if not dyn:
-                return t + step if i else t
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, step)
 
         def load(p=p, q=q, do=do, k=k, v=v, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
                  kv_empty=kv_empty, tile_slot=tile_slot, tile_full=tile_full,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from .sim import (Arrive, BarArrive, BarSync, fetch_tile, Mma, MmaWait, publish_tile, Read,
-                  ring, Sim, Take, Tma, Wait, Write)
+from .sim import (Arrive, BarArrive, BarSync, Mma, MmaWait, publish_tile, Read, ring, Sim,
+                  Take, tile_fetcher, Tma, Wait, Write)
 from .tiles import BwdWalk, Problem
 
 
@@ -59,11 +59,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
 
         publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
-        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty,
-                  step=step):
-            if not dyn:
-                return t + step if i else t
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, step)
 
         def reduce_step(qcnt, qkey, dq=dq, dq_full=dq_full, dq_empty=dq_empty):
             cs = range(NC - 1 if DQS else 0, NC)
@@ -244,11 +240,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
 
         steps = partial(walk.steps, pid=p)
 
-        def fetch(t, i, threads, tile_slot=tile_slot, tile_full=tile_full,
-                  tile_empty=tile_empty, step=step):
-            if not dyn:
-                return t + step if i else t
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i, threads))
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, step)
 
         def load(p=p, k=k, v=v, q=q, do=do, ld=ld, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, tile_slot=tile_slot, tile_full=tile_full,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from .sim import (Arrive, BarArrive, BarSync, Commit, fetch_tile, Mma, publish_tile, Read,
-                  ring, Sim, Take, Tma, Wait, Write)
+from .sim import (Arrive, BarArrive, BarSync, Commit, Mma, publish_tile, Read, ring, Sim,
+                  Take, tile_fetcher, Tma, Wait, Write)
 from .tiles import consumer_steps, FwdTile, kv_block, Problem, Walk
 
 
@@ -50,11 +50,8 @@ def tlx_fwd_blackwell(sim: Sim, problem: Problem, cfg, programs: int, head_dim: 
 
         publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
-        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
-            """_fetch: a reading task's i-th tile after t."""
-            if not dyn:
-                return t + P
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
+        # the kernel's _fetch
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, P, before=True)
 
         def load(p=p, q=q, kv=kv, q_full=q_full, q_empty=q_empty, kv_full=kv_full,
                  kv_empty=kv_empty, publish=publish):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from .sim import (Arrive, BarArrive, BarSync, fetch_tile, kv_rings, load_kv, Mma, MmaWait,
-                  publish_tile, Read, ring, Sim, Take, Tma, Wait, Write)
+from .sim import (Arrive, BarArrive, BarSync, kv_rings, load_kv, Mma, MmaWait, publish_tile,
+                  Read, ring, Sim, Take, tile_fetcher, Tma, Wait, Write)
 from .tiles import consumer_steps, kv_block, Problem, Walk
 
 
@@ -40,11 +40,7 @@ def tlx_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
         tile_empty = sim.mbarriers(pre + "tile_empty", 2, NC)
         publish = partial(publish_tile, tile_slot, tile_full, tile_empty)
 
-        def fetch(t, i, tile_slot=tile_slot, tile_full=tile_full, tile_empty=tile_empty):
-            """A consumer's i-th tile after t (its first: i = 0, t its program id)."""
-            if not dyn:
-                return t + P if i else t
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i))
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, P)  # read by the consumers
 
         def load(p=p, q=q, k=k, v=v, q_full=q_full, q_empty=q_empty, k_full=k_full,
                  k_empty=k_empty, v_full=v_full, v_empty=v_empty, publish=publish):
@@ -167,12 +163,7 @@ def cute_fwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
         tile_empty = sim.mbarriers(pre + "tile_empty", 2, 128 * NC + 32 * (W - 1))
         publish = partial(publish_tile, tile_slot, tile_full, tile_empty, threads=32)
 
-        def fetch(t, i, threads, tile_slot=tile_slot, tile_full=tile_full,
-                  tile_empty=tile_empty):
-            """A walking role's i-th tile after t (its first: i = 0, t its CTA id)."""
-            if not dyn:
-                return t + P if i else t
-            return (yield from fetch_tile(tile_slot, tile_full, tile_empty, i, threads))
+        fetch = tile_fetcher(tile_slot, tile_full, tile_empty, dyn, P)  # read by every walking role
         q = sim.buffers(pre + "q", NBQ * NC)   # slot s, warpgroup c's rows: s * NC + c
         k, v, k_full, k_empty, v_full, v_empty = kv_rings(sim, pre, S, NC * 4)
         q_full = sim.mbarriers(pre + "q_full", NBQ, 1)

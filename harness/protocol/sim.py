@@ -151,6 +151,19 @@ def fetch_tile(slots, full, empty, i: int, threads: int = 1):
     return t
 
 
+def tile_fetcher(slots, full, empty, dynamic: bool, step: int, before: bool = False):
+    """A program's tile walk for its reading roles -> fetch(t, i, threads=1), a generator
+    giving the i-th tile after tile t: dynamic, from the tile handoff (fetch_tile, the
+    reader's `threads` arriving on the empty barrier); else the static round-robin,
+    t + step, the first (i = 0) t itself unless `before` (then the first t is the program
+    id minus step, as kernels_tlx/fwd_blackwell.py's _fetch passes it)."""
+    def fetch(t, i, threads=1):
+        if not dynamic:
+            return t + step if i or before else t
+        return (yield from fetch_tile(slots, full, empty, i, threads))
+    return fetch
+
+
 def kv_rings(sim, pre: str, stages: int, readers: int):
     """Separate K and V rings of `stages` buffers: full mbarriers of one arrival (the
     producer's expect) plus the TMA bytes, empty ones of `readers` arrivals -> (k, v,
