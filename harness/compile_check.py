@@ -175,23 +175,18 @@ def _run_job(job: dict) -> CompileReport:
 
 
 def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
-                parts=1, flat=None) -> dict:
+                parts=1) -> dict:
     """A `_run_job` job: the TLX backward's main kernel as `backward` launches it (bucket:
     a key of its CONFIGS; windows: over key windows, its window_config; parts: programs a
-    tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators; flat: Config.dq_flat,
-    the block-padded dQ accumulator; None: as a call of long packed sequences takes it)."""
+    tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators)."""
     from jagged.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper as bw
     cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
-    if flat is None:
-        flat = not (windows or bq) and (d, bucket) in bw.FLAT_STEPS
     bm, bnc = cfg.block_m, bw.BLOCK_N // bw.NUM_CONSUMERS.value
-    dq_box = ((bw.FLAT_ROWS.value, bw.FLAT_COLS.value) if flat else
-              (bw.dq_rows(bm), bw.dq_cols(d)))
     sig = {"q_desc": f"tensordesc<{dt}[{bm},{d}]>", "k_desc": f"tensordesc<{dt}[{bnc},{d}]>",
            "v_desc": f"tensordesc<{dt}[{bnc},{d}]>", "do_desc": f"tensordesc<{dt}[{bm},{d}]>",
            "lse_ptr": "*fp32", "delta_ptr": "*fp32",
-           "dq_desc": f"tensordesc<fp32[{dq_box[0]},{dq_box[1]}]>",
+           "dq_desc": f"tensordesc<fp32[{bw.dq_rows(bm)},{bw.dq_cols(d)}]>",
            "dk_ptr": f"*{'fp32' if parts > 1 else dt}",
            "dv_ptr": f"*{'fp32' if parts > 1 else dt}"}
     sig.update({n: "*i32" for n in ("cu_q_ptr", "cu_k_ptr", "tile_b_ptr", "tile_n_ptr",
@@ -203,7 +198,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, FLAT=flat)
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts)
     if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
         sig.update(col_rows="*i32", dq_ptr=f"*{dt}")
     else:
@@ -212,7 +207,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
                 name=f"bwd D{d} {'windows' if windows else bucket} "
                      f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}"
-                     f"{f' parts {parts}' if parts > 1 else ''}{' flat' if flat else ''}",
+                     f"{f' parts {parts}' if parts > 1 else ''}",
                 opts={})
 
 

@@ -863,14 +863,15 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=No
 # takes_flat. A block-padded dQ accumulator pads each sequence to whole steps (on average
 # half a step: 6-8 % more accumulator rows at a mean of 512 rows) for 16-byte stores of
 # the step's dQ partial in its accumulator's register order (CuteDSL's 80-row step: 40
-# STS.32 a thread -> 10 STS.128; TLX's 64-row step: 32 -> 8).
+# STS.32 a thread -> 10 STS.128).
 FLAT_MEAN_Q = 512
 
 
 def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
-    """Whether a backward's dQ partials go to a block-padded accumulator (both styles'
-    dq_flat): packed sequences of at least FLAT_MEAN_Q query rows on average (key windows
-    never: their builds keep the row accumulator)."""
+    """Whether a backward's dQ partials go to a block-padded accumulator (CuteDSL's
+    Config.dq_flat; the TLX build keeps the row accumulator): packed sequences of at least
+    FLAT_MEAN_Q query rows on average (key windows never: their builds keep the row
+    accumulator)."""
     return not broadcast_q and mean_q >= FLAT_MEAN_Q
 
 

@@ -38,15 +38,8 @@ Three kernels:
     accumulators (jagged.tiles.dkv_accumulator).
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype; split tiles: dK / dV from their accumulators too, in the same launch.
-Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat, FLAT_STEPS: D = 128's
-64-row step, D = 64's 128-row one): a consumer stages its 64 x 64 dQ partial (dQ^T at
-D = 128, its row half at D = 64) in the wgmma accumulator's register order
-(`_flat_order`: 16-byte stores, where the transposed box takes one 4-byte store an
-element), and the load task reduce-adds it as one TMA box into a block-padded
-accumulator (each sequence's Q blocks whole blocks of their own, jagged.tiles.flat_block;
-a run of 4096 floats a block, query head and consumer); `_bwd_post_flat` reads each run
-back (`_flat_unorder`) and stores the rows up to the sequence's end. The CuteDSL twin's
-layout (Config.dq_flat there). Key windows never take it (`window_config`).
+Long packed sequences keep the row accumulator in this style: the block-padded hand-over
+(the CuteDSL twin's Config.dq_flat) lost here by ~1 % (PERF, Tried and lost).
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
 their dependents first, the main kernel is launched as a dependent (each role waits,
@@ -98,7 +91,7 @@ with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -111,12 +104,12 @@ from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
-                          flat_rows, grad_buffers, kv_tiles, slot_count, takes_flat,
-                          window_parts, window_tiles, windowed)
+                          grad_buffers, kv_tiles, slot_count, window_parts, window_tiles,
+                          windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
-from .schedule import (KVTiles, dq_slot_row, flat_block, kv_tile_coords, kv_window_coords,
-                       part_steps, tile_range)
+from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
+                       tile_range)
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
 
@@ -129,9 +122,6 @@ class Config:
                      # out of Triton's pipeliner, `compute`)
     sdp_together: bool = False  # at 128 rows, S^T and dP^T in flight together
                                 # (_step_rows; the Q loop at num_stages 0)
-    dq_flat: bool = False  # a consumer's 64 x 64 dQ partial staged in its accumulator's
-                           # register order (16-byte stores) and reduce-added into a
-                           # block-padded accumulator (jagged.tiles.takes_flat; _flat_order)
 
 
 BLOCK_N = 128        # keys a tile: NUM_CONSUMERS warpgroups of 64
@@ -166,28 +156,12 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
     return cfg.sdp_together and not broadcast_q
 
 
-# The steps whose partials go to a block-padded accumulator on long packed sequences
-# (jagged.tiles.takes_flat), a consumer's 64 x 64 partial each (compiled for sm_90a, SASS
-# of the step loops): D = 128's 64 rows (dQ^T: 32 STS.32 a thread -> 8 STS.128, loop 420
-# -> 396 instructions, spill-free) and D = 64's 128 rows (its row half: 16 STS.64 -> 8
-# STS.128, loop 603 -> 591; causal 989 -> 979, and the 8 spill instructions its loop had
-# gone; outside the loops 12 more spill instructions without causal masking, 20 fewer
-# with it).
-FLAT_STEPS = {(128, "long"), (64, "long")}
-
-
-def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf,
-                broadcast_q: bool = False) -> Config:
+def pick_config(head_dim: int, mean_k: float, mean_q: float = math.inf) -> Config:
     """The measured default for a call (mean_k: total keys / batch; mean_q: query rows a
-    sequence, jagged.tiles.bwd_mid); long packed sequences' partials go to the
-    block-padded accumulator at FLAT_STEPS (jagged.tiles.takes_flat)."""
+    sequence, jagged.tiles.bwd_mid)."""
     if mean_k <= SHORT_MEAN_K:
         return CONFIGS[(head_dim, "short")]
-    bucket = "mid" if bwd_mid(head_dim, mean_q) else "long"
-    cfg = CONFIGS[(head_dim, bucket)]
-    if (head_dim, bucket) in FLAT_STEPS and takes_flat(mean_q, broadcast_q):
-        cfg = replace(cfg, dq_flat=True)
-    return cfg
+    return CONFIGS[(head_dim, "mid" if bwd_mid(head_dim, mean_q) else "long")]
 
 
 # Key windows (short keys, jagged.tiles.windowed): a tile is whole sequences of at most
@@ -306,15 +280,15 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
                     PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False):
     """Programs [0, cdiv(n_rows, ROWS)): ROWS (token, head) pairs each, token-major, their
-    delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (a
-    block-padded one's past n_rows as grid-stride shares, Config.dq_flat) and the tile
-    counter sched_ptr[0] (jagged.tiles.dq_accumulator). LONG_K (key windows): only the
-    rows the windows reduce-add into (`_accumulated`), by WIN_TOK tokens a program in
-    programs of their own after the delta ones (`pre_programs`): the delta programs search
-    nothing. ZERO_DKV (tiles split over programs): each program also zeroes its
-    grid-stride share of the fp32 dK / dV accumulators, n_kv_rows rows of D
-    (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
-    may launch at once (it waits for these writes itself)."""
+    delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (any
+    past n_rows as grid-stride shares) and the tile counter sched_ptr[0]
+    (jagged.tiles.dq_accumulator). LONG_K (key windows): only the rows the windows
+    reduce-add into (`_accumulated`), by WIN_TOK tokens a program in programs of their own
+    after the delta ones (`pre_programs`): the delta programs search nothing. ZERO_DKV
+    (tiles split over programs): each program also zeroes its grid-stride share of the
+    fp32 dK / dV accumulators, n_kv_rows rows of D (jagged.tiles.dkv_accumulator; no
+    launch of their own). PDL: the kernel queued behind may launch at once (it waits for
+    these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -478,33 +452,6 @@ def _keep(offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
     return keep
 
 
-# ----------------------------------------------------------------------------- dq_flat
-# a consumer's 64 x 64 fp32 partial as a TMA box over the accumulator seen as rows of
-# FLAT_COLS floats (16 KB, contiguous)
-FLAT_ROWS = tl.constexpr(128)
-FLAT_COLS = tl.constexpr(32)
-
-
-@triton.jit
-def _flat_order(x):  # role: compute
-    """A consumer's [64, 64] fp32 dQ partial (a wgmma accumulator: M = 16 w + 8 r8 + lq
-    over warp w, N = 8 j + 2 lr + c1) as [FLAT_ROWS, FLAT_COLS] in its register order:
-    chunk j, thread 32 w + 4 lq + lr, registers (r8, c1) (a reshape and a permute, free in
-    registers: each thread's 4 values of a chunk are 16 contiguous bytes, a warp's 512).
-    The CuteDSL twin's order (fragments.flat_copy); only the speed depends on it."""
-    x = tl.reshape(x, [4, 2, 8, 8, 4, 2])        # (w, r8, lq, j, lr, c1)
-    x = tl.permute(x, [3, 0, 2, 4, 1, 5])        # (j, w, lq, lr, r8, c1)
-    return tl.reshape(x, [FLAT_ROWS, FLAT_COLS])
-
-
-@triton.jit
-def _flat_unorder(y):  # role: reduce_dq
-    """_flat_order's inverse: a 4096-float run back to the [64, 64] partial."""
-    y = tl.reshape(y, [8, 4, 8, 4, 2, 2])        # (j, w, lq, lr, r8, c1)
-    y = tl.permute(y, [1, 4, 2, 0, 3, 5])        # (w, r8, lq, j, lr, c1)
-    return tl.reshape(y, [64, 64])
-
-
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(descs, smem, bars, tiles, stats,
@@ -513,10 +460,10 @@ def load(descs, smem, bars, tiles, stats,
          BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
          NKV: tl.constexpr, DQ_COLS: tl.constexpr, REDUCE_DQ: tl.constexpr,
          DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr,
-         WINDOWS: tl.constexpr, PARTS: tl.constexpr, FLAT: tl.constexpr = False):
+         WINDOWS: tl.constexpr, PARTS: tl.constexpr):
     """The producer: per tile K and V, per Q step Q and dO, by TMA. With smem.lse (64- and
     128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
-    work, one step behind (FLAT: into the block-padded accumulator, _reduce_step)."""
+    work, one step behind."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
@@ -582,12 +529,8 @@ def load(descs, smem, bars, tiles, stats,
                 # those wait on reduces up to the one before their last step.
                 if qcnt > 0:
                     _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC,
-                                 DQ_COLS, DQ_SUM, DQ_ROWS, FLAT)
-                if FLAT:  # the step's runs: block, query head, then consumer
-                    dq_row = ((flat_block(tile.q_start, tile.b, m0, BLOCK_M) * H + h)
-                              * (NC * FLAT_ROWS)).to(tl.int32)
-                else:
-                    dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
+                                 DQ_COLS, DQ_SUM, DQ_ROWS)
+                dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
                 dq_h = h
             qcnt += 1
         i += 1
@@ -598,7 +541,7 @@ def load(descs, smem, bars, tiles, stats,
     if REDUCE_DQ:
         if qcnt > 0:  # the last step's dQ
             _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC, DQ_COLS,
-                         DQ_SUM, DQ_ROWS, FLAT)
+                         DQ_SUM, DQ_ROWS)
 
 
 @triton.jit
@@ -609,7 +552,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
             ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr,
-            PARTS: tl.constexpr, FLAT: tl.constexpr = False):
+            PARTS: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -772,9 +715,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             # for the last consumer, above); an owned window's whole dQ goes straight to
             # dQ instead, and the hand-over stays (the reduce task adds nothing)
             tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
-            if FLAT:  # in the accumulator's register order, whatever the step
-                tlx.local_store(dqc, _flat_order(dqt))
-            elif ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
+            if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
                 tlx.local_store(dqc, dqt)
             elif WINDOWS and (cid == NC - 1 or not DQ_SUM):
                 if owned:
@@ -967,23 +908,19 @@ def reduce_dq(dq_desc, smem, bars, tiles,
 @triton.jit
 def _reduce_step(dq_desc, smem, bars, row, h, qcnt, add,
                  D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
-                 DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr = 0, FLAT: tl.constexpr = False):
+                 DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr = 0):
     """One Q step's dQ reduce-add (rows from `row`, head h; qcnt: the step's count, for
     the barrier phase): reduce_dq's body, and the load task's at 64-row steps. DQ_SUM: the
     last consumer's box holds the sum of all (compute), the only one added. DQ_ROWS
     (128-row steps): consumer c's box is rows [c * DQ_ROWS, (c + 1) * DQ_ROWS), all D.
-    FLAT: consumer c's run of the block-padded accumulator (seen as rows of FLAT_COLS
-    floats) starts at row + c * FLAT_ROWS. add false (a key window that owns its keys,
-    `_window_keys`): the hand-over only, nothing added."""
+    add false (a key window that owns its keys, `_window_keys`): the hand-over only,
+    nothing added."""
     C0: tl.constexpr = NC - 1 if DQ_SUM else 0
     for c in tl.static_range(C0, NC):  # consumer c's columns, or all D (each or summed)
         tlx.barrier_wait(bars.dq_full[c], qcnt & 1)
         col = h * D + (c * DQ_COLS if DQ_COLS < D else 0)
         if add:
-            if FLAT:
-                tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * FLAT_ROWS, 0],
-                                           store_reduce="add")
-            elif DQ_ROWS:
+            if DQ_ROWS:
                 tlx.async_descriptor_store(dq_desc, smem.dq[c], [row + c * DQ_ROWS, col],
                                            store_reduce="add")
             else:
@@ -1011,8 +948,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
                WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
                SDP_TOGETHER: tl.constexpr = False,  # Config.sdp_together
-               PARTS: tl.constexpr = 1,  # programs a tile (bwd_parts); dk / dv fp32 if > 1
-               FLAT: tl.constexpr = False):  # Config.dq_flat (dq_desc: the flat accumulator)
+               PARTS: tl.constexpr = 1):  # programs a tile (bwd_parts); dk / dv fp32 if > 1
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -1038,10 +974,6 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
     # (llm B16 H16 2048 1.96 -> 1.89 ms at 64-row steps)
     DQS: tl.constexpr = DQ_COLS == D and not M128
     DQ_ROWS: tl.constexpr = BLOCK_M // NC if M128 else 0  # M128: a consumer's dQ box rows
-    # FLAT: a consumer's partial is 64 x 64 (D = 128 at 64 rows, D = 64 at 128)
-    tl.static_assert(not FLAT or ((DQ_ROWS if M128 else BLOCK_M) == 64 and DQ_COLS == 64
-                                  and not (DQS or WINDOWS or BROADCAST_Q)),
-                     "FLAT: 64 x 64 partials a consumer, packed sequences")
     # shared memory: K/V halves (NKV stages), Q/dO ring, dS^T halves (two Q blocks deep:
     # a consumer may write the next block's while the other still reads this one's),
     # dQ column-half (M128: row-half) staging per consumer
@@ -1051,8 +983,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         q=tlx.local_alloc((BLOCK_M, D), dt, NB),
         do=tlx.local_alloc((BLOCK_M, D), dt, NB),
         ds=tlx.local_alloc((BNC, BLOCK_M), dt, 2 * NC),
-        dq=tlx.local_alloc((FLAT_ROWS, FLAT_COLS) if FLAT else
-                           (DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC),
+        dq=tlx.local_alloc((DQ_ROWS if M128 else BLOCK_M, DQ_COLS), tl.float32, NC),
         lse=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None,  # with the ring
         delta=tlx.local_alloc((BLOCK_M,), tl.float32, NB) if M64 else None)
     bars = Bars(
@@ -1079,15 +1010,14 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_wait()
             gdc_launch_dependents()
             load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS, PARTS,
-                 FLAT)
+                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS, PARTS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             gdc_wait()
             gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS, SDP_TOGETHER, PARTS, FLAT)
+                    M128, WINDOWS, SDP_TOGETHER, PARTS)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
@@ -1157,52 +1087,6 @@ def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD,
                   WIN_TOK * COLS // 4)
 
 
-@triton.jit
-def _bwd_post_flat(dq_acc_ptr, dq_ptr, cu_q_ptr, B, scale,
-                   dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
-                   H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   NC: tl.constexpr, ROW_SPLIT: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = False, DKV: tl.constexpr = False):
-    """Config.dq_flat's postprocess: one program an accumulator block (its sequence found
-    once, a binary search of the offsets); per query head and consumer the 4096-float run
-    back to its 64 x 64 partial (_flat_unorder: dQ^T, the consumer's 64 columns by the
-    block's rows; ROW_SPLIT: the consumer's 64 rows by all D), scaled, cast and stored up
-    to the sequence's end. DKV, PDL: as _bwd_postprocess's."""
-    if PDL:
-        gdc_wait()
-    blk = tl.program_id(0)
-    lo = 0
-    hi = B - 1
-    while lo < hi:  # the last sequence whose first block is at or before blk
-        mid = (lo + hi + 1) // 2
-        if flat_block(tl.load(cu_q_ptr + mid), mid, 0, BLOCK_M) <= blk:
-            lo = mid
-        else:
-            hi = mid - 1
-    q0 = tl.load(cu_q_ptr + lo)
-    row0 = q0 + (blk - flat_block(q0, lo, 0, BLOCK_M)) * BLOCK_M
-    rows = tl.minimum(tl.load(cu_q_ptr + lo + 1) - row0, BLOCK_M)
-    i = tl.arange(0, 64)
-    run = tl.arange(0, FLAT_ROWS * FLAT_COLS)
-    if rows > 0:
-        for h in range(H):
-            for c in tl.static_range(NC):
-                base = ((blk * H + h) * NC + c).to(tl.int64) * (FLAT_ROWS * FLAT_COLS)
-                x = _flat_unorder(tl.load(dq_acc_ptr + base + run)) * scale
-                if ROW_SPLIT:      # (rows c*64.., all D)
-                    r = c * 64 + i
-                    col = i
-                else:              # dQ^T: (the consumer's columns, rows)
-                    x = tl.trans(x)
-                    r = i
-                    col = c * 64 + i
-                ptrs = dq_ptr + ((row0 + r).to(tl.int64)[:, None] * H + h) * D + col[None, :]
-                tl.store(ptrs, x.to(dq_ptr.dtype.element_ty), mask=(r < rows)[:, None])
-    if DKV:
-        _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, tl.program_id(0), tl.num_programs(0),
-                  BLOCK)
-
-
 # ----------------------------------------------------------------------------- host
 def _desc(t, rows, D, cols=None):
     """2-D TMA descriptor over a contiguous packed [tokens, heads, D] (or [.., tokens,
@@ -1245,14 +1129,12 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _accumulators(p: Prep, broadcast_q, cfg: Config | None = None):  # role: host
+def _accumulators(p: Prep, broadcast_q):  # role: host
     """(dQ accumulator, programs of the main kernel, scheduling buffer):
-    jagged.tiles.dq_accumulator; cfg.dq_flat: a block-padded accumulator
-    (jagged.tiles.flat_rows)."""
+    jagged.tiles.dq_accumulator."""
     dev = p.dq.device
-    rows = flat_rows(p.Nq, p.B, cfg.block_m) if cfg is not None and cfg.dq_flat else None
     return dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q, num_sms(dev), dev,
-                          p.dk.shape[0], rows)
+                          p.dk.shape[0])
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
@@ -1287,13 +1169,12 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     return out
 
 
-def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None, windows=None, cfg=None,
-                 cu_q=None):  # role: host
+def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
+                 windows=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, in the same launch.
     windows = (cu_q, cu_k): key windows, only the rows the accumulator holds
-    (_bwd_post_rows). cfg.dq_flat: _bwd_post_flat over the block-padded accumulator's
-    blocks (cu_q its offsets)."""
+    (_bwd_post_rows)."""
     pdl = PDL and bwd_dependent(broadcast_q)
     dkv = (dkv_acc, p.dk, p.dv, 0 if dkv_acc is None else p.dk.numel())
     PB = 1024
@@ -1302,11 +1183,6 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None, windows=None
         fast(_bwd_post_rows)[(cdiv(p.Nq, WIN_TOK.value),)](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
             float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)), PDL=PDL,
-            DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
-    elif cfg is not None and cfg.dq_flat:
-        fast(_bwd_post_flat)[(dq_acc.shape[0] // cfg.block_m,)](
-            dq_acc, p.dq, cu_q, p.B, float(scale), *dkv, H=p.H, D=p.D, BLOCK_M=cfg.block_m,
-            NC=NUM_CONSUMERS.value, ROW_SPLIT=cfg.block_m >= 128, BLOCK=PB, PDL=PDL,
             DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
     else:
         n_elem = p.dq.numel()
@@ -1325,12 +1201,11 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         return p.dq, p.dk, p.dv
     D = p.D
     windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
-    # never dq_flat over key windows: 32-row steps, and owned windows store dQ by rows
     cfg = window_config(D) if windows else pick_config(
-        D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q), broadcast_q)
+        D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    acc = _accumulators(p, broadcast_q, cfg)
+    acc = _accumulators(p, broadcast_q)
     grid_main = acc[1]
     if windows:
         parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
@@ -1352,24 +1227,17 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
-    if cfg.dq_flat:  # the block-padded accumulator as rows of FLAT_COLS floats
-        n_flat = dq_acc.numel() // FLAT_COLS.value
-        dq_desc = tma_desc(dq_acc, (n_flat, FLAT_COLS.value), (FLAT_COLS.value, 1),
-                           (FLAT_ROWS.value, FLAT_COLS.value))
-    else:
-        dq_desc = _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D))  # a consumer's box
     fast(bwd_kernel)[(grid_main,)](
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
-        p.lse, delta, dq_desc,
+        p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
         float(scale), l_q, slot_count(dq_acc, broadcast_q), p.dk.stride(0), p.dk.stride(1),
         p.lse.stride(0), col_rows, p.dq if windows else None,
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, FLAT=cfg.dq_flat,
-        num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
+        num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
-    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None,
-                 cfg, cu_q)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None)
     return p.dq, p.dk, p.dv

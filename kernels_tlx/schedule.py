@@ -33,9 +33,9 @@ import triton.language as tl
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "flat_block", "kv_block",
-           "kv_steps", "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords",
-           "tile_range", "window_coords"]
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps",
+           "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords", "tile_range",
+           "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -222,13 +222,6 @@ class KVTile(NamedTuple):
     n_m: object
     s_last: object
     keys: object = 0     # key windows: the keys of sequences b..s_last
-
-
-@triton.jit
-def flat_block(q_start, b, m_lo, BLOCK_M: tl.constexpr):  # role: schedule
-    """jagged.tiles.flat_block in a kernel: the block-padded dQ accumulator's block of
-    sequence b's (first row q_start) Q block at m_lo (a multiple of BLOCK_M)."""
-    return (q_start + b * BLOCK_M) // BLOCK_M + m_lo // BLOCK_M
 
 
 @triton.jit

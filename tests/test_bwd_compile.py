@@ -4,7 +4,6 @@ wgmmas, no spill, shared memory within 227 KB and the structure their step is bu
 CI builds CI_CASES, the first key-window build and one head dim's pre/postprocess; the
 rest run under `-m matrix`. The main-kernel compiles run batched in two subprocesses (one
 Triton import each)."""
-import dataclasses
 import os
 import pickle
 import re
@@ -227,15 +226,9 @@ def test_config_table():
     D = 64 (64, two K/V stages, up to jagged.tiles.BWD_MID_MEAN_Q query rows a sequence)
     and 64 at D = 128 (the Q loop out of the pipeliner there); one K/V stage where two do
     not fit."""
-    from jagged.tiles import BWD_MID_MEAN_Q, FLAT_MEAN_Q
+    from jagged.tiles import BWD_MID_MEAN_Q
     assert bw.pick_config(128, bw.SHORT_MEAN_K) is bw.CONFIGS[(128, "short")]
-    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1, FLAT_MEAN_Q - 1) is bw.CONFIGS[(128, "long")]
-    # long packed sequences: D = 128's step into the block-padded accumulator (FLAT_STEPS)
-    flat = bw.pick_config(128, bw.SHORT_MEAN_K + 1)
-    assert flat.dq_flat and flat == dataclasses.replace(bw.CONFIGS[(128, "long")], dq_flat=True)
-    assert not bw.pick_config(128, 8192.0, broadcast_q=True).dq_flat
-    assert bw.pick_config(64, 2048.0).dq_flat and not bw.pick_config(64, 2048.0, 200.0).dq_flat
-    assert bw.FLAT_STEPS == {(128, "long"), (64, "long")}
+    assert bw.pick_config(128, bw.SHORT_MEAN_K + 1) is bw.CONFIGS[(128, "long")]
     assert bw.pick_config(64, 26.5).block_m == 32 and bw.pick_config(64, 2048.0).block_m == 128
     assert bw.pick_config(128, 8192.0).block_m == 64
     # the mid bucket: D = 64 by mean query rows (keys past SHORT_MEAN_K)
@@ -256,8 +249,7 @@ def test_config_table():
 def test_window_decision():
     """Key windows for packed calls whose mean keys are at most a tile (gem 256 / 0.1:
     1152 sequences, mean ~26; every sequence 128 keys), never broadcast-Q or one sequence;
-    they run the short bucket's 32-row steps, never the block-padded dQ accumulator
-    (Config.dq_flat: however long their query rows)."""
+    they run the short bucket's 32-row steps."""
     assert bw.takes_windows(1152 * 26, 1152, 256, False)
     assert not bw.takes_windows(1152 * 26, 1152, 256, True)
     assert not bw.takes_windows(26, 1, 26, False)
@@ -266,8 +258,6 @@ def test_window_decision():
     assert not bw.takes_windows(129 * 10, 10, 256, False)
     for d in (64, 128):
         assert bw.window_config(d) is bw.CONFIGS[(d, "short")]
-        assert not bw.window_config(d).dq_flat
-        assert not bw.pick_config(d, bw.SHORT_MEAN_K, 4096.0).dq_flat
 
 
 # the preprocess's arguments; the offsets (cu_q_ptr, cu_k_ptr) only over key windows
@@ -280,8 +270,6 @@ POST_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "n_elem": "i32", "n_slots"
             "slot_stride": "i32", "scale": "fp32"}
 ROWS_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "cu_k_ptr": "*i32",
             "B": "i32", "ROUNDS": "i32", "n_tok": "i32", "HD": "i32", "scale": "fp32"}
-FLAT_SIG = {"dq_acc_ptr": "*fp32", "dq_ptr": "*bf16", "cu_q_ptr": "*i32", "B": "i32",
-            "scale": "fp32"}
 # split tiles' fp32 dK / dV accumulators, converted in the postprocesses (whole tiles:
 # no accumulator, as the host passes it)
 DKV_SIG = {"dkv_acc_ptr": "*fp32", "dk_ptr": "*bf16", "dv_ptr": "*bf16", "n_kv": "i32"}
@@ -336,22 +324,6 @@ def test_window_pre_post_compile(split):
     wait = post.ptx.index("griddepcontrol.wait")
     assert "ld.global" in post.ptx[:wait] and "st.global" not in post.ptx[:wait]
     assert "ld.global" in post.ptx[wait:] and "st.global" in post.ptx[wait:]
-
-
-@pytest.mark.parametrize("d,split", [(128, False), (128, True), (64, False)])
-def test_post_flat_compile(d, split):
-    """The block-padded accumulator's postprocess (Config.dq_flat: D = 128's 64-row step,
-    dQ^T runs; D = 64's 128-row one, row halves), with the split tiles' dK / dV:
-    spill-free; each run read in 16-byte loads."""
-    sig, const = _dkv(split)
-    post = compile_kernel(
-        bw._bwd_post_flat, dict(FLAT_SIG, **sig),
-        constexprs=dict(const, H=4, D=d, BLOCK_M=64 if d == 128 else 128, NC=2,
-                        ROW_SPLIT=d == 64, BLOCK=1024, PDL=True),
-        arch=90, num_warps=4)
-    assert not post.spills, post.row()
-    assert post.ptx.count("griddepcontrol.wait") == 1
-    assert re.search(r"ld\.global(\.\w+)*\.v4\.(b32|f32)", post.ptx), "no 16-byte loads"
 
 
 @pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))

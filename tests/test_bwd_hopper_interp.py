@@ -19,7 +19,7 @@ import triton.language as tl  # noqa: E402
 
 from _launches import record_launches  # noqa: E402
 from harness.problems import offsets  # noqa: E402
-from jagged.tiles import kv_tiles_reference  # noqa: E402
+from jagged.tiles import FLAT_MEAN_Q, kv_tiles_reference  # noqa: E402
 from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_steps,  # noqa: E402
                                    tile_range)
@@ -28,16 +28,16 @@ from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_ste
 @pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("d", [64, 128])
 def test_preprocess(d, zero_dq, zero_dkv):
-    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator (here
-    a block-padded one's, Config.dq_flat: twice the grid's rows more, its grid-stride
-    loop) and the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over
-    three times the grid's rows, and not a row past either."""
+    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator's
+    n_dq_rows rows (here twice the grid's rows and more past n_rows: its grid-stride loop)
+    and the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three
+    times the grid's rows, and not a row past either."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
-    n_dq = 3 * nq * H + 3                      # rows of D: past n_rows as a padded one's
+    n_dq = 3 * nq * H + 3                      # rows of D: past n_rows
     dq_acc = torch.full((n_dq + 1, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
     n_kv = 3 * nq * H + 5
@@ -228,12 +228,13 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
-@pytest.mark.parametrize("windows,flat", [(False, False), (True, False), (False, True)])
-def test_host_split_launches(monkeypatch, windows, flat):
+@pytest.mark.parametrize("windows,long", [(False, False), (True, False), (False, True)])
+def test_host_split_launches(monkeypatch, windows, long):
     """A call whose tiles (or key windows) are split over programs launches what a whole
     one does: the preprocess zeroes the fp32 dK / dV accumulators and the postprocess
-    converts them, each into its own gradient, no launch of their own; flat (long packed
-    sequences, Config.dq_flat): _bwd_post_flat converts them."""
+    converts them, each into its own gradient, no launch of their own; long packed
+    sequences (jagged.tiles.FLAT_MEAN_Q query rows and more on average) keep the row
+    accumulator and _bwd_postprocess."""
     launches = record_launches(monkeypatch, bw)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "bwd_parts", lambda *a: 4)
@@ -241,24 +242,25 @@ def test_host_split_launches(monkeypatch, windows, flat):
     monkeypatch.setattr(bw, "window_tiles", lambda *a: (None, None, torch.zeros(3, 2)))
     monkeypatch.setattr(bw, "window_rows", lambda *a: None)
     H, HKV, D = 4, 2, 64
-    lk = torch.tensor([30, 20, 5] if windows else [1300, 900, 5] if flat else [300, 200, 5])
+    lk = torch.tensor([30, 20, 5] if windows else [1300, 900, 5] if long else [300, 200, 5])
     cu = offsets(lk)
     n = int(cu[-1])
     assert bw.takes_windows(n, len(lk), int(lk.max()), False) == windows
+    assert (n / len(lk) >= FLAT_MEAN_Q) == long
     q = torch.zeros(n, H, D, dtype=torch.float16)
     k = torch.zeros(n, HKV, D, dtype=torch.float16)
     _, dk, dv = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, int(lk.max()),
                             int(lk.max()), True, 0.125, False)
-    post_name = ("_bwd_post_rows" if windows else "_bwd_post_flat" if flat else
-                 "_bwd_postprocess")
+    post_name = "_bwd_post_rows" if windows else "_bwd_postprocess"
     (pre, pa, pk), (main, ma, mk), (post, qa, qk) = (x for x in launches
                                                      if x[0] != "_window_rows")
     assert (pre, main, post) == ("_bwd_preprocess", "bwd_kernel", post_name)
-    assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"] and mk["FLAT"] == flat
+    assert pk["ZERO_DKV"] and mk["PARTS"] == 4 and qk["DKV"]
+    assert pa[3].shape == (n, H, D)                    # the dQ accumulator: a row a token
     acc = pa[15]
     assert acc.dtype == torch.float32 and acc.shape == (2, n, HKV, D) and pa[16] == 2 * n * HKV
     assert ma[7].data_ptr() == acc.data_ptr() and ma[8].data_ptr() == acc[1].data_ptr()
-    at = 9 if windows else 5 if flat else 6
+    at = 9 if windows else 6
     assert qa[at] is acc and qa[at + 1] is dk and qa[at + 2] is dv and qa[at + 3] == dk.numel()
     assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
 
@@ -282,77 +284,3 @@ def test_postprocess_converts_split_dkv():
     torch.testing.assert_close(p.dq.float(), (dq_acc * 0.5).half().float())
     torch.testing.assert_close(p.dk.float(), acc[0].half().float())
     torch.testing.assert_close(p.dv.float(), acc[1].half().float())
-
-
-def _flat_order_ref(x):
-    """bw._flat_order in torch: the same reshape and permute (the order is logical)."""
-    return x.reshape(4, 2, 8, 8, 4, 2).permute(3, 0, 2, 4, 1, 5).reshape(-1)
-
-
-@triton.jit
-def _flat_probe(x_ptr, out_ptr):
-    i = tl.arange(0, 64)
-    y = bw._flat_order(tl.load(x_ptr + i[:, None] * 64 + i[None, :]))
-    r = tl.arange(0, 128)
-    c = tl.arange(0, 32)
-    tl.store(out_ptr + r[:, None] * 32 + c[None, :], y)
-
-
-def test_flat_order():
-    """The main kernel's _flat_order is _flat_order_ref (what test_post_flat writes), and
-    each thread's 4 registers of a chunk (c1, r8 of the wgmma accumulator) are adjacent."""
-    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
-    out = torch.empty(4096)
-    _flat_probe[(1,)](x, out)
-    assert torch.equal(out, _flat_order_ref(x))
-    # run position 4 (128 j + 32 w + 4 lq + lr) + 2 r8 + c1 holds row 16 w + 8 r8 + lq,
-    # column 8 j + 2 lr + c1
-    w, r8, lq, j, lr, c1 = 1, 1, 5, 3, 2, 1
-    assert out[4 * (128 * j + 32 * w + 4 * lq + lr) + 2 * r8 + c1] == x[16 * w + 8 * r8 + lq,
-                                                                         8 * j + 2 * lr + c1]
-
-
-@pytest.mark.parametrize("row_split", [False, True])
-def test_post_flat(row_split):
-    """Config.dq_flat end to end on the host side: a block-padded accumulator written as
-    the main kernel writes it (per sequence, Q block, query head and consumer, the 64 x 64
-    partial in _flat_order at the load task's run, jagged.tiles.flat_block; rows past a
-    sequence zero) and read back by _bwd_post_flat (through bw._postprocess; split tiles'
-    dK / dV too, each into its own gradient) gives scale * dQ in every row, over empty,
-    one-row and block-edge sequences; the padding blocks store nothing."""
-    from jagged.tiles import flat_block, flat_rows
-    g = torch.Generator().manual_seed(int(row_split))
-    D, bm = (64, 128) if row_split else (128, 64)
-    H, NC = 3, 2
-    lens = [0, 1, bm - 1, bm, bm + 1, 300, 2, 0, 2 * bm, 77]
-    cu = offsets(torch.tensor(lens))
-    nq = int(cu[-1])
-    dq_true = torch.randn(nq, H, D, generator=g)
-    rows_acc = flat_rows(nq, len(lens), bm)
-    acc = torch.full((rows_acc, H, D), float("nan"))   # every run the kernel adds is zeroed
-    flat = acc.view(-1)
-    written = torch.zeros(rows_acc * H * D // 4096, dtype=torch.bool)
-    for b, n in enumerate(lens):
-        q0 = int(cu[b])
-        for j in range(-(-n // bm)):
-            blk = flat_block(q0, b, j * bm, bm)
-            part = torch.zeros(bm, H, D)
-            r = min(bm, n - j * bm)
-            part[:r] = dq_true[q0 + j * bm:q0 + j * bm + r]
-            for h in range(H):
-                for c in range(NC):
-                    x = (part[c * 64:(c + 1) * 64, h, :] if row_split      # rows, all D
-                         else part[:, h, c * 64:(c + 1) * 64].T)           # dQ^T: cols, rows
-                    run = (blk * H + h) * NC + c
-                    flat[run * 4096:(run + 1) * 4096] = _flat_order_ref(x)
-                    written[run] = True
-    dq = torch.full((nq, H, D), float("nan")).half()
-    dkv_acc = torch.randn(2, 5, 2, D, generator=g)
-    dk, dv = (torch.full((5, 2, D), float("nan")).half() for _ in range(2))
-    p = bw.Prep(None, None, None, H, 2, D, len(lens), nq, 0, dq, dk, dv)
-    cfg = bw.Config(block_m=bm, kv_stages=1, num_stages=0, dq_flat=True)
-    bw._postprocess(p, acc, 0.5, False, dkv_acc, None, cfg, cu)
-    torch.testing.assert_close(dq.float(), (dq_true * 0.5).half().float())
-    torch.testing.assert_close(dk.float(), dkv_acc[0].half().float())
-    torch.testing.assert_close(dv.float(), dkv_acc[1].half().float())
-    assert written.sum() > 0 and not written.all()     # padding blocks exist and stay unread
