@@ -64,8 +64,8 @@ of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of a long
 (jagged.tiles.windows / window_tiles over cu_k, schedule.kv_window_coords), against every
 query row of its sequences; each key column meets its own sequence's rows (`_col_bounds`,
 `_keep`), every step masked; the rows of every column come from `_window_rows`, launched
-before the main kernel. At gem 256 / 0.1 (mean 26 keys) a (sequence, KV block) tile is
-~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
+before the main kernel and kept with the window list (`window_lists`). At gem 256 / 0.1
+(mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
 (`window_config`). A window of whole sequences holds every key its rows meet
 (`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
@@ -104,8 +104,8 @@ from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
-                          grad_buffers, kv_tiles, slot_count, window_parts, window_tiles,
-                          windowed)
+                          grad_buffers, kv_tiles, per_offsets, slot_count, window_parts,
+                          window_tiles, windowed)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -1169,6 +1169,19 @@ def window_rows(cu_q, cu_k, win, causal):  # role: host
     return out
 
 
+def window_lists(cu_q, cu_k, n_k: int, max_k: int, block_m: int, causal):  # role: host
+    """(order, count, win, col_rows): the key windows' list (window_tiles over cu_k) and
+    each key column's query rows (window_rows), kept together while the offsets tensors
+    are unchanged (jagged.tiles.per_offsets), so that an eager call on the offsets of the
+    call before launches neither."""
+    return per_offsets(_build_window_lists, cu_q, cu_k, n_k, max_k, block_m, bool(causal))
+
+
+def _build_window_lists(cu_q, cu_k, n_k, max_k, block_m, causal):  # role: host
+    order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, BLOCK_N, block_m)
+    return order, count, win, window_rows(cu_q, cu_k, win, causal)
+
+
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
                  windows=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
@@ -1219,9 +1232,9 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
-        tile_b, n_tiles, tile_n = window_tiles(cu_k, cu_q, k.shape[0], max_k, BLOCK_N, BM)
+        tile_b, n_tiles, tile_n, col_rows = window_lists(cu_q, cu_k, k.shape[0], max_k, BM,
+                                                         causal)
         l_q, dynamic = tile_n.shape[1], False
-        col_rows = window_rows(cu_q, cu_k, tile_n, causal)
     else:
         tile_b, tile_n, n_tiles = kv_tiles(cu_q, cu_k, p.L_q, max_k, causal, BM, BLOCK_N)
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None

@@ -284,3 +284,36 @@ def test_postprocess_converts_split_dkv():
     torch.testing.assert_close(p.dq.float(), (dq_acc * 0.5).half().float())
     torch.testing.assert_close(p.dk.float(), acc[0].half().float())
     torch.testing.assert_close(p.dv.float(), acc[1].half().float())
+
+
+def test_window_lists_once_per_offsets(monkeypatch):
+    """An eager call on the offsets tensors of the call before launches neither the key
+    windows' list kernel nor `_window_rows` (window_lists keeps both, per_offsets); new
+    offsets, another causality, or a bumped offsets tensor build them again."""
+    from jagged import tiles
+    launches = record_launches(monkeypatch, bw, tiles)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([30, 20, 5, 41])
+    cu = offsets(lk)
+    n = int(cu[-1])
+    assert bw.takes_windows(n, len(lk), int(lk.max()), False)
+    q = torch.zeros(n, H, D, dtype=torch.float16)
+    k = torch.zeros(n, HKV, D, dtype=torch.float16)
+
+    def built(causal, cu_q, cu_k):
+        launches.clear()
+        bw.backward(q, q, k, k, q, torch.zeros(H, n), cu_q, cu_k, int(lk.max()),
+                    int(lk.max()), causal, 0.125, False)
+        names = [x[0] for x in launches]
+        assert names[-2:] == ["bwd_kernel", "_bwd_post_rows"], names
+        return {"_windows_kernel", "_window_rows"} & set(names)
+
+    monkeypatch.setattr(tiles, "_TILE_CACHE", type(tiles._TILE_CACHE)())
+    both = {"_windows_kernel", "_window_rows"}
+    assert built(True, cu, cu) == both
+    assert built(True, cu, cu) == set()
+    assert built(False, cu, cu) == {"_window_rows"}      # the list itself is causal-free
+    assert built(True, cu.clone(), cu) == both
+    cu.add_(0)                                           # in place: a new version
+    assert built(True, cu, cu) == both
