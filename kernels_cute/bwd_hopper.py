@@ -177,8 +177,12 @@ class Config:
 #     (takes_plain), against 64, one run, FA4 in it: llm B8 H16 8192 -3.7 % (replayed
 #     -1.2 %), B4 H32/8 4096 -3.6 % (-3.1 %); gem-jagged 1024 / 0.9 -3.0 %, 2048 / 0.9
 #     -3.6 % (replayed); fuzz B5 H8/4 16384 / 0.5 -4.3 %, B21 -5.1 %. Its two dS^T
-#     stages (one dS^T barrier a step, as FA4's two PdS stages; 227 KB, the limit) are
-#     compiled, not measured; at 64 rows they lost (PERF, Tried and lost: `dsdbl`).
+#     stages (one dS^T barrier a step, as FA4's two PdS stages; 227 KB, the limit) come
+#     with the block-padded dQ (takes_flat): together, against one stage and the row
+#     accumulator (H200, consecutive runs), llm B8 H16 8192 19.83 -> 18.65 ms, gem-jagged
+#     1024 / 0.9 11.92 -> 11.45, 2048 / 0.9 41.29 -> 38.61; at 64 rows two stages lost
+#     (PERF, Tried and lost: `dsdbl`), and the block-padded dQ alone took llm causal
+#     11.11 -> 10.26.
 CONFIGS = {
     (64, "mid"): Config(block_m=64, kv_stages=2),
     (64, "long"): Config(block_m=128, kv_stages=2, sdp_together=True),
