@@ -987,6 +987,31 @@ def _packed_call(lengths, H, HKV, D):
             torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
 
 
+@pytest.mark.parametrize("split", [1, 4])
+def test_host_backward_plans_once(monkeypatch, split):
+    """host.backward asks bwd_hopper's plan once a call: the main kernel launches the
+    config the plan gave (carried in BwdCall.cfg), the split build where the tiles are
+    split, and the config is picked once for whole tiles, once more only for a split."""
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    picks, plans, mains = [], [], []
+    pick = B.pick_config
+    monkeypatch.setattr(B, "pick_config", lambda *a, **kw: picks.append(a) or pick(*a, **kw))
+    monkeypatch.setattr(B, "bwd_parts", lambda *a: split)
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
+        lambda *args: mains.append(key)))
+    rec = lambda *key: (lambda *args: None)          # noqa: E731
+    plan = lambda c: plans.append(c) or B._plan(c)   # noqa: E731
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=plan, post_flat=rec)
+    lk, cu, n, q, k, lse = _packed_call([600, 900, 700], 4, 2, 128)
+    host.backward(kern, q, q, k, k, q, lse, cu, cu, 900, 900, True, 0.125, False)
+    assert len(plans) == 1 and len(picks) == (1 if split == 1 else 2)
+    (key,) = mains
+    assert key[4] == B._config(plans[0]._replace(parts=split), split) and key[7] == split
+
+
 def test_host_backward_launches_plain(monkeypatch):
     """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
     sequences without causal masking launch the 80-row build on kv_tiles of 80-row
