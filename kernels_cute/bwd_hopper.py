@@ -172,7 +172,10 @@ class Config:
 #     causal -1.6 %; 128 rows -1.2 %, causal -1.0 %. S^T and dP^T together (FA4's
 #     order) against one after the other, graph replay: llm 1.672 -> 1.563 ms, causal
 #     0.982 -> 0.958; fuzz B2 H8/2 16384 / 0.9 5.05 -> 4.75; 7 more fuzz shapes 2.3-5.8 %
-#     faster.
+#     faster. Its block-padded dQ (takes_flat) against the row accumulator (H100,
+#     consecutive runs, eager): llm B16 H16 2048 1.598 -> 1.522 ms; varlen-llm D = 64
+#     B10 H32/8 8192 9.95 -> 9.46, H16/2 5.17 -> 4.89, B20 H32/8 4096 4.08 -> 3.96,
+#     H16/2 2.12 -> 2.00.
 #   D = 128: 64 rows, one K/V stage (two would need 242 KB of smem); "plain": 80 rows
 #     (takes_plain), against 64, one run, FA4 in it: llm B8 H16 8192 -3.7 % (replayed
 #     -1.2 %), B4 H32/8 4096 -3.6 % (-3.1 %); gem-jagged 1024 / 0.9 -3.0 %, 2048 / 0.9
