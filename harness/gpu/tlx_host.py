@@ -209,7 +209,7 @@ def main():
     both("fwd: API call (no_grad)", fwd_api)
     both("  fwd_hopper.forward", fwd)
     cfg = fwd_hopper.pick_config(q.shape[2], mk, False, k.shape[0] / (cu_k.shape[0] - 1))
-    TD = fwd_hopper.TensorDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
     x = torch.empty(16, device="cuda")
     plain([("  validate", per_call_us(lambda: validate(q, k, v, cu_q, cu_k, mq, mk), n)),
            ("  two torch.empty", per_call_us(
