@@ -977,6 +977,16 @@ def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_
                      programs)
 
 
+def windows_direct(max_k: int, block_n: int, parts: int) -> bool:
+    """Whether a backward over key windows stores every real query row's dQ directly:
+    each sequence fits one key tile (max_k <= block_n; the forward's offsets check holds
+    the lengths to max_k, as the window list's own span does) and the windows are not
+    split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator:
+    the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
+    launches (both styles)."""
+    return max_k <= block_n and parts == 1
+
+
 def grad_buffers(q: torch.Tensor, k: torch.Tensor):
     """(dq, dk, dv), uninitialized, in q's and k's shapes and dtypes (dk, dv contiguous):
     three allocations, as a custom op's outputs may not alias one another (torch.compile

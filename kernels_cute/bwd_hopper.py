@@ -516,9 +516,10 @@ def _kernel_classes():
             n_rows of a block-padded one, Config.dq_flat, as grid-stride shares) and the
             tile counter mSched[0] (jagged.tiles.dq_accumulator). long_k (key windows):
             only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
-            sequences, rounds >= bit_length(B)), by CTAs of WIN_TOK tokens after the delta
-            ones in the grid, PRE_THREADS / WIN_TOK threads a token: the delta CTAs search
-            nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
+            sequences, rounds >= bit_length(B); under jagged.tiles.windows_direct mdQacc
+            is dQ itself, in its dtype, and they are the rows past the last sequence), by
+            CTAs of WIN_TOK tokens after the delta ones in the grid, PRE_THREADS / WIN_TOK
+            threads a token: the delta CTAs search nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
             fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
             (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
             behind may launch at once: it waits for these writes itself."""
@@ -561,7 +562,7 @@ def _kernel_classes():
                         if chunk == 0:
                             mDelta[rg % H, rg // H] = total
                         if const_expr(self.zero_dq and self.long_k == 0):
-                            rA = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rA = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
                             rA.fill(0.0)
                             cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
                                                                   (rg, chunk)))
@@ -571,7 +572,7 @@ def _kernel_classes():
                     tok = (bid - n_delta) * WIN_TOK + tidx // tpt
                     if tok < n_rows // H:
                         if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k):
-                            rZq = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                            rZq = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
                             rZq.fill(0.0)
                             for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
                                 cute.autovec_copy(rZq, cute.local_tile(
@@ -579,7 +580,7 @@ def _kernel_classes():
             if const_expr(self.zero_dq):
                 if r == 0 and chunk == 0:
                     mSched[0] = Int32(0)
-                rT = cute.make_rmem_tensor((1, PRE_VEC), Float32)
+                rT = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
                 rT.fill(0.0)
                 grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
                 for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
@@ -1697,11 +1698,12 @@ def _kernel_classes():
 # --------------------------------------------------------------------------------------
 
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       zero_dkv: bool = False, options: str = ""):
+                       zero_dkv: bool = False, into_dq: bool = False, options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
     rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
-    otherwise None and 0)."""
+    otherwise None and 0); into_dq (jagged.tiles.windows_direct): the rows zeroed are
+    dQ's own, in `dtype`, where the accumulator's are fp32."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1711,7 +1713,8 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
     do = host.fake(cdt, (rows, head_dim), (head_dim, 1), 16)
     delta = host.fake(cutlass.Float32, (cute.sym_int32(), cute.sym_int32()),
                       (cute.sym_int64(), 1), 4)
-    acc = host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
+    acc = host.fake(cdt if into_dq else cutlass.Float32, (cute.sym_int32(), head_dim),
+                    (head_dim, 1), 16)
     sched = host.fake(cutlass.Int32, (cute.sym_int32(),), (1,), 4)
     nb = cute.sym_int32()
     cus = ((host.fake(cutlass.Int32, (nb,), (1,), 4), host.fake(cutlass.Int32, (nb,), (1,), 4))

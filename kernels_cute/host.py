@@ -18,7 +18,8 @@ from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
 from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
                           fwd_direct, fwd_dynamic, fwd_sched, fwd_tiles, grad_buffers,
-                          packed_query, pairs_per_sequence, slot_count, window_tiles)
+                          packed_query, pairs_per_sequence, slot_count, window_tiles,
+                          windows_direct)
 from jagged.validate import forward_without_tiles
 
 from . import disk_cache
@@ -305,9 +306,10 @@ class BwdCall(NamedTuple):
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv) -> the compiled
-                           # preprocess (long_k: key windows, the rows of longer sequences
-                           # only; zero_dkv: the split tiles' fp32 dK / dV too)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq) -> the
+                           # compiled preprocess (long_k: key windows, the rows of longer
+                           # sequences only; zero_dkv: the split tiles' fp32 dK / dV too;
+                           # into_dq: those rows of dQ itself, jagged.tiles.windows_direct)
     main: Callable         # (BwdCall) -> launch the main kernel
     postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
                            # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent;
@@ -377,9 +379,12 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     dkv_acc = dkv_accumulator(k, call.parts)
     if dkv_acc is not None:
         call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None)(
-        out.view(-1, D), dout.view(-1, D), delta, dq_acc.view(-1, D), sched, Nq * H, H,
-        dq_acc.numel() // D, *cus, B, B.bit_length(),
+    # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
+    direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
+    zeroed = (dq if direct else dq_acc).view(-1, D)
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct)(
+        out.view(-1, D), dout.view(-1, D), delta, zeroed, sched, Nq * H, H,
+        zeroed.shape[0], *cus, B, B.bit_length(),
         None if dkv_acc is None else dkv_acc.view(-1, D),
         0 if dkv_acc is None else dkv_acc.numel() // D)
     if dlse is not None:  # the gradient on lse (jagged.api)
@@ -387,6 +392,9 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
 
     # (b) main
     kern.main(call)
+
+    if direct:  # the windows stored every row, the preprocess zeroed the rest
+        return dq, dk, dv
 
     # (c) postprocess, with a split call's dK / dV
     n_elem = dq.numel()

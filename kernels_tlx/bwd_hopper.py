@@ -70,8 +70,11 @@ before the main kernel and kept with the window list (`window_lists`). At gem 25
 (`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
 converts only the rows of the longer sequences, whose blocks reduce-add their partials.
-A call of a few windows (jagged.tiles.window_parts > 1) shares each window's steps over
-PARTS programs as split tiles do (dK / dV added in fp32; a step's dQ stays its own).
+When every sequence fits one window's keys and no window is split
+(jagged.tiles.windows_direct) there are none: the preprocess zeroes dQ's rows past the
+last sequence itself and no postprocess launches. A call of a few windows
+(jagged.tiles.window_parts > 1) shares each window's steps over PARTS programs as split
+tiles do (dK / dV added in fp32; a step's dQ stays its own).
 
 Broadcast-Q (dQ is a sum over the whole batch): programs are pinned to a KV head (program
 p owns head p % H_kv) and accumulate into fp32 slots `dq_acc[slot]` ([n_slots, L_q, H, D],
@@ -105,7 +108,7 @@ from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
                           grad_buffers, kv_tiles, per_offsets, slot_count, window_parts,
-                          window_tiles, windowed)
+                          window_tiles, windowed, windows_direct)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -283,12 +286,13 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
     delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (any
     past n_rows as grid-stride shares) and the tile counter sched_ptr[0]
     (jagged.tiles.dq_accumulator). LONG_K (key windows): only the rows the windows
-    reduce-add into (`_accumulated`), by WIN_TOK tokens a program in programs of their own
-    after the delta ones (`pre_programs`): the delta programs search nothing. ZERO_DKV
-    (tiles split over programs): each program also zeroes its grid-stride share of the
-    fp32 dK / dV accumulators, n_kv_rows rows of D (jagged.tiles.dkv_accumulator; no
-    launch of their own). PDL: the kernel queued behind may launch at once (it waits for
-    these writes itself)."""
+    reduce-add into (`_accumulated`; under jagged.tiles.windows_direct dq_acc_ptr is dQ
+    itself and they are the rows past the last sequence), by WIN_TOK tokens a program in
+    programs of their own after the delta ones (`pre_programs`): the delta programs
+    search nothing. ZERO_DKV (tiles split over programs): each program also zeroes its
+    grid-stride share of the fp32 dK / dV accumulators, n_kv_rows rows of D
+    (jagged.tiles.dkv_accumulator; no launch of their own). PDL: the kernel queued behind
+    may launch at once (it waits for these writes itself)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -1138,20 +1142,22 @@ def _accumulators(p: Prep, broadcast_q):  # role: host
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
-                dkv_acc=None):  # role: host
+                dkv_acc=None, direct=False):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into), and
-    dkv_acc (tiles split over programs) in the same launch -> (delta, dq_acc, programs of
-    the main kernel, scheduling buffer). acc: `_accumulators`' (made here if None)."""
+    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into; direct
+    (jagged.tiles.windows_direct): those rows of dQ itself, in its dtype), and dkv_acc
+    (tiles split over programs) in the same launch -> (delta, dq_acc, programs of the main
+    kernel, scheduling buffer). acc: `_accumulators`' (made here if None)."""
     delta = torch.empty((p.H, p.Nq), device=p.dq.device, dtype=torch.float32)
     dq_acc, grid, sched = acc or _accumulators(p, broadcast_q)
+    zeroed = p.dq if direct else dq_acc
     ROWS = 32 if p.D <= 64 else 16
     cu_q, cu_k = windows or (None, None)
     fast(_bwd_preprocess)[(pre_programs(p.Nq, p.H, ROWS, windows is not None),)](
-        p.out, p.dout, delta, dq_acc, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
+        p.out, p.dout, delta, zeroed, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
-        dq_acc.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
+        zeroed.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
         LONG_K=BLOCK_N if windows else 0, PDL=PDL, ZERO_DKV=dkv_acc is not None,
         num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
@@ -1227,8 +1233,10 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
+    direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
-                                          (cu_q, cu_k) if windows else None, acc, dkv_acc)
+                                          (cu_q, cu_k) if windows else None, acc, dkv_acc,
+                                          direct)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1252,5 +1260,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
         num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
+    if direct:  # the windows stored every row, the preprocess zeroed the rest
+        return p.dq, p.dk, p.dv
     _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None)
     return p.dq, p.dk, p.dv

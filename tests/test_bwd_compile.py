@@ -326,6 +326,23 @@ def test_window_pre_post_compile(split):
     assert "ld.global" in post.ptx[wait:] and "st.global" in post.ptx[wait:]
 
 
+def test_window_direct_preprocess_compile():
+    """Key windows under jagged.tiles.windows_direct: the preprocess zeroes dQ's own rows
+    (bf16) past the last sequence, spill-free, and lets the main kernel launch under it
+    (the call's last kernel: no postprocess follows). Its zero rows are 2-byte values: half
+    the 16-byte stores of the fp32 accumulator's build."""
+    const = dict(dkv_acc_ptr=None, H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N,
+                 PDL=True, ZERO_DKV=False)
+    sig = dict(PRE_SIG, dkv_acc_ptr="constexpr")
+    pre = compile_kernel(bw._bwd_preprocess, dict(sig, dq_acc_ptr="*bf16"), constexprs=const,
+                         arch=90, num_warps=4)
+    acc = compile_kernel(bw._bwd_preprocess, sig, constexprs=const, arch=90, num_warps=4)
+    assert not pre.spills, pre.row()
+    assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
+    n16 = pre.ptx.count("st.global.v4.b32")
+    assert n16 and 2 * n16 == acc.ptx.count("st.global.v4.b32"), (pre.row(), acc.row())
+
+
 @pytest.mark.parametrize("causal", (pytest.param(False, marks=pytest.mark.matrix), True))
 def test_window_rows_compile(causal):
     """The key windows' column-rows kernel (bw.window_rows), spill-free."""

@@ -103,6 +103,32 @@ def test_pre_post_rows_of_long_sequences(many):
     torch.testing.assert_close(dv.float(), dkv_acc[1].half().float())
 
 
+def test_preprocess_zeroes_dq_direct():
+    """Key windows under jagged.tiles.windows_direct (every sequence within LONG_K keys):
+    the preprocess zeroes dQ's own rows, in q's dtype, past the last sequence, and no
+    other row (the windows store those); the delta and the tile counter as ever."""
+    g = torch.Generator().manual_seed(5)
+    lq = torch.randint(0, 9, (40,), generator=g)
+    lk = torch.randint(0, 9, (40,), generator=g)
+    cu_q, cu_k = offsets(lq), offsets(lk)
+    B, H, d, long_k, extra = len(lq), 3, 64, 8, 37
+    n_real = int(cu_q[-1])
+    nq = n_real + extra
+    out = torch.randn(nq, H, d, generator=g).half()
+    dout = torch.randn(nq, H, d, generator=g).half()
+    delta = torch.full((H, nq), float("nan"))
+    dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
+    sched = torch.full((4,), 7, dtype=torch.int32)
+    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
+        out, dout, delta, dq, sched, nq * H, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
+        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
+                               atol=1e-4)
+    assert (dq[n_real:] == 0).all() and dq[:n_real].isnan().all()
+    assert sched[0] == 0 and (sched[1:] == 7).all()
+
+
 def test_postprocess():
     """dQ = scale * the sum of the slots, in the output dtype."""
     g = torch.Generator().manual_seed(0)
@@ -263,6 +289,36 @@ def test_host_split_launches(monkeypatch, windows, long):
     at = 9 if windows else 6
     assert qa[at] is acc and qa[at + 1] is dk and qa[at + 2] is dv and qa[at + 3] == dk.numel()
     assert dk.untyped_storage().data_ptr() != dv.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_host_windows_direct(monkeypatch, long):
+    """Key windows whose sequences all fit a window's keys, whole windows
+    (jagged.tiles.windows_direct): the preprocess zeroes dQ itself (the tensor returned)
+    and no postprocess launches; with one longer sequence the preprocess zeroes the fp32
+    accumulator's rows and _bwd_post_rows converts them."""
+    launches = record_launches(monkeypatch, bw)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(bw, "window_parts", lambda *a: 1)
+    monkeypatch.setattr(bw, "window_tiles", lambda *a: (None, None, torch.zeros(3, 2)))
+    monkeypatch.setattr(bw, "window_rows", lambda *a: None)
+    H, HKV, D = 4, 2, 64
+    lk = torch.tensor([30, 20, 5] + ([300] if long else []))
+    cu = offsets(lk)
+    n = int(cu[-1])
+    assert bw.takes_windows(n, len(lk), int(lk.max()), False)
+    q = torch.zeros(n, H, D, dtype=torch.float16)
+    k = torch.zeros(n, HKV, D, dtype=torch.float16)
+    dq, _, _ = bw.backward(q, q, k, k, q, torch.zeros(H, n), cu, cu, int(lk.max()),
+                           int(lk.max()), True, 0.125, False)
+    names = [x[0] for x in launches]
+    assert names == ["_bwd_preprocess", "bwd_kernel"] + (["_bwd_post_rows"] if long else [])
+    (_, pa, pk), (_, ma, _) = launches[:2]
+    assert pk["LONG_K"] == bw.BLOCK_N and pa[17] == n * H
+    if long:
+        assert pa[3].dtype == torch.float32 and pa[3].data_ptr() == ma[6].base.data_ptr()
+    else:
+        assert pa[3] is dq and ma[22] is dq
 
 
 def test_postprocess_converts_split_dkv():

@@ -364,13 +364,16 @@ def test_dkv_fragment_coordinates(tmp_path):
 
 @needs_dsl
 def test_bwd_pre_post_compile(tmp_path):
-    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows) and
+    """The preprocess (delta, dQ zeroing; key windows: the longer sequences' rows, or
+    under jagged.tiles.windows_direct dQ's own rows past the last sequence) and
     postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels;
     split tiles and windows: with their fp32 dK / dV zeroed and converted."""
     _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
                        "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
                        "B.compile_preprocess(dt, 128, True, 0, True); "
                        "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
+                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True); "
+                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, False, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
                        "B.compile_postprocess(dt, True, True); "
                        "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True)")
@@ -875,15 +878,17 @@ def test_kv_window_coords_match_the_reference(causal):
 
 
 @interp
-@pytest.mark.parametrize("short", [True, False])
-def test_host_backward_launches_windows(monkeypatch, short):
+@pytest.mark.parametrize("kind", ["direct", "windows", "tiles"])
+def test_host_backward_launches_windows(monkeypatch, kind):
     """host.backward with bwd_hopper's main (the tile lists in the interpreter, the
     kernels recorders): short packed keys launch the window_config build, never from
     the counter, on window_tiles over the key offsets (order, table, count in the tile
     list's places), dQ itself passed for the owned windows' stores, the preprocess zeroing
-    and the rows postprocess converting the longer sequences' rows only; otherwise, and
-    always in broadcast-Q, the default build for the mean query rows on kv_tiles, between
-    the whole preprocess and postprocess."""
+    and the rows postprocess converting the longer sequences' rows only ("windows": one
+    sequence of more than a window's keys); every sequence within a window's keys
+    ("direct", jagged.tiles.windows_direct): the preprocess zeroes dQ's own rows and no
+    postprocess launches; otherwise, and always in broadcast-Q, the default build for the
+    mean query rows on kv_tiles, between the whole preprocess and postprocess."""
     import torch
     from harness.problems import offsets
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
@@ -902,7 +907,9 @@ def test_host_backward_launches_windows(monkeypatch, short):
     kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
                               post_flat=recorder)
     H, HKV, D = 4, 2, 64
-    lk = torch.tensor([26, 0, 31, 1, 40, 26] * 4) if short else torch.tensor([300, 200, 5])
+    lk = torch.tensor({"direct": [26, 0, 31, 1, 40, 26] * 4,
+                       "windows": [26, 0, 31, 1, 40, 26] * 4 + [300],
+                       "tiles": [300, 200, 5]}[kind])
     lq = lk.flip(0)
     cu_k, cu_q = offsets(lk), offsets(lq)
     max_k = int(lk.max())
@@ -917,21 +924,30 @@ def test_host_backward_launches_windows(monkeypatch, short):
             calls.clear()
             host.backward(kern, o, q, k, k, o, lse, None if bq else cu_q, cu_k, n_q, max_k,
                           causal, 0.125, bq)
-            (pre, pre_args), (main, args), (post, post_args) = calls
-            # the postprocess launches as the main kernel's dependent in the packed modes
-            windows = short and not bq
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False)
-            assert post == (q.dtype, not bq, False)
+            windows = kind != "tiles" and not bq
+            direct = kind == "direct" and not bq
+            assert len(calls) == (2 if direct else 3)
+            (pre, pre_args), (main, args) = calls[:2]
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False, direct)
             B_ = len(lk)
-            assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the accumulator's
+            assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the zeroed tensor's
             assert pre_args[8:] == ((cu_q, cu_k) if windows else (None, None)) + (
                 B_, B_.bit_length(), None, 0)
-            if windows:   # the rows postprocess: the offsets, vectors a token
-                assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
-                assert post_args[7] == H * D // B.POST_VEC
+            if windows:
                 assert args[20].shape == q.shape and args[20].dtype == q.dtype
             else:
                 assert args[20] is None
+            if direct:   # the preprocess zeroes dQ's own rows: the tensor the windows store
+                assert pre_args[3].dtype == q.dtype and pre_args[3].shape == (n_q * H, D)
+                assert pre_args[3].data_ptr() == args[20].data_ptr()
+            else:
+                # the postprocess launches as the main kernel's dependent in the packed modes
+                assert pre_args[3].dtype == torch.float32
+                (post, post_args), = calls[2:]
+                assert post == (q.dtype, not bq, False)
+            if windows and not direct:   # the rows postprocess: the offsets, vectors a token
+                assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
+                assert post_args[7] == H * D // B.POST_VEC
             if windows:
                 cfg = B.window_config(D)
                 order, count, win = window_tiles(cu_k, cu_q, k.shape[0], max_k, B.BLOCK_N,
@@ -1087,7 +1103,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True)
+    assert pre == (q.dtype, D, True, 0, True, False)
     assert post == (q.dtype, D, cfg.block_m, cfg.dq_t, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
@@ -1133,7 +1149,7 @@ def test_host_backward_launches_flat(monkeypatch):
         (pre, ra), (main, args), (post, pa) = calls
         cfg = main[4]
         acc = args[6]
-        assert pre == (q.dtype, D, True, 0, False)
+        assert pre == (q.dtype, D, True, 0, False, False)
         assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
         assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
         if bm:
@@ -1146,14 +1162,15 @@ def test_host_backward_launches_flat(monkeypatch):
             assert not cfg.dq_flat and acc.shape == (n, H, D)
             assert post == (q.dtype, True, False) and pa[2] == dq.numel() // B.POST_VEC
     assert not B.pick_config(D, 4096.0, broadcast_q=True).dq_flat
-    lq, lk = torch.tensor([600, 900, 700] * 8), torch.tensor([26, 40, 31] * 8)
+    # one sequence of more than a window's keys: the rows postprocess runs
+    lq, lk = torch.tensor([600, 900, 700] * 8 + [600]), torch.tensor([26, 40, 31] * 8 + [300])
     cu_q, cu_k = offsets(lq), offsets(lk)
     n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
-    assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 40, False)
+    assert n_q / len(lq) >= FLAT_MEAN_Q and B.takes_windows(n_k, len(lk), 300, False)
     q = torch.zeros(n_q, H, D, dtype=torch.bfloat16)
     k = torch.zeros(n_k, HKV, D, dtype=torch.bfloat16)
     calls.clear()
-    host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 40, False,
+    host.backward(kern, q, q, k, k, q, torch.zeros(H, n_q), cu_q, cu_k, 900, 300, False,
                   0.125, False)
     (pre, ra), (main, args), (post, pa) = calls
     assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)

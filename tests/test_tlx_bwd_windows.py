@@ -138,8 +138,10 @@ def _emulate(q, k, v, do, lse, delta, dq_acc, dq, dk, dv, col_rows, cu_q, cu_k, 
 def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
                       broadcast_q, dlse=None, parts=None):
     """bw.backward's windows path with the main kernel emulated (_emulate); parts: each
-    window split so many ways (None: jagged.tiles.window_parts, as bw.backward)."""
-    from jagged.tiles import dkv_accumulator, window_parts, window_tiles
+    window split so many ways (None: jagged.tiles.window_parts, as bw.backward). Every
+    sequence within a window's keys and the windows whole (jagged.tiles.windows_direct):
+    the preprocess zeroes dQ's own rows and no postprocess runs, as in bw.backward."""
+    from jagged.tiles import dkv_accumulator, window_parts, window_tiles, windows_direct
     n_q, H, D = q.shape
     n_k, HKV = k.shape[:2]
     B = cu_k.shape[0] - 1
@@ -155,8 +157,11 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     dq_acc = torch.full((n_q, H, D), float("nan"))
     sched = torch.zeros(4, dtype=torch.int32)
     rows = 32 if D <= 64 else 16
+    direct = windows_direct(max_k, bw.BLOCK_N, parts)
+    p.dq.fill_(float("nan"))  # every query row: by an owned window, the preprocess (direct)
+    zeroed = p.dq if direct else dq_acc  # or the postprocess
     bw._bwd_preprocess[(bw.pre_programs(n_q, H, rows, True),)](
-        p.out, p.dout, delta, dq_acc, sched, n_q * H, p.out.stride(0), p.out.stride(1),
+        p.out, p.dout, delta, zeroed, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
         ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None)
@@ -166,14 +171,14 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     col_rows = bw.window_rows(cu_q, cu_k, win, causal)
     p.dk.fill_(float("nan"))  # every real key row must be stored
     p.dv.fill_(float("nan"))
-    p.dq.fill_(float("nan"))  # every query row: by an owned window or the postprocess
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     _emulate[(win.shape[1] * HKV * parts,)](
         q.detach(), k.detach(), v.detach(), p.dout, p.lse, delta, dq_acc, p.dq, dk, dv,
         col_rows, cu_q, cu_k, order, count, win, win.shape[1], scale, n_q, n_k, H=H,
         HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
         CAUSAL=causal, PARTS=parts)
-    bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
+    if not direct:
+        bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
     return p.dq, p.dk, p.dv
 
 
