@@ -966,13 +966,19 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
 
 
 def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_n: int,
-                 programs: int) -> int:
+                 programs: int, causal: bool = False, batch: int = 0) -> int:
     """`bwd_parts` for a backward over key windows (`windows` over the keys, both styles):
     its windows taken as cdiv(n_k, block_n) sequences of block_n keys, every query row of
-    a window walked (no causal cut). A call of a few windows, each walking a GQA group's
-    heads over its rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443
-    tokens, 8 parts); the short-sequence cells' hundreds of windows stay whole."""
+    a window walked. A call of a few windows, each walking a GQA group's heads over its
+    rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443 tokens, 8 parts);
+    the short-sequence cells' hundreds of windows stay whole. Causal, a window of one
+    sequence walks from its first row that sees a key (kv_window_coords): where a
+    sequence has more than half a window's keys on average (batch sequences; windows of
+    one sequence, mostly) the rows walked are taken as at most its keys and a block (fuzz
+    cross B8 H1/1 D128 8192 / 128 causal: 1280 of 65536 rows, whole windows)."""
     windows = max(1, -(-n_k // block_n))
+    if causal and batch and 2 * n_k > batch * block_n:
+        n_q = min(n_q, n_k + batch * block_m)
     return bwd_parts(n_q, n_k, windows, h_kv, group, False, False, block_m, block_n,
                      programs)
 

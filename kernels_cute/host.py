@@ -306,19 +306,21 @@ class BwdCall(NamedTuple):
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq) -> the
-                           # compiled preprocess (long_k: key windows, the rows of longer
-                           # sequences only; zero_dkv: the split tiles' fp32 dK / dV too;
-                           # into_dq: those rows of dQ itself, jagged.tiles.windows_direct)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq, causal)
+                           # -> the compiled preprocess (long_k: key windows, the rows of
+                           # longer sequences only; zero_dkv: the split tiles' fp32 dK / dV
+                           # too; into_dq: those rows of dQ itself,
+                           # jagged.tiles.windows_direct; causal: windows' rows that see no
+                           # key too)
     main: Callable         # (BwdCall) -> launch the main kernel
     postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
                            # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent;
                            # dkv: the split tiles' dK / dV converted too)
     post_vec: int
     # key windows (None: the architecture has none): (n_keys, batch, max_k, broadcast_q)
-    # -> whether the main kernel takes them; their postprocess (dtype, pdl, dkv) -> the
-    # compiled rows postprocess; a window's keys (the accumulator's rows are those of
-    # longer sequences)
+    # -> whether the main kernel takes them; their postprocess (dtype, pdl, dkv, causal)
+    # -> the compiled rows postprocess; a window's keys (the accumulator's rows are those
+    # of longer sequences)
     takes_windows: Callable | None = None
     post_rows: Callable | None = None
     window_keys: int = 0
@@ -382,7 +384,8 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
     direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
     zeroed = (dq if direct else dq_acc).view(-1, D)
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct)(
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct,
+                    windows and bool(causal))(
         out.view(-1, D), dout.view(-1, D), delta, zeroed, sched, Nq * H, H,
         zeroed.shape[0], *cus, B, B.bit_length(),
         None if dkv_acc is None else dkv_acc.view(-1, D),
@@ -402,7 +405,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         dkv_acc.view(2, -1), dk.view(-1), dv.view(-1), dk.numel() // kern.post_vec)
     split = dkv_acc is not None
     if windows:  # the rows the accumulator holds; the windows stored the others
-        kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split)(
+        kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split, bool(causal))(
             dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
             n_elem // kern.post_vec, H * D // kern.post_vec, float(scale), *dkv)
     elif flat is not None:  # the rows back from the accumulator's blocks

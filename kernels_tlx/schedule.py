@@ -278,10 +278,12 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     head t // PARTS % HKV of window order[t // (HKV PARTS)] (PARTS > 1: the window's steps
     shared by its parts, part_steps), its real key columns [k_start, k_start + len_k)
     (n0 = 0) and the query rows of the sequences b..s_last it spans, n_m blocks from
-    q_start + m_lo. A window of whole sequences walks all their rows (the owned dQ store
-    writes each of them); a block of a longer sequence (more than BLOCK_N keys, its rows'
-    dQ reduce-added into the zeroed accumulator), causal, starts at the Q block of the
-    first row that sees its first key, as kv_tile_coords' tiles."""
+    q_start + m_lo. A window of several whole sequences walks all their rows (the owned
+    dQ store writes each of them); causal, a window of one sequence, or a block of a
+    longer one (more than BLOCK_N keys, its rows' dQ reduce-added into the zeroed
+    accumulator), starts at the Q block of the first row that sees its first key, as
+    kv_tile_coords' tiles (the rows before it see no key: the preprocess zeroes them,
+    `_accumulated`)."""
     w = tl.load(tiles.tile_b + t // (HKV * PARTS))
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
@@ -292,8 +294,9 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start
     keys = k_end - tl.load(tiles.cu_k + s_first)
     m_lo = 0
-    if CAUSAL:  # keys > BLOCK_N: one longer sequence, the first row seeing key k_start
-        m_lo = tl.maximum(tl.where(keys > BLOCK_N, k_start - k_end + len_q, 0),
-                          0) // BLOCK_M * BLOCK_M
+    if CAUSAL:  # one sequence (a block of a longer one, or whole): the first row seeing
+        # key k_start
+        one = (keys > BLOCK_N) | (s_first == s_last)
+        m_lo = tl.maximum(tl.where(one, k_start - k_end + len_q, 0), 0) // BLOCK_M * BLOCK_M
     return KVTile(s_first, t // PARTS % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
                   q_start.to(tl.int64), m_lo, tl.cdiv(len_q - m_lo, BLOCK_M), s_last, keys)
