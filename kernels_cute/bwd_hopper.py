@@ -521,10 +521,11 @@ def _kernel_classes():
             sequences, rounds >= bit_length(B); under jagged.tiles.windows_direct mdQacc
             is dQ itself, in its dtype, and they are the rows past the last sequence), by
             CTAs of WIN_TOK tokens after the delta ones in the grid, PRE_THREADS / WIN_TOK
-            threads a token: the delta CTAs search nothing. zero_dkv (tiles split over CTAs) each CTA's grid-stride share of the
-            fp32 dK / dV accumulators mdKVacc, n_kv_rows rows of D
-            (jagged.tiles.dkv_accumulator; no launch of their own). The main kernel queued
-            behind may launch at once: it waits for these writes itself."""
+            threads a token: the delta CTAs search nothing. zero_dkv (tiles split over
+            CTAs) each CTA's grid-stride share of the fp32 dK / dV accumulators mdKVacc,
+            n_kv_rows rows of D (jagged.tiles.dkv_accumulator; no launch of their own).
+            The main kernel queued behind may launch at once: it waits for these writes
+            itself."""
             cute.arch.griddepcontrol_launch_dependents()
             tpr = self.D // PRE_VEC                       # threads per row
             tidx = cute.arch.thread_idx()[0]

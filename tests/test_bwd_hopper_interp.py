@@ -58,6 +58,25 @@ def test_preprocess(d, zero_dq, zero_dkv):
     assert dkv_acc[n_kv].isnan().all()
 
 
+def _window_preprocess(g, zeroed, cu_q, cu_k, long_k):
+    """The key windows' preprocess (LONG_K = long_k) on random O and dO of `zeroed`'s
+    shape ([tokens, H, D]), zeroing into `zeroed`; its delta checked -> the tile counter
+    buffer (7s but the first)."""
+    nq, H, d = zeroed.shape
+    B = cu_q.shape[0] - 1
+    out = torch.randn(nq, H, d, generator=g).half()
+    dout = torch.randn(nq, H, d, generator=g).half()
+    delta = torch.full((H, nq), float("nan"))
+    sched = torch.full((4,), 7, dtype=torch.int32)
+    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
+        out, dout, delta, zeroed, sched, nq * H, out.stride(0), out.stride(1),
+        dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
+        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
+                               atol=1e-4)
+    return sched
+
+
 @pytest.mark.parametrize("many", [False, True])
 def test_pre_post_rows_of_long_sequences(many):
     """Key windows (LONG_K): the preprocess zeroes, and _bwd_post_rows converts, only the
@@ -76,17 +95,8 @@ def test_pre_post_rows_of_long_sequences(many):
     seq = torch.repeat_interleave(torch.arange(B), lq)
     want = torch.cat([lk[seq] > long_k, torch.ones(extra, dtype=torch.bool)])
     assert want.any() and not want.all() and (nq > 3 * bw.WIN_TOK.value) == many
-    out = torch.randn(nq, H, d, generator=g).half()
-    dout = torch.randn(nq, H, d, generator=g).half()
-    delta = torch.full((H, nq), float("nan"))
     dq_acc = torch.full((nq, H, d), float("nan"))
-    sched = torch.full((4,), 7, dtype=torch.int32)
-    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
-        out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
-    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
-                               atol=1e-4)
+    _window_preprocess(g, dq_acc, cu_q, cu_k, long_k)
     assert (dq_acc[want] == 0).all() and dq_acc[~want].isnan().all()
     acc = torch.randn(nq, H, d, generator=g)
     dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
@@ -111,20 +121,11 @@ def test_preprocess_zeroes_dq_direct():
     lq = torch.randint(0, 9, (40,), generator=g)
     lk = torch.randint(0, 9, (40,), generator=g)
     cu_q, cu_k = offsets(lq), offsets(lk)
-    B, H, d, long_k, extra = len(lq), 3, 64, 8, 37
+    H, d, long_k, extra = 3, 64, 8, 37
     n_real = int(cu_q[-1])
     nq = n_real + extra
-    out = torch.randn(nq, H, d, generator=g).half()
-    dout = torch.randn(nq, H, d, generator=g).half()
-    delta = torch.full((H, nq), float("nan"))
     dq = torch.full((nq, H, d), float("nan"), dtype=torch.float16)
-    sched = torch.full((4,), 7, dtype=torch.int32)
-    bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
-        out, dout, delta, dq, sched, nq * H, out.stride(0), out.stride(1),
-        dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
-    torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
-                               atol=1e-4)
+    sched = _window_preprocess(g, dq, cu_q, cu_k, long_k)
     assert (dq[n_real:] == 0).all() and dq[:n_real].isnan().all()
     assert sched[0] == 0 and (sched[1:] == 7).all()
 
