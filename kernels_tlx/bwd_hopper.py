@@ -65,8 +65,8 @@ of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of a long
 query row of its sequences; each key column meets its own sequence's rows (`_col_bounds`,
 `_keep`), every step masked; the rows of every column come from `_window_rows`, launched
 before the main kernel and kept with the window list (`window_lists`). At gem 256 / 0.1
-(mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked statically, causal too, in the short bucket's steps
-(`window_config`). A window of whole sequences holds every key its rows meet
+(mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked
+statically, causal too, in the short bucket's steps (`window_config`). A window of whole sequences holds every key its rows meet
 (`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
 (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
 converts only the rows of the longer sequences, whose blocks reduce-add their partials.
