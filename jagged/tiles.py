@@ -837,11 +837,18 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     return tile_b, tile_n, n_tiles
 
 
+def bwd_programs(broadcast_q: bool, H_kv: int, n_sms: int) -> int:
+    """Programs of a backward's main kernel: one per SM; broadcast-Q's pinned to KV heads,
+    as many a head (`dq_accumulator`)."""
+    return max(1, n_sms // H_kv) * H_kv if broadcast_q else n_sms
+
+
 def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=None):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
-    Packed modes: one [rows, H, D] buffer (rows: Nq, or `flat_rows` of a block-padded
-    one; the preprocess zeroes it), one program per SM.
+    Packed modes: one [rows, H, D] buffer (rows: Nq, `flat_rows` of a block-padded one,
+    or one block under `windows_direct`, where nothing reads or writes it and it only
+    backs the main kernel's dQ descriptor; the preprocess zeroes it), one program per SM.
     Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
     programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
     the postprocess sums the slots.
@@ -849,12 +856,12 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=No
     The scheduling buffer (`bwd_dynamic`) shares the accumulator's allocation, so it is
     fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
     4 + 2p + 2) program p's two-slot tile handoff."""
+    grid = bwd_programs(broadcast_q, H_kv, n_sms)
     if not broadcast_q:
-        shape, make, grid = (Nq if rows is None else rows, H, D), torch.empty, n_sms
+        shape, make = (Nq if rows is None else rows, H, D), torch.empty
     else:
-        programs = max(1, n_sms // H_kv)  # a KV head's
-        shape = (dq_slots(programs, L_q * H * D * 4, n_k), L_q, H, D)
-        make, grid = torch.zeros, programs * H_kv
+        shape = (dq_slots(grid // H_kv, L_q * H * D * 4, n_k), L_q, H, D)
+        make = torch.zeros
     n = math.prod(shape)
     buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
@@ -987,8 +994,8 @@ def windows_direct(max_k: int, block_n: int, parts: int) -> bool:
     """Whether a backward over key windows stores every real query row's dQ directly:
     each sequence fits one key tile (max_k <= block_n; the forward's offsets check holds
     the lengths to max_k, as the window list's own span does) and the windows are not
-    split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator:
-    the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
+    split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator (one
+    block, `dq_accumulator`): the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
     launches (both styles)."""
     return max_k <= block_n and parts == 1
 

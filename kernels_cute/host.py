@@ -372,17 +372,18 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # long packed sequences: a block-padded dQ accumulator (key windows never: their
     # rows postprocess and owned windows' stores take the row accumulator)
     flat = call.cfg if kern.post_flat is not None and not windows and call.cfg.dq_flat else None
-    dq_acc, grid_main, sched = dq_accumulator(
-        Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
-        None if flat is None else flat_rows(Nq, B, flat.block_m))
+    # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
+    direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
+    rows = flat_rows(Nq, B, flat.block_m) if flat is not None else (
+        call.cfg.block_m if direct else None)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev,
+                                              k.shape[0], rows)
     n_slots = slot_count(dq_acc, broadcast_q)
     call = call._replace(dq_acc=dq_acc.view(-1, H, D), n_slots=n_slots, grid=grid_main,
                          sched=sched)
     dkv_acc = dkv_accumulator(k, call.parts)
     if dkv_acc is not None:
         call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
-    # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
-    direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
     zeroed = (dq if direct else dq_acc).view(-1, D)
     kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct,
                     windows and bool(causal))(

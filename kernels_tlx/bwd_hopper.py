@@ -106,9 +106,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
-                          bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
-                          grad_buffers, kv_tiles, per_offsets, slot_count, window_parts,
-                          window_tiles, windowed, windows_direct)
+                          bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
+                          dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
+                          window_parts, window_tiles, windowed, windows_direct)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -1141,12 +1141,12 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _accumulators(p: Prep, broadcast_q):  # role: host
+def _accumulators(p: Prep, broadcast_q, rows=None):  # role: host
     """(dQ accumulator, programs of the main kernel, scheduling buffer):
-    jagged.tiles.dq_accumulator."""
+    jagged.tiles.dq_accumulator (rows: its own, or None for one a query row)."""
     dev = p.dq.device
     return dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q, num_sms(dev), dev,
-                          p.dk.shape[0])
+                          p.dk.shape[0], rows)
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
@@ -1234,8 +1234,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    acc = _accumulators(p, broadcast_q)
-    grid_main = acc[1]
+    grid_main = bwd_programs(broadcast_q, p.HKV, num_sms(p.dq.device))
     if windows:
         parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
                              grid_main, bool(causal), p.B)
@@ -1244,6 +1243,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
     direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
+    acc = _accumulators(p, broadcast_q, BM if direct else None)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
                                           direct, causal)

@@ -988,6 +988,8 @@ def test_host_backward_launches_windows(monkeypatch, kind):
                 (post, post_args), = calls[2:]
                 assert post == ((q.dtype, not bq, False, causal) if windows
                                 else (q.dtype, not bq, False))
+            if not bq:   # the fp32 accumulator; direct: it only backs the dQ descriptor
+                assert args[6].shape == ((B.window_config(D).block_m if direct else n_q), H, D)
             if windows and not direct:   # the rows postprocess: the offsets, vectors a token
                 assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
                 assert post_args[7] == H * D // B.POST_VEC
