@@ -978,8 +978,8 @@ def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_
     its windows taken as cdiv(n_k, block_n) sequences of block_n keys, every query row of
     a window walked. A call of a few windows, each walking a GQA group's heads over its
     rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443 tokens, 8 parts);
-    the short-sequence cells' hundreds of windows stay whole. Causal, a window of one
-    sequence walks from its first row that sees a key (kv_window_coords): where a
+    the short-sequence cells' hundreds of windows stay whole. Causal, a window walks from
+    its first sequence's first row that sees a key (kv_window_coords): where a
     sequence has more than half a window's keys on average (batch sequences; windows of
     one sequence, mostly) the rows walked are taken as at most its keys and a block (fuzz
     cross B8 H1/1 D128 8192 / 128 causal: 1280 of 65536 rows, whole windows)."""

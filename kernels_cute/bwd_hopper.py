@@ -473,8 +473,8 @@ def _kernel_classes():
         """Key windows: whether packed query row `tok` takes its dQ from the fp32
         accumulator: a row of a sequence of more than long_k keys, whose key blocks are
         windows of their own, a row past the last sequence (zeros) or, causal, a row that
-        sees no key of its sequence (zeros: a window of one sequence starts its walk past
-        it, schedule.kv_window_coords). Every other row's sequence is whole in one window
+        sees no key of its sequence (zeros: a window's walk starts past its first
+        sequence's, schedule.kv_window_coords). Every other row's sequence is whole in one window
         (jagged.tiles.windows), which stores its dQ (`store_dq`). TLX's `_accumulated`."""
         seq, hi = Int32(0), B
         for _ in cutlass.range(rounds, unroll=1):

@@ -342,7 +342,7 @@ def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr,
     """Key windows: whether packed query rows `tok` take their dQ from the fp32
     accumulator: rows of a sequence of more than LONG_K keys, whose key blocks are windows
     of their own, rows past the last sequence (zeros) and, CAUSAL, rows that see no key
-    of their sequence (zeros: a window of one sequence starts its walk past them,
+    of their sequence (zeros: a window's walk starts past its first sequence's,
     schedule.kv_window_coords). Every other row's sequence is whole in one window
     (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
     seq = sequence_of(tok, cu_q_ptr, B, ROUNDS)

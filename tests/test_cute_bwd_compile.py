@@ -803,9 +803,9 @@ def test_kv_window_coords_match_the_reference(causal):
     head) tile once per grid size under the round-robin; a window's first column, real
     columns, first / last sequence, its rows all those of the sequences it spans (a
     first sequence that starts before the window included) in n_m blocks from m_lo: 0
-    but for a causal window of one sequence (a block of a longer one, or whole), the Q
-    block of the first row that sees its first key, no row before it seeing any of its
-    columns;
+    without causal masking; causal, the Q block of its first sequence's first row that
+    sees its first key (a window of several sequences too), no row before it seeing any
+    of its columns;
     each column's rows those of col_q_range_ref (none past the real columns), and the
     unsigned mask (`window_keep`) over every step keeps exactly the (row, column) pairs of
     one sequence that attention sees (bottom-right causal). The lengths include empty
@@ -826,6 +826,9 @@ def test_kv_window_coords_match_the_reference(causal):
     lq[5:12] = torch.tensor([0, 1, 0, 9, 40, 1, 0])
     lk[5:12] = torch.tensor([3, 0, 0, 7, 300, 1, 5])
     lq[20], lk[20] = 260, 260     # causal: its later blocks' walks start past its first rows
+    # the window after it: three sequences, the first of 150 rows over 10 keys (causal, the
+    # walk starts at its row 140)
+    lq[21:24], lk[21:24] = torch.tensor([150, 5, 5]), torch.tensor([10, 30, 40])
     # a window of this one sequence (90 + 120 keys each side exceed a window): causal, its
     # walk starts at its row 280, the first that sees a key
     lq[29:32], lk[29:32] = torch.tensor([5, 400, 5]), torch.tensor([90, 120, 90])
@@ -835,7 +838,7 @@ def test_kv_window_coords_match_the_reference(causal):
     for BM in (64, 128):
         # key windows: the table over the key offsets, sorted by the query blocks spanned
         order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
-        n_live, cuts = int(count), 0
+        n_live, cuts, several = int(count), 0, 0
         sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
                       HKV, 3, None, None, 1)
         for P in (1, 5, 132):              # tile_range's packed round-robin
@@ -850,11 +853,11 @@ def test_kv_window_coords_match_the_reference(causal):
             start = int(win[2, w])
             cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
-            keys = int(cu_k[s_last + 1] - cu_k[s_first])
-            one = keys > BN or s_first == s_last
-            cut = max(start - int(cu_k[s_last + 1]) + seq.len_q if one else 0, 0)
+            # s_first's first row seeing the window's first key
+            cut = max(start - int(cu_k[s_first + 1]) + int(lq[s_first]), 0)
             assert (hk, n0, m_lo) == (2, 0, cut // BM * BM if causal else 0)
             cuts += m_lo > 0
+            several += m_lo > 0 and s_first != s_last
             # the window's sequences: its rows' own, and empty ones around them
             f, l = int(ref_seq[0]), int(ref_seq[-1])
             assert s_first <= f and l <= s_last
@@ -882,7 +885,7 @@ def test_kv_window_coords_match_the_reference(causal):
                 keep = [(q - (q_lo - m_lo - m * BM)) % 2 ** 32 < q_w  # window_range, _keep
                         for m in range(n_m) for q in range(BM)]
                 assert keep == sees[m_lo:].tolist(), (w, col)
-        assert (cuts > 0) == causal
+        assert (cuts > 0) == causal and (several > 0) == causal
 
 
 @pytest.mark.parametrize("causal", [False, True])

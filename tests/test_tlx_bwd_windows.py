@@ -222,6 +222,9 @@ SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
 LONG_PROBLEM = Problem(batch=40, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=330,
                        max_seqlen_k=300, mode="cross", causal=True)
 LONG = ([300, 4, 330] + _short(37, 0, 12, 10), [300, 4, 200] + _short(37, 0, 12, 10))
+# windows of several sequences whose first has more rows than keys: causal, their walk
+# starts at its first row that sees a key (row 90 of the first window's)
+FIRST_CUT = ([100, 20, 5, 80, 3, 60, 70], [10, 30, 50, 20, 40, 60, 5])
 
 CASES = [  # (id, problem, (len_q, len_k))
     ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
@@ -256,6 +259,9 @@ CASES = [  # (id, problem, (len_q, len_k))
                                                   max_seqlen_q=300, max_seqlen_k=120,
                                                   mode="cross", causal=True),
      ([200, 150, 40, 7, 300, 0, 64, 90], [100, 90, 120, 5, 100, 0, 60, 120])),
+    ("cross-causal-first-sequence-cut", Problem(batch=7, heads=2, kv_heads=1, head_dim=64,
+                                                 max_seqlen_q=100, max_seqlen_k=60,
+                                                 mode="cross", causal=True), FIRST_CUT),
     # a mean of most of a tile (windows up to BWD_WINDOW_MEAN_FRACTION): windows of one
     # sequence of up to 128 keys each, owned, and longer ones' blocks
     ("self-tile-mean", Problem(batch=10, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=256),
@@ -335,15 +341,16 @@ def _tile_probe(order, count, win, cu_q, cu_k, n_win, out, HKV: tl.constexpr,
 
 
 @interp
+@pytest.mark.parametrize("lengths, cuts", [(LONG, 4), (FIRST_CUT, 1)], ids=["long", "first"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_window_row_cut(causal):
-    """kv_window_coords: a causal window of one sequence (a block of a longer one, or
-    whole) starts its walk at the Q block of the first row that sees its first key (the
-    tightest block-aligned start); windows of several whole sequences, and every window
-    without causal masking, walk all their rows."""
+def test_window_row_cut(causal, lengths, cuts):
+    """kv_window_coords: a causal window (a block of a longer sequence, or whole ones)
+    starts its walk at the Q block of its first sequence's first row that sees its first
+    key (the tightest block-aligned start); every window without causal masking walks
+    all its rows."""
     from jagged.tiles import window_tiles
-    lq, lk = LONG
-    cu_q, cu_k = (offsets(torch.tensor(x)) for x in LONG)
+    lq, lk = lengths
+    cu_q, cu_k = (offsets(torch.tensor(x)) for x in lengths)
     n_k = int(cu_k[-1])
     BM = bw.window_config(64).block_m
     order, count, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, BM)
@@ -357,11 +364,12 @@ def test_window_row_cut(causal):
         s0, s1 = int(win[0, w]), int(win[1, w])
         k_start, m_lo, n_m = (int(x) for x in out[3 * t:3 * t + 3])
         len_q = int(cu_q[s1 + 1] - cu_q[s0])
-        keys = int(cu_k[s1 + 1] - cu_k[s0])
         want = 0
-        if causal and (keys > bw.BLOCK_N or s0 == s1):  # the first row seeing k_start
-            want = max(k_start - int(cu_k[s0]) - keys + len_q, 0) // BM * BM
+        if causal:  # s0's first row seeing k_start
+            first = k_start - int(cu_k[s0 + 1]) + int(cu_q[s0 + 1] - cu_q[s0])
+            want = max(first, 0) // BM * BM
         assert (m_lo, n_m) == (want, -(-(len_q - want) // BM)), (t, s0, s1, k_start)
         cut += want > 0
-    assert cut == (4 if causal else 0)   # the later two blocks of 300 keys; both of 200 keys
-    # under 330 rows (the last 130 rows see the first key)
+    # LONG: the later two blocks of 300 keys; both of 200 keys under 330 rows (the last
+    # 130 rows see the first key)
+    assert cut == (cuts if causal else 0)
