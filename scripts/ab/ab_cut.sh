@@ -1,5 +1,5 @@
 #!/bin/bash
-# Causal one-sequence key windows cut at their first seeing row (this branch), one call on
+# Causal key windows cut at their first sequence's first seeing row (this branch), one call on
 # the device after the stacks' activation (CuteDSL / FA4: the second run call):
 #   source .gpu2/activate.sh; bash scripts/ab/ab_cut.sh
 # Gates TLX / CuteDSL / FA4 on fuzz cross B8 H1/1 D128 8192 / 128 causal and checks a cross
