@@ -210,11 +210,13 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
 
 
 def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
-                broadcast_q: bool = False, max_q: int = 0, split: bool = False) -> Config:
+                broadcast_q: bool = False, max_q: int = 0, split: bool = False,
+                n_q: float = math.inf, n_sms: int = 0) -> Config:
     """The measured default for a head dim and a call's mean query rows a sequence
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
     sequences without causal masking, where the head dim has a step of its own
-    (`takes_plain`; max_q: the call's longest sequence, 0 where not known).
+    (`takes_plain`; max_q: the call's longest sequence, 0 where not known). The
+    block-padded dQ: jagged.tiles.takes_flat, over the call's n_q query rows and n_sms.
 
     Tiles split over CTAs (split: jagged.tiles.bwd_parts > 1) end in fp32 adds
     (`store_add`), which leave the longest steps short of registers: they take the 64-row
@@ -225,7 +227,8 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     cfg = _split(CONFIGS[(head_dim, bucket)], split)
-    return replace(cfg, dq_flat=True) if takes_flat(mean_q, broadcast_q) else cfg
+    flat = takes_flat(mean_q, broadcast_q, n_q / cfg.block_m, n_sms)
+    return replace(cfg, dq_flat=True) if flat else cfg
 
 
 def _split(cfg: Config, split: bool) -> Config:
@@ -1854,7 +1857,8 @@ def _config(c: host.BwdCall, parts: int) -> Config:
     if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
         return window_config(D, parts > 1)
     return pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
-                       c.broadcast_q, c.max_q, split=parts > 1)
+                       c.broadcast_q, c.max_q, split=parts > 1, n_q=c.q.shape[0],
+                       n_sms=c.grid)
 
 
 def _main(c: host.BwdCall):

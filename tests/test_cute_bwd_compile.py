@@ -245,6 +245,10 @@ def test_bwd_configs():
     assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(128, FLAT_MEAN_Q - 1).dq_flat is False
     assert B.pick_config(128, FLAT_MEAN_Q).dq_flat is True
+    # and a wave of query blocks at least (its postprocess: a CTA a block)
+    assert B.pick_config(128, FLAT_MEAN_Q, n_q=132 * 80, n_sms=132).dq_flat is True
+    assert B.pick_config(128, FLAT_MEAN_Q, n_q=132 * 80 - 1, n_sms=132).dq_flat is False
+    assert B.pick_config(64, FLAT_MEAN_Q, n_q=132 * 128 - 1, n_sms=132).dq_flat is False
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
@@ -1167,9 +1171,10 @@ def test_host_backward_launches_flat(monkeypatch):
     """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
     least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
     plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
-    preprocess, and PostFlat over its blocks; shorter ones, and broadcast-Q, keep
-    the row accumulator and the row postprocess; key windows never take it, however long
-    their query sequences (the window build, the rows postprocess)."""
+    preprocess, and PostFlat over its blocks; shorter ones, calls of fewer query blocks
+    than SMs and broadcast-Q keep the row accumulator and the row postprocess; key windows
+    never take it, however long their query sequences (the window build, the rows
+    postprocess)."""
     import torch
     from harness.problems import offsets
     from jagged.tiles import flat_rows
@@ -1182,14 +1187,16 @@ def test_host_backward_launches_flat(monkeypatch):
         return lambda *args: calls.append((key, args))
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
-    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)
     monkeypatch.setattr(B, "window_parts", lambda *a: 1)
     kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
                               post_flat=recorder)
     H, HKV, D = 4, 2, 128
-    for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
-                                ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
+    for lengths, causal, bm, sms in (([600, 900, 700], False, 80, 16),
+                                     ([600, 900, 700], True, 64, 16),
+                                     ([300, 100, 200], False, 0, 16), ([512] * 3, True, 64, 16),
+                                     ([600, 900, 700], False, 0, 132)):  # 27 blocks
+        monkeypatch.setattr(host, "num_sms", lambda dev: sms)
         lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
