@@ -837,11 +837,18 @@ def kv_tiles_reference(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     return tile_b, tile_n, n_tiles
 
 
+def bwd_programs(broadcast_q: bool, H_kv: int, n_sms: int) -> int:
+    """Programs of a backward's main kernel: one per SM; broadcast-Q's pinned to KV heads,
+    as many a head (`dq_accumulator`)."""
+    return max(1, n_sms // H_kv) * H_kv if broadcast_q else n_sms
+
+
 def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=None):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
-    Packed modes: one [rows, H, D] buffer (rows: Nq, or `flat_rows` of a block-padded
-    one; the preprocess zeroes it), one program per SM.
+    Packed modes: one [rows, H, D] buffer (rows: Nq, `flat_rows` of a block-padded one,
+    or one block under `windows_direct`, where nothing reads or writes it and it only
+    backs the main kernel's dQ descriptor; the preprocess zeroes it), one program per SM.
     Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
     programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
     the postprocess sums the slots.
@@ -849,12 +856,12 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=No
     The scheduling buffer (`bwd_dynamic`) shares the accumulator's allocation, so it is
     fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
     4 + 2p + 2) program p's two-slot tile handoff."""
+    grid = bwd_programs(broadcast_q, H_kv, n_sms)
     if not broadcast_q:
-        shape, make, grid = (Nq if rows is None else rows, H, D), torch.empty, n_sms
+        shape, make = (Nq if rows is None else rows, H, D), torch.empty
     else:
-        programs = max(1, n_sms // H_kv)  # a KV head's
-        shape = (dq_slots(programs, L_q * H * D * 4, n_k), L_q, H, D)
-        make, grid = torch.zeros, programs * H_kv
+        shape = (dq_slots(grid // H_kv, L_q * H * D * 4, n_k), L_q, H, D)
+        make = torch.zeros
     n = math.prod(shape)
     buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
@@ -867,12 +874,16 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=No
 FLAT_MEAN_Q = 512
 
 
-def takes_flat(mean_q: float, broadcast_q: bool) -> bool:
+def takes_flat(mean_q: float, broadcast_q: bool, blocks: float = math.inf,
+               n_sms: int = 0) -> bool:
     """Whether a backward's dQ partials go to a block-padded accumulator (CuteDSL's
     Config.dq_flat; the TLX build keeps the row accumulator): packed sequences of at least
     FLAT_MEAN_Q query rows on average (key windows never: their builds keep the row
-    accumulator)."""
-    return not broadcast_q and mean_q >= FLAT_MEAN_Q
+    accumulator), in at least a wave of query blocks (`blocks`, over n_sms SMs). Its
+    postprocess takes a CTA a block, the block's heads one after another: a call of fewer
+    blocks leaves most SMs idle there (fuzz cross B2 H16/8 D128 1024 / 1024 s0.9, 25
+    blocks of 80 rows: 0.160 ms replayed with it, 0.100 without, H100)."""
+    return not broadcast_q and mean_q >= FLAT_MEAN_Q and blocks >= n_sms
 
 
 def flat_block(q_start, b, m_lo, block_m: int):
@@ -966,13 +977,19 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
 
 
 def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_n: int,
-                 programs: int) -> int:
+                 programs: int, causal: bool = False, batch: int = 0) -> int:
     """`bwd_parts` for a backward over key windows (`windows` over the keys, both styles):
     its windows taken as cdiv(n_k, block_n) sequences of block_n keys, every query row of
-    a window walked (no causal cut). A call of a few windows, each walking a GQA group's
-    heads over its rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443
-    tokens, 8 parts); the short-sequence cells' hundreds of windows stay whole."""
+    a window walked. A call of a few windows, each walking a GQA group's heads over its
+    rows, splits their steps (fuzz B8 H8/1 D128 512 / 0.1 causal: 443 tokens, 8 parts);
+    the short-sequence cells' hundreds of windows stay whole. Causal, a window walks from
+    its first sequence's first row that sees a key (kv_window_coords): where a
+    sequence has more than half a window's keys on average (batch sequences; windows of
+    one sequence, mostly) the rows walked are taken as at most its keys and a block (fuzz
+    cross B8 H1/1 D128 8192 / 128 causal: 1280 of 65536 rows, whole windows)."""
     windows = max(1, -(-n_k // block_n))
+    if causal and batch and 2 * n_k > batch * block_n:
+        n_q = min(n_q, n_k + batch * block_m)
     return bwd_parts(n_q, n_k, windows, h_kv, group, False, False, block_m, block_n,
                      programs)
 
@@ -981,8 +998,8 @@ def windows_direct(max_k: int, block_n: int, parts: int) -> bool:
     """Whether a backward over key windows stores every real query row's dQ directly:
     each sequence fits one key tile (max_k <= block_n; the forward's offsets check holds
     the lengths to max_k, as the window list's own span does) and the windows are not
-    split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator:
-    the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
+    split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator (one
+    block, `dq_accumulator`): the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
     launches (both styles)."""
     return max_k <= block_n and parts == 1
 

@@ -210,11 +210,13 @@ def sdp_together(cfg: Config, broadcast_q: bool) -> bool:
 
 
 def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
-                broadcast_q: bool = False, max_q: int = 0, split: bool = False) -> Config:
+                broadcast_q: bool = False, max_q: int = 0, split: bool = False,
+                n_q: float = math.inf, n_sms: int = 0) -> Config:
     """The measured default for a head dim and a call's mean query rows a sequence
     (jagged.tiles.bwd_mid; left out: the long sequences' step). "plain": long packed
     sequences without causal masking, where the head dim has a step of its own
-    (`takes_plain`; max_q: the call's longest sequence, 0 where not known).
+    (`takes_plain`; max_q: the call's longest sequence, 0 where not known). The
+    block-padded dQ: jagged.tiles.takes_flat, over the call's n_q query rows and n_sms.
 
     Tiles split over CTAs (split: jagged.tiles.bwd_parts > 1) end in fp32 adds
     (`store_add`), which leave the longest steps short of registers: they take the 64-row
@@ -225,7 +227,8 @@ def pick_config(head_dim: int, mean_q: float = math.inf, causal: bool = False,
             and not split and takes_plain(head_dim, mean_q, max_q)):
         bucket = "plain"
     cfg = _split(CONFIGS[(head_dim, bucket)], split)
-    return replace(cfg, dq_flat=True) if takes_flat(mean_q, broadcast_q) else cfg
+    flat = takes_flat(mean_q, broadcast_q, n_q / cfg.block_m, n_sms)
+    return replace(cfg, dq_flat=True) if flat else cfg
 
 
 def _split(cfg: Config, split: bool) -> Config:
@@ -459,7 +462,8 @@ def _kernel_classes():
                             element_swizzled, flat_copy, head_tile, red_add_v2, replaced,
                             store_rows, tma_tiles, wgmma)
     from .schedule import kv_tile_coords, kv_window_coords, part_steps, tile_range
-    from .seqinfo import ROW_SEQ_CHUNK, col_q_range, row_seq_chunk, sequence_of_step
+    from .seqinfo import (ROW_SEQ_CHUNK, col_q_range, dq_accumulated, row_seq_chunk,
+                          sequence_of_step)
     from .tile_counter import fetch_tile, next_tile, publish_tile
 
     def transposed(s, shape, order):
@@ -467,17 +471,18 @@ def _kernel_classes():
         return cute.composition(s, cute.make_ordered_layout(shape, order=order))
 
     @cute.jit
-    def accumulated(mCuQ, mCuK, B, rounds, tok, long_k: cutlass.Constexpr):
+    def accumulated(mCuQ, mCuK, B, rounds, tok, long_k: cutlass.Constexpr,
+                    causal: cutlass.Constexpr = False):
         """Key windows: whether packed query row `tok` takes its dQ from the fp32
         accumulator: a row of a sequence of more than long_k keys, whose key blocks are
-        windows of their own, or a row past the last sequence (zeros). Every other row's
-        sequence is whole in one window (jagged.tiles.windows), which stores its dQ
-        (`store_dq`). TLX's `_accumulated`."""
+        windows of their own, a row past the last sequence (zeros) or, causal, a row that
+        sees no key of its sequence (zeros: a window's walk starts past its first
+        sequence's, schedule.kv_window_coords). Every other row's sequence is whole in one window
+        (jagged.tiles.windows), which stores its dQ (`store_dq`). TLX's `_accumulated`."""
         seq, hi = Int32(0), B
         for _ in cutlass.range(rounds, unroll=1):
             seq, hi = sequence_of_step(mCuQ, tok, seq, hi)
-        last = cutlass.min(seq, B - 1)              # an in-bounds read past the last one
-        return (seq == B) | (mCuK[last + 1] - mCuK[last] > long_k)
+        return dq_accumulated(mCuQ, mCuK, B, seq, tok, long_k, causal)
 
     # ================================================================================
     # (a) preprocess: delta = rowsum(dO * O); zero the packed dQ accumulator
@@ -485,9 +490,9 @@ def _kernel_classes():
     # role: compute
     class Preprocess:
         def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                     zero_dkv: bool = False):
+                     zero_dkv: bool = False, causal: bool = False):
             self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
-            self.zero_dkv = zero_dkv
+            self.zero_dkv, self.causal = zero_dkv, causal
 
         @cute.jit
         def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor,
@@ -572,7 +577,8 @@ def _kernel_classes():
                     tpt = PRE_THREADS // WIN_TOK            # threads a token
                     tok = (bid - n_delta) * WIN_TOK + tidx // tpt
                     if tok < n_rows // H:
-                        if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k):
+                        if accumulated(mCuQ, mCuK, B, rounds, tok, self.long_k,
+                                       self.causal):
                             rZq = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
                             rZq.fill(0.0)
                             for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
@@ -1549,13 +1555,15 @@ def _kernel_classes():
 
     # role: reduce_dq
     class PostRows(CastDKV):
-        """Key windows: dQ = scale * the accumulator for the rows it holds (`accumulated`);
-        the owned windows' rows, stored by the main kernel, are left alone. TLX's
-        `_bwd_post_rows`."""
+        """Key windows: dQ = scale * the accumulator for the rows it holds (`accumulated`;
+        causal: as the preprocess's); the owned windows' rows, stored by the main kernel,
+        are left alone. TLX's `_bwd_post_rows`."""
 
-        def __init__(self, dtype, long_k: int, pdl: bool, dkv: bool = False):
+        def __init__(self, dtype, long_k: int, pdl: bool, dkv: bool = False,
+                     causal: bool = False):
             self.dtype, self.long_k, self.pdl = dtype, long_k, pdl
             self.dkv = dkv   # windows split over CTAs: CastDKV
+            self.causal = causal
 
         @cute.jit
         def __call__(self, mdQacc: cute.Tensor, mdQ: cute.Tensor, mCuQ: cute.Tensor,
@@ -1583,7 +1591,8 @@ def _kernel_classes():
             tok = cute.arch.block_idx()[0] * WIN_TOK + tidx // tpt
             n_tok = n_vec // token_vecs
             take = (tok < n_tok) & accumulated(mCuQ, mCuK, B, rounds,
-                                               cutlass.min(tok, n_tok - 1), self.long_k)
+                                               cutlass.min(tok, n_tok - 1), self.long_k,
+                                               self.causal)
             cute.arch.griddepcontrol_wait()
             if take:
                 acc = cute.make_rmem_tensor((POST_VEC,), Float32)
@@ -1699,12 +1708,14 @@ def _kernel_classes():
 # --------------------------------------------------------------------------------------
 
 def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       zero_dkv: bool = False, into_dq: bool = False, options: str = ""):
+                       zero_dkv: bool = False, into_dq: bool = False, causal: bool = False,
+                       options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
     rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
     otherwise None and 0); into_dq (jagged.tiles.windows_direct): the rows zeroed are
-    dQ's own, in `dtype`, where the accumulator's are fp32."""
+    dQ's own, in `dtype`, where the accumulator's are fp32; causal (key windows): also the
+    rows that see no key (`accumulated`)."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1722,8 +1733,8 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
            if long_k else (None, None))
     kv_acc = (host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
               if zero_dkv else None)
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv), o, do, delta,
-                               acc, sched, cutlass.Int32(1), cutlass.Int32(1),
+    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv, causal), o, do,
+                               delta, acc, sched, cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Int32(1), *cus, cutlass.Int32(1), cutlass.Int32(1),
                                kv_acc, cutlass.Int32(0), options=options)
 
@@ -1740,9 +1751,10 @@ def _dkv_args(cdt, dkv: bool) -> tuple:
             host.fake(cdt, (n,), (1,), 16), host.fake(cdt, (n,), (1,), 16))
 
 
-def compile_post_rows(dtype, pdl: bool = True, dkv: bool = False, options: str = ""):
+def compile_post_rows(dtype, pdl: bool = True, dkv: bool = False, causal: bool = False,
+                      options: str = ""):
     """Key windows' postprocess (PostRows) for BLOCK_N-key windows; dkv: windows split
-    over CTAs, their fp32 dK / dV converted too."""
+    over CTAs, their fp32 dK / dV converted too; causal: with the rows that see no key."""
     import cutlass
     import cutlass.cute as cute
     cdt = host.cute_dtype(dtype)
@@ -1753,7 +1765,7 @@ def compile_post_rows(dtype, pdl: bool = True, dkv: bool = False, options: str =
     nb = cute.sym_int32()
     cu_q = host.fake(cutlass.Int32, (nb,), (1,), 4)
     cu_k = host.fake(cutlass.Int32, (nb,), (1,), 4)
-    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl, dkv), acc, dq, cu_q, cu_k,
+    return host.compile_kernel(PostRows(cdt, BLOCK_N, pdl, dkv, causal), acc, dq, cu_q, cu_k,
                                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Int32(1), cutlass.Float32(1.0), *_dkv_args(cdt, dkv),
                                cutlass.Int32(0), options=options)
@@ -1829,7 +1841,7 @@ def _plan(c: host.BwdCall) -> tuple[int, Config]:
     cfg = _config(c, 1)
     if cfg.windows:
         parts = window_parts(c.q.shape[0], c.k.shape[0], c.k.shape[1], c.group, cfg.block_m,
-                             BLOCK_N, c.grid)
+                             BLOCK_N, c.grid, c.causal, c.cu_k.shape[0] - 1)
     else:
         parts = bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1],
                           c.group, c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid,
@@ -1845,7 +1857,8 @@ def _config(c: host.BwdCall, parts: int) -> Config:
     if takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q):
         return window_config(D, parts > 1)
     return pick_config(D, bwd_mean_q(c.q.shape[0], B, c.broadcast_q), c.causal,
-                       c.broadcast_q, c.max_q, split=parts > 1)
+                       c.broadcast_q, c.max_q, split=parts > 1, n_q=c.q.shape[0],
+                       n_sms=c.grid)
 
 
 def _main(c: host.BwdCall):

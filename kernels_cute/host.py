@@ -306,19 +306,21 @@ class BwdCall(NamedTuple):
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq) -> the
-                           # compiled preprocess (long_k: key windows, the rows of longer
-                           # sequences only; zero_dkv: the split tiles' fp32 dK / dV too;
-                           # into_dq: those rows of dQ itself, jagged.tiles.windows_direct)
+    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq, causal)
+                           # -> the compiled preprocess (long_k: key windows, the rows of
+                           # longer sequences only; zero_dkv: the split tiles' fp32 dK / dV
+                           # too; into_dq: those rows of dQ itself,
+                           # jagged.tiles.windows_direct; causal: windows' rows that see no
+                           # key too)
     main: Callable         # (BwdCall) -> launch the main kernel
     postprocess: Callable  # (dtype, pdl, dkv) -> the compiled postprocess (post_vec per
                            # thread; pdl: launched as a dependent, jagged.tiles.bwd_dependent;
                            # dkv: the split tiles' dK / dV converted too)
     post_vec: int
     # key windows (None: the architecture has none): (n_keys, batch, max_k, broadcast_q)
-    # -> whether the main kernel takes them; their postprocess (dtype, pdl, dkv) -> the
-    # compiled rows postprocess; a window's keys (the accumulator's rows are those of
-    # longer sequences)
+    # -> whether the main kernel takes them; their postprocess (dtype, pdl, dkv, causal)
+    # -> the compiled rows postprocess; a window's keys (the accumulator's rows are those
+    # of longer sequences)
     takes_windows: Callable | None = None
     post_rows: Callable | None = None
     window_keys: int = 0
@@ -370,19 +372,21 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     # long packed sequences: a block-padded dQ accumulator (key windows never: their
     # rows postprocess and owned windows' stores take the row accumulator)
     flat = call.cfg if kern.post_flat is not None and not windows and call.cfg.dq_flat else None
-    dq_acc, grid_main, sched = dq_accumulator(
-        Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev, k.shape[0],
-        None if flat is None else flat_rows(Nq, B, flat.block_m))
+    # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
+    direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
+    rows = flat_rows(Nq, B, flat.block_m) if flat is not None else (
+        call.cfg.block_m if direct else None)
+    dq_acc, grid_main, sched = dq_accumulator(Nq, L_q, H, HKV, D, broadcast_q, n_sms, dev,
+                                              k.shape[0], rows)
     n_slots = slot_count(dq_acc, broadcast_q)
     call = call._replace(dq_acc=dq_acc.view(-1, H, D), n_slots=n_slots, grid=grid_main,
                          sched=sched)
     dkv_acc = dkv_accumulator(k, call.parts)
     if dkv_acc is not None:
         call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
-    # every real row's dQ a window's direct store: the preprocess zeroes dQ's other rows
-    direct = windows and windows_direct(int(max_k), kern.window_keys, call.parts)
     zeroed = (dq if direct else dq_acc).view(-1, D)
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct)(
+    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct,
+                    windows and bool(causal))(
         out.view(-1, D), dout.view(-1, D), delta, zeroed, sched, Nq * H, H,
         zeroed.shape[0], *cus, B, B.bit_length(),
         None if dkv_acc is None else dkv_acc.view(-1, D),
@@ -402,7 +406,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         dkv_acc.view(2, -1), dk.view(-1), dv.view(-1), dk.numel() // kern.post_vec)
     split = dkv_acc is not None
     if windows:  # the rows the accumulator holds; the windows stored the others
-        kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split)(
+        kern.post_rows(q.dtype, bwd_dependent(broadcast_q), split, bool(causal))(
             dq_acc.view(-1), dq.view(-1), cu_q, cu_k, B, B.bit_length(),
             n_elem // kern.post_vec, H * D // kern.post_vec, float(scale), *dkv)
     elif flat is not None:  # the rows back from the accumulator's blocks

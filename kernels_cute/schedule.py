@@ -220,11 +220,12 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool):
     them; sched.mTileN [3, n_win]: each one's first and last sequence and first key). Its
     SeqlenInfo: k_start the first column, len_k its real columns; q_start = out_start the
     first sequence's first query row, len_q every row up to the last sequence's end. A
-    window of whole sequences walks all their rows (the owned dQ store writes each of
-    them); a block of a longer sequence (more than BLOCK_N keys, its rows' dQ reduce-added
-    into the zeroed accumulator), causal, starts at the Q block of the first row that sees
-    its first key, as kv_tile_coords' tiles. Tiles walk the list x KV heads x sched.parts
-    parts, parts fastest (a part's steps: part_steps)."""
+    window of whole sequences walks their rows (the owned dQ store writes each of them), a
+    block of a longer one (more than BLOCK_N keys) its rows (their dQ reduce-added into
+    the zeroed accumulator); causal, from the Q block of the first row of its first
+    sequence that sees its first key, as kv_tile_coords' tiles (the rows before it see no
+    key: the preprocess zeroes them, `accumulated`). Tiles walk the list x KV heads x
+    sched.parts parts, parts fastest (a part's steps: part_steps)."""
     import cutlass
 
     HKV, parts = sched.HKV, sched.parts
@@ -240,8 +241,8 @@ def kv_window_coords(t, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool):
     len_q = sched.mCuQ[s_last + 1] - q_start
     seq = SeqlenInfo(q_start, q_start, k_start, len_q, len_k)
     m_lo = w * 0
-    if cutlass.const_expr(CAUSAL):  # keys > BLOCK_N: one longer sequence (long: 1)
-        long = cutlass.min(cutlass.max(k_end - sched.mCuK[s_first] - BLOCK_N, 0), 1)
-        m_lo = cutlass.max(k_start - k_end + len_q, 0) * long // BLOCK_M * BLOCK_M
+    if cutlass.const_expr(CAUSAL):  # s_first's first row seeing key k_start (bottom-right)
+        first = k_start - sched.mCuK[s_first + 1] + sched.mCuQ[s_first + 1] - q_start
+        m_lo = cutlass.max(first, 0) // BLOCK_M * BLOCK_M
     n_m = (len_q - m_lo + BLOCK_M - 1) // BLOCK_M
     return s_first, hk, w * 0, seq, m_lo, n_m, s_last

@@ -121,6 +121,20 @@ def sequence_of_step(cu, row, lo, hi):
     return cutlass.select_(below, mid, lo), cutlass.select_(below, hi, mid - 1)
 
 
+def dq_accumulated(cu_q, cu_k, B, seq, tok, long_k: int, causal: bool):
+    """Key windows: whether packed query row `tok` of sequence `seq` (`sequence_of_step`'s;
+    B: past the last) takes its dQ from the fp32 accumulator: a row past the last sequence
+    (zeros), a row of a sequence of more than long_k keys (its key blocks windows of their
+    own) or, causal, a row that sees no key of its sequence (zeros: a window's walk starts
+    past its first sequence's). TLX's `_accumulated` after its search."""
+    last = _min(seq, B - 1)                 # an in-bounds read past the last one
+    keys = cu_k[last + 1] - cu_k[last]
+    acc = (seq == B) | (keys > long_k)
+    if causal:  # bottom-right: a key from the sequence's last `keys` rows on
+        acc = acc | (tok < cu_q[last + 1] - keys)
+    return acc
+
+
 def row_kv_range(cu_q, cu_k, seq, row, causal: bool):
     """[lo, hi): the packed key columns packed query row `row` (of sequence `seq`) sees:
     its sequence's keys, causal up to row - q_end + k_end (bottom-right, in packed

@@ -106,9 +106,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from jagged.arch import num_sms
 from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
-                          bwd_mean_q, bwd_mid, bwd_parts, dkv_accumulator, dq_accumulator,
-                          grad_buffers, kv_tiles, per_offsets, slot_count, window_parts,
-                          window_tiles, windowed, windows_direct)
+                          bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
+                          dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
+                          window_parts, window_tiles, windowed, windows_direct)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -281,7 +281,8 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     n_dq_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                     ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
-                    PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False):
+                    PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False,
+                    CAUSAL: tl.constexpr = False):
     """Programs [0, cdiv(n_rows, ROWS)): ROWS (token, head) pairs each, token-major, their
     delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (any
     past n_rows as grid-stride shares) and the tile counter sched_ptr[0]
@@ -320,7 +321,8 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
         n_tok = n_rows // H
         ztok = (pid - n_delta) * WIN_TOK + tl.arange(0, WIN_TOK)
         zero = (ztok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B,
-                                             tl.minimum(ztok, n_tok - 1), ROUNDS, LONG_K)
+                                             tl.minimum(ztok, n_tok - 1), ROUNDS, LONG_K,
+                                             CAUSAL)
         for hz in range(0, H):
             tl.store(dq_acc_ptr + (ztok * H + hz).to(tl.int64)[:, None] * D + d[None, :],
                      tl.zeros([WIN_TOK, D], dtype=tl.float32), mask=zero[:, None])
@@ -335,16 +337,22 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
 
 
 @triton.jit
-def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr):
+def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr,
+                 CAUSAL: tl.constexpr = False):
     """Key windows: whether packed query rows `tok` take their dQ from the fp32
     accumulator: rows of a sequence of more than LONG_K keys, whose key blocks are windows
-    of their own, and rows past the last sequence (zeros). Every other row's sequence is
-    whole in one window (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
+    of their own, rows past the last sequence (zeros) and, CAUSAL, rows that see no key
+    of their sequence (zeros: a window's walk starts past its first sequence's,
+    schedule.kv_window_coords). Every other row's sequence is whole in one window
+    (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
     seq = sequence_of(tok, cu_q_ptr, B, ROUNDS)
     real = seq < B
     keys = (tl.load(cu_k_ptr + seq + 1, mask=real, other=0)
             - tl.load(cu_k_ptr + seq, mask=real, other=0))
-    return ~real | (keys > LONG_K)
+    acc = ~real | (keys > LONG_K)
+    if CAUSAL:  # bottom-right: row tok sees a key from the sequence's last `keys` rows on
+        acc = acc | (tok < tl.load(cu_q_ptr + seq + 1, mask=real, other=0) - keys)
+    return acc
 
 
 @triton.jit
@@ -1068,16 +1076,16 @@ def _cast_dkv(dkv_acc_ptr, dk_ptr, dv_ptr, n_kv, pid, nprog, BLOCK: tl.constexpr
 @triton.jit
 def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD, scale,
                    dkv_acc_ptr, dk_ptr, dv_ptr, n_kv,
-                   LONG_K: tl.constexpr, COLS: tl.constexpr,
+                   LONG_K: tl.constexpr, COLS: tl.constexpr, CAUSAL: tl.constexpr = False,
                    PDL: tl.constexpr = False, DKV: tl.constexpr = False):
     """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
     WIN_TOK tokens a program, COLS of their H * D values at a time; the owned windows'
-    rows, stored by the main kernel, are left alone. DKV (windows split over programs):
-    `_cast_dkv` too. PDL: as _bwd_postprocess's; the search reads only the offsets, so it
+    rows, stored by the main kernel, are left alone (CAUSAL: as the preprocess's). DKV
+    (windows split over programs): `_cast_dkv` too. PDL: as _bwd_postprocess's; the search reads only the offsets, so it
     runs ahead of the wait."""
     tok = tl.program_id(0) * WIN_TOK + tl.arange(0, WIN_TOK)
     take = (tok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B, tl.minimum(tok, n_tok - 1),
-                                        ROUNDS, LONG_K)
+                                        ROUNDS, LONG_K, CAUSAL)
     if PDL:
         gdc_wait()
     for c0 in range(0, HD, COLS):
@@ -1133,21 +1141,22 @@ def _prepare(dout, q, k, v, out, lse, cu_k, broadcast_q) -> Prep:  # role: host
     return p
 
 
-def _accumulators(p: Prep, broadcast_q):  # role: host
+def _accumulators(p: Prep, broadcast_q, rows=None):  # role: host
     """(dQ accumulator, programs of the main kernel, scheduling buffer):
-    jagged.tiles.dq_accumulator."""
+    jagged.tiles.dq_accumulator (rows: its own, or None for one a query row)."""
     dev = p.dq.device
     return dq_accumulator(p.Nq, p.L_q, p.H, p.HKV, p.D, broadcast_q, num_sms(dev), dev,
-                          p.dk.shape[0])
+                          p.dk.shape[0], rows)
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
-                dkv_acc=None, direct=False):  # role: host
+                dkv_acc=None, direct=False, causal=False):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
     (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into; direct
-    (jagged.tiles.windows_direct): those rows of dQ itself, in its dtype), and dkv_acc
-    (tiles split over programs) in the same launch -> (delta, dq_acc, programs of the main
-    kernel, scheduling buffer). acc: `_accumulators`' (made here if None)."""
+    (jagged.tiles.windows_direct): those rows of dQ itself, in its dtype; causal: with the
+    rows that see no key, `_accumulated`), and dkv_acc (tiles split over programs) in the
+    same launch -> (delta, dq_acc, programs of the main kernel, scheduling buffer). acc:
+    `_accumulators`' (made here if None)."""
     delta = torch.empty((p.H, p.Nq), device=p.dq.device, dtype=torch.float32)
     dq_acc, grid, sched = acc or _accumulators(p, broadcast_q)
     zeroed = p.dq if direct else dq_acc
@@ -1159,7 +1168,7 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
         zeroed.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
         LONG_K=BLOCK_N if windows else 0, PDL=PDL, ZERO_DKV=dkv_acc is not None,
-        num_warps=4)
+        CAUSAL=bool(causal) and windows is not None, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)
         delta -= dlse
     return delta, dq_acc, grid, sched
@@ -1189,11 +1198,11 @@ def _build_window_lists(cu_q, cu_k, n_k, max_k, block_m, causal):  # role: host
 
 
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
-                 windows=None):  # role: host
+                 windows=None, causal=False):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, in the same launch.
     windows = (cu_q, cu_k): key windows, only the rows the accumulator holds
-    (_bwd_post_rows)."""
+    (_bwd_post_rows; causal: with the rows that see no key)."""
     pdl = PDL and bwd_dependent(broadcast_q)
     dkv = (dkv_acc, p.dk, p.dv, 0 if dkv_acc is None else p.dk.numel())
     PB = 1024
@@ -1201,7 +1210,8 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
         HD = p.H * p.D
         fast(_bwd_post_rows)[(cdiv(p.Nq, WIN_TOK.value),)](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
-            float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)), PDL=PDL,
+            float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)),
+            CAUSAL=bool(causal), PDL=PDL,
             DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
     else:
         n_elem = p.dq.numel()
@@ -1224,19 +1234,19 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
     BM = cfg.block_m
 
-    acc = _accumulators(p, broadcast_q)
-    grid_main = acc[1]
+    grid_main = bwd_programs(broadcast_q, p.HKV, num_sms(p.dq.device))
     if windows:
         parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
-                             grid_main)
+                             grid_main, bool(causal), p.B)
     else:
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
     dkv_acc = dkv_accumulator(k, parts)
     direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
+    acc = _accumulators(p, broadcast_q, BM if direct else None)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
-                                          direct)
+                                          direct, causal)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1262,5 +1272,6 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
 
     if direct:  # the windows stored every row, the preprocess zeroed the rest
         return p.dq, p.dk, p.dv
-    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None)
+    _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None,
+                 causal)
     return p.dq, p.dk, p.dv

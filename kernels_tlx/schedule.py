@@ -278,10 +278,11 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     head t // PARTS % HKV of window order[t // (HKV PARTS)] (PARTS > 1: the window's steps
     shared by its parts, part_steps), its real key columns [k_start, k_start + len_k)
     (n0 = 0) and the query rows of the sequences b..s_last it spans, n_m blocks from
-    q_start + m_lo. A window of whole sequences walks all their rows (the owned dQ store
-    writes each of them); a block of a longer sequence (more than BLOCK_N keys, its rows'
-    dQ reduce-added into the zeroed accumulator), causal, starts at the Q block of the
-    first row that sees its first key, as kv_tile_coords' tiles."""
+    q_start + m_lo. A window of whole sequences walks their rows (the owned dQ store
+    writes each of them), a block of a longer one (more than BLOCK_N keys) its rows (their
+    dQ reduce-added into the zeroed accumulator); causal, from the Q block of the first
+    row of its first sequence that sees its first key, as kv_tile_coords' tiles (the rows
+    before it see no key: the preprocess zeroes them, `_accumulated`)."""
     w = tl.load(tiles.tile_b + t // (HKV * PARTS))
     s_first = tl.load(tiles.tile_n + w)
     s_last = tl.load(tiles.tile_n + tiles.L_q + w)
@@ -292,8 +293,9 @@ def kv_window_coords(t, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     len_q = tl.load(tiles.cu_q + s_last + 1) - q_start
     keys = k_end - tl.load(tiles.cu_k + s_first)
     m_lo = 0
-    if CAUSAL:  # keys > BLOCK_N: one longer sequence, the first row seeing key k_start
-        m_lo = tl.maximum(tl.where(keys > BLOCK_N, k_start - k_end + len_q, 0),
-                          0) // BLOCK_M * BLOCK_M
+    if CAUSAL:  # s_first's first row seeing key k_start (bottom-right)
+        first = (k_start - tl.load(tiles.cu_k + s_first + 1)
+                 + tl.load(tiles.cu_q + s_first + 1) - q_start)
+        m_lo = tl.maximum(first, 0) // BLOCK_M * BLOCK_M
     return KVTile(s_first, t // PARTS % HKV, 0, len_k, len_q, k_start.to(tl.int64), q_start,
                   q_start.to(tl.int64), m_lo, tl.cdiv(len_q - m_lo, BLOCK_M), s_last, keys)

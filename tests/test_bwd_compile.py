@@ -288,7 +288,7 @@ def test_pre_post_compile(d, split):
     """Spill-free; split: with the split tiles' fp32 dK / dV zeroed and converted."""
     pre_sig = dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr")
     pre_const = dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
-                     LONG_K=0, PDL=True, ZERO_DKV=split)
+                     LONG_K=0, PDL=True, ZERO_DKV=split, CAUSAL=False)
     if not split:
         pre_sig["dkv_acc_ptr"], pre_const["dkv_acc_ptr"] = "constexpr", None
     pre = compile_kernel(bw._bwd_preprocess, pre_sig, constexprs=pre_const, arch=90,
@@ -303,20 +303,21 @@ def test_pre_post_compile(d, split):
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
 
 
-@pytest.mark.parametrize("split", (False, True))
-def test_window_pre_post_compile(split):
-    """Key windows' preprocess (zeroing the rows of long sequences only) and rows
-    postprocess (_bwd_post_rows), spill-free, in the same chain of dependent launches;
-    split: with the split windows' fp32 dK / dV zeroed and converted."""
+@pytest.mark.parametrize("split,causal", ((False, False), (True, False), (False, True)))
+def test_window_pre_post_compile(split, causal):
+    """Key windows' preprocess (zeroing the rows of long sequences only; causal: and the
+    rows that see no key) and rows postprocess (_bwd_post_rows), spill-free, in the same
+    chain of dependent launches; split: with the split windows' fp32 dK / dV zeroed and
+    converted."""
     pre = compile_kernel(
         bw._bwd_preprocess, PRE_SIG,
         constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True,
-                        ZERO_DKV=split), arch=90, num_warps=4)
+                        ZERO_DKV=split, CAUSAL=causal), arch=90, num_warps=4)
     sig, const = _dkv(split)
     post = compile_kernel(
         bw._bwd_post_rows, dict(ROWS_SIG, **sig),
-        constexprs=dict(const, LONG_K=bw.BLOCK_N, COLS=bw.POST_COLS, PDL=True), arch=90,
-        num_warps=4)
+        constexprs=dict(const, LONG_K=bw.BLOCK_N, COLS=bw.POST_COLS, PDL=True,
+                        CAUSAL=causal), arch=90, num_warps=4)
     assert not pre.spills and not post.spills, (pre.row(), post.row())
     assert "griddepcontrol.launch_dependents" in pre.ptx, pre.row()
     assert post.ptx.count("griddepcontrol.wait") == 1, post.row()
@@ -332,7 +333,7 @@ def test_window_direct_preprocess_compile():
     (the call's last kernel: no postprocess follows). Its zero rows are 2-byte values: half
     the 16-byte stores of the fp32 accumulator's build."""
     const = dict(dkv_acc_ptr=None, H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N,
-                 PDL=True, ZERO_DKV=False)
+                 PDL=True, ZERO_DKV=False, CAUSAL=False)
     sig = dict(PRE_SIG, dkv_acc_ptr="constexpr")
     pre = compile_kernel(bw._bwd_preprocess, dict(sig, dq_acc_ptr="*bf16"), constexprs=const,
                          arch=90, num_warps=4)

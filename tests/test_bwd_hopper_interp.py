@@ -318,8 +318,11 @@ def test_host_windows_direct(monkeypatch, long):
     assert pk["LONG_K"] == bw.BLOCK_N and pa[17] == n * H
     if long:
         assert pa[3].dtype == torch.float32 and pa[3].data_ptr() == ma[6].base.data_ptr()
+        assert ma[6].base.shape == (n, H, D)
     else:
         assert pa[3] is dq and ma[22] is dq
+        # the fp32 accumulator only backs the dQ descriptor: one block
+        assert ma[6].base.shape == (bw.window_config(D).block_m, H, D)
 
 
 def test_postprocess_converts_split_dkv():

@@ -245,6 +245,10 @@ def test_bwd_configs():
     assert B.pick_config(128, 16.0) == B.Config(block_m=64, kv_stages=1)
     assert B.pick_config(128, FLAT_MEAN_Q - 1).dq_flat is False
     assert B.pick_config(128, FLAT_MEAN_Q).dq_flat is True
+    # and a wave of query blocks at least (its postprocess: a CTA a block)
+    assert B.pick_config(128, FLAT_MEAN_Q, n_q=132 * 80, n_sms=132).dq_flat is True
+    assert B.pick_config(128, FLAT_MEAN_Q, n_q=132 * 80 - 1, n_sms=132).dq_flat is False
+    assert B.pick_config(64, FLAT_MEAN_Q, n_q=132 * 128 - 1, n_sms=132).dq_flat is False
     # jagged: from PLAIN_MEAN_Q query rows a sequence; dense: the 80-row blocks must pad
     # less than PLAIN_ROW_COST makes up
     assert B.pick_config(128, B.PLAIN_MEAN_Q - 1, max_q=2048).block_m == 64
@@ -374,9 +378,12 @@ def test_bwd_pre_post_compile(tmp_path):
                        "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
                        "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True); "
                        "B.compile_preprocess(dt, 64, True, B.BLOCK_N, False, True); "
+                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True, True); "
+                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True, False, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
                        "B.compile_postprocess(dt, True, True); "
-                       "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True)")
+                       "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True); "
+                       "B.compile_post_rows(dt, True, False, True)")
 
 
 @needs_dsl
@@ -397,12 +404,12 @@ def test_bwd_preprocess_loads_ahead(tmp_path, D):
 
 
 @needs_dsl
-@pytest.mark.parametrize("dkv", [False, True])
-def test_bwd_post_rows_searches_ahead(tmp_path, dkv):
+@pytest.mark.parametrize("dkv,causal", [(False, False), (True, False), (False, True)])
+def test_bwd_post_rows_searches_ahead(tmp_path, dkv, causal):
     """Key windows' PostRows: each thread's one search of its token's sequence (loads of
-    the offsets) comes before the wait for the main kernel, the accumulator's reads
-    (16-byte) after it; spill-free."""
-    path = _compile(tmp_path, f"B.compile_post_rows(dt, True, {dkv})")
+    the offsets; causal: with its last query row) comes before the wait for the main
+    kernel, the accumulator's reads (16-byte) after it; spill-free."""
+    path = _compile(tmp_path, f"B.compile_post_rows(dt, True, {dkv}, {causal})")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()
@@ -800,8 +807,9 @@ def test_kv_window_coords_match_the_reference(causal):
     head) tile once per grid size under the round-robin; a window's first column, real
     columns, first / last sequence, its rows all those of the sequences it spans (a
     first sequence that starts before the window included) in n_m blocks from m_lo: 0
-    but for a causal block of a longer sequence, the Q block of the first row that sees
-    its first key, no row before it seeing any of its columns;
+    without causal masking; causal, the Q block of its first sequence's first row that
+    sees its first key (a window of several sequences too), no row before it seeing any
+    of its columns;
     each column's rows those of col_q_range_ref (none past the real columns), and the
     unsigned mask (`window_keep`) over every step keeps exactly the (row, column) pairs of
     one sequence that attention sees (bottom-right causal). The lengths include empty
@@ -822,13 +830,19 @@ def test_kv_window_coords_match_the_reference(causal):
     lq[5:12] = torch.tensor([0, 1, 0, 9, 40, 1, 0])
     lk[5:12] = torch.tensor([3, 0, 0, 7, 300, 1, 5])
     lq[20], lk[20] = 260, 260     # causal: its later blocks' walks start past its first rows
+    # the window after it: three sequences, the first of 150 rows over 10 keys (causal, the
+    # walk starts at its row 140)
+    lq[21:24], lk[21:24] = torch.tensor([150, 5, 5]), torch.tensor([10, 30, 40])
+    # a window of this one sequence (90 + 120 keys each side exceed a window): causal, its
+    # walk starts at its row 280, the first that sees a key
+    lq[29:32], lk[29:32] = torch.tensor([5, 400, 5]), torch.tensor([90, 120, 90])
     cu_q = torch.cat([torch.zeros(1, dtype=torch.int64), lq.cumsum(0)])
     cu_k = torch.cat([torch.zeros(1, dtype=torch.int64), lk.cumsum(0)])
     total_k = int(cu_k[-1])
     for BM in (64, 128):
         # key windows: the table over the key offsets, sorted by the query blocks spanned
         order, count, win = window_tiles_reference(cu_k, cu_q, total_k + 300, BN, BM)
-        n_live, cuts = int(count), 0
+        n_live, cuts, several = int(count), 0, 0
         sched = Sched(_Ints(order), _Ints(win), None, _Ints(cu_q), _Ints(cu_k), 0, 3 * HKV,
                       HKV, 3, None, None, 1)
         for P in (1, 5, 132):              # tile_range's packed round-robin
@@ -843,10 +857,11 @@ def test_kv_window_coords_match_the_reference(causal):
             start = int(win[2, w])
             cols = torch.arange(start, min(start + BN, int(cu_k[int(win[1, w]) + 1])))
             ref_seq, ref_lo, ref_hi = col_q_range_ref(cu_q, cu_k, cols, causal)
-            keys = int(cu_k[s_last + 1] - cu_k[s_first])
-            cut = max(start - int(cu_k[s_last + 1]) + seq.len_q if keys > BN else 0, 0)
+            # s_first's first row seeing the window's first key
+            cut = max(start - int(cu_k[s_first + 1]) + int(lq[s_first]), 0)
             assert (hk, n0, m_lo) == (2, 0, cut // BM * BM if causal else 0)
             cuts += m_lo > 0
+            several += m_lo > 0 and s_first != s_last
             # the window's sequences: its rows' own, and empty ones around them
             f, l = int(ref_seq[0]), int(ref_seq[-1])
             assert s_first <= f and l <= s_last
@@ -874,7 +889,40 @@ def test_kv_window_coords_match_the_reference(causal):
                 keep = [(q - (q_lo - m_lo - m * BM)) % 2 ** 32 < q_w  # window_range, _keep
                         for m in range(n_m) for q in range(BM)]
                 assert keep == sees[m_lo:].tolist(), (w, col)
-        assert (cuts > 0) == causal
+        assert (cuts > 0) == causal and (several > 0) == causal
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_accumulated_rows(causal):
+    """seqinfo.dq_accumulated (the preprocess's and PostRows' `accumulated` after their
+    search: the last sequence starting at or before the row), on plain ints: the rows
+    past the last sequence, those of sequences of more than long_k keys and, causal, the
+    rows that see no key of their sequence (bottom-right), the TLX twin's `_accumulated`
+    rows."""
+    import bisect
+    import torch
+    from harness.problems import offsets
+    from kernels_cute import seqinfo as S
+
+    g = torch.Generator().manual_seed(4)
+    lq = torch.randint(0, 40, (50,), generator=g)
+    lk = torch.randint(0, 20, (50,), generator=g)
+    lq[:4], lk[:4] = torch.tensor([30, 0, 5, 12]), torch.tensor([25, 3, 0, 12])
+    cu_q, cu_k = offsets(lq), offsets(lk)
+    B, long_k, extra = len(lq), 16, 9
+    n = int(cu_q[-1]) + extra
+    seq = torch.repeat_interleave(torch.arange(B), lq)
+    row = torch.arange(int(cu_q[-1])) - cu_q[seq]
+    want = lk[seq] > long_k
+    if causal:  # row i sees key 0 iff i >= len_q - len_k
+        want |= row < lq[seq] - lk[seq]
+    want = torch.cat([want, torch.ones(extra, dtype=torch.bool)])
+    cq, ck = _Ints(cu_q), _Ints(cu_k)
+    starts = cu_q.tolist()
+    got = [bool(S.dq_accumulated(cq, ck, B, bisect.bisect_right(starts, tok) - 1, tok,
+                                 long_k, causal)) for tok in range(n)]
+    assert got == want.tolist()
+    assert want.any() and not want.all()
 
 
 @interp
@@ -928,7 +976,8 @@ def test_host_backward_launches_windows(monkeypatch, kind):
             direct = kind == "direct" and not bq
             assert len(calls) == (2 if direct else 3)
             (pre, pre_args), (main, args) = calls[:2]
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False, direct)
+            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False, direct,
+                           windows and causal)
             B_ = len(lk)
             assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the zeroed tensor's
             assert pre_args[8:] == ((cu_q, cu_k) if windows else (None, None)) + (
@@ -944,7 +993,10 @@ def test_host_backward_launches_windows(monkeypatch, kind):
                 # the postprocess launches as the main kernel's dependent in the packed modes
                 assert pre_args[3].dtype == torch.float32
                 (post, post_args), = calls[2:]
-                assert post == (q.dtype, not bq, False)
+                assert post == ((q.dtype, not bq, False, causal) if windows
+                                else (q.dtype, not bq, False))
+            if not bq:   # the fp32 accumulator; direct: it only backs the dQ descriptor
+                assert args[6].shape == ((B.window_config(D).block_m if direct else n_q), H, D)
             if windows and not direct:   # the rows postprocess: the offsets, vectors a token
                 assert post_args[2:4] == (cu_q, cu_k) and post_args[4:6] == (B_, B_.bit_length())
                 assert post_args[7] == H * D // B.POST_VEC
@@ -1103,7 +1155,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True, False)
+    assert pre == (q.dtype, D, True, 0, True, False, False)
     assert post == (q.dtype, D, cfg.block_m, cfg.dq_t, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
@@ -1119,9 +1171,10 @@ def test_host_backward_launches_flat(monkeypatch):
     """host.backward with bwd_hopper's main (kernels recorded): packed sequences of at
     least FLAT_MEAN_Q query rows on average launch the dq_flat build of their step (80 rows
     plain, 64 causal) on a block-padded accumulator of flat_rows rows, zeroed whole by the
-    preprocess, and PostFlat over its blocks; shorter ones, and broadcast-Q, keep
-    the row accumulator and the row postprocess; key windows never take it, however long
-    their query sequences (the window build, the rows postprocess)."""
+    preprocess, and PostFlat over its blocks; shorter ones, calls of fewer query blocks
+    than SMs and broadcast-Q keep the row accumulator and the row postprocess; key windows
+    never take it, however long their query sequences (the window build, the rows
+    postprocess)."""
     import torch
     from harness.problems import offsets
     from jagged.tiles import flat_rows
@@ -1134,14 +1187,16 @@ def test_host_backward_launches_flat(monkeypatch):
         return lambda *args: calls.append((key, args))
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
-    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     monkeypatch.setattr(B, "bwd_parts", lambda *a: 1)
     monkeypatch.setattr(B, "window_parts", lambda *a: 1)
     kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
                               post_flat=recorder)
     H, HKV, D = 4, 2, 128
-    for lengths, causal, bm in (([600, 900, 700], False, 80), ([600, 900, 700], True, 64),
-                                ([300, 100, 200], False, 0), ([512] * 3, True, 64)):
+    for lengths, causal, bm, sms in (([600, 900, 700], False, 80, 16),
+                                     ([600, 900, 700], True, 64, 16),
+                                     ([300, 100, 200], False, 0, 16), ([512] * 3, True, 64, 16),
+                                     ([600, 900, 700], False, 0, 132)):  # 27 blocks
+        monkeypatch.setattr(host, "num_sms", lambda dev: sms)
         lk, cu, n, q, k, lse = _packed_call(lengths, H, HKV, D)
         calls.clear()
         dq, _, _ = host.backward(kern, q, q, k, k, q, lse, cu, cu, int(lk.max()),
@@ -1149,7 +1204,7 @@ def test_host_backward_launches_flat(monkeypatch):
         (pre, ra), (main, args), (post, pa) = calls
         cfg = main[4]
         acc = args[6]
-        assert pre == (q.dtype, D, True, 0, False, False)
+        assert pre == (q.dtype, D, True, 0, False, False, False)
         assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
         assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
         if bm:
@@ -1175,4 +1230,4 @@ def test_host_backward_launches_flat(monkeypatch):
     (pre, ra), (main, args), (post, pa) = calls
     assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
     assert pre[3] == B.BLOCK_N and ra[7] == n_q * H
-    assert post == (q.dtype, True, False) and pa[2:4] == (cu_q, cu_k)
+    assert post == (q.dtype, True, False, False) and pa[2:4] == (cu_q, cu_k)

@@ -149,7 +149,8 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
     cfg = bw.window_config(D)
     p = bw._prepare(dout, q, k, v, out, lse, cu_k, broadcast_q)
     if parts is None:
-        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132)
+        parts = window_parts(n_q, n_k, HKV, H // HKV, cfg.block_m, bw.BLOCK_N, 132, causal,
+                             B)
     dkv_acc = dkv_accumulator(k, parts)
     if dkv_acc is not None:
         dkv_acc.fill_(float("nan"))  # the preprocess zeroes it
@@ -164,7 +165,8 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
         p.out, p.dout, delta, zeroed, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
-        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None)
+        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None,
+        CAUSAL=causal)
     if dlse is not None:
         delta -= dlse
     order, count, win = window_tiles(cu_k, cu_q, n_k, max_k, bw.BLOCK_N, cfg.block_m)
@@ -178,7 +180,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
         HKV=HKV, D=D, DQ_COLS=bw.dq_cols(D), BLOCK_M=cfg.block_m, BLOCK_N=bw.BLOCK_N,
         CAUSAL=causal, PARTS=parts)
     if not direct:
-        bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k))
+        bw._postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k), causal)
     return p.dq, p.dk, p.dv
 
 
@@ -220,6 +222,9 @@ SPAN = [30, 200, 10, 180] + [1] * 6 + [0] * 3 + _short(37, 0, 20, 7)
 LONG_PROBLEM = Problem(batch=40, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=330,
                        max_seqlen_k=300, mode="cross", causal=True)
 LONG = ([300, 4, 330] + _short(37, 0, 12, 10), [300, 4, 200] + _short(37, 0, 12, 10))
+# windows of several sequences whose first has more rows than keys: causal, their walk
+# starts at its first row that sees a key (row 90 of the first window's)
+FIRST_CUT = ([100, 20, 5, 80, 3, 60, 70], [10, 30, 50, 20, 40, 60, 5])
 
 CASES = [  # (id, problem, (len_q, len_k))
     ("self-d64-empties-ones", Problem(batch=40, heads=2, head_dim=64, max_seqlen_q=100),
@@ -248,6 +253,15 @@ CASES = [  # (id, problem, (len_q, len_k))
      ([5] + [0] * 40 + [90, 7] + [0] * 10 + _short(7, 0, 30, 9),) * 2),
     # longer sequences' later key blocks, causal: their walks start past the first rows
     ("self-causal-long-blocks", LONG_PROBLEM, LONG),
+    # causal, len_q > len_k by more than a step: windows of one sequence start their walk
+    # at its first row that sees a key; the rows before are zeroed by the preprocess
+    ("cross-causal-one-sequence-windows", Problem(batch=8, heads=2, kv_heads=1, head_dim=64,
+                                                  max_seqlen_q=300, max_seqlen_k=120,
+                                                  mode="cross", causal=True),
+     ([200, 150, 40, 7, 300, 0, 64, 90], [100, 90, 120, 5, 100, 0, 60, 120])),
+    ("cross-causal-first-sequence-cut", Problem(batch=7, heads=2, kv_heads=1, head_dim=64,
+                                                 max_seqlen_q=100, max_seqlen_k=60,
+                                                 mode="cross", causal=True), FIRST_CUT),
     # a mean of most of a tile (windows up to BWD_WINDOW_MEAN_FRACTION): windows of one
     # sequence of up to 128 keys each, owned, and longer ones' blocks
     ("self-tile-mean", Problem(batch=10, heads=2, kv_heads=1, head_dim=64, max_seqlen_q=256),
@@ -282,9 +296,14 @@ def test_window_parts_against_oracle(case, parts):
 
 def test_window_parts_rule():
     """A call of a few windows whose steps walk a GQA group splits them (fuzz B8 H8/1
-    D128 512 / 0.1 causal: 443 tokens); many windows, or few steps a window, do not."""
+    D128 512 / 0.1 causal: 443 tokens); many windows, or few steps a window, do not; nor
+    causal windows of one sequence each whose rows mostly see no key (fuzz cross B8 H1/1
+    D128 8192 / 128 causal), which walk only the rows that see one."""
     from jagged.tiles import window_parts
     assert window_parts(443, 443, 1, 8, 32, 128, 132) == 8
+    assert window_parts(443, 443, 1, 8, 32, 128, 132, True, 8) == 8
+    assert window_parts(65536, 1024, 1, 1, 32, 128, 132) == 8
+    assert window_parts(65536, 1024, 1, 1, 32, 128, 132, True, 8) == 1
     assert window_parts(30000, 30000, 4, 1, 32, 128, 132) == 1   # gem 256 / 0.1's size
     assert window_parts(5000, 5000, 2, 4, 32, 128, 132) == 1
     assert window_parts(300, 300, 1, 1, 64, 128, 132) == 1
@@ -322,14 +341,16 @@ def _tile_probe(order, count, win, cu_q, cu_k, n_win, out, HKV: tl.constexpr,
 
 
 @interp
+@pytest.mark.parametrize("lengths, cuts", [(LONG, 4), (FIRST_CUT, 1)], ids=["long", "first"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_window_row_cut(causal):
-    """kv_window_coords: a causal block of a longer sequence starts its walk at the Q block
-    of the first row that sees its first key (the tightest block-aligned start); windows
-    of whole sequences, and every window without causal masking, walk all their rows."""
+def test_window_row_cut(causal, lengths, cuts):
+    """kv_window_coords: a causal window (a block of a longer sequence, or whole ones)
+    starts its walk at the Q block of its first sequence's first row that sees its first
+    key (the tightest block-aligned start); every window without causal masking walks
+    all its rows."""
     from jagged.tiles import window_tiles
-    lq, lk = LONG
-    cu_q, cu_k = (offsets(torch.tensor(x)) for x in LONG)
+    lq, lk = lengths
+    cu_q, cu_k = (offsets(torch.tensor(x)) for x in lengths)
     n_k = int(cu_k[-1])
     BM = bw.window_config(64).block_m
     order, count, win = window_tiles(cu_k, cu_q, n_k, max(lk), bw.BLOCK_N, BM)
@@ -343,11 +364,12 @@ def test_window_row_cut(causal):
         s0, s1 = int(win[0, w]), int(win[1, w])
         k_start, m_lo, n_m = (int(x) for x in out[3 * t:3 * t + 3])
         len_q = int(cu_q[s1 + 1] - cu_q[s0])
-        keys = int(cu_k[s1 + 1] - cu_k[s0])
         want = 0
-        if causal and keys > bw.BLOCK_N:   # the first row seeing key k_start (bottom-right)
-            want = max(k_start - int(cu_k[s0]) - keys + len_q, 0) // BM * BM
+        if causal:  # s0's first row seeing k_start
+            first = k_start - int(cu_k[s0 + 1]) + int(cu_q[s0 + 1] - cu_q[s0])
+            want = max(first, 0) // BM * BM
         assert (m_lo, n_m) == (want, -(-(len_q - want) // BM)), (t, s0, s1, k_start)
         cut += want > 0
-    assert cut == (4 if causal else 0)   # the later two blocks of 300 keys; both of 200 keys
-    # under 330 rows (the last 130 rows see the first key)
+    # LONG: the later two blocks of 300 keys; both of 200 keys under 330 rows (the last
+    # 130 rows see the first key)
+    assert cut == (cuts if causal else 0)
