@@ -1132,7 +1132,8 @@ def test_host_backward_launches_split(monkeypatch, causal):
         return lambda *args: calls.append((key, args))
 
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(*key))
-    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    sms = 48   # the call's 59 query blocks of 64 rows at least a wave: the block-padded dQ
+    monkeypatch.setattr(host, "num_sms", lambda dev: sms)
     kern = B.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
                               post_flat=recorder)
     H, HKV, D = 4, 1, 128
@@ -1142,7 +1143,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     q = torch.zeros(n, H, D, dtype=torch.bfloat16)
     k = torch.zeros(n, HKV, D, dtype=torch.bfloat16)
     lse = torch.zeros(H, n)
-    parts = bwd_parts(n, n, 2, HKV, H // HKV, causal, False, 64, B.BLOCK_N, 132, 2000, 2000)
+    parts = bwd_parts(n, n, 2, HKV, H // HKV, causal, False, 64, B.BLOCK_N, sms, 2000, 2000)
     assert parts > 1
     dq, dk, dv = host.backward(kern, q, q, k, k, q, lse, cu, cu, 2000, 2000, causal, 0.125,
                                False)
