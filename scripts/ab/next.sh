@@ -1,16 +1,13 @@
 #!/bin/bash
-# The next device round's measurements, one call each (PART=c|d|e1|e2), H200 or H100 named
-# in the output; CuteDSL / FA4 need both stacks (two run calls in one message):
+# The next device round's measurements, one call each (PART=c|e2), H200 or H100 named in
+# the output; CuteDSL / FA4 need both stacks (two run calls in one message):
 #   source .gpu2/activate.sh; PART=c bash scripts/ab/next.sh
 # (run from main's tree, this file copied beside it: git show next-gpu:scripts/ab/next.sh)
 # c: the forward counter cells not yet timed (varlen-llm B20, D = 64; CuteDSL llm B8
 #    causal) and the fuzz seed 0 short windowed backwards eager (TLX window_lists)
-# d: branch win-causal-cut (causal one-sequence key windows cut at their first seeing
-#    row) against main, fuzz cross B8 H1/1 D128 8192 / 128 causal: the branch's tree in
-#    .snap/cut first (git archive win-causal-cut | tar -x -C .snap/cut), carried
-# e1, e2: the fuzz backward of seed 0 again, TLX / CuteDSL / FA4, eager and replayed
-#    (its rows predate the launch plans' and windows' host work): the shapes of up to
-#    1024 query rows, then the longer ones
+# e2: the fuzz backward of seed 0's shapes of 2048 query rows and more, TLX / CuteDSL /
+#    FA4, eager and replayed (their rows predate the launch plans' and windows' host
+#    work; the shapes of up to 1024 rows ran on an H100 at cf44df5, reports/h100)
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT
 show() {
@@ -33,13 +30,6 @@ c)
   (timeout 240 python3 -m harness bench --backends tlx,cute,fa4 --passes bwd --warm 8 \
      --suite fuzz --match "Lq128 |Lq256 |Lq512 " --out $OUT/short > $OUT/short.log 2>&1)
   echo "short rc $?"; show $OUT/short/results.csv ;;
-d)
-  echo "main:"; PYTHONPATH=$PWD timeout 250 python3 .snap/cut/scripts/ab/ab_cut.py 2>&1 | grep -v "Warning\|exe_args"
-  echo "win-causal-cut:"; (cd .snap/cut && PYTHONPATH=$PWD timeout 250 python3 scripts/ab/ab_cut.py 2>&1 | grep -v "Warning\|exe_args") ;;
-e1)
-  (timeout 560 python3 -m harness bench --backends tlx,cute,fa4 --passes bwd --warm 8 \
-     --suite fuzz --match "Lq16 |Lq64 |Lq128 |Lq256 |Lq512 |Lq1024 " --out $OUT/fz1 > $OUT/fz1.log 2>&1)
-  echo "fuzz short rc $?"; show $OUT/fz1/results.csv ;;
 e2)
   (timeout 560 python3 -m harness bench --backends tlx,cute,fa4 --passes bwd --warm 8 \
      --suite fuzz --match "Lq2048 |Lq4096 |Lq8192 |Lq16384 " --out $OUT/fz2 > $OUT/fz2.log 2>&1)
