@@ -381,6 +381,15 @@ def per_offsets(build, cu_q, cu_k, *params):
     return out
 
 
+def cached_builds(build=None, cu_k: torch.Tensor | None = None) -> list:
+    """The `per_offsets` cache's entries, oldest first, as (params, output): those of
+    `build` (every build if None) over offsets at cu_k's address (any if None). For tests
+    and diagnostics; the cache's key layout stays private."""
+    return [(key[-1], out) for key, (_, k, out) in _TILE_CACHE.items()
+            if (build is None or key[0] is build)
+            and (cu_k is None or k.data_ptr() == cu_k.data_ptr())]
+
+
 def fwd_tiles(cu_q, cu_k, batch: int, max_seqlen_q: int, L_q: int | None,
               block_m: int, block_n: int, causal: bool, check: tuple | None = None,
               direct: bool = False, dynamic: bool = False):

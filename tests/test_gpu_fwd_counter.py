@@ -60,12 +60,11 @@ def test_counter_calls_on_one_list(style, name):
     default.wait_stream(side)
     assert rep.ok, f"second stream: {rep.summary()}"
     from jagged.dispatch import kernel_arch
-    from jagged.tiles import _TILE_CACHE, _build_fwd_tiles, fwd_sched
+    from jagged.tiles import _build_fwd_tiles, cached_builds, fwd_sched
     # the streams wait for each other, so the oracle passes even with one counter shared:
     # the cache (keyed by the stream where the counter is used) must hold a list per stream
-    per_stream = {key[-1][-1]: out for key, (_, cu_k, out) in _TILE_CACHE.items()
-                  if key[0] is _build_fwd_tiles
-                  and cu_k.data_ptr() == inp.cu_seqlens_k.data_ptr()}
+    per_stream = {params[-1]: out
+                  for params, out in cached_builds(_build_fwd_tiles, inp.cu_seqlens_k)}
     assert per_stream
     if kernel_arch() == "hopper":  # these calls take their tiles from the counter
         assert {default.cuda_stream, side.cuda_stream} <= per_stream.keys(), list(per_stream)
@@ -74,7 +73,7 @@ def test_counter_calls_on_one_list(style, name):
         assert fwd_sched(ours[1]).data_ptr() != fwd_sched(theirs[1]).data_ptr(), \
             "one counter for two streams"
     torch.cuda.synchronize()
-    lists = [out for _, _, out in list(_TILE_CACHE.values())  # forward lists: nblk an int
+    lists = [out for _, out in cached_builds()  # forward lists: nblk an int
              if isinstance(out, tuple) and len(out) == 3 and isinstance(out[2], int)]
     assert lists
     for _, count, _ in lists:  # zeroed again by each launch's last program

@@ -267,7 +267,7 @@ def test_tile_lists_are_cached_per_offsets():
 def test_tile_cache_is_bounded():
     """At most TILE_CACHE_SIZE entries, least recently used out first. The cache is filled
     through per_offsets with a trivial build (a tile list is an interpreter run)."""
-    from jagged.tiles import _TILE_CACHE, TILE_CACHE_SIZE, kv_tiles, per_offsets
+    from jagged.tiles import TILE_CACHE_SIZE, cached_builds, kv_tiles, per_offsets
     builds = []
 
     def build(cu_q, cu_k):
@@ -280,14 +280,14 @@ def test_tile_cache_is_bounded():
         per_offsets(build, cu, cu)
     assert kv_tiles(cus[0], cus[0], 0, 1, False, 64, 64)[0] is first   # used: now the newest
     per_offsets(build, cus[TILE_CACHE_SIZE], cus[TILE_CACHE_SIZE])    # drops cus[1]'s entry
-    assert len(_TILE_CACHE) <= TILE_CACHE_SIZE
+    assert len(cached_builds()) <= TILE_CACHE_SIZE
     n = len(builds)
     per_offsets(build, cus[2], cus[2])                 # still there
     per_offsets(build, cus[1], cus[1])                 # built again
     assert len(builds) == n + 1 and builds[-1] is cus[1]
     for cu in cus[TILE_CACHE_SIZE + 1:]:
         per_offsets(build, cu, cu)
-    assert len(_TILE_CACHE) <= TILE_CACHE_SIZE
+    assert len(cached_builds()) <= TILE_CACHE_SIZE
     assert kv_tiles(cus[0], cus[0], 0, 1, False, 64, 64)[0] is not first
 
 
