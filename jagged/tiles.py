@@ -855,9 +855,9 @@ def bwd_programs(broadcast_q: bool, H_kv: int, n_sms: int) -> int:
 def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=None):
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
-    Packed modes: one [rows, H, D] buffer (rows: Nq, `flat_rows` of a block-padded one,
-    or one block under `windows_direct`, where nothing reads or writes it and it only
-    backs the main kernel's dQ descriptor; the preprocess zeroes it), one program per SM.
+    Packed modes: one [rows, H, D] buffer (rows: Nq or `flat_rows` of a block-padded
+    one, which the preprocess zeroes; or one block under `windows_direct`, which nothing
+    reads or writes: it only backs the main kernel's dQ descriptor), one program per SM.
     Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
     programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
     the postprocess sums the slots.
@@ -1008,8 +1008,8 @@ def windows_direct(max_k: int, block_n: int, parts: int) -> bool:
     each sequence fits one key tile (max_k <= block_n; the forward's offsets check holds
     the lengths to max_k, as the window list's own span does) and the windows are not
     split over programs (parts == 1). Then no row goes through the fp32 dQ accumulator (one
-    block, `dq_accumulator`): the preprocess zeroes dQ's rows past the last sequence itself and no postprocess
-    launches (both styles)."""
+    block, `dq_accumulator`): the preprocess zeroes dQ's rows past the last sequence
+    itself and no postprocess launches (both styles)."""
     return max_k <= block_n and parts == 1
 
 

@@ -53,15 +53,16 @@ and its load task reduces 64 x 64 boxes.
     accumulator, cast to the input dtype; split tiles: dK / dV from their accumulators
     too, each into its own gradient, in the same launch (the preprocess zeroed them;
     host.backward).
-Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat) hand dQ over as FA4 does: each
-compute warpgroup stores its partial in the wgmma accumulator's register order into a
+Long packed sequences (jagged.tiles.takes_flat, Config.dq_flat) hand dQ over as FA4 does:
+each compute warpgroup stores its partial in the wgmma accumulator's register order into a
 buffer of its own (16-byte stores, barriers 6 + w / 8 + w), and reduce_dq adds it with one
 1-D bulk add (cp.reduce.async.bulk .add.f32) into a block-padded accumulator: Q block j
 of sequence b is block jagged.tiles.flat_block, bm x D floats a (block, query head).
-`PostFlat` reads a block's fragments back through the same wgmma partition and
-stores its rows up to the sequence's end. The padding is half a step a sequence on
-average, hence the threshold. Key windows never take it (check_config): a window's Q
-blocks run across its sequences, which no flat_block holds, and owned windows store dQ.
+`PostFlat` reads a block's fragments back through the same wgmma partition and stores
+its rows up to the sequence's end. The padding is half a step a sequence on average,
+hence the threshold; a call of fewer blocks than SMs keeps the row accumulator (PostFlat
+is a CTA a block). Key windows never take it (check_config): a window's Q blocks run
+across its sequences, which no flat_block holds, and owned windows store dQ.
 In the packed modes the three chain as programmatic dependent launches, as TLX's
 (jagged.tiles.bwd_dependent): the preprocess triggers first, the main kernel waits before
 any global access and triggers, the postprocess waits before it reads.
@@ -92,15 +93,16 @@ jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a w
 whole sequences of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of
 a longer one (jagged.tiles.windows over the key offsets, schedule.kv_window_coords),
 dealt round-robin over windows x KV heads (never from the counter, causal or not). Its Q
-blocks run over every query row of its sequences, from its first sequence's first row;
-each key column meets only its own sequence's rows (`col_ranges`, once a tile) and every
-step masks P^T to them (`window_keep`: one unsigned compare); dK / dV go to the window's
-real columns. A window of whole sequences holds every key its rows meet, so its steps' dQ
-is whole: `compute` stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the
+blocks run over every query row of its sequences, from its first sequence's first row
+(causal: its first row that sees a key; the preprocess zeroes the rows before it); each
+key column meets only its own sequence's rows (`col_ranges`, once a tile) and every step
+masks P^T to them (`window_keep`: one unsigned compare); dK / dV go to the window's real
+columns. A window of whole sequences holds every key its rows meet, so its steps' dQ is
+whole: `compute` stores it in q's dtype (`store_dq`) and reduce_dq adds nothing; the
 preprocess zeroes and `PostRows` converts only the rows of the longer sequences, whose
-blocks reduce-add their partials as above. A call of a few windows
-(jagged.tiles.window_parts > 1) shares each window's steps over CTAs as split tiles do
-(`store_add`; a step's dQ stays its own). Not for broadcast-Q.
+blocks reduce-add their partials as above (and, causal, the rows that see no key). A call
+of a few windows (jagged.tiles.window_parts > 1) shares each window's steps over CTAs as
+split tiles do (`store_add`; a step's dQ stays its own). Not for broadcast-Q.
 
 Determinism: as TLX's (TMA bulk reduce): dK/dV are with whole tiles (each row written
 once), not with split ones; dQ is not bitwise deterministic.

@@ -62,14 +62,16 @@ query rows a sequence), 64 at D = 128, 32 for mean KV lengths up to SHORT_MEAN_K
 Key windows (short keys on average, `takes_windows`): a tile is instead whole sequences
 of at most BLOCK_N packed key columns together, or a BLOCK_N-key block of a longer one
 (jagged.tiles.windows / window_tiles over cu_k, schedule.kv_window_coords), against every
-query row of its sequences; each key column meets its own sequence's rows (`_col_bounds`,
-`_keep`), every step masked; the rows of every column come from `_window_rows`, launched
-before the main kernel and kept with the window list (`window_lists`). At gem 256 / 0.1
-(mean 26 keys) a (sequence, KV block) tile is ~80 % empty keys. Windows are walked
-statically, causal too, in the short bucket's steps (`window_config`). A window of whole sequences holds every key its rows meet
-(`_window_keys`), so a step's dQ is whole: the consumers store it in q's dtype
-(`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and `_bwd_post_rows`
-converts only the rows of the longer sequences, whose blocks reduce-add their partials.
+query row of its sequences (causal: from its first sequence's first row that sees a
+key); each key column meets its own sequence's rows (`_col_bounds`, `_keep`), every step
+masked; the rows of every column come from `_window_rows`, launched before the main
+kernel and kept with the window list (`window_lists`). At gem 256 / 0.1 (mean 26 keys) a
+(sequence, KV block) tile is ~80 % empty keys. Windows are walked statically, causal too,
+in the short bucket's steps (`window_config`). A window of whole sequences holds every
+key its rows meet (`_window_keys`), so a step's dQ is whole: the consumers store it in
+q's dtype (`_store_dq`) and reduce_dq adds nothing; the preprocess zeroes and
+`_bwd_post_rows` converts only the rows of the longer sequences, whose blocks reduce-add
+their partials (and, causal, the rows that see no key).
 When every sequence fits one window's keys and no window is split
 (jagged.tiles.windows_direct) there are none: the preprocess zeroes dQ's rows past the
 last sequence itself and no postprocess launches. A call of a few windows
@@ -1081,8 +1083,8 @@ def _bwd_post_rows(dq_acc_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, B, ROUNDS, n_tok, HD,
     """Key windows: dQ = scale * the accumulator for the rows it holds (`_accumulated`),
     WIN_TOK tokens a program, COLS of their H * D values at a time; the owned windows'
     rows, stored by the main kernel, are left alone (CAUSAL: as the preprocess's). DKV
-    (windows split over programs): `_cast_dkv` too. PDL: as _bwd_postprocess's; the search reads only the offsets, so it
-    runs ahead of the wait."""
+    (windows split over programs): `_cast_dkv` too. PDL: as _bwd_postprocess's; the
+    search reads only the offsets, so it runs ahead of the wait."""
     tok = tl.program_id(0) * WIN_TOK + tl.arange(0, WIN_TOK)
     take = (tok < n_tok) & _accumulated(cu_q_ptr, cu_k_ptr, B, tl.minimum(tok, n_tok - 1),
                                         ROUNDS, LONG_K, CAUSAL)
@@ -1211,8 +1213,8 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
         fast(_bwd_post_rows)[(cdiv(p.Nq, WIN_TOK.value),)](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
             float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)),
-            CAUSAL=bool(causal), PDL=PDL,
-            DKV=dkv_acc is not None, num_warps=4, launch_pdl=pdl)
+            CAUSAL=bool(causal), PDL=PDL, DKV=dkv_acc is not None, num_warps=4,
+            launch_pdl=pdl)
     else:
         n_elem = p.dq.numel()
         fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
