@@ -479,8 +479,9 @@ def _kernel_classes():
         accumulator: a row of a sequence of more than long_k keys, whose key blocks are
         windows of their own, a row past the last sequence (zeros) or, causal, a row that
         sees no key of its sequence (zeros: a window's walk starts past its first
-        sequence's, schedule.kv_window_coords). Every other row's sequence is whole in one window
-        (jagged.tiles.windows), which stores its dQ (`store_dq`). TLX's `_accumulated`."""
+        sequence's, schedule.kv_window_coords). Every other row's sequence is whole in one
+        window (jagged.tiles.windows), which stores its dQ (`store_dq`). TLX's
+        `_accumulated`."""
         seq, hi = Int32(0), B
         for _ in cutlass.range(rounds, unroll=1):
             seq, hi = sequence_of_step(mCuQ, tok, seq, hi)

@@ -39,7 +39,9 @@ Three kernels:
 (c) `_bwd_postprocess`: dQ = scale * sum over slots of the fp32 accumulator, cast to the
     input dtype; split tiles: dK / dV from their accumulators too, in the same launch.
 Long packed sequences keep the row accumulator in this style: the block-padded hand-over
-(the CuteDSL twin's Config.dq_flat) lost here by ~1 % (PERF, Tried and lost).
+(the CuteDSL twin's Config.dq_flat) lost here by ~1 % (PERF, Tried and lost). The twin adds
+a partial with one 1-D bulk reduce, which Triton cannot emit; a TMA box over fp32 staging
+moves 128-byte rows whatever its shape (PERF, gap 3).
 In the packed modes the three chain as programmatic dependent launches
 (jagged.tiles.bwd_dependent): the preprocess, the list kernel and `_window_rows` trigger
 their dependents first, the main kernel is launched as a dependent (each role waits,
