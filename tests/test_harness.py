@@ -449,6 +449,14 @@ def test_ab_summary_means_rounds_against_the_first_backend():
     assert rows["tlx"][1:] == ["1", "2.000", "4.000"]
     assert rows["cute"][1:] == ["2", "1.500", "-25.0", "%", "4.000", "+0.0", "%"]
     assert rows["triton"][1:] == ["1", "2.000", "+0.0", "%", "4.000", "+0.0", "%"]
+    # the replayed column, where every round of a backend had a graph
+    rec2 = lambda b, g: dict(backend=b, problem="P", pass_="bwd", gpu_ms=1.0, bench_ms=1.0,
+                             graph_ms=g)
+    lines = ab_summary([rec2("tlx", 0.2), rec2("fa4", 0.15), rec2("fa4", 0.25),
+                        rec2("cute", None)])
+    rows = {l.split()[0]: l.split() for l in lines[3:]}
+    assert rows["tlx"][-1] == "0.2000" and rows["fa4"][-3:] == ["0.2000", "+0.0", "%"]
+    assert rows["cute"][-1] == "%"  # no replayed figure: the row ends at do_bench's change
 
 
 def test_ncu_sass_regions(tmp_path):

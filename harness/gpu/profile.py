@@ -1,5 +1,6 @@
 """Where one backend's time goes on one problem: the host's time to issue a call, the
-GPU kernels' time per call (torch.profiler), and the sweep's do_bench median.
+GPU kernels' time per call (torch.profiler), the sweep's do_bench median, and the call
+replayed from a CUDA graph with the kernels in that graph (the tile lists' too).
 
 A diagnostic for cells whose time does not follow their work: when the host's time per
 call is above the kernels' time, the GPU waits for launches and do_bench times the host.
@@ -82,14 +83,43 @@ def calling_thread_ms(call, n: int) -> float:
         return host_ms(call, n)
 
 
+def replay_times(fn, inp, pass_: str, kw, n: int) -> tuple[float | None, dict[str, float]]:
+    """(do_bench ms of the call replayed from a CUDA graph, mean GPU time per replay of
+    each kernel in it), captured as the sweep's graph_ms is (`harness.bench`): the graph
+    holds what a captured call runs, the tile lists too (an eager call reuses them), and
+    the replayed time less the kernels' sum is their launches' gaps. (None, {}) where the
+    call cannot be captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call, _ = pass_call(fn, inp, pass_, kw)
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=side):
+            call()
+        _sync()
+    except Exception:  # a call that syncs or copies from the host: nothing to replay
+        _sync()
+        return None, {}
+    try:
+        return _time(graph.replay, False), kernel_times(graph.replay, n)
+    finally:
+        graph.reset()
+
+
 def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
     kw = call_kw(p)
-    call, _ = pass_call(fn, p.build(default_device()), pass_, kw)
+    inp = p.build(default_device())
+    call, _ = pass_call(fn, inp, pass_, kw)
     t_host = host_ms(call, n)  # issue only: the GPU may still be running when the loop ends
     kernels = kernel_times(call, n)
+    graph_ms, graph_kernels = replay_times(fn, inp, pass_, kw, n) if kernels else (None, {})
     return dict(host_ms=t_host, gpu_ms=sum(kernels.values()), bench_ms=_time(call, False),
                 kernels=kernels, cprofile=host_profile(call, n) if host else "",
-                thread_ms=calling_thread_ms(call, n) if pass_ == "bwd" else None)
+                thread_ms=calling_thread_ms(call, n) if pass_ == "bwd" else None,
+                graph_ms=graph_ms, graph_kernels=graph_kernels)
 
 
 def _profile_backend(name, b, fn, p: Problem, passes, n, gate_batch, host,
@@ -110,10 +140,16 @@ def _profile_backend(name, b, fn, p: Problem, passes, n, gate_batch, host,
         lines.append(f"{name:8s} {ps} {p.label():55s} host {r['host_ms']:7.3f} ms{own}  "
                      f"gpu {r['gpu_ms']:7.3f} ms  do_bench {r['bench_ms']:7.3f} ms  | {top}")
         print(lines[-1], flush=True)
+        if r["graph_ms"] is not None:
+            gk = r["graph_kernels"]
+            top = ", ".join(f"{k[:40]} {v:.4f}" for k, v in gk.items())
+            lines.append(f"{'':8s} {ps} replayed {r['graph_ms']:.4f} ms, its kernels "
+                         f"{sum(gk.values()):.4f} ({len(gk)}): {top}")
+            print(lines[-1], flush=True)
         if r["cprofile"]:
             print(r["cprofile"], flush=True)
         records.append(dict(backend=name, problem=p.label(), pass_=ps, gpu_ms=r["gpu_ms"],
-                            bench_ms=r["bench_ms"]))
+                            bench_ms=r["bench_ms"], graph_ms=r["graph_ms"]))
     return lines
 
 
@@ -151,7 +187,7 @@ def ab_summary(records: list[dict]) -> list[str]:
 
     lines = ["A/B summary (means over rounds; % against the first backend):",
              f"{'pass':4s} {'backend':20s} {'rounds':>6s} {'gpu ms':>9s} {'':8s} "
-             f"{'do_bench ms':>11s}"]
+             f"{'do_bench ms':>11s} {'':8s} {'replayed ms':>11s}"]
     for (ps, label), by_backend in groups.items():
         lines.append(f"{ps:4s} {label}")
         first = next(iter(by_backend))
@@ -160,9 +196,22 @@ def ab_summary(records: list[dict]) -> list[str]:
             g, t = mean(rs, "gpu_ms"), mean(rs, "bench_ms")
             d_g = pct(g, mean(base, "gpu_ms")) if name != first else " " * 8
             d_t = pct(t, mean(base, "bench_ms")) if name != first else " " * 8
+            rep = _replayed(rs, base, name != first)
             lines.append(f"{'':4s} {name[:20]:20s} {len(rs):6d} {g:9.3f} {d_g} "
-                         f"{t:11.3f} {d_t}".rstrip())
+                         f"{t:11.3f} {d_t} {rep}".rstrip())
     return lines
+
+
+def _replayed(rs: list[dict], base: list[dict], against: bool) -> str:
+    """The A/B table's replayed column: the mean over rounds (blank where a round had no
+    graph), with its change against the first backend's."""
+    xs, bs = [r.get("graph_ms") for r in rs], [r.get("graph_ms") for r in base]
+    if not xs or None in xs:
+        return ""
+    m = sum(xs) / len(xs)
+    d = (f"{100 * (m / (sum(bs) / len(bs)) - 1):+6.1f} %"
+         if against and bs and None not in bs else "")
+    return f"{m:11.4f} {d}"
 
 
 def run(backend_names, problems, passes, n=10, gate_batch=64, rounds: int = 1,
