@@ -856,23 +856,22 @@ def dq_accumulator(Nq, L_q, H, H_kv, D, broadcast_q, n_sms, device, n_k, rows=No
     """(fp32 dQ accumulator, programs of the main kernel, int32 scheduling buffer).
 
     Packed modes: one [rows, H, D] buffer (rows: Nq or `flat_rows` of a block-padded
-    one, which the preprocess zeroes; or one block under `windows_direct`, which nothing
-    reads or writes: it only backs the main kernel's dQ descriptor), one program per SM.
-    Broadcast-Q: n_slots zeroed [L_q, H, D] slots (dq_slots, over the call's n_k keys),
-    programs pinned to KV heads (program p: head p % H_kv, slot (p // H_kv) % n_slots);
-    the postprocess sums the slots.
+    one; or one block under `windows_direct`, which nothing reads or writes: it only
+    backs the main kernel's dQ descriptor), one program per SM. Broadcast-Q: n_slots
+    [L_q, H, D] slots (dq_slots, over the call's n_k keys), programs pinned to KV heads
+    (program p: head p % H_kv, slot (p // H_kv) % n_slots); the postprocess sums the
+    slots. The preprocess zeroes it (no launch of its own).
 
     The scheduling buffer (`bwd_dynamic`) shares the accumulator's allocation, so it is
-    fresh per call: [0] the tile counter (the packed preprocess zeroes it), [4 + 2p,
+    fresh per call: [0] the tile counter (the preprocess zeroes it), [4 + 2p,
     4 + 2p + 2) program p's two-slot tile handoff."""
     grid = bwd_programs(broadcast_q, H_kv, n_sms)
     if not broadcast_q:
-        shape, make = (Nq if rows is None else rows, H, D), torch.empty
+        shape = (Nq if rows is None else rows, H, D)
     else:
         shape = (dq_slots(grid // H_kv, L_q * H * D * 4, n_k), L_q, H, D)
-        make = torch.zeros
     n = math.prod(shape)
-    buf = make(n + 4 + 2 * grid, device=device, dtype=torch.float32)
+    buf = torch.empty(n + 4 + 2 * grid, device=device, dtype=torch.float32)
     return buf[:n].view(shape), grid, buf[n:].view(torch.int32)
 
 

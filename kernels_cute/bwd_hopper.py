@@ -492,9 +492,9 @@ def _kernel_classes():
     # ================================================================================
     # role: compute
     class Preprocess:
-        def __init__(self, dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                     zero_dkv: bool = False, causal: bool = False):
-            self.dtype, self.D, self.zero_dq, self.long_k = dtype, head_dim, zero_dq, long_k
+        def __init__(self, dtype, head_dim: int, long_k: int = 0, zero_dkv: bool = False,
+                     causal: bool = False):
+            self.dtype, self.D, self.long_k = dtype, head_dim, long_k
             self.zero_dkv, self.causal = zero_dkv, causal
 
         @cute.jit
@@ -519,10 +519,11 @@ def _kernel_classes():
                    mdKVacc: Optional[cute.Tensor], n_kv_rows: Int32):
             """Rows are (token, head) pairs, token-major ([Nq * H, D]); in the delta
             CTAs D / PRE_VEC neighbouring threads share a row (16-byte loads, coalesced)
-            and sum their partial dot products with shuffles. zero_dq (packed modes) also
-            zeroes the accumulator's n_dq_rows rows of D (a row a thread group, those past
-            n_rows of a block-padded one, Config.dq_flat, as grid-stride shares) and the
-            tile counter mSched[0] (jagged.tiles.dq_accumulator). long_k (key windows):
+            and sum their partial dot products with shuffles. They also zero the
+            accumulator's n_dq_rows rows of D (a row a thread group; those past n_rows, of
+            a block-padded one, Config.dq_flat, or of a broadcast-Q call's slots, as
+            grid-stride shares) and the tile counter mSched[0]
+            (jagged.tiles.dq_accumulator). long_k (key windows):
             only the rows the windows reduce-add into (`accumulated`: mCuQ, mCuK, B
             sequences, rounds >= bit_length(B); under jagged.tiles.windows_direct mdQacc
             is dQ itself, in its dtype, and they are the rows past the last sequence), by
@@ -570,11 +571,12 @@ def _kernel_classes():
                     if rg < n_rows:
                         if chunk == 0:
                             mDelta[rg % H, rg // H] = total
-                        if const_expr(self.zero_dq and self.long_k == 0):
-                            rA = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
-                            rA.fill(0.0)
-                            cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
-                                                                  (rg, chunk)))
+                        if const_expr(self.long_k == 0):
+                            if rg < n_dq_rows:
+                                rA = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
+                                rA.fill(0.0)
+                                cute.autovec_copy(rA, cute.local_tile(mdQacc, (1, PRE_VEC),
+                                                                      (rg, chunk)))
             if const_expr(self.long_k > 0):
                 if bid >= n_delta:  # a CTA of WIN_TOK tokens, all their rows
                     tpt = PRE_THREADS // WIN_TOK            # threads a token
@@ -587,14 +589,13 @@ def _kernel_classes():
                             for v in cutlass.range(tidx % tpt, H * tpr, tpt, unroll=1):
                                 cute.autovec_copy(rZq, cute.local_tile(
                                     mdQacc, (1, PRE_VEC), (tok * H + v // tpr, v % tpr)))
-            if const_expr(self.zero_dq):
-                if r == 0 and chunk == 0:
-                    mSched[0] = Int32(0)
-                rT = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
-                rT.fill(0.0)
-                grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
-                for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
-                    cute.autovec_copy(rT, cute.local_tile(mdQacc, (1, PRE_VEC), (rt, chunk)))
+            if r == 0 and chunk == 0:
+                mSched[0] = Int32(0)
+            rT = cute.make_rmem_tensor((1, PRE_VEC), mdQacc.element_type)
+            rT.fill(0.0)
+            grid_rows = cute.arch.grid_dim()[0] * (PRE_THREADS // tpr)
+            for rt in cutlass.range(n_rows + r, n_dq_rows, grid_rows, unroll=1):
+                cute.autovec_copy(rT, cute.local_tile(mdQacc, (1, PRE_VEC), (rt, chunk)))
 
     # ================================================================================
     # (b) main kernel, one method per role
@@ -1710,9 +1711,8 @@ def _kernel_classes():
 # Host: compile once per config (on symbolic tensors), then launch
 # --------------------------------------------------------------------------------------
 
-def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
-                       zero_dkv: bool = False, into_dq: bool = False, causal: bool = False,
-                       options: str = ""):
+def compile_preprocess(dtype, head_dim: int, long_k: int = 0, zero_dkv: bool = False,
+                       into_dq: bool = False, causal: bool = False, options: str = ""):
     """long_k (key windows): zero only the rows of sequences of more than long_k keys
     (the call passes cu_q, cu_k, B and bit_length(B); otherwise None, None, and B and
     rounds unused); zero_dkv: also the split tiles' fp32 dK / dV accumulators ([rows, D];
@@ -1736,7 +1736,7 @@ def compile_preprocess(dtype, head_dim: int, zero_dq: bool, long_k: int = 0,
            if long_k else (None, None))
     kv_acc = (host.fake(cutlass.Float32, (cute.sym_int32(), head_dim), (head_dim, 1), 16)
               if zero_dkv else None)
-    return host.compile_kernel(Pre(cdt, head_dim, zero_dq, long_k, zero_dkv, causal), o, do,
+    return host.compile_kernel(Pre(cdt, head_dim, long_k, zero_dkv, causal), o, do,
                                delta, acc, sched, cutlass.Int32(1), cutlass.Int32(1),
                                cutlass.Int32(1), *cus, cutlass.Int32(1), cutlass.Int32(1),
                                kv_acc, cutlass.Int32(0), options=options)

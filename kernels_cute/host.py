@@ -306,7 +306,7 @@ class BwdCall(NamedTuple):
 
 class BwdKernels(NamedTuple):
     """An architecture's backward as `backward` launches it."""
-    preprocess: Callable   # (dtype, head_dim, zero_dq, long_k, zero_dkv, into_dq, causal)
+    preprocess: Callable   # (dtype, head_dim, long_k, zero_dkv, into_dq, causal)
                            # -> the compiled preprocess (long_k: key windows, the rows of
                            # longer sequences only; zero_dkv: the split tiles' fp32 dK / dV
                            # too; into_dq: those rows of dQ itself,
@@ -385,7 +385,7 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     if dkv_acc is not None:
         call = call._replace(dk=dkv_acc[0], dv=dkv_acc[1])
     zeroed = (dq if direct else dq_acc).view(-1, D)
-    kern.preprocess(q.dtype, D, not broadcast_q, long_k, dkv_acc is not None, direct,
+    kern.preprocess(q.dtype, D, long_k, dkv_acc is not None, direct,
                     windows and bool(causal))(
         out.view(-1, D), dout.view(-1, D), delta, zeroed, sched, Nq * H, H,
         zeroed.shape[0], *cus, B, B.bit_length(),

@@ -6,7 +6,7 @@
 Three kernels:
 
 (a) `_bwd_preprocess`: delta[h, i] = rowsum(dO * O) - dlse in fp32 ([H, Nq], lse's
-    layout); in the packed modes it also zeroes the fp32 dQ accumulator and the tile
+    layout); it also zeroes the fp32 dQ accumulator (broadcast-Q: its slots) and the tile
     counter, and with split tiles their dK / dV accumulators.
 (b) `bwd_kernel`: one persistent program per SM walks the jagged list of KV tiles of
     BLOCK_N = 128 keys, longest first (jagged.tiles.kv_tiles, built on the GPU; schedule.py),
@@ -284,12 +284,13 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
                     stride_delta_h, cu_q_ptr, cu_k_ptr, B, ROUNDS, dkv_acc_ptr, n_kv_rows,
                     n_dq_rows,
                     H: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                    ZERO_DQ: tl.constexpr, LONG_K: tl.constexpr = 0,
+                    LONG_K: tl.constexpr = 0,
                     PDL: tl.constexpr = False, ZERO_DKV: tl.constexpr = False,
                     CAUSAL: tl.constexpr = False):
     """Programs [0, cdiv(n_rows, ROWS)): ROWS (token, head) pairs each, token-major, their
-    delta. ZERO_DQ (packed modes) also zeroes the dQ accumulator's n_dq_rows rows of D (any
-    past n_rows as grid-stride shares) and the tile counter sched_ptr[0]
+    delta. They also zero the dQ accumulator's n_dq_rows rows of D (the delta programs
+    their own rows, those past n_rows as grid-stride shares: a broadcast-Q call's slots
+    may hold more rows or fewer) and the tile counter sched_ptr[0]
     (jagged.tiles.dq_accumulator). LONG_K (key windows): only the rows the windows
     reduce-add into (`_accumulated`; under jagged.tiles.windows_direct dq_acc_ptr is dQ
     itself and they are the rows past the last sequence), by WIN_TOK tokens a program in
@@ -318,9 +319,10 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
         do = tl.load(dout_ptr + tok[:, None] * stride_do_tok + h[:, None] * stride_do_h
                      + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         tl.store(delta_ptr + h * stride_delta_h + tok, tl.sum(o * do, axis=1), mask=valid)
-        if ZERO_DQ and not LONG_K:  # dq_acc is [Nq, H, D] contiguous fp32: row r is r*D
+        if not LONG_K:  # dq_acc is [rows, H, D] contiguous fp32: row r is r*D
             tl.store(dq_acc_ptr + r[:, None] * D + d[None, :],
-                     tl.zeros([ROWS, D], dtype=tl.float32), mask=valid[:, None])
+                     tl.zeros([ROWS, D], dtype=tl.float32),
+                     mask=(valid & (r < n_dq_rows))[:, None])
     elif LONG_K:  # a program of WIN_TOK tokens: their rows, all heads
         n_tok = n_rows // H
         ztok = (pid - n_delta) * WIN_TOK + tl.arange(0, WIN_TOK)
@@ -330,14 +332,13 @@ def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr, dq_acc_ptr, sched_ptr, n_rows,
         for hz in range(0, H):
             tl.store(dq_acc_ptr + (ztok * H + hz).to(tl.int64)[:, None] * D + d[None, :],
                      tl.zeros([WIN_TOK, D], dtype=tl.float32), mask=zero[:, None])
-    if ZERO_DQ:
-        if pid == 0:
-            tl.store(sched_ptr, 0)
-        grid_rows = tl.num_programs(0) * ROWS
-        for r0 in range(n_rows + pid * ROWS, n_dq_rows, grid_rows):
-            rt = r0 + tl.arange(0, ROWS)
-            tl.store(dq_acc_ptr + rt[:, None].to(tl.int64) * D + d[None, :],
-                     tl.zeros([ROWS, D], dtype=tl.float32), mask=(rt < n_dq_rows)[:, None])
+    if pid == 0:
+        tl.store(sched_ptr, 0)
+    grid_rows = tl.num_programs(0) * ROWS
+    for r0 in range(n_rows + pid * ROWS, n_dq_rows, grid_rows):
+        rt = r0 + tl.arange(0, ROWS)
+        tl.store(dq_acc_ptr + rt[:, None].to(tl.int64) * D + d[None, :],
+                 tl.zeros([ROWS, D], dtype=tl.float32), mask=(rt < n_dq_rows)[:, None])
 
 
 @triton.jit
@@ -1155,8 +1156,8 @@ def _accumulators(p: Prep, broadcast_q, rows=None):  # role: host
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
                 dkv_acc=None, direct=False, causal=False):  # role: host
-    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed in the packed modes
-    (windows = (cu_q, cu_k): key windows, only the rows they reduce-add into; direct
+    """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed (broadcast-Q: its slots;
+    windows = (cu_q, cu_k): key windows, only the rows they reduce-add into; direct
     (jagged.tiles.windows_direct): those rows of dQ itself, in its dtype; causal: with the
     rows that see no key, `_accumulated`), and dkv_acc (tiles split over programs) in the
     same launch -> (delta, dq_acc, programs of the main kernel, scheduling buffer). acc:
@@ -1170,7 +1171,7 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
         p.out, p.dout, delta, zeroed, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
-        zeroed.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS, ZERO_DQ=not broadcast_q,
+        zeroed.numel() // p.D, H=p.H, D=p.D, ROWS=ROWS,
         LONG_K=BLOCK_N if windows else 0, PDL=PDL, ZERO_DKV=dkv_acc is not None,
         CAUSAL=bool(causal) and windows is not None, num_warps=4)
     if dlse is not None:  # d lse_i / d s_ij = P_ij: it enters through delta (jagged.api)

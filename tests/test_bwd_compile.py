@@ -287,7 +287,7 @@ def _dkv(split: bool):
 def test_pre_post_compile(d, split):
     """Spill-free; split: with the split tiles' fp32 dK / dV zeroed and converted."""
     pre_sig = dict(PRE_SIG, cu_q_ptr="constexpr", cu_k_ptr="constexpr")
-    pre_const = dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16, ZERO_DQ=True,
+    pre_const = dict(cu_q_ptr=None, cu_k_ptr=None, H=4, D=d, ROWS=16,
                      LONG_K=0, PDL=True, ZERO_DKV=split, CAUSAL=False)
     if not split:
         pre_sig["dkv_acc_ptr"], pre_const["dkv_acc_ptr"] = "constexpr", None
@@ -311,7 +311,7 @@ def test_window_pre_post_compile(split, causal):
     converted."""
     pre = compile_kernel(
         bw._bwd_preprocess, PRE_SIG,
-        constexprs=dict(H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N, PDL=True,
+        constexprs=dict(H=4, D=128, ROWS=16, LONG_K=bw.BLOCK_N, PDL=True,
                         ZERO_DKV=split, CAUSAL=causal), arch=90, num_warps=4)
     sig, const = _dkv(split)
     post = compile_kernel(
@@ -332,7 +332,7 @@ def test_window_direct_preprocess_compile():
     (bf16) past the last sequence, spill-free, and lets the main kernel launch under it
     (the call's last kernel: no postprocess follows). Its zero rows are 2-byte values: half
     the 16-byte stores of the fp32 accumulator's build."""
-    const = dict(dkv_acc_ptr=None, H=4, D=128, ROWS=16, ZERO_DQ=True, LONG_K=bw.BLOCK_N,
+    const = dict(dkv_acc_ptr=None, H=4, D=128, ROWS=16, LONG_K=bw.BLOCK_N,
                  PDL=True, ZERO_DKV=False, CAUSAL=False)
     sig = dict(PRE_SIG, dkv_acc_ptr="constexpr")
     pre = compile_kernel(bw._bwd_preprocess, dict(sig, dq_acc_ptr="*bf16"), constexprs=const,

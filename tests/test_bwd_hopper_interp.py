@@ -25,19 +25,20 @@ from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_ste
                                    tile_range)
 
 
-@pytest.mark.parametrize("zero_dq,zero_dkv", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("n_dq_of,zero_dkv", [(3, False), (3, True), (0.5, False)])
 @pytest.mark.parametrize("d", [64, 128])
-def test_preprocess(d, zero_dq, zero_dkv):
-    """delta = rowsum(dO * O) in fp32, [H, Nq]; ZERO_DQ also zeroes the accumulator's
-    n_dq_rows rows (here twice the grid's rows and more past n_rows: its grid-stride loop)
-    and the tile counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three
-    times the grid's rows, and not a row past either."""
+def test_preprocess(d, n_dq_of, zero_dkv):
+    """delta = rowsum(dO * O) in fp32, [H, Nq]; the preprocess also zeroes the accumulator's
+    n_dq_rows rows (n_dq_of = 3: three times n_rows and more, through its grid-stride loop;
+    0.5: half of them, as a broadcast-Q call of fewer dQ slots than sequences) and the tile
+    counter; ZERO_DKV the split tiles' dK / dV accumulators, here over three times the
+    grid's rows, and not a row past either."""
     g = torch.Generator().manual_seed(d)
     nq, H = 37, 3
     out = torch.randn(nq, H, d, generator=g).half()
     dout = torch.randn(nq, H, d, generator=g).half()
     delta = torch.full((H, nq), float("nan"))
-    n_dq = 3 * nq * H + 3                      # rows of D: past n_rows
+    n_dq = int(n_dq_of * nq * H) + 3           # rows of D
     dq_acc = torch.full((n_dq + 1, d), float("nan"))
     sched = torch.full((4,), 7, dtype=torch.int32)
     n_kv = 3 * nq * H + 5
@@ -46,13 +47,10 @@ def test_preprocess(d, zero_dq, zero_dkv):
     bw._bwd_preprocess[(triton.cdiv(nq * H, rows),)](
         out, dout, delta, dq_acc, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), None, None, 0, 0, dkv_acc, n_kv,
-        n_dq, H=H, D=d, ROWS=rows, ZERO_DQ=zero_dq, ZERO_DKV=zero_dkv)
+        n_dq, H=H, D=d, ROWS=rows, ZERO_DKV=zero_dkv)
     want = (out.float() * dout.float()).sum(-1).T
     torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
-    if zero_dq:
-        assert (dq_acc[:n_dq] == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
-    else:
-        assert dq_acc[:n_dq].isnan().all() and (sched == 7).all()
+    assert (dq_acc[:n_dq] == 0).all() and sched[0] == 0 and (sched[1:] == 7).all()
     assert dq_acc[n_dq].isnan().all()
     assert (dkv_acc[:n_kv] == 0).all() if zero_dkv else dkv_acc[:n_kv].isnan().all()
     assert dkv_acc[n_kv].isnan().all()
@@ -71,7 +69,7 @@ def _window_preprocess(g, zeroed, cu_q, cu_k, long_k):
     bw._bwd_preprocess[(bw.pre_programs(nq, H, 32, True),)](
         out, dout, delta, zeroed, sched, nq * H, out.stride(0), out.stride(1),
         dout.stride(0), dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
-        None, 0, nq * H, H=H, D=d, ROWS=32, ZERO_DQ=True, LONG_K=long_k)
+        None, 0, nq * H, H=H, D=d, ROWS=32, LONG_K=long_k)
     torch.testing.assert_close(delta, (out.float() * dout.float()).sum(-1).T, rtol=1e-5,
                                atol=1e-4)
     return sched

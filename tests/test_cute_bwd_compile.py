@@ -372,14 +372,14 @@ def test_bwd_pre_post_compile(tmp_path):
     under jagged.tiles.windows_direct dQ's own rows past the last sequence) and
     postprocess (slot sum, cast; key windows: the rows the accumulator holds) kernels;
     split tiles and windows: with their fp32 dK / dV zeroed and converted."""
-    _compile(tmp_path, "B.compile_preprocess(dt, 64, True); B.compile_preprocess(dt, 128, False); "
-                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N); "
-                       "B.compile_preprocess(dt, 128, True, 0, True); "
-                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True); "
-                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True); "
-                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, False, True); "
-                       "B.compile_preprocess(dt, 128, True, B.BLOCK_N, False, True, True); "
-                       "B.compile_preprocess(dt, 64, True, B.BLOCK_N, True, False, True); "
+    _compile(tmp_path, "B.compile_preprocess(dt, 64); B.compile_preprocess(dt, 128); "
+                       "B.compile_preprocess(dt, 128, B.BLOCK_N); "
+                       "B.compile_preprocess(dt, 128, 0, True); "
+                       "B.compile_preprocess(dt, 64, B.BLOCK_N, True); "
+                       "B.compile_preprocess(dt, 128, B.BLOCK_N, False, True); "
+                       "B.compile_preprocess(dt, 64, B.BLOCK_N, False, True); "
+                       "B.compile_preprocess(dt, 128, B.BLOCK_N, False, True, True); "
+                       "B.compile_preprocess(dt, 64, B.BLOCK_N, True, False, True); "
                        "B.compile_postprocess(dt); B.compile_postprocess(dt, False); "
                        "B.compile_postprocess(dt, True, True); "
                        "B.compile_post_rows(dt); B.compile_post_rows(dt, True, True); "
@@ -392,7 +392,7 @@ def test_bwd_preprocess_loads_ahead(tmp_path, D):
     """The preprocess's delta CTA (PRE_GROUPS row groups): every group's 16-byte loads of
     O and dO are issued before the first shuffle of a row's sum; spill-free."""
     from kernels_cute import bwd_hopper as B
-    path = _compile(tmp_path, f"B.compile_preprocess(dt, {D}, True)")
+    path = _compile(tmp_path, f"B.compile_preprocess(dt, {D})")
     if path is None:
         pytest.skip("compiled, but the DSL kept no PTX to inspect")
     ptx = open(path).read()

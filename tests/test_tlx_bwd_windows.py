@@ -165,7 +165,7 @@ def emulated_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
         p.out, p.dout, delta, zeroed, sched, n_q * H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, B, B.bit_length(),
         dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // D, n_q * H, H=H, D=D,
-        ROWS=rows, ZERO_DQ=True, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None,
+        ROWS=rows, LONG_K=bw.BLOCK_N, ZERO_DKV=dkv_acc is not None,
         CAUSAL=causal)
     if dlse is not None:
         delta -= dlse

@@ -174,8 +174,6 @@ def test_dq_accumulator_sched_buffer(bq):
     assert acc.shape == ((10, 4, 64) if not bq else (3, 7, 4, 64)) and acc.is_contiguous()
     assert grid == 132 and sched.numel() == 4 + 2 * grid
     assert sched.data_ptr() == acc.data_ptr() + acc.numel() * 4 and sched.data_ptr() % 16 == 0
-    if bq:  # the slots start zeroed (the packed accumulator is zeroed by the preprocess)
-        assert not acc.any()
 
 
 @pytest.mark.parametrize("block_m", [64, 80, 128])
