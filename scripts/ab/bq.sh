@@ -1,12 +1,20 @@
 #!/bin/bash
-# Broadcast-Q backward A/B: main's tree (.snap/main: git archive main | tar -x -C
-# .snap/main) against this one, then `harness profile` of B13 / B4 here with its replayed
-# kernels. After the stacks' activation (CuteDSL / FA4: the second run call):
-#   source .gpu2/activate.sh; bash scripts/ab/bq.sh
+# Broadcast-Q backward A/B, after the stacks' activation (CuteDSL / FA4: the second run
+# call): PART=ab main's tree (.snap/main: git archive main | tar -x -C .snap/main) against
+# this one over the fuzz broadcast-Q shapes; PART=prof `harness profile` of B13 / B4 here
+# with its replayed kernels, then the random GPU matrix's first problems and the packed
+# broadcast-Q cases.
+#   source .gpu2/activate.sh; PART=ab bash scripts/ab/bq.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 f="Warning\|exe_args\|warn\|run_backward"
-echo "== main:"; (cd .snap/main && PYTHONPATH=$PWD timeout 200 python3 ../../scripts/ab/bq_ab.py 3 2>&1 | grep -v "$f")
-echo "== this tree:"; PYTHONPATH=$PWD timeout 200 python3 scripts/ab/bq_ab.py 3 pdl 2>&1 | grep -v "$f"
-echo "== profile:"; timeout 150 python3 -m harness profile --suite fuzz --backends tlx,cute,fa4 \
-  --match "broadcast_q B13|broadcast_q B4 " --passes bwd 2>&1 | grep -v "$f"
+case ${PART:-ab} in
+ab)
+  echo "== main:"; (cd .snap/main && PYTHONPATH=$PWD timeout 280 python3 ../../scripts/ab/bq_ab.py 3 2>&1 | grep -v "$f")
+  echo "== this tree:"; PYTHONPATH=$PWD timeout 290 python3 scripts/ab/bq_ab.py 3 pdl 2>&1 | grep -v "$f" ;;
+prof)
+  timeout 200 python3 -m harness profile --suite fuzz --backends tlx,cute,fa4 \
+    --match "broadcast_q B13|broadcast_q B4 " --passes bwd 2>&1 | grep -v "$f"
+  JAGGED_MATRIX_N=30 timeout 330 python3 -m pytest -q -m gpu tests/test_gpu_matrix.py \
+    -k "broadcast_q_packed or (test_matrix and (tlx or cute))" -p no:cacheprovider 2>&1 | tail -15 ;;
+esac
