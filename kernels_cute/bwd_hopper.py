@@ -1612,8 +1612,9 @@ def _kernel_classes():
 
     # role: reduce_dq
     class PostFlat(CastDKV):
-        """Config.dq_flat's postprocess: a CTA an accumulator block (its sequence found
-        once, by a binary search of the offsets), its query heads one after another; two
+        """Config.dq_flat's postprocess: a CTA an accumulator block and query head (grid
+        [blocks, H]: a call of few blocks still fills the SMs; its sequence found by a
+        binary search of the offsets); two
         warpgroups of 128 threads, each thread with the accumulator fragment of the main
         kernel's compute thread of its index (`flat_copy` reads it in 16-byte loads), cast
         through the dQ wgmma's own partition into the block's rows in smem, then stored
@@ -1643,7 +1644,7 @@ def _kernel_classes():
             self.kernel(mdQacc, mdQ, mCuQ, scale, mdKVacc, mdK, mdV, n_kv_vec,
                         dq_mma(self.dtype, D, bm, self.dq_t), sO_layout,
                         SharedStorage).launch(
-                grid=[n_blocks, 1, 1], block=[128 * NUM_MMA_WG, 1, 1],
+                grid=[n_blocks, mdQ.shape[1], 1], block=[128 * NUM_MMA_WG, 1, 1],
                 smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
         @cute.kernel
@@ -1657,7 +1658,7 @@ def _kernel_classes():
             D, bm = self.D, self.bm
             cute.arch.griddepcontrol_wait()
             tidx = cute.arch.thread_idx()[0]
-            blk = cute.arch.block_idx()[0]
+            blk, h = cute.arch.block_idx()[0], cute.arch.block_idx()[1]
             H = mdQ.shape[1]
             # the sequence whose blocks hold blk: the last b with flat_block(cu[b], b) <= blk
             lo, hi = Int32(0), Int32(mCuQ.shape[0] - 2)
@@ -1680,28 +1681,27 @@ def _kernel_classes():
                 half = bm * D // NUM_MMA_WG
                 vpr = D // POST_VEC                       # 16-byte vectors a row
                 r = cute.make_rmem_tensor((POST_VEC,), self.dtype)
-                for h in cutlass.range(H, unroll=1):
-                    # this block and head's run: the warpgroups' buffers as its two columns
-                    run = (cutlass.Int64(blk) * H + h) * (bm * D)
-                    gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
-                                            cute.make_layout((half, NUM_MMA_WG)))
-                    tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
-                    cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
-                                                            cute.make_layout(tAg.shape)))
-                    cute.arch.sync_threads()              # the last head's rows are out
-                    tOsO.store((acc.load() * scale).to(self.dtype))
-                    cute.arch.sync_threads()
-                    for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
-                        row, c = v // vpr, v % vpr
-                        if row < rows:
-                            cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,),
-                                                              (c,)), r)
-                            cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
-                                                                 (POST_VEC,), (c,)))
+                # this block and head's run: the warpgroups' buffers as its two columns
+                run = (cutlass.Int64(blk) * H + h) * (bm * D)
+                gAcc = cute.make_tensor(aligned(mdQacc.iterator + run, 16),
+                                        cute.make_layout((half, NUM_MMA_WG)))
+                tAg = flat_copy(128, NUM_MMA_WG).get_slice(tidx).partition_S(gAcc)
+                cute.autovec_copy(tAg, cute.make_tensor(acc.iterator,
+                                                        cute.make_layout(tAg.shape)))
+                tOsO.store((acc.load() * scale).to(self.dtype))
+                cute.arch.sync_threads()
+                for v in cutlass.range(tidx, bm * vpr, 128 * NUM_MMA_WG, unroll=1):
+                    row, c = v // vpr, v % vpr
+                    if row < rows:
+                        cute.autovec_copy(cute.local_tile(sO[row, None], (POST_VEC,), (c,)),
+                                          r)
+                        cute.autovec_copy(r, cute.local_tile(mdQ[row0 + row, h, None],
+                                                             (POST_VEC,), (c,)))
             if const_expr(self.dkv):
                 nt = 128 * NUM_MMA_WG
-                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, blk * nt + tidx,
-                              cute.arch.grid_dim()[0] * nt)
+                nx = cute.arch.grid_dim()[0]
+                self.cast_dkv(mdKVacc, mdK, mdV, n_kv_vec, (h * nx + blk) * nt + tidx,
+                              nx * cute.arch.grid_dim()[1] * nt)
 
     return Preprocess, BwdMain, Postprocess, PostRows, PostFlat
 

@@ -427,9 +427,10 @@ def test_bwd_post_rows_searches_ahead(tmp_path, dkv, causal):
                                           (64, False, False)])
 def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
     """PostFlat of each dq_flat step (D = 128: 80 rows dQ^T, 64 rows causal; D = 64:
-    128 rows), with the split tiles' dK / dV share (CastDKV): spill-free; a thread's
-    accumulator fragment in bm * D / 1024 16-byte loads, the rows out in 16-byte stores
-    (to the sequence's end: one predicated st.global.v4 in a loop), none per element."""
+    128 rows), with the split tiles' dK / dV share (CastDKV): spill-free; a CTA a block
+    and query head (the head its grid's y); a thread's accumulator fragment in bm * D /
+    1024 16-byte loads, the rows out in 16-byte stores (to the sequence's end: one
+    predicated st.global.v4 in a loop), none per element."""
     from kernels_cute import bwd_hopper as B
     cfg = B.pick_config(D, 4096.0, causal)
     assert cfg.dq_flat
@@ -443,6 +444,7 @@ def test_bwd_post_flat_compile(tmp_path, D, causal, dkv):
     assert _count(r"st\.global\.v4\.b32", ptx) == 1 + dkv * 2
     assert not re.search(r"st\.global(\.\w+)?\.(b16|u16)", ptx)
     assert _count(r"griddepcontrol\.wait;", ptx) == 1
+    assert "%ctaid.y" in ptx and "%nctaid.y" in ptx if dkv else "%ctaid.y" in ptx
     res = _ptxas(path)
     assert res is None or res[1] == 0, res
 
