@@ -168,6 +168,10 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
 # call on the H200 node) exceeded the kernels' own time at short sequences (PERF.md)
 SORT_MAX = 4096
 NB_MAX = 4096
+# the sorted sequences' runs of blocks are written SORT_LANES pairs at a time: RUN blocks
+# of each of BLOCK sequences (a block a sequence at a time took one step per block of
+# the longest sequence: 18 us of a replayed 0.2 ms backward at fuzz B13 H2/2 512 / 16384)
+SORT_LANES = 2048
 
 
 def sort_launch(batch: int, nb: int) -> dict:
@@ -176,7 +180,8 @@ def sort_launch(batch: int, nb: int) -> dict:
     steps (sorted by torch.sort afterwards)."""
     if batch <= SORT_MAX and nb <= NB_MAX:
         block = next_pow2(max(batch, 128))
-        return dict(BLOCK=block, SORT=True, num_warps=min(8, max(4, block // 256)))
+        return dict(BLOCK=block, SORT=True, RUN=max(1, SORT_LANES // block),
+                    num_warps=min(8, max(4, block // 256)))
     return dict(BLOCK=1024, SORT=False, num_warps=4)
 
 
@@ -249,12 +254,14 @@ def _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _store_pairs(pair, keys_ptr, tiles_ptr, i, m, n_stride, NB, KV_TILES: tl.constexpr):
-    """Sorted pairs at positions i: the forward's int64 keys, or the backward's tiles."""
+def _store_pairs(b, blk, keys_ptr, tiles_ptr, i, m, n_stride, NB, KV_TILES: tl.constexpr):
+    """Sorted pairs (sequence b, block blk) at positions i: the forward's int64 keys (the
+    pair b * NB + blk), or the backward's tiles (b and blk as they are: no division)."""
     if KV_TILES:
-        _store_tiles(pair, tiles_ptr, i, m, n_stride, NB)
+        tl.store(tiles_ptr + i, b, mask=m)
+        tl.store(tiles_ptr + n_stride + i, blk, mask=m)
     else:
-        tl.store(keys_ptr + i, pair.to(tl.int64), mask=m)
+        tl.store(keys_ptr + i, (b * NB + blk).to(tl.int64), mask=m)
 
 
 @triton.jit
@@ -269,7 +276,7 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
                       n_q, n_k, max_q, max_k,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr,
+                      BLOCK: tl.constexpr, SORT: tl.constexpr, RUN: tl.constexpr = 1,
                       CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
@@ -277,9 +284,9 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
 
     SORT (at most BLOCK sequences): every real tile of a sequence has its sequence's work,
     so the sequences are sorted, by the int32 key work << log2(BLOCK) | ~b descending
-    (longest first, ties by sequence), and each is written out as its run of blocks:
-    ascending, except the causal forward's (last block first). The padding pairs follow
-    in pair order. The list equals a sort of every pair by its key (`_pair_work`, the
+    (longest first, ties by sequence), and each is written out as its run of blocks, RUN
+    blocks of every sequence a step: ascending, except the causal forward's (last block
+    first). The padding pairs follow in pair order. The list equals a sort of every pair by its key (`_pair_work`, the
     order `longest_first_tiles` and `kv_tiles_reference` give) at a fraction of the
     cost: a 2304- / 4608-pair forward list at gem 256 / 512, sparsity 0.1, took 17 / 52 us
     sorted pair by pair. Else the int64 key -work << 32 | pair of every pair, 1024 at a
@@ -308,22 +315,26 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
             sb = BLOCK - 1 - (key & (BLOCK - 1))  # the sequences, longest first
             sn, _ = _seq_tiles(sb, sb < n_seq, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N,
                                CAUSAL, BROADCAST_Q, KV_TILES)
-            start = tl.cumsum(sn, 0) - sn
-            for j in range(0, NB):
+            start = _per_run(tl.cumsum(sn, 0) - sn, RUN)
+            sb, sn = _per_run(sb, RUN), _per_run(sn, RUN)
+            for j0 in range(0, NB, RUN):
+                j = _run_blocks(j0, RUN)
                 if CAUSAL and not KV_TILES:
                     blk = sn - 1 - j
                 else:
                     blk = j + sb * 0
-                _store_pairs(sb * NB + blk, keys_ptr, tiles_ptr, start + j, j < sn, n_stride, NB,
-                             KV_TILES)
+                _store_pairs(sb + j * 0, blk, keys_ptr, tiles_ptr, start + j, j < sn, n_stride,
+                             NB, KV_TILES)
             # the padding pairs (recounted: fewer live registers across the loops)
             n, _ = _seq_tiles(b, inb, cu_q, cu_k, n_pairs, NB, L_q, BLOCK_M, BLOCK_N, CAUSAL,
                               BROADCAST_Q, KV_TILES)
             pad = tl.where(inb, NB - n, 0)
-            pad_start = total + tl.cumsum(pad, 0) - pad - n
-            for j in range(0, NB):
-                _store_pairs(b * NB + j, keys_ptr, tiles_ptr, pad_start + j, inb & (j >= n),
-                             n_stride, NB, KV_TILES)
+            pad_start = _per_run(total + tl.cumsum(pad, 0) - pad - n, RUN)
+            b2, n, live = _per_run(b, RUN), _per_run(n, RUN), _per_run(inb, RUN)
+            for j0 in range(0, NB, RUN):
+                j = _run_blocks(j0, RUN)
+                _store_pairs(b2 + j * 0, j + b2 * 0, keys_ptr, tiles_ptr, pad_start + j,
+                             live & (j >= n) & (j < NB), n_stride, NB, KV_TILES)
         else:
             total = 0
             for start in range(0, n_pairs, BLOCK):
@@ -338,6 +349,25 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         if not KV_TILES:  # the forward's tile counter and finished programs (fwd_sched)
             tl.store(count_ptr + 1, 0)
             tl.store(count_ptr + 2, 0)
+
+
+@triton.jit
+def _per_run(x, RUN: tl.constexpr):
+    """A sequence's value beside its RUN blocks of a step (1: the lanes stay sequences,
+    whose 1-D layout the 4096-sequence sorts need to stay spill-free)."""
+    if RUN > 1:
+        return x[:, None]
+    else:
+        return x
+
+
+@triton.jit
+def _run_blocks(j0, RUN: tl.constexpr):
+    """The blocks [j0, j0 + RUN) of every sequence's run (`_per_run`'s shape)."""
+    if RUN > 1:
+        return j0 + tl.arange(0, RUN)[None, :]
+    else:
+        return j0
 
 
 @triton.jit

@@ -234,12 +234,14 @@ def test_portable_fwd_compiles(arch, d, causal, dense_q, window):
     assert rep.has_mma and not rep.spills, rep.row()
 
 
-# batch 1152 and 4096 sort in the kernel, 4097 loops; in CI the largest in-kernel sort
-# (fwd) and the loop (bwd)
+# batch 1152 and 4096 sort in the kernel, 4097 loops, 13 writes runs of 16 blocks; in CI
+# the largest in-kernel sort (fwd), the loop (bwd) and the runs (broadcast-Q bwd)
 @pytest.mark.parametrize("which,batch,nb,causal,bq", ci_first(
-    [(w, b, n, c, q) for w in ("fwd", "bwd") for b, n in ((1152, 4), (4096, 2), (4097, 1))
+    [(w, b, n, c, q) for w in ("fwd", "bwd")
+     for b, n in ((1152, 4), (4096, 2), (4097, 1), (13, 128))
      for c, q in ((False, False), (True, False), (True, True))],
-    [("fwd", 4096, 2, True, True), ("bwd", 4097, 1, False, False)]))
+    [("fwd", 4096, 2, True, True), ("bwd", 4097, 1, False, False),
+     ("bwd", 13, 128, False, True)]))
 def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     """The tile-key kernels compile for the GPU with the launch options they get, and do
     not spill (the interpreter accepts more, e.g. non-constexpr globals, so the CPU
@@ -254,6 +256,7 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
                max_q="i32", max_k="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
                  KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"],
+                 RUN=opts.get("RUN", 1),
                  CHECK=check.get("CHECK", False), PDL=True)
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],

@@ -91,6 +91,30 @@ def test_kv_tiles_match_reference(causal, bq):
     assert all(t[i] == t[i - 1] + 1 for i in range(1, n) if b[i] == b[i - 1])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_lists_in_runs_of_blocks(monkeypatch, causal):
+    """The in-kernel sort writes each sequence's run of blocks RUN blocks a step
+    (jagged.tiles.SORT_LANES / BLOCK): with two a step, sequences of up to 11 blocks take
+    several steps, the last one partly past the run; both lists still equal their
+    references, padding included."""
+    import jagged.tiles as T
+    monkeypatch.setattr(T, "SORT_LANES", 256)
+    assert T.sort_launch(19, 11)["RUN"] == 2
+    g = torch.Generator().manual_seed(5 + causal)
+    lq = torch.randint(0, 700, (19,), generator=g)
+    lk = torch.randint(0, 1400, (19,), generator=g)
+    lq[:2], lk[2:4] = torch.tensor([0, 700]), torch.tensor([0, 1400])
+    cq, ck = offsets(lq), offsets(lk)
+    args = (cq, ck, 19, 700, None, 64, 128, causal)  # 11 query blocks of 64
+    pairs, count, _ = build_tiles(*args)
+    ref, ref_count, _ = longest_first_tiles(*args)
+    assert int(count) == int(ref_count) and torch.equal(pairs & 0xFFFFFFFF, ref.long())
+    kv = (cq, ck, 0, 1400, causal, 64, 128)  # 11 KV blocks of 128
+    got, want = T.kv_tiles(*kv), T.kv_tiles_reference(*kv)
+    assert int(got[2]) == int(want[2])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_fwd_tiles_causal_order_by_sequence():
     """Causal forward lists keep a sequence's query blocks together, last (longest)
     first, sequences by their KV length; without causal masking, longest first."""
