@@ -976,7 +976,7 @@ def test_host_backward_launches_windows(monkeypatch, kind):
             direct = kind == "direct" and not bq
             assert len(calls) == (2 if direct else 3)
             (pre, pre_args), (main, args) = calls[:2]
-            assert pre == (q.dtype, D, not bq, B.BLOCK_N if windows else 0, False, direct,
+            assert pre == (q.dtype, D, B.BLOCK_N if windows else 0, False, direct,
                            windows and causal)
             B_ = len(lk)
             assert pre_args[7] == pre_args[3].shape[0]   # n_dq_rows: the zeroed tensor's
@@ -1156,7 +1156,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     acc_k, acc_v = args[7], args[8]
     assert acc_k.dtype == acc_v.dtype == torch.float32 and acc_k.shape == k.shape
     assert acc_v.data_ptr() == acc_k.data_ptr() + acc_k.numel() * 4
-    assert pre == (q.dtype, D, True, 0, True, False, False)
+    assert pre == (q.dtype, D, 0, True, False, False)
     assert post == (q.dtype, D, cfg.block_m, cfg.dq_t, True, True)
     assert pa[-2].data_ptr() == acc_k.data_ptr() and pa[-2].shape == (2 * n * HKV, D)
     assert pa[-1] == 2 * n * HKV
@@ -1205,7 +1205,7 @@ def test_host_backward_launches_flat(monkeypatch):
         (pre, ra), (main, args), (post, pa) = calls
         cfg = main[4]
         acc = args[6]
-        assert pre == (q.dtype, D, True, 0, False, False, False)
+        assert pre == (q.dtype, D, 0, False, False, False)
         assert ra[3].data_ptr() == acc.data_ptr() and ra[5:7] == (n * H, H)
         assert ra[7] == acc.shape[0] * H       # every accumulator row zeroed
         if bm:
@@ -1230,5 +1230,5 @@ def test_host_backward_launches_flat(monkeypatch):
                   0.125, False)
     (pre, ra), (main, args), (post, pa) = calls
     assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
-    assert pre[3] == B.BLOCK_N and ra[7] == n_q * H
+    assert pre[2] == B.BLOCK_N and ra[7] == n_q * H
     assert post == (q.dtype, True, False, False) and pa[2:4] == (cu_q, cu_k)
