@@ -286,11 +286,11 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
     so the sequences are sorted, by the int32 key work << log2(BLOCK) | ~b descending
     (longest first, ties by sequence), and each is written out as its run of blocks, RUN
     blocks of every sequence a step: ascending, except the causal forward's (last block
-    first). The padding pairs follow in pair order. The list equals a sort of every pair by its key (`_pair_work`, the
-    order `longest_first_tiles` and `kv_tiles_reference` give) at a fraction of the
-    cost: a 2304- / 4608-pair forward list at gem 256 / 512, sparsity 0.1, took 17 / 52 us
-    sorted pair by pair. Else the int64 key -work << 32 | pair of every pair, 1024 at a
-    time, into keys_ptr (ascending = the same order).
+    first). The padding pairs follow in pair order. The list equals a sort of every pair
+    by its key (`_pair_work`, the order `longest_first_tiles` and `kv_tiles_reference`
+    give) at a fraction of the cost: a 2304- / 4608-pair forward list at gem 256 / 512,
+    sparsity 0.1, took 17 / 52 us sorted pair by pair. Else the int64 key -work << 32 |
+    pair of every pair, 1024 at a time, into keys_ptr (ascending = the same order).
 
     CHECK: the offsets check first (jagged.offsets, the forward's `check=`; the launch
     compiles its asserts in), and nothing written from offsets that fail it. PDL: the
