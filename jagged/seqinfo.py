@@ -92,6 +92,22 @@ def sequence_of(token, cu, B, steps):  # role: schedule
 
 
 @triton.jit
+def dq_accumulated(cu_q, cu_k, B, seq, tok, LONG_K: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key windows: whether packed query rows `tok` of sequences `seq` (`sequence_of`'s; B:
+    past the last) take their dQ from the fp32 accumulator: rows past the last sequence
+    (zeros), rows of a sequence of more than LONG_K keys (its key blocks windows of their
+    own) or, CAUSAL, rows that see no key of their sequence (zeros: a window's walk
+    starts past its first sequence's). CuteDSL's `seqinfo.dq_accumulated`."""
+    real = seq < B
+    keys = (tl.load(cu_k + seq + 1, mask=real, other=0)
+            - tl.load(cu_k + seq, mask=real, other=0))
+    acc = ~real | (keys > LONG_K)
+    if CAUSAL:  # bottom-right: a key from the sequence's last `keys` rows on
+        acc = acc | (tok < tl.load(cu_q + seq + 1, mask=real, other=0) - keys)
+    return acc
+
+
+@triton.jit
 def row_kv_range(cu_q, cu_k, seq, rows, CAUSAL: tl.constexpr):
     """[lo, hi): the packed key columns packed query row `rows` (of sequence `seq`, both
     blocks) sees: its sequence's keys, CAUSAL up to row - q_end + k_end (bottom-right:

@@ -126,7 +126,7 @@ def dq_accumulated(cu_q, cu_k, B, seq, tok, long_k: int, causal: bool):
     B: past the last) takes its dQ from the fp32 accumulator: a row past the last sequence
     (zeros), a row of a sequence of more than long_k keys (its key blocks windows of their
     own) or, causal, a row that sees no key of its sequence (zeros: a window's walk starts
-    past its first sequence's). TLX's `_accumulated` after its search."""
+    past its first sequence's). jagged.seqinfo.dq_accumulated's twin."""
     last = _min(seq, B - 1)                 # an in-bounds read past the last one
     keys = cu_k[last + 1] - cu_k[last]
     acc = (seq == B) | (keys > long_k)

@@ -108,7 +108,8 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_visible, col_q_range, row_seq, sequence_of
+from jagged.seqinfo import (causal_visible, col_q_range, dq_accumulated, row_seq,
+                            sequence_of)
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
                           dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
@@ -351,13 +352,7 @@ def _accumulated(cu_q_ptr, cu_k_ptr, B, tok, ROUNDS, LONG_K: tl.constexpr,
     schedule.kv_window_coords). Every other row's sequence is whole in one window
     (jagged.tiles.windows), which stores its dQ (`_store_dq`)."""
     seq = sequence_of(tok, cu_q_ptr, B, ROUNDS)
-    real = seq < B
-    keys = (tl.load(cu_k_ptr + seq + 1, mask=real, other=0)
-            - tl.load(cu_k_ptr + seq, mask=real, other=0))
-    acc = ~real | (keys > LONG_K)
-    if CAUSAL:  # bottom-right: row tok sees a key from the sequence's last `keys` rows on
-        acc = acc | (tok < tl.load(cu_q_ptr + seq + 1, mask=real, other=0) - keys)
-    return acc
+    return dq_accumulated(cu_q_ptr, cu_k_ptr, B, seq, tok, LONG_K, CAUSAL)
 
 
 @triton.jit
