@@ -244,7 +244,7 @@ def chart(rows, path) -> Path:
         for c in ROLE_NAMES:
             s[c] += r[c]
     names = list(stylesum)
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.8))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 2.4))
     left = [0] * len(names)
     for i, role in enumerate(ROLE_NAMES):
         vals = [stylesum[n][role] for n in names]
@@ -252,7 +252,9 @@ def chart(rows, path) -> Path:
         left = [a + b for a, b in zip(left, vals)]
     ax.invert_yaxis()
     ax.set_xlabel("code lines (no blanks, comments, docstrings)")
-    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    # below the axes: a longest bar (FA4's) reaches the right edge, where it would sit
+    ax.legend(ncol=len(ROLE_NAMES) // 2 + 1, fontsize=8, loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), frameon=False)
     ax.grid(True, axis="x", alpha=0.35)
     ax.set_title("Code by role")
     fig.tight_layout()
