@@ -8,7 +8,8 @@
 # f: the fuzz backwards' worst shapes end to end after the list runs and the
 #    preprocess's broadcast-Q zeroing (harness profile: eager, replayed and the replayed
 #    graph's kernels), TLX / CuteDSL / FA4; then the list kernels alone against main's
-#    tree before them (branch win-runs' scripts/ab/list.sh, .snap/main of d453c91~1)
+#    tree before them (branch win-runs' scripts/ab/list.sh, .snap/main of d453c91~1);
+#    then ncu of TLX's and CuteDSL's broadcast-Q B13 main kernels
 # e2: the fuzz backward of seed 0's shapes of 2048 query rows and more, TLX / CuteDSL /
 #    FA4, eager and replayed (their rows predate the launch plans' and windows' host
 #    work; the shapes of up to 1024 rows ran on an H100 at cf44df5, reports/h100)
@@ -29,7 +30,10 @@ case ${PART:-f} in
 f)
   timeout 300 python3 -m harness profile --suite fuzz --backends tlx,cute,fa4 --passes bwd \
     --match "broadcast_q B13|cross B24 H2/2 D64|self B24 H2/2 D128|broadcast_q B4 " 2>&1 \
-    | grep -v "Warning\|exe_args\|warn\|run_backward" ;;
+    | grep -v "Warning\|exe_args\|warn\|run_backward"
+  # CuteDSL's broadcast-Q main kernel took ~10 % longer than TLX's at B13: where its warps wait
+  timeout 280 python3 -m harness.gpu.ncu_sass run --backends tlx,cute --passes bwd --suite fuzz \
+    --match "broadcast_q B13" --out $OUT/ncu 2>&1 | grep -v "Warning\|exe_args\|warn" | tail -60 ;;
 c)
   (timeout 300 python3 -m harness bench --backends tlx,cute,fa4 --passes fwd --warm 8 \
      --suite varlen-llm,llm-dense --match "B20 |D64 Lq16384|D64 Lq8192|H16/16 D64 Lq2048 Lk2048 s1 bf16|B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal" \
