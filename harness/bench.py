@@ -327,8 +327,8 @@ def time_ms(fn, quick: bool) -> float:
 
 
 def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None,
-                  stream=None) -> float | None:
-    """`timer` (default `time_ms`) of replaying `fn` captured in a CUDA graph (how a
+                  stream=None):
+    """`timer(replay, quick)` (default `time_ms`: ms) of `fn` captured in a CUDA graph (how a
     decode loop or a captured training step runs: no host work per call); None where
     the call cannot be captured (the reason appended to `why`). `stream`: the stream to
     warm up and capture on (default a new one). Every capture draws on one memory pool

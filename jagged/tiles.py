@@ -258,17 +258,16 @@ def _store_pairs(b, blk, keys_ptr, tiles_ptr, i, m, n_stride, NB, KV_TILES: tl.c
     """Sorted pairs (sequence b, block blk) at positions i: the forward's int64 keys (the
     pair b * NB + blk), or the backward's tiles (b and blk as they are: no division)."""
     if KV_TILES:
-        tl.store(tiles_ptr + i, b, mask=m)
-        tl.store(tiles_ptr + n_stride + i, blk, mask=m)
+        _store_tiles(b, blk, tiles_ptr, i, m, n_stride)
     else:
         tl.store(keys_ptr + i, (b * NB + blk).to(tl.int64), mask=m)
 
 
 @triton.jit
-def _store_tiles(pair, out_ptr, i, m, n_stride, NB):
-    """Sorted pairs -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
-    tl.store(out_ptr + i, pair // NB, mask=m)
-    tl.store(out_ptr + n_stride + i, pair % NB, mask=m)
+def _store_tiles(b, blk, out_ptr, i, m, n_stride):
+    """Tiles (sequence b, block blk) -> tile_b (out[i]) and tile_n (out[n_stride + i])."""
+    tl.store(out_ptr + i, b, mask=m)
+    tl.store(out_ptr + n_stride + i, blk, mask=m)
 
 
 @triton.jit
@@ -375,7 +374,7 @@ def _kv_decode_kernel(keys_ptr, out_ptr, n_pairs, n_stride, NB, BLOCK: tl.conste
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_pairs
     pair = (tl.load(keys_ptr + i, mask=m, other=0) & 0xFFFFFFFF).to(tl.int32)
-    _store_tiles(pair, out_ptr, i, m, n_stride, NB)
+    _store_tiles(pair // NB, pair % NB, out_ptr, i, m, n_stride)
 
 
 # Tile lists (and the offsets checks, jagged.validate) are reused while their offsets are

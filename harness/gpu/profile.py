@@ -21,7 +21,8 @@ from collections import defaultdict
 
 import torch
 
-from ..bench import _time, call_kw, default_device, host_ms, pass_call, run_problem
+from ..bench import (_time, call_kw, default_device, graph_time_ms, host_ms, pass_call,
+                     run_problem)
 from ..problems import Problem
 
 
@@ -85,28 +86,19 @@ def calling_thread_ms(call, n: int) -> float:
 
 def replay_times(fn, inp, pass_: str, kw, n: int) -> tuple[float | None, dict[str, float]]:
     """(do_bench ms of the call replayed from a CUDA graph, mean GPU time per replay of
-    each kernel in it), captured as the sweep's graph_ms is (`harness.bench`): the graph
-    holds what a captured call runs, the tile lists too (an eager call reuses them), and
-    the replayed time less the kernels' sum is their launches' gaps. (None, {}) where the
-    call cannot be captured."""
+    each kernel in it), captured as the sweep's graph_ms is (`harness.bench`'s
+    graph_time_ms, on the stream the call is made on): the graph holds what a captured
+    call runs, the tile lists too (an eager call reuses them), and the replayed time less
+    the kernels' sum is their launches' gaps. (None, {}) where the call cannot be
+    captured."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         call, _ = pass_call(fn, inp, pass_, kw)
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, stream=side):
-            call()
-        _sync()
-    except Exception:  # a call that syncs or copies from the host: nothing to replay
-        _sync()
-        return None, {}
-    try:
-        return _time(graph.replay, False), kernel_times(graph.replay, n)
-    finally:
-        graph.reset()
+    got = graph_time_ms(call, False, lambda replay, quick: (_time(replay, quick),
+                                                            kernel_times(replay, n)),
+                        stream=side)
+    return got or (None, {})
 
 
 def profile_one(fn, p: Problem, pass_: str, n: int = 10, host: bool = False) -> dict:
