@@ -2,6 +2,7 @@
 against a plain launch after it (main): run in each tree (PYTHONPATH at it), fuzz seed 0
 shapes whose backward builds a KV list; every backend oracle-gated on the whole problem,
 then timed in rounds (eager and replayed, the sweep's _bench_pass), FA4 beside."""
+import os
 import sys
 
 from harness import backends
@@ -11,8 +12,9 @@ from harness.suites import suite
 
 MATCH = ["broadcast_q B13", "broadcast_q B4 ", "cross B24 H2/2 D64", "self B62 H4/1",
          "cross B2 H16/8 D128", "self B40 H8/8 D64", "self B136"]
+MATCH = os.environ["AB_MATCH"].split("|") if "AB_MATCH" in os.environ else MATCH
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-fns = {n: backends.get(n).fn() for n in ("tlx", "cute", "fa4")}
+fns = {n: backends.get(n).fn() for n in os.environ.get("AB_BACKENDS", "tlx,cute,fa4").split(",")}
 for p in (p for p in suite("fuzz") if any(m in p.label() for m in MATCH)):
     kw = call_kw(p)
     inp = p.build("cuda")
