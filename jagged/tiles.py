@@ -168,10 +168,16 @@ def seq_lens(cu_q, cu_k, b, inb, L_q, BROADCAST_Q: tl.constexpr):
 # call on the H200 node) exceeded the kernels' own time at short sequences (PERF.md)
 SORT_MAX = 4096
 NB_MAX = 4096
-# the sorted sequences' runs of blocks are written SORT_LANES pairs at a time: RUN blocks
-# of each of BLOCK sequences (a block a sequence at a time took one step per block of
-# the longest sequence: 18 us of a replayed 0.2 ms backward at fuzz B13 H2/2 512 / 16384)
-SORT_LANES = 2048
+# the list kernels store runs RUN_LANES entries a step: RUN blocks of each of BLOCK sorted
+# sequences (`_tile_keys_kernel`), RUN windows of each of SEQS groups (`_groups`); a
+# block a sequence at a time took one step per block of the longest sequence: 18 us of a
+# replayed 0.2 ms backward at fuzz B13 H2/2 512 / 16384
+RUN_LANES = 2048
+
+
+def _run(lanes: int) -> int:
+    """RUN of a list kernel over `lanes` sequences or groups (RUN_LANES)."""
+    return max(1, RUN_LANES // lanes)
 
 
 def sort_launch(batch: int, nb: int) -> dict:
@@ -180,7 +186,7 @@ def sort_launch(batch: int, nb: int) -> dict:
     steps (sorted by torch.sort afterwards)."""
     if batch <= SORT_MAX and nb <= NB_MAX:
         block = next_pow2(max(batch, 128))
-        return dict(BLOCK=block, SORT=True, RUN=max(1, SORT_LANES // block),
+        return dict(BLOCK=block, SORT=True, RUN=_run(block),
                     num_warps=min(8, max(4, block // 256)))
     return dict(BLOCK=1024, SORT=False, num_warps=4)
 
@@ -594,14 +600,15 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, c
                     n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
                     BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
-                    SORT: tl.constexpr = False,
+                    SORT: tl.constexpr = False, RUN: tl.constexpr = 1,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: windows of whole sequences (`windows`), packed greedily in sequence
     order within runs of SEQS - 1 sequences (`_groups`, one run a pass, in registers; a
     run's end also ends a group). A group of g rows holds max(cdiv(g, BLOCK_M), 1)
     windows: one, or the BLOCK_M-row blocks of one longer sequence (SPAN >= cdiv(max
     length, BLOCK_M)); a group of empty sequences one too, so every sequence is in a
-    window. ROUNDS >= bit_length(min(B, SEQS - 1)). ORDER: then the window tile list
+    window, stored RUN windows of every group a step (RUN_LANES). ROUNDS >=
+    bit_length(min(B, SEQS - 1)). ORDER: then the window tile list
     (`window_tiles`) from them. CHECK: the offsets check first (cu: cu_seqlens_q; as
     _tile_keys_kernel's); PDL as _tile_keys_kernel's."""
     if PDL:
@@ -612,7 +619,8 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, c
     if ok:
         n_live = 0
         for c0 in range(0, B, SEQS - 1):
-            n_live = _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M, SEQS)
+            n_live = _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M, SEQS,
+                             RUN)
         n_live = tl.minimum(n_live, n_win)
         for w0 in range(n_live, n_win, SEQS):  # dead windows
             w = w0 + tl.arange(0, SEQS)
@@ -627,7 +635,7 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, c
 
 @triton.jit
 def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constexpr,
-            SEQS: tl.constexpr):
+            SEQS: tl.constexpr, RUN: tl.constexpr):
     """The groups of sequences c0 .. c0 + n - 1 (n = min(B - c0, SEQS - 1)), lane i
     sequence c0 + i, lane n the run's end: lane i finds next(i), the first sequence that
     would take a group from i past BLOCK_M rows (a binary search; i + 1 at least); the
@@ -662,12 +670,15 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
     start = tl.load(cu + c0 + first, mask=head, other=0)           # first, t <= n
     n_w = tl.where(head, tl.maximum(tl.cdiv(tl.load(cu + c0 + t, mask=head, other=0) - start,
                                             BLOCK_M), 1), 0)
-    base = n_live + tl.cumsum(n_w, 0) - n_w
-    for j in range(0, SPAN):
+    base = _per_run(n_live + tl.cumsum(n_w, 0) - n_w, RUN)
+    run_w, first, t = _per_run(n_w, RUN), _per_run(first, RUN), _per_run(t, RUN)
+    start = _per_run(start, RUN)
+    for j0 in range(0, SPAN, RUN):  # RUN windows of every group a step
+        j = _run_blocks(j0, RUN)
         w = base + j
-        keep = (j < n_w) & (w < n_win)
-        tl.store(win_ptr + w, c0 + first, mask=keep)
-        tl.store(win_ptr + n_win + w, c0 + t - 1, mask=keep)
+        keep = (j < run_w) & (w < n_win)
+        tl.store(win_ptr + w, c0 + first + j * 0, mask=keep)
+        tl.store(win_ptr + n_win + w, c0 + t - 1 + j * 0, mask=keep)
         tl.store(win_ptr + 2 * n_win + w, start + j * BLOCK_M, mask=keep)
     return n_live + tl.sum(n_w, 0)
 
@@ -749,7 +760,7 @@ def _build_windows(cu_q, _cu, n_rows, max_len, block_m):
     B, n_win, span, rounds, seqs = _window_sizes(cu_q, n_rows, max_len, block_m)
     out = torch.empty(3, n_win, dtype=torch.int32, device=cu_q.device)
     fast(_windows_kernel)[(1,)](cu_q, out, None, None, B, n_win, span, rounds, None, 0, 0,
-                                0, 0, BLOCK_M=block_m, SEQS=seqs, ORDER=False,
+                                0, 0, BLOCK_M=block_m, SEQS=seqs, ORDER=False, RUN=_run(seqs),
                                 num_warps=_group_warps(seqs))
     return out
 
@@ -778,7 +789,7 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     sizes, checked = checked_launch(check)
     fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win, span, rounds, cu_k,
                                 *sizes, BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
-                                BLOCK=block, SORT=sort,
+                                BLOCK=block, SORT=sort, RUN=_run(seqs),
                                 num_warps=_group_warps(max(block, seqs)), PDL=PDL, **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
 

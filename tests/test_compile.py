@@ -280,14 +280,14 @@ def test_windows_kernel_sm90(order, block, sort, seqs):
     """The window builder (portable windows; with ORDER the Hopper kernels' window list,
     sorted up to 4096 windows, which checks the offsets) compiles for the GPU without
     spills, `seqs` sequences a pass in registers."""
-    from jagged.tiles import _group_warps, _windows_kernel, checked_launch
+    from jagged.tiles import _group_warps, _run, _windows_kernel, checked_launch
     check = checked_launch((1, 1, 1, 1) if order else None)[1]
     sig = dict(cu="*i32", win_ptr="*i32", order_ptr="*i32" if order else "constexpr",
                count_ptr="*i32" if order else "constexpr", B="i32", n_win="i32",
                SPAN="i32", ROUNDS="i32", cu_k="*i32" if order else "constexpr", n_q="i32",
                n_k="i32", max_q="i32", max_k="i32")
     const = dict(BLOCK_M=128, SEQS=seqs, ORDER=order, BLOCK_N=64, BLOCK=block, SORT=sort,
-                 CHECK=check.get("CHECK", False), PDL=order)
+                 RUN=_run(seqs), CHECK=check.get("CHECK", False), PDL=order)
     if not order:
         const.update(order_ptr=None, count_ptr=None, cu_k=None)
     sig.update({k: "constexpr" for k in const})

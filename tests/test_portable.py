@@ -183,11 +183,14 @@ def _col_probe(cu_q, cu_k, win, out, n_win, BN: tl.constexpr, CAUSAL: tl.constex
     tl.store(out + 2 * n_win * BN + cols, hi, mask=own)
 
 
+@pytest.mark.parametrize("lanes", [2048, 256])
 @pytest.mark.parametrize("runs", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
+def test_windows_pack_whole_sequences(monkeypatch, seed, runs, lanes):
     """tiles.windows (one program: a search a sequence, pointer doubling over the groups
-    in registers; runs: batches over several of its passes, as beyond GROUP_SEQS) against
+    in registers; runs: batches over several of its passes, as beyond GROUP_SEQS; lanes:
+    RUN_LANES, 256 storing two windows of every group a step at 128 sequences a pass, one
+    at 512, so longer sequences' windows take several steps) against
     the greedy packing done one sequence at a time, on random batches: empty sequences in
     runs, sequences of exactly a block, longer ones (their blocks windows of their own),
     one sequence, rows past the last sequence; every window within a block and within the
@@ -197,6 +200,7 @@ def test_windows_pack_whole_sequences(monkeypatch, seed, runs):
     from jagged.tiles import window_count, windows, windows_reference
     if runs:  # passes of 15 sequences
         monkeypatch.setattr(jagged.tiles, "GROUP_SEQS", 16)
+    monkeypatch.setattr(jagged.tiles, "RUN_LANES", lanes)
     rng = random.Random(seed)
     for _ in range(6):
         BM = rng.choice([4, 8, 16])

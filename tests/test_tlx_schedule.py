@@ -94,11 +94,11 @@ def test_kv_tiles_match_reference(causal, bq):
 @pytest.mark.parametrize("causal", [False, True])
 def test_tile_lists_in_runs_of_blocks(monkeypatch, causal):
     """The in-kernel sort writes each sequence's run of blocks RUN blocks a step
-    (jagged.tiles.SORT_LANES / BLOCK): with two a step, sequences of up to 11 blocks take
+    (jagged.tiles.RUN_LANES / BLOCK): with two a step, sequences of up to 11 blocks take
     several steps, the last one partly past the run; both lists still equal their
     references, padding included."""
     import jagged.tiles as T
-    monkeypatch.setattr(T, "SORT_LANES", 256)
+    monkeypatch.setattr(T, "RUN_LANES", 256)
     assert T.sort_launch(19, 11)["RUN"] == 2
     g = torch.Generator().manual_seed(5 + causal)
     lq = torch.randint(0, 700, (19,), generator=g)
