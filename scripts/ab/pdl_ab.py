@@ -12,7 +12,8 @@ from harness.suites import suite
 MATCH = ["broadcast_q B13", "broadcast_q B4 ", "cross B24 H2/2 D64", "self B62 H4/1",
          "cross B2 H16/8 D128", "self B40 H8/8 D64", "self B136"]
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-fns = {n: backends.get(n).fn() for n in ("tlx", "cute", "fa4")}
+import os
+fns = {n: backends.get(n).fn() for n in os.environ.get("AB_BACKENDS", "tlx,cute,fa4").split(",")}
 for p in (p for p in suite("fuzz") if any(m in p.label() for m in MATCH)):
     kw = call_kw(p)
     inp = p.build("cuda")
