@@ -26,7 +26,7 @@ from collections import OrderedDict
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .launch import cdiv, fast, next_pow2
 from .offsets import check_offsets, launch_check
@@ -276,7 +276,8 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       BROADCAST_Q: tl.constexpr, KV_TILES: tl.constexpr,
                       BLOCK: tl.constexpr, SORT: tl.constexpr, RUN: tl.constexpr = 1,
-                      CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
+                      CHECK: tl.constexpr = False, PDL: tl.constexpr = False,
+                      WAIT_LAST: tl.constexpr = False):
     """One program, for both tile lists (KV_TILES: the backward's). Both store the count
     of real tiles (work > 0): no zeroed buffer, no atomics (a torch.zeros cost ~0.1 ms of
     host time per call on the H200 node).
@@ -293,7 +294,10 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
 
     CHECK: the offsets check first (jagged.offsets, the forward's `check=`; the launch
     compiles its asserts in), and nothing written from offsets that fail it. PDL: the
-    kernel queued behind may launch at once (it waits for this one's writes itself)."""
+    kernel queued behind may launch at once (it waits for this one's writes itself).
+    WAIT_LAST (a backward's list, launched as a programmatic dependent of its
+    preprocess, whose writes it does not read): it runs beside the preprocess and waits
+    for it last, so that the main kernel's wait for this kernel covers both."""
     if PDL:
         gdc_launch_dependents()
     ok = True
@@ -348,6 +352,8 @@ def _tile_keys_kernel(cu_q, cu_k, keys_ptr, tiles_ptr, count_ptr, n_pairs, n_str
         if not KV_TILES:  # the forward's tile counter and finished programs (fwd_sched)
             tl.store(count_ptr + 1, 0)
             tl.store(count_ptr + 2, 0)
+    if WAIT_LAST:
+        gdc_wait()
 
 
 @triton.jit
@@ -828,7 +834,12 @@ def kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     Q / dO / dQ rows in L2; longest first by tile scattered them over the batch. Measured
     at llm-dense B8 H16 8192 causal on the H200: TLX 15.85 -> 14.64 ms, CuteDSL 15.73 ->
     14.36 ms. Without causal masking every tile of a sequence has the same work, so the
-    two orders are the same."""
+    two orders are the same.
+
+    Every caller builds it right after the backward's preprocess: its key kernel launches
+    as that kernel's programmatic dependent and runs beside it (it reads only the
+    offsets, which the plainly launched preprocess already waited for), and waits for it
+    last (WAIT_LAST)."""
     return per_offsets(_build_kv_tiles, cu_q, cu_k, L_q, max_k, bool(causal), BLOCK_M, BLOCK_N)
 
 
@@ -845,7 +856,7 @@ def _build_kv_tiles(cu_q, cu_k, L_q, max_k, causal, BLOCK_M, BLOCK_N):
     fast(_tile_keys_kernel)[(1,)](
         cu_k if cu_q is None else cu_q, cu_k, keys, tiles, count, n, n4, NB, L_q, 0, 0, 0, 0,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=bool(causal), BROADCAST_Q=cu_q is None,
-        KV_TILES=True, PDL=PDL, **opts)
+        KV_TILES=True, PDL=PDL, WAIT_LAST=PDL, launch_pdl=PDL, **opts)
     if keys is not None:
         fast(_kv_decode_kernel)[(cdiv(n, 1024),)](torch.sort(keys).values, tiles, n, n4, NB,
                                                   BLOCK=1024)

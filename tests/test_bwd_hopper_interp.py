@@ -224,16 +224,18 @@ def test_kv_tile_walk(causal, bq, n_slots, parts):
 @pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 @pytest.mark.parametrize("bq", [False, True])
 def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
-    """backward's launches, Hopper's and Blackwell's (recorded; the tile list in the
-    interpreter): in the packed modes the main kernel and the postprocess launch as
-    programmatic dependents (jagged.tiles.bwd_dependent), in broadcast-Q as plain
-    launches. Their kernels wait for the kernel ahead either way (the compile tests'
-    PTX checks)."""
+    """backward's launches, Hopper's and Blackwell's (recorded): the KV list's key kernel
+    after the preprocess as its programmatic dependent, waiting for it last (WAIT_LAST);
+    in the packed modes the main kernel and the postprocess launch as programmatic
+    dependents (jagged.tiles.bwd_dependent), in broadcast-Q as plain launches. Their
+    kernels wait for the kernel ahead either way (the compile tests' PTX checks)."""
+    import jagged.tiles as T
     from jagged.tiles import bwd_dependent
     from kernels_tlx import bwd_blackwell as bb
-    launches = record_launches(monkeypatch, bw, bb)
+    launches = record_launches(monkeypatch, bw, bb, T)
     monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
     monkeypatch.setattr(bw, "PDL", True)  # as on the GPU (the interpreter has none)
+    monkeypatch.setattr(T, "PDL", True)
     H, HKV, D = 4, 2, 128
     lk = torch.tensor([300, 200, 5])
     cu_k = offsets(lk)
@@ -246,8 +248,11 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     (bw if arch == "hopper" else bb).backward(o, q, k, k, o, torch.zeros(H, n_out), cu_q,
                                               cu_k, n_q, int(lk.max()), False, 0.125, bq)
     kw = {name: kwargs for name, _, kwargs in launches}
-    assert list(kw) == ["_bwd_preprocess", "bwd_kernel", "_bwd_postprocess"]
+    assert list(kw) == ["_bwd_preprocess", "_tile_keys_kernel", "bwd_kernel",
+                        "_bwd_postprocess"]
     assert kw["_bwd_preprocess"]["PDL"] and not kw["_bwd_preprocess"].get("launch_pdl")
+    keys = kw["_tile_keys_kernel"]
+    assert keys["KV_TILES"] and keys["launch_pdl"] and keys["WAIT_LAST"] and keys["PDL"]
     assert bwd_dependent(bq) == (not bq)
     assert kw["bwd_kernel"]["launch_pdl"] == (not bq)
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]

@@ -256,7 +256,7 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
                max_q="i32", max_k="i32")
     const = dict(BLOCK_M=128, BLOCK_N=128, CAUSAL=causal, BROADCAST_Q=bq,
                  KV_TILES=which == "bwd", BLOCK=opts["BLOCK"], SORT=opts["SORT"],
-                 RUN=opts.get("RUN", 1),
+                 RUN=opts.get("RUN", 1), WAIT_LAST=which == "bwd",
                  CHECK=check.get("CHECK", False), PDL=True)
     sig.update({k: "constexpr" for k in const})
     rep = compile_kernel(_tile_keys_kernel, sig, const, arch=90, num_warps=opts["num_warps"],
@@ -266,6 +266,9 @@ def test_schedule_kernels_sm90(which, batch, nb, causal, bq):
     assert ("__assertfail" in rep.ptx) == (which == "fwd"), rep.row()
     # the attention kernel (the forward's, the backward's main) is its programmatic dependent
     assert "griddepcontrol.launch_dependents" in rep.ptx, rep.row()
+    # the backward's, itself the preprocess's dependent, waits for it after its last store
+    waits = rep.ptx.rfind("griddepcontrol.wait")
+    assert (waits > rep.ptx.rfind("st.global")) if which == "bwd" else waits < 0, rep.row()
 
 
 @pytest.mark.parametrize("order,block,sort,seqs", [  # the largest sort and pass in CI
