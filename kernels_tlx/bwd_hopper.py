@@ -188,7 +188,7 @@ def takes_windows(n_keys: int, batch: int, max_k: int, broadcast_q: bool) -> boo
     return windowed(n_keys, batch, max_k, BLOCK_N, broadcast_q, BWD_WINDOW_MEAN_FRACTION)
 
 
-NUM_BUF_Q = tl.constexpr(2)       # depth of the Q/dO ring
+NUM_BUF_Q = tl.constexpr(3)       # depth of the Q/dO ring
 NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NUM_CONSUMERS keys
 # setmaxnreg per role: producer (the compiler's at 32-row steps), 2 x 4 consumer warps,
 # and the reduce warp
