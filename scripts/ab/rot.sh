@@ -5,8 +5,6 @@
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 f="Warning\|exe_args\|warn\|run_backward"
-export AB_CASES="llm-dense:self B4 H32/8 D128 Lq4096 Lk4096 s1 bf16$;llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16$;gem-jagged:self B1152 H4/4 D128 Lq2048 Lk2048 s0.9 bf16$;fuzz:B2 H8/2 D64 Lq16384;fuzz:B5 H8/4 D128;llm-dense:self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16$"
-echo "== main 1:"; (cd .snap/main && AB_NOGATE=1 PYTHONPATH=$PWD timeout 100 python3 ../../scripts/ab/suite_ab.py 2 2>&1 | grep -v "$f")
+export AB_CASES="llm-dense:self B4 H32/8 D128 Lq4096 Lk4096 s1 bf16$;llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16$;gem-jagged:self B1152 H4/4 D128 Lq2048 Lk2048 s0.9 bf16$;llm-dense:self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16$"
+echo "== main 1:"; (cd .snap/main && AB_NOGATE=1 PYTHONPATH=$PWD timeout 90 python3 ../../scripts/ab/suite_ab.py 2 2>&1 | grep -v "$f")
 echo "== rot 1:"; PYTHONPATH=$PWD timeout 130 python3 scripts/ab/suite_ab.py 2 2>&1 | grep -v "$f"
-echo "== main 2:"; (cd .snap/main && AB_NOGATE=1 PYTHONPATH=$PWD timeout 80 python3 ../../scripts/ab/suite_ab.py 2 2>&1 | grep -v "$f")
-echo "== rot 2:"; AB_NOGATE=1 PYTHONPATH=$PWD timeout 80 python3 scripts/ab/suite_ab.py 2 2>&1 | grep -v "$f"
