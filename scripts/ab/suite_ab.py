@@ -1,5 +1,5 @@
 """One tree's side of an A/B (PYTHONPATH at the tree): AB_BACKENDS (default tlx) on the
-problems of AB_CASES ("suite:label substring;..."), each oracle-gated on the whole problem
+problems of AB_CASES ("suite:label substring;...", "suite:label$" for one label), each oracle-gated on the whole problem
 (backward), then timed in rounds (argv[1], default 3) by the sweep's _bench_pass: eager
 and replayed ms of the backward."""
 import os
@@ -15,7 +15,9 @@ names = os.environ.get("AB_BACKENDS", "tlx").split(",")
 fns = {n: backends.get(n).fn() for n in names}
 for case in os.environ["AB_CASES"].split(";"):
     sname, match = case.split(":", 1)
-    for p in (p for p in suite(sname) if match in p.label()):
+    exact = match.endswith("$")  # "label$": that label only
+    for p in (p for p in suite(sname)
+              if (p.label() == match[:-1] if exact else match in p.label())):
         kw = call_kw(p)
         inp = p.build("cuda")
         for b, fn in fns.items() if "AB_NOGATE" not in os.environ else ():
