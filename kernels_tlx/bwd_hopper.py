@@ -557,14 +557,14 @@ def load(descs, smem, bars, tiles, stats,
 
 
 @triton.jit
-def compute(smem, bars, tiles, stats, grads, col_rows,
+def compute(smem, bars, tiles, stats, grads, col_rows, dq_desc,
             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
             BROADCAST_Q: tl.constexpr, NUM_BUF: tl.constexpr, NC: tl.constexpr,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
             ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr,
-            PARTS: tl.constexpr):
+            PARTS: tl.constexpr, OWN_REDUCE: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -596,6 +596,11 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
                                       PARTS)
     qk_scale2 = grads.scale * 1.4426950408889634
+    if OWN_REDUCE:
+        slot_row = dq_slot_row(pid, tiles, HKV, BROADCAST_Q)
+    # OWN_REDUCE: this consumer reduce-adds its staged dQ itself (the last one alone with
+    # DQ_SUM), so the load task issues loads only
+    ISSUES: tl.constexpr = OWN_REDUCE and (cid == NC - 1 or not DQ_SUM)
     i = 0
     qcnt = 0
     dqc = smem.dq[cid]
@@ -726,7 +731,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
             # for the last consumer, above); an owned window's whole dQ goes straight to
             # dQ instead, and the hand-over stays (the reduce task adds nothing)
-            tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
+            if ISSUES:  # its previous reduce has read the stage
+                tlx.async_descriptor_store_wait(0)
+            else:
+                tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
             if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
                 tlx.local_store(dqc, dqt)
             elif WINDOWS and (cid == NC - 1 or not DQ_SUM):
@@ -738,7 +746,16 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             else:
                 tlx.local_store(tlx.local_trans(dqc), dqt)
             tlx.fence_async_shared()
-            tlx.barrier_arrive(bars.dq_full[cid], 1)
+            if ISSUES:
+                row = (slot_row + tile.q_start + m0).to(tl.int32)
+                if ROW_SPLIT:
+                    tlx.async_descriptor_store(dq_desc, dqc, [row + cid * (BLOCK_M // NC), h * D],
+                                               store_reduce="add")
+                else:
+                    col = h * D + (cid * DQ_COLS if DQ_COLS < D else 0)
+                    tlx.async_descriptor_store(dq_desc, dqc, [row, col], store_reduce="add")
+            else:
+                tlx.barrier_arrive(bars.dq_full[cid], 1)
             qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
         if PARTS > 1:  # a split tile: add them
@@ -749,6 +766,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
         tlx.barrier_arrive(bars.kv_empty[kvb], 1)             # K/V stage free
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
+    if ISSUES:
+        tlx.async_descriptor_store_wait(0)
 
 
 @triton.jit
@@ -1022,14 +1041,14 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_wait()
             gdc_launch_dependents()
             load(descs, smem, bars, tiles, stats, H, HKV, D, BLOCK_M, BLOCK_N, CAUSAL,
-                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, M64, DYNAMIC, DQS, DQ_ROWS, WINDOWS, PARTS)
+                 BROADCAST_Q, NB, NC, NKV, DQ_COLS, False, DYNAMIC, DQS, DQ_ROWS, WINDOWS, PARTS)
         with tlx.async_task(num_warps=4, registers=REGS_C, replicate=NC):
             cid: tl.constexpr = tlx.async_task_replica_id()  # per replica, as in fwd_hopper
             gdc_wait()
             gdc_launch_dependents()
-            compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
-                    CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS, SDP_TOGETHER, PARTS)
+            compute(smem, bars, tiles, stats, grads, col_rows, dq_desc, H, HKV, D, BLOCK_M,
+                    BLOCK_N, CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS,
+                    Q_LOOP_STAGES, M128, WINDOWS, SDP_TOGETHER, PARTS, M64)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
