@@ -520,7 +520,8 @@ def load(descs, smem, bars, tiles, stats,
         j0, j1 = part_steps(t, G * tile.n_m, PARTS)
         for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
-            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+            m0 = tile.m_lo + BLOCK_M * _q_block(j, tile, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
+                                                WINDOWS)
             buf, ph = _buf_phase(qcnt, NUM_BUF)
             if smem.lse is not None:  # the step's lse2 / delta; LDG before the wait hides L2
                 offs = m0 + tl.arange(0, BLOCK_M)
@@ -658,7 +659,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
         for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
-            jm = j % tile.n_m
+            jm = _q_block(j, tile, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + jm * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
@@ -947,6 +948,20 @@ def _reduce_oldest(dq_desc, smem, bars, row0, h0, row1, h1, n, qcnt,
     one's rows / head row0 / h0): added; returns the pending ones moved up (row1, h1, n - 1)."""
     _reduce_step(dq_desc, smem, bars, row0, h0, qcnt - n, True, D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
     return row1, h1, n - 1
+
+
+@triton.jit
+def _q_block(j, tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+             BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr):
+    """Step j's Q block (of tile.n_m), the same in load and compute. Without causal masking
+    every tile of a head walks the same blocks: tile n starts at block n (mod n_m), so the
+    tiles in flight together load and reduce-add different blocks. Causal tiles, broadcast-Q,
+    key windows and 32-row steps (their lse / delta one step ahead in compute) walk from
+    m_lo."""
+    if CAUSAL or BROADCAST_Q or WINDOWS or BLOCK_M < 64:
+        return j % tile.n_m
+    else:
+        return (j + tile.n0 // BLOCK_N) % tile.n_m
 
 
 @triton.jit
