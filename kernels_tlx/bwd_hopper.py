@@ -19,7 +19,10 @@ Three kernels:
   load       (producer): per KV tile K and V (two 64-key halves) by TMA into KV_STAGES
              stages; per Q step Q and dO by TMA into a NUM_BUF_Q-deep ring (mbarrier
              full / empty pairs); at 64- and 128-row steps also the step's lse2 / delta
-             into smem, and reduce_dq's work.
+             into smem, and reduce_dq's work, two steps behind its loads. Without
+             causal masking (64- and 128-row steps) a tile of a head starts its Q walk
+             at its own block (`_q_block`), so the tiles in flight together load and
+             reduce-add different blocks.
   compute    (2 consumer warpgroups): consumer c owns keys [n0 + 64c, n0 + 64c + 64):
              S^T = K_c Q^T, P^T = exp2(S^T * scale * log2(e) - lse * log2(e)),
              dV_c += P^T dO, dP^T = V_c dO^T, dS^T = P^T (dP^T - delta), dK_c += dS^T Q
@@ -475,7 +478,8 @@ def load(descs, smem, bars, tiles, stats,
          WINDOWS: tl.constexpr, PARTS: tl.constexpr):
     """The producer: per tile K and V, per Q step Q and dO, by TMA. With smem.lse (64- and
     128-row steps) also the step's lse2 / delta into smem, and with REDUCE_DQ reduce_dq's
-    work, one step behind."""
+    work, two steps behind (the step before a tile's last added ahead of the next
+    tile's K/V wait)."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
     ELT: tl.constexpr = tlx.size_of(tlx.dtype_of(descs.q))
@@ -484,10 +488,15 @@ def load(descs, smem, bars, tiles, stats,
                                       PARTS)
     i = 0
     qcnt = 0
-    if REDUCE_DQ:  # reduce_dq's work, one step behind (see below)
+    if REDUCE_DQ:  # reduce_dq's work, behind the loads (see below)
         slot_row = dq_slot_row(pid, tiles, HKV, BROADCAST_Q)
-        dq_row = pid * 0  # the previous step's dQ rows and head
-        dq_h = pid * 0
+        # the steps whose dQ is not yet added, oldest first: steps qcnt - n_dq .. qcnt - 1
+        # (dq_row0 / dq_h0 the older one's rows and head)
+        n_dq = pid * 0
+        dq_row0 = pid * 0
+        dq_h0 = pid * 0
+        dq_row1 = pid * 0
+        dq_h1 = pid * 0
     t = first
     if DYNAMIC:
         publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, 0)
@@ -496,6 +505,12 @@ def load(descs, smem, bars, tiles, stats,
                        PARTS)
         # K, V of the tile into stage i % NKV, freed by both consumers at the end of the tile
         kvb, kph = _buf_phase(i, NKV)
+        if REDUCE_DQ:
+            # the previous tile's last step waits for the reduce of the step before it
+            if n_dq == 2:
+                dq_row0, dq_h0, n_dq = _reduce_oldest(descs.dq, smem, bars, dq_row0, dq_h0,
+                                                      dq_row1, dq_h1, n_dq, qcnt, D, NC,
+                                                      DQ_COLS, DQ_SUM, DQ_ROWS)
         tlx.barrier_wait(bars.kv_empty[kvb], kph ^ 1)
         tlx.barrier_expect_bytes(bars.kv_full[kvb], 2 * ELT * BLOCK_N * D)
         krow = (tile.k_start + tile.n0).to(tl.int32)
@@ -508,7 +523,8 @@ def load(descs, smem, bars, tiles, stats,
         j0, j1 = part_steps(t, G * tile.n_m, PARTS)
         for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
-            m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+            m0 = tile.m_lo + BLOCK_M * _q_block(j, tile, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q,
+                                                WINDOWS)
             buf, ph = _buf_phase(qcnt, NUM_BUF)
             if smem.lse is not None:  # the step's lse2 / delta; LDG before the wait hides L2
                 offs = m0 + tl.arange(0, BLOCK_M)
@@ -532,28 +548,38 @@ def load(descs, smem, bars, tiles, stats,
                                                                h * D], bars.q_full[buf])
             if REDUCE_DQ:
                 # reduce_dq folded in (3 warpgroups, so the consumers get 240 registers):
-                # step qcnt - 1's dQ, after step qcnt's loads were issued. No deadlock: the
-                # q_empty wait above needs the consumers past step qcnt - 2, whose dq_empty
-                # wait needed the reduce of step qcnt - 3 (done an iteration ago); this
-                # dq_full wait needs step qcnt - 1 done, whose Q/dO were issued a step ago
-                # and whose dq_empty wait needed the reduce of step qcnt - 2 (done). The
-                # K/V wait at a tile start needs only the previous tile's steps done, and
-                # those wait on reduces up to the one before their last step.
-                if qcnt > 0:
-                    _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC,
-                                 DQ_COLS, DQ_SUM, DQ_ROWS)
-                dq_row = (slot_row + tile.q_start + m0).to(tl.int32)
-                dq_h = h
+                # step qcnt - 2's dQ, after step qcnt's loads were issued, so that those
+                # loads wait for no reduce: the q_empty wait above (step qcnt - 2's reads
+                # done) lets them go as soon as the consumers start step qcnt - 1, a whole
+                # step before they are needed. No deadlock: that q_empty wait needs the
+                # consumers past step qcnt - 2's reads, which wait on nothing here; this
+                # dq_full wait needs step qcnt - 2's dQ staged, whose dq_empty wait needed
+                # the reduce of step qcnt - 3 (done an iteration ago, or at the tile start).
+                # The K/V wait at a tile start needs the previous tile's last step done,
+                # whose dq_empty wait needs the reduce of the step before it: added just
+                # before that wait.
+                if n_dq == 2:
+                    dq_row0, dq_h0, n_dq = _reduce_oldest(descs.dq, smem, bars, dq_row0, dq_h0,
+                                                          dq_row1, dq_h1, n_dq, qcnt, D, NC,
+                                                          DQ_COLS, DQ_SUM, DQ_ROWS)
+                if n_dq == 1:
+                    dq_row1 = (slot_row + tile.q_start + m0).to(tl.int32)
+                    dq_h1 = h
+                else:
+                    dq_row0 = (slot_row + tile.q_start + m0).to(tl.int32)
+                    dq_h0 = h
+                n_dq += 1
             qcnt += 1
         i += 1
         # the next tile, taken once this one's loads are issued (two steps before its end)
         t = next_tile(t, step, tiles.sched, DYNAMIC)
         if DYNAMIC:
             publish_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, i)
-    if REDUCE_DQ:
-        if qcnt > 0:  # the last step's dQ
-            _reduce_step(descs.dq, smem, bars, dq_row, dq_h, qcnt - 1, True, D, NC, DQ_COLS,
-                         DQ_SUM, DQ_ROWS)
+    if REDUCE_DQ:  # the last steps' dQ
+        while n_dq > 0:
+            dq_row0, dq_h0, n_dq = _reduce_oldest(descs.dq, smem, bars, dq_row0, dq_h0, dq_row1,
+                                                  dq_h1, n_dq, qcnt, D, NC, DQ_COLS, DQ_SUM,
+                                                  DQ_ROWS)
 
 
 @triton.jit
@@ -636,7 +662,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
         for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
-            jm = j % tile.n_m
+            jm = _q_block(j, tile, BLOCK_M, BLOCK_N, CAUSAL, BROADCAST_Q, WINDOWS)
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + jm * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
@@ -915,6 +941,30 @@ def reduce_dq(dq_desc, smem, bars, tiles,
                 qcnt += 1
         i += 1
         t = fetch_tile(tiles.sched, bars.tile_full, bars.tile_empty, t, step, i, DYNAMIC)
+
+
+@triton.jit
+def _reduce_oldest(dq_desc, smem, bars, row0, h0, row1, h1, n, qcnt,
+                   D: tl.constexpr, NC: tl.constexpr, DQ_COLS: tl.constexpr,
+                   DQ_SUM: tl.constexpr, DQ_ROWS: tl.constexpr):
+    """load's oldest pending dQ reduce (n pending: steps qcnt - n .. qcnt - 1, the older
+    one's rows / head row0 / h0): added; returns the pending ones moved up (row1, h1, n - 1)."""
+    _reduce_step(dq_desc, smem, bars, row0, h0, qcnt - n, True, D, NC, DQ_COLS, DQ_SUM, DQ_ROWS)
+    return row1, h1, n - 1
+
+
+@triton.jit
+def _q_block(j, tile, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+             BROADCAST_Q: tl.constexpr, WINDOWS: tl.constexpr):
+    """Step j's Q block (of tile.n_m), the same in load and compute. Without causal masking
+    every tile of a head walks the same blocks: tile n starts at block n (mod n_m), so the
+    tiles in flight together load and reduce-add different blocks. Causal tiles, broadcast-Q,
+    key windows and 32-row steps (their lse / delta one step ahead in compute) walk from
+    m_lo."""
+    if CAUSAL or BROADCAST_Q or WINDOWS or BLOCK_M < 64:
+        return j % tile.n_m
+    else:
+        return (j + tile.n0 // BLOCK_N) % tile.n_m
 
 
 @triton.jit

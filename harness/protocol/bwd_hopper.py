@@ -13,11 +13,12 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                    elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
     """kernels_tlx/bwd_hopper.py's bwd_kernel: per program `load` (the producer
     warpgroup), two `compute` consumers (64 keys of the 128-key tile each) and, at 32-row
-    steps, a 1-warp `reduce_dq` (at 64- and 128-row steps the load task reduces dQ one
-    step behind its loads). K/V: kv_stages stages, each consumer's K and V halves, full
-    (one arrival + the bytes) / empty (one a consumer); Q/dO: a 2-deep ring, with lse2 /
-    delta beside it at 64- and 128-row steps; dS^T: two steps deep, the consumers meeting
-    on named barrier 8 (256 threads) where a consumer reads the other's; dQ: a staging
+    steps, a 1-warp `reduce_dq` (at 64- and 128-row steps the load task reduces dQ two
+    steps behind its loads, one before a tile's K/V wait). K/V: kv_stages stages, each
+    consumer's K and V halves, full (one arrival + the bytes) / empty (one a consumer);
+    Q/dO: a 2-deep ring, with lse2 / delta beside it at 64- and 128-row steps; dS^T: two
+    steps deep, the consumers meeting on named barrier 8 (256 threads) where a consumer
+    reads the other's; dQ: a staging
     buffer a consumer, full / empty to the reduce (a bulk reduce-add: an async read of the
     staging, retired by its wait), at D = 64 below 128-row steps summed into the last
     consumer's first. Packed lists: tiles from the counter, handed to the
@@ -73,12 +74,14 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
         def load(p=p, k=k, v=v, q=q, do=do, stat=stat, kv_full=kv_full, kv_empty=kv_empty,
                  q_full=q_full, q_empty=q_empty, publish=publish, reduce_step=reduce_step,
                  first=first, step=step, end=end, steps=steps):
-            t, i, qcnt, prev = first, 0, 0, None
+            t, i, qcnt, pending = first, 0, 0, []  # steps whose dQ is not yet added
             if dyn:
                 yield from publish(t, 0)
             while t < end:
                 key, qsteps = steps(t)
                 kvb, kph = ring(i, NKV)
+                if M64 and len(pending) == 2:  # the last step before the tile's K/V wait
+                    yield from reduce_step(qcnt - 2, pending.pop(0))
                 yield Wait(kv_empty[kvb], kph ^ 1)
                 yield Arrive(kv_full[kvb], tx=2 * elem_bytes * BLOCK_N * D)
                 for c in range(NC):
@@ -93,17 +96,17 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield Arrive(q_full[buf], tx=2 * elem_bytes * BM * D)
                     yield Tma(q_full[buf], {q[buf]: ("Q", qkey)}, elem_bytes * BM * D)
                     yield Tma(q_full[buf], {do[buf]: ("dO", qkey)}, elem_bytes * BM * D)
-                    if M64:  # reduce_dq folded in, one step behind
-                        if qcnt > 0:
-                            yield from reduce_step(qcnt - 1, prev)
-                        prev = qkey
+                    if M64:  # reduce_dq folded in, two steps behind
+                        if len(pending) == 2:
+                            yield from reduce_step(qcnt - 2, pending.pop(0))
+                        pending.append(qkey)
                     qcnt += 1
                 i += 1
                 t = P + (yield Take(counter)) if dyn else t + step
                 if dyn:
                     yield from publish(t, i)
-            if M64 and qcnt > 0:
-                yield from reduce_step(qcnt - 1, prev)
+            while M64 and pending:
+                yield from reduce_step(qcnt - len(pending), pending.pop(0))
 
         def compute(cid, p=p, k=k, v=v, q=q, do=do, stat=stat, ds=ds, dq=dq, kv_full=kv_full,
                     kv_empty=kv_empty, q_full=q_full, q_empty=q_empty, dq_full=dq_full,
