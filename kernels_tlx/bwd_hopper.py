@@ -464,6 +464,27 @@ def _keep(offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
     return keep
 
 
+@triton.jit
+def _unmasked_from(tile, nc0, BNC: tl.constexpr, CAUSAL: tl.constexpr):  # role: compute
+    """The first query row from which a step's rows see all of the consumer's keys [nc0,
+    nc0 + BNC) (none where they run past the sequence): steps from there need no mask."""
+    causal_from = nc0 + BNC - (tile.len_k - tile.len_q) if CAUSAL else nc0 * 0 - (1 << 30)
+    return tl.where(nc0 + BNC > tile.len_k, 1 << 30, causal_from)
+
+
+@triton.jit
+def _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL: tl.constexpr,
+            WINDOWS: tl.constexpr):  # role: compute
+    """P^T masked by _keep on the steps that need it: over key windows every step; else
+    those whose first row m0 is below m_from (_unmasked_from). Rows past the sequence
+    need none (their lse loads as +inf: P = 0)."""
+    if WINDOWS:
+        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+    elif m0 < m_from:
+        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+    return pt
+
+
 # ----------------------------------------------------------------------------- roles
 @triton.jit
 def load(descs, smem, bars, tiles, stats,
@@ -607,6 +628,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                        PARTS)
         nc0 = tile.n0 + cid * BNC
         offs_n = nc0 + tl.arange(0, BNC)
+        m_from = _unmasked_from(tile, nc0, BNC, CAUSAL)
         if WINDOWS:
             bounds = _col_bounds(col_rows, tiles, tile, cid * BNC, BNC, BLOCK_N)
             owned = _window_keys(tiles, tile) <= BLOCK_N
@@ -681,7 +703,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 if smem.lse is not None:  # read at use: no registers held across the step
                     lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-                pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+                pt = _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL, WINDOWS)
                 lp = pt.to(kc.dtype)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
