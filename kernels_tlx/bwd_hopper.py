@@ -93,7 +93,13 @@ a program's consumers' boxes of one step (issued back to back), apply in no fixe
 
 Masking: keys past the sequence end, query rows past the sequence end, the causal
 (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and rows
-with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ.
+with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ. Rows go by their lse
+(+inf past the end or where lse = -inf); keys by P^T's mask, which a 32- or 64-row step
+applies only where a consumer's keys run past the sequence or a row of the step misses
+one (`_unmasked_from`), at causal packed 64-row steps: at D = 128 such a step issues 398
+instructions a warp without it, 512 with. The other builds mask every step (the branch
+spilled there: broadcast-Q's 32- and 64-row builds 38-49 instructions, D = 128's
+non-causal 64-row one 8).
 """
 from __future__ import annotations
 
@@ -108,8 +114,8 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import (causal_visible, col_q_range, dq_accumulated, row_seq,
-                            sequence_of)
+from jagged.seqinfo import (causal_q_start, causal_visible, col_q_range, dq_accumulated,
+                            row_seq, sequence_of)
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
                           dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
@@ -467,18 +473,19 @@ def _keep(offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
 @triton.jit
 def _unmasked_from(tile, nc0, BNC: tl.constexpr, CAUSAL: tl.constexpr):  # role: compute
     """The first query row from which a step's rows see all of the consumer's keys [nc0,
-    nc0 + BNC) (none where they run past the sequence): steps from there need no mask."""
-    causal_from = nc0 + BNC - (tile.len_k - tile.len_q) if CAUSAL else nc0 * 0 - (1 << 30)
-    return tl.where(nc0 + BNC > tile.len_k, 1 << 30, causal_from)
+    nc0 + BNC): CAUSAL, the first that sees the last of them; none where they run past
+    the sequence. Steps from there need no mask."""
+    first = causal_q_start(nc0 + BNC - 1, tile.len_q, tile.len_k) if CAUSAL else nc0 * 0
+    return tl.where(nc0 + BNC > tile.len_k, tile.len_q + 1, first)
 
 
 @triton.jit
 def _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL: tl.constexpr,
-            WINDOWS: tl.constexpr):  # role: compute
-    """P^T masked by _keep on the steps that need it: over key windows every step; else
-    those whose first row m0 is below m_from (_unmasked_from). Rows past the sequence
-    need none (their lse loads as +inf: P = 0)."""
-    if WINDOWS:
+            WINDOWS: tl.constexpr, SKIP: tl.constexpr):  # role: compute
+    """P^T masked by _keep on the steps that need it: with SKIP those whose first row m0
+    is below m_from (_unmasked_from), else (and over key windows) every step. Rows past
+    the sequence need none (their lse loads as +inf: P = 0)."""
+    if WINDOWS or not SKIP:
         pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
     elif m0 < m_from:
         pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
@@ -703,7 +710,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 if smem.lse is not None:  # read at use: no registers held across the step
                     lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
-                pt = _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL, WINDOWS)
+                pt = _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL, WINDOWS,
+                             CAUSAL and BLOCK_M == 64 and not BROADCAST_Q)
                 lp = pt.to(kc.dtype)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
