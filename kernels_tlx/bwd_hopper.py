@@ -682,7 +682,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 vc = smem.v[kvq * NC + cid]
             if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
                 dk, dv, dqt = _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n,
-                                         offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M,
+                                         offs_m, m0, m_from, tile, bounds, qk_scale2, CAUSAL, BLOCK_M,
                                          BNC, NC, cid, WINDOWS, SDP_TOGETHER)
             else:
                 # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
@@ -782,8 +782,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
 
 
 @triton.jit
-def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile, bounds,
-               qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
+def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, m0, m_from,
+               tile, bounds, qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
                NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr,
                SDP_TOGETHER: tl.constexpr):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
@@ -805,7 +805,7 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     else:
         st = tlx.async_dot_wait(0, st)
     pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
-    pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+    pt = _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL, WINDOWS, CAUSAL)
     if not SDP_TOGETHER:
         dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
         dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
