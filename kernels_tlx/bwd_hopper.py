@@ -97,9 +97,11 @@ with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ. Rows go by 
 (+inf past the end or where lse = -inf); keys by P^T's mask, which a 32- or 64-row step
 applies only where a consumer's keys run past the sequence or a row of the step misses
 one (`_unmasked_from`), at causal packed 64-row steps: at D = 128 such a step issues 398
-instructions a warp without it, 512 with. The other builds mask every step (the branch
-spilled there: broadcast-Q's 32- and 64-row builds 38-49 instructions, D = 128's
-non-causal 64-row one 8).
+instructions a warp without it, 512 with. Causal packed 128-row steps (D = 64) run each
+query head's masked steps, then the others, in loops of their own (`_row_step`; a branch
+in one loop spilled 41 instructions a step): 1035 and 562 instructions a warp. The other
+builds mask every step (the branch spilled there: broadcast-Q's 32- and 64-row builds
+38-49 instructions, D = 128's non-causal 64-row one 8).
 """
 from __future__ import annotations
 
@@ -664,7 +666,29 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             lse_nx = tl.load(stats.lse + off_0, mask=ok_0, other=float("inf"))
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
-        for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
+        SPLIT: tl.constexpr = ROW_SPLIT and CAUSAL and not (WINDOWS or BROADCAST_Q)
+        if SPLIT:
+            # causal 128-row steps: per query head its masked steps, then those that need
+            # no mask, each run its own loop (a branch in one loop spilled 41 a step)
+            n_m = tl.maximum(tile.n_m, 1)
+            jm_from = tl.minimum(tl.cdiv(tl.maximum(m_from - tile.m_lo, 0), BLOCK_M), n_m)
+            jj = j0
+            while jj < j1:
+                hb = jj - jj % n_m  # the head's first step
+                seg = tl.minimum(j1, hb + n_m)
+                mend = tl.minimum(seg, tl.maximum(jj, hb + jm_from))
+                for j in tl.range(jj, mend, num_stages=Q_LOOP_STAGES):
+                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j,
+                                       offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
+                                       NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
+                    qcnt += 1
+                for j in tl.range(mend, seg, num_stages=Q_LOOP_STAGES):
+                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j,
+                                       offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
+                                       NUM_BUF, cid, WINDOWS, SDP_TOGETHER, False)
+                    qcnt += 1
+                jj = seg
+        for j in tl.range(j0, j0 if SPLIT else j1, num_stages=Q_LOOP_STAGES):
             jm = j % tile.n_m
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + jm * BLOCK_M
@@ -782,10 +806,35 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
 
 
 @triton.jit
+def _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j, offs_n, dqc, qk_scale2,
+              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BNC: tl.constexpr, NC: tl.constexpr, NUM_BUF: tl.constexpr, cid: tl.constexpr,
+              WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr, MASK: tl.constexpr):
+    """compute's whole step j at 128 rows (D = 64), MASK or not (compute's causal split):
+    the Q/dO wait, _step_rows, the stage's release and the dQ hand-over; returns dK_c,
+    dV_c."""
+    m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
+    buf, ph = _buf_phase(qcnt, NUM_BUF)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    tlx.barrier_wait(bars.q_full[buf], ph)
+    dk, dv, dqt = _step_rows(kc, vc, smem.q[buf], smem.do[buf], smem, buf, kvb, qcnt, dk, dv,
+                             offs_n, offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M, BNC,
+                             NC, cid, WINDOWS, SDP_TOGETHER, MASK)
+    dv = tlx.async_dot_wait(0, dv)
+    dk = tlx.async_dot_wait(0, dk)
+    tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+    tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)
+    tlx.local_store(dqc, dqt)
+    tlx.fence_async_shared()
+    tlx.barrier_arrive(bars.dq_full[cid], 1)
+    return dk, dv
+
+
+@triton.jit
 def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, tile, bounds,
                qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
                NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr,
-               SDP_TOGETHER: tl.constexpr):
+               SDP_TOGETHER: tl.constexpr, MASK: tl.constexpr = True):
     """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
     dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
     transposed). S^T and dP^T are [BNC, 128] here (64 registers each).
@@ -805,7 +854,8 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     else:
         st = tlx.async_dot_wait(0, st)
     pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
-    pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+    if MASK:
+        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
     if not SDP_TOGETHER:
         dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
         dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)
