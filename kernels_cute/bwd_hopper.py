@@ -89,7 +89,9 @@ and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ
 reach past the sequence but add exact zeros there; TMA clips past the tensor). As TLX's,
 D = 128's 64-row step masks P^T only where a warpgroup's keys run past the sequence or, causal,
 a row of the step misses one (`unmasked_from`; 376 instructions a warp without the
-mask, 491 with); the other steps mask every step (`probs`).
+mask, 491 with); causal packed 128-row steps (D = 64) run each query head's masked steps,
+then the others, in loops of their own (756 and 571 instructions; a branch there made
+ptxas serialize every wgmma); the other steps mask every step (`probs`).
 
 Key windows (`takes_windows`: short packed keys, mean length at most a tile,
 jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a window of
@@ -1066,7 +1068,34 @@ def _kernel_classes():
                 if const_expr(self.kv_stages > 1):
                     kv = kv_state.index
                     kv_smem = (sV[None, None, kv], s.sVst[None, None, kv])
-                for j in cutlass.range(j0, j1, unroll=1):
+                split = const_expr(self.bm == 128 and self.causal
+                                   and not (self.windows or self.broadcast_q))
+                if const_expr(split):
+                    # causal 128-row steps: per query head its masked steps, then those that
+                    # need no mask, each run its own loop (TLX's compute)
+                    n_m1 = cutlass.max(n_m, 1)
+                    jm_from = cutlass.min(
+                        (cutlass.max(m_from - m_lo, 0) + self.bm - 1) // self.bm, n_m1)
+                    jj = j0
+                    while jj < j1:
+                        hb = jj - jj % n_m1  # the head's first step
+                        seg = cutlass.min(j1, hb + n_m1)
+                        mend = cutlass.min(seg, cutlass.max(jj, hb + jm_from))
+                        for j in cutlass.range(jj, mend, unroll=1):
+                            ld_off = ld_off ^ ld_flip(self.bm)
+                            self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
+                                              seq, scale_log2, (s.sLD, ld_off), kv)
+                            jm = Int32(0) if jm + 1 == n_m else jm + 1
+                            q_state.advance()
+                        for j in cutlass.range(mend, seg, unroll=1):
+                            ld_off = ld_off ^ ld_flip(self.bm)
+                            self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
+                                              seq, scale_log2, (s.sLD, ld_off), kv,
+                                              unmasked=True)
+                            jm = Int32(0) if jm + 1 == n_m else jm + 1
+                            q_state.advance()
+                        jj = seg
+                for j in cutlass.range(j0, j0 if split else j1, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     step_dq = None
                     if const_expr(self.windows):  # + (head, window keys, first row, window)
@@ -1136,7 +1165,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                         ld, kv=None, cols=None, dq_out=None, m_from=None):
+                         ld, kv=None, cols=None, dq_out=None, m_from=None, unmasked=False):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
             offset), `read_ld`. kv: the tile's K/V stage (None: one stage). cols: key
@@ -1148,7 +1177,7 @@ def _kernel_classes():
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm == 128):
                 self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
-                                      cols, dq_out, m_from)
+                                      cols, dq_out, unmasked)
             else:
                 self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
                                      cols, dq_out, m_from)
@@ -1198,7 +1227,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                             ld, cols=None, dq_out=None, m_from=None):
+                             ld, cols=None, dq_out=None, unmasked=False):
             """compute_step at 128 query rows (D = 64). S^T / dP^T are [64, 128] fp32 (64
             registers each) beside dK, dV (32 each); lse / delta are read at their use.
             Config.sdp_together (the default, but not at broadcast-Q, whose causal fp16
@@ -1215,7 +1244,7 @@ def _kernel_classes():
                 wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
                       zero_init=True, wait=0)                                      # S^T = K Q^T
                 St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                                scale_log2, cols)
+                                scale_log2, cols, unmasked=unmasked)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
@@ -1230,7 +1259,7 @@ def _kernel_classes():
                       zero_init=False, wait=-1)                                    # dP^T - delta
                 warpgroup.wait_group(1)
                 St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                                scale_log2, cols)
+                                scale_log2, cols, unmasked=unmasked)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 warpgroup.wait_group(0)
             dPt = acc_rows_cols(acc_dP)
@@ -1257,7 +1286,8 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None, m_from=None):
+        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None, m_from=None,
+                  unmasked=False):
             """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past
             the sequence; causal: right of the diagonal; key windows: rows outside each
             column's range, `window_keep`) on the steps that need it, as TLX: over key
@@ -1267,7 +1297,12 @@ def _kernel_classes():
             serialize every wgmma (its in-place writes to the S^T accumulator), and D =
             64's 64-row step spills 60 B with it."""
             St = acc_rows_cols(acc_S)
-            if const_expr(self.windows or m_from is None):
+            if const_expr(unmasked):  # a step that needs no mask (compute's causal split)
+                for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                        St[r, c] = cute.math.exp2(St[r, c] * scale_log2 - lse2[c],
+                                                  fastmath=True)
+            elif const_expr(self.windows or m_from is None):
                 for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                     key = n0 + tScS[r, 0][0]
                     if const_expr(self.windows):
