@@ -87,11 +87,11 @@ Masking: keys past the sequence end, query rows past the sequence end (lse = +in
 causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
 reach past the sequence but add exact zeros there; TMA clips past the tensor). As TLX's,
-D = 128's 64-row step masks P^T only where a warpgroup's keys run past the sequence or, causal,
-a row of the step misses one (`unmasked_from`; 376 instructions a warp without the
-mask, 491 with); causal packed 128-row steps (D = 64) run each query head's masked steps,
-then the others, in loops of their own (756 and 571 instructions; a branch there made
-ptxas serialize every wgmma); the other steps mask every step (`probs`).
+D = 128's causal 64-row step masks P^T only where a warpgroup's keys run past the
+sequence or a row of the step misses one (`unmasked_from`; 376 instructions a warp
+without the mask, 491 with); causal packed 128-row steps (D = 64) run each query head's
+masked steps, then the others, in loops of their own (756 and 571 instructions; a branch
+there made ptxas serialize every wgmma); the other steps mask every step (`probs`).
 
 Key windows (`takes_windows`: short packed keys, mean length at most a tile,
 jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a window of
@@ -1202,7 +1202,7 @@ def _kernel_classes():
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
-            skip = const_expr(self.D == 128 and not self.dq_t)  # (probs)
+            skip = const_expr(self.D == 128 and self.causal and not self.dq_t)  # (probs)
             St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2, cols,
                             m_from if skip else None)
             dPt = acc_rows_cols(acc_dP)
@@ -1292,7 +1292,7 @@ def _kernel_classes():
             the sequence; causal: right of the diagonal; key windows: rows outside each
             column's range, `window_keep`) on the steps that need it, as TLX: over key
             windows or without m_from every step, else those whose first row m0 is below
-            m_from (`unmasked_from`); returns the (key, query) view. Only D = 128's
+            m_from (`unmasked_from`); returns the (key, query) view. Only D = 128's causal
             64-row step takes m_from: in the 80- and 128-row steps the branch makes ptxas
             serialize every wgmma (its in-place writes to the S^T accumulator), and D =
             64's 64-row step spills 60 B with it."""
