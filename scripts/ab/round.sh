@@ -30,5 +30,5 @@ C4="llm-dense:self B4 H32/8 D128 Lq4096 Lk4096 s1 bf16 causal$"
 [[ $parts == *" 3 "* ]] && ab tlx-maskskip-split "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$;varlen-llm:self B10 H32/8 D64;fuzz:B123 H32/8" \
    "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$;varlen-llm:self B10 H32/8 D64"
 D64C="llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$"
-[[ $parts == *" 4 "* ]] && GATE_T=150 ab land-maskskip "$C4;$D64C;varlen-llm:self B10 H32/8 D64;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B76 H2/1;fuzz:B123 H32/8;fuzz:B385 H32/8" \
-   "$C4;llm-dense:self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal$;varlen-llm:self B10 H32/8 D128;$D64C;varlen-llm:self B10 H32/8 D64"
+[[ $parts == *" 4 "* ]] && GATE_T=150 ab land-maskskip "$C4;$D64C;varlen-llm:self B10 H32/8 D64;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B385 H32/8" \
+   "$C4;varlen-llm:self B10 H32/8 D128;$D64C;varlen-llm:self B10 H32/8 D64"
