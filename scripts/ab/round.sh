@@ -7,6 +7,7 @@
 #   3. tlx-maskskip-split  1 + D = 64's causal 128-row steps in a masked and an unmasked
 #      loop (tlx-maskskip128: the same by a branch, 41 spill instructions a step)
 #   4. land-maskskip   1 and 3 kept to the classes CuteDSL builds too (the landing form)
+#   5. land-maskskip   4 on two cells (a call of ~6 minutes)
 # Setup on the CPU machine: bash scripts/ab/snap.sh main tlx-maskskip land-lagrot
 # tlx-maskskip-split land-maskskip, move reports/ out of the tree (64 MiB per send), carry .gpu1, .snap
 export PYTHONUNBUFFERED=1
@@ -32,3 +33,4 @@ C4="llm-dense:self B4 H32/8 D128 Lq4096 Lk4096 s1 bf16 causal$"
 D64C="llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$"
 [[ $parts == *" 4 "* ]] && GATE_T=150 ab land-maskskip "$C4;$D64C;varlen-llm:self B10 H32/8 D64;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B385 H32/8" \
    "$C4;varlen-llm:self B10 H32/8 D128;$D64C;varlen-llm:self B10 H32/8 D64"
+[[ $parts == *" 5 "* ]] && GATE_T=120 ab land-maskskip "$C4;$D64C;fuzz:B3 H16/8;fuzz:cross B2 H2/2" "$C4;$D64C"
