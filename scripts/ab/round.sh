@@ -8,6 +8,7 @@
 #      loop (tlx-maskskip128: the same by a branch, 41 spill instructions a step)
 #   4. land-maskskip   1 and 3 kept to the classes CuteDSL builds too (the landing form)
 #   5. land-maskskip   4 on two cells (a call of ~6 minutes)
+#   6. land-maskskip   5 gated on its two cells alone (ROUNDS=1: ~4 minutes)
 # Setup on the CPU machine: bash scripts/ab/snap.sh main tlx-maskskip land-lagrot
 # tlx-maskskip-split land-maskskip, move reports/ out of the tree (64 MiB per send), carry .gpu1, .snap
 export PYTHONUNBUFFERED=1
@@ -18,7 +19,7 @@ tree() {  # tree NAME ROUNDS: run suite_ab.py in .snap/NAME
 }
 ab() {  # ab BRANCH GATE_CASES TIME_CASES
   echo "=== $1 gate"; AB_CASES="$2" T=${GATE_T:-90} tree "$1" 1
-  for r in 1 2; do
+  for r in $(seq 1 "${ROUNDS:-2}"); do
     for t in main "$1"; do echo "== $t $r"; AB_NOGATE=1 AB_CASES="$3" tree "$t" 2; done
   done
 }
@@ -34,3 +35,4 @@ D64C="llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$"
 [[ $parts == *" 4 "* ]] && GATE_T=150 ab land-maskskip "$C4;$D64C;varlen-llm:self B10 H32/8 D64;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B385 H32/8" \
    "$C4;varlen-llm:self B10 H32/8 D128;$D64C;varlen-llm:self B10 H32/8 D64"
 [[ $parts == *" 5 "* ]] && GATE_T=120 ab land-maskskip "$C4;$D64C;fuzz:B3 H16/8;fuzz:cross B2 H2/2" "$C4;$D64C"
+[[ $parts == *" 6 "* ]] && GATE_T=100 ab land-maskskip "$C4;$D64C" "$C4;$D64C"
