@@ -20,10 +20,11 @@ ab() {  # ab BRANCH GATE_CASES TIME_CASES
     for t in main "$1"; do echo "== $t $r"; AB_NOGATE=1 AB_CASES="$3" tree "$t" 2; done
   done
 }
+parts=" ${*:-1 2 3} "  # which parts to run, e.g. `round.sh 1 3`
 C4="llm-dense:self B4 H32/8 D128 Lq4096 Lk4096 s1 bf16 causal$"
-ab tlx-maskskip "$C4;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B115 H4/2;fuzz:B76 H2/1;fuzz:B62 H4/1;fuzz:B385 H32/8" \
+[[ $parts == *" 1 "* ]] && ab tlx-maskskip "$C4;fuzz:B3 H16/8;fuzz:cross B2 H2/2;fuzz:B115 H4/2;fuzz:B76 H2/1;fuzz:B62 H4/1;fuzz:B385 H32/8" \
    "$C4;llm-dense:self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal$;varlen-llm:self B10 H32/8 D128"
-ab land-lagrot "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16$;fuzz:B5 H8/4;fuzz:B2 H8/2 D64" \
+[[ $parts == *" 2 "* ]] && ab land-lagrot "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16$;fuzz:B5 H8/4;fuzz:B2 H8/2 D64" \
    "llm-dense:self B8 H16/16 D128 Lq8192 Lk8192 s1 bf16$;llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16$"
-ab tlx-maskskip-split "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$;varlen-llm:self B10 H32/8 D64;fuzz:B123 H32/8" \
+[[ $parts == *" 3 "* ]] && ab tlx-maskskip-split "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$;varlen-llm:self B10 H32/8 D64;fuzz:B123 H32/8" \
    "llm-dense:self B16 H16/16 D64 Lq2048 Lk2048 s1 bf16 causal$;varlen-llm:self B10 H32/8 D64"
