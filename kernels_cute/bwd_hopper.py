@@ -86,7 +86,12 @@ TLX.
 Masking: keys past the sequence end, query rows past the sequence end (lse = +inf), the
 causal (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle
 and rows with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ (dQ boxes
-reach past the sequence but add exact zeros there; TMA clips past the tensor).
+reach past the sequence but add exact zeros there; TMA clips past the tensor). As TLX's,
+D = 128's causal 64-row step masks P^T only where a warpgroup's keys run past the
+sequence or a row of the step misses one (`unmasked_from`; 376 instructions a warp
+without the mask, 491 with); causal packed 128-row steps (D = 64) run each query head's
+masked steps, then the others, in loops of their own (756 and 571 instructions; a branch
+there made ptxas serialize every wgmma); the other steps mask every step (`probs`).
 
 Key windows (`takes_windows`: short packed keys, mean length at most a tile,
 jagged.tiles.BWD_WINDOW_MEAN_FRACTION; the `window_config` build): a tile is a window of
@@ -1048,6 +1053,7 @@ def _kernel_classes():
                 coords = self.kv_tile_coords(t, pinned, sched)
                 b, hk, n0, seq, m_lo, n_m = coords[:6]
                 keys = None
+                m_from = self.unmasked_from(seq, n0 + wg * (BLOCK_N // NUM_MMA_WG))
                 if const_expr(self.windows):
                     self.col_ranges(sched, seq, b, coords[6], tScS, cols)
                     keys = self.window_keys(sched, coords)
@@ -1062,14 +1068,42 @@ def _kernel_classes():
                 if const_expr(self.kv_stages > 1):
                     kv = kv_state.index
                     kv_smem = (sV[None, None, kv], s.sVst[None, None, kv])
-                for j in cutlass.range(j0, j1, unroll=1):
+                split = const_expr(self.bm == 128 and self.causal
+                                   and not (self.windows or self.broadcast_q))
+                if const_expr(split):
+                    # causal 128-row steps: per query head its masked steps, then those that
+                    # need no mask, each run its own loop (TLX's compute)
+                    n_m1 = cutlass.max(n_m, 1)
+                    jm_from = cutlass.min(
+                        (cutlass.max(m_from - m_lo, 0) + self.bm - 1) // self.bm, n_m1)
+                    jj = j0
+                    while jj < j1:
+                        hb = jj - jj % n_m1  # the head's first step
+                        seg = cutlass.min(j1, hb + n_m1)
+                        mend = cutlass.min(seg, cutlass.max(jj, hb + jm_from))
+                        for j in cutlass.range(jj, mend, unroll=1):
+                            ld_off = ld_off ^ ld_flip(self.bm)
+                            self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
+                                              seq, scale_log2, (s.sLD, ld_off), kv)
+                            jm = Int32(0) if jm + 1 == n_m else jm + 1
+                            q_state.advance()
+                        for j in cutlass.range(mend, seg, unroll=1):
+                            ld_off = ld_off ^ ld_flip(self.bm)
+                            self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
+                                              seq, scale_log2, (s.sLD, ld_off), kv,
+                                              unmasked=True)
+                            jm = Int32(0) if jm + 1 == n_m else jm + 1
+                            q_state.advance()
+                        jj = seg
+                for j in cutlass.range(j0, j0 if split else j1, unroll=1):
                     ld_off = ld_off ^ ld_flip(self.bm)
                     step_dq = None
                     if const_expr(self.windows):  # + (head, window keys, first row, window)
                         step_dq = dq_out + (hk * group + j // n_m, keys, m_lo + jm * self.bm,
                                             seq)
                     self.compute_step(mma, q_state, pipeline_q, n0, m_lo + jm * self.bm,
-                                      seq, scale_log2, (s.sLD, ld_off), kv, cols, step_dq)
+                                      seq, scale_log2, (s.sLD, ld_off), kv, cols, step_dq,
+                                      m_from)
                     jm = Int32(0) if jm + 1 == n_m else jm + 1
                     q_state.advance()
                 # ---- store dK, dV (a split tile: add them)
@@ -1131,25 +1165,26 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                         ld, kv=None, cols=None, dq_out=None):
+                         ld, kv=None, cols=None, dq_out=None, m_from=None, unmasked=False):
             """One (KV tile, Q block) step in the transposed form: dK, dV accumulate in
             registers; the unscaled dQ partial goes to smem for `reduce_dq`. ld: (sLD,
             offset), `read_ld`. kv: the tile's K/V stage (None: one stage). cols: key
-            windows' row ranges (`col_ranges`); dq_out: key windows' dQ (`store_dq`)."""
+            windows' row ranges (`col_ranges`); dq_out: key windows' dQ (`store_dq`);
+            m_from: the first row whose steps need no mask (`unmasked_from`)."""
             if const_expr(kv is not None):
                 mma = replaced(mma, tSrK=mma.tSrK[None, None, None, kv],
                                tPrV=mma.tPrV[None, None, None, kv],
                                tdQrKt=mma.tdQrKt[None, None, None, kv])
             if const_expr(self.bm == 128):
                 self.compute_step_128(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
-                                      cols, dq_out)
+                                      cols, dq_out, unmasked)
             else:
                 self.compute_step_64(mma, q_state, pipeline_q, n0, m0, seq, scale_log2, ld,
-                                     cols, dq_out)
+                                     cols, dq_out, m_from)
 
         @cute.jit
         def compute_step_64(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                            ld, cols=None, dq_out=None):
+                            ld, cols=None, dq_out=None, m_from=None):
             """compute_step at 64 query rows: S^T and dP^T issued together. The dP^T wgmma
             starts from -delta, so it returns dP^T - delta and no delta register lives
             through the step's peak (dS^T); lse is read after the S^T wait, at use (read
@@ -1167,7 +1202,9 @@ def _kernel_classes():
                   zero_init=False, wait=-1)                                               # - delta
             warpgroup.wait_group(1)
             lse2 = self.read_ld(ld, 0, ncol)
-            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2, cols)
+            skip = const_expr(self.D == 128 and self.causal and not self.dq_t)  # (probs)
+            St = self.probs(acc_S, lse2, mma.tScS, n0, m0, seq, scale_log2, cols,
+                            m_from if skip else None)
             dPt = acc_rows_cols(acc_dP)
             if const_expr(not self.dq_t):
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -1190,7 +1227,7 @@ def _kernel_classes():
 
         @cute.jit
         def compute_step_128(self, mma: Operands, q_state, pipeline_q, n0, m0, seq, scale_log2,
-                             ld, cols=None, dq_out=None):
+                             ld, cols=None, dq_out=None, unmasked=False):
             """compute_step at 128 query rows (D = 64). S^T / dP^T are [64, 128] fp32 (64
             registers each) beside dK, dV (32 each); lse / delta are read at their use.
             Config.sdp_together (the default, but not at broadcast-Q, whose causal fp16
@@ -1207,7 +1244,7 @@ def _kernel_classes():
                 wgmma(mma.tiled_mma_sdp, acc_S, mma.tSrK, mma.tSrQ[None, None, None, s],
                       zero_init=True, wait=0)                                      # S^T = K Q^T
                 St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                                scale_log2, cols)
+                                scale_log2, cols, unmasked=unmasked)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 wgmma(mma.tiled_mma_dkv, mma.acc_dV, mma.tdVrPt,                    # dV += P^T dO
                       mma.tdVrdOt[None, None, None, s], zero_init=False, wait=0)
@@ -1222,7 +1259,7 @@ def _kernel_classes():
                       zero_init=False, wait=-1)                                    # dP^T - delta
                 warpgroup.wait_group(1)
                 St = self.probs(acc_S, self.read_ld(ld, 0, ncol), mma.tScS, n0, m0, seq,
-                                scale_log2, cols)
+                                scale_log2, cols, unmasked=unmasked)
                 mma.tdVrPt.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 warpgroup.wait_group(0)
             dPt = acc_rows_cols(acc_dP)
@@ -1249,26 +1286,62 @@ def _kernel_classes():
                 dPt[1, c] = Float32(0.0) - delta[c]
 
         @cute.jit
-        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None):
-            """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 on every step
-            (keys past the sequence; causal: right of the diagonal; key windows: rows
-            outside each column's range, `window_keep`), as TLX; returns the (key, query)
-            view."""
+        def probs(self, acc_S, lse2, tScS, n0, m0, seq, scale_log2, cols=None, m_from=None,
+                  unmasked=False):
+            """P^T = exp2(S^T * scale*log2e - lse*log2e) in place, masked to 0 (keys past
+            the sequence; causal: right of the diagonal; key windows: rows outside each
+            column's range, `window_keep`) on the steps that need it, as TLX: over key
+            windows or without m_from every step, else those whose first row m0 is below
+            m_from (`unmasked_from`); returns the (key, query) view. Only D = 128's causal
+            64-row step takes m_from: in the 80- and 128-row steps the branch makes ptxas
+            serialize every wgmma (its in-place writes to the S^T accumulator), and D =
+            64's 64-row step spills 60 B with it."""
             St = acc_rows_cols(acc_S)
-            for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
-                key = n0 + tScS[r, 0][0]
-                if const_expr(self.windows):
-                    lo, width = self.window_range(cols, r, m0)
-                for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
-                    p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
+            if const_expr(unmasked):  # a step that needs no mask (compute's causal split)
+                for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                        St[r, c] = cute.math.exp2(St[r, c] * scale_log2 - lse2[c],
+                                                  fastmath=True)
+            elif const_expr(self.windows or m_from is None):
+                for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                    key = n0 + tScS[r, 0][0]
                     if const_expr(self.windows):
-                        keep = self.window_keep(tScS[0, c][1], lo, width)
-                    else:
-                        keep = key < seq.len_k
-                        if const_expr(self.causal):
-                            keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
-                    St[r, c] = p if keep else Float32(0.0)
+                        lo, width = self.window_range(cols, r, m0)
+                    for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                        p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
+                        if const_expr(self.windows):
+                            keep = self.window_keep(tScS[0, c][1], lo, width)
+                        else:
+                            keep = key < seq.len_k
+                            if const_expr(self.causal):
+                                keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
+                        St[r, c] = p if keep else Float32(0.0)
+            else:
+                for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                        St[r, c] = cute.math.exp2(St[r, c] * scale_log2 - lse2[c],
+                                                  fastmath=True)
+                if m0 < m_from:
+                    for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
+                        key = n0 + tScS[r, 0][0]
+                        for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
+                            keep = key < seq.len_k
+                            if const_expr(self.causal):
+                                keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
+                            St[r, c] = St[r, c] if keep else Float32(0.0)
             return St
+
+        @cute.jit
+        def unmasked_from(self, seq, nc0):
+            """The first query row from which a step's rows see all of this warpgroup's
+            keys [nc0, nc0 + BLOCK_N // NUM_MMA_WG): causal, the first that sees the last
+            of them; none where they run past the sequence. Steps from there need no mask
+            (rows past the sequence need none: their lse loads as +inf, P = 0)."""
+            end = nc0 + BLOCK_N // NUM_MMA_WG
+            first = Int32(0)
+            if const_expr(self.causal):
+                first = seq.causal_q_start(end - 1)
+            return first if end <= seq.len_k else seq.len_q + 1
 
         @cute.jit
         def window_range(self, cols, r, m0):

@@ -84,3 +84,19 @@ def test_references_equal_the_mask(seed):
             if n0 < len_k:
                 assert all(bool(causal_visible_ref(i, n0, len_q, len_k)) == (n0 in seen[i])
                            for i in range(len_q))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unmasked_rows_see_their_keys(seed):
+    """The backward's mask skip (TLX `_unmasked_from`, CuteDSL `unmasked_from`): the rows
+    from causal_q_start(n_end - 1) see every key of [n0, n_end) (n_end <= len_k), and the
+    row before it misses one, so a step from there on needs no causal mask, and none
+    before."""
+    for len_q, len_k in zip(*(x.tolist() for x in _lengths(seed))):
+        i, j = torch.arange(len_q)[:, None], torch.arange(len_k)[None, :]
+        vis = causal_visible_ref(i, j, len_q, len_k)  # [len_q, len_k]
+        for n_end in range(1, len_k + 1):
+            first = int(causal_q_start_ref(n_end - 1, len_q, len_k))
+            assert bool(vis[first:, :n_end].all()), (len_q, len_k, n_end)  # any n0 < n_end
+            if 0 < first < len_q:
+                assert not bool(vis[first - 1, n_end - 1])
