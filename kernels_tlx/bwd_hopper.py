@@ -666,60 +666,63 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             lse_nx = tl.load(stats.lse + off_0, mask=ok_0, other=float("inf"))
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
-        SPLIT: tl.constexpr = ROW_SPLIT and CAUSAL and not (WINDOWS or BROADCAST_Q)
-        if SPLIT:
-            # causal 128-row steps: per query head its masked steps, then those that need
-            # no mask, each run its own loop (a branch in one loop spilled 41 a step)
-            n_m = tl.maximum(tile.n_m, 1)
-            jm_from = tl.minimum(tl.cdiv(tl.maximum(m_from - tile.m_lo, 0), BLOCK_M), n_m)
-            jj = j0
-            while jj < j1:
-                hb = jj - jj % n_m  # the head's first step
-                seg = tl.minimum(j1, hb + n_m)
-                mend = tl.minimum(seg, tl.maximum(jj, hb + jm_from))
-                for j in tl.range(jj, mend, num_stages=Q_LOOP_STAGES):
-                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j,
-                                       offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
-                                       NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
-                    qcnt += 1
-                for j in tl.range(mend, seg, num_stages=Q_LOOP_STAGES):
-                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j,
-                                       offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC, NC,
-                                       NUM_BUF, cid, WINDOWS, SDP_TOGETHER, False)
-                    qcnt += 1
-                jj = seg
-        for j in tl.range(j0, j0 if SPLIT else j1, num_stages=Q_LOOP_STAGES):
-            jm = j % tile.n_m
-            h = tile.hk * G + j // tile.n_m
-            m0 = tile.m_lo + jm * BLOCK_M
-            buf, ph = _buf_phase(qcnt, NUM_BUF)
-            offs_m = m0 + tl.arange(0, BLOCK_M)
-            if smem.lse is None:
-                lse = lse_nx  # loaded during the previous step (or before the loop)
-                delta = delta_nx
-            tlx.barrier_wait(bars.q_full[buf], ph)
-            qb = smem.q[buf]
-            dob = smem.do[buf]
-            if D >= 128:  # K_c / V_c descriptors per Q block, not held across the loop
-                kvq = _opaque(kvb)
-                kc = smem.k[kvq * NC + cid]
-                vc = smem.v[kvq * NC + cid]
-            if ROW_SPLIT:  # 128-row steps (D = 64): _step_rows
-                dk, dv, dqt = _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n,
-                                         offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M,
-                                         BNC, NC, cid, WINDOWS, SDP_TOGETHER)
+        if ROW_SPLIT:  # 128-row steps (D = 64): _row_step (no key windows at 128 rows)
+            if CAUSAL and not BROADCAST_Q:
+                # causal: per query head its masked steps, then those that need no
+                # mask, each run its own loop (a branch in one loop spilled 41 a step)
+                n_m = tl.maximum(tile.n_m, 1)
+                jm_from = tl.minimum(tl.cdiv(tl.maximum(m_from - tile.m_lo, 0), BLOCK_M),
+                                     n_m)
+                jj = j0
+                while jj < j1:
+                    hb = jj - jj % n_m  # the head's first step
+                    seg = tl.minimum(j1, hb + n_m)
+                    mend = tl.minimum(seg, tl.maximum(jj, hb + jm_from))
+                    for j in tl.range(jj, mend, num_stages=Q_LOOP_STAGES):
+                        dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
+                                           j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
+                                           NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
+                        qcnt += 1
+                    for j in tl.range(mend, seg, num_stages=Q_LOOP_STAGES):
+                        dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
+                                           j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
+                                           NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, False)
+                        qcnt += 1
+                    jj = seg
             else:
+                for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
+                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
+                                       j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
+                                       NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
+                    qcnt += 1
+        else:  # 64- and 32-row steps
+            for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
+                jm = j % tile.n_m
+                h = tile.hk * G + j // tile.n_m
+                m0 = tile.m_lo + jm * BLOCK_M
+                buf, ph = _buf_phase(qcnt, NUM_BUF)
+                offs_m = m0 + tl.arange(0, BLOCK_M)
+                if smem.lse is None:
+                    lse = lse_nx  # loaded during the previous step (or before the loop)
+                    delta = delta_nx
+                tlx.barrier_wait(bars.q_full[buf], ph)
+                qb = smem.q[buf]
+                dob = smem.do[buf]
+                if D >= 128:  # K_c / V_c descriptors per Q block, not held over the loop
+                    kvq = _opaque(kvb)
+                    kc = smem.k[kvq * NC + cid]
+                    vc = smem.v[kvq * NC + cid]
                 # S^T = K_c Q^T and dP^T = V_c dO^T, both in flight together
                 st = tlx.async_dot(kc, tlx.local_trans(qb))
                 dpt = tlx.async_dot(vc, tlx.local_trans(dob))
-                # The next step's LSE / delta, in flight under the rest of this step. Next
-                # step: the next Q block of head h, or block 0 of head h + 1; at the last step
-                # the index stays on this step's block (an in-bounds address) and the mask is
-                # all false, so nothing is read. Each load comes after this step's last use of
-                # the value it replaces (LSE: lse2, delta: dS^T), so ptxas keeps one set of
-                # registers per value, no copies; it issues the LSE loads just before the dK
-                # wait (ahead of the dQ wgmmas, the dQ handoff and the next Q/dO wait), the
-                # delta loads about as early.
+                # The next step's LSE / delta, in flight under the rest of this step.
+                # Next step: the next Q block of head h, or block 0 of head h + 1; at the
+                # last step the index stays on this step's block (an in-bounds address) and
+                # the mask is all false, so nothing is read. Each load comes after this
+                # step's last use of the value it replaces (LSE: lse2, delta: dS^T), so
+                # ptxas keeps one set of registers per value, no copies; it issues the LSE
+                # loads just before the dK wait (ahead of the dQ wgmmas, the dQ handoff and
+                # the next Q/dO wait), the delta loads about as early.
                 if smem.lse is None:
                     more = j + 1 < j1
                     wrap = jm == tile.n_m - 1
@@ -765,35 +768,33 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 else:
                     dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
                 dqt = tlx.async_dot_wait(0, dqt)
-            dv = tlx.async_dot_wait(0, dv)
-            dk = tlx.async_dot_wait(0, dk)
-            tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
-            if DQ_SUM:
-                if cid == NC - 1:
-                    # D = 64: the others' full-D partials added here (their staging, read
-                    # in the accumulator's layout), so one box a step is reduce-added to
-                    # the fp32 dQ in global memory instead of NC (half the traffic)
-                    for c2 in tl.static_range(NC - 1):
-                        tlx.barrier_wait(bars.dq_full[c2], qcnt & 1)
-                        dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
-                        tlx.barrier_arrive(bars.dq_empty[c2], 1)
-            # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
-            # for the last consumer, above); an owned window's whole dQ goes straight to
-            # dQ instead, and the hand-over stays (the reduce task adds nothing)
-            tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
-            if ROW_SPLIT:  # its dQ rows, not transposed (_step_rows)
-                tlx.local_store(dqc, dqt)
-            elif WINDOWS and (cid == NC - 1 or not DQ_SUM):
-                if owned:
-                    _store_dq(grads, dqt, tile, h, offs_m, cid * DQ_COLS if DQ_COLS < D else 0,
-                              H, D)
+                dv = tlx.async_dot_wait(0, dv)
+                dk = tlx.async_dot_wait(0, dk)
+                tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+                if DQ_SUM:
+                    if cid == NC - 1:
+                        # D = 64: the others' full-D partials added here (their staging, read
+                        # in the accumulator's layout), so one box a step is reduce-added to
+                        # the fp32 dQ in global memory instead of NC (half the traffic)
+                        for c2 in tl.static_range(NC - 1):
+                            tlx.barrier_wait(bars.dq_full[c2], qcnt & 1)
+                            dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
+                            tlx.barrier_arrive(bars.dq_empty[c2], 1)
+                # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
+                # for the last consumer, above); an owned window's whole dQ goes straight to
+                # dQ instead, and the hand-over stays (the reduce task adds nothing)
+                tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)  # one stage per consumer
+                if WINDOWS and (cid == NC - 1 or not DQ_SUM):
+                    if owned:
+                        _store_dq(grads, dqt, tile, h, offs_m,
+                                  cid * DQ_COLS if DQ_COLS < D else 0, H, D)
+                    else:
+                        tlx.local_store(tlx.local_trans(dqc), dqt)
                 else:
                     tlx.local_store(tlx.local_trans(dqc), dqt)
-            else:
-                tlx.local_store(tlx.local_trans(dqc), dqt)
-            tlx.fence_async_shared()
-            tlx.barrier_arrive(bars.dq_full[cid], 1)
-            qcnt += 1
+                tlx.fence_async_shared()
+                tlx.barrier_arrive(bars.dq_full[cid], 1)
+                qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
         if PARTS > 1:  # a split tile: add them
             store_add(grads, dk, dv, vc, tile, nc0, BNC, D)
@@ -810,9 +811,9 @@ def _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j, offs_n, dq
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
               BNC: tl.constexpr, NC: tl.constexpr, NUM_BUF: tl.constexpr, cid: tl.constexpr,
               WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr, MASK: tl.constexpr):
-    """compute's whole step j at 128 rows (D = 64), MASK or not (compute's causal split):
-    the Q/dO wait, _step_rows, the stage's release and the dQ hand-over; returns dK_c,
-    dV_c."""
+    """compute's step j at 128 rows (D = 64): the Q/dO wait, _step_rows (P^T masked if
+    MASK: compute's causal split runs the steps that need no mask with MASK=False), the
+    stage's release and the dQ hand-over (no DQ_SUM at 128 rows); returns dK_c, dV_c."""
     m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
     buf, ph = _buf_phase(qcnt, NUM_BUF)
     offs_m = m0 + tl.arange(0, BLOCK_M)
