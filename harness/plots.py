@@ -366,8 +366,9 @@ def plot_fuzz(df, path, worst=0.95) -> Path | None:
     fa = df[(df["suite"] == "fuzz") & (df["backend"] == "fa4")]
     key = ["pass"] + SHAPE_KEY
     fa_ms = fa[key + ["graph_ms", "ms"]].rename(columns={"graph_ms": "fa_graph", "ms": "fa_ms"})
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), squeeze=False)
-    for ax, ps in zip(axes[0], ("fwd", "bwd")):
+    passes = [ps for ps in ("fwd", "bwd") if (fa["pass"] == ps).any()]
+    fig, axes = plt.subplots(1, len(passes), figsize=(6.5 * len(passes), 4.6), squeeze=False)
+    for ax, ps in zip(axes[0], passes):
         for how, d, filled in (("graph", graph, True), ("eager", eager, False)):
             d = d[(d["suite"] == "fuzz") & (d["pass"] == ps) & (d["backend"] != "fa4")]
             d = d.merge(fa_ms, on=key)
@@ -390,7 +391,8 @@ def plot_fuzz(df, path, worst=0.95) -> Path | None:
     axes[0][0].set_ylabel("speedup over FA4 (x)")
     axes[0][-1].legend(fontsize=7, loc="best")
     gpu = df["gpu"].dropna()
-    fig.suptitle(f"Fuzz problems against flash-attn-4 ({len(fa) // 2} shapes"
+    shapes = len(fa[SHAPE_KEY].drop_duplicates())
+    fig.suptitle(f"Fuzz problems against flash-attn-4 ({shapes} shapes"
                  + (f", {gpu.iloc[0]}" if len(gpu) else "") + ")")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

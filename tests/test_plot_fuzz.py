@@ -1,5 +1,6 @@
 """The fuzz chart (`harness.plots.plot_fuzz`) and the report's fuzz verdicts, on a small
 synthetic results table: one point per (style, problem, pass, eager / replayed)."""
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from harness import plots
@@ -24,6 +25,10 @@ def test_fuzz_chart_and_verdicts(tmp_path):
     path = plots.plot_fuzz(df, tmp_path / "fuzz.png")
     assert path == tmp_path / "fuzz.png" and path.stat().st_size > 10_000
     assert plots.plot_fuzz(df.assign(suite="gem-jagged"), tmp_path / "none.png") is None
+    # one pass run: one panel, so about half the width
+    bwd = plots.plot_fuzz(df[df["pass"] == "bwd"], tmp_path / "bwd.png")
+    both, one = (plt.imread(x) for x in (path, bwd))
+    assert one.shape[1] < 0.6 * both.shape[1], (one.shape, both.shape)
     for col in ("tflops", "graph_tflops"):
         sp = plots.speedup(df, col=col)
         md = _fuzz_summary(sp[sp["backend"] != "fa4"], df)
