@@ -99,9 +99,9 @@ with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ. Rows go by 
 step misses one (`_unmasked_from`): 398 instructions a warp without it, 512 with. Causal
 packed 128-row steps (D = 64) run each query head's masked steps, then the others, in
 loops of their own (`_row_step`; a branch in one loop spilled 41 instructions a step):
-1035 and 562 instructions a warp. The other builds mask every step, as CuteDSL's (the
-branch spilled in broadcast-Q's 32- and 64-row builds, 38-49 instructions, and D = 128's
-non-causal 64-row one, 8).
+1035 and 562 instructions a warp. The other builds mask every step: the branch spilled
+in broadcast-Q's 32- and 64-row builds (38-49 instructions; CuteDSL's broadcast-Q D = 128
+step takes it spill-free) and in D = 128's non-causal 64-row one (8).
 """
 from __future__ import annotations
 
