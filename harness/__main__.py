@@ -114,11 +114,12 @@ def cmd_sweep(a, timing: bool):
 
 
 def _suite(name: str, a) -> list:
-    """A suite's problems; `fuzz` drawn from --fuzz-seed / --fuzz-n."""
+    """A suite's problems; `fuzz` drawn from --fuzz-seed (one or a comma list) / --fuzz-n."""
     from .problems import fuzz_problems
     from .suites import suite
     if name == "fuzz":
-        return fuzz_problems(a.fuzz_n, a.fuzz_seed)
+        return [p for seed in str(a.fuzz_seed).split(",")
+                for p in fuzz_problems(a.fuzz_n, int(seed))]
     return suite(name)
 
 
@@ -242,8 +243,8 @@ def main(argv=None):
             "leave out the (backend, problem) jobs that have their rows in the results "
             "already (a stopped run goes on)"))
         s.add_argument("--match", default="", help=MATCH_HELP)
-        s.add_argument("--fuzz-seed", type=int, default=0,
-                       help="the fuzz suite's seed (default: %(default)s)")
+        s.add_argument("--fuzz-seed", default="0",
+                       help="the fuzz suite's seed, or seeds: 0,4,7 (default: %(default)s)")
         s.add_argument("--fuzz-n", type=int, default=40,
                        help="the fuzz suite's number of problems (default: %(default)s)")
     s = _diagnostic(sub, "profile", "host time, GPU kernel time and do_bench of each backend per "

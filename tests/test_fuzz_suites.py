@@ -64,8 +64,10 @@ def test_bench_fuzz_seed_and_count_options(monkeypatch):
     monkeypatch.setattr(cli, "cmd_sweep", lambda a, timing: seen.append(a))
     cli.main(["bench", "--suite", "fuzz", "--fuzz-seed", "5", "--fuzz-n", "7"])
     a = seen[0]
-    assert (a.fuzz_seed, a.fuzz_n) == (5, 7)
+    assert (a.fuzz_seed, a.fuzz_n) == ("5", 7)
     assert cli._suite("fuzz", a) == fuzz_problems(7, 5)
+    a.fuzz_seed = "5,2"  # several seeds: their problems in turn
+    assert cli._suite("fuzz", a) == fuzz_problems(7, 5) + fuzz_problems(7, 2)
     assert cli._suite("smoke", a) == suite("smoke")
     d = argparse.Namespace(fuzz_seed=0, fuzz_n=40)
     assert cli._suite("fuzz", d) == suite("fuzz")
