@@ -202,13 +202,13 @@ def _experiment(style: str, apply: Callable[[], None]):
 
 
 def _parts_main_rule():
-    """A/B only: both styles split tiles by main's bwd_parts (the bound as the longest)."""
+    """A/B only: both styles split tiles by the base tree's bwd_parts (scripts/ab)."""
     import importlib.util
     import os
     import kernels_cute.bwd_hopper as cb
     import kernels_tlx.bwd_hopper as tb
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "ab", "tiles_main.py")
-    spec = importlib.util.spec_from_file_location("tiles_main", path)
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "ab", "tiles_base.py")
+    spec = importlib.util.spec_from_file_location("tiles_base", path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     tb.bwd_parts = cb.bwd_parts = m.bwd_parts
@@ -217,7 +217,7 @@ def _parts_main_rule():
 for _style in ("tlx", "cute"):
     _make, _avail = _experiment(_style, _parts_main_rule)
     register(Backend(f"{_style}-x", _make, _avail, supports=_ours_supports(_style), own=True,
-                     experimental=True, note="main's bwd_parts (A/B)"))
+                     experimental=True, note="the base tree's bwd_parts (A/B)"))
 
 
 # ---------------------------------------------------------------------------- FA4

@@ -19,6 +19,7 @@ GQA head packing (`gqa_pack`, `pack_heads`) and the backward's scheduling mode
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import OrderedDict
@@ -974,6 +975,7 @@ BWD_PART_GAIN = 0.96  # a larger P only where its model span is this much shorte
 BWD_MAX_PARTS = 8     # one build per P (1, 2, 4, 8)
 
 
+@functools.lru_cache(maxsize=256)
 def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
               broadcast_q: bool, block_m: int, block_n: int, programs: int,
               max_q: int = 0, max_k: int = 0) -> int:
@@ -984,19 +986,49 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     balance badly over the programs (fuzz B2 H8/2 D64 16384 / 0.9: 442 tiles of ~450 steps
     on 132 programs).
 
-    From host sizes only (no sync): T ~ h_kv (n_k / block_n + batch / 2) tiles of w
-    steps (group x the mean rows that see a key / block_m; causal: bottom-right aligned;
-    self-attention lengths: scaled by the least sum of squared lengths the longest
-    sequence allows, over n^2 / batch);
-    over r = T P / programs rounds, the model span of P is (max(r, 1) + the last round's
-    idle part, min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P +
-    a tile's fixed steps; a split tile's scaled by min(r, 1), the share of the programs
-    whose adds compete for memory), at least the longest tile's part (group x max_q rows,
-    causal: min(max_q, max_k), the first key block's), plus BWD_SPLIT_CALL_STEPS for
-    P > 1; P doubles while that shortens it by BWD_PART_GAIN. Broadcast-Q (pinned heads,
-    dQ slots) stays whole."""
+    From host sizes only (no sync), the span of each P (`parts_spans`); P doubles while
+    that shortens the span by BWD_PART_GAIN. max_q / max_k only bound the lengths (a jagged
+    call may pass its padded bound: fuzz cross B43 H8/8 D64 8192 / 2048 has 1604 rows at
+    most, 738 on average), so the spans are modelled twice: with a sequence as long as the
+    bound (tight) and with every sequence of the mean length (loose). Where the two pick
+    different P, the tight one's is taken only if it gains more where the bound holds than
+    it loses where it does not. Without a bound (0), the mean sizes alone and no longest
+    tile. Broadcast-Q (pinned heads, dQ slots) stays whole. Cached: a model's layers ask
+    it the same question."""
     if broadcast_q or batch == 0 or n_k == 0 or n_q == 0:
         return 1
+    args = (n_q, n_k, batch, h_kv, group, causal, block_m, block_n, programs)
+    if not max_q:
+        return _fewest_parts(parts_spans(*args, 0, 0))
+    tight = parts_spans(*args, min(max_q, n_q), min(max_k, n_k))
+    loose = parts_spans(*args, n_q / batch, n_k / batch)
+    i, j = _fewest_parts(tight).bit_length() - 1, _fewest_parts(loose).bit_length() - 1
+    if i == j or tight[j] / tight[i] > loose[i] / loose[j]:
+        return 1 << i
+    return 1 << j
+
+
+def _fewest_parts(spans: list[float]) -> int:
+    """P = 1, doubled while spans[log2 2P] < BWD_PART_GAIN spans[log2 P]."""
+    i = 0
+    while i + 1 < len(spans) and spans[i + 1] < BWD_PART_GAIN * spans[i]:
+        i += 1
+    return 1 << i
+
+
+def parts_spans(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
+                block_m: int, block_n: int, programs: int, max_q: float,
+                max_k: float) -> list[float]:
+    """bwd_parts' model of a backward's span in steps, its tiles split P = 1, 2, ...,
+    BWD_MAX_PARTS ways, the longest sequence max_q x max_k (0: no longest tile).
+    T ~ h_kv (n_k / block_n + batch / 2) tiles of w steps (group x the mean rows that see a
+    key / block_m; causal: bottom-right aligned; self-attention lengths: scaled by the
+    least sum of squared lengths the longest sequence allows, over n^2 / batch); over
+    r = T P / programs rounds, the span is (max(r, 1) + the last round's idle part,
+    min(ceil(r) - r, 1 / 2): tiles of unequal work fill some of it) x (w / P + a tile's
+    fixed steps; a split tile's scaled by min(r, 1), the share of the programs whose adds
+    compete for memory), at least the longest tile's part (group x max_q rows, causal:
+    min(max_q, max_k), the first key block's), plus BWD_SPLIT_CALL_STEPS for P > 1."""
     mq, mk = n_q / batch, n_k / batch
     if causal:  # rows that see a key, over the keys: bottom-right aligned
         rows = mq - mq * mq / (2 * mk) if mq <= mk else mk / 2
@@ -1010,18 +1042,16 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
         m = min(max_q, n_q)
         steps *= max((m * m + (n_q - m) ** 2 / (batch - 1)) / (n_q * n_q / batch), 1.0)
     longest = group * (min(max_q, max_k) if causal else max_q) / block_m
-
-    def span(p: int) -> float:
+    out, p = [], 1
+    while p <= BWD_MAX_PARTS:
         rounds = tiles * p / programs
         fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
         tile = steps / p + fixed
         idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
-        return (max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
-                + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
-    parts = 1
-    while parts < BWD_MAX_PARTS and span(2 * parts) < BWD_PART_GAIN * span(parts):
-        parts *= 2
-    return parts
+        out.append(max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
+                   + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
+        p *= 2
+    return out
 
 
 def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_n: int,
