@@ -154,7 +154,8 @@ def test_bwd_parts():
     """Tiles split over programs where a call has few long ones (jagged.tiles.bwd_parts,
     host sizes only): fuzz B2 H8/2 D64 16384 / 0.9's 442 tiles of ~450 steps in two, a
     handful of long tiles in four, a few GQA groups of eight heads in eight; many tiles, a
-    list that already fills one round, short tiles and broadcast-Q stay whole."""
+    list that already fills one round, short tiles and broadcast-Q stay whole; a loose
+    bound on the lengths splits nothing by itself."""
     from jagged.tiles import bwd_parts, dkv_accumulator
     S = 132
     # (n_q, n_k, batch, h_kv, group, causal, broadcast_q, block_m) -> parts
@@ -182,6 +183,17 @@ def test_bwd_parts():
     # longest 4091 of 9164): the call's steps are more than its mean length says (its
     # squared lengths), the programs busy at four parts already
     assert bwd_parts(9164, 9164, 8, 1, 2, True, False, 128, 128, S, 4091, 4091) == 4
+    # a padded bound far above the mean (fuzz cross B43 H8/8 D64 8192 / 2048 s0.1: 1604
+    # rows at most, 738 on average): a sequence as long as the bound would want two parts,
+    # but they gain less there than they lose where the bound is loose, so tiles stay whole
+    from jagged.tiles import _fewest_parts, parts_spans
+    b43 = (31758, 8609, 43, 8, 1, False, 128, 128, S)
+    assert _fewest_parts(parts_spans(*b43, 8192, 2048)) == 2
+    assert _fewest_parts(parts_spans(*b43, 31758 / 43, 8609 / 43)) == 1
+    assert bwd_parts(*b43[:6], False, *b43[6:], 8192, 2048) == 1
+    # one sequence: its length is the call's, whatever the bound says
+    assert (bwd_parts(818, 818, 1, 8, 1, True, False, 64, 128, S, 4096, 4096)
+            == bwd_parts(818, 818, 1, 8, 1, True, False, 64, 128, S, 818, 818))
     assert dkv_accumulator(torch.empty(5, 2, 64), 1) is None
     acc = dkv_accumulator(torch.empty(5, 2, 64, dtype=torch.bfloat16), 2)
     assert acc.shape == (2, 5, 2, 64) and acc.dtype == torch.float32  # the preprocess zeroes it
