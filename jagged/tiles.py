@@ -1047,9 +1047,7 @@ def parts_spans(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: b
         rounds = tiles * p / programs
         fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
         tile = steps / p + fixed
-        # causal tiles' work runs from the longest down to a step: taken longest first,
-        # the short ones fill the last round
-        idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 and not causal else 0.0
+        idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
         out.append(max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
                    + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
         p *= 2
