@@ -997,11 +997,12 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     it the same question."""
     if broadcast_q or batch == 0 or n_k == 0 or n_q == 0:
         return 1
-    args = (n_q, n_k, batch, h_kv, group, causal, block_m, block_n, programs)
+    terms = _part_terms(n_k, batch, h_kv, block_m, block_n, programs)
+    work = (n_q, n_k, batch, group, causal, block_m)
     if not max_q:
-        return _fewest_parts(parts_spans(*args, 0, 0))
-    tight = parts_spans(*args, min(max_q, n_q), min(max_k, n_k))
-    loose = parts_spans(*args, n_q / batch, n_k / batch)
+        return _fewest_parts(_spans(terms, *_work(*work, 0, 0)))
+    tight = _spans(terms, *_work(*work, min(max_q, n_q), min(max_k, n_k)))
+    loose = _spans(terms, *_work(*work, n_q / batch, n_k / batch))
     i, j = _fewest_parts(tight).bit_length() - 1, _fewest_parts(loose).bit_length() - 1
     if i == j or tight[j] / tight[i] > loose[i] / loose[j]:
         return 1 << i
@@ -1029,29 +1030,43 @@ def parts_spans(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: b
     fixed steps; a split tile's scaled by min(r, 1), the share of the programs whose adds
     compete for memory), at least the longest tile's part (group x max_q rows, causal:
     min(max_q, max_k), the first key block's), plus BWD_SPLIT_CALL_STEPS for P > 1."""
+    return _spans(_part_terms(n_k, batch, h_kv, block_m, block_n, programs),
+                  *_work(n_q, n_k, batch, group, causal, block_m, max_q, max_k))
+
+
+def _part_terms(n_k, batch, h_kv, block_m, block_n, programs) -> list[tuple]:
+    """Per P (parts_spans): (P, max(r, 1) + idle, the tile's fixed steps, the call's)."""
+    tiles = h_kv * (n_k / block_n + batch / 2)
+    out, p = [], 1
+    while p <= BWD_MAX_PARTS:
+        rounds = tiles * p / programs
+        fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
+        idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
+        out.append((p, max(rounds, 1.0) + idle, fixed,
+                    BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
+        p *= 2
+    return out
+
+
+def _work(n_q, n_k, batch, group, causal, block_m, max_q, max_k) -> tuple[float, float]:
+    """(a tile's mean steps, the longest tile's steps) (parts_spans)."""
     mq, mk = n_q / batch, n_k / batch
     if causal:  # rows that see a key, over the keys: bottom-right aligned
         rows = mq - mq * mq / (2 * mk) if mq <= mk else mk / 2
     else:
         rows = mq
-    tiles = h_kv * (n_k / block_n + batch / 2)
     steps = group * rows / block_m
     if max_q and max_q == max_k and n_q == n_k and batch > 1:
         # self-attention lengths: a call's steps go with the sum of its squared lengths,
         # at least max^2 + (n - max)^2 / (batch - 1) where one sequence is the longest
         m = min(max_q, n_q)
         steps *= max((m * m + (n_q - m) ** 2 / (batch - 1)) / (n_q * n_q / batch), 1.0)
-    longest = group * (min(max_q, max_k) if causal else max_q) / block_m
-    out, p = [], 1
-    while p <= BWD_MAX_PARTS:
-        rounds = tiles * p / programs
-        fixed = BWD_PART_ROWS / block_m * min(rounds, 1.0) if p > 1 else BWD_TILE_STEPS
-        tile = steps / p + fixed
-        idle = min(math.ceil(rounds) - rounds, 0.5) if rounds > 1 else 0.0
-        out.append(max((max(rounds, 1.0) + idle) * tile, longest / p + fixed)
-                   + (BWD_SPLIT_CALL_STEPS if p > 1 else 0.0))
-        p *= 2
-    return out
+    return steps, group * (min(max_q, max_k) if causal else max_q) / block_m
+
+
+def _spans(terms, steps, longest) -> list[float]:
+    return [max(mult * (steps / p + fixed), longest / p + fixed) + call
+            for p, mult, fixed, call in terms]
 
 
 def window_parts(n_q: int, n_k: int, h_kv: int, group: int, block_m: int, block_n: int,
