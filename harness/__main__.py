@@ -113,6 +113,16 @@ def cmd_sweep(a, timing: bool):
             clocks([], [], out=out, with_gemm=True)
 
 
+def _seeds(text: str) -> str:
+    """--fuzz-seed: one integer or a comma list of them (kept as given)."""
+    try:
+        [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"takes an integer or a comma list of them (0,4,7), got {text!r}") from None
+    return text
+
+
 def _suite(name: str, a) -> list:
     """A suite's problems; `fuzz` drawn from --fuzz-seed (one or a comma list) / --fuzz-n."""
     from .problems import fuzz_problems
@@ -243,7 +253,7 @@ def main(argv=None):
             "leave out the (backend, problem) jobs that have their rows in the results "
             "already (a stopped run goes on)"))
         s.add_argument("--match", default="", help=MATCH_HELP)
-        s.add_argument("--fuzz-seed", default="0",
+        s.add_argument("--fuzz-seed", type=_seeds, default="0",
                        help="the fuzz suite's seed, or seeds: 0,4,7 (default: %(default)s)")
         s.add_argument("--fuzz-n", type=int, default=40,
                        help="the fuzz suite's number of problems (default: %(default)s)")

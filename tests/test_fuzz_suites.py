@@ -69,6 +69,8 @@ def test_bench_fuzz_seed_and_count_options(monkeypatch):
     a.fuzz_seed = "5,2"  # several seeds: their problems in turn
     assert cli._suite("fuzz", a) == fuzz_problems(7, 5) + fuzz_problems(7, 2)
     assert cli._suite("smoke", a) == suite("smoke")
+    with pytest.raises(SystemExit):  # argparse's usage error, not a traceback
+        cli.main(["bench", "--suite", "fuzz", "--fuzz-seed", "5,x"])
     d = argparse.Namespace(fuzz_seed=0, fuzz_n=40)
     assert cli._suite("fuzz", d) == suite("fuzz")
 
