@@ -262,6 +262,22 @@ class Grads(NamedTuple):
     dq: object = None
 
 
+class RowTile(NamedTuple):
+    """What a tile's 128-row steps share (_row_step): the program's smem and barriers,
+    the tile and its key bounds, this consumer's K/V stage and its K_c / V_c, its key
+    offsets, its dQ staging, and the softmax scale times log2(e)."""
+    smem: object
+    bars: object
+    tile: object
+    bounds: object
+    kvb: object
+    kc: object
+    vc: object
+    offs_n: object
+    dqc: object
+    qk_scale2: object
+
+
 def dq_cols(head_dim: int) -> int:  # role: host
     """dQ columns per consumer (the DQ_COLS constexpr and the dQ TMA box width)."""
     half = head_dim // NUM_CONSUMERS.value
@@ -667,6 +683,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             delta_nx = tl.load(stats.delta + off_0, mask=ok_0, other=0.0)
         # (a loop's own num_stages wins over the launch's: Q_LOOP_STAGES)
         if ROW_SPLIT:  # 128-row steps (D = 64): _row_step (no key windows at 128 rows)
+            # (the loops stay here: one inside a jit helper gives other SASS, its
+            # registers renumbered)
+            rt = RowTile(smem, bars, tile, bounds, kvb, kc, vc, offs_n, dqc, qk_scale2)
             if CAUSAL and not BROADCAST_Q:
                 # causal: per query head its masked steps, then those that need no
                 # mask, each run its own loop (a branch in one loop spilled 41 a step)
@@ -679,21 +698,18 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     seg = tl.minimum(j1, hb + n_m)
                     mend = tl.minimum(seg, tl.maximum(jj, hb + jm_from))
                     for j in tl.range(jj, mend, num_stages=Q_LOOP_STAGES):
-                        dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
-                                           j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
-                                           NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
+                        dk, dv = _row_step(rt, qcnt, dk, dv, j, CAUSAL, BLOCK_M, BNC, NC,
+                                           NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
                         qcnt += 1
                     for j in tl.range(mend, seg, num_stages=Q_LOOP_STAGES):
-                        dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
-                                           j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
-                                           NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, False)
+                        dk, dv = _row_step(rt, qcnt, dk, dv, j, CAUSAL, BLOCK_M, BNC, NC,
+                                           NUM_BUF, cid, WINDOWS, SDP_TOGETHER, False)
                         qcnt += 1
                     jj = seg
             else:
                 for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
-                    dk, dv = _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv,
-                                       j, offs_n, dqc, qk_scale2, CAUSAL, BLOCK_M, BNC,
-                                       NC, NUM_BUF, cid, WINDOWS, SDP_TOGETHER, True)
+                    dk, dv = _row_step(rt, qcnt, dk, dv, j, CAUSAL, BLOCK_M, BNC, NC, NUM_BUF,
+                                       cid, WINDOWS, SDP_TOGETHER, True)
                     qcnt += 1
         else:  # 64- and 32-row steps
             for j in tl.range(j0, j1, num_stages=Q_LOOP_STAGES):
@@ -807,25 +823,28 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
 
 
 @triton.jit
-def _row_step(smem, bars, tile, bounds, kvb, kc, vc, qcnt, dk, dv, j, offs_n, dqc, qk_scale2,
-              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def _row_step(rt, qcnt, dk, dv, j, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
               BNC: tl.constexpr, NC: tl.constexpr, NUM_BUF: tl.constexpr, cid: tl.constexpr,
               WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr, MASK: tl.constexpr):
-    """compute's step j at 128 rows (D = 64): the Q/dO wait, _step_rows (P^T masked if
-    MASK: compute's causal split runs the steps that need no mask with MASK=False), the
-    stage's release and the dQ hand-over (no DQ_SUM at 128 rows); returns dK_c, dV_c."""
+    """compute's step j at 128 rows (D = 64) of tile rt (a RowTile): the Q/dO wait,
+    _step_rows (P^T masked if MASK: compute's causal split runs the steps that need no
+    mask with MASK=False), the stage's release and the dQ hand-over (no DQ_SUM at 128
+    rows); returns dK_c, dV_c."""
+    smem = rt.smem
+    bars = rt.bars
+    tile = rt.tile
     m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
     buf, ph = _buf_phase(qcnt, NUM_BUF)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     tlx.barrier_wait(bars.q_full[buf], ph)
-    dk, dv, dqt = _step_rows(kc, vc, smem.q[buf], smem.do[buf], smem, buf, kvb, qcnt, dk, dv,
-                             offs_n, offs_m, tile, bounds, qk_scale2, CAUSAL, BLOCK_M, BNC,
-                             NC, cid, WINDOWS, SDP_TOGETHER, MASK)
+    dk, dv, dqt = _step_rows(rt.kc, rt.vc, smem.q[buf], smem.do[buf], smem, buf, rt.kvb, qcnt,
+                             dk, dv, rt.offs_n, offs_m, tile, rt.bounds, rt.qk_scale2, CAUSAL,
+                             BLOCK_M, BNC, NC, cid, WINDOWS, SDP_TOGETHER, MASK)
     dv = tlx.async_dot_wait(0, dv)
     dk = tlx.async_dot_wait(0, dk)
     tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
     tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)
-    tlx.local_store(dqc, dqt)
+    tlx.local_store(rt.dqc, dqt)
     tlx.fence_async_shared()
     tlx.barrier_arrive(bars.dq_full[cid], 1)
     return dk, dv
