@@ -201,6 +201,18 @@ def _experiment(style: str, apply: Callable[[], None]):
     return make, available
 
 
+def _dk_first():
+    """A/B only: the TLX backward's 64- and 32-row steps issue dK before dQ and wait for
+    all three dots before the dQ hand-over."""
+    import kernels_tlx.bwd_hopper as tb
+    tb.DQ_FIRST = False
+
+
+_make, _avail = _experiment("tlx", _dk_first)
+register(Backend("tlx-x", _make, _avail, supports=_ours_supports("tlx"), own=True,
+                 experimental=True, note="dK before dQ in the 64- / 32-row step (A/B)"))
+
+
 # ---------------------------------------------------------------------------- FA4
 
 def _fa4_make():

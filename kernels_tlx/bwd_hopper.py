@@ -203,6 +203,9 @@ NUM_CONSUMERS = tl.constexpr(2)   # consumer warpgroups; each owns BLOCK_N // NU
 REGS_COMPUTE = tl.constexpr(232)
 REGS_COMPUTE_M64 = tl.constexpr(240)  # 64- and 128-row steps: no reduce warp, 3 warpgroups
 REGS_REDUCE = tl.constexpr(24)
+# 64- and 32-row steps: dQ issued before dK, so dK runs under the dQ hand-over (A/B:
+# False, dK first and one wait for all three)
+DQ_FIRST = True
 DS_BARRIER = tl.constexpr(8)      # named barrier: both consumers' dS^T are in smem
 ROW_SEQ_CHUNK = tl.constexpr(16)  # offsets a pass of seqinfo.row_seq compares (windows)
 
@@ -594,7 +597,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
             DQ_COLS: tl.constexpr, cid: tl.constexpr, NKV: tl.constexpr,
             DYNAMIC: tl.constexpr, DQ_SUM: tl.constexpr, Q_LOOP_STAGES: tl.constexpr,
             ROW_SPLIT: tl.constexpr, WINDOWS: tl.constexpr, SDP_TOGETHER: tl.constexpr,
-            PARTS: tl.constexpr):
+            PARTS: tl.constexpr, DQ_FIRST: tl.constexpr):
     """Consumer cid: per tile its 64 keys against every Q step of the tile's query heads;
     per step dV_c, dK_c and its part of dQ (staged for reduce_dq); at the tile's end the
     store. cid comes in as an argument: a jit helper is traced once per signature, so
@@ -748,7 +751,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 if smem.lse is None:
                     delta_nx = tl.load(stats.delta + off_nx, mask=rmask_nx, other=0.0)
                 sb = (qcnt % 2) * NC
-                dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
+                if not DQ_FIRST:
+                    dk = tlx.async_dot(dst, qb, dk)               # dK_c += dS^T Q
                 # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
                 # buffered by Q-block parity). At D >= 128 the consumers meet, then each
                 # forms its DQ_COLS columns over all BLOCK_N keys:
@@ -767,10 +771,15 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         dqt = tlx.async_dot(kt, smem.ds[sb + c2], dqt)
                 else:
                     dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
-                dqt = tlx.async_dot_wait(0, dqt)
-                dv = tlx.async_dot_wait(0, dv)
-                dk = tlx.async_dot_wait(0, dk)
-                tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+                if DQ_FIRST:  # dK_c += dS^T Q runs under the dQ hand-over below
+                    dk = tlx.async_dot(dst, qb, dk)
+                    dqt = tlx.async_dot_wait(1, dqt)
+                    dv = tlx.async_dot_wait(1, dv)
+                else:
+                    dqt = tlx.async_dot_wait(0, dqt)
+                    dv = tlx.async_dot_wait(0, dv)
+                    dk = tlx.async_dot_wait(0, dk)
+                    tlx.barrier_arrive(bars.q_empty[buf], 1)      # Q/dO stage free
                 if DQ_SUM:
                     if cid == NC - 1:
                         # D = 64: the others' full-D partials added here (their staging, read
@@ -794,6 +803,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     tlx.local_store(tlx.local_trans(dqc), dqt)
                 tlx.fence_async_shared()
                 tlx.barrier_arrive(bars.dq_full[cid], 1)
+                if DQ_FIRST:
+                    dk = tlx.async_dot_wait(0, dk)
+                    tlx.barrier_arrive(bars.q_empty[buf], 1)      # Q/dO stage free
                 qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
         if PARTS > 1:  # a split tile: add them
@@ -1041,7 +1053,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
                WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
                SDP_TOGETHER: tl.constexpr = False,  # Config.sdp_together
-               PARTS: tl.constexpr = 1):  # programs a tile (bwd_parts); dk / dv fp32 if > 1
+               PARTS: tl.constexpr = 1,  # programs a tile (bwd_parts); dk / dv fp32 if > 1
+               DQ_FIRST: tl.constexpr = True):  # 64- and 32-row steps: dQ before dK
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -1110,7 +1123,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
             gdc_launch_dependents()
             compute(smem, bars, tiles, stats, grads, col_rows, H, HKV, D, BLOCK_M, BLOCK_N,
                     CAUSAL, BROADCAST_Q, NB, NC, DQ_COLS, cid, NKV, DYNAMIC, DQS, Q_LOOP_STAGES,
-                    M128, WINDOWS, SDP_TOGETHER, PARTS)
+                    M128, WINDOWS, SDP_TOGETHER, PARTS, DQ_FIRST)
         if not M64:
             with tlx.async_task(num_warps=1, registers=REGS_REDUCE):
                 gdc_wait()
@@ -1348,7 +1361,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, DQ_FIRST=DQ_FIRST,
+        num_warps=4,
         num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
     if direct:  # the windows stored every row, the preprocess zeroed the rest
