@@ -198,7 +198,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts)
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, DQ_FIRST=bw.DQ_FIRST)
     if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
         sig.update(col_rows="*i32", dq_ptr=f"*{dt}")
     else:

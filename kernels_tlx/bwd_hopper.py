@@ -604,14 +604,17 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     async_task_replica_id() read here would give both replicas cid = 0 (a hang: dq_full[1]
     never arrives).
 
-    Dot schedule: the waits below keep S^T with dP^T, dV with dS^T and dK with dQ in
-    flight, but Triton's pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts
-    a wgmma wait 0 right after every dot of the Q-step loop (none is a pure loop-carried
-    accumulator, and the loop arrives on barriers), so the dots of a step run one after
-    the other. The loop at num_stages=0 (Q_LOOP_STAGES) skips that pass: 3 waits of 0 a
-    step instead of 9, spill-free.
+    Dot schedule: the waits below keep S^T with dP^T and dV with dS^T in flight, and at
+    64- and 32-row steps (DQ_FIRST) dQ is issued before dK, whose wgmma runs under the dQ
+    hand-over (a wait of 1 for dQ, one of 0 for dK before the Q/dO stage is freed). Triton's
+    pipeliner (its wgmma pass runs on loops at num_stages=1 too) puts a wgmma wait 0 right
+    after every dot of the Q-step loop (none is a pure loop-carried accumulator, and the
+    loop arrives on barriers), so the dots of a step run one after the other. The loop at
+    num_stages=0 (Q_LOOP_STAGES) skips that pass.
 
-    Registers (sm_90a): no spill. At D = 128 the K_c / V_c wgmma descriptors (8 k-steps
+    Registers (sm_90a): no spill in a step loop; the causal 64- and 32-row builds, whose
+    dS^T stays live across the dQ dots, keep a few of the tile's values in local memory
+    from its start to its store. At D = 128 the K_c / V_c wgmma descriptors (8 k-steps
     each) are formed per Q step from an opaque copy of the stage index (_opaque): hoisted
     out of the loop they held ~40 registers and the tile loop spilled 24-54 instructions.
 

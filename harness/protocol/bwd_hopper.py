@@ -138,7 +138,6 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                             yield Read(stat[buf], ("lse", qkey))
                         yield Mma({do[buf]: dO})                        # dV += P^T dO
                         yield MmaWait(1)
-                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
                     yield Write(ds[sb + cid], ("dS", qkey, cid))
                     if MEET:  # both dS^T in smem; the other parity's reads are done
                         other = tuple(ds[(NC - sb) % (2 * NC) + c] for c in range(NC))
@@ -147,9 +146,14 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                                    **{k[kvb * NC + c]: ("K", key, c) for c in range(NC)}})
                     else:
                         yield Mma({kc: K, ds[sb + cid]: ("dS", qkey, cid)})
-                    yield MmaWait(0)
-                    yield Arrive(q_empty[buf], release=(q[buf], do[buf]) +
-                                 ((stat[buf],) if M64 else ()))
+                    free_q = Arrive(q_empty[buf], release=(q[buf], do[buf]) +
+                                    ((stat[buf],) if M64 else ()))
+                    if M128:
+                        yield MmaWait(0)
+                        yield free_q
+                    else:  # dK after dQ, under the hand-over (DQ_FIRST)
+                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
+                        yield MmaWait(1)
                     mine = ("dQ", qkey, cid)
                     if DQS and cid == NC - 1:  # the others' partials summed here
                         for c2 in range(NC - 1):
@@ -160,6 +164,9 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield Wait(dq_empty[cid], (qcnt & 1) ^ 1)
                     yield Write(dq[cid], mine)
                     yield Arrive(dq_full[cid])
+                    if not M128:
+                        yield MmaWait(0)
+                        yield free_q
                     qcnt += 1
                 yield Write(vc, ("dK dV", key, cid))         # store: staged through V_c
                 yield Read(vc, ("dK dV", key, cid))
