@@ -1000,21 +1000,24 @@ def bwd_parts(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: boo
     terms = _part_terms(n_k, batch, h_kv, block_m, block_n, programs)
     work = (n_q, n_k, batch, group, causal, block_m)
     if not max_q:
-        return _fewest_parts(_spans(terms, *_work(*work, 0, 0)))
+        return 1 << _fewest_index(_spans(terms, *_work(*work, 0, 0)))
     tight = _spans(terms, *_work(*work, min(max_q, n_q), min(max_k, n_k)))
     loose = _spans(terms, *_work(*work, n_q / batch, n_k / batch))
-    i, j = _fewest_parts(tight).bit_length() - 1, _fewest_parts(loose).bit_length() - 1
-    if i == j or tight[j] / tight[i] > loose[i] / loose[j]:
-        return 1 << i
-    return 1 << j
+    i, j = _fewest_index(tight), _fewest_index(loose)
+    return 1 << (i if i == j or tight[j] / tight[i] > loose[i] / loose[j] else j)
 
 
-def _fewest_parts(spans: list[float]) -> int:
-    """P = 1, doubled while spans[log2 2P] < BWD_PART_GAIN spans[log2 P]."""
+def _fewest_index(spans: list[float]) -> int:
+    """log2 of P = 1, doubled while spans[log2 2P] < BWD_PART_GAIN spans[log2 P]."""
     i = 0
     while i + 1 < len(spans) and spans[i + 1] < BWD_PART_GAIN * spans[i]:
         i += 1
-    return 1 << i
+    return i
+
+
+def _fewest_parts(spans: list[float]) -> int:
+    """The P that bwd_parts takes from one set of spans (`_fewest_index`)."""
+    return 1 << _fewest_index(spans)
 
 
 def parts_spans(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
