@@ -52,6 +52,7 @@ def _default_fast() -> bool:
 
 FAST = _default_fast()  # launch plans (True) or Triton's own path
 VERIFY = False          # check every plan launch against the binder (tests)
+INT_POINTERS = True     # tensors handed to the launcher as their addresses (flatten)
 
 
 def set_fast(on: bool) -> None:
@@ -152,7 +153,7 @@ def _meta_key(meta: dict):
 
 class _Plan:
     __slots__ = ("kernel", "function", "packed", "coop", "pdl", "annotations", "signature",
-                 "launch", "descs", "tail", "cache_key")
+                 "launch", "descs", "tail", "cache_key", "ptrs")
 
 
 class _Fast:
@@ -248,8 +249,16 @@ class _Fast:
     def flatten(plan, args, kw):
         """The kernel arguments as CudaLauncher hands them to the C launcher: every
         parameter in order (constexprs too: the annotations skip them), each tensor
-        descriptor expanded in place to its encoded map, shape and strides."""
+        descriptor expanded in place to its encoded map, shape and strides. With
+        INT_POINTERS each tensor goes as its address: the launcher takes an int as the
+        pointer, where for a tensor it calls data_ptr() and asks the driver
+        (cuPointerGetAttribute) for the device address, the same for a CUDA tensor."""
         tail = tuple([kw[name] if default is _KW else default for name, default in plan.tail])
+        if INT_POINTERS and plan.ptrs:
+            args = list(args)
+            for i in plan.ptrs:
+                args[i] = args[i].data_ptr()
+            args = tuple(args)
         if not plan.descs:  # a tuple, as CudaLauncher's *args
             return args + tail if tail else args
         flat, prev = [], 0  # a list, as make_tensordesc_args builds it
@@ -313,6 +322,8 @@ class _Fast:
         p.coop, p.pdl = la.launch_cooperative_grid, la.launch_pdl
         p.annotations, p.signature, p.launch = la.arg_annotations, la.kernel_signature, launch
         p.descs = tuple((i, m, _meta_key(m)) for i, m in zip(pos, metas))
+        # the key fixes which positions hold tensors (dtype, alignment) and which None
+        p.ptrs = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         p.tail = tuple(tail)
         p.cache_key = self.triton_key(dev, args, kw)[0]
         return p

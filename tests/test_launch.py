@@ -226,9 +226,14 @@ def _launch(fn, plan, args, kw, grid=(7, 3)):
 def _same_launch(plan_call, triton_call):
     # (gx, gy, gz, stream, function, coop, pdl, packed metadata, launch metadata, enter hook,
     #  exit hook, global scratch, profile scratch, annotations, kernel signature, args)
+    # the plan hands tensors over as their addresses (launch.INT_POINTERS), Triton as
+    # tensors: the launcher reads the same pointer from either
     assert plan_call[:8] == triton_call[:8]
     assert plan_call[8:11] == (None, None, None)  # hooks: only when set (then Triton's path)
-    assert plan_call[11:] == triton_call[11:]
+    assert plan_call[11:-1] == triton_call[11:-1]
+    assert not any(isinstance(a, torch.Tensor) for a in plan_call[-1])
+    assert list(plan_call[-1]) == [a.data_ptr() if isinstance(a, torch.Tensor) else a
+                                   for a in triton_call[-1]]
 
 
 @pytest.mark.parametrize("tail", [dict(BLOCK=64), dict(BLOCK=64, MODE=3)])
