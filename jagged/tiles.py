@@ -1015,11 +1015,6 @@ def _fewest_index(spans: list[float]) -> int:
     return i
 
 
-def _fewest_parts(spans: list[float]) -> int:
-    """The P that bwd_parts takes from one set of spans (`_fewest_index`)."""
-    return 1 << _fewest_index(spans)
-
-
 def parts_spans(n_q: int, n_k: int, batch: int, h_kv: int, group: int, causal: bool,
                 block_m: int, block_n: int, programs: int, max_q: float,
                 max_k: float) -> list[float]:

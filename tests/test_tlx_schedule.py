@@ -186,10 +186,10 @@ def test_bwd_parts():
     # a padded bound far above the mean (fuzz cross B43 H8/8 D64 8192 / 2048 s0.1: 1604
     # rows at most, 738 on average): a sequence as long as the bound would want two parts,
     # but they gain less there than they lose where the bound is loose, so tiles stay whole
-    from jagged.tiles import _fewest_parts, parts_spans
+    from jagged.tiles import _fewest_index, parts_spans
     b43 = (31758, 8609, 43, 8, 1, False, 128, 128, S)
-    assert _fewest_parts(parts_spans(*b43, 8192, 2048)) == 2
-    assert _fewest_parts(parts_spans(*b43, 31758 / 43, 8609 / 43)) == 1
+    assert 1 << _fewest_index(parts_spans(*b43, 8192, 2048)) == 2
+    assert 1 << _fewest_index(parts_spans(*b43, 31758 / 43, 8609 / 43)) == 1
     assert bwd_parts(*b43[:6], False, *b43[6:], 8192, 2048) == 1
     # one sequence: its length is the call's, whatever the bound says
     assert (bwd_parts(818, 818, 1, 8, 1, True, False, 64, 128, S, 4096, 4096)
