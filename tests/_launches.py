@@ -1,9 +1,10 @@
 """Launches recorded instead of run: the host paths' tests on the CPU."""
 
 
-def record_launches(monkeypatch, *modules) -> list:
+def record_launches(monkeypatch, *modules, grids: list | None = None) -> list:
     """Each module's `fast(kernel)[grid](*args, **kw)` (jagged.launch) recorded, not run:
-    the returned list fills with (kernel name, args, kw) as the host launches."""
+    the returned list fills with (kernel name, args, kw) as the host launches, and
+    `grids` (if given) with each launch's grid."""
     launches = []
 
     class Recorder:
@@ -11,6 +12,8 @@ def record_launches(monkeypatch, *modules) -> list:
             self.name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
 
         def __getitem__(self, grid):
+            if grids is not None:
+                grids.append(tuple(grid))
             return lambda *args, **kw: launches.append((self.name, args, kw))
 
     for m in modules:

@@ -1,0 +1,88 @@
+"""Both Hopper styles' host paths over the fuzz draws of many seeds (the benchmark is run
+with any seed): each forward and backward call decides its config, lists, windows and
+parts without raising, launches its main kernel once, and every Triton grid it launches
+is one the driver accepts. Kernels are recorded, not run (no GPU, no compile)."""
+import torch
+
+from harness.problems import fuzz_problems
+from jagged import offsets as joffsets
+from jagged import tiles
+from _launches import record_launches
+
+SEEDS = range(50)  # 2000 draws; the loop took 500 seeds alike
+
+
+def _inputs(p):
+    """CPU tensors of problem p's shapes (values unused: nothing runs)."""
+    lq, lk = p.lengths()
+    bq = p.mode == "broadcast_q"
+    cu_k = torch.zeros(len(lk) + 1, dtype=torch.int32)
+    cu_k[1:] = lk.cumsum(0)
+    if bq:
+        cu_q, n_q = None, int(lq[0])
+        n_out = n_q * len(lk)
+    else:
+        cu_q = torch.zeros(len(lq) + 1, dtype=torch.int32)
+        cu_q[1:] = lq.cumsum(0)
+        n_q = n_out = int(cu_q[-1])
+    dt = p.torch_dtype
+    q = torch.empty(n_q, p.heads, p.head_dim, dtype=dt)
+    k = torch.empty(int(cu_k[-1]), p.hkv, p.head_dim, dtype=dt)
+    o = torch.empty(n_out, p.heads, p.head_dim, dtype=dt)
+    lse = torch.empty(p.heads, n_out)
+    return q, k, o, lse, cu_q, cu_k, bq
+
+
+def _draws():
+    return [p for s in SEEDS for p in fuzz_problems(40, s)]
+
+
+def test_tlx_host_paths_over_fuzz_seeds(monkeypatch):
+    from kernels_tlx import bwd_hopper as tb
+    from kernels_tlx import fwd_hopper as tf
+    grids = []
+    launches = record_launches(monkeypatch, tf, tb, tiles, joffsets, grids=grids)
+    for m in (tf, tb, tiles):
+        monkeypatch.setattr(m, "num_sms", lambda dev: 132, raising=False)
+    for p in _draws():
+        q, k, o, lse, cu_q, cu_k, bq = _inputs(p)
+        for name, call in (
+                ("fwd_kernel", lambda: tf.forward(q, k, k, cu_q, cu_k, p.max_seqlen_q, p.max_k,
+                                                  p.causal, 0.1, bq)),
+                ("bwd_kernel", lambda: tb.backward(o, q, k, k, o, lse, cu_q, cu_k,
+                                                   p.max_seqlen_q, p.max_k, p.causal, 0.1,
+                                                   bq))):
+            launches.clear()
+            grids.clear()
+            call()
+            names = [n for n, _, _ in launches]
+            assert names.count(name) == 1, (p.label(), names)
+            for g in grids:
+                assert all(type(x) is int for x in g) and 1 <= g[0] < 2 ** 31, (p.label(), g)
+                assert all(1 <= x < 2 ** 16 for x in g[1:]), (p.label(), g)
+
+
+def test_cute_host_paths_over_fuzz_seeds(monkeypatch):
+    from kernels_cute import bwd_hopper as cb
+    from kernels_cute import fwd_hopper as cf
+    from kernels_cute import host
+    calls = []
+
+    def recorder(*key):
+        return lambda *args: calls.append(key)
+
+    record_launches(monkeypatch, tiles, joffsets)
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(make.__name__))
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    fwd = cf.KERNELS._replace(compiled=lambda *key: recorder("forward"))
+    bwd = cb.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
+                              post_flat=recorder)
+    for p in _draws():
+        q, k, o, lse, cu_q, cu_k, bq = _inputs(p)
+        calls.clear()
+        host.forward(fwd, q, k, k, cu_q, cu_k, p.max_seqlen_q, p.max_k, p.causal, 0.1, bq)
+        assert calls == [("forward",)], p.label()
+        calls.clear()
+        host.backward(bwd, o, q, k, k, o, lse, cu_q, cu_k, p.max_seqlen_q, p.max_k, p.causal,
+                      0.1, bq)
+        assert calls.count(("compile_main",)) == 1, (p.label(), calls)
