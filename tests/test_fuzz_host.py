@@ -1,7 +1,10 @@
-"""Both Hopper styles' host paths over the fuzz draws of many seeds (the benchmark is run
+"""Both styles' host paths, Hopper and Blackwell, over the fuzz draws of many seeds (the benchmark is run
 with any seed): each forward and backward call decides its config, lists, windows and
 parts without raising, launches its main kernel once, and every Triton grid it launches
 is one the driver accepts. Kernels are recorded, not run (no GPU, no compile)."""
+import importlib
+
+import pytest
 import torch
 
 from harness.problems import fuzz_problems
@@ -37,12 +40,15 @@ def _draws():
     return [p for s in SEEDS for p in fuzz_problems(40, s)]
 
 
-def test_tlx_host_paths_over_fuzz_seeds(monkeypatch):
-    from kernels_tlx import bwd_hopper as tb
-    from kernels_tlx import fwd_hopper as tf
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+def test_tlx_host_paths_over_fuzz_seeds(monkeypatch, arch):
+    tf = importlib.import_module(f"kernels_tlx.fwd_{arch}")
+    tb = importlib.import_module(f"kernels_tlx.bwd_{arch}")
+    from kernels_tlx import bwd_hopper, fwd_hopper  # Blackwell's pre- and postprocess
     grids = []
-    launches = record_launches(monkeypatch, tf, tb, tiles, joffsets, grids=grids)
-    for m in (tf, tb, tiles):
+    mods = {tf, tb, fwd_hopper, bwd_hopper, tiles}
+    launches = record_launches(monkeypatch, *mods, joffsets, grids=grids)
+    for m in mods:
         monkeypatch.setattr(m, "num_sms", lambda dev: 132, raising=False)
     for p in _draws():
         q, k, o, lse, cu_q, cu_k, bq = _inputs(p)
@@ -62,10 +68,11 @@ def test_tlx_host_paths_over_fuzz_seeds(monkeypatch):
                 assert all(1 <= x < 2 ** 16 for x in g[1:]), (p.label(), g)
 
 
-def test_cute_host_paths_over_fuzz_seeds(monkeypatch):
-    from kernels_cute import bwd_hopper as cb
-    from kernels_cute import fwd_hopper as cf
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+def test_cute_host_paths_over_fuzz_seeds(monkeypatch, arch):
     from kernels_cute import host
+    cf = importlib.import_module(f"kernels_cute.fwd_{arch}")
+    cb = importlib.import_module(f"kernels_cute.bwd_{arch}")
     calls = []
 
     def recorder(*key):
@@ -75,8 +82,9 @@ def test_cute_host_paths_over_fuzz_seeds(monkeypatch):
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: recorder(make.__name__))
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
     fwd = cf.KERNELS._replace(compiled=lambda *key: recorder("forward"))
-    bwd = cb.KERNELS._replace(preprocess=recorder, postprocess=recorder, post_rows=recorder,
-                              post_flat=recorder)
+    bwd = cb.KERNELS._replace(**{f: recorder for f in ("preprocess", "postprocess",
+                                                      "post_rows", "post_flat")
+                                 if getattr(cb.KERNELS, f) is not None})
     for p in _draws():
         q, k, o, lse, cu_q, cu_k, bq = _inputs(p)
         calls.clear()
