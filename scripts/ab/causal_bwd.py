@@ -1,9 +1,10 @@
-"""A/B of the TLX backward on causal problems, one tree a process: each problem gated by
-the oracle (fresh random inputs, NaN-poisoned grads), then timed eager and replayed
-(harness.bench's timing). Run it in each tree alternately and compare the lines.
+"""A/B of a backend's backward (TLX by default, or cute) on causal problems, one tree a
+process: each problem gated by the oracle (fresh random inputs, NaN-poisoned grads), then
+timed eager and replayed (harness.bench's timing). Run it in each tree alternately and
+compare the lines.
 
     source .gpu1/activate.sh; for t in main mask-lean main mask-lean; do
-        (cd .snap/$t && PYTHONPATH=. python scripts/ab/tlx_causal.py $t); done
+        (cd .snap/$t && PYTHONPATH=. python scripts/ab/causal_bwd.py $t tlx); done
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ CELLS = [("llm-dense", "B8 H16/16 D128 Lq8192 Lk8192 s1 bf16 causal"),
 
 def main():
     tag = sys.argv[1] if len(sys.argv) > 1 else "?"
-    fn = backends.get("tlx").fn()
+    fn = backends.get(sys.argv[2] if len(sys.argv) > 2 else "tlx").fn()
     pool = {"fuzz": fuzz_problems(40, 0), **suites()}
     for suite, m in CELLS:
         p = next(p for p in pool[suite] if m in p.label())
@@ -34,7 +35,7 @@ def main():
         _free()
         ms, host, graph, why, finite = _bench_pass(fn, p.build("cuda"), "bwd", kw, False)
         _free()
-        print(f"{tag:10s} {p.label():55s} gate {'ok' if rep.ok else 'FAIL'} finite {finite} "
+        print(f"{tag:6s} {p.label():55s} gate {'ok' if rep.ok else 'FAIL'} finite {finite} "
               f"eager {ms:.4f} replayed {graph if graph is None else f'{graph:.4f}'}",
               flush=True)
         if not rep.ok:
