@@ -81,6 +81,15 @@ def step_loops(ins: list[Ins]) -> list[list[Ins]]:
     return [ins[s:e + 1] for s, e in sorted(set(inner))]
 
 
+def branch_paths(body: list[Ins]) -> list[int]:
+    """The step's length on each forward branch in its loop taken (the loop less the
+    instructions the branch jumps over): a step that branches around its mask runs the
+    shorter path where it needs none."""
+    end = body[-1].addr
+    return [len(body) - sum(1 for y in body if x.addr < y.addr < x.target)
+            for x in body if x.target is not None and x.addr < x.target <= end]
+
+
 def counts(body: list[Ins]) -> Counter:
     return Counter(kind(x.op) for x in body)
 
@@ -223,7 +232,9 @@ def main(argv=None):
         print(f"== {b} {a.pass_}, D {a.head_dim}{', ' + what if what else ''}: "
               f"{len(loops)} step loops")
         for body in loops:
-            print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}")
+            paths = branch_paths(body)
+            print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}"
+                  + (f"; a forward branch taken: {', '.join(map(str, paths))}" if paths else ""))
         if loops:
             print("  order of the shortest: " + order(min(loops, key=len)) + "\n")
 

@@ -1,6 +1,7 @@
 """harness.sass_steps reads a step loop out of SASS: the innermost backward branch whose
-range issues wgmmas, its instructions by class and its issue order."""
-from harness.sass_steps import counts, order, parse, step_loops
+range issues wgmmas, its instructions by class, its issue order and its paths past
+forward branches."""
+from harness.sass_steps import branch_paths, counts, order, parse, step_loops
 
 SASS = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x0 */
@@ -67,3 +68,13 @@ def test_mma_sync_loops_count_as_steps():
     c = counts(body)
     assert (c["HMMA"], c["HGMMA"], c["INT"], c["LDS"]) == (1, 0, 1, 1)
 
+
+
+def test_branch_paths_leave_out_what_a_forward_branch_jumps_over():
+    """A branch inside the step loop (0x50 -> 0x80) skips 0x60 and 0x70: taken, the step
+    runs 7 of the loop's 9 instructions; the loop's own back branch is no path."""
+    sass = SASS.replace("WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", "@P2 BRA 0x80 ;")
+    (body,) = step_loops(parse(sass))
+    assert len(body) == 9 and branch_paths(body) == [7]
+    (plain,) = step_loops(parse(SASS))
+    assert branch_paths(plain) == []
