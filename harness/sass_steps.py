@@ -8,9 +8,11 @@ minute is spent.
     python -m harness.sass_steps --pass decode --rows 16 --cache fp8 --backends tlx
 
 A step loop is an innermost loop with wgmmas (a backward branch's range holding no other
-such loop); each prints its instruction count by class, and the shortest one its issue
-order (runs of one kind collapsed: `HGMMA.64x128x16x4` is four wgmmas in a row,
-`(RS)` one reading A from registers, `WARPGROUP.DEPBAR.LE` a wait on wgmmas in flight).
+such loop); each prints its instruction count by class (and, where a forward branch in it
+skips part of the step, such as a mask, its count with that branch taken), and the
+shortest one its issue order (runs of one kind collapsed: `HGMMA.64x128x16x4` is four
+wgmmas in a row, `(RS)` one reading A from registers, `WARPGROUP.DEPBAR.LE` a wait on
+wgmmas in flight).
 FA4 is compiled through its own entry under FakeTensorMode (the SM count stubbed), as a
 varlen GQA call; ours as the default call builds them (bf16, long sequences). A forward
 step loop is one consumer warpgroup's KV step (TLX compiles each consumer's copy: two
@@ -232,9 +234,9 @@ def main(argv=None):
         print(f"== {b} {a.pass_}, D {a.head_dim}{', ' + what if what else ''}: "
               f"{len(loops)} step loops")
         for body in loops:
-            paths = branch_paths(body)
+            taken = ", ".join(map(str, branch_paths(body)))
             print(f"  [{body[0].addr:#x}, {body[-1].addr:#x}] {summary(body)}"
-                  + (f"; a forward branch taken: {', '.join(map(str, paths))}" if paths else ""))
+                  + (f"; a forward branch taken: {taken}" if taken else ""))
         if loops:
             print("  order of the shortest: " + order(min(loops, key=len)) + "\n")
 

@@ -69,7 +69,6 @@ def test_mma_sync_loops_count_as_steps():
     assert (c["HMMA"], c["HGMMA"], c["INT"], c["LDS"]) == (1, 0, 1, 1)
 
 
-
 def test_branch_paths_leave_out_what_a_forward_branch_jumps_over():
     """A branch inside the step loop (0x50 -> 0x80) skips 0x60 and 0x70: taken, the step
     runs 7 of the loop's 9 instructions; the loop's own back branch is no path."""
