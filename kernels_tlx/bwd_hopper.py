@@ -94,16 +94,17 @@ a program's consumers' boxes of one step (issued back to back), apply in no fixe
 Masking: keys past the sequence end, query rows past the sequence end, the causal
 (bottom-right aligned: query i sees key j iff j <= i + len_k - len_q) triangle and rows
 with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ. Rows go by their lse
-(+inf past the end or where lse = -inf); keys by P^T's mask. Causal packed 32- and
-64-row steps apply it only where a consumer's keys run past the sequence or a row of the
-step misses one (`_unmasked_from`, a branch in the step: spill-free; the step loops, both
-branches, 412-479 instructions a warp). Causal packed 128-row steps (D = 64) run each
-query head's masked steps, then the others, in loops of their own (`_row_step`; a branch
-in one loop spilled 41 instructions a step): 736 and 554 instructions a warp. The causal
-triangle is one compare and one select a score at P^T's use (`_causal_select`). The
-other builds mask every step: the branch spilled in broadcast-Q's 32- and 64-row builds
-(38-49 instructions; CuteDSL's broadcast-Q D = 128 step takes it spill-free) and in D =
-128's non-causal 64-row one (8).
+(+inf past the end or where lse = -inf); keys by P^T's mask. Packed 32- and 64-row
+steps apply it only where a consumer's keys run past the sequence or (causal) a row of
+the step misses one (`_unmasked_from`, a branch in the step; the step loops, both
+branches, 412-479 instructions a warp causal, 366-436 not; the D = 128 64-row build
+spills 8 instructions at the tile level with it, none in a step). Causal packed 128-row
+steps (D = 64) run each query head's masked steps, then the others, in loops of their
+own (`_row_step`; a branch in one loop spilled 41 instructions a step): 736 and 554
+instructions a warp. The causal triangle is one compare and one select a score at P^T's
+use (`_causal_select`). The other builds mask every step: the branch spilled in
+broadcast-Q's 32- and 64-row builds (38-49 instructions; CuteDSL's broadcast-Q D = 128
+step takes it spill-free).
 """
 from __future__ import annotations
 
@@ -776,7 +777,7 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     lse2 = tlx.local_load(smem.lse[buf])
                 pt = tl.math.exp2(st * qk_scale2 - lse2[None, :])
                 pt = _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL, WINDOWS,
-                             CAUSAL and not BROADCAST_Q)
+                             not BROADCAST_Q)
                 lp = pt.to(kc.dtype)
                 dv = tlx.async_dot(lp, dob, dv)                   # dV_c += P^T dO
                 dpt = tlx.async_dot_wait(1, dpt)
