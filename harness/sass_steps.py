@@ -87,9 +87,9 @@ def branch_paths(body: list[Ins]) -> list[int]:
     """The step's length on each forward branch in its loop taken (the loop less the
     instructions the branch jumps over): a step that branches around its mask runs the
     shorter path where it needs none."""
-    end = body[-1].addr
-    return [len(body) - sum(1 for y in body if x.addr < y.addr < x.target)
-            for x in body if x.target is not None and x.addr < x.target <= end]
+    at = {x.addr: i for i, x in enumerate(body)}
+    return [len(body) - (at[x.target] - i - 1) for i, x in enumerate(body)
+            if x.target in at and x.target > x.addr]
 
 
 def counts(body: list[Ins]) -> Counter:
