@@ -1295,7 +1295,9 @@ def _kernel_classes():
             m_from (`unmasked_from`); returns the (key, query) view. Only D = 128's causal
             64-row step takes m_from: in the 80- and 128-row steps the branch makes ptxas
             serialize every wgmma (its in-place writes to the S^T accumulator), and D =
-            64's 64-row step spills 60 B with it."""
+            64's 64-row step spills 60 B with it. Causal, one compare a score: a row inside
+            the sequence sees no key past it (key <= row + len_k - len_q < len_k), and a
+            row past it has P = 0 (its lse loads as +inf), as in TLX's _causal_select."""
             St = acc_rows_cols(acc_S)
             if const_expr(unmasked):  # a step that needs no mask (compute's causal split)
                 for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
@@ -1311,10 +1313,10 @@ def _kernel_classes():
                         p = cute.math.exp2(St[r, c] * scale_log2 - lse2[c], fastmath=True)
                         if const_expr(self.windows):
                             keep = self.window_keep(tScS[0, c][1], lo, width)
+                        elif const_expr(self.causal):  # key < len_k follows (above)
+                            keep = seq.causal_visible(m0 + tScS[0, c][1], key)
                         else:
                             keep = key < seq.len_k
-                            if const_expr(self.causal):
-                                keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
                         St[r, c] = p if keep else Float32(0.0)
             else:
                 for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
@@ -1325,9 +1327,10 @@ def _kernel_classes():
                     for r in cutlass.range_constexpr(cute.size(St, mode=[0])):
                         key = n0 + tScS[r, 0][0]
                         for c in cutlass.range_constexpr(cute.size(St, mode=[1])):
-                            keep = key < seq.len_k
                             if const_expr(self.causal):
-                                keep = keep & seq.causal_visible(m0 + tScS[0, c][1], key)
+                                keep = seq.causal_visible(m0 + tScS[0, c][1], key)
+                            else:
+                                keep = key < seq.len_k
                             St[r, c] = St[r, c] if keep else Float32(0.0)
             return St
 

@@ -95,11 +95,10 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.launch import fast
-from jagged.seqinfo import causal_visible
 from jagged.tiles import bwd_dependent, bwd_dynamic, kv_tiles, slot_count
 
-from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _opaque, _postprocess,
-                         _prepare, _preprocess, lse_log2)
+from .bwd_hopper import (Descs, Grads, RowStats, _buf_phase, _desc, _masked, _opaque,
+                         _postprocess, _prepare, _preprocess, lse_log2)
 from .schedule import KVTiles, dq_slot_row, kv_tile_coords, tile_range
 from .tile_counter import fetch_tile, next_tile, publish_tile
 
@@ -351,11 +350,7 @@ def compute(smem, tmem, bars, tiles, stats, qk_scale2, H: tl.constexpr, HKV: tl.
                 dl = tl.load(stats.delta + base + cols, mask=inb, other=0.0)
                 s = tlx.local_load(tlx.subslice(tmem.s[0], c * S_SLICE, S_SLICE))
                 pt = tl.math.exp2(s * qk_scale2 - lse2[None, :])
-                keep = (keys < tile.len_k)[:, None]
-                if CAUSAL:
-                    keep = keep & causal_visible((m0 + cols)[None, :], keys[:, None],
-                                                 tile.len_q, tile.len_k)
-                pt = tl.where(keep, pt, 0.0)
+                pt = _masked(pt, keys, m0 + cols, tile, None, CAUSAL, False)
                 tlx.local_store(tmem.p[c], pt.to(dt))
                 dpt = tlx.local_load(tlx.subslice(tmem.dp[0], c * S_SLICE, S_SLICE))
                 dst = pt * (dpt - dl[None, :])

@@ -96,10 +96,11 @@ Masking: keys past the sequence end, query rows past the sequence end, the causa
 with lse = -inf all give P = 0, so they add nothing to dV, dK or dQ. Rows go by their lse
 (+inf past the end or where lse = -inf); keys by P^T's mask. D = 128's causal packed
 64-row step applies it only where a consumer's keys run past the sequence or a row of the
-step misses one (`_unmasked_from`): 398 instructions a warp without it, 512 with. Causal
-packed 128-row steps (D = 64) run each query head's masked steps, then the others, in
-loops of their own (`_row_step`; a branch in one loop spilled 41 instructions a step):
-1035 and 562 instructions a warp. The other builds mask every step: the branch spilled
+step misses one (`_unmasked_from`; the step loop, both branches, 479 instructions a warp).
+Causal packed 128-row steps (D = 64) run each query head's masked steps, then the others,
+in loops of their own (`_row_step`; a branch in one loop spilled 41 instructions a step):
+736 and 554 instructions a warp. The causal triangle is one compare and one select a
+score at P^T's use (`_causal_select`). The other builds mask every step: the branch spilled
 in broadcast-Q's 32- and 64-row builds (38-49 instructions; CuteDSL's broadcast-Q D = 128
 step takes it spill-free) and in D = 128's non-causal 64-row one (8).
 """
@@ -116,8 +117,7 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import (causal_q_start, causal_visible, col_q_range, dq_accumulated,
-                            row_seq, sequence_of)
+from jagged.seqinfo import causal_q_start, col_q_range, dq_accumulated, row_seq, sequence_of
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
                           dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
@@ -472,20 +472,41 @@ def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
 
 
 @triton.jit
-def _keep(offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
-          WINDOWS: tl.constexpr):  # role: compute
-    """P^T's mask (keys x query rows): keys inside the sequence and CAUSAL its bottom-right
-    triangle; WINDOWS: row offs_m (from tile.q_start) in each key's [lo, hi) (`bounds`,
-    _col_bounds)."""
+def _masked(pt, offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
+            WINDOWS: tl.constexpr):  # role: compute
+    """P^T (keys x query rows) zero outside its mask: CAUSAL the sequence's bottom-right
+    triangle (_causal_select), else _keep's."""
+    if CAUSAL and not WINDOWS:
+        return _causal_select(pt, offs_n, offs_m, tile)
+    else:
+        return tl.where(_keep(offs_n, offs_m, tile, bounds, WINDOWS), pt, 0.0)
+
+
+@triton.jit
+def _keep(offs_n, offs_m, tile, bounds, WINDOWS: tl.constexpr):  # role: compute
+    """P^T's mask where it is not the causal triangle: WINDOWS, row offs_m (from
+    tile.q_start) in each key's [lo, hi) (`bounds`, _col_bounds); else the keys inside
+    the sequence."""
     if WINDOWS:
         lo, hi = bounds
-        keep = (offs_m[None, :] >= lo[:, None]) & (offs_m[None, :] < hi[:, None])
+        return (offs_m[None, :] >= lo[:, None]) & (offs_m[None, :] < hi[:, None])
     else:
-        keep = (offs_n < tile.len_k)[:, None]
-        if CAUSAL:
-            keep = keep & causal_visible(offs_m[None, :], offs_n[:, None], tile.len_q,
-                                         tile.len_k)
-    return keep
+        return (offs_n < tile.len_k)[:, None]
+
+
+@triton.jit
+def _causal_select(pt, offs_n, offs_m, tile):  # role: compute
+    """pt where key offs_n is visible to row offs_m (seqinfo.causal_visible), else 0: a compare
+    and a select a score, at pt's use (as a tl.where, ptxas issues the compares, which
+    need no wgmma, ahead of the wgmma wait and carries their 64 predicates packed in
+    integer registers: 4-5 instructions a score). A row past the sequence needs no test
+    (its lse loads as +inf: P = 0), and a row inside it sees no key past it (j <= i +
+    len_k - len_q < len_k)."""
+    last = offs_m + (tile.len_k - tile.len_q)  # the last key each row sees
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.le.s32 p, $2, $3; selp.f32 $0, $1, 0f00000000, p; }",
+        "=r,r,r,r", [pt, offs_n[:, None], last[None, :]], dtype=tl.float32, is_pure=True,
+        pack=1)
 
 
 @triton.jit
@@ -500,13 +521,13 @@ def _unmasked_from(tile, nc0, BNC: tl.constexpr, CAUSAL: tl.constexpr):  # role:
 @triton.jit
 def _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL: tl.constexpr,
             WINDOWS: tl.constexpr, SKIP: tl.constexpr):  # role: compute
-    """P^T masked by _keep on the steps that need it: with SKIP those whose first row m0
+    """P^T masked (_masked) on the steps that need it: with SKIP those whose first row m0
     is below m_from (_unmasked_from), else (and over key windows) every step. Rows past
     the sequence need none (their lse loads as +inf: P = 0)."""
     if WINDOWS or not SKIP:
-        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+        pt = _masked(pt, offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS)
     elif m0 < m_from:
-        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+        pt = _masked(pt, offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS)
     return pt
 
 
@@ -875,7 +896,7 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
         st = tlx.async_dot_wait(0, st)
     pt = tl.math.exp2(st * qk_scale2 - tlx.local_load(smem.lse[buf])[None, :])
     if MASK:
-        pt = tl.where(_keep(offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS), pt, 0.0)
+        pt = _masked(pt, offs_n, offs_m, tile, bounds, CAUSAL, WINDOWS)
     if not SDP_TOGETHER:
         dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
         dv = tlx.async_dot_wait(0, dv)  # P^T's bf16 copy dies before dP^T (Q_LOOP_STAGES=0)

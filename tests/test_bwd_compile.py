@@ -152,6 +152,21 @@ def test_main_compiles(request, case):
         assert rep.ptx.count(WAIT0) == per * copies * bw.NUM_CONSUMERS.value, \
             rep.ptx.count(WAIT0)
     _dependent(rep, cfg.block_m)
+    if causal and not bq:
+        _causal_mask(rep, cfg.block_m)
+
+
+def _causal_mask(rep, block_m):
+    """The causal triangle at P^T's use (bw._causal_select: a setp / selp a score). Causal
+    packed 128-row steps run masked and unmasked copies of the step (one of each a
+    consumer): the masked one carries a compare and a select for each of a thread's 64
+    scores (182 instructions over the unmasked one), not the predicates packed into
+    integer registers ahead of the wgmma wait (473 over it)."""
+    from harness.sass_steps import parse, step_loops
+    assert "setp.le.s32 p," in rep.ptx
+    if block_m == 128:
+        steps = sorted(len(s) for s in step_loops(parse(rep.sass)))[:4]
+        assert steps[-1] < steps[0] + 4 * 64, steps
 
 
 def _dependent(rep, block_m):

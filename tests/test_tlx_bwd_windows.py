@@ -49,7 +49,7 @@ def _step(q, do, lse, delta, kc, vc, tile, bounds, offs_n, j, scale, n_q, H, G,
     lse2 = bw.lse_log2(tl.load(lse + h * n_q + orows, mask=inb, other=float("inf")))
     dl = tl.load(delta + h * n_q + orows, mask=inb, other=0.0)
     pt = tl.math.exp2(tl.dot(kc, tl.trans(qb)) * (scale * 1.4426950408889634) - lse2[None, :])
-    pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, CAUSAL, True), pt, 0.0)
+    pt = tl.where(bw._keep(offs_n, offs_m, tile, bounds, True), pt, 0.0)
     dst = (pt * (tl.dot(vc, tl.trans(dob)) - dl[None, :])).to(dt).to(tl.float32)
     return h, offs_m, qb, dob, pt, dst
 
