@@ -58,6 +58,8 @@ def main():
         _free()
         print(f"{tag:5s} {p.label():58s} finite {finite} eager {ms:.4f} graph {graph if graph is None else f'{graph:.4f}'} "
               f"({time.time() - t0:.0f}s)", flush=True)
+        if why:  # on the H100 only each process's first cell was captured
+            print(f"      {why}", flush=True)
 
 
 if __name__ == "__main__":
