@@ -1123,6 +1123,28 @@ def bwd_dependent(broadcast_q: bool) -> bool:
     return not broadcast_q
 
 
+# bwd_head_run. The packed backward deals its tiles with the KV heads innermost: a wave
+# of 132 programs then holds ~132 / H_kv list entries for every KV head, and each tile
+# walks its head's Q / dO rows (4 MB a head over 8192 rows at D = 128) and reduce-adds
+# its dQ rows (4 MB, fp32). At llm-dense B8 H16 8192 that is 16 heads' 128 MB against a
+# 50 MB L2 once the programs drift apart on the sequence (PERF gap 16). A run of
+# BWD_HEAD_RUN list entries a head keeps a wave to ~132 / BWD_HEAD_RUN heads (FA4's
+# grid takes a head's KV blocks first), with the list's longest-first order kept from
+# run to run.
+BWD_HEAD_RUN = 64
+
+
+def bwd_head_run(n_k: int, batch: int, h_kv: int, block_n: int, broadcast_q: bool,
+                 windows: bool = False) -> int:
+    """List entries a KV head takes in turn before the next head's (both styles'
+    schedule.kv_tile_coords): BWD_HEAD_RUN where the list (about n_k / block_n + batch /
+    2 entries) holds a whole run and there are several KV heads; else 1, the heads
+    innermost. Broadcast-Q (pinned heads) and key windows (their own coords) take 1."""
+    if broadcast_q or windows or h_kv < 2:
+        return 1
+    return BWD_HEAD_RUN if n_k / block_n + batch / 2 >= BWD_HEAD_RUN else 1
+
+
 def bwd_dynamic(broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the

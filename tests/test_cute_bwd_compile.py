@@ -1234,3 +1234,29 @@ def test_host_backward_launches_flat(monkeypatch):
     assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
     assert pre[2] == B.BLOCK_N and ra[7] == n_q * H
     assert post == (q.dtype, True, False, False) and pa[2:4] == (cu_q, cu_k)
+
+
+@needs_dsl
+@pytest.mark.parametrize("D,causal", [(128, False), (64, True)])
+def test_head_run_builds(tmp_path, D, causal):
+    """A build whose list entries go a KV head at a time in runs (Config.head_run,
+    jagged.tiles.bwd_head_run; schedule.head_run_coords) compiles with its steps
+    spill-free, the run's divisions by the last run's length in its tile coords: more
+    integer divisions than the heads-innermost build, none added to a step."""
+    from kernels_cute import bwd_hopper as B
+    from jagged.tiles import BWD_HEAD_RUN
+    cfg = B.pick_config(D, float("inf"), causal, False)
+    paths = {}
+    for run in (1, BWD_HEAD_RUN):
+        (tmp_path / str(run)).mkdir()
+        path = _compile(tmp_path / str(run), f"B.compile_main(dt, {D}, {causal}, False, "
+                        f"__import__('dataclasses').replace(B.pick_config({D}, "
+                        f"float('inf'), {causal}, False), head_run={run}))")
+        if path is None:
+            pytest.skip("compiled, but the DSL kept no PTX to inspect")
+        paths[run] = open(path).read()
+        if run > 1:
+            _no_step_spills(path, _ptxas(path))
+    divs = {run: len(re.findall(r"\b(div|rem)\.s32", ptx)) for run, ptx in paths.items()}
+    assert divs[BWD_HEAD_RUN] > divs[1], divs
+    assert cfg.head_run == 1  # pick_config leaves it to _plan
