@@ -491,6 +491,7 @@ def test_ncu_run_command_and_headline(tmp_path):
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:BwdMain"
     assert cmd[cmd.index("--launch-skip") + 1] == str(SKIP)
     assert cmd[cmd.index("-o") + 1] == "out/cute_bwd"
+    assert "MemoryWorkloadAnalysis" in cmd  # the L2 hit rate
     tail = cmd[cmd.index("harness"):]
     assert tail[:2] == ["harness", "profile"] and tail[tail.index("--match") + 1] == \
         "B2 H8/2 D64 Lq16384" and tail[tail.index("--passes") + 1] == "bwd", cmd
@@ -503,6 +504,7 @@ def test_ncu_run_command_and_headline(tmp_path):
     rows = [["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"],
             ["0", "k", "GPU Speed Of Light Throughput", "Duration", "ms", "5.06"],
             ["0", "k", "GPU Speed Of Light Throughput", "SM Frequency", "Ghz", "1.61"],
+            ["0", "k", "Memory Workload Analysis", "L2 Hit Rate", "%", "71.2"],
             ["0", "k", "Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle",
              "7.9"],
             ["0", "k", "Launch Statistics", "Grid Size", "", "132"]]
@@ -512,6 +514,7 @@ def test_ncu_run_command_and_headline(tmp_path):
     page.write_text('==PROF== note\n' + "\n".join(",".join(f'"{c}"' for c in r)
                                                   for r in rows) + "\n")
     assert headline(str(page)) == ["Duration: 5.06 ms", "SM Frequency: 1.61 Ghz",
+                                   "L2 Hit Rate: 71.2 %",
                                    "Warp Cycles Per Issued Instruction: 7.9 cycle"]
 
 

@@ -84,8 +84,9 @@ KERNELS = {
 }
 # ncu's details page: the metrics a headline shows, by name
 HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput",
-            "Registers Per Thread", "Issue Slots Busy", "Executed Ipc Active",
-            "Warp Cycles Per Issued Instruction", "Achieved Active Warps Per SM")
+            "DRAM Throughput", "L2 Hit Rate", "Registers Per Thread", "Issue Slots Busy",
+            "Executed Ipc Active", "Warp Cycles Per Issued Instruction",
+            "Achieved Active Warps Per SM")
 SKIP = 3  # matching launches left out first: the gate's and the warm-up's
 
 
@@ -114,12 +115,14 @@ def kernel_of(backend: str, pass_: str) -> str:
 def ncu_command(backend: str, pass_: str, suite: str, match: str, rep: str,
                 ncu: str = "ncu") -> list[str]:
     """ncu over `harness profile` of one backend and pass: the pass's kernel (KERNELS),
-    its SKIP-th matching launch, warp states and per-instruction samples, clocks as the
-    GPU runs them (not locked to base)."""
+    its SKIP-th matching launch, warp states and per-instruction samples, the memory
+    workload (L2 hit rate: a tile order's reuse), clocks as the GPU runs them (not locked
+    to base)."""
     return [ncu, "--clock-control", "none", "--kernel-name", f"regex:{kernel_of(backend, pass_)}",
             "--launch-skip", str(SKIP), "--launch-count", "1", "--section", "SpeedOfLight",
             "--section", "WarpStateStats", "--section", "SourceCounters",
-            "--section", "LaunchStats", "--section", "Occupancy", "-f", "-o", rep,
+            "--section", "LaunchStats", "--section", "Occupancy",
+            "--section", "MemoryWorkloadAnalysis", "-f", "-o", rep,
             sys.executable, "-m", "harness", "profile", "--backends", backend,
             "--passes", pass_, "--suite", suite, "--match", match, "--n", "3"]
 
