@@ -42,10 +42,17 @@ def seq_range(cu, b, dense_len, DENSE: tl.constexpr):
 
 
 @triton.jit
+def causal_last_key(i, len_q, len_k):
+    """The last key query row i sees (bottom-right; may be negative: none, or past
+    len_k for a row past the sequence)."""
+    return i + (len_k - len_q)
+
+
+@triton.jit
 def causal_visible(i, j, len_q, len_k):
     """Whether query row i sees key j (bottom-right; i and j broadcast). The sequence's
     bounds (i < len_q, j < len_k) are the caller's."""
-    return j <= i + (len_k - len_q)
+    return j <= causal_last_key(i, len_q, len_k)
 
 
 @triton.jit

@@ -117,7 +117,8 @@ import triton.language.extra.tlx as tlx
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from jagged.arch import num_sms
-from jagged.seqinfo import causal_q_start, col_q_range, dq_accumulated, row_seq, sequence_of
+from jagged.seqinfo import (causal_last_key, causal_q_start, col_q_range, dq_accumulated,
+                            row_seq, sequence_of)
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
                           bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
                           dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
@@ -496,13 +497,13 @@ def _keep(offs_n, offs_m, tile, bounds, WINDOWS: tl.constexpr):  # role: compute
 
 @triton.jit
 def _causal_select(pt, offs_n, offs_m, tile):  # role: compute
-    """pt where key offs_n is visible to row offs_m (seqinfo.causal_visible), else 0: a compare
-    and a select a score, at pt's use (as a tl.where, ptxas issues the compares, which
-    need no wgmma, ahead of the wgmma wait and carries their 64 predicates packed in
-    integer registers: 4-5 instructions a score). A row past the sequence needs no test
-    (its lse loads as +inf: P = 0), and a row inside it sees no key past it (j <= i +
-    len_k - len_q < len_k)."""
-    last = offs_m + (tile.len_k - tile.len_q)  # the last key each row sees
+    """pt where key offs_n is visible to row offs_m (seqinfo.causal_visible), else 0: a
+    compare and a select a score, at pt's use (as a tl.where, ptxas issues the compares,
+    which need no wgmma, ahead of the wgmma wait and carries their 64 predicates packed
+    in integer registers: 4-5 instructions a score). A row past the sequence needs no
+    test (its lse loads as +inf: P = 0), and a row inside it sees no key past it (j <=
+    i + len_k - len_q < len_k)."""
+    last = causal_last_key(offs_m, tile.len_q, tile.len_k)
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.le.s32 p, $2, $3; selp.f32 $0, $1, 0f00000000, p; }",
         "=r,r,r,r", [pt, offs_n[:, None], last[None, :]], dtype=tl.float32, is_pure=True,
