@@ -34,9 +34,15 @@ def _max(a, b):
     return cutlass.max(a, b)
 
 
+def causal_last_key(i, len_q, len_k):
+    """The last key query row i sees (may be negative: none, or past len_k for a row past
+    the sequence)."""
+    return i + (len_k - len_q)
+
+
 def causal_visible(i, j, len_q, len_k):
     """Whether query row i sees key j (the sequence's bounds are the caller's)."""
-    return j <= i + (len_k - len_q)
+    return j <= causal_last_key(i, len_q, len_k)
 
 
 # Both clamp with the max last (the same for len_q, len_k >= 0): the compiler then knows
