@@ -175,10 +175,11 @@ def _run_job(job: dict) -> CompileReport:
 
 
 def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
-                parts=1) -> dict:
+                parts=1, head_run=1) -> dict:
     """A `_run_job` job: the TLX backward's main kernel as `backward` launches it (bucket:
     a key of its CONFIGS; windows: over key windows, its window_config; parts: programs a
-    tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators)."""
+    tile, jagged.tiles.bwd_parts, dK / dV then fp32 accumulators; head_run: list entries a
+    KV head in turn, jagged.tiles.bwd_head_run)."""
     from jagged.tiles import bwd_dynamic
     from kernels_tlx import bwd_hopper as bw
     cfg = bw.window_config(d) if windows else bw.CONFIGS[(d, bucket)]
@@ -198,7 +199,7 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                  BROADCAST_Q=bq, DQ_COLS=bw.dq_cols(d),
                  DYNAMIC=bwd_dynamic(bq) and not windows,
                  KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts)
+                 SDP_TOGETHER=bw.sdp_together(cfg, bq), PARTS=parts, HEAD_RUN=head_run)
     if windows:  # with each key column's query rows (bw.window_rows) and dQ (_store_dq)
         sig.update(col_rows="*i32", dq_ptr=f"*{dt}")
     else:
@@ -207,7 +208,8 @@ def tlx_bwd_job(d, bucket, causal, bq, dt="bf16", H=4, HKV=2, windows=False,
                 constexprs=const, arch=90, num_warps=4, num_stages=cfg.num_stages,
                 name=f"bwd D{d} {'windows' if windows else bucket} "
                      f"{'causal' if causal else 'full'} {'bq' if bq else 'packed'} {dt}"
-                     f"{f' parts {parts}' if parts > 1 else ''}",
+                     f"{f' parts {parts}' if parts > 1 else ''}"
+                     f"{f' run {head_run}' if head_run > 1 else ''}",
                 opts={})
 
 

@@ -1123,6 +1123,35 @@ def bwd_dependent(broadcast_q: bool) -> bool:
     return not broadcast_q
 
 
+# bwd_head_run. The packed backward deals its tiles with the KV heads innermost: a wave
+# of 132 programs then holds ~132 / H_kv list entries for every KV head, each tile walking
+# its head group's Q / dO rows and reduce-adding its dQ rows (8 bytes an element: Q and
+# dO in 16 bits, dQ in fp32). Once the programs drift apart on a long non-causal sequence
+# every head's rows are in flight: llm-dense B8 H16 D128 8192 holds 134 MB against the
+# 50 MB L2, and CuteDSL's call ran at 31.8 ms or ~19 ms from one call to the next (H100).
+# A run of BWD_HEAD_RUN entries a head keeps a wave to ~132 / BWD_HEAD_RUN heads, as
+# FA4's grid takes a head's KV blocks first: 18.6 ms a call, DRAM traffic -43 %. Causal
+# lists keep the heads innermost: their tiles differ in length and the runs lost 2-3 %
+# at GQA and on short sequences there (PERF, Design decisions: Backward).
+BWD_HEAD_RUN = 64
+BWD_HEAD_RUN_BYTES = 50 << 20  # the H100 / H200 L2
+
+
+def bwd_head_run(n_k: int, batch: int, h_q: int, h_kv: int, max_q: int, head_dim: int,
+                 block_n: int, causal: bool, broadcast_q: bool, windows: bool = False) -> int:
+    """List entries a KV head takes in turn before the next head's (both styles'
+    schedule.kv_tile_coords): BWD_HEAD_RUN for a non-causal call with several KV heads
+    whose longest sequence's rows over all query heads (Q, dO, the fp32 dQ: 8 bytes an
+    element) exceed BWD_HEAD_RUN_BYTES, where the list (about n_k / block_n + batch / 2
+    entries) holds a whole run; else 1, the heads innermost. Broadcast-Q (pinned heads)
+    and key windows (their own coords) take 1."""
+    if causal or broadcast_q or windows or h_kv < 2:
+        return 1
+    if h_q * max_q * head_dim * 8 <= BWD_HEAD_RUN_BYTES:
+        return 1
+    return BWD_HEAD_RUN if n_k / block_n + batch / 2 >= BWD_HEAD_RUN else 1
+
+
 def bwd_dynamic(broadcast_q: bool) -> bool:
     """Whether the backward's programs take their tiles from a counter (both styles): the
     producer of each program takes its next tile with an atomic add once it has issued the

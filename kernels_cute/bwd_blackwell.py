@@ -171,6 +171,7 @@ class Sched(NamedTuple):
     group: Any
     n_slots: Any  # broadcast-Q: the dQ accumulator's slots
     parts: int = 1  # CTAs a tile (jagged.tiles.bwd_parts; this build takes whole tiles)
+    head_run: int = 1  # list entries a KV head in turn (this build: the heads innermost)
 
 
 # role: compute

@@ -118,9 +118,9 @@ from functools import partial
 from typing import Any, NamedTuple, Optional
 
 from jagged.arch import SMEM_LIMIT
-from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, bwd_dependent, bwd_dynamic, bwd_mean_q,
-                          bwd_mid, bwd_parts, flat_block, kv_tiles, takes_flat, window_parts,
-                          window_tiles, windowed)
+from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, bwd_dependent, bwd_dynamic, bwd_head_run,
+                          bwd_mean_q, bwd_mid, bwd_parts, flat_block, kv_tiles, takes_flat,
+                          window_parts, window_tiles, windowed)
 
 from . import host
 
@@ -169,6 +169,8 @@ class Config:
                            # by 1-D bulk adds into a block-padded accumulator
                            # (jagged.tiles.takes_flat; PostFlat restores
                            # the rows)
+    head_run: int = 1      # list entries a KV head in turn (jagged.tiles.bwd_head_run,
+                           # schedule.head_run_coords; _plan sets it)
 
 
 # The measured defaults, keyed by (head dim, bucket): "mid" at D = 64 when a sequence has
@@ -405,6 +407,7 @@ class Sched(NamedTuple):
     pipeline_tile: Any   # the hand-over's barriers
     n_slots: Any         # broadcast-Q: the dQ accumulator's slots (schedule.tile_range)
     parts: int = 1       # CTAs a tile (jagged.tiles.bwd_parts), a build constant
+    head_run: int = 1    # list entries a KV head in turn (Config.head_run), a build constant
 
 
 class Smem(NamedTuple):
@@ -792,7 +795,8 @@ def _kernel_classes():
                 sLD=storage.sLD.get_tensor(cute.make_layout(ld_shape(self.bm))))
 
             sched = Sched(mTileB, mTileN, mNTiles, mCuQ, mCuK, L_q, mQ.shape[2], mK.shape[2],
-                          group, mSched, pipeline_tile, n_slots, self.parts)
+                          group, mSched, pipeline_tile, n_slots, self.parts,
+                          self.cfg.head_run)
             pipeline.pipeline_init_wait()
             # a programmatic dependent of the kernel ahead (the preprocess or a list kernel,
             # which trigger first; jagged.tiles.bwd_dependent): global memory only after
@@ -1925,7 +1929,10 @@ def _plan(c: host.BwdCall) -> tuple[int, Config]:
         parts = bwd_parts(c.q.shape[0], c.k.shape[0], c.cu_k.shape[0] - 1, c.k.shape[1],
                           c.group, c.causal, c.broadcast_q, cfg.block_m, BLOCK_N, c.grid,
                           c.max_q, c.max_k)
-    return parts, cfg if parts == 1 else _config(c, parts)
+    cfg = cfg if parts == 1 else _config(c, parts)
+    return parts, replace(cfg, head_run=bwd_head_run(
+        c.k.shape[0], c.cu_k.shape[0] - 1, c.q.shape[1], c.k.shape[1], c.max_q, c.q.shape[2],
+        BLOCK_N, c.causal, c.broadcast_q, cfg.windows))
 
 
 def _config(c: host.BwdCall, parts: int) -> Config:

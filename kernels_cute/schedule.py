@@ -38,8 +38,8 @@ from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
 from .seqinfo import SeqlenInfo
 
-__all__ = ["boustrophedon", "build_tiles", "kv_block", "kv_steps", "kv_tile_coords",
-           "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
+__all__ = ["boustrophedon", "build_tiles", "head_run_coords", "kv_block", "kv_steps",
+           "kv_tile_coords", "kv_window_coords", "tile_coords", "tile_range", "window_coords"]
 
 
 def tile_coords(tile, mPairs, n_pairs, mCuQ, mCuK, L_q, H, group, nblk,
@@ -181,11 +181,9 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
     blocks here, its part's steps: part_steps."""
     import cutlass
 
-    HKV, parts = sched.HKV, sched.parts
     base, hk = t, pinned
     if cutlass.const_expr(not BROADCAST_Q):
-        base = t // (HKV * parts)
-        hk = t // parts % HKV
+        base, hk = head_run_coords(t // sched.parts, sched)
     b = sched.mTileB[base]
     n0 = sched.mTileN[base] * BLOCK_N
     seq = SeqlenInfo.of(b, sched.mCuQ, sched.mCuK, sched.L_q, BROADCAST_Q)
@@ -194,6 +192,22 @@ def kv_tile_coords(t, pinned, sched, BLOCK_M: int, BLOCK_N: int, CAUSAL: bool,
         m_lo = seq.causal_q_start(n0) // BLOCK_M * BLOCK_M   # the block of the first row
     n_m = cutlass.max((seq.len_q - m_lo + BLOCK_M - 1) // BLOCK_M, 0)
     return b, hk, n0, seq, m_lo, n_m
+
+
+def head_run_coords(u, sched):
+    """Whole tile u of the packed list x H_kv heads -> (list entry, KV head): runs of
+    sched.head_run entries (jagged.tiles.bwd_head_run), each run's entries for head 0,
+    then head 1, ...; the last run is shorter. A run of 1: the heads innermost."""
+    import cutlass
+
+    HKV, run = sched.HKV, sched.head_run
+    if cutlass.const_expr(run == 1):
+        return u // HKV, u % HKV
+    chunk = u // (run * HKV)
+    first = chunk * run
+    g = cutlass.min(run, sched.mNTiles[0] - first)
+    r = u - chunk * (run * HKV)
+    return first + r % g, r // g
 
 
 def part_steps(t, steps, parts: int):

@@ -120,9 +120,9 @@ from jagged.arch import num_sms
 from jagged.seqinfo import (causal_last_key, causal_q_start, col_q_range, dq_accumulated,
                             row_seq, sequence_of)
 from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dynamic,
-                          bwd_mean_q, bwd_mid, bwd_parts, bwd_programs, dkv_accumulator,
-                          dq_accumulator, grad_buffers, kv_tiles, per_offsets, slot_count,
-                          window_parts, window_tiles, windowed, windows_direct)
+                          bwd_head_run, bwd_mean_q, bwd_mid, bwd_parts, bwd_programs,
+                          dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, per_offsets,
+                          slot_count, window_parts, window_tiles, windowed, windows_direct)
 
 from jagged.launch import cdiv, fast, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
@@ -1082,7 +1082,8 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
                Q_LOOP_STAGES: tl.constexpr,  # the Q-step loop's num_stages (Config)
                WINDOWS: tl.constexpr = False,  # tiles are key windows (kv_window_coords)
                SDP_TOGETHER: tl.constexpr = False,  # Config.sdp_together
-               PARTS: tl.constexpr = 1):  # programs a tile (bwd_parts); dk / dv fp32 if > 1
+               PARTS: tl.constexpr = 1,  # programs a tile (bwd_parts); dk / dv fp32 if > 1
+               HEAD_RUN: tl.constexpr = 1):  # list entries a KV head in turn (bwd_head_run)
     NC: tl.constexpr = NUM_CONSUMERS
     NB: tl.constexpr = NUM_BUF_Q
     BNC: tl.constexpr = BLOCK_N // NC
@@ -1132,7 +1133,7 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         tile_empty=tlx.alloc_barriers(num_barriers=2, arrive_count=NC if M64 else NC + 1))
     descs = Descs(q_desc, k_desc, v_desc, do_desc, dq_desc)
     tiles = KVTiles(tile_b_ptr, tile_n_ptr, n_tiles_ptr, cu_q_ptr, cu_k_ptr, L_q, sched_ptr,
-                    n_slots)
+                    n_slots, HEAD_RUN)
     stats = RowStats(lse_ptr, delta_ptr, stride_lse_h)
     grads = Grads(dk_ptr, dv_ptr, stride_k_tok, stride_k_h, scale, dq_ptr)
 
@@ -1389,8 +1390,10 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, num_warps=4,
-        num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts,
+        HEAD_RUN=bwd_head_run(k.shape[0], p.B, p.H, p.HKV, max_q, D, BLOCK_N, bool(causal),
+                              broadcast_q, windows),
+        num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
     if direct:  # the windows stored every row, the preprocess zeroed the rest
         return p.dq, p.dk, p.dv

@@ -33,9 +33,9 @@ import triton.language as tl
 from jagged.seqinfo import causal_kv_end, seq_range
 from jagged.tiles import fwd_tiles as build_tiles  # shared by both styles
 
-__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "kv_block", "kv_steps",
-           "kv_tile_coords", "kv_window_coords", "part_steps", "tile_coords", "tile_range",
-           "window_coords"]
+__all__ = ["KVTile", "KVTiles", "Tile", "build_tiles", "dq_slot_row", "head_run_coords",
+           "kv_block", "kv_steps", "kv_tile_coords", "kv_window_coords", "part_steps",
+           "tile_coords", "tile_range", "window_coords"]
 
 
 class Tile(NamedTuple):
@@ -203,6 +203,7 @@ class KVTiles(NamedTuple):
     L_q: object
     sched: object
     n_slots: object = 1  # broadcast-Q: the dQ accumulator's slots (dq_slot_row)
+    head_run: tl.constexpr = 1  # list entries a KV head in turn (head_run_coords)
 
 
 class KVTile(NamedTuple):
@@ -234,8 +235,7 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     if BROADCAST_Q:
         base = t
     else:
-        base = t // (HKV * PARTS)
-        hk = (t // PARTS) % HKV
+        base, hk = head_run_coords(t // PARTS, tiles, HKV)
     b = tl.load(tiles.tile_b + base)
     n0 = tl.load(tiles.tile_n + base) * BLOCK_N
     k_start, len_k = seq_range(tiles.cu_k, b, 0, False)
@@ -257,6 +257,22 @@ def kv_tile_coords(t, pid, tiles, HKV: tl.constexpr, BLOCK_M: tl.constexpr,
     if BROADCAST_Q:
         hk = pid % HKV
     return KVTile(b, hk, n0, len_k, len_q, k_start, q_start, o_start, m_lo, n_m, b)
+
+
+@triton.jit
+def head_run_coords(u, tiles, HKV: tl.constexpr):
+    """Whole tile u of the packed list x HKV heads -> (list entry, KV head): runs of
+    tiles.head_run entries (jagged.tiles.bwd_head_run), each run's entries for head 0,
+    then head 1, ...; the last run is shorter. A run of 1: the heads innermost."""
+    if tiles.head_run == 1:
+        return u // HKV, u % HKV
+    else:
+        run: tl.constexpr = tiles.head_run
+        chunk = u // (run * HKV)
+        first = chunk * run
+        g = tl.minimum(run, tl.load(tiles.n_tiles) - first)
+        r = u - chunk * (run * HKV)
+        return first + r % g, r // g
 
 
 @triton.jit

@@ -442,3 +442,23 @@ def test_window_split_builds(d):
     assert len(split) == len(base) == 3, (split, base)
     assert all(a <= b + 1 for a, b in zip(split[:2], base[:2])), (split, base)
     assert split[2] <= base[2] + 4, (split, base)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_head_run_builds(d):
+    """A build whose list entries go a KV head at a time in runs (HEAD_RUN,
+    jagged.tiles.bwd_head_run; schedule.head_run_coords) against the heads-innermost one:
+    both compile (non-causal, the calls that take runs), the run's build with no more
+    spills in its step loops, more integer divisions (the last run's length) in its tile
+    coords and the same shared memory."""
+    from jagged.tiles import BWD_HEAD_RUN
+    run, inner = compile_batch([tlx_bwd_job(d, "long", False, False, H=16, HKV=8,
+                                            head_run=r) for r in (BWD_HEAD_RUN, 1)])
+    assert not isinstance(run, str), run
+    assert not isinstance(inner, str), inner
+    print(run.row())
+    assert run.has_mma and run.fits and run.total_smem == inner.total_smem
+    assert sum(_step_spills(run)[:-1]) <= sum(_step_spills(inner)[:-1]), \
+        (_step_spills(run), _step_spills(inner))
+    divs = [len(re.findall(r"\b(div|rem)\.s32", r.ptx)) for r in (run, inner)]
+    assert divs[0] > divs[1], divs

@@ -258,6 +258,26 @@ def test_host_launches_the_dependent_chain(monkeypatch, bq, arch):
     assert kw["_bwd_postprocess"]["launch_pdl"] == (not bq) and kw["_bwd_postprocess"]["PDL"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_host_head_run(monkeypatch, causal):
+    """backward's main launch (recorded) deals a KV head's list entries in runs
+    (HEAD_RUN, jagged.tiles.bwd_head_run) for a long non-causal call whose rows over all
+    heads exceed the L2 budget (4 x 2048 tokens, H32/8, 67 MB), the heads innermost when
+    causal."""
+    import jagged.tiles as T
+    launches = record_launches(monkeypatch, bw, T)
+    monkeypatch.setattr(bw, "num_sms", lambda dev: 132)
+    H, HKV, D = 32, 8, 128
+    lk = torch.tensor([2048] * 4)
+    cu = offsets(lk)
+    q = torch.zeros(int(cu[-1]), H, D, dtype=torch.float16)
+    k = torch.zeros(int(cu[-1]), HKV, D, dtype=torch.float16)
+    bw.backward(q, q, k, k, q, torch.zeros(H, q.shape[0]), cu, cu, 2048, 2048, causal,
+                0.125, False)
+    (kw,) = [kw for name, _, kw in launches if name == "bwd_kernel"]
+    assert kw["HEAD_RUN"] == (1 if causal else T.BWD_HEAD_RUN) > 0
+
+
 @pytest.mark.parametrize("windows,long", [(False, False), (True, False), (False, True)])
 def test_host_split_launches(monkeypatch, windows, long):
     """A call whose tiles (or key windows) are split over programs launches what a whole

@@ -1082,6 +1082,28 @@ def test_host_backward_plans_once(monkeypatch, split):
     assert key[4] == B._config(plans[0]._replace(parts=split), split) and key[7] == split
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_host_backward_head_run(monkeypatch, causal):
+    """host.backward with bwd_hopper's plan (kernels recorded): a long non-causal call whose
+    rows over all heads exceed the L2 budget (4 x 2048 tokens, H32/8, 67 MB) launches the
+    build whose list entries go a KV head at a time in runs (Config.head_run,
+    jagged.tiles.bwd_head_run); causal masking keeps the heads innermost."""
+    from jagged.tiles import BWD_HEAD_RUN
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+
+    mains = []
+    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
+        lambda *args: mains.append(key)))
+    rec = lambda *key: (lambda *args: None)          # noqa: E731
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=B._plan, post_flat=rec)
+    lk, cu, n, q, k, lse = _packed_call([2048] * 4, 32, 8, 128)
+    host.backward(kern, q, q, k, k, q, lse, cu, cu, 2048, 2048, causal, 0.125, False)
+    cfgs = [key[4] for key in mains if len(key) > 4 and isinstance(key[4], B.Config)]
+    assert [c.head_run for c in cfgs] == [1 if causal else BWD_HEAD_RUN]
+
+
 def test_host_backward_launches_plain(monkeypatch):
     """host.backward with bwd_hopper's main at D = 128 (kernels recorded): long packed
     sequences without causal masking launch the 80-row build on kv_tiles of 80-row
@@ -1234,3 +1256,31 @@ def test_host_backward_launches_flat(monkeypatch):
     assert main[4] == B.window_config(D) and args[6].shape == (n_q, H, D)
     assert pre[2] == B.BLOCK_N and ra[7] == n_q * H
     assert post == (q.dtype, True, False, False) and pa[2:4] == (cu_q, cu_k)
+
+
+@needs_dsl
+@pytest.mark.parametrize("D", [128, 64])
+def test_head_run_builds(tmp_path, D):
+    """A build whose list entries go a KV head at a time in runs (Config.head_run,
+    jagged.tiles.bwd_head_run; schedule.head_run_coords) compiles non-causal (the calls
+    that take runs) with its steps spill-free, the run's divisions by the last run's
+    length in its tile coords: more integer divisions than the heads-innermost build,
+    none added to a step."""
+    from kernels_cute import bwd_hopper as B
+    from jagged.tiles import BWD_HEAD_RUN
+    causal = False
+    cfg = B.pick_config(D, float("inf"), causal, False)
+    paths = {}
+    for run in (1, BWD_HEAD_RUN):
+        (tmp_path / str(run)).mkdir()
+        path = _compile(tmp_path / str(run), f"B.compile_main(dt, {D}, {causal}, False, "
+                        f"__import__('dataclasses').replace(B.pick_config({D}, "
+                        f"float('inf'), {causal}, False), head_run={run}))")
+        if path is None:
+            pytest.skip("compiled, but the DSL kept no PTX to inspect")
+        paths[run] = open(path).read()
+        if run > 1:
+            _no_step_spills(path, _ptxas(path))
+    divs = {run: len(re.findall(r"\b(div|rem)\.s32", ptx)) for run, ptx in paths.items()}
+    assert divs[BWD_HEAD_RUN] > divs[1], divs
+    assert cfg.head_run == 1  # pick_config leaves it to _plan

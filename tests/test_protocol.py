@@ -702,6 +702,29 @@ def test_bwd_split_tiles_protocol(style, parts):
     assert (0 in got) == (parts > 2)   # the shortest tile: 2 steps
 
 
+@pytest.mark.parametrize("style", ["tlx", "cute"])
+@pytest.mark.parametrize("run", [2, 3])
+def test_bwd_head_run_protocol(style, run):
+    """List entries a KV head in runs (jagged.tiles.bwd_head_run, schedule.head_run_coords),
+    the last run shorter: every (tile, KV head) finished once, with no race or deadlock,
+    in both styles' models, whole tiles and split ones; and the walk's order: a run's
+    entries for head 0, then head 1."""
+    prob = Problem((300, 70, 64, 1, 200), (400, 300, 100, 5, 130), heads=4, kv_heads=2)
+    if style == "tlx":
+        cfg = _tlx_bwd_configs()[(128, "long")]
+        model = lambda sim, parts: P.tlx_bwd_hopper(sim, prob, cfg, 3, 128, parts=parts,
+                                                    head_run=run)
+    else:
+        cfg = dataclasses.replace(_cute_bwd_configs()[(128, "long")], head_run=run)
+        model = lambda sim, parts: P.cute_bwd_hopper(sim, prob, cfg, 3, 128, parts=parts)
+    for parts in (1, 2):
+        assert P.check(lambda sim: model(sim, parts), range(3)) > 0
+    w = P.BwdWalk(prob, 64, 128, 3, 1, run)
+    order = [w.coords(t, 0)[0][:2] for t in range(w.range(0)[2])]
+    assert sorted(order) == [(e, h) for e in range(w.n_real) for h in range(2)]
+    assert order[:2 * run] == [(e, h) for h in range(2) for e in range(run)]
+
+
 # ----------------------------------------------------------------------------- CuteDSL backward
 def _cute_bwd_configs():
     from kernels_cute.bwd_hopper import CONFIGS

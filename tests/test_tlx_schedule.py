@@ -575,3 +575,48 @@ def test_tile_coords_direct(causal):
             assert (n_bulk, n_end) == (full // 64, -(-end // 64)), (b, m0)
         else:
             assert (n_bulk, n_end) == (int(lk[b]) // 64, -(-int(lk[b]) // 64)), (b, m0)
+
+
+def test_bwd_head_run():
+    """List entries a KV head in runs (jagged.tiles.bwd_head_run) for non-causal calls
+    whose longest sequence's Q / dO / dQ rows over all heads exceed the L2 budget, where
+    the list holds a whole run and there are several KV heads: llm B8 H16 8192 (134 MB,
+    512 entries) and B4 H32/8 4096. Causal masking, rows under the budget (gem 2048 / 0.9
+    at H4: 8.4 MB), a single KV head, a short list, broadcast-Q and key windows keep the
+    heads innermost (1)."""
+    from jagged.tiles import BWD_HEAD_RUN, BWD_HEAD_RUN_BYTES, bwd_head_run
+    assert bwd_head_run(8 * 8192, 8, 16, 16, 8192, 128, 128, False, False) == BWD_HEAD_RUN
+    assert bwd_head_run(4 * 4096, 4, 32, 8, 4096, 128, 128, False, False) == BWD_HEAD_RUN
+    assert bwd_head_run(4 * 4096, 4, 32, 8, 4096, 128, 128, True, False) == 1
+    assert bwd_head_run(1152 * 1843, 1152, 4, 4, 2048, 128, 128, False, False) == 1
+    assert 4 * 2048 * 128 * 8 <= BWD_HEAD_RUN_BYTES < 16 * 8192 * 128 * 8
+    assert bwd_head_run(8 * 8192, 8, 16, 1, 8192, 128, 128, False, False) == 1
+    assert bwd_head_run(4096, 1, 64, 64, 4096, 128, 128, False, False) == 1
+    assert bwd_head_run(8 * 8192, 8, 16, 16, 8192, 128, 128, False, True) == 1
+    assert bwd_head_run(8 * 8192, 8, 16, 16, 8192, 128, 128, False, False, windows=True) == 1
+
+
+@triton.jit
+def _head_run_kernel(n_tiles, out, HKV: tl.constexpr, RUN: tl.constexpr):
+    from kernels_tlx.schedule import KVTiles, head_run_coords
+    tiles = KVTiles(n_tiles, n_tiles, n_tiles, n_tiles, n_tiles, 0, n_tiles, 1, RUN)
+    n = tl.load(n_tiles) * HKV
+    for u in range(0, n):
+        base, hk = head_run_coords(u, tiles, HKV)
+        tl.store(out + 2 * u, base)
+        tl.store(out + 2 * u + 1, hk)
+
+
+@interp
+@pytest.mark.parametrize("n,hkv,run", [(11, 2, 1), (11, 2, 3), (11, 4, 2), (5, 3, 8),
+                                       (130, 8, 64)])
+def test_head_run_coords(n, hkv, run):
+    """TLX's head_run_coords against the protocol model's (harness.protocol.tiles, which
+    the CuteDSL twin follows): every (list entry, KV head) once, a run's entries for head
+    0 first, the last run shorter."""
+    from harness.protocol.tiles import head_run_coords
+    out = torch.full((2 * n * hkv,), -1, dtype=torch.int32)
+    _head_run_kernel[(1,)](torch.tensor([n], dtype=torch.int32), out, hkv, run)
+    got = [tuple(x) for x in out.view(-1, 2).tolist()]
+    assert got == [head_run_coords(u, n, hkv, run) for u in range(n * hkv)]
+    assert sorted(got) == [(e, h) for e in range(n) for h in range(hkv)]

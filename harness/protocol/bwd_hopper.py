@@ -10,7 +10,7 @@ from .tiles import BwdWalk, Problem
 
 # ----------------------------------------------------------------------------- TLX, Hopper backward
 def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int = 128,
-                   elem_bytes: int = 2, parts: int = 1) -> BwdWalk:
+                   elem_bytes: int = 2, parts: int = 1, head_run: int = 1) -> BwdWalk:
     """kernels_tlx/bwd_hopper.py's bwd_kernel: per program `load` (the producer
     warpgroup), two `compute` consumers (64 keys of the 128-key tile each) and, at 32-row
     steps, a 1-warp `reduce_dq` (at 64- and 128-row steps the load task reduces dQ one
@@ -22,7 +22,9 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     staging, retired by its wait), at D = 64 below 128-row steps summed into the last
     consumer's first. Packed lists: tiles from the counter, handed to the
     consumers (and reduce_dq) through the two-slot ring. parts: each tile split over that
-    many programs by its steps (jagged.tiles.bwd_parts, schedule.part_steps)."""
+    many programs by its steps (jagged.tiles.bwd_parts, schedule.part_steps). head_run:
+    list entries a KV head in turn (the HEAD_RUN launch constant, schedule.head_run_coords;
+    CuteDSL's is Config.head_run)."""
     from jagged.tiles import bwd_dynamic
 
     from kernels_tlx.bwd_hopper import BLOCK_N, NUM_BUF_Q, NUM_CONSUMERS, dq_cols
@@ -33,7 +35,7 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
     DQS = DQ_COLS == D and not M128
     MEET = DQ_COLS < D or M128           # a consumer's dQ reads the other's dS^T (and K)
     dyn = bwd_dynamic(problem.broadcast_q)
-    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts)
+    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts, head_run)
     P = walk.programs
     counter = sim.counter("tile_counter")
     for p in range(P):
@@ -210,7 +212,7 @@ def cute_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: in
     from kernels_cute.bwd_hopper import BLOCK_N, NUM_MMA_WG, Q_STAGES
     D, BM, NW, NKV = head_dim, cfg.block_m, NUM_MMA_WG, cfg.kv_stages
     dyn = bwd_dynamic(problem.broadcast_q)
-    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts)
+    walk = BwdWalk(problem, BM, BLOCK_N, programs, parts, cfg.head_run)
     P = walk.programs
     KV_BYTES, Q_BYTES = BLOCK_N * D * elem_bytes, BM * D * elem_bytes
     DQ_THREADS = 128 * NW + 32

@@ -148,12 +148,13 @@ class BwdWalk:
     head), and the check that the consumers finished each (tile, KV head, part) once."""
 
     def __init__(self, problem: Problem, block_m: int, block_n: int, programs: int,
-                 parts: int = 1):
+                 parts: int = 1, head_run: int = 1):
         import torch
 
         from jagged.tiles import kv_tiles_reference
         self.problem, self.block_m, self.block_n = problem, block_m, block_n
         self.parts = 1 if problem.broadcast_q else parts
+        self.head_run = 1 if problem.broadcast_q else head_run
         HKV = problem.hkv
         lq = torch.tensor(problem.lens_q, dtype=torch.int32)
         lk = torch.tensor(problem.lens_k, dtype=torch.int32)
@@ -180,7 +181,8 @@ class BwdWalk:
     def coords(self, t, pid):
         """schedule.kv_tile_coords -> (key, hk, b, m_lo, n_m): the whole tile's Q blocks."""
         pr, HKV, BM, PT = self.problem, self.problem.hkv, self.block_m, self.parts
-        base, hk = (t, pid % HKV) if pr.broadcast_q else (t // (HKV * PT), t // PT % HKV)
+        base, hk = (t, pid % HKV) if pr.broadcast_q else \
+            head_run_coords(t // PT, self.n_real, HKV, self.head_run)
         part = 0 if pr.broadcast_q else t % PT
         b, n0 = self.tile_b[base], self.tile_n[base] * self.block_n
         len_q, len_k = pr.lens_q[b], pr.lens_k[b]
@@ -202,6 +204,18 @@ class BwdWalk:
         if sorted(self.done) != self.want:
             raise ProtocolError("coverage", f"tiles finished {sorted(self.done)}, the list "
                                 f"holds {self.want}")
+
+
+def head_run_coords(u: int, n: int, HKV: int, run: int) -> tuple[int, int]:
+    """schedule.head_run_coords: whole tile u of a list of n entries x HKV heads -> (list
+    entry, KV head), the entries in runs of `run`, each run's for head 0, then 1, ..."""
+    if run == 1:
+        return u // HKV, u % HKV
+    chunk = u // (run * HKV)
+    first = chunk * run
+    g = min(run, n - first)
+    r = u - chunk * (run * HKV)
+    return first + r % g, r // g
 
 
 def random_problem(rng: random.Random, block_m: int, block_n: int,
