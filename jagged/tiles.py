@@ -1129,25 +1129,29 @@ def bwd_dependent(broadcast_q: bool) -> bool:
 # dO in 16 bits, dQ in fp32). Once the programs drift apart on a long non-causal sequence
 # every head's rows are in flight: llm-dense B8 H16 D128 8192 holds 134 MB against the
 # 50 MB L2, and CuteDSL's call ran at 31.8 ms or ~19 ms from one call to the next (H100).
-# A run of BWD_HEAD_RUN entries a head keeps a wave to ~132 / BWD_HEAD_RUN heads, as
-# FA4's grid takes a head's KV blocks first: 18.6 ms a call, DRAM traffic -43 %. Causal
-# lists keep the heads innermost: their tiles differ in length and the runs lost 2-3 %
-# at GQA and on short sequences there (PERF, Design decisions: Backward).
+# A run of BWD_HEAD_RUN entries a head keeps a wave on ~2 KV heads, as FA4's grid takes a
+# head's KV blocks first: 18.6 ms a call, DRAM traffic -43 %. Where 2 KV heads' rows
+# overflow the L2 as well, the runs lost (fuzz B5 H8/4 D128 16384 / 0.5: TLX +8.7 %,
+# CuteDSL +2.7 %), and on causal lists too, whose tiles differ in length (GQA and short
+# sequences +2-3 %; PERF, Design decisions: Backward).
 BWD_HEAD_RUN = 64
 BWD_HEAD_RUN_BYTES = 50 << 20  # the H100 / H200 L2
+BWD_HEAD_RUN_HEADS = 2         # KV heads a wave holds in runs (~132 programs / 64)
 
 
 def bwd_head_run(n_k: int, batch: int, h_q: int, h_kv: int, max_q: int, head_dim: int,
                  block_n: int, causal: bool, broadcast_q: bool, windows: bool = False) -> int:
     """List entries a KV head takes in turn before the next head's (both styles'
-    schedule.kv_tile_coords): BWD_HEAD_RUN for a non-causal call with several KV heads
-    whose longest sequence's rows over all query heads (Q, dO, the fp32 dQ: 8 bytes an
-    element) exceed BWD_HEAD_RUN_BYTES, where the list (about n_k / block_n + batch / 2
-    entries) holds a whole run; else 1, the heads innermost. Broadcast-Q (pinned heads)
-    and key windows (their own coords) take 1."""
+    schedule.kv_tile_coords): BWD_HEAD_RUN for a non-causal call whose longest sequence's
+    rows over all query heads (Q, dO, the fp32 dQ: 8 bytes an element) exceed
+    BWD_HEAD_RUN_BYTES while those of BWD_HEAD_RUN_HEADS KV heads' groups fit it, where
+    the list (about n_k / block_n + batch / 2 entries) holds a whole run; else 1, the
+    heads innermost. Broadcast-Q (pinned heads) and key windows (their own coords) take
+    1."""
     if causal or broadcast_q or windows or h_kv < 2:
         return 1
-    if h_q * max_q * head_dim * 8 <= BWD_HEAD_RUN_BYTES:
+    head = h_q // h_kv * max_q * head_dim * 8  # one KV head's group's rows
+    if h_kv * head <= BWD_HEAD_RUN_BYTES or BWD_HEAD_RUN_HEADS * head > BWD_HEAD_RUN_BYTES:
         return 1
     return BWD_HEAD_RUN if n_k / block_n + batch / 2 >= BWD_HEAD_RUN else 1
 

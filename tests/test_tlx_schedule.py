@@ -579,16 +579,20 @@ def test_tile_coords_direct(causal):
 
 def test_bwd_head_run():
     """List entries a KV head in runs (jagged.tiles.bwd_head_run) for non-causal calls
-    whose longest sequence's Q / dO / dQ rows over all heads exceed the L2 budget, where
-    the list holds a whole run and there are several KV heads: llm B8 H16 8192 (134 MB,
-    512 entries) and B4 H32/8 4096. Causal masking, rows under the budget (gem 2048 / 0.9
-    at H4: 8.4 MB), a single KV head, a short list, broadcast-Q and key windows keep the
-    heads innermost (1)."""
+    whose longest sequence's Q / dO / dQ rows over all heads exceed the L2 budget while
+    two KV heads' fit it, where the list holds a whole run: llm B8 H16 8192 (134 MB, 8.4
+    MB a head, 512 entries), B4 H32/8 4096 and fuzz B27 H16/8 D64 16384. Causal masking,
+    rows under the budget (gem 2048 / 0.9 at H4: 8.4 MB), two heads' rows over it (fuzz
+    B5 H8/4 D128 16384: 33.5 MB a KV head), a single KV head, a short list, broadcast-Q
+    and key windows keep the heads innermost (1)."""
     from jagged.tiles import BWD_HEAD_RUN, BWD_HEAD_RUN_BYTES, bwd_head_run
     assert bwd_head_run(8 * 8192, 8, 16, 16, 8192, 128, 128, False, False) == BWD_HEAD_RUN
     assert bwd_head_run(4 * 4096, 4, 32, 8, 4096, 128, 128, False, False) == BWD_HEAD_RUN
     assert bwd_head_run(4 * 4096, 4, 32, 8, 4096, 128, 128, True, False) == 1
+    assert bwd_head_run(53680, 27, 16, 8, 16384, 64, 128, False, False) == BWD_HEAD_RUN
     assert bwd_head_run(1152 * 1843, 1152, 4, 4, 2048, 128, 128, False, False) == 1
+    assert bwd_head_run(31574, 5, 8, 4, 16384, 128, 128, False, False) == 1
+    assert bwd_head_run(28166, 2, 8, 2, 16384, 64, 128, False, False) == 1
     assert 4 * 2048 * 128 * 8 <= BWD_HEAD_RUN_BYTES < 16 * 8192 * 128 * 8
     assert bwd_head_run(8 * 8192, 8, 16, 1, 8192, 128, 128, False, False) == 1
     assert bwd_head_run(4096, 1, 64, 64, 4096, 128, 128, False, False) == 1
