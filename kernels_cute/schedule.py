@@ -19,7 +19,8 @@ sequence's keys, the window reads its sequences' keys.
 
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a CTA walks the
-list (packed: tiles x KV heads round-robin; broadcast-Q: CTAs pinned to a KV head). Packed
+list (packed: tiles x KV heads, the heads innermost or, on long non-causal calls, a
+head's tiles in runs: `head_run_coords`; broadcast-Q: CTAs pinned to a KV head). Packed
 lists are taken from a counter instead (tile_counter.py).
 
 Key windows (short sequences, `kv_window_coords`): a tile is a window of whole sequences

@@ -17,7 +17,8 @@ causal tiles unevenly wherever its period and the program count disagree.
 
 Backward. The KV-tile list (jagged.tiles.kv_tiles) holds (sequence, KV block) tiles,
 longest first; `kv_tile_coords` says where tile t lives, `tile_range` how a program walks
-the list (packed: tiles x KV heads round-robin; broadcast-Q: programs pinned to a KV
+the list (packed: tiles x KV heads, the heads innermost or, on long non-causal calls, a
+head's tiles in runs: `head_run_coords`; broadcast-Q: programs pinned to a KV
 head). Packed lists are taken from a counter instead (tile_counter.py). Short keys
 take key windows instead (`kv_window_coords`): whole sequences of at most BLOCK_N packed
 key columns, or a block of a longer one (jagged.tiles.windows over cu_k), walked
