@@ -1135,25 +1135,34 @@ def bwd_dependent(broadcast_q: bool) -> bool:
 # CuteDSL +2.7 %), and on causal lists too, whose tiles differ in length (GQA and short
 # sequences +2-3 %; PERF, Design decisions: Backward).
 BWD_HEAD_RUN = 64
+BWD_HEAD_RUN_LONG = 128        # where a sequence has that many KV blocks: a wave on one pair
 BWD_HEAD_RUN_BYTES = 50 << 20  # the H100 / H200 L2
 BWD_HEAD_RUN_HEADS = 2         # KV heads a wave holds in runs (~132 programs / 64)
 
 
 def bwd_head_run(n_k: int, batch: int, h_q: int, h_kv: int, max_q: int, head_dim: int,
-                 block_n: int, causal: bool, broadcast_q: bool, windows: bool = False) -> int:
+                 block_n: int, causal: bool, broadcast_q: bool, windows: bool = False,
+                 max_k: int = 0) -> int:
     """List entries a KV head takes in turn before the next head's (both styles'
     schedule.kv_tile_coords): BWD_HEAD_RUN for a non-causal call whose longest sequence's
     rows over all query heads (Q, dO, the fp32 dQ: 8 bytes an element) exceed
-    BWD_HEAD_RUN_BYTES while those of BWD_HEAD_RUN_HEADS KV heads' groups fit it, where
-    the list (about n_k / block_n + batch / 2 entries) holds a whole run; else 1, the
-    heads innermost. Broadcast-Q (pinned heads) and key windows (their own coords) take
-    1."""
+    BWD_HEAD_RUN_BYTES while those of BWD_HEAD_RUN_HEADS KV heads' groups fit it;
+    BWD_HEAD_RUN_LONG where one KV head's group's rows fit it and the longest sequence
+    has that many KV blocks (a wave then on one (sequence, KV head) pair); each where the
+    list (about n_k / block_n + batch / 2 entries) holds a whole run; else 1, the heads
+    innermost. Broadcast-Q (pinned heads) and key windows (their own coords) take 1."""
     if causal or broadcast_q or windows or h_kv < 2:
         return 1
     head = h_q // h_kv * max_q * head_dim * 8  # one KV head's group's rows
-    if h_kv * head <= BWD_HEAD_RUN_BYTES or BWD_HEAD_RUN_HEADS * head > BWD_HEAD_RUN_BYTES:
+    if h_kv * head <= BWD_HEAD_RUN_BYTES or head > BWD_HEAD_RUN_BYTES:
         return 1
-    return BWD_HEAD_RUN if n_k / block_n + batch / 2 >= BWD_HEAD_RUN else 1
+    if BWD_HEAD_RUN_HEADS * head <= BWD_HEAD_RUN_BYTES:
+        run = BWD_HEAD_RUN
+    elif -(-max_k // block_n) >= BWD_HEAD_RUN_LONG:
+        run = BWD_HEAD_RUN_LONG
+    else:
+        return 1
+    return run if n_k / block_n + batch / 2 >= run else 1
 
 
 def bwd_dynamic(broadcast_q: bool) -> bool:

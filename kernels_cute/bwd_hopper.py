@@ -1932,7 +1932,7 @@ def _plan(c: host.BwdCall) -> tuple[int, Config]:
     cfg = cfg if parts == 1 else _config(c, parts)
     return parts, replace(cfg, head_run=bwd_head_run(
         c.k.shape[0], c.cu_k.shape[0] - 1, c.q.shape[1], c.k.shape[1], c.max_q, c.q.shape[2],
-        BLOCK_N, c.causal, c.broadcast_q, cfg.windows))
+        BLOCK_N, c.causal, c.broadcast_q, cfg.windows, c.max_k))
 
 
 def _config(c: host.BwdCall, parts: int) -> Config:

@@ -1392,7 +1392,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
         SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts,
         HEAD_RUN=bwd_head_run(k.shape[0], p.B, p.H, p.HKV, max_q, D, BLOCK_N, bool(causal),
-                              broadcast_q, windows),
+                              broadcast_q, windows, int(max_k)),
         num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
     if direct:  # the windows stored every row, the preprocess zeroed the rest

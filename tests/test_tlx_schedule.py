@@ -593,6 +593,15 @@ def test_bwd_head_run():
     assert bwd_head_run(1152 * 1843, 1152, 4, 4, 2048, 128, 128, False, False) == 1
     assert bwd_head_run(31574, 5, 8, 4, 16384, 128, 128, False, False) == 1
     assert bwd_head_run(28166, 2, 8, 2, 16384, 64, 128, False, False) == 1
+    # one KV head's rows fit (33.5 MB) and the longest sequence has 128 KV blocks
+    from jagged.tiles import BWD_HEAD_RUN_LONG
+    assert bwd_head_run(31574, 5, 8, 4, 16384, 128, 128, False, False,
+                        max_k=16384) == BWD_HEAD_RUN_LONG
+    assert bwd_head_run(28166, 2, 8, 2, 16384, 64, 128, False, False,
+                        max_k=16384) == BWD_HEAD_RUN_LONG
+    assert bwd_head_run(31574, 5, 8, 4, 16384, 128, 128, False, False, max_k=8192) == 1
+    assert bwd_head_run(8 * 8192, 8, 16, 16, 8192, 128, 128, False, False,
+                        max_k=8192) == BWD_HEAD_RUN
     assert 4 * 2048 * 128 * 8 <= BWD_HEAD_RUN_BYTES < 16 * 8192 * 128 * 8
     assert bwd_head_run(8 * 8192, 8, 16, 1, 8192, 128, 128, False, False) == 1
     assert bwd_head_run(4096, 1, 64, 64, 4096, 128, 128, False, False) == 1
