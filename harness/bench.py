@@ -331,13 +331,12 @@ def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None,
     """`timer(replay, quick)` (default `time_ms`: ms) of `fn` captured in a CUDA graph (how a
     decode loop or a captured training step runs: no host work per call); None where
     the call cannot be captured (the reason appended to `why`). `stream`: the stream to
-    warm up and capture on (default a new one). Every capture draws on one memory pool
-    and the graph is reset after timing, so a worker's memory stays that of its largest
-    graph (a private pool per graph was kept past the graph's end: 28 GB reserved over
-    eight gem-jagged problems on the H200)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
+    warm up and capture on (default a new one). The graph is reset after timing, which
+    leaves its pool without a user: `_free`'s empty_cache gives the pool back once no
+    tensor of it lives (a graph kept past its timing held its pool: 28 GB reserved over
+    eight gem-jagged problems on the H200). Each capture takes a private pool (no shared
+    handle): torch asserts (use_count > 0) when a capture joins a pool whose graphs are
+    all reset but whose blocks a tensor still holds."""
     graph = torch.cuda.CUDAGraph()
     try:
         side = stream or torch.cuda.Stream()
@@ -345,7 +344,7 @@ def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None,
         with torch.cuda.stream(side):
             fn()
         torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph, pool=_POOL, stream=side):
+        with torch.cuda.graph(graph, stream=side):
             fn()
         torch.cuda.synchronize()
     except Exception as e:  # a call that syncs or copies from the host: no column
@@ -362,9 +361,6 @@ def graph_time_ms(fn, quick: bool, timer=None, why: list | None = None,
         return (timer or time_ms)(graph.replay, quick)
     finally:
         graph.reset()
-
-
-_POOL = None
 
 
 def copy_tbps() -> float | None:

@@ -731,3 +731,17 @@ def test_experimental_backends_run_only_when_named(monkeypatch):
     _one_process("profile", ["cute", "tlx"])
     with pytest.raises(SystemExit, match="experimental"):
         _one_process("profile", ["tlx", "tlx-x"])
+
+
+@pytest.mark.gpu
+def test_graph_time_ms_after_a_reset_pool():
+    """graph_time_ms captures again after a graph whose pool a tensor outlives (as a
+    cached tile list made during capture does): three captures in a row, each timed."""
+    import torch
+    from harness.bench import _free, graph_time_ms
+    x = torch.randn(1 << 20, device="cuda")
+    keep = []
+    for _ in range(3):
+        why = []
+        assert graph_time_ms(lambda: keep.append(x * 2), True, why=why) is not None, why
+        _free()
