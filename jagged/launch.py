@@ -162,7 +162,8 @@ class _Fast:
         # per parameter: 2 constexpr, 1 runtime not specialized, 0 runtime specialized
         self.kinds = tuple(2 if p.is_constexpr else 1 if p.do_not_specialize else 0
                            for p in fn.params)
-        self.launches = self.records = self.fallbacks = 0
+        self.sites = {}  # (call site, device) -> (plan, positions of tensor arguments)
+        self.launches = self.records = self.fallbacks = self.site_launches = 0
 
     def __getitem__(self, grid):
         return lambda *args, **kw: self.run(grid, args, kw)
@@ -232,9 +233,13 @@ class _Fast:
         if plan is False:
             self.fallbacks += 1
             return fn[grid](*args, **kw)
-        flat = self.flatten(plan, args, kw)
         if VERIFY:
             self.verify(plan, dev, args, kw)
+        return self.launch(plan, dev, grid, args, kw)
+
+    def launch(self, plan, dev, grid, args, kw):
+        """The plan's raw launch with this call's arguments."""
+        flat = self.flatten(plan, args, kw)
         g0 = grid[0]
         n = len(grid)
         plan.launch(g0, grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
@@ -243,6 +248,45 @@ class _Fast:
                     flat)
         self.launches += 1
         return plan.kernel
+
+    def at(self, site):
+        """This kernel's launcher for the calls of one call site that share `site`: a
+        hashable from the caller which fixes every argument's specialization but the
+        tensors' 16-byte alignment (the constexprs and options, which positions hold
+        tensors of which dtypes and which hold None, each int's ==1 / %16 / range class:
+        e.g. the call's shapes, dtypes and flags, from which the site computes them). Its
+        calls skip the plan key (~5 us of Python a launch over ~25 arguments): the site's
+        plan is launched once every tensor is found 16-byte aligned, as when it was
+        recorded; otherwise, and under a hook or VERIFY (which checks the site's plan
+        against the key's), the plan path."""
+        return _AtSite(self, site)
+
+    def run_site(self, site, grid, args, kw):
+        if not FAST:
+            return self.fn[grid](*args, **kw)
+        fn = self.fn
+        rt = knobs.runtime
+        dev = driver.active.get_current_device()
+        hit = self.sites.get((site, dev))
+        if hit is not None and not (VERIFY or hooked(rt) or rt.debug or fn.pre_run_hooks):
+            plan, tensors = hit
+            if not _or_ptrs(args, tensors) & 15:
+                self.site_launches += 1
+                return self.launch(plan, dev, grid, args, kw)
+        kernel = self.run_plan(grid, args, kw)
+        try:
+            plan = self.plans.get(self.key(dev, args, kw))
+        except (_Unhandled, TypeError):
+            return kernel
+        if hit is not None and VERIFY and plan is not hit[0]:
+            raise AssertionError(f"launch site {site!r} of {fn.__name__}: its plan is not "
+                                 "the key's (the site does not fix the specialization)")
+        tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        if isinstance(plan, _Plan) and not _or_ptrs(args, tensors) & 15:
+            if len(self.sites) >= 256:
+                self.sites.clear()
+            self.sites[(site, dev)] = (plan, tensors)
+        return kernel
 
     @staticmethod
     def flatten(plan, args, kw):
@@ -350,6 +394,24 @@ class _Fast:
             raise AssertionError(f"{fn.__name__}: plan arguments differ from the binder's")
 
 
+def _or_ptrs(args, positions) -> int:
+    """The bitwise or of the addresses of args' tensors at `positions` (0 for none)."""
+    bits = 0
+    for i in positions:
+        bits |= args[i].data_ptr()
+    return bits
+
+
+class _AtSite:
+    __slots__ = ("fast", "site")
+
+    def __init__(self, fast, site):
+        self.fast, self.site = fast, site
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.fast.run_site(self.site, grid, args, kw)
+
+
 _FAST: dict[int, _Fast] = {}
 
 
@@ -362,3 +424,10 @@ def fast(fn):
     if f is None:
         f = _FAST[id(fn)] = _Fast(fn)
     return f
+
+
+def fast_at(fn, site):
+    """`fast(fn)` for the calls of one call site that share `site` (`_Fast.at`; None:
+    `fast(fn)` itself); `fn` as is under the interpreter."""
+    f = fast(fn)
+    return f.at(site) if site is not None and isinstance(f, _Fast) else f

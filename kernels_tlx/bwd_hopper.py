@@ -124,7 +124,7 @@ from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dyna
                           dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, per_offsets,
                           slot_count, window_parts, window_tiles, windowed, windows_direct)
 
-from jagged.launch import cdiv, fast, next_pow2, tma_desc
+from jagged.launch import cdiv, fast, fast_at, next_pow2, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
                        tile_range)
 from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -1273,7 +1273,7 @@ def _accumulators(p: Prep, broadcast_q, rows=None):  # role: host
 
 
 def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
-                dkv_acc=None, direct=False, causal=False):  # role: host
+                dkv_acc=None, direct=False, causal=False, site=None):  # role: host
     """(a) delta = rowsum(dO * O) - dlse, the dQ accumulator zeroed (broadcast-Q: its slots;
     windows = (cu_q, cu_k): key windows, only the rows they reduce-add into; direct
     (jagged.tiles.windows_direct): those rows of dQ itself, in its dtype; causal: with the
@@ -1285,7 +1285,7 @@ def _preprocess(p: Prep, broadcast_q, dlse, windows=None, acc=None,
     zeroed = p.dq if direct else dq_acc
     ROWS = 32 if p.D <= 64 else 16
     cu_q, cu_k = windows or (None, None)
-    fast(_bwd_preprocess)[(pre_programs(p.Nq, p.H, ROWS, windows is not None),)](
+    fast_at(_bwd_preprocess, site)[(pre_programs(p.Nq, p.H, ROWS, windows is not None),)](
         p.out, p.dout, delta, zeroed, sched, p.Nq * p.H, p.out.stride(0), p.out.stride(1),
         p.dout.stride(0), p.dout.stride(1), delta.stride(0), cu_q, cu_k, p.B,
         p.B.bit_length(), dkv_acc, 0 if dkv_acc is None else dkv_acc.numel() // p.D,
@@ -1321,7 +1321,7 @@ def _build_window_lists(cu_q, cu_k, n_k, max_k, block_m, causal):  # role: host
 
 
 def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
-                 windows=None, causal=False):  # role: host
+                 windows=None, causal=False, site=None):  # role: host
     """(c) dQ = scale * the sum of the accumulator's slots, in q's dtype, into p.dq; with
     dkv_acc (tiles split over programs) also dK / dV from it, in the same launch.
     windows = (cu_q, cu_k): key windows, only the rows the accumulator holds
@@ -1331,14 +1331,14 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
     PB = 1024
     if windows is not None:
         HD = p.H * p.D
-        fast(_bwd_post_rows)[(cdiv(p.Nq, WIN_TOK.value),)](
+        fast_at(_bwd_post_rows, site)[(cdiv(p.Nq, WIN_TOK.value),)](
             dq_acc, p.dq, windows[0], windows[1], p.B, p.B.bit_length(), p.Nq, HD,
             float(scale), *dkv, LONG_K=BLOCK_N, COLS=min(POST_COLS, next_pow2(HD)),
             CAUSAL=bool(causal), PDL=PDL, DKV=dkv_acc is not None, num_warps=4,
             launch_pdl=pdl)
     else:
         n_elem = p.dq.numel()
-        fast(_bwd_postprocess)[(cdiv(n_elem, PB),)](
+        fast_at(_bwd_postprocess, site)[(cdiv(n_elem, PB),)](
             dq_acc, p.dq, n_elem, slot_count(dq_acc, broadcast_q), p.L_q * p.H * p.D,
             float(scale), *dkv, BLOCK=PB, PDL=PDL, DKV=dkv_acc is not None, num_warps=4,
             launch_pdl=pdl)
@@ -1367,9 +1367,14 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     dkv_acc = dkv_accumulator(k, parts)
     direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
     acc = _accumulators(p, broadcast_q, BM if direct else None)
+    # every launch argument's specialization follows from these (the shapes, the dtype,
+    # the flags and the bounds: the decisions above, the lists' sizes, the strides of
+    # contiguous tensors), so the launches skip the plan key (jagged.launch.fast_at)
+    site = (q.shape, k.shape, q.dtype, int(max_q), int(max_k), bool(causal),
+            bool(broadcast_q), cu_q is None, p.B)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
-                                          direct, causal)
+                                          direct, causal, site)
 
     # (b) main
     if windows:  # tile_b: the window order, tile_n: `win`, L_q: the window count
@@ -1381,7 +1386,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         l_q, dynamic, col_rows = p.L_q, bwd_dynamic(broadcast_q), None
     dk, dv = (p.dk, p.dv) if dkv_acc is None else (dkv_acc[0], dkv_acc[1])
     kv_rows = BLOCK_N // NUM_CONSUMERS.value
-    fast(bwd_kernel)[(grid_main,)](
+    fast_at(bwd_kernel, site)[(grid_main,)](
         _desc(q, BM, D), _desc(k, kv_rows, D), _desc(v, kv_rows, D), _desc(p.dout, BM, D),
         p.lse, delta, _desc(dq_acc, dq_rows(BM), D, cols=dq_cols(D)),  # a consumer's box
         dk, dv, cu_k if cu_q is None else cu_q, cu_k, tile_b, tile_n, n_tiles, sched,
@@ -1398,5 +1403,5 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     if direct:  # the windows stored every row, the preprocess zeroed the rest
         return p.dq, p.dk, p.dv
     _postprocess(p, dq_acc, scale, broadcast_q, dkv_acc, (cu_q, cu_k) if windows else None,
-                 causal)
+                 causal, site)
     return p.dq, p.dk, p.dv

@@ -58,7 +58,7 @@ from jagged.tiles import (FWD_SHORT_MEAN_K, fwd_bucket, fwd_consumers, fwd_direc
                           windowed)
 from jagged.validate import forward_without_tiles
 
-from jagged.launch import fast, tma_desc
+from jagged.launch import fast_at, tma_desc
 from .schedule import build_tiles, kv_block, kv_steps, tile_coords, window_coords
 from .tile_counter import fetch_tile, finish_tiles, next_tile, publish_tile
 
@@ -671,7 +671,11 @@ def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q, desca
     desc_k = tma_desc(k, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     desc_v = tma_desc(v, (Nk, Hkv * D), (Hkv * D, 1), (cfg.block_n, D))
     grid = (min(num_sms(q.device), n_tiles),)
-    fast(fwd_kernel)[grid](
+    # every argument's specialization follows from the shapes, dtypes, flags and bounds
+    # (jagged.launch.fast_at): the launch skips the plan key
+    site = (Nq_in, H, D, Nk, Hkv, q.dtype, k.dtype, int(max_q), int(max_k), bool(causal),
+            bool(broadcast_q), cu_q is None, batch)
+    fast_at(fwd_kernel, site)[grid](
         desc_q, desc_k, desc_v, out, lse, cu_k if cu_q is None else cu_q, cu_k, pairs, count,
         L_t, H_t, H_t // Hkv, nblk, n_out, scale * LOG2E, q_descale, k_descale, win,
         **kernel_args(cfg, D, causal, broadcast_q, fp8, windows, pack, direct, dynamic),

@@ -2,9 +2,9 @@
 
 
 def record_launches(monkeypatch, *modules, grids: list | None = None) -> list:
-    """Each module's `fast(kernel)[grid](*args, **kw)` (jagged.launch) recorded, not run:
-    the returned list fills with (kernel name, args, kw) as the host launches, and
-    `grids` (if given) with each launch's grid."""
+    """Each module's `fast(kernel)[grid](*args, **kw)` and `fast_at(kernel, site)[grid](...)`
+    (jagged.launch) recorded, not run: the returned list fills with (kernel name, args,
+    kw) as the host launches, and `grids` (if given) with each launch's grid."""
     launches = []
 
     class Recorder:
@@ -18,4 +18,6 @@ def record_launches(monkeypatch, *modules, grids: list | None = None) -> list:
 
     for m in modules:
         monkeypatch.setattr(m, "fast", Recorder)
+        if hasattr(m, "fast_at"):  # a call site's launcher (jagged.launch.fast_at)
+            monkeypatch.setattr(m, "fast_at", lambda fn, site: Recorder(fn))
     return launches

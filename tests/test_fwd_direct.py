@@ -35,7 +35,7 @@ def test_tlx_forward_launches_direct(monkeypatch, heads):
         def __getitem__(self, grid):
             return lambda *args, **kw: launches.append((grid, args, kw))
 
-    monkeypatch.setattr(fh, "fast", Recorder)
+    monkeypatch.setattr(fh, "fast_at", lambda fn, site: Recorder(fn))
     monkeypatch.setattr(fh, "num_sms", lambda dev: 132)
     monkeypatch.setattr(tiles, "check_offsets_async", lambda *a: checks.append(a))
     lq = torch.tensor([300, 200, 5])  # 3 query blocks of 128 a sequence: 9 pairs

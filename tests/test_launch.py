@@ -288,6 +288,53 @@ def test_verify_checks_the_plan(stub):
         _launch(fn, True, args, kw)
 
 
+def _launch_at(fn, site, args, kw, grid=(7, 3)):
+    launch.set_fast(True)
+    _Utils.calls.clear()
+    launch.fast_at(fn, site)[grid](*args, **kw)
+    assert len(_Utils.calls) == 1
+    return _Utils.calls[0]
+
+
+def test_a_site_launches_its_plan_without_the_key(stub, monkeypatch):
+    fn = _fake_compile(JITFunction(_py_kernel))
+    f = launch.fast(fn)
+    args, kw = _args(n=48), dict(BLOCK=64, num_warps=4)
+    ref = _launch(fn, False, args, kw)  # Triton's own path
+    _launch_at(fn, "s", args, kw)  # records the plan, then the site
+    assert f.records == 1 and f.site_launches == 0 and len(f.sites) == 1
+    keys = []
+    monkeypatch.setattr(f, "key", lambda *a: keys.append(a) or launch._Fast.key(f, *a))
+    args2 = _args(x=_buf(32), n=64, m=9, a=_buf(16))  # other tensors, same classes
+    _same_launch(_launch_at(fn, "s", args2, kw), _launch(fn, False, args2, kw))
+    assert f.site_launches == 1 and keys == []  # no key computed
+    _same_launch(_launch_at(fn, "s", args, kw), ref)
+    assert f.site_launches == 2 and keys == []
+    # a tensor off 16 bytes: the plan path, which picks its own specialization
+    args3 = _args(x=_buf(2))
+    _launch_at(fn, "s", args3, kw)  # records that specialization's plan
+    _same_launch(_launch_at(fn, "s", args3, kw), _launch(fn, False, args3, kw))
+    assert f.site_launches == 2 and keys
+    # another site: recorded on its own
+    _launch_at(fn, ("t", 1), args, kw)
+    assert len(f.sites) == 2
+
+
+def test_verify_checks_a_site(stub):
+    """A site that does not fix the specialization (here n's class) is caught under
+    VERIFY, which checks each site launch's plan against the key's."""
+    fn = _fake_compile(JITFunction(_py_kernel))
+    launch.VERIFY = True
+    _launch_at(fn, "s", _args(n=48), dict(BLOCK=64))
+    _launch_at(fn, "s", _args(n=64), dict(BLOCK=64))  # same class (%16): verified
+    with pytest.raises(AssertionError, match="does not fix the specialization"):
+        _launch_at(fn, "s", _args(n=1), dict(BLOCK=64))
+
+
+def test_fast_at_without_a_site_is_fast():
+    assert launch.fast_at(_k, None) is launch.fast(_k)
+
+
 def test_plans_by_default_on_the_verified_triton(monkeypatch):
     """Plans are the default only on the Triton they were checked against on the GPU;
     JAGGED_FAST_LAUNCH=0 takes Triton's path there too."""
@@ -314,7 +361,7 @@ def test_kernels_take_runtime_arguments_by_position():
     root = Path(__file__).resolve().parents[1]
     launched = set()
     for path in [*root.glob("jagged/*.py"), *root.glob("kernels_tlx/*.py")]:
-        for name in re.findall(r"\bfast\((\w+)\)", path.read_text()):
+        for name in re.findall(r"\bfast(?:_at)?\((\w+)[,)]", path.read_text()):
             mod = ".".join(path.relative_to(root).with_suffix("").parts)
             launched.add((mod, name))
     assert ("kernels_tlx.bwd_hopper", "bwd_kernel") in launched
