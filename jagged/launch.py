@@ -24,6 +24,11 @@ profile scratch, or gsan: Triton's path. It skips Triton's check that the kernel
 globals are unchanged; `VERIFY = True` runs the binder on every plan launch as well and
 raises if its cache key, kernel, globals or bound values disagree with the plan's (tests).
 
+`fast_at(kernel, site)[grid](...)`: the calls of one call site whose `site` (their shapes,
+dtypes, flags and bounds) fixes every argument's specialization launch the site's plan
+without the key, once their tensors are 16-byte aligned as when it was recorded (the key
+is ~5 us of Python a launch). Under VERIFY each site launch is checked against the key.
+
 Plans read Triton internals (the binder's specialization rules, CudaLauncher's argument
 flattening), so they are on by default only on the Triton they were checked against, bit
 for bit, on the H200 (VERIFIED_TRITON); any other version takes Triton's path.
