@@ -220,24 +220,37 @@ class _Fast:
             append(tuple(map(type, kw.values())))
         return tuple(k)
 
-    def run_plan(self, grid, args, kw):
-        fn = self.fn
+    def off_plans(self, grid) -> bool:
+        """Whether a call takes Triton's path: under a runtime hook or debug, with the
+        kernel's pre-run hooks, or over a callable grid."""
         rt = knobs.runtime
-        if hooked(rt) or rt.debug or fn.pre_run_hooks or callable(grid):
+        return hooked(rt) or rt.debug or self.fn.pre_run_hooks or callable(grid)
+
+    def run_plan(self, grid, args, kw):
+        if self.off_plans(grid):
             self.fallbacks += 1
-            return fn[grid](*args, **kw)
+            return self.fn[grid](*args, **kw)
         dev = driver.active.get_current_device()
+        key, plan = self.lookup(dev, args, kw)
+        return self.run_keyed(key, plan, dev, grid, args, kw)
+
+    def lookup(self, dev, args, kw):
+        """(this call's plan key, its plan or None); (None, False) for an argument of
+        another kind, or an unhashable one."""
         try:
             key = self.key(dev, args, kw)
-            plan = self.plans.get(key)
-        except (_Unhandled, TypeError):  # an argument of another kind, or unhashable
-            self.fallbacks += 1
-            return fn[grid](*args, **kw)
+            return key, self.plans.get(key)
+        except (_Unhandled, TypeError):
+            return None, False
+
+    def run_keyed(self, key, plan, dev, grid, args, kw):
+        """The launch through `plan`: recorded first where None, Triton's path where
+        False."""
         if plan is None:
             return self.record(key, dev, grid, args, kw)
         if plan is False:
             self.fallbacks += 1
-            return fn[grid](*args, **kw)
+            return self.fn[grid](*args, **kw)
         if VERIFY:
             self.verify(plan, dev, args, kw)
         return self.launch(plan, dev, grid, args, kw)
@@ -270,19 +283,21 @@ class _Fast:
         if not FAST:
             return self.fn[grid](*args, **kw)
         fn = self.fn
-        rt = knobs.runtime
+        if self.off_plans(grid):
+            self.fallbacks += 1
+            return fn[grid](*args, **kw)
         dev = driver.active.get_current_device()
         hit = self.sites.get((site, dev))
-        if hit is not None and not (VERIFY or hooked(rt) or rt.debug or fn.pre_run_hooks):
+        if hit is not None and not VERIFY:
             plan, tensors = hit
             if not _or_ptrs(args, tensors) & 15:
                 self.site_launches += 1
                 return self.launch(plan, dev, grid, args, kw)
-        kernel = self.run_plan(grid, args, kw)
-        try:
-            plan = self.plans.get(self.key(dev, args, kw))
-        except (_Unhandled, TypeError):
+        key, plan = self.lookup(dev, args, kw)
+        kernel = self.run_keyed(key, plan, dev, grid, args, kw)
+        if key is None:
             return kernel
+        plan = self.plans.get(key)
         if hit is not None and VERIFY and plan is not hit[0]:
             raise AssertionError(f"launch site {site!r} of {fn.__name__}: its plan is not "
                                  "the key's (the site does not fix the specialization)")
