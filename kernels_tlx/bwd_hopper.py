@@ -1344,6 +1344,46 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
             launch_pdl=pdl)
 
 
+class Decisions(NamedTuple):
+    """A call site's choices (`backward`): key windows, config, programs, parts a tile,
+    windows that store every dQ row."""
+    windows: bool
+    cfg: Config
+    grid: int
+    parts: int
+    direct: bool
+
+
+_DECIDED: dict = {}  # (site, device) -> Decisions
+MEMO = True  # A/B switch of scripts/ab/host_sites.py (False: decide on every call)
+
+
+def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisions:
+    """The site's Decisions, made once a site and device: pure functions of the shapes,
+    flags and bounds, so a call decides nothing its site has decided (on autograd's
+    device thread, whose caches are cold, each decision's code costs more than on the
+    calling thread)."""
+    key = (site, q.device)
+    hit = _DECIDED.get(key) if MEMO else None
+    if hit is not None:
+        return hit
+    windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
+    cfg = window_config(p.D) if windows else pick_config(
+        p.D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
+    grid = bwd_programs(broadcast_q, p.HKV, num_sms(p.dq.device))
+    if windows:
+        parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, cfg.block_m,
+                             BLOCK_N, grid, bool(causal), p.B)
+    else:
+        parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
+                          broadcast_q, cfg.block_m, BLOCK_N, grid, int(max_q), int(max_k))
+    direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
+    if len(_DECIDED) >= 256:  # as jagged.launch's sites: a bound, not an LRU
+        _DECIDED.clear()
+    out = _DECIDED[key] = Decisions(windows, cfg, grid, parts, direct)
+    return out
+
+
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
              dlse=None):
     """(dq, dk, dv) in q's dtype; the `bwd` of jagged.api.make_jagged_attention. dlse:
@@ -1352,26 +1392,16 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     if p.empty:
         return p.dq, p.dk, p.dv
     D = p.D
-    windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
-    cfg = window_config(D) if windows else pick_config(
-        D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
-    BM = cfg.block_m
-
-    grid_main = bwd_programs(broadcast_q, p.HKV, num_sms(p.dq.device))
-    if windows:
-        parts = window_parts(q.shape[0], k.shape[0], p.HKV, p.H // p.HKV, BM, BLOCK_N,
-                             grid_main, bool(causal), p.B)
-    else:
-        parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
-                          broadcast_q, BM, BLOCK_N, grid_main, int(max_q), int(max_k))
-    dkv_acc = dkv_accumulator(k, parts)
-    direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
-    acc = _accumulators(p, broadcast_q, BM if direct else None)
     # every launch argument's specialization follows from these (the shapes, the dtype,
-    # the flags and the bounds: the decisions above, the lists' sizes, the strides of
+    # the flags and the bounds: the decisions below, the lists' sizes, the strides of
     # contiguous tensors), so the launches skip the plan key (jagged.launch.fast_at)
     site = (q.shape, k.shape, q.dtype, int(max_q), int(max_k), bool(causal),
             bool(broadcast_q), cu_q is None, p.B)
+    windows, cfg, grid_main, parts, direct = _decisions(site, q, k, p, max_q, max_k, causal,
+                                                        broadcast_q)
+    BM = cfg.block_m
+    dkv_acc = dkv_accumulator(k, parts)
+    acc = _accumulators(p, broadcast_q, BM if direct else None)
     delta, dq_acc, _, sched = _preprocess(p, broadcast_q, dlse,
                                           (cu_q, cu_k) if windows else None, acc, dkv_acc,
                                           direct, causal, site)

@@ -25,6 +25,12 @@ from kernels_tlx.schedule import (KVTiles, dq_slot_row, kv_tile_coords, part_ste
                                    tile_range)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    """No site decided by an earlier test: each test's monkeypatched choices count."""
+    monkeypatch.setattr(bw, "_DECIDED", {})
+
+
 @pytest.mark.parametrize("n_dq_of,zero_dkv", [(3, False), (3, True), (0.5, False)])
 @pytest.mark.parametrize("d", [64, 128])
 def test_preprocess(d, n_dq_of, zero_dkv):

@@ -18,6 +18,12 @@ from kernels_tlx import bwd_hopper as bw  # noqa: E402
 from kernels_tlx import fwd_hopper as fh  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    """No site decided by an earlier test: each test's monkeypatched choices count."""
+    monkeypatch.setattr(bw, "_DECIDED", {})
+
+
 def plan_key(kernel, args, kw):
     """_Fast.key of an interpreted kernel's call (its parameters' kinds as the JITFunction
     would give them)."""
