@@ -1346,12 +1346,13 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
 
 class Decisions(NamedTuple):
     """A call site's choices (`backward`): key windows, config, programs, parts a tile,
-    windows that store every dQ row."""
+    windows that store every dQ row, list entries a KV head in turn."""
     windows: bool
     cfg: Config
     grid: int
     parts: int
     direct: bool
+    head_run: int
 
 
 _DECIDED: dict = {}  # (site, device) -> Decisions
@@ -1378,9 +1379,11 @@ def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisi
         parts = bwd_parts(q.shape[0], k.shape[0], p.B, p.HKV, p.H // p.HKV, causal,
                           broadcast_q, cfg.block_m, BLOCK_N, grid, int(max_q), int(max_k))
     direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
+    head_run = bwd_head_run(k.shape[0], p.B, p.H, p.HKV, int(max_q), p.D, BLOCK_N,
+                            bool(causal), broadcast_q, windows)
     if len(_DECIDED) >= 256:  # as jagged.launch's sites: a bound, not an LRU
         _DECIDED.clear()
-    out = _DECIDED[key] = Decisions(windows, cfg, grid, parts, direct)
+    out = _DECIDED[key] = Decisions(windows, cfg, grid, parts, direct, head_run)
     return out
 
 
@@ -1397,8 +1400,8 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     # contiguous tensors), so the launches skip the plan key (jagged.launch.fast_at)
     site = (q.shape, k.shape, q.dtype, int(max_q), int(max_k), bool(causal),
             bool(broadcast_q), cu_q is None, p.B)
-    windows, cfg, grid_main, parts, direct = _decisions(site, q, k, p, max_q, max_k, causal,
-                                                        broadcast_q)
+    windows, cfg, grid_main, parts, direct, head_run = _decisions(site, q, k, p, max_q, max_k,
+                                                                  causal, broadcast_q)
     BM = cfg.block_m
     dkv_acc = dkv_accumulator(k, parts)
     acc = _accumulators(p, broadcast_q, BM if direct else None)
@@ -1425,9 +1428,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
         H=p.H, HKV=p.HKV, D=D, BLOCK_M=BM, BLOCK_N=BLOCK_N, CAUSAL=bool(causal),
         BROADCAST_Q=bool(broadcast_q), DQ_COLS=dq_cols(D), DYNAMIC=dynamic,
         KV_STAGES=cfg.kv_stages, Q_LOOP_STAGES=cfg.num_stages, WINDOWS=windows,
-        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts,
-        HEAD_RUN=bwd_head_run(k.shape[0], p.B, p.H, p.HKV, max_q, D, BLOCK_N, bool(causal),
-                              broadcast_q, windows),
+        SDP_TOGETHER=sdp_together(cfg, broadcast_q), PARTS=parts, HEAD_RUN=head_run,
         num_warps=4, num_stages=cfg.num_stages, launch_pdl=bwd_dependent(broadcast_q))
 
     if direct:  # the windows stored every row, the preprocess zeroed the rest
