@@ -201,17 +201,6 @@ def _experiment(style: str, apply: Callable[[], None]):
     return make, available
 
 
-def _no_sites():
-    """A/B only: every TLX launch through the plan key (no call-site plans)."""
-    from jagged import launch
-    launch._Fast.run_site = lambda self, site, grid, args, kw: self.run(grid, args, kw)
-
-
-_make, _avail = _experiment("tlx", _no_sites)
-register(Backend("tlx-x", _make, _avail, supports=_ours_supports("tlx"), own=True,
-                 experimental=True, note="launches through the plan key (A/B)"))
-
-
 # ---------------------------------------------------------------------------- FA4
 
 def _fa4_make():

@@ -1356,7 +1356,6 @@ class Decisions(NamedTuple):
 
 
 _DECIDED: dict = {}  # (site, device) -> Decisions
-MEMO = True  # A/B switch of scripts/ab/host_sites.py (False: decide on every call)
 
 
 def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisions:
@@ -1365,7 +1364,7 @@ def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisi
     device thread, whose caches are cold, each decision's code costs more than on the
     calling thread)."""
     key = (site, q.device)
-    hit = _DECIDED.get(key) if MEMO else None
+    hit = _DECIDED.get(key)
     if hit is not None:
         return hit
     windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
