@@ -333,6 +333,31 @@ class BwdKernels(NamedTuple):
     post_flat: Callable | None = None
 
 
+_DECIDED: dict = {}  # (architecture, call site, device) -> (windows, parts, config)
+
+
+def _decisions(kern: BwdKernels, c: BwdCall, dev) -> tuple[bool, int, Any]:
+    """(key windows, CTAs a tile, the main kernel's config): kern.takes_windows and
+    kern.plan (tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
+    preprocess and converted by the postprocess), made once a call site and device. They
+    are pure functions of the shapes, dtype, flags and bounds that key the site, so a call
+    decides nothing its site has decided (on autograd's device thread, whose caches are
+    cold, each decision's code costs more than on the calling thread)."""
+    B = c.cu_k.shape[0] - 1
+    key = (kern, c.q.shape, c.k.shape, c.q.dtype, c.max_q, int(c.max_k), c.causal,
+           c.broadcast_q, c.cu_q is None, B, c.grid, dev)
+    hit = _DECIDED.get(key)
+    if hit is not None:
+        return hit
+    windows = (kern.takes_windows is not None
+               and kern.takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q))
+    parts, cfg = kern.plan(c) if kern.plan is not None else (1, None)
+    if len(_DECIDED) >= 256:  # a bound, not an LRU (as jagged.launch's sites)
+        _DECIDED.clear()
+    out = _DECIDED[key] = (windows, parts, cfg)
+    return out
+
+
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
              scale, broadcast_q, dlse=None):
     """(dq, dk, dv) in q's dtype: (a) preprocess, (b) the main kernel, (c) postprocess.
@@ -353,22 +378,17 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
         return dq, dk, dv
 
     # (a) preprocess; key windows: the accumulator's rows are the longer sequences' only
-    windows = (kern.takes_windows is not None
-               and kern.takes_windows(k.shape[0], B, max_k, broadcast_q))
-    long_k = kern.window_keys if windows else 0
-    cus = (cu_q, cu_k) if windows else (None, None)
     delta = torch.empty((H, Nq), device=dev, dtype=torch.float32)
     n_sms = num_sms(dev)
     # the call as the kernels' choices see it (the tiles' parts, the dQ accumulator's
     # form); the accumulators' fields once they are made
     call = BwdCall(q, k, v, dout, lse, delta, None, dk, dv, cu_q, cu_k, max_k, bool(causal),
                    float(scale), bool(broadcast_q), L_q, 1, H // HKV, n_sms, None,
-                   int(max_q or 0), dq if windows else None)
-    # tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
-    # preprocess and converted by the postprocess
-    if kern.plan is not None:
-        parts, cfg = kern.plan(call)
-        call = call._replace(parts=parts, cfg=cfg)
+                   int(max_q or 0))
+    windows, parts, cfg = _decisions(kern, call, dev)
+    long_k = kern.window_keys if windows else 0
+    cus = (cu_q, cu_k) if windows else (None, None)
+    call = call._replace(parts=parts, cfg=cfg, dq=dq if windows else None)
     # long packed sequences: a block-padded dQ accumulator (key windows never: their
     # rows postprocess and owned windows' stores take the row accumulator)
     flat = call.cfg if kern.post_flat is not None and not windows and call.cfg.dq_flat else None

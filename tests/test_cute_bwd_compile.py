@@ -944,6 +944,7 @@ def test_host_backward_launches_windows(monkeypatch, kind):
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 
@@ -1064,6 +1065,7 @@ def test_host_backward_plans_once(monkeypatch, split):
     split, and the config is picked once for whole tiles, once more only for a split."""
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     picks, plans, mains = [], [], []
     pick = B.pick_config
@@ -1082,6 +1084,36 @@ def test_host_backward_plans_once(monkeypatch, split):
     assert key[4] == B._config(plans[0]._replace(parts=split), split) and key[7] == split
 
 
+def test_host_backward_decides_once_a_site(monkeypatch):
+    """host.backward makes its decisions (key windows, the plan) once a call site and device:
+    a second call of the same shapes, flags and bounds asks no plan and launches the same
+    build; other bounds, or another SM count, are another site."""
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})
+
+    plans, mains = [], []
+    sms = [132]
+    monkeypatch.setattr(host, "num_sms", lambda dev: sms[0])
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
+        lambda *args: mains.append(key)))
+    rec = lambda *key: (lambda *args: None)          # noqa: E731
+    plan = lambda c: plans.append(c) or B._plan(c)   # noqa: E731
+    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=plan, post_flat=rec)
+    lk, cu, n, q, k, lse = _packed_call([600, 900, 700], 4, 2, 128)
+
+    def call(max_k):
+        host.backward(kern, q, q, k, k, q, lse, cu, cu, 900, max_k, False, 0.125, False)
+
+    call(900)
+    call(900)
+    assert len(plans) == 1 and mains[0] == mains[1]
+    call(1024)
+    sms[0] = 16
+    call(900)
+    assert len(plans) == 3 and len(mains) == 4
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_host_backward_head_run(monkeypatch, causal):
     """host.backward with bwd_hopper's plan (kernels recorded): a long non-causal call whose
@@ -1091,6 +1123,7 @@ def test_host_backward_head_run(monkeypatch, causal):
     from jagged.tiles import BWD_HEAD_RUN
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     mains = []
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
@@ -1113,6 +1146,7 @@ def test_host_backward_launches_plain(monkeypatch):
     from jagged.tiles import kv_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
@@ -1149,6 +1183,7 @@ def test_host_backward_launches_split(monkeypatch, causal):
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 
@@ -1205,6 +1240,7 @@ def test_host_backward_launches_flat(monkeypatch):
     from jagged.tiles import flat_rows
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 

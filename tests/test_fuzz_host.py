@@ -70,6 +70,7 @@ def test_tlx_host_paths_over_fuzz_seeds(monkeypatch, arch):
 @pytest.mark.parametrize("arch", ["hopper", "blackwell"])
 def test_cute_host_paths_over_fuzz_seeds(monkeypatch, arch):
     from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
     cf = importlib.import_module(f"kernels_cute.fwd_{arch}")
     cb = importlib.import_module(f"kernels_cute.bwd_{arch}")
     calls = []
