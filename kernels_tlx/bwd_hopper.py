@@ -1344,7 +1344,7 @@ def _postprocess(p: Prep, dq_acc, scale, broadcast_q, dkv_acc=None,
             launch_pdl=pdl)
 
 
-class Decisions(NamedTuple):
+class Decisions(NamedTuple):  # role: host
     """A call site's choices (`backward`): key windows, config, programs, parts a tile,
     windows that store every dQ row, list entries a KV head in turn."""
     windows: bool
@@ -1358,7 +1358,7 @@ class Decisions(NamedTuple):
 _DECIDED: dict = {}  # (site, device) -> Decisions
 
 
-def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisions:
+def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q):  # role: host
     """The site's Decisions, made once a site and device: pure functions of the shapes,
     flags and bounds, so a call decides nothing its site has decided (on autograd's
     device thread, whose caches are cold, each decision's code costs more than on the
