@@ -1058,6 +1058,21 @@ def _packed_call(lengths, H, HKV, D):
             torch.zeros(n, HKV, D, dtype=torch.bfloat16), torch.zeros(H, n))
 
 
+def _planned(monkeypatch, sms):
+    """(host.BwdKernels with bwd_hopper's main and plan, the plans asked, the main builds
+    launched): kernels recorded, sms()'s SMs, no site decided by an earlier test."""
+    from kernels_cute import bwd_hopper as B
+    from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})
+    plans, mains = [], []
+    monkeypatch.setattr(host, "num_sms", lambda dev: sms())
+    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
+        lambda *args: mains.append(key)))
+    rec = lambda *key: (lambda *args: None)          # noqa: E731
+    plan = lambda c: plans.append(c) or B._plan(c)   # noqa: E731
+    return host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=plan, post_flat=rec), plans, mains
+
+
 @pytest.mark.parametrize("split", [1, 4])
 def test_host_backward_plans_once(monkeypatch, split):
     """host.backward asks bwd_hopper's plan once a call: the main kernel launches the
@@ -1065,18 +1080,12 @@ def test_host_backward_plans_once(monkeypatch, split):
     split, and the config is picked once for whole tiles, once more only for a split."""
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
-    picks, plans, mains = [], [], []
+    picks = []
     pick = B.pick_config
     monkeypatch.setattr(B, "pick_config", lambda *a, **kw: picks.append(a) or pick(*a, **kw))
     monkeypatch.setattr(B, "bwd_parts", lambda *a: split)
-    monkeypatch.setattr(host, "num_sms", lambda dev: 132)
-    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
-        lambda *args: mains.append(key)))
-    rec = lambda *key: (lambda *args: None)          # noqa: E731
-    plan = lambda c: plans.append(c) or B._plan(c)   # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=plan, post_flat=rec)
+    kern, plans, mains = _planned(monkeypatch, lambda: 132)
     lk, cu, n, q, k, lse = _packed_call([600, 900, 700], 4, 2, 128)
     host.backward(kern, q, q, k, k, q, lse, cu, cu, 900, 900, True, 0.125, False)
     assert len(plans) == 1 and len(picks) == (1 if split == 1 else 2)
@@ -1088,18 +1097,10 @@ def test_host_backward_decides_once_a_site(monkeypatch):
     """host.backward makes its decisions (key windows, the plan) once a call site and device:
     a second call of the same shapes, flags and bounds asks no plan and launches the same
     build; other bounds, or another SM count, are another site."""
-    from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})
 
-    plans, mains = [], []
     sms = [132]
-    monkeypatch.setattr(host, "num_sms", lambda dev: sms[0])
-    monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
-        lambda *args: mains.append(key)))
-    rec = lambda *key: (lambda *args: None)          # noqa: E731
-    plan = lambda c: plans.append(c) or B._plan(c)   # noqa: E731
-    kern = host.BwdKernels(rec, B._main, rec, B.POST_VEC, plan=plan, post_flat=rec)
+    kern, plans, mains = _planned(monkeypatch, lambda: sms[0])
     lk, cu, n, q, k, lse = _packed_call([600, 900, 700], 4, 2, 128)
 
     def call(max_k):
