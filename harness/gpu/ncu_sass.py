@@ -83,8 +83,9 @@ KERNELS = {
     ("fa4", "fwd"): "ForwardSm90", ("fa4", "bwd"): "BackwardSm90",
 }
 # ncu's details page: the metrics a headline shows, by name
-HEADLINE = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Memory Throughput",
-            "DRAM Throughput", "L2 Hit Rate", "Registers Per Thread", "Issue Slots Busy",
+HEADLINE = ("Duration", "Elapsed Cycles", "SM Frequency", "Compute (SM) Throughput",
+            "Memory Throughput", "DRAM Throughput", "L2 Hit Rate", "Registers Per Thread",
+            "Dynamic Shared Memory Per Block", "Issue Slots Busy",
             "Executed Ipc Active", "Warp Cycles Per Issued Instruction",
             "Achieved Active Warps Per SM")
 SKIP = 3  # matching launches left out first: the gate's and the warm-up's
