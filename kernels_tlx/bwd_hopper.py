@@ -670,9 +670,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     tile's start) mask every step."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
-    # dQ with the rows as the wgmma's M: 64-row steps without causal masking (causal
-    # builds spill 12 instructions with it) or key windows (32-row steps)
-    DQ_ROWS_M: tl.constexpr = BLOCK_M == 64 and not CAUSAL and not WINDOWS
+    # dQ with the rows as the wgmma's M: 64-row steps (not 32-row ones, key windows'; with
+    # causal masking the build spills 6-12 instructions around the step loop, once a tile)
+    DQ_ROWS_M: tl.constexpr = BLOCK_M == 64 and not WINDOWS
     pid = tl.program_id(0)
     first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
                                       PARTS)
