@@ -38,6 +38,7 @@ JAGGED_FAST_LAUNCH=0 (read once, at import) takes Triton's path everywhere; so d
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 import triton
@@ -57,6 +58,7 @@ def _default_fast() -> bool:
 
 FAST = _default_fast()  # launch plans (True) or Triton's own path
 VERIFY = False          # check every plan launch against the binder (tests)
+SITES = 256             # entries a per-site memo holds before it starts over (not an LRU)
 
 
 def set_fast(on: bool) -> None:
@@ -303,7 +305,7 @@ class _Fast:
                                  "the key's (the site does not fix the specialization)")
         tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         if isinstance(plan, _Plan) and not _or_ptrs(args, tensors) & 15:
-            if len(self.sites) >= 256:
+            if len(self.sites) >= SITES:
                 self.sites.clear()
             self.sites[(site, dev)] = (plan, tensors)
         return kernel
@@ -444,6 +446,20 @@ def fast(fn):
     if f is None:
         f = _FAST[id(fn)] = _Fast(fn)
     return f
+
+
+def once_a_site(memo: dict, key, decide: Callable):
+    """decide(), made once per `key` (a call site and device: the shapes, dtypes, flags and
+    bounds its result is a pure function of) and kept in `memo`, which starts over at
+    SITES entries. The backwards' host decisions (both styles): on autograd's device
+    thread, whose caches are cold, each decision's code costs more than on the calling
+    thread."""
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) >= SITES:
+            memo.clear()
+        hit = memo[key] = decide()
+    return hit
 
 
 def fast_at(fn, site):

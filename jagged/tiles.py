@@ -1128,9 +1128,9 @@ def bwd_dependent(broadcast_q: bool) -> bool:
 # its head group's Q / dO rows and reduce-adding its dQ rows (8 bytes an element: Q and
 # dO in 16 bits, dQ in fp32). Once the programs drift apart on a long non-causal sequence
 # every head's rows are in flight: llm-dense B8 H16 D128 8192 holds 134 MB against the
-# 50 MB L2, and CuteDSL's call took ~31 ms in some processes and ~19 in others (H100).
-# A run of BWD_HEAD_RUN entries a head keeps a wave on ~2 KV heads, as FA4's grid takes a
-# head's KV blocks first: 18.6 ms a call (median; 31.8 before), DRAM traffic -43 %. Where 2 KV heads' rows
+# 50 MB L2 (CuteDSL's call at ~31 ms in some processes, ~19 in others; H100). A run of
+# BWD_HEAD_RUN entries a head keeps a wave on ~2 KV heads, as FA4's grid takes a head's
+# KV blocks first: 18.6 ms a call (median), DRAM traffic -43 %. Where 2 KV heads' rows
 # overflow the L2 as well, the runs lost (fuzz B5 H8/4 D128 16384 / 0.5: TLX +8.7 %,
 # CuteDSL +2.7 %), and on causal lists too, whose tiles differ in length (GQA and short
 # sequences +2-3 %; PERF, Design decisions: Backward).

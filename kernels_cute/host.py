@@ -16,6 +16,7 @@ import torch
 
 from jagged.arch import num_sms
 from jagged.fp8 import FP8, dequantize_rows
+from jagged.launch import once_a_site
 from jagged.tiles import (bwd_dependent, dkv_accumulator, dq_accumulator, flat_rows,
                           fwd_direct, fwd_dynamic, fwd_sched, fwd_tiles, grad_buffers,
                           packed_query, pairs_per_sequence, slot_count, window_tiles,
@@ -336,26 +337,17 @@ class BwdKernels(NamedTuple):
 _DECIDED: dict = {}  # (architecture, call site, device) -> (windows, parts, config)
 
 
-def _decisions(kern: BwdKernels, c: BwdCall, dev) -> tuple[bool, int, Any]:
+def _decide(kern: BwdKernels, c: BwdCall) -> tuple[bool, int, Any]:
     """(key windows, CTAs a tile, the main kernel's config): kern.takes_windows and
     kern.plan (tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
-    preprocess and converted by the postprocess), made once a call site and device. They
-    are pure functions of the shapes, dtype, flags and bounds that key the site, so a call
-    decides nothing its site has decided (on autograd's device thread, whose caches are
-    cold, each decision's code costs more than on the calling thread)."""
-    B = c.cu_k.shape[0] - 1
-    key = (kern, c.q.shape, c.k.shape, c.q.dtype, c.max_q, int(c.max_k), c.causal,
-           c.broadcast_q, c.cu_q is None, B, c.grid, dev)
-    hit = _DECIDED.get(key)
-    if hit is not None:
-        return hit
+    preprocess and converted by the postprocess); pure functions of the call's shapes,
+    dtype, flags and bounds (`backward` makes them once a call site,
+    jagged.launch.once_a_site)."""
     windows = (kern.takes_windows is not None
-               and kern.takes_windows(c.k.shape[0], B, c.max_k, c.broadcast_q))
+               and kern.takes_windows(c.k.shape[0], c.cu_k.shape[0] - 1, c.max_k,
+                                      c.broadcast_q))
     parts, cfg = kern.plan(c) if kern.plan is not None else (1, None)
-    if len(_DECIDED) >= 256:  # a bound, not an LRU (as jagged.launch's sites)
-        _DECIDED.clear()
-    out = _DECIDED[key] = (windows, parts, cfg)
-    return out
+    return windows, parts, cfg
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
@@ -385,7 +377,9 @@ def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k
     call = BwdCall(q, k, v, dout, lse, delta, None, dk, dv, cu_q, cu_k, max_k, bool(causal),
                    float(scale), bool(broadcast_q), L_q, 1, H // HKV, n_sms, None,
                    int(max_q or 0))
-    windows, parts, cfg = _decisions(kern, call, dev)
+    site = (kern, q.shape, k.shape, q.dtype, call.max_q, int(max_k), call.causal,
+            call.broadcast_q, cu_q is None, B, n_sms, dev)
+    windows, parts, cfg = once_a_site(_DECIDED, site, lambda: _decide(kern, call))
     long_k = kern.window_keys if windows else 0
     cus = (cu_q, cu_k) if windows else (None, None)
     call = call._replace(parts=parts, cfg=cfg, dq=dq if windows else None)

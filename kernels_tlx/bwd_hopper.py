@@ -124,7 +124,7 @@ from jagged.tiles import (BWD_WINDOW_MEAN_FRACTION, PDL, bwd_dependent, bwd_dyna
                           dkv_accumulator, dq_accumulator, grad_buffers, kv_tiles, per_offsets,
                           slot_count, window_parts, window_tiles, windowed, windows_direct)
 
-from jagged.launch import cdiv, fast, fast_at, next_pow2, tma_desc
+from jagged.launch import cdiv, fast, fast_at, next_pow2, once_a_site, tma_desc
 from .schedule import (KVTiles, dq_slot_row, kv_tile_coords, kv_window_coords, part_steps,
                        tile_range)
 from .tile_counter import fetch_tile, next_tile, publish_tile
@@ -1358,15 +1358,9 @@ class Decisions(NamedTuple):  # role: host
 _DECIDED: dict = {}  # (site, device) -> Decisions
 
 
-def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q):  # role: host
-    """The site's Decisions, made once a site and device: pure functions of the shapes,
-    flags and bounds, so a call decides nothing its site has decided (on autograd's
-    device thread, whose caches are cold, each decision's code costs more than on the
-    calling thread)."""
-    key = (site, q.device)
-    hit = _DECIDED.get(key)
-    if hit is not None:
-        return hit
+def _decide(q, k, p: Prep, max_q, max_k, causal, broadcast_q) -> Decisions:  # role: host
+    """The call's Decisions: pure functions of its shapes, flags and bounds (`backward`
+    makes them once a call site, jagged.launch.once_a_site)."""
     windows = takes_windows(k.shape[0], p.B, max_k, broadcast_q)
     cfg = window_config(p.D) if windows else pick_config(
         p.D, k.shape[0] / p.B, bwd_mean_q(q.shape[0], p.B, broadcast_q))
@@ -1380,10 +1374,7 @@ def _decisions(site, q, k, p: Prep, max_q, max_k, causal, broadcast_q):  # role:
     direct = windows and windows_direct(int(max_k), BLOCK_N, parts)
     head_run = bwd_head_run(k.shape[0], p.B, p.H, p.HKV, int(max_q), p.D, BLOCK_N,
                             bool(causal), broadcast_q, windows)
-    if len(_DECIDED) >= 256:  # as jagged.launch's sites: a bound, not an LRU
-        _DECIDED.clear()
-    out = _DECIDED[key] = Decisions(windows, cfg, grid, parts, direct, head_run)
-    return out
+    return Decisions(windows, cfg, grid, parts, direct, head_run)
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, broadcast_q,
@@ -1399,8 +1390,9 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, b
     # contiguous tensors), so the launches skip the plan key (jagged.launch.fast_at)
     site = (q.shape, k.shape, q.dtype, int(max_q), int(max_k), bool(causal),
             bool(broadcast_q), cu_q is None, p.B)
-    windows, cfg, grid_main, parts, direct, head_run = _decisions(site, q, k, p, max_q, max_k,
-                                                                  causal, broadcast_q)
+    windows, cfg, grid_main, parts, direct, head_run = once_a_site(
+        _DECIDED, (site, q.device),
+        lambda: _decide(q, k, p, max_q, max_k, causal, broadcast_q))
     BM = cfg.block_m
     dkv_acc = dkv_accumulator(k, parts)
     acc = _accumulators(p, broadcast_q, BM if direct else None)

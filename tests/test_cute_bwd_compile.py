@@ -22,6 +22,16 @@ from _interp import interp
 
 _ok, _why = have_dsl()
 needs_dsl = pytest.mark.skipif(not _ok, reason=_why)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    """No call site decided by an earlier test (kernels_cute.host imports no DSL): each
+    test's monkeypatched choices count."""
+    from kernels_cute import host
+    monkeypatch.setattr(host, "_DECIDED", {})
+
+
 INF = math.inf
 
 _SCRIPT = textwrap.dedent("""
@@ -944,7 +954,6 @@ def test_host_backward_launches_windows(monkeypatch, kind):
     from jagged.tiles import bwd_dynamic, dq_slots, kv_tiles, window_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 
@@ -1060,10 +1069,9 @@ def _packed_call(lengths, H, HKV, D):
 
 def _planned(monkeypatch, sms):
     """(host.BwdKernels with bwd_hopper's main and plan, the plans asked, the main builds
-    launched): kernels recorded, sms()'s SMs, no site decided by an earlier test."""
+    launched): kernels recorded, sms()'s SMs."""
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})
     plans, mains = [], []
     monkeypatch.setattr(host, "num_sms", lambda dev: sms())
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
@@ -1124,7 +1132,6 @@ def test_host_backward_head_run(monkeypatch, causal):
     from jagged.tiles import BWD_HEAD_RUN
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     mains = []
     monkeypatch.setattr(host, "num_sms", lambda dev: 132)
@@ -1147,7 +1154,6 @@ def test_host_backward_launches_plain(monkeypatch):
     from jagged.tiles import kv_tiles
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
     monkeypatch.setattr(host, "compiled", lambda cache, make, *key: (
@@ -1184,7 +1190,6 @@ def test_host_backward_launches_split(monkeypatch, causal):
     from jagged.tiles import bwd_parts
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 
@@ -1241,7 +1246,6 @@ def test_host_backward_launches_flat(monkeypatch):
     from jagged.tiles import flat_rows
     from kernels_cute import bwd_hopper as B
     from kernels_cute import host
-    monkeypatch.setattr(host, "_DECIDED", {})  # no site decided by an earlier test
 
     calls = []
 
