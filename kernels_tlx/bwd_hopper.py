@@ -473,6 +473,16 @@ def _store_dq(grads, dqt, tile, h, offs_m, col0, H: tl.constexpr,
 
 
 @triton.jit
+def _stage_dq(dqc, dqt, ROWS_M: tl.constexpr):  # role: compute
+    """A step's dQ partial into its staging buffer ([rows, columns], the reduce's box):
+    dQ^T transposed on the way, or (ROWS_M) dQ as it is."""
+    if ROWS_M:
+        tlx.local_store(dqc, dqt)
+    else:
+        tlx.local_store(tlx.local_trans(dqc), dqt)
+
+
+@triton.jit
 def _masked(pt, offs_n, offs_m, tile, bounds, CAUSAL: tl.constexpr,
             WINDOWS: tl.constexpr):  # role: compute
     """P^T (keys x query rows) zero outside its mask: CAUSAL the sequence's bottom-right
@@ -660,6 +670,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
     tile's start) mask every step."""
     G: tl.constexpr = H // HKV
     BNC: tl.constexpr = BLOCK_N // NC
+    # dQ with the rows as the wgmma's M: 64-row steps (not 32-row ones, key windows'; with
+    # causal masking the build spills 6-12 instructions around the step loop, once a tile)
+    DQ_ROWS_M: tl.constexpr = BLOCK_M == 64 and not WINDOWS
     pid = tl.program_id(0)
     first, step, n_tiles = tile_range(pid, tl.num_programs(0), tiles.n_tiles, HKV, BROADCAST_Q,
                                       PARTS)
@@ -793,16 +806,26 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 #   dQ^T[cols_c] = sum_c2 K_c2[:, cols_c]^T dS_c2^T
                 # (one reduce-add per Q block); at D = 64 (a wgmma's M is at least 64) each
                 # forms all D columns over its own keys: dQ^T = K_c^T dS_c^T.
+                # At 64 rows the wgmma's M is the rows instead (DQ_ROWS_M): dQ[:, cols_c]
+                # = sum_c2 dS_c2 K_c2[:, cols_c], whose accumulator holds column pairs a
+                # thread, so its staging takes 8-byte stores (4-byte ones transposed).
                 tlx.local_store(smem.ds[sb + cid], dst)
                 tlx.fence_async_shared()
                 if DQ_COLS < D:
                     tlx.named_barrier_wait(DS_BARRIER, NC * 128)
-                    dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
+                    if DQ_ROWS_M:
+                        dqt = tl.zeros([BLOCK_M, DQ_COLS], dtype=tl.float32)
+                    else:
+                        dqt = tl.zeros([DQ_COLS, BLOCK_M], dtype=tl.float32)
                     for c2 in tl.static_range(NC):
-                        kt = tlx.local_trans(tlx.local_slice(smem.k[kvb * NC + c2],
-                                                             [0, cid * DQ_COLS],
-                                                             [BNC, DQ_COLS]))
-                        dqt = tlx.async_dot(kt, smem.ds[sb + c2], dqt)
+                        kcols = tlx.local_slice(smem.k[kvb * NC + c2], [0, cid * DQ_COLS],
+                                                [BNC, DQ_COLS])
+                        if DQ_ROWS_M:
+                            dqt = tlx.async_dot(tlx.local_trans(smem.ds[sb + c2]), kcols, dqt)
+                        else:
+                            dqt = tlx.async_dot(tlx.local_trans(kcols), smem.ds[sb + c2], dqt)
+                elif DQ_ROWS_M:
+                    dqt = tlx.async_dot(tlx.local_trans(smem.ds[sb + cid]), kc)
                 else:
                     dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
                 dqt = tlx.async_dot_wait(0, dqt)
@@ -816,7 +839,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         # the fp32 dQ in global memory instead of NC (half the traffic)
                         for c2 in tl.static_range(NC - 1):
                             tlx.barrier_wait(bars.dq_full[c2], qcnt & 1)
-                            dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
+                            if DQ_ROWS_M:
+                                dqt += tlx.local_load(smem.dq[c2])
+                            else:
+                                dqt += tlx.local_load(tlx.local_trans(smem.dq[c2]))
                             tlx.barrier_arrive(bars.dq_empty[c2], 1)
                 # stage this consumer's dQ columns for the reduce task (DQ_SUM: the others'
                 # for the last consumer, above); an owned window's whole dQ goes straight to
@@ -827,9 +853,9 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         _store_dq(grads, dqt, tile, h, offs_m,
                                   cid * DQ_COLS if DQ_COLS < D else 0, H, D)
                     else:
-                        tlx.local_store(tlx.local_trans(dqc), dqt)
+                        _stage_dq(dqc, dqt, DQ_ROWS_M)
                 else:
-                    tlx.local_store(tlx.local_trans(dqc), dqt)
+                    _stage_dq(dqc, dqt, DQ_ROWS_M)
                 tlx.fence_async_shared()
                 tlx.barrier_arrive(bars.dq_full[cid], 1)
                 qcnt += 1
