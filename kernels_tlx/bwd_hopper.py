@@ -799,7 +799,6 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                 if smem.lse is None:
                     delta_nx = tl.load(stats.delta + off_nx, mask=rmask_nx, other=0.0)
                 sb = (qcnt % 2) * NC
-                dk = tlx.async_dot(dst, qb, dk)                   # dK_c += dS^T Q
                 # dQ, swapped so the wgmma's M is the head dim: dS^T goes to smem (double-
                 # buffered by Q-block parity). At D >= 128 the consumers meet, then each
                 # forms its DQ_COLS columns over all BLOCK_N keys:
@@ -828,10 +827,10 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     dqt = tlx.async_dot(tlx.local_trans(smem.ds[sb + cid]), kc)
                 else:
                     dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
-                dqt = tlx.async_dot_wait(0, dqt)
-                dv = tlx.async_dot_wait(0, dv)
-                dk = tlx.async_dot_wait(0, dk)
-                tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+                # dK_c += dS^T Q after the dQ wgmmas: it runs under the dQ hand-over
+                dk = tlx.async_dot(dst, qb, dk)
+                dqt = tlx.async_dot_wait(1, dqt)
+                dv = tlx.async_dot_wait(1, dv)
                 if DQ_SUM:
                     if cid == NC - 1:
                         # D = 64: the others' full-D partials added here (their staging, read
@@ -858,6 +857,8 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                     _stage_dq(dqc, dqt, DQ_ROWS_M)
                 tlx.fence_async_shared()
                 tlx.barrier_arrive(bars.dq_full[cid], 1)
+                dk = tlx.async_dot_wait(0, dk)
+                tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
                 qcnt += 1
         # V_c is read by this consumer alone, and no longer: it stages the stores
         if PARTS > 1:  # a split tile: add them
