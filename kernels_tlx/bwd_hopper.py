@@ -889,13 +889,13 @@ def _row_step(rt, qcnt, dk, dv, j, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
     dk, dv, dqt = _step_rows(rt.kc, rt.vc, smem.q[buf], smem.do[buf], smem, buf, rt.kvb, qcnt,
                              dk, dv, rt.offs_n, offs_m, tile, rt.bounds, rt.qk_scale2, CAUSAL,
                              BLOCK_M, BNC, NC, cid, WINDOWS, SDP_TOGETHER, MASK)
-    dv = tlx.async_dot_wait(0, dv)
-    dk = tlx.async_dot_wait(0, dk)
-    tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
     tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)
     tlx.local_store(rt.dqc, dqt)
     tlx.fence_async_shared()
     tlx.barrier_arrive(bars.dq_full[cid], 1)
+    dv = tlx.async_dot_wait(0, dv)
+    dk = tlx.async_dot_wait(0, dk)
+    tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
     return dk, dv
 
 
@@ -933,7 +933,6 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     dst = (pt * (dpt - tlx.local_load(smem.delta[buf])[None, :])).to(dt)
     if SDP_TOGETHER:
         dv = tlx.async_dot(pt.to(dt), dob, dv)                       # dV_c += P^T dO
-    dk = tlx.async_dot(dst, qb, dk)                                  # dK_c += dS^T Q
     # dQ of this consumer's RC query rows over all BLOCK_N keys, split by rows (no
     # DQ_SUM): dQ[rows_c] = sum_c2 dS_c2[rows_c] K_c2, A = consumer c2's dS^T columns
     # rows_c read transposed from smem (a whole 128-byte swizzle atom of its rows)
@@ -945,7 +944,8 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     for c2 in tl.static_range(1, NC):
         dq = tlx.async_dot(_ds_rows(smem.ds, sb + c2, cid, BNC, RC), smem.k[kvb * NC + c2],
                            dq)
-    dq = tlx.async_dot_wait(0, dq)
+    dk = tlx.async_dot(dst, qb, dk)  # dK_c += dS^T Q, under the caller's dQ hand-over
+    dq = tlx.async_dot_wait(1, dq)
     return dk, dv, dq
 
 
