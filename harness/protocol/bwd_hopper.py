@@ -131,7 +131,6 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                         yield MmaWait(0)
                         yield Mma({vc: V, do[buf]: dO})                 # dP^T
                         yield MmaWait(0)
-                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
                     else:
                         yield Mma({kc: K, q[buf]: Q})                   # S^T
                         yield Mma({vc: V, do[buf]: dO})                 # dP^T
@@ -140,7 +139,6 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                             yield Read(stat[buf], ("lse", qkey))
                         yield Mma({do[buf]: dO})                        # dV += P^T dO
                         yield MmaWait(1)
-                        yield Mma({q[buf]: Q})                          # dK += dS^T Q
                     yield Write(ds[sb + cid], ("dS", qkey, cid))
                     if MEET:  # both dS^T in smem; the other parity's reads are done
                         other = tuple(ds[(NC - sb) % (2 * NC) + c] for c in range(NC))
@@ -149,9 +147,8 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                                    **{k[kvb * NC + c]: ("K", key, c) for c in range(NC)}})
                     else:
                         yield Mma({kc: K, ds[sb + cid]: ("dS", qkey, cid)})
-                    yield MmaWait(0)
-                    yield Arrive(q_empty[buf], release=(q[buf], do[buf]) +
-                                 ((stat[buf],) if M64 else ()))
+                    yield Mma({q[buf]: Q})                              # dK += dS^T Q
+                    yield MmaWait(1)                                    # dQ (dK in flight)
                     mine = ("dQ", qkey, cid)
                     if DQS and cid == NC - 1:  # the others' partials summed here
                         for c2 in range(NC - 1):
@@ -162,6 +159,9 @@ def tlx_bwd_hopper(sim: Sim, problem: Problem, cfg, programs: int, head_dim: int
                     yield Wait(dq_empty[cid], (qcnt & 1) ^ 1)
                     yield Write(dq[cid], mine)
                     yield Arrive(dq_full[cid])
+                    yield MmaWait(0)                                    # dK
+                    yield Arrive(q_empty[buf], release=(q[buf], do[buf]) +
+                                 ((stat[buf],) if M64 else ()))
                     qcnt += 1
                 yield Write(vc, ("dK dV", key, cid))         # store: staged through V_c
                 yield Read(vc, ("dK dV", key, cid))
