@@ -534,6 +534,18 @@ def _mask_p(pt, offs_n, offs_m, tile, bounds, m0, m_from, CAUSAL: tl.constexpr,
 
 # ----------------------------------------------------------------------------- roles
 @triton.jit
+def _step_stats(stats, tile, j, j1, G: tl.constexpr, BLOCK_M: tl.constexpr):  # role: load
+    """lse and delta of step j of a tile (its query head j // n_m, its Q block j % n_m),
+    nothing read where j is past the tile's (or its part's) last step j1 - 1."""
+    h = tile.hk * G + j // tile.n_m
+    offs = tile.m_lo + (j % tile.n_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off = h * stats.stride_h + tile.o_start + offs
+    inb = (offs < tile.len_q) & (j < j1)
+    return (tl.load(stats.lse + off, mask=inb, other=float("inf")),
+            tl.load(stats.delta + off, mask=inb, other=0.0))
+
+
+@triton.jit
 def load(descs, smem, bars, tiles, stats,
          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -574,16 +586,12 @@ def load(descs, smem, bars, tiles, stats,
                                       [krow + c * BNC, tile.hk * D], bars.kv_full[kvb])
         # Q, dO per (query head of the group, Q block): the tile's, or its part's
         j0, j1 = part_steps(t, G * tile.n_m, PARTS)
+        if smem.lse is not None:  # the first step's lse / delta (the next ones a step ahead)
+            lse, dl = _step_stats(stats, tile, j0, j1, G, BLOCK_M)
         for j in range(j0, j1):
             h = tile.hk * G + j // tile.n_m
             m0 = tile.m_lo + (j % tile.n_m) * BLOCK_M
             buf, ph = _buf_phase(qcnt, NUM_BUF)
-            if smem.lse is not None:  # the step's lse2 / delta; LDG before the wait hides L2
-                offs = m0 + tl.arange(0, BLOCK_M)
-                off = h * stats.stride_h + tile.o_start + offs
-                inb = offs < tile.len_q
-                lse2 = lse_log2(tl.load(stats.lse + off, mask=inb, other=float("inf")))
-                dl = tl.load(stats.delta + off, mask=inb, other=0.0)
             tlx.barrier_wait(bars.q_empty[buf], ph ^ 1)
             if smem.lse is not None:
                 # plain st.shared, published by the expect-bytes arrive below: it is lowered
@@ -591,13 +599,17 @@ def load(descs, smem, bars, tiles, stats,
                 # (.release.cta), and the consumers' q_full wait acquires. So q_full keeps
                 # arrive_count 1 (that arrive + the TMA bytes), and q_empty (both consumers
                 # arrive after their last read of the stage) also guards these two rows.
-                tlx.local_store(smem.lse[buf], lse2)
+                tlx.local_store(smem.lse[buf], lse_log2(lse))
                 tlx.local_store(smem.delta[buf], dl)
             tlx.barrier_expect_bytes(bars.q_full[buf], 2 * ELT * BLOCK_M * D)
             tlx.async_descriptor_load(descs.q, smem.q[buf], [(tile.q_start + m0).to(tl.int32),
                                                              h * D], bars.q_full[buf])
             tlx.async_descriptor_load(descs.do, smem.do[buf], [(tile.o_start + m0).to(tl.int32),
                                                                h * D], bars.q_full[buf])
+            if smem.lse is not None:
+                # the next step's, read while this one's reduce waits: its L2 latency is
+                # then off the path from the stage's release to the next Q/dO load
+                lse, dl = _step_stats(stats, tile, j + 1, j1, G, BLOCK_M)
             if REDUCE_DQ:
                 # reduce_dq folded in (3 warpgroups, so the consumers get 240 registers):
                 # step qcnt - 1's dQ, after step qcnt's loads were issued. No deadlock: the
