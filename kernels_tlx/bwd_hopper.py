@@ -1137,8 +1137,10 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         kv_full=tlx.alloc_barriers(num_barriers=NKV, arrive_count=1),
         kv_empty=tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC),
         q_full=tlx.alloc_barriers(num_barriers=NB, arrive_count=1),
-        q_empty=tlx.alloc_barriers(num_barriers=NB, arrive_count=NC),
-        dq_full=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
+        # every consumer thread arrives on its own (no warpgroup bar.sync ahead of a
+        # thread-0 arrive): each has waited its own wgmmas and fenced its own stores
+        q_empty=tlx.alloc_warp_barrier(num_barriers=NB, num_warps=4 * NC),
+        dq_full=tlx.alloc_warp_barrier(num_barriers=NC, num_warps=4),
         dq_empty=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
         # DYNAMIC: the tile handoff (two slots), read by the consumers (and reduce_dq)
         tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
