@@ -1126,7 +1126,9 @@ def bwd_kernel(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr,
         kv_empty=tlx.alloc_barriers(num_barriers=NKV, arrive_count=NC),
         q_full=tlx.alloc_barriers(num_barriers=NB, arrive_count=1),
         q_empty=tlx.alloc_barriers(num_barriers=NB, arrive_count=NC),
-        dq_full=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
+        # each consumer thread arrives on its own after fencing its own dQ stores (no
+        # warpgroup bar.sync ahead of a thread-0 arrive)
+        dq_full=tlx.alloc_warp_barrier(num_barriers=NC, num_warps=4),
         dq_empty=tlx.alloc_barriers(num_barriers=NC, arrive_count=1),
         # DYNAMIC: the tile handoff (two slots), read by the consumers (and reduce_dq)
         tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
