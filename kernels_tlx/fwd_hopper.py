@@ -542,11 +542,12 @@ def fwd_kernel(desc_q, desc_k, desc_v, out_ptr, lse_ptr, cu_q, cu_k, pairs_ptr, 
     bars = Bars(q_full=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
                 q_empty=tlx.alloc_barriers(num_barriers=NQ, arrive_count=1),
                 k_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
-                k_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
-                                           arrive_count=NUM_CONSUMERS),
+                # every consumer thread arrives on its own, after its own wgmma wait
+                k_empty=tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS_KV,
+                                               num_warps=4 * NUM_CONSUMERS),
                 v_full=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV, arrive_count=1),
-                v_empty=tlx.alloc_barriers(num_barriers=NUM_BUFFERS_KV,
-                                           arrive_count=NUM_CONSUMERS),
+                v_empty=tlx.alloc_warp_barrier(num_barriers=NUM_BUFFERS_KV,
+                                               num_warps=4 * NUM_CONSUMERS),
                 tile_full=tlx.alloc_barriers(num_barriers=2, arrive_count=1),
                 tile_empty=tlx.alloc_barriers(num_barriers=2, arrive_count=NUM_CONSUMERS))
     tl.static_assert(not DYNAMIC or not (WINDOWS or DIRECT), "the counter walks a list")
