@@ -1,0 +1,21 @@
+# bash scripts/ab/arrive.sh  (device, one call of ~500 s; source .gpu1/activate.sh first)
+# TLX arms as package overlays in .snap/<arm>/kernels_tlx (git archive <branch> kernels_tlx):
+#   old = main, wa = tlx-dq-arrive (backward dq_full warp barrier), fw = tlx-fwd-arrive
+#   (forward k_empty / v_empty warp barriers). The GPU matrix of each arm (tests/ copied to
+#   /tmp: python -m pytest puts the cwd first on sys.path), cell gates, then timing in
+#   alternating processes.
+R=$PWD; S=$R/.snap; K=$R/scripts/ab/arrive_cells.py
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+F="warn\|exe_args\|run_backward\|INTERNAL ASSERT"
+arm() { (cd $R && PYTHONPATH=$S/$1:$R timeout ${TO:-200} python $K "$@" 2>&1 | grep -v -i "$F"); }
+mtx() { rm -rf /tmp/m_$1 && mkdir -p /tmp/m_$1 && cp -r $R/tests $R/pyproject.toml /tmp/m_$1/
+  for i in 0 1 2 3; do (cd /tmp/m_$1 && PYTHONPATH=$S/$1:$R JAGGED_MATRIX_N=${MN:-40} \
+    JAGGED_MATRIX_SEED=${MS:-7} JAGGED_MATRIX_SHARD=$i/4 timeout ${MT:-240} python -m pytest -q \
+    -m gpu -p no:cacheprovider tests/test_gpu_matrix.py -k tlx 2>&1 | tail -3 | sed "s/^/$1 $i: /") & done; }
+T0=$SECONDS; echo "=== start $(date +%T)"
+mtx wa; mtx fw
+arm wa tlx bwd g 0 1 4 6 7; arm fw tlx fwd g 0 1 4 6 8
+wait; echo "=== gated $(date +%T) $((SECONDS - T0)) s"
+for a in old wa wa old; do arm $a tlx bwd t ${BCELLS:-0 1 2 6 7}; done
+for a in old fw fw old; do arm $a tlx fwd t ${FCELLS:-0 1 2 4 8}; done
+echo "=== end $(date +%T) $((SECONDS - T0)) s"
