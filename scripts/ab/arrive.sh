@@ -4,7 +4,7 @@
 #   (forward k_empty / v_empty warp barriers). The GPU matrix of each arm (tests/ copied to
 #   /tmp: python -m pytest puts the cwd first on sys.path), cell gates, then timing in
 #   alternating processes.
-R=$PWD; S=$R/.snap; K=$R/scripts/ab/arrive_cells.py
+R=$PWD; S=$R/.snap; K=$(cd "$(dirname "$0")" && pwd)/arrive_cells.py  # beside this script
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 F="warn\|exe_args\|run_backward\|INTERNAL ASSERT"
 arm() { (cd $R && PYTHONPATH=$S/$1:$R timeout ${TO:-200} python $K "$@" 2>&1 | grep -v -i "$F"); }
