@@ -482,6 +482,35 @@ def test_ncu_sass_regions(tmp_path):
     assert "barrier 40, selected 20" in hot[1] and hot[1].endswith("| @!P0 BRA 0x0"), hot
 
 
+def test_ncu_sass_per_iteration(tmp_path):
+    """`ncu_sass steps`: a loop's cycles an iteration from the elapsed cycles and its
+    executions over the resident CTAs' warps (SMs x CTAs an SM, at most the grid), and its
+    stall mix as shares of the loop's samples in those cycles."""
+    from harness.gpu.ncu_sass import per_iteration
+    hdr = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+           "stall_wait", "stall_selected", "stall_barrier"]
+    rows = [["0x0", "  LDC R1, c[0x0][0x28]", "10", "8", "5", "5", "0"],
+            ["0x10", "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", "30", "1,280", "10",
+             "10", "10"],
+            ["0x20", "  @!P0  BRA 0x10", "70", "1,280", "0", "20", "40"]]
+    sass = tmp_path / "rep_sass.csv"
+    sass.write_text('"Kernel Name","k",\n' + "\n".join(
+        ",".join(f'"{c}"' for c in r) for r in [hdr] + rows) + "\n")
+    details = tmp_path / "rep_details.csv"
+    metrics = [("Elapsed Cycles", "4,000"), ("Grid Size", "100"), ("# SMs", "2"),
+               ("Block Limit Registers", "1"), ("Block Limit Shared Mem", "2"),
+               ("Block Limit Warps", "5"), ("Block Limit SM", "32")]
+    details.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in
+                                  [["ID", "Section Name", "Metric Name", "Metric Unit",
+                                    "Metric Value"]] +
+                                  [["0", "s", m, "", v] for m, v in metrics]) + "\n")
+    # 2 SMs x 1 CTA (registers) resident, 4 warps each: 1280 / 8 = 160 iterations a warp,
+    # 4000 / 160 = 25 cycles each; 100 samples in the loop: barrier 50, selected 30, wait 10
+    out = per_iteration(str(sass), str(details), 1, 4)
+    assert out == ["[1,3) 2 instr, 160 iterations a warp slot, 25 cycles an iteration: "
+                   "barrier 12, selected 8, wait 2"], out
+
+
 def test_ncu_run_command_and_headline(tmp_path):
     """`ncu_sass run` profiles each backend's main kernel of the pass (by name, after the
     gate's and warm-up's launches) under `harness profile`, and reads the headline

@@ -12,6 +12,9 @@ under `harness profile` (the gate first) and summed up in one go:
 prints each report's headline metrics (duration, clocks, throughput, issue rate), its
 regions and its hottest instructions, and leaves `DIR/<backend>_<pass>.ncu-rep` and its SASS page beside it. A page
 read elsewhere:  python -m harness.gpu.ncu_sass rep_sass.csv [--min 0.4]
+A step loop in cycles an iteration, split by stall reason (step loops of different
+rows, across kernels):  python -m harness.gpu.ncu_sass steps rep_sass.csv rep_details.csv
+--start <region start> --warps <warps of a CTA running it>
 
 Samples are per warp, so compare kernels by the stall mix and by samples per issued
 instruction ("selected") within a region, not by raw counts: a kernel with more
@@ -144,6 +147,42 @@ def headline(details_csv: str) -> list[str]:
     return [f"{k}: {got[k]}" for k in HEADLINE if k in got]
 
 
+def metric(details_csv: str, name: str) -> float:
+    """A details page's metric by name, as a number ("32,254,240" -> 32254240.0)."""
+    rows = list(csv.reader(open(details_csv)))
+    hdr = next(r for r in rows if "Metric Name" in r)
+    col = {c: i for i, c in enumerate(hdr)}
+    for r in rows[rows.index(hdr) + 1:]:
+        if len(r) > col["Metric Value"] and r[col["Metric Name"]] == name:
+            return float(r[col["Metric Value"]].replace(",", ""))
+    raise KeyError(name)
+
+
+def per_iteration(sass_csv: str, details_csv: str, start: int, warps: int) -> list[str]:
+    """Cycles an iteration of the region starting at instruction `start` (a run of equal
+    execution count, as `regions` prints it), a loop that `warps` warps of each CTA run and
+    in which they spend the kernel's elapsed cycles (a step loop): iterations a warp slot =
+    executions / (resident CTAs x warps), the resident CTAs the SMs x the occupancy's
+    CTAs an SM (at most the grid), and the region's stall mix, its share of the samples,
+    scaled to those cycles. Sampling intervals differ between reports, cycles do not: this
+    compares step loops of different rows across kernels."""
+    data, col, stalls, n = page(sass_csv)
+    execs = col["Instructions Executed"]
+    end = start + 1
+    while end < len(data) and data[end][execs] == data[start][execs]:
+        end += 1
+    per_sm = min(metric(details_csv, f"Block Limit {k}")
+                 for k in ("Registers", "Shared Mem", "Warps", "SM"))
+    ctas = min(metric(details_csv, "Grid Size"), metric(details_csv, "# SMs") * per_sm)
+    iters = int(data[start][execs].replace(",", "")) / (ctas * warps)
+    cycles = metric(details_csv, "Elapsed Cycles") / iters
+    why = Counter({s[6:]: sum(n(r, s) for r in data[start:end]) for s in stalls})
+    total = sum(n(r, SAMPLES) for r in data[start:end]) or 1
+    mix = ", ".join(f"{k} {cycles * v / total:.0f}" for k, v in why.most_common(8) if v)
+    return [f"[{start},{end}) {end - start} instr, {iters:.0f} iterations a warp slot, "
+            f"{cycles:.0f} cycles an iteration: {mix}"]
+
+
 def run(backends, passes, suite: str, match: str, out: str, min_pct: float) -> None:
     os.makedirs(out, exist_ok=True)
     for b in backends:
@@ -178,6 +217,17 @@ def main(argv=None):
         ap.add_argument("--min", type=float, default=0.4)
         a = ap.parse_args(argv[1:])
         run(a.backends.split(","), a.passes.split(","), a.suite, a.match, a.out, a.min)
+        return
+    if argv[:1] == ["steps"]:
+        ap = argparse.ArgumentParser(prog="python -m harness.gpu.ncu_sass steps")
+        ap.add_argument("sass", help="a report's SASS page (<rep>_sass.csv)")
+        ap.add_argument("details", help="its details page (<rep>_details.csv)")
+        ap.add_argument("--start", type=int, required=True,
+                        help="the loop's first instruction (a region's start, as printed)")
+        ap.add_argument("--warps", type=int, required=True,
+                        help="warps of a CTA that run that code (a TLX consumer copy: 4)")
+        a = ap.parse_args(argv[1:])
+        print("\n".join(per_iteration(a.sass, a.details, a.start, a.warps)))
         return
     ap = argparse.ArgumentParser(prog="python -m harness.gpu.ncu_sass")
     ap.add_argument("csv", nargs="+")
