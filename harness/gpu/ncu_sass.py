@@ -131,31 +131,31 @@ def ncu_command(backend: str, pass_: str, suite: str, match: str, rep: str,
             "--passes", pass_, "--suite", suite, "--match", match, "--n", "3"]
 
 
-def headline(details_csv: str) -> list[str]:
-    """The HEADLINE metrics of an ncu details page (`--page details --csv`), one line
-    each: "name value unit". Metric rows may stop before the header's rule columns (ncu
-    fills those on rule rows only)."""
+def details(details_csv: str) -> dict[str, tuple[str, str]]:
+    """An ncu details page (`--page details --csv`) as {metric name: (value, unit)}, each
+    name's first row. Metric rows may stop before the header's rule columns (ncu fills
+    those on rule rows only)."""
     rows = list(csv.reader(open(details_csv)))
     hdr = next(r for r in rows if "Metric Name" in r)
     col = {c: i for i, c in enumerate(hdr)}
     need = max(col["Metric Name"], col["Metric Unit"], col["Metric Value"]) + 1
     got = {}
     for r in rows[rows.index(hdr) + 1:]:
-        if len(r) >= need and r[col["Metric Name"]] in HEADLINE:
+        if len(r) >= need:
             got.setdefault(r[col["Metric Name"]],
-                           f"{r[col['Metric Value']]} {r[col['Metric Unit']]}".strip())
-    return [f"{k}: {got[k]}" for k in HEADLINE if k in got]
+                           (r[col["Metric Value"]], r[col["Metric Unit"]]))
+    return got
 
 
-def metric(details_csv: str, name: str) -> float:
-    """A details page's metric by name, as a number ("32,254,240" -> 32254240.0)."""
-    rows = list(csv.reader(open(details_csv)))
-    hdr = next(r for r in rows if "Metric Name" in r)
-    col = {c: i for i, c in enumerate(hdr)}
-    for r in rows[rows.index(hdr) + 1:]:
-        if len(r) > col["Metric Value"] and r[col["Metric Name"]] == name:
-            return float(r[col["Metric Value"]].replace(",", ""))
-    raise KeyError(name)
+def headline(details_csv: str) -> list[str]:
+    """The HEADLINE metrics of a details page, one line each: "name value unit"."""
+    got = details(details_csv)
+    return [f"{k}: {got[k][0]} {got[k][1]}".strip() for k in HEADLINE if k in got]
+
+
+def number(page: dict, name: str) -> float:
+    """A metric of a `details` page as a number ("32,254,240" -> 32254240.0)."""
+    return float(page[name][0].replace(",", ""))
 
 
 def per_iteration(sass_csv: str, details_csv: str, start: int, warps: int) -> list[str]:
@@ -171,11 +171,12 @@ def per_iteration(sass_csv: str, details_csv: str, start: int, warps: int) -> li
     end = start + 1
     while end < len(data) and data[end][execs] == data[start][execs]:
         end += 1
-    per_sm = min(metric(details_csv, f"Block Limit {k}")
+    got = details(details_csv)
+    per_sm = min(number(got, f"Block Limit {k}")
                  for k in ("Registers", "Shared Mem", "Warps", "SM"))
-    ctas = min(metric(details_csv, "Grid Size"), metric(details_csv, "# SMs") * per_sm)
+    ctas = min(number(got, "Grid Size"), number(got, "# SMs") * per_sm)
     iters = int(data[start][execs].replace(",", "")) / (ctas * warps)
-    cycles = metric(details_csv, "Elapsed Cycles") / iters
+    cycles = number(got, "Elapsed Cycles") / iters
     why = Counter({s[6:]: sum(n(r, s) for r in data[start:end]) for s in stalls})
     total = sum(n(r, SAMPLES) for r in data[start:end]) or 1
     mix = ", ".join(f"{k} {cycles * v / total:.0f}" for k, v in why.most_common(8) if v)
