@@ -334,11 +334,19 @@ class BwdKernels(NamedTuple):
     post_flat: Callable | None = None
 
 
-_DECIDED: dict = {}  # (architecture, call site, device) -> (windows, parts, config)
+class Decisions(NamedTuple):
+    """A call site's choices (`backward`): key windows, CTAs a tile, the main kernel's
+    config for them."""
+    windows: bool
+    parts: int
+    cfg: Any
 
 
-def _decide(kern: BwdKernels, c: BwdCall) -> tuple[bool, int, Any]:
-    """(key windows, CTAs a tile, the main kernel's config): kern.takes_windows and
+_DECIDED: dict = {}  # (architecture, call site, device) -> Decisions
+
+
+def _decide(kern: BwdKernels, c: BwdCall) -> Decisions:
+    """The call's Decisions: kern.takes_windows and
     kern.plan (tiles split over CTAs: dK / dV added into fp32 accumulators, zeroed by the
     preprocess and converted by the postprocess); pure functions of the call's shapes,
     dtype, flags and bounds (`backward` makes them once a call site,
@@ -347,7 +355,7 @@ def _decide(kern: BwdKernels, c: BwdCall) -> tuple[bool, int, Any]:
                and kern.takes_windows(c.k.shape[0], c.cu_k.shape[0] - 1, c.max_k,
                                       c.broadcast_q))
     parts, cfg = kern.plan(c) if kern.plan is not None else (1, None)
-    return windows, parts, cfg
+    return Decisions(windows, parts, cfg)
 
 
 def backward(kern: BwdKernels, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal,
