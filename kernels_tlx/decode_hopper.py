@@ -42,10 +42,11 @@ fp8 (FP8, an e4m3 cache with an e4m3 or bf16 q): K and V travel in e4m3, half th
 bytes (TMA boxes of D bytes a row, 64 or 128, or gathered rows), and are converted to
 f16 in registers, exactly (every e4m3 value is an f16 value) and in one cvt a pair (a
 bf16 target takes an f16 -> f32 -> bf16 chain: 264 quarter-rate F2F a warp in each
-128-key block of the 16-row bulk loop, beside ~800 other instructions). q is scaled by a power of two into f16's range once at
-load (`_to_f16`). The MMAs are f16, so V reaches P V as an f16 operand in its cache
-layout (keys outer), which the 16-bit MMAs take as it is: no transpose of V, which an
-e4m3 wgmma (K-major operands only) would need. The descales are fp32 [B, H_kv]: the
+128-key block of the 16-row bulk loop). q is scaled by a power of two into f16's range
+once at load (`_to_f16`). The MMAs are f16. K is converted in the dot's operand layout
+(its contraction, D, is contiguous); V's contraction runs over keys, D bytes apart, so V
+is converted in its load layout and reaches P V through shared memory as an f16 tile
+(`_v_f16`). The descales are fp32 [B, H_kv]: the
 program multiplies its qk scale by q_descale * k_descale and its accumulator by
 v_descale before the store (partials too: the combine is linear). Out is bf16.
 """
@@ -57,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from jagged.portable import mma
+from jagged.portable import INTERPRET, mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
 from jagged.launch import cdiv, fast, tma_desc
@@ -115,17 +116,19 @@ def _table() -> dict:  # role: host
 
 # fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
 # memory and registers over e4m3 and bf16 q, split or not (sm_90a):
-#   16 rows: D 128: 3; 105-107 KB; 196-203. D 64: 7 / 4 / 6; 63-103 KB; 102-147.
-#   32 rows: D 128: 4 / 3 / 6; 61-109 KB; 183-196. D 64: 5 / 4 / 8; 41-73 KB; 128-146.
+#   16 rows: D 128: 2; 105-106 KB; 142-168. D 64: 7 / 4 / 5; 70-103 KB; 80-124.
+#   32 rows: D 128: 4 / 3 / 5; 77-109 KB; 148-168. D 64: 5 / 4 / 8; 48-80 KB; 100-128.
+#   (16 / 32 rows: V's f16 copy, [BLOCK_N, D] in shared memory, beside the rings:
+#   `_v_f16`.)
 #   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
 #   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
 #   ptxas caps some builds at 128 registers and spills there: deeper rings of 64-key
 #   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
 #   not), 128-key blocks at 16 rows / D 64 in gathers.
 FP8_CONFIGS = {
-    (128, 16): (Config(128, 7, 4), Config(128, 7, 4), Config(128, 4, 4)),
-    (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 7, 4)),
-    (128, 32): (Config(64, 9, 4), Config(64, 8, 4), Config(64, 7, 4)),
+    (128, 16): (Config(128, 6, 4), Config(128, 6, 4), Config(128, 3, 4)),
+    (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 6, 4)),
+    (128, 32): (Config(64, 9, 4), Config(64, 8, 4), Config(64, 6, 4)),
     (64, 32): (Config(64, 11, 4), Config(64, 9, 4), Config(64, 9, 4)),
     (128, 64): (Config(64, 8, 4), Config(64, 8, 4), Config(64, 4, 4)),
     (64, 64): (Config(128, 9, 4), Config(128, 9, 4), Config(128, 5, 4)),
@@ -266,6 +269,25 @@ def _load_kv_box(k_desc, v_desc, row, col):  # role: load
 
 
 @triton.jit
+def _v_f16(v):  # role: compute
+    """e4m3 V -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in the
+    layout V loads in (rows contiguous: LDS.128). The asm is not pure, so Triton's
+    layout passes do not move the conversion into P V's operand layout (RemoveLayout-
+    Conversions would, through a pure op, and V would then load from shared memory as
+    bytes, LDS.U8, paired across rows D bytes apart); the f16 tile instead reaches the
+    mma.sync operand through shared memory (STS.128, ldmatrix.trans: V's f16 copy,
+    BLOCK_N * D * 2 bytes). A 16-row bulk step of 128 keys at D 128 issues 564
+    instructions a warp (the byte loads: 799) at 142-168 registers (196-203). wgmma
+    tiles (64+ rows) stage V through shared memory either way."""
+    if INTERPRET:
+        return v.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }", "=r,=r,r", [v], dtype=tl.float16, is_pure=False,
+        pack=4)
+
+
+@triton.jit
 def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
@@ -274,7 +296,10 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
     dtype, f16, exactly: e4m3 values are f16 values; the descales live in qk_scale and
     the store)."""
     k = k.to(q.dtype)
-    v = v.to(q.dtype)
+    if v.dtype == tl.float8e4nv:
+        v = _v_f16(v)
+    else:
+        v = v.to(q.dtype)
     s = mma(q, tl.trans(k)) * qk_scale
     if MASKED:
         j = n0 + tl.arange(0, BLOCK_N)
