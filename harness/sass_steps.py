@@ -6,6 +6,7 @@ minute is spent.
 
     python -m harness.sass_steps --pass bwd --head-dim 64 [--causal] [--backends fa4,cute,tlx]
     python -m harness.sass_steps --pass decode --rows 16 --cache fp8 --backends tlx
+    python -m harness.sass_steps --pass decode --rows 16 --cache fp8 --q fp8 --backends cute
 
 A step loop is an innermost loop with wgmmas (a backward branch's range holding no other
 such loop); each prints its instruction count by class (and, where a forward branch in it
@@ -166,6 +167,16 @@ if {bwd}:
 else:
     fwd_hopper.compile_forward(torch.bfloat16, {D}, {causal}, False)
 """
+_CUTE_DECODE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from kernels_cute import decode_hopper as K
+fp8 = {fp8}
+q_dt = torch.float8_e4m3fn if {q_fp8} else torch.bfloat16
+kv_dt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+cfg = (K.FP8_CONFIGS if fp8 else K.CONFIGS)[({D}, {rows})]
+K.compile_decode(q_dt, {D}, cfg, False, False, False, True, kv_dtype=kv_dt)
+"""
 
 
 def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
@@ -196,13 +207,19 @@ def _tlx_decode(head_dim: int, rows: int, cache: str) -> str:
 
 
 def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
-          cache: str = "bf16") -> str:
+          cache: str = "bf16", q: str = "bf16") -> str:
     """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long; decode:
-    TLX's, `rows` query rows a tile, a `cache` of bf16 or fp8)."""
+    TLX's or CuteDSL's, `rows` query rows a tile, a `cache` of bf16 or fp8, contiguous,
+    split; CuteDSL's fp8 cache with a `q` of bf16 or fp8, TLX's bf16)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if pass_ == "decode":
+        if backend == "cute":
+            return _dsl_build(_CUTE_DECODE.format(root=root, D=head_dim, rows=rows,
+                                                  fp8=cache == "fp8",
+                                                  q_fp8=cache == "fp8" and q == "fp8"),
+                              "DecodeHopper", {})
         if backend != "tlx":
-            raise ValueError("decode: tlx only")
+            raise ValueError("decode: tlx or cute")
         return _tlx_decode(head_dim, rows, cache)
     bwd = pass_ == "bwd"
     if backend == "fa4":
@@ -223,13 +240,16 @@ def main(argv=None):
     ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "decode"), default="bwd")
     ap.add_argument("--rows", type=int, default=16, help="decode: query rows a tile")
     ap.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="decode's cache")
+    ap.add_argument("--q", choices=("bf16", "fp8"), default="bf16",
+                    help="decode, CuteDSL, fp8 cache: q's dtype")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backends", default="fa4,cute,tlx")
     a = ap.parse_args(argv)
     for b in a.backends.split(","):
-        loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal, a.rows, a.cache)))
-        what = f"{a.rows} rows, {a.cache} cache" if a.pass_ == "decode" else (
+        loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal, a.rows, a.cache, a.q)))
+        what = f"{a.rows} rows, {a.cache} cache" + (
+            f", {a.q} q" if b == "cute" and a.cache == "fp8" else "") if a.pass_ == "decode" else (
             "causal" if a.causal else "")
         print(f"== {b} {a.pass_}, D {a.head_dim}{', ' + what if what else ''}: "
               f"{len(loops)} step loops")
