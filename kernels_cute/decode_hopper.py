@@ -39,10 +39,12 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
                slots) into one 16-bit block in the layout the bf16 kernel reads, then a
-               CTA barrier. Cost a block: per cache element one 1-byte smem read, one
-               2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
-               bf16 q), and a second barrier; the 16-bit block (K and V, block_n keys)
-               is smem the stages do not get.
+               CTA barrier. Cost a block: per 16-byte chunk one 128-bit smem read, 8
+               cvt e4m3x2 -> f16x2 (F2FP), two 128-bit smem writes; a bf16 q adds per
+               element an exact f16 -> f32 (HADD2.F32) and per pair one prmt taking
+               the two f32s' high halves (an e4m3 value's f32 is its bf16 with 16 zero
+               bits below: no F2FP.BF16.F32); and a second barrier. The 16-bit block (K
+               and V, block_n keys) is smem the stages do not get.
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
@@ -216,6 +218,25 @@ def _kernel_class():
     from cutlass.cute.nvgpu import cpasync, warp
 
     LN_2 = math.log(2.0)
+
+    def e4m3x2_to_bf16x2(word, half: int):  # role: load
+        """bf16x2 of e4m3 bytes 2 half, 2 half + 1 of a 32-bit word (the first byte in the
+        low half), exact: e4m3x2 -> f16x2 (one cvt), each f16 -> f32 (exact), then the
+        high halves of the two f32s (prmt: an e4m3 value's f32 has 16 zero low bits, so
+        this is its bf16; NaN stays NaN), where cvt.rn.bf16x2.f32 would take a
+        conversion-pipe F2FP a pair."""
+        from cutlass._mlir.dialects import llvm
+        return Int32(llvm.inline_asm(
+            Int32.mlir_type, [Int32(word).ir_value()],
+            "{ .reg .b16 l, h, a, b; .reg .b32 x; .reg .f32 fa, fb;\n"
+            "mov.b32 {l, h}, $1;\n"
+            f"cvt.rn.f16x2.e4m3x2 x, {'h' if half else 'l'};\n"
+            "mov.b32 {a, b}, x;\n"
+            "cvt.f32.f16 fa, a;\n"
+            "cvt.f32.f16 fb, b;\n"
+            "prmt.b32 $0, fa, fb, 0x7632; }",
+            "=r,r", has_side_effects=False, is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT))
 
     def smem_atom():
         """(8, 64)-element row-major atom of 16-bit elements, its 128-byte rows swizzled
@@ -555,7 +576,17 @@ def _kernel_class():
                 for m in cutlass.range_constexpr(cute.size(t8, mode=[1])):
                     r = cute.make_rmem_tensor_like(t8[None, m, 0])
                     cute.autovec_copy(t8[None, m, 0], r)
-                    t16[None, m, 0].store(r.load().to(self.dtype))
+                    if const_expr(self.q_fp8):
+                        t16[None, m, 0].store(r.load().to(self.dtype))
+                    else:
+                        # 4 bytes a word -> two bf16x2 words, without F2FP.BF16.F32
+                        w8 = cute.recast_tensor(r, Int32)
+                        o = cute.make_rmem_tensor(cute.size(r), self.dtype)
+                        w16 = cute.recast_tensor(o, Int32)
+                        for i in cutlass.range_constexpr(cute.size(w16)):
+                            w16[i] = e4m3x2_to_bf16x2(w8[i // 2], i % 2)
+                        t16[None, m, 0].store(
+                            cute.make_tensor(o.iterator, r.layout).load())
 
         @cute.jit
         def key_slice(self, s, stage, kg):  # role: compute

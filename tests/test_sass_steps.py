@@ -77,3 +77,24 @@ def test_branch_paths_leave_out_what_a_forward_branch_jumps_over():
     assert len(body) == 9 and branch_paths(body) == [7]
     (plain,) = step_loops(parse(SASS))
     assert branch_paths(plain) == []
+
+
+def test_cute_fp8_decode_converts_without_bf16_packs():
+    """CuteDSL's fp8 decode (D 128, 16 rows, bf16 q) converts each thread's 16-byte
+    chunks with one LDS.128, e4m3x2 -> f16x2 cvts and two STS.128, and reaches bf16 by
+    prmt, not by F2FP.BF16.F32 (a conversion-pipe instruction a pair)."""
+    import pytest
+    from _cute import have_dsl
+    ok, why = have_dsl()
+    if not ok:
+        pytest.skip(why)
+    from harness.sass_steps import build
+    loops = step_loops(parse(build("cute", "decode", 128, False, 16, "fp8", "bf16")))
+    assert len(loops) == 1
+    ops = [x.op for x in loops[0]]
+    chunks = 2 * 64 * 128 // 16 // 128          # K and V of a 64-key block, 128 threads
+    assert sum(o.startswith("F2FP.F16.E4M3.UNPACK_B") for o in ops) == 8 * chunks
+    # only P's packs for P V (16 rows x 16 keys of a key group: 8 fp32 a thread)
+    assert sum(o.startswith("F2FP.BF16") for o in ops) == 4
+    assert sum(o == "LDS.128" for o in ops) == chunks
+    assert sum(o == "STS.128" for o in ops) == 2 * chunks
