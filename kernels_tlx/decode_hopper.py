@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from jagged.portable import mma
+from jagged.portable import INTERPRET, mma
 from jagged.seqinfo import causal_kv_end, causal_visible
 
 from jagged.launch import cdiv, fast, tma_desc
@@ -266,6 +266,17 @@ def _load_kv_box(k_desc, v_desc, row, col):  # role: load
 
 
 @triton.jit
+def _v_f16(v):  # role: compute
+    """e4m3 V -> f16 by inline asm, two a cvt (VCONV experiment)."""
+    if INTERPRET:
+        return v.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; "
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }", "=r,=r,r", [v], dtype=tl.float16, is_pure=False,
+        pack=4)
+
+
+@triton.jit
 def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
@@ -274,7 +285,10 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
     dtype, f16, exactly: e4m3 values are f16 values; the descales live in qk_scale and
     the store)."""
     k = k.to(q.dtype)
-    v = v.to(q.dtype)
+    if v.dtype == tl.float8e4nv:
+        v = _v_f16(v)
+    else:
+        v = v.to(q.dtype)
     s = mma(q, tl.trans(k)) * qk_scale
     if MASKED:
         j = n0 + tl.arange(0, BLOCK_N)
