@@ -115,17 +115,19 @@ def _table() -> dict:  # role: host
 
 # fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
 # memory and registers over e4m3 and bf16 q, split or not (sm_90a):
-#   16 rows: D 128: 3; 105-107 KB; 196-203. D 64: 7 / 4 / 6; 63-103 KB; 102-147.
-#   32 rows: D 128: 4 / 3 / 6; 61-109 KB; 183-196. D 64: 5 / 4 / 8; 41-73 KB; 128-146.
+#   16 rows: D 128: 2; 105-106 KB; 142-168. D 64: 7 / 4 / 5; 70-103 KB; 80-124.
+#   32 rows: D 128: 4 / 3 / 5; 77-109 KB; 148-168. D 64: 5 / 4 / 8; 48-80 KB; 100-128.
+#   (16 / 32 rows: V's f16 copy, [BLOCK_N, D] in shared memory, beside the rings:
+#   `_v_f16`.)
 #   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
 #   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
 #   ptxas caps some builds at 128 registers and spills there: deeper rings of 64-key
 #   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
 #   not), 128-key blocks at 16 rows / D 64 in gathers.
 FP8_CONFIGS = {
-    (128, 16): (Config(128, 7, 4), Config(128, 7, 4), Config(128, 4, 4)),
-    (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 7, 4)),
-    (128, 32): (Config(64, 9, 4), Config(64, 8, 4), Config(64, 7, 4)),
+    (128, 16): (Config(128, 6, 4), Config(128, 6, 4), Config(128, 3, 4)),
+    (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 6, 4)),
+    (128, 32): (Config(64, 9, 4), Config(64, 8, 4), Config(64, 6, 4)),
     (64, 32): (Config(64, 11, 4), Config(64, 9, 4), Config(64, 9, 4)),
     (128, 64): (Config(64, 8, 4), Config(64, 8, 4), Config(64, 4, 4)),
     (64, 64): (Config(128, 9, 4), Config(128, 9, 4), Config(128, 5, 4)),
@@ -267,7 +269,15 @@ def _load_kv_box(k_desc, v_desc, row, col):  # role: load
 
 @triton.jit
 def _v_f16(v):  # role: compute
-    """e4m3 V -> f16 by inline asm, two a cvt (VCONV experiment)."""
+    """e4m3 V -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in the
+    layout V loads in (rows contiguous: LDS.128). The asm is not pure, so Triton's
+    layout passes do not move the conversion into P V's operand layout (RemoveLayout-
+    Conversions would, through a pure op, and V would then load from shared memory as
+    bytes, LDS.U8, paired across rows D bytes apart); the f16 tile instead reaches the
+    mma.sync operand through shared memory (STS.128, ldmatrix.trans: V's f16 copy,
+    BLOCK_N * D * 2 bytes). SASS, a 16-row bulk step of 128 keys, D 128: 799 -> 564
+    instructions (no LDS.U8, 141 -> 83 moves), 198 -> 150 registers. wgmma tiles (64+
+    rows) stage V through shared memory already: unchanged."""
     if INTERPRET:
         return v.to(tl.float16)
     return tl.inline_asm_elementwise(
