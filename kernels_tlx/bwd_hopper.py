@@ -805,10 +805,12 @@ def compute(smem, bars, tiles, stats, grads, col_rows,
                         dqt = tlx.async_dot(kt, smem.ds[sb + c2], dqt)
                 else:
                     dqt = tlx.async_dot(tlx.local_trans(kc), smem.ds[sb + cid])
-                dqt = tlx.async_dot_wait(0, dqt)
-                dv = tlx.async_dot_wait(0, dv)
-                dk = tlx.async_dot_wait(0, dk)
+                # dV and dK done (the dQ^T wgmma, the last issued, may run on): the
+                # Q/dO stage is free before dQ^T completes
+                dv = tlx.async_dot_wait(1, dv)
+                dk = tlx.async_dot_wait(1, dk)
                 tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+                dqt = tlx.async_dot_wait(0, dqt)
                 if DQ_SUM:
                     if cid == NC - 1:
                         # D = 64: the others' full-D partials added here (their staging, read
