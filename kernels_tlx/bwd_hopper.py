@@ -864,9 +864,11 @@ def _row_step(rt, qcnt, dk, dv, j, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
     dk, dv, dqt = _step_rows(rt.kc, rt.vc, smem.q[buf], smem.do[buf], smem, buf, rt.kvb, qcnt,
                              dk, dv, rt.offs_n, offs_m, tile, rt.bounds, rt.qk_scale2, CAUSAL,
                              BLOCK_M, BNC, NC, cid, WINDOWS, SDP_TOGETHER, MASK)
-    dv = tlx.async_dot_wait(0, dv)
-    dk = tlx.async_dot_wait(0, dk)
+    # dV and dK done (the last dQ wgmma may run on): the Q/dO stage is free
+    dv = tlx.async_dot_wait(1, dv)
+    dk = tlx.async_dot_wait(1, dk)
     tlx.barrier_arrive(bars.q_empty[buf], 1)          # Q/dO stage free
+    dqt = tlx.async_dot_wait(0, dqt)
     tlx.barrier_wait(bars.dq_empty[cid], (qcnt & 1) ^ 1)
     tlx.local_store(rt.dqc, dqt)
     tlx.fence_async_shared()
@@ -879,9 +881,9 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
                qk_scale2, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BNC: tl.constexpr,
                NC: tl.constexpr, cid: tl.constexpr, WINDOWS: tl.constexpr,
                SDP_TOGETHER: tl.constexpr, MASK: tl.constexpr = True):
-    """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ wait: returns
-    dK_c, dV_c (their dots done) and this consumer's dQ rows [BLOCK_M // NC, D] (not
-    transposed). S^T and dP^T are [BNC, 128] here (64 registers each).
+    """compute's body at 128-row steps (D = 64), from the Q/dO wait to the dQ issue: returns
+    dK_c, dV_c and this consumer's dQ rows [BLOCK_M // NC, D] (not transposed), their dots
+    in flight. S^T and dP^T are [BNC, 128] here (64 registers each).
     SDP_TOGETHER (the default, the Q loop at num_stages 0, as the CuteDSL twin): FA4's
     order, S^T and dP^T issued together, P^T under dP^T, dS^T, then dV beside dK and dQ.
     Its step loop is spill-free without causal masking (causal: 8 spill instructions a
@@ -920,7 +922,6 @@ def _step_rows(kc, vc, qb, dob, smem, buf, kvb, qcnt, dk, dv, offs_n, offs_m, ti
     for c2 in tl.static_range(1, NC):
         dq = tlx.async_dot(_ds_rows(smem.ds, sb + c2, cid, BNC, RC), smem.k[kvb * NC + c2],
                            dq)
-    dq = tlx.async_dot_wait(0, dq)
     return dk, dv, dq
 
 

@@ -145,9 +145,9 @@ def test_main_compiles(request, case):
     if cfg.block_m == 128:  # S^T / dP^T of 128 rows: N = 128 wgmmas
         assert "wgmma.mma_async.sync.aligned.m64n128k16" in rep.ptx
     if cfg.num_stages == 0:  # the Q loop out of the pipeliner: its own waits of 0 a
-        # consumer step (64 rows: 1, dV / dK waited with dQ^T in flight; 128 rows: 4 in
-        # FA4's order, 6 one dot after another)
-        per = 1 if cfg.block_m == 64 else (4 if bw.sdp_together(cfg, bq) else 6)
+        # consumer step (dV and dK waited with dQ in flight: 64 rows 1; 128 rows: 2 in
+        # FA4's order, 4 one dot after another)
+        per = 1 if cfg.block_m == 64 else (2 if bw.sdp_together(cfg, bq) else 4)
         # causal packed 128-row steps: a masked and an unmasked copy of the step
         copies = 2 if cfg.block_m == 128 and causal and not bq else 1
         assert rep.ptx.count(WAIT0) == per * copies * bw.NUM_CONSUMERS.value, \
