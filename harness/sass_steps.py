@@ -175,7 +175,8 @@ fp8 = {fp8}
 q_dt = torch.float8_e4m3fn if {q_fp8} else torch.bfloat16
 kv_dt = torch.float8_e4m3fn if fp8 else torch.bfloat16
 cfg = (K.FP8_CONFIGS if fp8 else K.CONFIGS)[({D}, {rows})]
-K.compile_decode(q_dt, {D}, cfg, False, False, False, True, kv_dtype=kv_dt)
+K.compile_decode(q_dt, {D}, cfg, causal=True, paged=False, packed=False, split=True,
+                 kv_dtype=kv_dt)
 """
 
 
@@ -193,15 +194,16 @@ def _dsl_build(code: str, pattern: str, extra_env: dict) -> str:
         return sass_of(found[0])
 
 
-def _tlx_decode(head_dim: int, rows: int, cache: str) -> str:
-    """TLX's decode kernel for a contiguous cache (bf16, or e4m3 with bf16 q), GQA 4, one
-    new row, split."""
+def _tlx_decode(head_dim: int, rows: int, cache: str, q: str) -> str:
+    """TLX's decode kernel for a contiguous cache (bf16, or e4m3 with a bf16 or e4m3 q),
+    GQA 4, one new row, causal, split."""
     from kernels_tlx import decode_hopper as dh
     fp8 = cache == "fp8"
     cfg = dh.CONFIGS[(head_dim, rows, "contig", 1 if fp8 else 2)]
+    q_dt = ("fp8e4nv" if q == "fp8" else "bf16") if fp8 else cache
     return compile_kernel(
         dh.decode_kernel, dh.signature(cfg, head_dim, "contig", "fp8e4nv" if fp8 else cache,
-                                       True, "bf16" if fp8 else cache),
+                                       True, q_dt),
         dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8),
         arch=90, num_warps=cfg.num_warps, name=f"decode D{head_dim} M{rows} {cache}").sass
 
@@ -209,8 +211,8 @@ def _tlx_decode(head_dim: int, rows: int, cache: str) -> str:
 def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
           cache: str = "bf16", q: str = "bf16") -> str:
     """The SASS of `backend`'s main kernel of a pass (bf16, non-broadcast, long; decode:
-    TLX's or CuteDSL's, `rows` query rows a tile, a `cache` of bf16 or fp8, contiguous,
-    split; CuteDSL's fp8 cache with a `q` of bf16 or fp8, TLX's bf16)."""
+    TLX's or CuteDSL's, `rows` query rows a tile, a `cache` of bf16 or fp8 (with a `q` of
+    bf16 or fp8), contiguous, causal, split)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if pass_ == "decode":
         if backend == "cute":
@@ -220,7 +222,7 @@ def build(backend: str, pass_: str, head_dim: int, causal: bool, rows: int = 16,
                               "DecodeHopper", {})
         if backend != "tlx":
             raise ValueError("decode: tlx or cute")
-        return _tlx_decode(head_dim, rows, cache)
+        return _tlx_decode(head_dim, rows, cache, q)
     bwd = pass_ == "bwd"
     if backend == "fa4":
         return _dsl_build(_FA4.format(D=head_dim, causal=causal, bwd=bwd),
@@ -241,16 +243,17 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=16, help="decode: query rows a tile")
     ap.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="decode's cache")
     ap.add_argument("--q", choices=("bf16", "fp8"), default="bf16",
-                    help="decode, CuteDSL, fp8 cache: q's dtype")
+                    help="decode over an fp8 cache: q's dtype")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backends", default="fa4,cute,tlx")
     a = ap.parse_args(argv)
     for b in a.backends.split(","):
         loops = step_loops(parse(build(b, a.pass_, a.head_dim, a.causal, a.rows, a.cache, a.q)))
-        what = f"{a.rows} rows, {a.cache} cache" + (
-            f", {a.q} q" if b == "cute" and a.cache == "fp8" else "") if a.pass_ == "decode" else (
-            "causal" if a.causal else "")
+        if a.pass_ == "decode":
+            what = f"{a.rows} rows, {a.cache} cache" + (f", {a.q} q" if a.cache == "fp8" else "")
+        else:
+            what = "causal" if a.causal else ""
         print(f"== {b} {a.pass_}, D {a.head_dim}{', ' + what if what else ''}: "
               f"{len(loops)} step loops")
         for body in loops:
