@@ -204,7 +204,8 @@ def _tlx_decode(head_dim: int, rows: int, cache: str, q: str) -> str:
     return compile_kernel(
         dh.decode_kernel, dh.signature(cfg, head_dim, "contig", "fp8e4nv" if fp8 else cache,
                                        True, q_dt),
-        dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8),
+        dh.kernel_args(cfg, head_dim, 4, rows, 0, "contig", False, True, True, fp8=fp8,
+                       q8=q_dt == "fp8e4nv"),
         arch=90, num_warps=cfg.num_warps, name=f"decode D{head_dim} M{rows} {cache}").sass
 
 

@@ -27,7 +27,10 @@ Roles:
              cache, or PAGE_SIZE % BLOCK_N == 0) and lies below n_k (the box reads no
              row past the sequence, which may hold anything).
     compute  S = Q K^T, online softmax in the log2 domain, O += P V (fp32); e4m3 K
-             and V converted to f16 first.
+             and V converted to f16 first. fp8 caches at 16 and 32 rows swap the
+             products (`_attend_t`, Config.swap): S^T = K Q^T and O^T += V^T P^T with the
+             block's keys and the head dim as the wgmma's M and the tile's rows as its N,
+             so no row is padded to 64 and an e4m3 q meets e4m3 K in an fp8 wgmma.
     store    O / l and lse (natural log) of the tile's real rows, into out / lse
              (one split) or the split's slice of o_part / lse_part.
 
@@ -42,11 +45,13 @@ fp8 (FP8, an e4m3 cache with an e4m3 or bf16 q): K and V travel in e4m3, half th
 bytes (TMA boxes of D bytes a row, 64 or 128, or gathered rows), and are converted to
 f16 in registers, exactly (every e4m3 value is an f16 value) and in one cvt a pair (a
 bf16 target takes an f16 -> f32 -> bf16 chain: 264 quarter-rate F2F a warp in each
-128-key block of the 16-row bulk loop). q is scaled by a power of two into f16's range
-once at load (`_to_f16`). The MMAs are f16. K is converted in the dot's operand layout
-(its contraction, D, is contiguous); V's contraction runs over keys, D bytes apart, so V
-is converted in its load layout and reaches P V through shared memory as an f16 tile
-(`_v_f16`). The descales are fp32 [B, H_kv]: the
+128-key block of the 16-row bulk loop). A bf16 q is scaled by a power of two into f16's
+range once at load (`_to_f16`). The MMAs are f16, except S^T of a swapped tile with an
+e4m3 q: e4m3 x e4m3 with fp32 accumulation, K read from its ring as loaded (Hopper's
+mma.sync has no native e4m3 form, its wgmma has). K is converted in the dot's operand
+layout (its contraction, D, is contiguous); V's contraction runs over keys, D bytes
+apart, so V is converted in its load layout and reaches P V through shared memory as an
+f16 tile (`_v_f16`). The descales are fp32 [B, H_kv]: the
 program multiplies its qk scale by q_descale * k_descale and its accumulator by
 v_descale before the store (partials too: the combine is linear). Out is bf16.
 """
@@ -74,6 +79,12 @@ class Config:
     block_n: int      # keys per K/V block
     num_stages: int   # the bulk loop's num_stages (the ring depth it gives: CONFIGS)
     num_warps: int
+    swap: bool = False  # keys as the MMAs' M (`_attend_t`)
+    q8_stages: int = 0  # num_stages with an e4m3 q over an e4m3 cache, swapped (0: the
+                        # same): its S^T wgmma reads K from the ring, one stage more
+
+    def stages(self, q8: bool) -> int:
+        return self.q8_stages if q8 and self.q8_stages else self.num_stages
 
 
 # Keyed by (head_dim, rows per tile, kind, cache element bytes): kind "gather" (pages
@@ -116,20 +127,29 @@ def _table() -> dict:  # role: host
 
 # fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
 # memory and registers over e4m3 and bf16 q, split or not (sm_90a):
-#   16 rows: D 128: 2; 105-106 KB; 142-168. D 64: 7 / 4 / 5; 70-103 KB; 80-124.
-#   32 rows: D 128: 4 / 3 / 5; 77-109 KB; 148-168. D 64: 5 / 4 / 8; 48-80 KB; 100-128.
-#   (16 / 32 rows: V's f16 copy, [BLOCK_N, D] in shared memory, beside the rings:
-#   `_v_f16`.)
+#   16 / 32 rows, swapped (`_attend_t`; V's f16 copy, [BLOCK_N, D], beside the rings:
+#   `_v_f16`). With an e4m3 q the S^T wgmma reads K from its ring, a stage deeper than
+#   V's at the same num_stages (q8_stages keeps two programs an SM where it would not);
+#   with a bf16 q K is converted through shared memory as V is. Depths e4m3 q K / V
+#   (bf16 q both):
+#   16 rows: D 128: 2 / 1 (2); 87-106 KB; 139-166 (bf16 q 198-214). D 64: 8 / 7 (7),
+#     5 / 4 (4), 6 / 5 (5); 70-110 KB; 87-155.
+#   32 rows: D 128: 5 / 4 (4), 4 / 3 (3), 5 / 4 (5); 77-109 KB; 154-193. D 64: 6 / 5
+#     (5), 5 / 4 (4), 9 / 8 (8); 49-83 KB; 124-147.
+#   The bulk step of 128 keys at D 128, 16 rows, one warp (SASS): e4m3 q 401
+#   instructions against 557 unswapped (F2F 72 / 136; HMMA 64 -> 16 HGMMA + 8 e4m3
+#   QGMMA), bf16 q 510 / 564; 32 rows (64 keys) 394 / 589 and 414 / 589.
 #   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
 #   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
 #   ptxas caps some builds at 128 registers and spills there: deeper rings of 64-key
 #   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
 #   not), 128-key blocks at 16 rows / D 64 in gathers.
 FP8_CONFIGS = {
-    (128, 16): (Config(128, 6, 4), Config(128, 6, 4), Config(128, 3, 4)),
-    (64, 16): (Config(64, 16, 4), Config(128, 10, 4), Config(128, 6, 4)),
-    (128, 32): (Config(64, 9, 4), Config(64, 8, 4), Config(64, 6, 4)),
-    (64, 32): (Config(64, 11, 4), Config(64, 9, 4), Config(64, 9, 4)),
+    (128, 16): (Config(128, 6, 4, True, 4), Config(128, 6, 4, True, 4),
+                Config(128, 3, 4, True, 2)),
+    (64, 16): (Config(64, 16, 4, True), Config(128, 10, 4, True), Config(128, 6, 4, True)),
+    (128, 32): (Config(64, 9, 4, True), Config(64, 8, 4, True), Config(64, 6, 4, True, 5)),
+    (64, 32): (Config(64, 11, 4, True), Config(64, 9, 4, True), Config(64, 9, 4, True)),
     (128, 64): (Config(64, 8, 4), Config(64, 8, 4), Config(64, 4, 4)),
     (64, 64): (Config(128, 9, 4), Config(128, 9, 4), Config(128, 5, 4)),
     (128, 128): (Config(128, 7, 8), Config(128, 7, 8), Config(128, 4, 8)),
@@ -270,15 +290,14 @@ def _load_kv_box(k_desc, v_desc, row, col):  # role: load
 
 @triton.jit
 def _v_f16(v):  # role: compute
-    """e4m3 V -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in the
-    layout V loads in (rows contiguous: LDS.128). The asm is not pure, so Triton's
+    """e4m3 V (or K) -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in
+    the layout V loads in (rows contiguous: LDS.128). The asm is not pure, so Triton's
     layout passes do not move the conversion into P V's operand layout (RemoveLayout-
     Conversions would, through a pure op, and V would then load from shared memory as
     bytes, LDS.U8, paired across rows D bytes apart); the f16 tile instead reaches the
-    mma.sync operand through shared memory (STS.128, ldmatrix.trans: V's f16 copy,
-    BLOCK_N * D * 2 bytes). A 16-row bulk step of 128 keys at D 128 issues 564
-    instructions a warp (the byte loads: 799) at 142-168 registers (196-203). wgmma
-    tiles (64+ rows) stage V through shared memory either way."""
+    MMA operand through shared memory (STS.128, ldmatrix: V's f16 copy, BLOCK_N * D * 2
+    bytes). Unswapped (`_attend`, mma.sync) a 16-row bulk step of 128 keys at D 128
+    issues 564 instructions a warp against 799 with the byte loads."""
     if INTERPRET:
         return v.to(tl.float16)
     return tl.inline_asm_elementwise(
@@ -320,6 +339,40 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
 
 
 @triton.jit
+def _attend_t(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """`_attend` with the block's keys as the MMAs' M (wgmma at 16 and 32 rows, no row
+    padding to 64): S^T = K Q^T ([BLOCK_N, M]; e4m3 K and q straight into an fp8 wgmma,
+    both K-major), the softmax down the columns, O^T += V^T P^T ([D, M]; V in f16, P^T
+    through shared memory). acc is O^T; m_i per column (tile row); l_i [BLOCK_N, M]:
+    each thread's own partial row sums, added up once after the loop (no cross-warp sum
+    a block)."""
+    if v.dtype == tl.float8e4nv:
+        v = _v_f16(v)
+    else:
+        v = v.to(q.dtype)
+    if q.dtype != k.dtype:
+        k = _v_f16(k) if k.dtype == tl.float8e4nv else k.to(q.dtype)
+    st = mma(k, tl.trans(q)) * qk_scale
+    if MASKED:
+        j = n0 + tl.arange(0, BLOCK_N)
+        keep = (j < n_end)[:, None]
+        if CAUSAL:
+            keep = keep & causal_visible(qi[None, :], j[:, None], n_q, n_k)
+        st = tl.where(keep, st, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        m_use = m_new
+    pt = tl.math.exp2(st - m_use[None, :])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha[None, :] + pt
+    acc = acc * alpha[None, :] + mma(tl.trans(v), pt.to(v.dtype))
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _store(o_row, lse_row, acc, m_i, l_i, d, real):  # role: store
     """O / l and lse = ln 2 * (m + log2 l) of the real rows; a row that saw no key
     (l = 0) gets O = 0 and lse = -inf."""
@@ -339,7 +392,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   TMA: tl.constexpr, DENSE_Q: tl.constexpr, CAUSAL: tl.constexpr,
                   SPLIT: tl.constexpr, STAGES: tl.constexpr, FP8: tl.constexpr,
-                  ORDERED: tl.constexpr):
+                  ORDERED: tl.constexpr, SWAP: tl.constexpr = False):
     """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
     whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
@@ -372,8 +425,10 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
     if FP8:  # the tile's scales: one (sequence, kv head)
         at = b * H_kv + h_kv
-        q_tile, q_pow = _to_f16(q_tile)
-        qk_scale = qk_scale * q_pow * tl.load(q_descale + at) * tl.load(k_descale + at)
+        if not (SWAP and q_tile.dtype == tl.float8e4nv):
+            q_tile, q_pow = _to_f16(q_tile)
+            qk_scale = qk_scale * q_pow
+        qk_scale = qk_scale * tl.load(q_descale + at) * tl.load(k_descale + at)
 
     lo, bulk_end, n_end = _key_range(n_q, n_k, split, num_splits, m0, GROUP, BLOCK_M,
                                      BLOCK_N, CAUSAL)
@@ -382,8 +437,12 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     k_head = k_cache + h_kv * D
     v_head = v_cache + h_kv * D
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if SWAP:
+        l_i = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc = tl.zeros([D, BLOCK_M], tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
     # bulk: whole blocks every real row sees, software-pipelined (Config: the stages)
     for n0 in tl.range(lo, bulk_end, BLOCK_N, num_stages=STAGES):
         cur = _kv_where(pt_row, n0, b, bulk_end, stride_kp, stride_ks, L_max,
@@ -392,18 +451,29 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
             k, v = _load_kv_box(k_desc, v_desc, cur, h_kv * D)
         else:
             k, v = _load_kv_rows(k_head, v_head, cur, n0, n_end, D, BLOCK_N, False)
-        acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                n_end, BLOCK_N, False, CAUSAL)
+        if SWAP:
+            acc, m_i, l_i = _attend_t(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                      n_end, BLOCK_N, False, CAUSAL)
+        else:
+            acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                    n_end, BLOCK_N, False, CAUSAL)
     # tail: the sequence end and the causal diagonal, gathered with zero fill
     for n0 in tl.range(bulk_end, n_end, BLOCK_N, num_stages=1):
         rows = _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,
                          BLOCK_N, PAGED, PAGE_SIZE, False)
         k, v = _load_kv_rows(k_head, v_head, rows, n0, n_end, D, BLOCK_N, True)
-        acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                n_end, BLOCK_N, True, CAUSAL)
+        if SWAP:
+            acc, m_i, l_i = _attend_t(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                      n_end, BLOCK_N, True, CAUSAL)
+        else:
+            acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                                    n_end, BLOCK_N, True, CAUSAL)
 
     if FP8:
         acc = acc * tl.load(v_descale + at)
+    if SWAP:
+        acc = tl.trans(acc)
+        l_i = tl.sum(l_i, 0)
     o_rows = o + split * stride_os + (q_start + qi).to(tl.int64) * stride_qn + h * D
     lse_rows = lse + split * stride_ls + h * Nq + (q_start + qi)
     _store(o_rows, lse_rows, acc, m_i, l_i, d, real)
@@ -412,13 +482,15 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
 # ----------------------------------------------------------------------------- host
 def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size: int,
                 kind: str, dense_q: bool, causal: bool, split: bool,
-                paged: bool | None = None, fp8: bool = False, ordered: bool = False) -> dict:
+                paged: bool | None = None, fp8: bool = False, ordered: bool = False,
+                q8: bool = False) -> dict:
     """The constexpr arguments of `decode_kernel` (shared with the compile checks);
-    kind "gather" loads the bulk without TMA, also from a contiguous cache (paged False)."""
+    kind "gather" loads the bulk without TMA, also from a contiguous cache (paged False);
+    q8: q in e4m3 too."""
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                 PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
                 TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
-                STAGES=cfg.num_stages, FP8=fp8, ORDERED=ordered)
+                STAGES=cfg.stages(q8), FP8=fp8, ORDERED=ordered, SWAP=cfg.swap)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
@@ -494,5 +566,5 @@ def forward(q, k_cache, v_cache, cache_seqlens, page_table, cu_seqlens_q, out, l
         Nq, H_kv, pt.shape[-1], len_q, k_cache.shape[1], num_splits, scale * LOG2E,
         **kernel_args(cfg, D, group, block_m, page_size, kind, cu_seqlens_q is None, causal,
                       split, paged=page_table is not None, fp8=fp8,
-                      ordered=order is not None),
+                      ordered=order is not None, q8=q.dtype == torch.float8_e4m3fn),
         num_warps=cfg.num_warps, num_stages=1)

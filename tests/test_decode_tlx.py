@@ -133,6 +133,7 @@ CASES = [
 # 16-key blocks: several blocks a split, the pipelined bulk, TMA boxes in the contiguous
 # cache and in 16- and 64-key pages, split boundaries inside a sequence
 SMALL = dh.Config(block_n=16, num_stages=2, num_warps=4)
+SMALL_SWAP = dh.Config(block_n=16, num_stages=2, num_warps=4, swap=True)  # many blocks
 
 
 @interp
@@ -180,7 +181,7 @@ def dequantized(q, ks, vs, n_q, H, qd, kd, vd):
 
 
 @interp
-@pytest.mark.parametrize("config", [None, SMALL], ids=["default", "bn16"])
+@pytest.mark.parametrize("config", [None, SMALL, SMALL_SWAP], ids=["default", "bn16", "bn16-swap"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
 def test_decode_fp8(case, splits, config):
@@ -284,22 +285,23 @@ def test_tiles_and_kinds():
 
 
 # default builds: (head_dim, rows per tile, kind, page size, dtype, split, causal, the K / V
-# ring depth); every entry of dh.CONFIGS compiles spill-free (resources: the table's note)
+# ring depth, or (K's, V's) where they differ); every entry of dh.CONFIGS compiles
+# spill-free (resources: the table's note)
 # dtype "fp8": q and cache e4m3; "fp8-bf16": a bf16 q over an e4m3 cache
 BUILDS = [
     (128, 16, "gather", 1, "bf16", True, True, 3),
-    (128, 16, "contig", 1, "fp8", True, True, 2),
+    (128, 16, "contig", 1, "fp8", True, True, (2, 1)),
     (128, 16, "page", 64, "fp16", False, False, 3),
     (128, 16, "page", 128, "fp8-bf16", False, True, 2),
     (64, 32, "contig", 1, "bf16", False, True, 3),
     (128, 64, "gather", 16, "bf16", True, True, 5),
-    (128, 16, "gather", 16, "fp8", True, True, 2),
+    (128, 16, "gather", 16, "fp8", True, True, (2, 1)),
     (64, 16, "contig", 1, "fp8-bf16", True, True, 5),
-    (64, 16, "gather", 1, "fp8", False, True, 7),
+    (64, 16, "gather", 1, "fp8", False, True, (8, 7)),
     (64, 16, "page", 128, "fp8-bf16", False, True, 4),
-    (128, 32, "page", 64, "fp8", False, True, 3),
-    (128, 32, "gather", 16, "fp8", True, True, 4),
-    (64, 32, "contig", 1, "fp8", True, False, 8),
+    (128, 32, "page", 64, "fp8", False, True, (4, 3)),
+    (128, 32, "gather", 16, "fp8", True, True, (5, 4)),
+    (64, 32, "contig", 1, "fp8", True, False, (9, 8)),
     (64, 32, "page", 64, "fp8-bf16", False, True, 4),
     (128, 64, "gather", 16, "fp8", True, True, 3),
     (128, 64, "contig", 1, "fp8-bf16", False, True, 3),
@@ -322,7 +324,7 @@ def test_compile_sm90(build_):
     cfg = dh.CONFIGS[(d, m, kind, 1 if fp8 else 2)]
     rep = compile_kernel(dh.decode_kernel, dh.signature(cfg, d, kind, cache_dt, split, q_dt),
                          dh.kernel_args(cfg, d, 4, m, page, kind, False, causal, split,
-                                        fp8=fp8),
+                                        fp8=fp8, q8=q_dt == "fp8e4nv"),
                          arch=90, num_warps=cfg.num_warps, num_stages=1,
                          name=f"decode D{d} M{m} {kind} p{page} {dt}")
     print(rep.row())
@@ -333,14 +335,18 @@ def test_compile_sm90(build_):
         regs = -(-rep.registers // 8) * 8
         assert 2 * rep.num_warps * 32 * regs <= 65536, f"two programs an SM: {rep.row()}"
     ty = {"fp16": "f16", "bf16": "bf16"}.get(dt, "f8E4M3FN")
-    assert rep.ttgir.count(f"memdesc<{ring}x{cfg.block_n}x{d}x{ty}") >= 2, \
-        f"K / V not in {ring}-deep rings: {rep.row()}"
+    for depth in (ring if isinstance(ring, tuple) else (ring, ring)):
+        assert f"memdesc<{depth}x{cfg.block_n}x{d}x{ty}, #shared" in rep.ttgir, \
+            f"K / V not in rings of {ring}: {rep.row()}"
     if kind != "gather":
         assert "async_tma_copy_global_to_local" in rep.ttgir, "bulk K / V not through TMA"
-    if fp8 and m < 64:  # mma.sync: e4m3 V converted in its load layout (_v_f16), then
-        # read as an f16 tile by ldmatrix.trans, not byte by byte into P V's operand
-        assert re.search(r"ldmatrix[^;]*\.trans", rep.ptx), rep.row()
+    if fp8 and m < 64:  # keys as the wgmma's M (_attend_t): e4m3 V converted in its load
+        # layout (_v_f16), then read as an f16 tile by ldmatrix, never byte by byte; an
+        # e4m3 q meets e4m3 K in an fp8 wgmma, no conversion
+        assert cfg.swap and re.search(r"ldmatrix[^;]*\.trans", rep.ptx), rep.row()
         assert not re.search(r"ld\.shared\.[ub]8", rep.ptx), "V read from smem by bytes"
+        assert "mma.sync" not in rep.ptx and f"n{m}k" in rep.ptx, "not wgmma over the keys"
+        assert (".e4m3.e4m3" in rep.ptx) == (q_dt == "fp8e4nv"), rep.row()
 
 
 # ----------------------------------------------------------------------------- GPU
