@@ -46,9 +46,9 @@ bytes (TMA boxes of D bytes a row, 64 or 128, or gathered rows), and are convert
 f16 in registers, exactly (every e4m3 value is an f16 value) and in one cvt a pair (a
 bf16 target takes an f16 -> f32 -> bf16 chain: 264 quarter-rate F2F a warp in each
 128-key block of the 16-row bulk loop). A bf16 q is scaled by a power of two into f16's
-range once at load (`_to_f16`). The MMAs are f16, except S^T of a swapped tile with an
-e4m3 q: e4m3 x e4m3 with fp32 accumulation, K read from its ring as loaded (Hopper's
-mma.sync has no native e4m3 form, its wgmma has). K is converted in the dot's operand
+range once at load (`_to_f16`). The MMAs are f16, except S (S^T swapped) with an e4m3
+q: e4m3 x e4m3 in a wgmma with fp32 accumulation, K read from its ring as loaded (every
+fp8 tile is a wgmma one: Hopper's mma.sync has no native e4m3 form). K is converted in the dot's operand
 layout (its contraction, D, is contiguous); V's contraction runs over keys, D bytes
 apart, so V is converted in its load layout and reaches P V through shared memory as an
 f16 tile (`_v_f16`). The descales are fp32 [B, H_kv]: the
@@ -141,6 +141,7 @@ def _table() -> dict:  # role: host
 #   QGMMA), bf16 q 510 / 564; 32 rows (64 keys) 394 / 589 and 414 / 589.
 #   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
 #   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
+#   (64 / 128 rows with an e4m3 q: K's ring a stage deeper, no f16 K: 81-161 KB.)
 #   ptxas caps some builds at 128 registers and spills there: deeper rings of 64-key
 #   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
 #   not), 128-key blocks at 16 rows / D 64 in gathers.
@@ -314,11 +315,12 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
     no key keep m = -inf without NaN. K and V in q's dtype or fp8 (converted to q's
     dtype, f16, exactly: e4m3 values are f16 values; the descales live in qk_scale and
     the store)."""
-    k = k.to(q.dtype)
     if v.dtype == tl.float8e4nv:
         v = _v_f16(v)
     else:
         v = v.to(q.dtype)
+    if q.dtype != k.dtype:
+        k = k.to(q.dtype)
     s = mma(q, tl.trans(k)) * qk_scale
     if MASKED:
         j = n0 + tl.arange(0, BLOCK_N)
@@ -396,8 +398,8 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     """Grid (num_splits * row blocks, H_kv, B), row blocks fastest. Every tensor is
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
     whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
-    FP8: the cache (and maybe q) in e4m3, computed in f16, with the descales fp32
-    [B, H_kv] (read only then). ORDERED: the batch coordinate indexes `order` int32 [B]
+    FP8: the cache (and maybe q) in e4m3, computed in f16 (S of an e4m3 q in e4m3), the
+    descales fp32 [B, H_kv] (read only then). ORDERED: the batch coordinate indexes `order` int32 [B]
     (the launch order), else it is the sequence."""
     H = H_kv * GROUP
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
@@ -425,7 +427,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
     if FP8:  # the tile's scales: one (sequence, kv head)
         at = b * H_kv + h_kv
-        if not (SWAP and q_tile.dtype == tl.float8e4nv):
+        if not ((SWAP or BLOCK_M >= 64) and q_tile.dtype == tl.float8e4nv):
             q_tile, q_pow = _to_f16(q_tile)
             qk_scale = qk_scale * q_pow
         qk_scale = qk_scale * tl.load(q_descale + at) * tl.load(k_descale + at)
