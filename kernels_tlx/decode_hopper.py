@@ -79,9 +79,9 @@ class Config:
     block_n: int      # keys per K/V block
     num_stages: int   # the bulk loop's num_stages (the ring depth it gives: CONFIGS)
     num_warps: int
-    swap: bool = False  # keys as the MMAs' M (`_attend_t`)
-    q8_stages: int = 0  # num_stages with an e4m3 q over an e4m3 cache, swapped (0: the
-                        # same): its S^T wgmma reads K from the ring, one stage more
+    swap: bool = False  # with an e4m3 q, keys as the MMAs' M (`_attend_t`)
+    q8_stages: int = 0  # num_stages with an e4m3 q over an e4m3 cache (0: the same): its
+                        # S wgmma reads K from the ring, one stage more
 
     def stages(self, q8: bool) -> int:
         return self.q8_stages if q8 and self.q8_stages else self.num_stages
@@ -146,8 +146,7 @@ def _table() -> dict:  # role: host
 #   blocks at D 64 did in one of the four builds of an entry (e4m3 or bf16 q, split or
 #   not), 128-key blocks at 16 rows / D 64 in gathers.
 FP8_CONFIGS = {
-    (128, 16): (Config(128, 6, 4, True, 4), Config(128, 6, 4, True, 4),
-                Config(128, 3, 4, True, 2)),
+    (128, 16): (Config(128, 6, 4), Config(128, 6, 4, True, 4), Config(128, 3, 4, True, 2)),
     (64, 16): (Config(64, 16, 4, True), Config(128, 10, 4, True), Config(128, 6, 4, True)),
     (128, 32): (Config(64, 9, 4, True), Config(64, 8, 4, True), Config(64, 6, 4, True, 5)),
     (64, 32): (Config(64, 11, 4, True), Config(64, 9, 4, True), Config(64, 9, 4, True)),
@@ -343,18 +342,13 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
 @triton.jit
 def _attend_t(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
-    """`_attend` with the block's keys as the MMAs' M (wgmma at 16 and 32 rows, no row
-    padding to 64): S^T = K Q^T ([BLOCK_N, M]; e4m3 K and q straight into an fp8 wgmma,
-    both K-major), the softmax down the columns, O^T += V^T P^T ([D, M]; V in f16, P^T
-    through shared memory). acc is O^T; m_i per column (tile row); l_i [BLOCK_N, M]:
-    each thread's own partial row sums, added up once after the loop (no cross-warp sum
-    a block)."""
-    if v.dtype == tl.float8e4nv:
-        v = _v_f16(v)
-    else:
-        v = v.to(q.dtype)
-    if q.dtype != k.dtype:
-        k = _v_f16(k) if k.dtype == tl.float8e4nv else k.to(q.dtype)
+    """`_attend` for an e4m3 q over an e4m3 cache with the block's keys as the MMAs' M
+    (wgmma at 16 and 32 rows, no row padding to 64): S^T = K Q^T ([BLOCK_N, M]; e4m3 K
+    and q straight into an fp8 wgmma, both K-major), the softmax down the columns, O^T
+    += V^T P^T ([D, M]; V in f16, P^T through shared memory). acc is O^T; m_i per column
+    (tile row); l_i [BLOCK_N, M]: each thread's own partial row sums, added up once
+    after the loop (no cross-warp sum a block)."""
+    v = _v_f16(v)
     st = mma(k, tl.trans(q)) * qk_scale
     if MASKED:
         j = n0 + tl.arange(0, BLOCK_N)
@@ -492,7 +486,7 @@ def kernel_args(cfg: Config, head_dim: int, group: int, block_m: int, page_size:
     return dict(GROUP=group, D=head_dim, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
                 PAGE_SIZE=page_size, PAGED=kind != "contig" if paged is None else paged,
                 TMA=kind != "gather", DENSE_Q=dense_q, CAUSAL=causal, SPLIT=split,
-                STAGES=cfg.stages(q8), FP8=fp8, ORDERED=ordered, SWAP=cfg.swap)
+                STAGES=cfg.stages(q8), FP8=fp8, ORDERED=ordered, SWAP=cfg.swap and q8)
 
 
 def signature(cfg: Config, head_dim: int, kind: str, dtype: str = "bf16",
