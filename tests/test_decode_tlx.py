@@ -480,7 +480,10 @@ def test_compile_with_unit_ints(split):
 @pytest.mark.parametrize("splits", [1, 3, 16])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[f"gpu{i}" for i in range(len(GPU_CASES))])
 def test_decode_fp8_gpu(case, splits):
-    """GPU_CASES on an e4m3 cache with descales: an e4m3 q in even cases, bf16 in odd."""
+    """GPU_CASES on an e4m3 cache with descales: an e4m3 q in even cases, bf16 in odd. An
+    e4m3 q's scores come from an fp8 wgmma, whose accumulation keeps fewer bits than fp32
+    (lse within 3.8e-3 of float64 on an H100, 1e-4 with the f16 products): far below what
+    quantizing q to e4m3 costs (3 mantissa bits)."""
     n_q, len_q, n_k, H, H_kv, D, page, _, causal = case
     dense = n_q is None
     n_q = [len_q] * len(n_k) if dense else n_q
@@ -497,7 +500,8 @@ def test_decode_fp8_gpu(case, splits):
     want_out, want_lse = reference(*dequantized(q, ks, vs, n_q, H, qd, kd, vd), n_q, H,
                                    causal, scale)
     torch.testing.assert_close(out.cpu(), want_out, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-4, rtol=1e-4)
+    tol = 1e-2 if fp8_q else 1e-4
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=tol, rtol=1e-4)
 
 
 @pytest.mark.gpu
