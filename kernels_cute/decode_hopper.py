@@ -29,8 +29,12 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                row j % page_size), so any page size and any page order work; K and V of a
                block of Config.block_n tokens go into one of Config.stages smem slots
                (one commit group per block; stages - 1 blocks in flight under the
-               compute of the current one). The page-table reads of a block are issued
-               one block ahead of its copies; j // page_size is a multiply-high divmod.
+               compute of the current one). Where several key groups split a block
+               (every tile but the 64-row one and the 128-row one), each key group's
+               threads copy exactly the rows of its own keys (block rows kg * BNg..),
+               so a block's data and its slot's reuse concern that key group alone.
+               The page-table reads of a block are issued one block ahead of its
+               copies; j // page_size is a multiply-high divmod.
                Q is gathered once per tile the same way, into the last K slot (it is in
                registers before that slot's first block lands), or its own smem where
                it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
@@ -38,11 +42,12 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                registers (8 bytes a load), converted and stored as f16.
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
-               slots) into one 16-bit block in the layout the bf16 kernel reads, then a
-               CTA barrier. Cost a block: per cache element one 1-byte smem read, one
-               2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
-               bf16 q), and a second barrier; the 16-bit block (K and V, block_n keys)
-               is smem the stages do not get.
+               slots) into one 16-bit block in the layout the bf16 kernel reads, then the
+               loop's second barrier (a key group's: its rows of the 16-bit block are the
+               ones it converted). Cost a block: per cache element one 1-byte smem read,
+               one 2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
+               bf16 q), and the barrier; the 16-bit block (K and V, block_n keys) is smem
+               the stages do not get.
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
@@ -53,11 +58,20 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                its LSE (natural log) beside it. Rows that see no key: O = 0, LSE = -inf.
                Padding rows (past group * n_q) are never written.
 
-The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one CTA
-barrier (so slot (t - 1) % stages is free), issue block t + stages - 1 into it, (FP8:
-convert block t, barrier,) compute block t. The split partition: the tile's visible key
-blocks cut into num_splits chunks of cdiv(n_blocks, num_splits) blocks (split s takes
-chunk s, possibly empty).
+The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one
+barrier (so block t is visible and slot (t - 1) % stages is free), issue block
+t + stages - 1 into it, (FP8: convert block t, barrier,) compute block t. The barrier is
+the key group's where several key groups split a block (`kv_sync`): each key group
+copies, converts and reads only its own rows of every slot (and of the 16-bit block), so
+its threads alone need to agree. A 16-row tile (warps_m 1: a key group is a warp) takes
+bar.warp.sync (no BAR in the loop's SASS); a 32-row tile (warps_m 2, 2 key groups) a
+named barrier (1 + kg) of its 64 threads; 64 and 128 rows (one key group) the CTA
+barrier. Q, read by every warp, is waited for with a CTA barrier before the loop, and
+where it sits in the last K slot (the 16-bit K block) a second CTA barrier after every
+warp has read it keeps the first key groups' writes there off it. `store` keeps its CTA
+barriers (the key groups finish at different blocks; the slots become O after a CTA
+barrier). The split partition: the tile's visible key blocks cut into num_splits chunks
+of cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
 
 One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
 split, ordered); shapes, lengths, page size, group, splits, scale and descales are
@@ -266,10 +280,16 @@ def _kernel_class():
             assert head_dim % 64 == 0 and self.dtype.width == 16
             self.vec = 128 // kv_dtype.width         # cache elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
-            self.rows_per_pass = self.num_threads // self.row_threads
+            # key-group copies (several key groups): each key group's 32 * warps_m
+            # threads copy (FP8: and convert) exactly the rows of its own keys, so the KV
+            # loop syncs only them (a warp: bar.warp.sync; warps_m > 1: a named barrier)
+            self.by_group = self.wn > 1
+            self.gthreads = 32 * self.wm if self.by_group else self.num_threads
+            self.rows_per_pass = self.gthreads // self.row_threads
+            self.BNc = self.BNg if self.by_group else self.BN   # keys a copy group covers
             # q: 8 elements a copy (16 bytes of a 16-bit q, 8 of an fp8 one)
             self.q_row_threads = head_dim // 8
-            assert self.BN % self.rows_per_pass == 0
+            assert self.BNc % self.rows_per_pass == 0
             assert self.M % (self.num_threads // self.q_row_threads) == 0
             assert self.BNg % 16 == 0 and self.M == 16 * self.wm
             # `store` stages the key groups' fp32 O in the K slots (FP8: K and V slots)
@@ -304,7 +324,8 @@ def _kernel_class():
                 warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)), (self.wm, 1, 1),
                 permutation_mnk=(self.M, 16, 16))
 
-            # gathers: 16-byte cp.async, row_threads threads per cache row
+            # gathers: 16-byte cp.async, row_threads threads per cache row (by key group:
+            # a key group's threads over its keys' rows)
             g2s = cute.make_copy_atom(
                 cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.kv_dtype,
                 num_bits_per_copy=128)
@@ -388,8 +409,8 @@ def _kernel_class():
             sV = storage.sV.get_tensor(sKV_layout)
             if const_expr(self.q_in_kv_slot):
                 # Q in the last K slot (FP8: the 16-bit K block): it is in registers
-                # before that slot's first load / conversion (after the loop's first CTA
-                # barrier)
+                # before that slot's first load / conversion (the loop's first CTA
+                # barrier, or by key group the CTA barrier after Q's reads)
                 sQ = cute.make_tensor(sK[None, None, cute.size(sK, mode=[2]) - 1].iterator,
                                       sQ_layout)
             else:
@@ -427,7 +448,7 @@ def _kernel_class():
                     self.load_q(mQ, sQ, gather_q, tidx, tile)
                 cute.arch.cp_async_commit_group()
                 # (page, row in page) of this thread's rows of the next block to issue
-                rows_kv = cute.make_rmem_tensor((2, self.BN // self.rows_per_pass), Int32)
+                rows_kv = cute.make_rmem_tensor((2, self.BNc // self.rows_per_pass), Int32)
                 for t in cutlass.range_constexpr(self.stages - 1):
                     if t < n_iter:
                         self.lookup(mPageTable, gather, tidx, blk_lo + t, rows_kv, tile)
@@ -514,7 +535,8 @@ def _kernel_class():
             n_k - 1 (their scores are masked; a finite V row keeps P V finite). Issued a
             block ahead of its copies, so the table read's latency is off the loop."""
             b, n_k = tile.b, tile.n_k
-            tKcK = gather.get_slice(tidx).partition_S(cute.make_identity_tensor((self.BN, self.D)))
+            tKcK = self.kv_thr(gather, tidx).partition_S(
+                self.kv_rows(cute.make_identity_tensor((self.BN, self.D)), tidx))
             for m in cutlass.range_constexpr(cute.size(rows_kv, mode=[1])):
                 j = cutlass.min(blk * self.BN + tKcK[0, m, 0][0], n_k - 1)
                 if const_expr(self.paged):
@@ -530,10 +552,10 @@ def _kernel_class():
             """K and V of one block (its rows from `lookup`) into slot `stage`. k_cache and
             v_cache share one layout (one shape, both contiguous: the core checks), so a
             row's offset is computed once for both."""
-            thr = gather.get_slice(tidx)
-            tKsK = thr.partition_D(sK[None, None, stage])
-            tVsV = thr.partition_D(sV[None, None, stage])
-            col = thr.partition_S(cute.make_identity_tensor((self.BN, self.D)))[0, 0, 0][1]
+            thr = self.kv_thr(gather, tidx)
+            tKsK = thr.partition_D(self.kv_rows(sK[None, None, stage], tidx))
+            tVsV = thr.partition_D(self.kv_rows(sV[None, None, stage], tidx))
+            col = thr.partition_S(cute.make_identity_tensor((self.BNc, self.D)))[0, 0, 0][1]
             for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
                 off = cute.crd2idx((rows_kv[0, m], rows_kv[1, m], hk, col), mK.layout)
                 src_k = self.gmem_at(mK, off, self.vec)
@@ -543,15 +565,40 @@ def _kernel_class():
                 cute.copy(gather, cute.make_tensor(src_v.iterator, tVsV[None, m, 0].layout),
                           tVsV[None, m, 0])
 
+        @cute.jit
+        def kv_thr(self, gather, tidx):  # role: load
+            """This thread's slice of the cache gather (by key group: its index in the
+            key group)."""
+            return gather.get_slice(tidx % self.gthreads)
+
+        @cute.jit
+        def kv_rows(self, s, tidx):  # role: load
+            """The (keys, D) rows of one block `s` this thread's copy group covers: the
+            whole block, or (by key group) its key group's rows kg * BNg..."""
+            if const_expr(self.by_group):
+                s = cute.local_tile(s, (self.BNg, self.D), (tidx // (32 * self.wm), 0))
+            return s
+
+        @cute.jit
+        def kv_sync(self, kg):  # role: load
+            """The barrier of the KV loop: the CTA, or (by key group) the key group's
+            threads (one warp: bar.warp.sync; warps_m warps: named barrier 1 + kg)."""
+            if const_expr(not self.by_group):
+                cute.arch.barrier()
+            elif const_expr(self.wm == 1):
+                cute.arch.sync_warp()
+            else:
+                cute.arch.barrier(barrier_id=1 + kg, number_of_threads=self.gthreads)
+
         # ------------------------------------------------------------------ convert
         @cute.jit
         def convert_kv(self, sK8, sV8, sK, sV, gather, tidx, stage):  # role: load
             """FP8: this thread's chunks of slot `stage` (the ones it copied) -> the
             16-bit block, in the same (key, D) places."""
-            thr = gather.get_slice(tidx)
+            thr = self.kv_thr(gather, tidx)
             for src, dst in ((sK8, sK), (sV8, sV)):
-                t8 = thr.partition_D(src[None, None, stage])
-                t16 = thr.partition_D(dst[None, None, 0])
+                t8 = thr.partition_D(self.kv_rows(src[None, None, stage], tidx))
+                t16 = thr.partition_D(self.kv_rows(dst[None, None, 0], tidx))
                 for m in cutlass.range_constexpr(cute.size(t8, mode=[1])):
                     r = cute.make_rmem_tensor_like(t8[None, m, 0])
                     cute.autovec_copy(t8[None, m, 0], r)
@@ -612,13 +659,20 @@ def _kernel_class():
             cute.arch.cp_async_wait_group(self.stages - 1)
             cute.arch.barrier()
             cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+            if const_expr(self.by_group and self.q_in_kv_slot):
+                # Q's bytes lie over the first key groups' rows of the last K slot (FP8:
+                # the 16-bit K block): every warp has read Q before any key group writes
+                # its rows there (the loop syncs key groups only)
+                cute.arch.barrier()
 
             for t in cutlass.range(n_iter, unroll=1):
                 stage = t % self.stages
                 cute.arch.cp_async_wait_group(self.stages - 2)
-                cute.arch.barrier()
+                self.kv_sync(kg)
                 # slot (t - 1) % stages is free: the next block goes there (FP8: the
-                # 16-bit block is free too)
+                # 16-bit block is free too). By key group: block t's rows of this key
+                # group are visible to its threads, and they are done reading its rows
+                # of slot (t - 1) % stages (and of the 16-bit block)
                 nxt = t + self.stages - 1
                 if nxt < n_iter:
                     self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
@@ -629,7 +683,7 @@ def _kernel_class():
                 kv = stage
                 if const_expr(self.fp8):
                     self.convert_kv(sK8, sV8, sK, sV, gather, tidx, stage)
-                    cute.arch.barrier()
+                    self.kv_sync(kg)
                     kv = 0
 
                 blk = blk_lo + t
