@@ -129,18 +129,18 @@ def _table() -> dict:  # role: host
 
 # fp8 caches, (head_dim, rows per tile): (gather, page, contig). Ring depths, shared
 # memory and registers over e4m3 and bf16 q, split or not (sm_90a):
-#   16 / 32 rows, swapped (`_attend_t`; V's f16 copy, [BLOCK_N, D], beside the rings:
-#   `_v_f16`). With an e4m3 q the S^T wgmma reads K from its ring, a stage deeper than
-#   V's at the same num_stages (q8_stages keeps two programs an SM where it would not);
-#   with a bf16 q K is converted through shared memory as V is. Depths e4m3 q K / V
-#   (bf16 q both):
-#   16 rows: D 128: 2 / 1 (2); 87-106 KB; 139-166 (bf16 q 198-214). D 64: 8 / 7 (7),
-#     5 / 4 (4), 6 / 5 (5); 70-110 KB; 87-155.
-#   32 rows: D 128: 5 / 4 (4), 4 / 3 (3), 5 / 4 (5); 77-109 KB; 154-193. D 64: 6 / 5
-#     (5), 5 / 4 (4), 9 / 8 (8); 49-83 KB; 124-147.
-#   The bulk step of 128 keys at D 128, 16 rows, one warp (SASS): e4m3 q 401
-#   instructions against 557 unswapped (F2F 72 / 136; HMMA 64 -> 16 HGMMA + 8 e4m3
-#   QGMMA), bf16 q 510 / 564; 32 rows (64 keys) 394 / 589 and 414 / 589.
+#   16 / 32 rows (V's f16 copy, [BLOCK_N, D], beside the rings: `_v_f16`): with an e4m3
+#   q swapped where Config.swap (`_attend_t`), its S wgmma reading K from the ring, a
+#   stage deeper than V's at the same num_stages (q8_stages keeps two programs an SM
+#   where it would not); a bf16 q unswapped. Depths e4m3 q K / V (bf16 q both):
+#   16 rows: D 128: 2 (2), 2 / 1 (2), 2 / 1 (2); 87-106 KB; 138-164. D 64: 8 / 7 (7),
+#     5 / 4 (4), 6 / 5 (5); 71-110 KB; 80-124.
+#   32 rows: D 128: 5 / 4 (4), 4 / 3 (3), 5 / 4 (5); 77-109 KB; 151-168 (the unsplit
+#     bf16-q page build spills 2 instructions outside the loop). D 64: 6 / 5 (5), 5 / 4
+#     (4), 9 / 8 (8); 49-83 KB; 124-141.
+#   The bulk step at D 128, e4m3 q, one warp (SASS): 16 rows (128 keys) 401 instructions
+#   swapped against 557 (F2F 72 / 136; HMMA 64 -> 16 HGMMA + 8 e4m3 QGMMA), 32 rows (64
+#   keys) 385 / 589.
 #   64 rows: D 128: 3; 97-98 KB; 166-184. D 64: 4; 105-107 KB; 165-200.
 #   128 rows: D 128: 3; 193-195 KB; 202-210. D 64: 3; 97-99 KB; 168-186.
 #   (64 / 128 rows with an e4m3 q: K's ring a stage deeper, no f16 K: 81-161 KB.)
@@ -309,6 +309,32 @@ def _v_f16(v):  # role: compute
 
 
 @triton.jit
+def _masked_max(s, m_i, qi, n0, n_q, n_k, n_end, BLOCK_N: tl.constexpr,  # role: compute
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, KEYS: tl.constexpr):
+    """(s, m_new, m_use) of a block's scores s with the keys along axis KEYS: MASKED, keys
+    >= n_end and (causal) keys past a row's diagonal at -inf; the rows' running max m_new
+    and the max to subtract, m_use (0 where a row has seen no key: no NaN)."""
+    if MASKED:
+        j = n0 + tl.arange(0, BLOCK_N)
+        if KEYS == 1:  # (indexing, not tl.expand_dims: with it the bf16 bulk step took
+            # 9 more instructions, sm_90a)
+            keep = (j < n_end)[None, :]
+            if CAUSAL:
+                keep = keep & causal_visible(qi[:, None], j[None, :], n_q, n_k)
+        else:
+            keep = (j < n_end)[:, None]
+            if CAUSAL:
+                keep = keep & causal_visible(qi[None, :], j[:, None], n_q, n_k)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, KEYS))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, KEYS))
+        m_use = m_new
+    return s, m_new, m_use
+
+
+@triton.jit
 def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
@@ -323,17 +349,7 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
     if q.dtype != k.dtype:
         k = k.to(q.dtype)
     s = mma(q, tl.trans(k)) * qk_scale
-    if MASKED:
-        j = n0 + tl.arange(0, BLOCK_N)
-        keep = (j < n_end)[None, :]
-        if CAUSAL:
-            keep = keep & causal_visible(qi[:, None], j[None, :], n_q, n_k)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = m_new
+    s, m_new, m_use = _masked_max(s, m_i, qi, n0, n_q, n_k, n_end, BLOCK_N, MASKED, CAUSAL, 1)
     p = tl.math.exp2(s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -352,17 +368,8 @@ def _attend_t(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role
     after the loop (no cross-warp sum a block)."""
     v = _v_f16(v)
     st = mma(k, tl.trans(q)) * qk_scale
-    if MASKED:
-        j = n0 + tl.arange(0, BLOCK_N)
-        keep = (j < n_end)[:, None]
-        if CAUSAL:
-            keep = keep & causal_visible(qi[None, :], j[:, None], n_q, n_k)
-        st = tl.where(keep, st, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(st, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(st, 0))
-        m_use = m_new
+    st, m_new, m_use = _masked_max(st, m_i, qi, n0, n_q, n_k, n_end, BLOCK_N, MASKED, CAUSAL,
+                                   0)
     pt = tl.math.exp2(st - m_use[None, :])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha[None, :] + pt
