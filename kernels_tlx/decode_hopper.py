@@ -378,6 +378,20 @@ def _attend_t(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role
 
 
 @triton.jit
+def _block(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: compute
+           BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+           SWAP: tl.constexpr):
+    """One K/V block: `_attend_t` (SWAP) or `_attend`."""
+    if SWAP:
+        acc, m_i, l_i = _attend_t(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,
+                                  BLOCK_N, MASKED, CAUSAL)
+    else:
+        acc, m_i, l_i = _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,
+                                BLOCK_N, MASKED, CAUSAL)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _store(o_row, lse_row, acc, m_i, l_i, d, real):  # role: store
     """O / l and lse = ln 2 * (m + log2 l) of the real rows; a row that saw no key
     (l = 0) gets O = 0 and lse = -inf."""
@@ -456,23 +470,15 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
             k, v = _load_kv_box(k_desc, v_desc, cur, h_kv * D)
         else:
             k, v = _load_kv_rows(k_head, v_head, cur, n0, n_end, D, BLOCK_N, False)
-        if SWAP:
-            acc, m_i, l_i = _attend_t(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                      n_end, BLOCK_N, False, CAUSAL)
-        else:
-            acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                    n_end, BLOCK_N, False, CAUSAL)
+        acc, m_i, l_i = _block(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                               n_end, BLOCK_N, False, CAUSAL, SWAP)
     # tail: the sequence end and the causal diagonal, gathered with zero fill
     for n0 in tl.range(bulk_end, n_end, BLOCK_N, num_stages=1):
         rows = _kv_where(pt_row, n0, b, n_end, stride_kp, stride_ks, L_max,
                          BLOCK_N, PAGED, PAGE_SIZE, False)
         k, v = _load_kv_rows(k_head, v_head, rows, n0, n_end, D, BLOCK_N, True)
-        if SWAP:
-            acc, m_i, l_i = _attend_t(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                      n_end, BLOCK_N, True, CAUSAL)
-        else:
-            acc, m_i, l_i = _attend(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
-                                    n_end, BLOCK_N, True, CAUSAL)
+        acc, m_i, l_i = _block(q_tile, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k,
+                               n_end, BLOCK_N, True, CAUSAL, SWAP)
 
     if FP8:
         acc = acc * tl.load(v_descale + at)
