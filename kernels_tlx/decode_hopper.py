@@ -292,7 +292,7 @@ def _load_kv_box(k_desc, v_desc, row, col):  # role: load
 
 @triton.jit
 def _v_f16(v):  # role: compute
-    """e4m3 V (or K) -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in
+    """e4m3 V -> f16, exact, four a 32-bit register (two cvt.rn.f16x2.e4m3x2), in
     the layout V loads in (rows contiguous: LDS.128). The asm is not pure, so Triton's
     layout passes do not move the conversion into P V's operand layout (RemoveLayout-
     Conversions would, through a pure op, and V would then load from shared memory as
@@ -339,9 +339,9 @@ def _attend(q, k, v, acc, m_i, l_i, qk_scale, qi, n0, n_q, n_k, n_end,  # role: 
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V block: S = Q K^T, online softmax (log2 domain), O += P V. MASKED: keys
     >= n_end and (causal) keys past a row's diagonal get P = 0, and rows that have seen
-    no key keep m = -inf without NaN. K and V in q's dtype or fp8 (converted to q's
-    dtype, f16, exactly: e4m3 values are f16 values; the descales live in qk_scale and
-    the store)."""
+    no key keep m = -inf without NaN. K and V in q's dtype or fp8 (V converted to f16,
+    and K to q's dtype, f16, unless q is e4m3 too: e4m3 values are f16 values; the
+    descales live in qk_scale and the store)."""
     if v.dtype == tl.float8e4nv:
         v = _v_f16(v)
     else:
