@@ -416,8 +416,8 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     contiguous: strides derive from the shapes (D a constexpr, so the compiler sees
     whole 16-byte rows). L_max: rows of a page (paged) or of a sequence (contiguous).
     FP8: the cache (and maybe q) in e4m3, computed in f16 (S of an e4m3 q in e4m3), the
-    descales fp32 [B, H_kv] (read only then). ORDERED: the batch coordinate indexes `order` int32 [B]
-    (the launch order), else it is the sequence."""
+    descales fp32 [B, H_kv] (read only then). ORDERED: the batch coordinate indexes
+    `order` int32 [B] (the launch order), else it is the sequence. SWAP: `_attend_t`."""
     H = H_kv * GROUP
     stride_qn = H * D                       # q, out [Nq, H, D]; o_part [S, Nq, H, D]
     stride_ks = H_kv * D                    # a key row of the cache
@@ -444,6 +444,7 @@ def decode_kernel(q, k_cache, v_cache, k_desc, v_desc, cache_seqlens, page_table
     q_tile = tl.load(q_rows[:, None] + d[None, :], mask=real[:, None], other=0.0)
     if FP8:  # the tile's scales: one (sequence, kv head)
         at = b * H_kv + h_kv
+        # an e4m3 q stays e4m3 where S is a wgmma (64+ rows, or swapped): e4m3 K meets it
         if not ((SWAP or BLOCK_M >= 64) and q_tile.dtype == tl.float8e4nv):
             q_tile, q_pow = _to_f16(q_tile)
             qk_scale = qk_scale * q_pow
