@@ -594,8 +594,7 @@ def windowed(n_rows: int, batch: int, max_q: int, block_m: int, broadcast_q: boo
 def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, cu_k,
                     n_q, n_k, max_q, max_k,
                     BLOCK_M: tl.constexpr, SEQS: tl.constexpr, ORDER: tl.constexpr,
-                    BLOCK_N: tl.constexpr = 64, BLOCK: tl.constexpr = 1024,
-                    SORT: tl.constexpr = False,
+                    BLOCK_N: tl.constexpr = 64, LANES: tl.constexpr = 512,
                     CHECK: tl.constexpr = False, PDL: tl.constexpr = False):
     """One program: windows of whole sequences (`windows`), packed greedily in sequence
     order within runs of SEQS - 1 sequences (`_groups`, one run a pass, in registers; a
@@ -622,7 +621,7 @@ def _windows_kernel(cu, win_ptr, order_ptr, count_ptr, B, n_win, SPAN, ROUNDS, c
             tl.store(win_ptr + 2 * n_win + w, -1, mask=w < n_win)
         if ORDER:
             tl.debug_barrier()  # the windows this program wrote, visible to all its threads
-            _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N, BLOCK, SORT)
+            _window_order(cu_k, win_ptr, order_ptr, n_win, n_live, BLOCK_N, LANES)
             tl.store(count_ptr, n_live)
 
 
@@ -673,28 +672,64 @@ def _groups(cu, win_ptr, c0, B, n_win, SPAN, ROUNDS, n_live, BLOCK_M: tl.constex
     return n_live + tl.sum(n_w, 0)
 
 
+# the window order's work buckets: the exact work below WORK_EXACT, then one an octave
+# (the last from WORK_EXACT << (WORK_BUCKETS - WORK_EXACT - 1) on)
+WORK_BUCKETS = tl.constexpr(16)
+WORK_EXACT = tl.constexpr(8)
+ORDER_LANES = 512
+
+
 @triton.jit
-def _window_order(cu_k, win_ptr, order_ptr, n_win, BLOCK_N: tl.constexpr,
-                  BLOCK: tl.constexpr, SORT: tl.constexpr):
-    """The live windows longest first, by the KV blocks they read (their sequences'
-    keys), ties by window, the dead ones last (SORT: n_win <= BLOCK); else row order,
-    where the live ones come first already."""
-    w = tl.arange(0, BLOCK)
-    inb = w < n_win
-    if SORT:
-        s0 = tl.load(win_ptr + w, mask=inb, other=-1)
-        s1 = tl.load(win_ptr + n_win + w, mask=inb, other=-1)
-        live = s0 >= 0
-        keys = (tl.load(cu_k + s1 + 1, mask=live, other=0)
-                - tl.load(cu_k + s0, mask=live, other=0))
-        work = tl.where(live, tl.cdiv(keys, BLOCK_N) + 1, 0)
-        BITS: tl.constexpr = BLOCK.bit_length() - 1
-        key = tl.sort((tl.minimum(work, (1 << (31 - BITS)) - 1) << BITS) | (BLOCK - 1 - w),
-                      descending=True)
-        tl.store(order_ptr + w, BLOCK - 1 - (key & (BLOCK - 1)), mask=inb)
-    else:
-        for w0 in range(0, n_win, BLOCK):
-            tl.store(order_ptr + w0 + w, w0 + w, mask=w0 + w < n_win)
+def _work_hits(cu_k, win_ptr, n_win, n_live, w0, BLOCK_N: tl.constexpr,
+               LANES: tl.constexpr):
+    """Windows w0 .. w0 + LANES - 1 (live ones, w < n_live) as one-hot rows of their
+    work bucket, int32 [LANES, WORK_BUCKETS]: work = the KV blocks their sequences' keys
+    take, plus one."""
+    w = w0 + tl.arange(0, LANES)
+    live = w < n_live
+    s0 = tl.load(win_ptr + w, mask=live, other=0)
+    s1 = tl.load(win_ptr + n_win + w, mask=live, other=0)
+    keys = tl.load(cu_k + s1 + 1, mask=live, other=0) - tl.load(cu_k + s0, mask=live, other=0)
+    work = tl.cdiv(keys, BLOCK_N) + 1
+    bucket = tl.minimum(work, WORK_EXACT)
+    for k in tl.static_range(1, WORK_BUCKETS - WORK_EXACT):
+        bucket += (work >= (WORK_EXACT << k)).to(tl.int32)
+    bucket = tl.where(live, bucket, -1)
+    return (bucket[:, None] == tl.arange(0, WORK_BUCKETS)[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _place(order_ptr, hits, start, w0, LANES: tl.constexpr):
+    """Windows w0.. (their `hits`) to their places, each after the windows of its bucket
+    before it (start: each bucket's next free place); returns the next free places."""
+    at = tl.sum(hits * (tl.cumsum(hits, 0) - 1 + start[None, :]), 1)
+    w = w0 + tl.arange(0, LANES)
+    tl.store(order_ptr + at, w, mask=tl.sum(hits, 1) > 0)
+    return start + tl.sum(hits, 0)
+
+
+@triton.jit
+def _window_order(cu_k, win_ptr, order_ptr, n_win, n_live, BLOCK_N: tl.constexpr,
+                  LANES: tl.constexpr):
+    """The live windows (0 .. n_live - 1) longest first by the KV blocks their sequences'
+    keys take (`_work_hits`' buckets: exact up to WORK_EXACT - 1 blocks, then by octave),
+    ties by window; the dead ones last. A counting sort, LANES windows a pass: a pass
+    counts each bucket's windows, a second places them; up to LANES live windows (every
+    windowed gem-jagged call) in one pass of loads. Its cost follows the live windows,
+    not the list's room (a sort over the room, 3 cdiv(rows, block) + 2, took longer)."""
+    hits = _work_hits(cu_k, win_ptr, n_win, n_live, 0, BLOCK_N, LANES)
+    count = tl.sum(hits, 0)
+    for w0 in range(LANES, n_live, LANES):
+        count += tl.sum(_work_hits(cu_k, win_ptr, n_win, n_live, w0, BLOCK_N, LANES), 0)
+    start = tl.sum(count, 0) - tl.cumsum(count, 0)     # the windows of higher buckets
+    start = _place(order_ptr, hits, start, 0, LANES)
+    for w0 in range(LANES, n_live, LANES):
+        start = _place(order_ptr,
+                       _work_hits(cu_k, win_ptr, n_win, n_live, w0, BLOCK_N, LANES),
+                       start, w0, LANES)
+    w = tl.arange(0, LANES)
+    for w0 in range(n_live, n_win, LANES):
+        tl.store(order_ptr + w0 + w, w0 + w, mask=w0 + w < n_win)
 
 
 def _span(max_len: int, block: int) -> int:
@@ -761,8 +796,7 @@ def window_tiles(cu_q, cu_k, n_rows: int, max_q: int, block_m: int, block_n: int
     both styles, forward over cu_q, backward with the offsets swapped): (order int32
     [n_win], the windows longest first (by the keys of the sequences they span), dead
     ones last; count int32 [1] of live windows; win int32 [3, n_win], `windows`). One
-    kernel, no host sync; cached like the others. Up to SORT_MAX windows are sorted, more
-    stay in row order. `check`: as fwd_tiles' (the forward's windows only: cu_q the query
+    kernel, no host sync; cached like the others (`_window_order`). `check`: as fwd_tiles' (the forward's windows only: cu_q the query
     offsets)."""
     return per_offsets(_build_window_tiles, cu_q, cu_k, n_rows, max_q, block_m, block_n,
                        check)
@@ -774,13 +808,11 @@ def _build_window_tiles(cu_q, cu_k, n_rows, max_q, block_m, block_n, check):
     o1 = cdiv(3 * n_win, 4) * 4
     o2 = o1 + cdiv(n_win, 4) * 4
     buf = torch.empty(o2 + 4, dtype=torch.int32, device=cu_q.device)
-    sort = n_win <= SORT_MAX
-    block = next_pow2(max(n_win, 128)) if sort else 1024
     sizes, checked = checked_launch(check)
     fast(_windows_kernel)[(1,)](cu_q, buf, buf[o1:], buf[o2:], B, n_win, span, rounds, cu_k,
                                 *sizes, BLOCK_M=block_m, SEQS=seqs, ORDER=True, BLOCK_N=block_n,
-                                BLOCK=block, SORT=sort,
-                                num_warps=_group_warps(max(block, seqs)), PDL=PDL, **checked)
+                                LANES=ORDER_LANES, num_warps=_group_warps(max(2 * ORDER_LANES, seqs)),
+                                PDL=PDL, **checked)
     return buf[o1:o1 + n_win], buf[o2:o2 + 1], buf[:3 * n_win].view(3, n_win)
 
 
@@ -810,11 +842,12 @@ def window_tiles_reference(cu_q, cu_k, n_rows: int, block_m: int, block_n: int):
     cu_k = cu_k.to(torch.int64).cpu()
     live = win[0] >= 0
     keys = torch.where(live, cu_k[win[1].clamp(min=0) + 1] - cu_k[win[0].clamp(min=0)], 0)
-    work = torch.where(live, (keys + block_n - 1) // block_n + 1, 0)
-    if win.shape[1] <= SORT_MAX:
-        order = torch.sort(work, descending=True, stable=True).indices
-    else:
-        order = torch.arange(win.shape[1])
+    work = (keys + block_n - 1) // block_n + 1
+    exact, buckets = WORK_EXACT.value, WORK_BUCKETS.value
+    octave = torch.log2(work.clamp(min=1).double()).floor().long() - int(math.log2(exact))
+    bucket = torch.where(work < exact, work, exact + octave)
+    bucket = torch.where(live, bucket.clamp(max=buckets - 1), -1)
+    order = torch.sort(bucket, descending=True, stable=True).indices
     return order.to(torch.int32), live.sum().to(torch.int32).reshape(1), win.to(torch.int32)
 
 
