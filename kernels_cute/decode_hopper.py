@@ -96,10 +96,23 @@ class Config:
     stages: int        # KV blocks resident in smem (stages - 1 in flight while computing)
     warps_m: int       # warps along the rows (16 rows each)
     warps: int = 4     # warps of a CTA; warps // warps_m key groups split each block's keys
+    swap: bool = False  # with an e4m3 q over an e4m3 cache, keys as the wgmmas' M
+                        # (`compute_t`; 16 and 32 rows)
+    q8_stages: int = 0  # stages with an e4m3 q over an e4m3 cache where swapped (0: the
+                        # same): no 16-bit K block, so the ring takes its bytes
 
     @property
     def key_groups(self) -> int:
         return self.warps // self.warps_m
+
+    def kv_stages(self, q8: bool) -> int:
+        """The ring depth of a build: q8, an e4m3 q over an e4m3 cache."""
+        return self.q8_stages if self.swapped(q8) and self.q8_stages else self.stages
+
+    def swapped(self, q8: bool) -> bool:
+        """Whether a build swaps its products (`compute_t`): swap, with an e4m3 q over an
+        e4m3 cache, at up to 32 rows."""
+        return self.swap and q8 and self.block_m <= 32
 
     @property
     def q_in_kv_slot(self) -> bool:
@@ -135,37 +148,51 @@ CONFIGS = {
 # (48 KB in flight a CTA); D = 64, 64 rows, 9 stages of 8 KB + 16 KB (64 KB in flight).
 # 128 rows (one CTA an SM, Q 16-bit in its own smem): D = 64 16 + 15 x 8 + 16 KB (112 KB
 # in flight), D = 128 32 + 9 x 16 + 32 KB (128 KB in flight).
+# 16 and 32 rows with an e4m3 q (swap, `compute_t`): K stays e4m3 in its slot (no 16-bit K
+# block), so the ring is a stage deeper (q8_stages): 5 x 16 KB + the 16 KB V block + e4m3
+# Q, P^T (f16) and the column maxima, 94-105 KB (64 KB in flight), two CTAs an SM.
 FP8_CONFIGS = {
-    (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
-    (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
+    (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1, swap=True, q8_stages=5),
+    (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2, swap=True, q8_stages=5),
     (64, 64): Config(block_m=64, block_n=64, stages=9, warps_m=4),
-    (128, 16): Config(block_m=16, block_n=64, stages=4, warps_m=1),
-    (128, 32): Config(block_m=32, block_n=64, stages=4, warps_m=2),
+    (128, 16): Config(block_m=16, block_n=64, stages=4, warps_m=1, swap=True, q8_stages=5),
+    (128, 32): Config(block_m=32, block_n=64, stages=4, warps_m=2, swap=True, q8_stages=5),
     (128, 64): Config(block_m=64, block_n=64, stages=4, warps_m=4),
     (64, 128): Config(block_m=128, block_n=64, stages=15, warps_m=8, warps=8),
     (128, 128): Config(block_m=128, block_n=64, stages=9, warps_m=8, warps=8),
 }
 
 
-def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
-    """Bytes of the K (or V) slots."""
-    return cfg.stages * cfg.block_n * head_dim * elem_bytes
+def _kb(n: int) -> int:
+    """n bytes rounded up to whole KB (each smem region is 1024-byte aligned)."""
+    return -(-n // 1024) * 1024
 
 
-def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA with a cache of `elem_bytes`-byte elements (1: fp8), each
-    region 1024-byte aligned: the K and V slots (the merge reuses them), FP8 also the
-    16-bit K and V block, and Q (16-bit) where it does not fit the last K slot / the
-    16-bit K block."""
-    q = 0 if cfg.q_in_kv_slot else -(-cfg.block_m * head_dim * 2 // 1024) * 1024
+def smem_kv_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2, q8: bool = False) -> int:
+    """Bytes of the K (or V) slots (q8: an e4m3 q over an e4m3 cache)."""
+    return cfg.kv_stages(q8) * cfg.block_n * head_dim * elem_bytes
+
+
+def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2, q8: bool = False) -> int:
+    """Shared memory of one CTA with a cache of `elem_bytes`-byte elements (1: fp8; q8:
+    and an e4m3 q), each region 1024-byte aligned: the K and V slots (the merge reuses
+    them), FP8 also the 16-bit K and V block, and Q (16-bit) where it does not fit the last
+    K slot / the 16-bit K block. Swapped (`compute_t`): the slots, the 16-bit V block, Q in
+    e4m3, P^T in f16 and the warps' column maxima."""
+    if elem_bytes == 1 and cfg.swapped(q8):
+        m, n = cfg.block_m, cfg.block_n
+        return (2 * smem_kv_bytes(cfg, head_dim, 1, q8) + n * head_dim * 2
+                + _kb(m * head_dim) + _kb(n * m * 2) + _kb(4 * m * 4))
+    q = 0 if cfg.q_in_kv_slot else _kb(cfg.block_m * head_dim * 2)
     if elem_bytes == 2:
         return q + 2 * smem_kv_bytes(cfg, head_dim)
     return q + 2 * smem_kv_bytes(cfg, head_dim, 1) + 2 * cfg.block_n * head_dim * 2
 
 
-def store_bytes(cfg: Config, head_dim: int) -> int:
-    """The key groups' fp32 O that `store` stages in the K slots (FP8: K and V slots)."""
-    return cfg.block_m * head_dim * 4 * cfg.key_groups
+def store_bytes(cfg: Config, head_dim: int, q8: bool = False) -> int:
+    """The key groups' fp32 O that `store` stages in the K slots (FP8: K and V slots;
+    swapped: one O^T, the warpgroup's)."""
+    return cfg.block_m * head_dim * 4 * (1 if cfg.swapped(q8) else cfg.key_groups)
 
 
 def tile_rows(rows: int) -> int:
@@ -185,8 +212,8 @@ def programs_per_sm(head_dim: int, rows: int, fp8: bool) -> int:  # role: host
     against two: 16-bit 280 / 254 us, fp8 296 / 224 us; fp8 64 rows 375 / 311 us; B1
     32k 16-bit 44.6 / 45.4 us)."""
     cfg = pick_config(head_dim, rows, fp8)
-    used = smem_bytes(cfg, head_dim, 1 if fp8 else 2) + CTA_OVERHEAD
-    return 2 if 2 * used <= SM_SMEM else 1
+    used = max(smem_bytes(cfg, head_dim, 1 if fp8 else 2, q8) for q8 in (False, fp8))
+    return 2 if 2 * (used + CTA_OVERHEAD) <= SM_SMEM else 1
 
 
 def pick_config(head_dim: int, rows: int, fp8: bool = False) -> Config:
@@ -205,6 +232,17 @@ class Tile(NamedTuple):
     rows: Any            # the sequence's tile rows, group * n_q
     group: Any
     page_div: Any        # page_size as a fast divisor (paged)
+
+
+class SwapOps(NamedTuple):
+    """A swapped tile's wgmma operands (traced DSL values; `compute_t`)."""
+    tSrK: Any            # K of every slot: S^T's A (keys, D), e4m3, K-major
+    tSrQ: Any            # Q: S^T's B (rows, D), e4m3, K-major
+    tOrVt: Any           # V^T: O^T's A (D, keys), the 16-bit V block read MN-major
+    tOrPt: Any           # P^T: O^T's B (rows, keys), f16, MN-major
+    tScS: Any            # (key, row) of each S^T accumulator element
+    r2s: Any             # this thread's stmatrix of S^T's accumulator into P^T
+    sP_kr: Any           # P^T seen as (keys, rows)
 
 
 _COMPILED = {}
@@ -227,7 +265,11 @@ def _kernel_class():
     import cutlass
     import cutlass.cute as cute
     from cutlass import BFloat16, Float16, Float32, Int32, const_expr
-    from cutlass.cute.nvgpu import cpasync, warp
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+    from cutlass.utils import LayoutEnum
+
+    from .fragments import acc_rows_cols, element_swizzled, wgmma
 
     LN_2 = math.log(2.0)
 
@@ -236,6 +278,15 @@ def _kernel_class():
         (Swizzle<3,3,3>): the 8 rows of an ldmatrix 8x8 land in distinct banks."""
         return cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0,
                                          cute.make_ordered_layout((8, 64), order=(1, 0)))
+
+    def wgmma_view(ptr, layout, dtype):
+        """The smem tensor a wgmma reads (its descriptor): the bytes of `layout` (an
+        element-swizzled layout, as the copies use) with the swizzle moved into the
+        pointer, in bytes (the inverse of fragments.element_swizzled)."""
+        sw, lg = layout.inner, (dtype.width // 8).bit_length() - 1
+        p = cute.recast_ptr(ptr, cute.make_swizzle(sw.num_bits, sw.num_base + lg, sw.num_shift),
+                            dtype=dtype)
+        return cute.make_tensor(p, layout.outer)
 
     def rows_cols(t):
         """An mma.sync accumulator ((2, 2), MMA_M, MMA_N) as (rows, cols) =
@@ -270,13 +321,21 @@ def _kernel_class():
             # q's dtype (bf16 for an fp8 call), lse [H, Nq]
             self.split = split
             self.out_dtype = Float32 if split else BFloat16 if self.fp8 else q_dtype
-            self.M, self.BN, self.stages = cfg.block_m, cfg.block_n, cfg.stages
-            self.wm, self.wn = cfg.warps_m, cfg.key_groups
+            self.M, self.BN = cfg.block_m, cfg.block_n
+            # swap (`compute_t`): an e4m3 q over an e4m3 cache at 16 and 32 rows. Hopper's
+            # mma.sync has no e4m3 form, and a wgmma's M is 64: the block's keys take M (S^T =
+            # K Q^T, an e4m3 wgmma reading K from its slot) and the head dim O^T's, the tile's
+            # rows N, so no row is padded to 64. One warpgroup (the CTA) computes the whole
+            # block: one key group.
+            self.swap = self.fp8 and cfg.swapped(self.q_fp8)
+            self.stages = cfg.kv_stages(self.q_fp8 and self.fp8)
+            self.wm, self.wn = cfg.warps_m, 1 if self.swap else cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
             self.ordered = ordered                   # the batch coordinate indexes mOrder
             self.num_threads = cfg.warps * 32
-            self.q_in_kv_slot = cfg.q_in_kv_slot
+            # swapped: Q stays e4m3 in its own smem (the wgmma's B operand)
+            self.q_in_kv_slot = cfg.q_in_kv_slot and not self.swap
             assert head_dim % 64 == 0 and self.dtype.width == 16
             self.vec = 128 // kv_dtype.width         # cache elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
@@ -293,10 +352,13 @@ def _kernel_class():
             assert self.M % (self.num_threads // self.q_row_threads) == 0
             assert self.BNg % 16 == 0 and self.M == 16 * self.wm
             # `store` stages the key groups' fp32 O in the K slots (FP8: K and V slots)
-            o_room = 2 * smem_kv_bytes(cfg, head_dim, 1) if self.fp8 else \
+            q8 = self.q_fp8 and self.fp8
+            o_room = 2 * smem_kv_bytes(cfg, head_dim, 1, q8) if self.fp8 else \
                 smem_kv_bytes(cfg, head_dim)
-            assert store_bytes(cfg, head_dim) <= o_room
+            assert store_bytes(cfg, head_dim, q8) <= o_room
             assert self.stages >= 2
+            assert not self.swap or (self.num_threads == 128 and self.BN % 64 == 0)
+            self.smem = smem_bytes(cfg, head_dim, 1 if self.fp8 else 2, q8)
 
         # ------------------------------------------------------------------ host side
         @cute.jit
@@ -317,6 +379,37 @@ def _kernel_class():
             # fp8 slots: plain rows (each thread reads back only the chunks it copied,
             # a warp 512 contiguous bytes)
             sKV8_layout = cute.make_ordered_layout((self.BN, D, self.stages), order=(1, 0, 2))
+            # swapped (`compute_t`): the wgmmas' operands in their smem layouts (element
+            # swizzles; the wgmmas read them through pointer swizzles of the same bytes,
+            # `wgmma_view`). e4m3 K [keys, D] and Q [rows, D] are K-major as laid out (D
+            # contiguous, an fp8 wgmma's only form): D bytes a row, the 128-byte swizzle
+            # at D 128, the 64-byte one at D 64 (the 16-byte chunks a cp.async writes stay
+            # whole). The 16-bit V block [keys, D] is V^T's MN-major A as it is (the
+            # layout above, the 128-byte swizzle). P^T [rows, keys] is the MN-major B, the
+            # rows contiguous (32 or 64 bytes: the 32- / 64-byte swizzle), so a thread's
+            # two neighbouring columns of S^T's accumulator are one 4-byte store (stmatrix
+            # writes its 8 x 8 blocks as they are).
+            sQ8_layout = sP_layout = tiled_mma_s = tiled_mma_o = None
+            if const_expr(self.swap):
+                atom8 = warpgroup.make_smem_layout_atom(
+                    sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.kv_dtype, D),
+                    self.kv_dtype)
+                sKV8_layout = cute.tile_to_shape(atom8, (self.BN, D, self.stages), (0, 1, 2))
+                sQ8_layout = cute.tile_to_shape(atom8, (self.M, D), (0, 1))
+                sP_layout = element_swizzled(cute.tile_to_shape(
+                    warpgroup.make_smem_layout_atom(
+                        warpgroup.SmemLayoutAtomKind.MN_SW32 if self.M == 16 else
+                        warpgroup.SmemLayoutAtomKind.MN_SW64, Float16),
+                    (self.M, self.BN), (1, 0)), Float16)
+                # one warpgroup, M = 64 a wgmma (two for 128 keys / D = 128), N = the rows
+                tiled_mma_s = sm90.make_trivial_tiled_mma(
+                    self.kv_dtype, self.kv_dtype, warpgroup.OperandMajorMode.K,
+                    warpgroup.OperandMajorMode.K, Float32, atom_layout_mnk=(1, 1, 1),
+                    tiler_mn=(64, self.M))
+                tiled_mma_o = sm90.make_trivial_tiled_mma(
+                    Float16, Float16, warpgroup.OperandMajorMode.MN,
+                    warpgroup.OperandMajorMode.MN, Float32, atom_layout_mnk=(1, 1, 1),
+                    tiler_mn=(64, self.M))
 
             # mma.sync 16x8x16, warps_m warps along M; N tiles of 16 so ldmatrix.x4 fills
             # a B fragment in one instruction
@@ -344,17 +437,29 @@ def _kernel_class():
                     order=(1, 0)),
                 cute.make_layout((1, 8)))
 
-            q_elems = 0 if self.q_in_kv_slot else cute.cosize(sQ_layout)
+            q_elems = 0 if self.q_in_kv_slot or self.swap else cute.cosize(sQ_layout)
             kv8_elems = 2 * cute.cosize(sKV8_layout) if const_expr(self.fp8) else 0
             kv16_elems = cute.cosize(sKV_layout)
+            # swapped: no 16-bit K block; e4m3 Q, P^T and the warps' column maxima
+            k16_elems = 0 if self.swap else kv16_elems
+            q8_elems = cute.cosize(sQ8_layout) if const_expr(self.swap) else 0
+            p_elems = cute.cosize(sP_layout) if const_expr(self.swap) else 0
+            red_elems = 4 * self.M if const_expr(self.swap) else 0
 
             @cute.struct
             class SharedStorage:
-                sK: cute.struct.Align[cute.struct.MemRange[dt, kv16_elems], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, k16_elems], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, kv16_elems], 1024]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
                 # fp8: the K slots then the V slots (`store` stages O across both)
                 sKV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, kv8_elems], 1024]
+                sQ8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, q8_elems], 1024]
+                sP: cute.struct.Align[cute.struct.MemRange[Float16, p_elems], 1024]
+                sRed: cute.struct.Align[cute.struct.MemRange[Float32, red_elems], 1024]
+
+            # the host's model (smem_bytes, programs_per_sm) is the struct
+            assert SharedStorage.size_in_bytes() == self.smem, \
+                (SharedStorage.size_in_bytes(), self.smem)
 
             n_row_blocks = (group * len_q + self.M - 1) // self.M
             # token -> (page, row): a multiply-high divmod, not an integer division
@@ -363,6 +468,7 @@ def _kernel_class():
             self.kernel(mQ, mK, mV, mSeqK, mPageTable, mCuQ, mOrder, mO, mLSE, mQd, mKd, mVd,
                         scale_log2, len_q, group, page_div, num_splits, sQ_layout,
                         sKV_layout, sKV8_layout, tiled_mma, gather, gather_q,
+                        sQ8_layout, sP_layout, tiled_mma_s, tiled_mma_o,
                         SharedStorage).launch(
                 grid=[num_splits, mK.shape[2] * n_row_blocks, mSeqK.shape[0]],
                 block=[self.num_threads, 1, 1], stream=stream)
@@ -378,8 +484,9 @@ def _kernel_class():
                    scale_log2: Float32, len_q: Int32, group: Int32,
                    page_div, num_splits: Int32,
                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
-                   sKV8_layout: cute.Layout, tiled_mma: cute.TiledMma,
+                   sKV8_layout, tiled_mma: cute.TiledMma,
                    gather: cute.TiledCopy, gather_q: cute.TiledCopy,
+                   sQ8_layout, sP_layout, tiled_mma_s, tiled_mma_o,
                    SharedStorage: cutlass.Constexpr):
             tidx = cute.arch.thread_idx()[0]
             split, by, p = cute.arch.block_idx()
@@ -405,9 +512,13 @@ def _kernel_class():
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
-            sK = storage.sK.get_tensor(sKV_layout)
             sV = storage.sV.get_tensor(sKV_layout)
-            if const_expr(self.q_in_kv_slot):
+            sK = sV                            # swapped: K stays e4m3 (no 16-bit block)
+            if const_expr(not self.swap):
+                sK = storage.sK.get_tensor(sKV_layout)
+            if const_expr(self.swap):
+                sQ = storage.sQ8.get_tensor(sQ8_layout)
+            elif const_expr(self.q_in_kv_slot):
                 # Q in the last K slot (FP8: the 16-bit K block): it is in registers
                 # before that slot's first load / conversion (the loop's first CTA
                 # barrier, or by key group the CTA barrier after Q's reads)
@@ -426,7 +537,8 @@ def _kernel_class():
             stats_ptr = cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32)
             if const_expr(self.fp8):
                 o_ptr = cute.recast_ptr(storage.sKV8.data_ptr(), dtype=Float32)
-                stats_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
+                stats_ptr = cute.recast_ptr(
+                    (storage.sV if self.swap else storage.sK).data_ptr(), dtype=Float32)
 
             if row0 < rows:
                 # the KV blocks this split reads: the tile's visible keys in num_splits
@@ -457,19 +569,30 @@ def _kernel_class():
                 if self.stages - 1 < n_iter:
                     self.lookup(mPageTable, gather, tidx, blk_lo + self.stages - 1, rows_kv,
                                 tile)
-                if const_expr(self.q_fp8):
+                if const_expr(self.swap):
+                    # e4m3 as it is, once the cache copies are in flight
+                    self.load_q8(mQ, sQ, tidx, tile)
+                elif const_expr(self.q_fp8):
                     # through registers, once the cache copies are in flight
                     self.load_q_fp8(mQ, sQ, gather_q, tidx, tile)
 
-                row_max, row_sum, acc_O = self.compute(
-                    sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma, tidx,
-                    scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
+                if const_expr(self.swap):
+                    row_max, row_sum, acc_O = self.compute_t(
+                        sQ, sV, sK8, sV8, storage.sP.get_tensor(sP_layout),
+                        storage.sRed.get_tensor(cute.make_layout((self.M, 4), stride=(4, 1))),
+                        mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o, tidx,
+                        scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
+                else:
+                    row_max, row_sum, acc_O = self.compute(
+                        sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma, tidx,
+                        scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
 
                 # the slots become the key groups' fp32 O
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
-                self.store(acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE, tiled_mma,
-                           tidx, scale_log2, v_scale, split, tile)
+                self.store(acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE,
+                           tiled_mma_o if self.swap else tiled_mma, tidx, scale_log2, v_scale,
+                           split, tile)
 
         # ------------------------------------------------------------------ schedule
         @cute.jit
@@ -526,6 +649,27 @@ def _kernel_class():
                 r = cute.make_rmem_tensor_like(src)
                 cute.autovec_copy(src, r)
                 tQsQ[None, m, 0].store(r.load().to(self.dtype))
+
+        @cute.jit
+        def load_q8(self, mQ, sQ8, tidx, tile):  # role: load
+            """Swapped: an e4m3 q into its K-major smem as it is (the S^T wgmma's B), 8 bytes
+            a load and a store (q's rows are 8-byte aligned); rows as in `q_offset`. The
+            wgmma reads it through the async proxy: `compute_t` fences it."""
+            copy_q8 = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.kv_dtype,
+                                    num_bits_per_copy=64),
+                cute.make_ordered_layout(
+                    (self.num_threads // self.q_row_threads, self.q_row_threads), order=(1, 0)),
+                cute.make_layout((1, 8)))
+            thr = copy_q8.get_slice(tidx)
+            tQsQ = thr.partition_D(sQ8)
+            tQcQ = thr.partition_S(cute.make_identity_tensor((self.M, self.D)))
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                src = self.gmem_at(mQ, self.q_offset(mQ, tQcQ, m, tile), 8, 8)
+                src = cute.make_tensor(src.iterator, tQsQ[None, m, 0].layout)
+                r = cute.make_rmem_tensor_like(src)
+                cute.autovec_copy(src, r)
+                cute.autovec_copy(r, tQsQ[None, m, 0])
 
         @cute.jit
         def lookup(self, mPageTable, gather, tidx, blk, rows_kv, tile):  # role: load
@@ -596,7 +740,9 @@ def _kernel_class():
             """FP8: this thread's chunks of slot `stage` (the ones it copied) -> the
             16-bit block, in the same (key, D) places."""
             thr = self.kv_thr(gather, tidx)
-            for src, dst in ((sK8, sK), (sV8, sV)):
+            # swapped: V only (the S^T wgmma reads K in e4m3)
+            pairs = ((sV8, sV),) if const_expr(self.swap) else ((sK8, sK), (sV8, sV))
+            for src, dst in pairs:
                 t8 = thr.partition_D(self.kv_rows(src[None, None, stage], tidx))
                 t16 = thr.partition_D(self.kv_rows(dst[None, None, 0], tidx))
                 for m in cutlass.range_constexpr(cute.size(t8, mode=[1])):
@@ -731,27 +877,209 @@ def _kernel_class():
                     cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k], acc_O)
             return row_max, row_sum, acc_O
 
+        @cute.jit
+        def keys_reduce(self, x, op):  # role: compute
+            """x reduced over the lanes of a warp that hold one column of a wgmma
+            accumulator (lanes 4 apart: the warp's 8 rows of each 8-row group)."""
+            for off in (4, 8, 16):
+                x = op(x, cute.arch.shuffle_sync_bfly(x, offset=off))
+            return x
+
+        @cute.jit
+        def compute_t(self, sQ8, sV, sK8, sV8, sP, sRed, mK, mV, mPageTable, gather,
+                      tiled_mma_s, tiled_mma_o, tidx, scale_log2, blk_lo, n_iter, n_full,
+                      rows_kv, tile):  # role: compute
+            """The KV loop of one tile with the block's keys as the wgmmas' M (swap: an e4m3
+            q over an e4m3 cache, 16 and 32 rows; TLX's `_attend_t`), one `attend_t` a
+            block: the bulk (blocks every tile row sees whole, no mask), then the masked
+            tail (the sequence end, the causal diagonal). Returns this thread's (column
+            max, column sums, O^T): the column max is the warpgroup's, the column sums this
+            thread's own partial ones over its keys, added up once in `store` (no
+            cross-warp sum a block)."""
+            n_k, n_q, row0, rows, group = tile.n_k, tile.n_q, tile.row0, tile.rows, tile.group
+            thr_s = tiled_mma_s.get_slice(tidx)
+            thr_o = tiled_mma_o.get_slice(tidx)
+            # the wgmmas' operands: smem descriptors over the copies' bytes
+            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
+            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
+            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
+            sPw = wgmma_view(sP.iterator, sP.layout, Float16)
+            # V^T (D, keys): the 16-bit V block [keys, D] read MN-major
+            sVt = cute.composition(
+                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
+            # S^T = K Q^T: A (keys, D) per slot, B (rows, D); O^T = V^T P^T: A (D, keys),
+            # B (rows, keys)
+            ops = SwapOps(
+                thr_s.make_fragment_A(thr_s.partition_A(sKw)),
+                thr_s.make_fragment_B(thr_s.partition_B(sQw)),
+                thr_o.make_fragment_A(thr_o.partition_A(sVt[None, None, 0])),
+                thr_o.make_fragment_B(thr_o.partition_B(sPw)),
+                # (key, row) of every S^T element: rows of the view are keys, columns rows
+                acc_rows_cols(thr_s.partition_C(cute.make_identity_tensor((self.BN, self.M)))),
+                # P^T: S^T's accumulator (f16) by stmatrix into the (keys, rows) view of
+                # P^T, its 8 x 8 blocks whole (rows contiguous)
+                cute.make_tiled_copy_C(
+                    cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False,
+                                                               num_matrices=4), Float16),
+                    tiled_mma_s).get_slice(tidx),
+                cute.composition(sPw, cute.make_ordered_layout((self.BN, self.M),
+                                                               order=(1, 0))))
+            acc_O = cute.make_rmem_tensor(thr_o.partition_shape_C((self.D, self.M)), Float32)
+            acc_O.fill(0.0)
+            n_cols = cute.size(ops.tScS, mode=[1])
+            col_max = cute.make_rmem_tensor(n_cols, Float32)
+            col_sum = cute.make_rmem_tensor(n_cols, Float32)
+            col_max.fill(-Float32.inf)
+            col_sum.fill(0.0)
+            # the keys [0, col_end[c]) each of this thread's columns (tile rows) sees
+            col_end = cute.make_rmem_tensor(n_cols, Int32)
+            for c in cutlass.range_constexpr(n_cols):
+                col_end[c] = n_k
+                if const_expr(self.causal):
+                    i = cutlass.min(row0 + ops.tScS[0, c][1], rows - 1) // group
+                    col_end[c] = i + 1 + n_k - n_q
+
+            # Q: this thread's e4m3 stores (generic proxy) before the wgmmas' reads (async
+            # proxy), then every thread's
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier()
+            # blocks [0, n_bulk) lie below n_full: no mask. Two loops, not a branch in
+            # one: a conditional mask on S^T in the loop crashes the DSL's compiler (and the
+            # bulk step carries no mask code)
+            n_bulk = cutlass.max(cutlass.min(n_full // self.BN - blk_lo, n_iter), 0)
+            for t in cutlass.range(n_bulk, unroll=1):
+                self.attend_t(False, t, ops, acc_O, col_max, col_sum, col_end, sK8, sV8, sV,
+                              sRed, mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o,
+                              tidx, scale_log2, blk_lo, n_iter, rows_kv, tile)
+            for t in cutlass.range(n_bulk, n_iter, unroll=1):
+                self.attend_t(True, t, ops, acc_O, col_max, col_sum, col_end, sK8, sV8, sV,
+                              sRed, mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o,
+                              tidx, scale_log2, blk_lo, n_iter, rows_kv, tile)
+            warpgroup.wait_group(0)
+            return col_max, col_sum, acc_O
+
+        @cute.jit
+        def attend_t(self, masked: cutlass.Constexpr, t, ops, acc_O, col_max, col_sum,
+                     col_end, sK8, sV8, sV, sRed, mK, mV, mPageTable, gather, tiled_mma_s,
+                     tiled_mma_o, tidx, scale_log2, blk_lo, n_iter, rows_kv,
+                     tile):  # role: compute
+            """Block t swapped (TLX's `_attend_t`): S^T = K Q^T ([keys, rows]; e4m3 K from
+            its slot and e4m3 Q from smem, both K-major, into an fp8 wgmma, fp32
+            accumulate), masked (keys past a column's col_end at -inf), the softmax down the
+            columns, O^T += V^T P^T ([D, rows]; V^T the 16-bit V block, P^T in f16 through
+            smem). The pipeline of `compute`, with the CTA (the warpgroup) as its one key
+            group: block t waited for and fenced, one barrier, block t + stages - 1 issued."""
+            warp_i = cute.arch.make_warp_uniform(tidx // 32)
+            stage = t % self.stages
+            cute.arch.cp_async_wait_group(self.stages - 2)
+            # this thread's copies of block t (cp.async: the generic proxy) before the S^T
+            # wgmma reads the slot (the async proxy)
+            cute.arch.fence_view_async_shared()
+            # block t - 1's O^T wgmma is done with the 16-bit V block and P^T
+            warpgroup.wait_group(0)
+            cute.arch.barrier()
+            # slot (t - 1) % stages is free: the next block goes there
+            nxt = t + self.stages - 1
+            if nxt < n_iter:
+                self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
+                             tile.hk)
+                if nxt + 1 < n_iter:
+                    self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
+            cute.arch.cp_async_commit_group()
+
+            # S^T = K Q^T, e4m3 x e4m3; V converted to 16 bits meanwhile, fenced for the
+            # O^T wgmma
+            acc_S = cute.make_rmem_tensor(
+                tiled_mma_s.get_slice(tidx).partition_shape_C((self.BN, self.M)), Float32)
+            wgmma(tiled_mma_s, acc_S, ops.tSrK[None, None, None, stage], ops.tSrQ,
+                  zero_init=True, wait=-1)
+            self.convert_kv(sK8, sV8, sV, sV, gather, tidx, stage)
+            cute.arch.fence_view_async_shared()
+            warpgroup.wait_group(0)
+
+            S = acc_rows_cols(acc_S)
+            if const_expr(masked):
+                key0 = (blk_lo + t) * self.BN
+                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                    limit = col_end[c] - key0
+                    for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                        S[r, c] = -Float32.inf if ops.tScS[r, 0][0] >= limit else S[r, c]
+
+            # the column max over the block's keys: this thread's, its warp's (lanes 4
+            # apart), then the warpgroup's, the four warps' maxima through smem (one
+            # barrier; the previous block's readers are past the loop's barriers)
+            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                mx = S[None, c].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+                mx = self.keys_reduce(mx, cute.arch.fmax)
+                if tidx % 32 < 4:
+                    sRed[ops.tScS[0, c][1], warp_i] = mx
+            cute.arch.barrier()
+
+            # online softmax down the columns (exp2 domain, scale * log2(e) folded in)
+            O = acc_rows_cols(acc_O)
+            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                red = cute.make_rmem_tensor(4, Float32)
+                cute.autovec_copy(sRed[ops.tScS[0, c][1], None], red)
+                m_new = red.load().reduce(cute.ReductionOp.MAX, col_max[c], 0)
+                m_prev = col_max[c]
+                col_max[c] = m_new
+                m_safe = 0.0 if m_new == -Float32.inf else m_new
+                p_col = cute.math.exp2(S[None, c].load() * scale_log2 - m_safe * scale_log2,
+                                       fastmath=True)
+                corr = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                col_sum[c] = p_col.reduce(cute.ReductionOp.ADD, col_sum[c] * corr, 0)
+                S[None, c].store(p_col)
+                O[None, c].store(O[None, c].load() * corr)
+
+            # O^T += V^T P^T: every warp's P^T (f16) in smem, fenced, then the wgmma (in
+            # flight until the next block's first wait)
+            rP = cute.make_rmem_tensor_like(acc_S, Float16)
+            rP.store(acc_S.load().to(Float16))
+            cute.copy(ops.r2s, ops.r2s.retile(rP), ops.r2s.partition_D(ops.sP_kr))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier()
+            wgmma(tiled_mma_o, acc_O, ops.tOrVt, ops.tOrPt, zero_init=False, wait=-1)
+
         # ------------------------------------------------------------------ store
         @cute.jit
         def store(self, acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE, tiled_mma,
                   tidx, scale_log2, v_scale, split, tile):  # role: store
             """Merge the key groups' partials row by row, normalize (FP8: and scale by
-            v_descale), write O and LSE."""
+            v_descale), write O and LSE. Swapped (`compute_t`, one key group): O^T lands
+            transposed as O, the rows' max once and each warp's row sums (its threads'
+            partial sums added over the lanes), which the merge adds up."""
             hk, q_start, row0, rows, group = tile.hk, tile.q_start, tile.row0, tile.rows, tile.group
             M, D, wn = self.M, self.D, self.wn
-            kg = tidx // (32 * self.wm)
-            thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
+            # the row sums' groups: the key groups, or (swapped) the warps
+            n_sum = 4 if const_expr(self.swap) else wn
             # the slots are free (the caller waited for every copy and the CTA)
             sO = cute.make_tensor(o_ptr, cute.make_ordered_layout((M, D, wn), order=(1, 0, 2)))
             sMax = cute.make_tensor(stats_ptr, cute.make_layout((M, wn)))
-            sSum = cute.make_tensor(stats_ptr + M * wn, cute.make_layout((M, wn)))
-            tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, self.BNg))))
-            for r in cutlass.range_constexpr(cute.size(row_sum)):
-                total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
-                if tScS[0, 0][1] == 0:
-                    sMax[tScS[r, 0][0], kg] = row_max[r]
-                    sSum[tScS[r, 0][0], kg] = total
-            tOsO = thr_mma.partition_C(sO[None, None, kg])
+            sSum = cute.make_tensor(stats_ptr + M * wn, cute.make_layout((M, n_sum)))
+            if const_expr(self.swap):
+                warp_i = cute.arch.make_warp_uniform(tidx // 32)
+                thr_o = tiled_mma.get_slice(tidx)
+                # (d, row) of every O^T element; a column is a tile row
+                tOcO = acc_rows_cols(thr_o.partition_C(cute.make_identity_tensor((D, M))))
+                for c in cutlass.range_constexpr(cute.size(row_sum)):
+                    total = self.keys_reduce(row_sum[c], lambda a, b: a + b)
+                    if tidx % 32 < 4:
+                        sSum[tOcO[0, c][1], warp_i] = total
+                        if warp_i == 0:
+                            sMax[tOcO[0, c][1], 0] = row_max[c]
+                # O^T into O's rows: the (D, rows) view of sO
+                tOsO = thr_o.partition_C(cute.make_tensor(
+                    o_ptr, cute.make_layout((D, M), stride=(1, D))))
+            else:
+                kg = tidx // (32 * self.wm)
+                thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
+                tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, self.BNg))))
+                for r in cutlass.range_constexpr(cute.size(row_sum)):
+                    total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+                    if tScS[0, 0][1] == 0:
+                        sMax[tScS[r, 0][0], kg] = row_max[r]
+                        sSum[tScS[r, 0][0], kg] = total
+                tOsO = thr_mma.partition_C(sO[None, None, kg])
             for i in cutlass.range_constexpr(cute.size(acc_O)):
                 tOsO[i] = acc_O[i]
             cute.arch.barrier()
@@ -773,11 +1101,18 @@ def _kernel_class():
                     total = Float32(0.0)
                     acc = cute.make_rmem_tensor((vec,), Float32)
                     acc.fill(0.0)
-                    for g in cutlass.range_constexpr(wn):
-                        w = cute.math.exp2((sMax[r, g] - mx_safe) * scale_log2, fastmath=True)
-                        total += sSum[r, g] * w
-                        part = cute.local_tile(sO[r, None, g], (vec,), (c,))
-                        acc.store(acc.load() + part.load() * w)
+                    if const_expr(self.swap):
+                        # one key group: O and the max are whole, the warps' sums add up
+                        for g in cutlass.range_constexpr(n_sum):
+                            total += sSum[r, g]
+                        acc.store(cute.local_tile(sO[r, None, 0], (vec,), (c,)).load())
+                    else:
+                        for g in cutlass.range_constexpr(wn):
+                            w = cute.math.exp2((sMax[r, g] - mx_safe) * scale_log2,
+                                               fastmath=True)
+                            total += sSum[r, g] * w
+                            part = cute.local_tile(sO[r, None, g], (vec,), (c,))
+                            acc.store(acc.load() + part.load() * w)
                     empty = total == 0.0
                     inv = 0.0 if empty else 1.0 / total
                     if const_expr(self.fp8):
