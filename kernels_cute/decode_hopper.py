@@ -288,6 +288,59 @@ def _kernel_class():
                             dtype=dtype)
         return cute.make_tensor(p, layout.outer)
 
+    # The column maxima of a swapped tile (`compute_t`): plain functions (traced where
+    # called), their loops unrolled in Python. A wgmma accumulator's column is held by the
+    # 8 lanes 4 apart (each with the same columns, its own rows).
+    def pick(cond, a, b):
+        """a where cond, else b (a select)."""
+        return type(a)(cutlass.select_(cond, a, b))
+
+    def keys_max_own(vals, lane):  # role: compute
+        """The warp's max of one column a lane: vals, this thread's partial maxima of its
+        n_cols columns, meet over the 8 lanes that hold the same columns in a
+        transposing butterfly: each step a lane keeps half its columns (its lane bit picks
+        which) and sends the other half to its partner, so n_cols - 1 shuffles (not
+        3 n_cols) leave each lane the max of one column, the `own` one (16 rows: 4
+        columns, two lanes share one)."""
+        off = 4
+        while len(vals) > 1:
+            half = len(vals) // 2
+            upper = (lane & off) != 0
+            kept = []
+            for i in range(half):
+                lo, hi = vals[i], vals[i + half]
+                recv = cute.arch.shuffle_sync_bfly(pick(upper, lo, hi), offset=off)
+                kept.append(cute.arch.fmax(pick(upper, hi, lo), recv))
+            vals = kept
+            off *= 2
+        x = vals[0]
+        while off <= 16:
+            x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off))
+            off *= 2
+        return x
+
+    def own(vals, lane):  # role: compute
+        """The entry of vals (one a column of this thread) of the column whose max
+        `keys_max_own` leaves with this lane: the same choices, no shuffle."""
+        off = 4
+        while len(vals) > 1:
+            half = len(vals) // 2
+            upper = (lane & off) != 0
+            vals = [pick(upper, vals[i + half], vals[i]) for i in range(half)]
+            off *= 2
+        return vals[0]
+
+    def owner(c: int, n: int) -> int:  # role: compute
+        """The lane offset (within the lanes 4 apart holding a column set) of the lane
+        that owns column c of n after `keys_max_own`: c's bits from the top, one a step."""
+        off, lanes = 4, 0
+        while n > 1:
+            n //= 2
+            lanes += off * ((c // n) % 2)
+            c %= n
+            off *= 2
+        return lanes
+
     def rows_cols(t):
         """An mma.sync accumulator ((2, 2), MMA_M, MMA_N) as (rows, cols) =
         ((2, MMA_M), (2, MMA_N))."""
@@ -927,7 +980,9 @@ def _kernel_class():
             acc_O = cute.make_rmem_tensor(thr_o.partition_shape_C((self.D, self.M)), Float32)
             acc_O.fill(0.0)
             n_cols = cute.size(ops.tScS, mode=[1])
-            col_max = cute.make_rmem_tensor(n_cols, Float32)
+            # the running max of the column this lane owns (`keys_max_own`; the lanes that
+            # need it read it by shuffle), this thread's partial sums of its columns
+            col_max = cute.make_rmem_tensor(1, Float32)
             col_sum = cute.make_rmem_tensor(n_cols, Float32)
             col_max.fill(-Float32.inf)
             col_sum.fill(0.0)
@@ -987,14 +1042,12 @@ def _kernel_class():
                     self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
             cute.arch.cp_async_commit_group()
 
-            # S^T = K Q^T, e4m3 x e4m3; V converted to 16 bits meanwhile, fenced for the
-            # O^T wgmma
+            # S^T = K Q^T, e4m3 x e4m3; V converted to 16 bits meanwhile (fenced with P^T)
             acc_S = cute.make_rmem_tensor(
                 tiled_mma_s.get_slice(tidx).partition_shape_C((self.BN, self.M)), Float32)
             wgmma(tiled_mma_s, acc_S, ops.tSrK[None, None, None, stage], ops.tSrQ,
                   zero_init=True, wait=-1)
             self.convert_kv(sK8, sV8, sV, sV, gather, tidx, stage)
-            cute.arch.fence_view_async_shared()
             warpgroup.wait_group(0)
 
             S = acc_rows_cols(acc_S)
@@ -1005,34 +1058,42 @@ def _kernel_class():
                     for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
                         S[r, c] = -Float32.inf if ops.tScS[r, 0][0] >= limit else S[r, c]
 
-            # the column max over the block's keys: this thread's, its warp's (lanes 4
-            # apart), then the warpgroup's, the four warps' maxima through smem (one
-            # barrier; the previous block's readers are past the loop's barriers)
-            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                mx = S[None, c].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-                mx = self.keys_reduce(mx, cute.arch.fmax)
-                if tidx % 32 < 4:
-                    sRed[ops.tScS[0, c][1], warp_i] = mx
+            # the column max over the block's keys: this thread's keys, the warp's (each
+            # lane one column's, `keys_max_own`), then the warpgroup's: the four warps'
+            # maxima meet in smem (one barrier; the previous block's readers are past the
+            # loop's barriers), each lane reading its own column's
+            n_cols = cute.size(S, mode=[1])
+            lane = tidx % 32
+            own_col = own([ops.tScS[0, c][1] for c in range(n_cols)], lane)
+            mx = keys_max_own(
+                [S[None, c].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+                 for c in range(n_cols)], lane)
+            sRed[own_col, warp_i] = mx
             cute.arch.barrier()
+            red = cute.make_rmem_tensor(4, Float32)
+            cute.autovec_copy(sRed[own_col, None], red)
+            m_prev = col_max[0]
+            m_new = red.load().reduce(cute.ReductionOp.MAX, m_prev, 0)
+            col_max[0] = m_new
+            # the new max (0 where the column has seen no key: no NaN) and the old one's
+            # correction, scaled, once a column; each lane reads its columns' by shuffle
+            m_scaled = (0.0 if m_new == -Float32.inf else m_new) * scale_log2
+            corr_own = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
 
             # online softmax down the columns (exp2 domain, scale * log2(e) folded in)
             O = acc_rows_cols(acc_O)
-            for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                red = cute.make_rmem_tensor(4, Float32)
-                cute.autovec_copy(sRed[ops.tScS[0, c][1], None], red)
-                m_new = red.load().reduce(cute.ReductionOp.MAX, col_max[c], 0)
-                m_prev = col_max[c]
-                col_max[c] = m_new
-                m_safe = 0.0 if m_new == -Float32.inf else m_new
-                p_col = cute.math.exp2(S[None, c].load() * scale_log2 - m_safe * scale_log2,
-                                       fastmath=True)
-                corr = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+            for c in cutlass.range_constexpr(n_cols):
+                src = (lane & 3) + owner(c, n_cols)
+                m_c = cute.arch.shuffle_sync(m_scaled, offset=src)
+                corr = cute.arch.shuffle_sync(corr_own, offset=src)
+                p_col = cute.math.exp2(S[None, c].load() * scale_log2 - m_c, fastmath=True)
                 col_sum[c] = p_col.reduce(cute.ReductionOp.ADD, col_sum[c] * corr, 0)
                 S[None, c].store(p_col)
                 O[None, c].store(O[None, c].load() * corr)
 
-            # O^T += V^T P^T: every warp's P^T (f16) in smem, fenced, then the wgmma (in
-            # flight until the next block's first wait)
+            # O^T += V^T P^T: every warp's P^T (f16) in smem and its V converted, fenced
+            # (this thread's generic stores before the wgmma's async-proxy reads), then the
+            # wgmma (in flight until the next block's first wait)
             rP = cute.make_rmem_tensor_like(acc_S, Float16)
             rP.store(acc_S.load().to(Float16))
             cute.copy(ops.r2s, ops.r2s.retile(rP), ops.r2s.partition_D(ops.sP_kr))
@@ -1065,8 +1126,11 @@ def _kernel_class():
                     total = self.keys_reduce(row_sum[c], lambda a, b: a + b)
                     if tidx % 32 < 4:
                         sSum[tOcO[0, c][1], warp_i] = total
-                        if warp_i == 0:
-                            sMax[tOcO[0, c][1], 0] = row_max[c]
+                # the column maxima: each lane its own column's (every warp holds them all)
+                if warp_i == 0:
+                    n_cols = cute.size(row_sum)
+                    sMax[own([tOcO[0, c][1] for c in range(n_cols)], tidx % 32), 0] = \
+                        row_max[0]
                 # O^T into O's rows: the (D, rows) view of sO
                 tOsO = thr_o.partition_C(cute.make_tensor(
                     o_ptr, cute.make_layout((D, M), stride=(1, D))))
