@@ -4,7 +4,10 @@ CPU: every default config compiles for sm_90a (CUTE_DSL_ARCH=sm_90a, symbolic te
 one fresh subprocess: CUTE_DSL_* are read at import), with no spill, the loads as
 16-byte cp.async and the products as mma.sync; the smem of a CTA lets two CTAs share an
 SM (one at 128 rows). The same for an fp8 (e4m3) cache with an fp8 or a bf16 q: the
-cache bytes by 16-byte cp.async, converted (e4m3x2 -> f16x2) before 16-bit mma.sync. GPU (`-m gpu`): the kernel against an fp32 torch reference on tiny
+cache bytes by 16-byte cp.async, converted (e4m3x2 -> f16x2) before 16-bit mma.sync;
+at 16 and 32 rows with an e4m3 q the swapped tile (Config.swap): S^T = K Q^T an e4m3
+wgmma, O^T += V^T P^T an f16 one, no mma.sync, V alone converted. GPU (`-m gpu`): the
+kernel against an fp32 torch reference on tiny
 shapes in every mode: contiguous and paged caches (page sizes 1, 16, 64, pages
 shuffled), dense and packed q, causal and not, one and three splits (merged here by
 logsumexp), empty caches, GQA 1, 4 and 8 (tiles of 16 to 128 rows, and two 128-row
@@ -51,8 +54,12 @@ _BUILDS = [
     (64, 128, False, True, False, True, "float16"),
     (128, 128, True, True, True, False, "bfloat16"),
 ]
-# fp8 caches: every config with each q dtype, the flags varied across them
+# fp8 caches: every config with each q dtype, the flags varied across them (an fp8 q at
+# 16 and 32 rows: the swapped tile, each flag both ways)
 _FP8_BUILDS = [
+    (64, 32, True, True, False, False, "fp8"),
+    (128, 32, False, False, False, False, "fp8"),
+    (128, 16, True, True, True, False, "fp8"),
     (64, 16, True, True, False, False, "fp8"),
     (64, 16, False, False, True, True, "bf16/fp8"),
     (64, 32, False, False, True, True, "fp8"),
@@ -97,17 +104,25 @@ def test_configs():
     # fp8: the bf16 table's tiles and warps, at most its keys (so its registers); the fp8 slots and
     # the one 16-bit block within the same CTA limits; fp32 O of `store` in the fp8 slots
     assert set(K.FP8_CONFIGS) == set(K.CONFIGS)
+    # swapped (an e4m3 q, 16 and 32 rows): keys a multiple of the wgmma's M (64), a ring
+    # at least as deep, both q dtypes' builds within the same limits
     for (d, m), cfg in K.FP8_CONFIGS.items():
         bf = K.CONFIGS[(d, m)]
         assert (cfg.block_m, cfg.warps_m, cfg.warps) == (bf.block_m, bf.warps_m, bf.warps)
         assert cfg.block_n <= bf.block_n
-        assert K.store_bytes(cfg, d) <= 2 * K.smem_kv_bytes(cfg, d, 1)
+        assert cfg.swap == (m <= 32) == cfg.swapped(True) and not cfg.swapped(False)
         ctas = K.programs_per_sm(d, m, True)
         assert ctas == (2 if m <= 64 else 1), (d, m)
-        used = K.smem_bytes(cfg, d, 1) + DSL_STATIC
-        assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
-        assert (cfg.stages - 1) * 2 * cfg.block_n * d >= 32 * 1024
-        assert cfg.stages >= bf.stages
+        for q8 in (False, True):
+            stages = cfg.kv_stages(q8)
+            assert K.store_bytes(cfg, d, q8) <= 2 * K.smem_kv_bytes(cfg, d, 1, q8)
+            used = K.smem_bytes(cfg, d, 1, q8) + DSL_STATIC
+            assert used <= CTA_SMEM_MAX and ctas * (used + CTA_RESERVED) <= SM_SMEM, (d, m)
+            assert (stages - 1) * 2 * cfg.block_n * d >= 32 * 1024
+            assert stages >= bf.stages
+        if cfg.swap:
+            assert cfg.block_n % 64 == 0 and cfg.warps == 4
+            assert cfg.kv_stages(True) >= cfg.stages
     for d in (64, 128):
         assert K.pick_config(d, 5, fp8=True) == K.FP8_CONFIGS[(d, 16)]
         assert K.pick_config(d, 1) == K.pick_config(d, 16) == K.CONFIGS[(d, 16)]
@@ -155,7 +170,11 @@ def test_decode_default_builds(tmp_path, builds):
     key group one 16-row mma.sync m16n8k16 tile, K and V gathered by 16-byte cp.async.cg
     (L2 only) through the page table, no local memory, no spill. FP8: 16-bit products
     (f16 for an fp8 q, bf16 for a bf16 one), every cache element converted once a block
-    (cvt e4m3x2 -> f16x2), the descales read once."""
+    (cvt e4m3x2 -> f16x2), the descales read once. Swapped (an e4m3 q at 16 and 32
+    rows): no mma.sync; in each of the two KV loops (bulk, masked tail) S^T = K Q^T as
+    e4m3 wgmmas m64nMk32 (block_n / 64 x D / 32) and O^T += V^T P^T as f16 ones m64nMk16
+    (D / 64 x block_n / 16), P^T by stmatrix, V alone converted, the slots and P^T
+    fenced for the async proxy."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin",
                CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
     r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=ROOT, builds=builds,
@@ -175,12 +194,30 @@ def test_decode_default_builds(tmp_path, builds):
         fp8 = kv_dt == "float8_e4m3fn"
         cfg, ptx = (K.FP8_CONFIGS if fp8 else K.CONFIGS)[(D, m)], b["ptx"]
         mma = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", ptx)
-        # QK: BNg/8 n-atoms x D/16 k-steps; PV: D/8 n-atoms x BNg/16 k-steps
-        bng = cfg.block_n // cfg.key_groups
-        assert len(mma) == bng // 8 * D // 16 + D // 8 * bng // 16, (b["key"], len(mma))
-        assert set(mma) == {"bf16" if q_dt == "bfloat16" else "f16"}
         threads = 32 * cfg.warps
-        if fp8:
+        if fp8 and cfg.swapped(q_dt == "float8_e4m3fn"):
+            assert not mma and "mma.sync" not in ptx, b["key"]
+            wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.f32\.(\w+)\.(\w+)",
+                            ptx)
+            n_s = cfg.block_n // 64 * D // 32
+            n_o = D // 64 * cfg.block_n // 16
+            assert sorted(set(wg)) == [(str(m), "16", "f16", "f16"),
+                                       (str(m), "32", "e4m3", "e4m3")], (b["key"], set(wg))
+            assert wg.count((str(m), "32", "e4m3", "e4m3")) == 2 * n_s, b["key"]
+            assert wg.count((str(m), "16", "f16", "f16")) == 2 * n_o, b["key"]
+            assert re.search(r"stmatrix\.sync\.aligned\.m8n8\.x4", ptx), b["key"]
+            assert "fence.proxy.async" in ptx, b["key"]
+            # V alone, once a block in each loop (and the q stays e4m3)
+            per_block = cfg.block_n * D // threads // 2
+            assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", ptx)) == 2 * per_block, b["key"]
+        else:
+            # QK: BNg/8 n-atoms x D/16 k-steps; PV: D/8 n-atoms x BNg/16 k-steps
+            bng = cfg.block_n // cfg.key_groups
+            assert len(mma) == bng // 8 * D // 16 + D // 8 * bng // 16, (b["key"], len(mma))
+            assert set(mma) == {"bf16" if q_dt == "bfloat16" else "f16"}
+            assert "wgmma" not in ptx, b["key"]
+            assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx), b["key"]
+        if fp8 and not cfg.swapped(q_dt == "float8_e4m3fn"):
             # K and V of a block, 2 elements a cvt, once (plus an fp8 q's, once a tile)
             per_block = 2 * cfg.block_n * D // threads // 2
             q_cvts = m * D // threads // 2 if q_dt == "float8_e4m3fn" else 0
@@ -188,7 +225,6 @@ def test_decode_default_builds(tmp_path, builds):
                 b["key"]
         assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::\w+)?\s+\[[^]]+\],\s*\[[^]]+\],"
                          r"\s*16", ptx), b["key"]
-        assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx), b["key"]
         assert ".local" not in ptx, b["key"]
         # page table reads (one per gathered row) only where the cache is paged
         # (scalar loads: an fp8 q's 8-byte loads are ld.global.v2)
