@@ -17,8 +17,15 @@ FP8 (a float8_e4m3fn cache; q float8_e4m3fn or bfloat16): descale = (q_descale,
 k_descale, v_descale), fp32 [B, H_kv]. The program (b, h_kv, split) multiplies its
 softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized output
 (partials included: the combine is linear) by v_descale[b, h_kv]; out is bf16. The
-products stay 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
-f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16.
+products are 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
+f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except at 16 and 32
+rows with an e4m3 q (Config.swap, `compute_t`), where the tile swaps its products: Hopper's
+mma.sync has no e4m3 form and a wgmma's M is at least 64, so S^T = K Q^T takes the
+block's keys as the wgmma's M and the tile's rows as its N (an e4m3 x e4m3 wgmma, fp32
+accumulate, e4m3 K read from its slot as loaded and the e4m3 q from smem, both K-major),
+the online softmax runs down the columns, and O^T += V^T P^T takes the head dim as M (V
+converted to f16, P^T in f16 through smem). No row is padded to 64, K is never
+converted, and one warpgroup (the CTA, one key group) computes the whole block.
 
 One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The grid's
 batch coordinate p is sequence b = order[p] when the core passes a launch order (its
@@ -39,7 +46,10 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                registers before that slot's first block lands), or its own smem where
                it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
                16-byte copy is 16 elements of a row, not 8); an fp8 q is read into
-               registers (8 bytes a load), converted and stored as f16.
+               registers (8 bytes a load), converted and stored as f16. Swapped: the
+               slots and Q lie in the wgmma's K-major layout (rows of D bytes, the 128-
+               byte swizzle at D 128, the 64-byte one at D 64: a 16-byte copy stays
+               whole), and the e4m3 q goes to its own smem as it is (8 bytes a copy).
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
                slots) into one 16-bit block in the layout the bf16 kernel reads, then the
@@ -47,16 +57,29 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                ones it converted). Cost a block: per cache element one 1-byte smem read,
                one 2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
                bf16 q), and the barrier; the 16-bit block (K and V, block_n keys) is smem
-               the stages do not get.
+               the stages do not get. Swapped: V alone (the S^T wgmma reads K in e4m3),
+               under the S^T wgmma; the ring takes the 16-bit K block's bytes
+               (Config.q8_stages).
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
                16-row tile keeps all four warps busy. S = Q K^T (Q held in registers),
                the mask (sequence end, causal diagonal) on the blocks that need it,
                online softmax in exp2 with scale * log2(e) folded in, O += P V.
+               Swapped (`compute_t`, one `attend_t` a block, TLX's `_attend_t`): wgmma
+               m64nMk32 e4m3 (S^T, keys x rows) and m64nMk16 f16 (O^T, D x rows) over
+               the warpgroup; a column's max over the block's keys: the 8 lanes holding
+               it meet in a transposing butterfly (n_cols - 1 shuffles leave each lane
+               one column's max), the 4 warps' through smem (one barrier), and each lane
+               reads its columns' max and correction by shuffle; the column sums stay
+               each thread's partial ones (no cross-warp sum a block); P^T goes to smem
+               by stmatrix (MN-major: the rows contiguous, the 32- / 64-byte swizzle),
+               V^T is the 16-bit V block read MN-major.
     `store`    the key groups' (row max, row sum, O) meet in smem (reusing the K slots);
                each output row is merged, normalized and written once (16-byte chunks),
                its LSE (natural log) beside it. Rows that see no key: O = 0, LSE = -inf.
-               Padding rows (past group * n_q) are never written.
+               Padding rows (past group * n_q) are never written. Swapped: one key
+               group; O^T lands in smem as O (transposed), the columns' max once and
+               each warp's column sums (summed over its lanes), which the merge adds.
 
 The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one
 barrier (so block t is visible and slot (t - 1) % stages is free), issue block
@@ -70,7 +93,13 @@ barrier. Q, read by every warp, is waited for with a CTA barrier before the loop
 where it sits in the last K slot (the 16-bit K block) a second CTA barrier after every
 warp has read it keeps the first key groups' writes there off it. `store` keeps its CTA
 barriers (the key groups finish at different blocks; the slots become O after a CTA
-barrier). The split partition: the tile's visible key blocks cut into num_splits chunks
+barrier). Swapped, a block: wait for block t's group and fence it (fence.proxy.async:
+the cp.async bytes before the wgmma's async-proxy reads), wait for block t - 1's O^T
+wgmma (it read the 16-bit V block and P^T), one CTA barrier, issue block t + stages - 1;
+the S^T wgmma under V's conversion; the column maxima's barrier; P^T and V fenced, a
+barrier, the O^T wgmma left in flight until the next block. The blocks every tile row
+sees whole run in a loop without the mask, the rest (sequence end, causal diagonal) in a
+second one with it. The split partition: the tile's visible key blocks cut into num_splits chunks
 of cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
 
 One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
@@ -150,7 +179,7 @@ CONFIGS = {
 # in flight), D = 128 32 + 9 x 16 + 32 KB (128 KB in flight).
 # 16 and 32 rows with an e4m3 q (swap, `compute_t`): K stays e4m3 in its slot (no 16-bit K
 # block), so the ring is a stage deeper (q8_stages): 5 x 16 KB + the 16 KB V block + e4m3
-# Q, P^T (f16) and the column maxima, 94-105 KB (64 KB in flight), two CTAs an SM.
+# Q, P^T (f16) and the column maxima, 101-107 KB (64 KB in flight), two CTAs an SM.
 FP8_CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1, swap=True, q8_stages=5),
     (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2, swap=True, q8_stages=5),

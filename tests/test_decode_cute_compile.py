@@ -567,6 +567,10 @@ _FP8_GPU_CASES = [
     (64, 8, "paged1", "packed", True, 1, True),
     (64, 4, "paged64", "dense16", True, 3, False),
     (64, 1, "contiguous", "dense3", False, 1, True),
+    # an e4m3 q at 32 rows (swapped): causal with splits, GQA 8 x 3 rows, packed
+    (128, 4, "paged16", "dense8", True, 3, True),
+    (64, 8, "contiguous", "dense3", False, 1, True),
+    (128, 1, "paged1", "packed", True, 3, True),
 ]
 
 
@@ -575,7 +579,10 @@ _FP8_GPU_CASES = [
 def test_decode_fp8_matches_reference(D, group, layout, qmode, causal, splits, q_fp8):
     """Out (bf16) and lse against fp32 on the dequantized inputs: the products see the
     exact e4m3 values, so the error is P's rounding (f16 / bf16) and the bf16 out, as
-    with a bf16 cache; scaled by the largest |V| (values spread over decades)."""
+    with a bf16 cache; scaled by the largest |V| (values spread over decades). An e4m3
+    q at 16 and 32 rows (the swapped tile) takes its scores from an fp8 wgmma, whose
+    accumulation keeps fewer bits than fp32 (TLX's twin: lse within 3.8e-3 of float64 on
+    an H100): its lse is allowed 1e-2, as TLX's, far below what e4m3 costs q itself."""
     out, lse, ref_out, ref_lse = _fp8_case(D, group, layout, qmode, causal, splits, q_fp8)
     assert out.dtype == torch.bfloat16
     assert not out.isnan().any() and not lse.isnan().any(), "rows left unwritten (NaN)"
@@ -588,7 +595,8 @@ def test_decode_fp8_matches_reference(D, group, layout, qmode, causal, splits, q
     err = ((out.float() - ref_out).abs() / ref_mag).max().item()
     lse_err = (lse[~empty] - ref_lse[~empty]).abs().max().item() if (~empty).any() else 0.0
     assert err <= 2e-2, f"max |out - ref| / row max = {err:.3g}"
-    assert lse_err <= 2e-3, f"max |lse - ref| = {lse_err:.3g}"
+    lse_tol = 1e-2 if q_fp8 else 2e-3
+    assert lse_err <= lse_tol, f"max |lse - ref| = {lse_err:.3g}"
 
 
 @pytest.mark.gpu
