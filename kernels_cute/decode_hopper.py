@@ -19,7 +19,7 @@ softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized outp
 (partials included: the combine is linear) by v_descale[b, h_kv]; out is bf16. The
 products are 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
 f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except at 16 and 32
-rows with an e4m3 q (Config.swap, `compute_t`), where the tile swaps its products: Hopper's
+rows with an e4m3 q (Config.swap, `compute_t`; the D = 128 defaults), where the tile swaps its products: Hopper's
 mma.sync has no e4m3 form and a wgmma's M is at least 64, so S^T = K Q^T takes the
 block's keys as the wgmma's M and the tile's rows as its N (an e4m3 x e4m3 wgmma, fp32
 accumulate, e4m3 K read from its slot as loaded and the e4m3 q from smem, both K-major),
@@ -177,12 +177,14 @@ CONFIGS = {
 # (48 KB in flight a CTA); D = 64, 64 rows, 9 stages of 8 KB + 16 KB (64 KB in flight).
 # 128 rows (one CTA an SM, Q 16-bit in its own smem): D = 64 16 + 15 x 8 + 16 KB (112 KB
 # in flight), D = 128 32 + 9 x 16 + 32 KB (128 KB in flight).
-# 16 and 32 rows with an e4m3 q (swap, `compute_t`): K stays e4m3 in its slot (no 16-bit K
-# block), so the ring is a stage deeper (q8_stages): 5 x 16 KB + the 16 KB V block + e4m3
-# Q, P^T (f16) and the column maxima, 101-107 KB (64 KB in flight), two CTAs an SM.
+# 16 and 32 rows at D = 128 with an e4m3 q (swap, `compute_t`): K stays e4m3 in its slot
+# (no 16-bit K block), so the ring is a stage deeper (q8_stages): 5 x 16 KB + the 16 KB V
+# block + e4m3 Q, P^T (f16) and the column maxima, 101-107 KB (64 KB in flight), two CTAs
+# an SM. D = 64 keeps the mma.sync tile: swapped (128 keys a block, two S^T wgmmas) it
+# took 7-10 % longer (H100, B8 32k, 16 and 32 rows, graph replay).
 FP8_CONFIGS = {
-    (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1, swap=True, q8_stages=5),
-    (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2, swap=True, q8_stages=5),
+    (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
+    (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
     (64, 64): Config(block_m=64, block_n=64, stages=9, warps_m=4),
     (128, 16): Config(block_m=16, block_n=64, stages=4, warps_m=1, swap=True, q8_stages=5),
     (128, 32): Config(block_m=32, block_n=64, stages=4, warps_m=2, swap=True, q8_stages=5),

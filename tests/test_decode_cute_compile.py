@@ -5,7 +5,7 @@ one fresh subprocess: CUTE_DSL_* are read at import), with no spill, the loads a
 16-byte cp.async and the products as mma.sync; the smem of a CTA lets two CTAs share an
 SM (one at 128 rows). The same for an fp8 (e4m3) cache with an fp8 or a bf16 q: the
 cache bytes by 16-byte cp.async, converted (e4m3x2 -> f16x2) before 16-bit mma.sync;
-at 16 and 32 rows with an e4m3 q the swapped tile (Config.swap): S^T = K Q^T an e4m3
+at 16 and 32 rows (D 128) with an e4m3 q the swapped tile (Config.swap): S^T = K Q^T an e4m3
 wgmma, O^T += V^T P^T an f16 one, no mma.sync, V alone converted. GPU (`-m gpu`): the
 kernel against an fp32 torch reference on tiny
 shapes in every mode: contiguous and paged caches (page sizes 1, 16, 64, pages
@@ -55,7 +55,7 @@ _BUILDS = [
     (128, 128, True, True, True, False, "bfloat16"),
 ]
 # fp8 caches: every config with each q dtype, the flags varied across them (an fp8 q at
-# 16 and 32 rows: the swapped tile, each flag both ways)
+# 16 and 32 rows, D 128: the swapped tile, each flag both ways)
 _FP8_BUILDS = [
     (64, 32, True, True, False, False, "fp8"),
     (128, 32, False, False, False, False, "fp8"),
@@ -104,13 +104,14 @@ def test_configs():
     # fp8: the bf16 table's tiles and warps, at most its keys (so its registers); the fp8 slots and
     # the one 16-bit block within the same CTA limits; fp32 O of `store` in the fp8 slots
     assert set(K.FP8_CONFIGS) == set(K.CONFIGS)
-    # swapped (an e4m3 q, 16 and 32 rows): keys a multiple of the wgmma's M (64), a ring
+    # swapped (an e4m3 q, 16 and 32 rows at D 128): keys a multiple of the wgmma's M (64), a ring
     # at least as deep, both q dtypes' builds within the same limits
     for (d, m), cfg in K.FP8_CONFIGS.items():
         bf = K.CONFIGS[(d, m)]
         assert (cfg.block_m, cfg.warps_m, cfg.warps) == (bf.block_m, bf.warps_m, bf.warps)
         assert cfg.block_n <= bf.block_n
-        assert cfg.swap == (m <= 32) == cfg.swapped(True) and not cfg.swapped(False)
+        assert cfg.swap == (d == 128 and m <= 32) == cfg.swapped(True)
+        assert not cfg.swapped(False)
         ctas = K.programs_per_sm(d, m, True)
         assert ctas == (2 if m <= 64 else 1), (d, m)
         for q8 in (False, True):
@@ -567,7 +568,7 @@ _FP8_GPU_CASES = [
     (64, 8, "paged1", "packed", True, 1, True),
     (64, 4, "paged64", "dense16", True, 3, False),
     (64, 1, "contiguous", "dense3", False, 1, True),
-    # an e4m3 q at 32 rows (swapped): causal with splits, GQA 8 x 3 rows, packed
+    # an e4m3 q at 32 rows (swapped at D 128): causal with splits, GQA 8 x 3 rows, packed
     (128, 4, "paged16", "dense8", True, 3, True),
     (64, 8, "contiguous", "dense3", False, 1, True),
     (128, 1, "paged1", "packed", True, 3, True),
