@@ -305,9 +305,7 @@ class _Fast:
                                  "the key's (the site does not fix the specialization)")
         tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         if isinstance(plan, _Plan) and not _or_ptrs(args, tensors) & 15:
-            if len(self.sites) >= SITES:
-                self.sites.clear()
-            self.sites[(site, dev)] = (plan, tensors)
+            _remember(self.sites, (site, dev), (plan, tensors))
         return kernel
 
     @staticmethod
@@ -455,11 +453,15 @@ def once_a_site(memo: dict, key, decide: Callable):
     thread, whose caches are cold, each decision's code costs more than on the calling
     thread."""
     hit = memo.get(key)
-    if hit is None:
-        if len(memo) >= SITES:
-            memo.clear()
-        hit = memo[key] = decide()
-    return hit
+    return _remember(memo, key, decide()) if hit is None else hit
+
+
+def _remember(memo: dict, key, value):
+    """memo[key] = value, in a per-site memo that starts over at SITES entries."""
+    if len(memo) >= SITES:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def fast_at(fn, site):
