@@ -18,14 +18,18 @@ k_descale, v_descale), fp32 [B, H_kv]. The program (b, h_kv, split) multiplies i
 softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized output
 (partials included: the combine is linear) by v_descale[b, h_kv]; out is bf16. The
 products are 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
-f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except at 16 and 32
-rows with an e4m3 q (Config.swap, `compute_t`; the D = 128 defaults), where the tile swaps its products: Hopper's
-mma.sync has no e4m3 form and a wgmma's M is at least 64, so S^T = K Q^T takes the
-block's keys as the wgmma's M and the tile's rows as its N (an e4m3 x e4m3 wgmma, fp32
-accumulate, e4m3 K read from its slot as loaded and the e4m3 q from smem, both K-major),
-the online softmax runs down the columns, and O^T += V^T P^T takes the head dim as M (V
-converted to f16, P^T in f16 through smem). No row is padded to 64, K is never
-converted, and one warpgroup (the CTA, one key group) computes the whole block.
+f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except with an e4m3
+q at 16, 32 and 64 rows (the D = 128 defaults), where S is an e4m3 x e4m3 wgmma (fp32
+accumulate; Hopper's mma.sync has no e4m3 form), e4m3 K read from its slot as loaded and
+the e4m3 q from smem, both K-major, K never converted, and one warpgroup (the CTA, one
+key group) computes the whole block:
+  - 16 and 32 rows (Config.swap, `compute_t`) swap the products, since a wgmma's M is
+    64: S^T = K Q^T takes the block's keys as M and the tile's rows as N, the online
+    softmax runs down the columns, and O^T += V^T P^T takes the head dim as M (V
+    converted to f16, P^T in f16 through smem). No row is padded to 64.
+  - 64 rows (Config.wgmma_s, `compute_w`) fill M: S = Q K^T (M the rows, N the keys),
+    the softmax along the rows as on mma.sync, O += P V an f16 wgmma with P in
+    registers (its A) and V converted to f16 (its B).
 
 One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The grid's
 batch coordinate p is sequence b = order[p] when the core passes a launch order (its
@@ -46,10 +50,11 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                registers before that slot's first block lands), or its own smem where
                it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
                16-byte copy is 16 elements of a row, not 8); an fp8 q is read into
-               registers (8 bytes a load), converted and stored as f16. Swapped: the
-               slots and Q lie in the wgmma's K-major layout (rows of D bytes, the 128-
-               byte swizzle at D 128, the 64-byte one at D 64: a 16-byte copy stays
-               whole), and the e4m3 q goes to its own smem as it is (8 bytes a copy).
+               registers (8 bytes a load), converted and stored as f16. Swapped and
+               wgmma: the slots and Q lie in the wgmma's K-major layout (rows of D
+               bytes, the 128-byte swizzle at D 128, the 64-byte one at D 64: a 16-byte
+               copy stays whole), and the e4m3 q goes to its own smem as it is (8 bytes
+               a copy).
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
                slots) into one 16-bit block in the layout the bf16 kernel reads, then the
@@ -57,8 +62,8 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                ones it converted). Cost a block: per cache element one 1-byte smem read,
                one 2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
                bf16 q), and the barrier; the 16-bit block (K and V, block_n keys) is smem
-               the stages do not get. Swapped: V alone (the S^T wgmma reads K in e4m3),
-               under the S^T wgmma; the ring takes the 16-bit K block's bytes
+               the stages do not get. Swapped and wgmma: V alone (the S / S^T wgmma reads
+               K in e4m3), under that wgmma; the ring takes the 16-bit K block's bytes
                (Config.q8_stages).
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
@@ -74,12 +79,21 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                each thread's partial ones (no cross-warp sum a block); P^T goes to smem
                by stmatrix (MN-major: the rows contiguous, the 32- / 64-byte swizzle),
                V^T is the 16-bit V block read MN-major.
+               wgmma (`compute_w`, one `attend` a block, TLX's `_attend` at 64 rows):
+               wgmma m64nNk32 e4m3 (S, rows x keys, N = block_n) and m64nDk16 f16 (O,
+               rows x D) over the warpgroup; warp w owns rows 16 w.., so a row's max is
+               its quad's (two shuffles, no smem, no barrier) and its sum stays the
+               thread's partial one until `store`, as on mma.sync; P is S's
+               accumulator converted to f16 in place, the A fragment of O's wgmma (the
+               accumulator's layout is the A operand's, two 8-column groups a k16
+               step); V is the 16-bit V block read MN-major (B: N = D contiguous).
     `store`    the key groups' (row max, row sum, O) meet in smem (reusing the K slots);
                each output row is merged, normalized and written once (16-byte chunks),
                its LSE (natural log) beside it. Rows that see no key: O = 0, LSE = -inf.
                Padding rows (past group * n_q) are never written. Swapped: one key
                group; O^T lands in smem as O (transposed), the columns' max once and
                each warp's column sums (summed over its lanes), which the merge adds.
+               wgmma: one key group, as the 64-row mma.sync tile.
 
 The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one
 barrier (so block t is visible and slot (t - 1) % stages is free), issue block
@@ -93,14 +107,16 @@ barrier. Q, read by every warp, is waited for with a CTA barrier before the loop
 where it sits in the last K slot (the 16-bit K block) a second CTA barrier after every
 warp has read it keeps the first key groups' writes there off it. `store` keeps its CTA
 barriers (the key groups finish at different blocks; the slots become O after a CTA
-barrier). Swapped, a block: wait for block t's group and fence it (fence.proxy.async:
-the cp.async bytes before the wgmma's async-proxy reads), wait for block t - 1's O^T
-wgmma (it read the 16-bit V block and P^T), one CTA barrier, issue block t + stages - 1;
-the S^T wgmma under V's conversion; the column maxima's barrier; P^T and V fenced, a
-barrier, the O^T wgmma left in flight until the next block. The blocks every tile row
-sees whole run in a loop without the mask, the rest (sequence end, causal diagonal) in a
-second one with it. The split partition: the tile's visible key blocks cut into num_splits chunks
-of cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
+barrier). Swapped and wgmma, a block: wait for block t's group and fence it
+(fence.proxy.async: the cp.async bytes before the wgmma's async-proxy reads), wait for
+block t - 1's P V wgmma (it read the 16-bit V block, and P^T in smem or P in registers),
+one CTA barrier, issue block t + stages - 1 (`next_block`); the S (S^T) wgmma under V's
+conversion; swapped, the column maxima's barrier, then P^T and V fenced, a barrier, the
+O^T wgmma; wgmma, the row softmax (no barrier), then V fenced, a barrier, the O wgmma;
+either left in flight until the next block. The blocks every tile row sees whole run in
+a loop without the mask, the rest (sequence end, causal diagonal) in a second one with
+it. The split partition: the tile's visible key blocks cut into num_splits chunks of
+cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
 
 One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
 split, ordered); shapes, lengths, page size, group, splits, scale and descales are
@@ -201,7 +217,10 @@ CONFIGS = {
 # took 7-10 % longer (H100, B8 32k, 16 and 32 rows, graph replay).
 # 64 rows at D = 128 with an e4m3 q (wgmma_s, `compute_w`): likewise no 16-bit K block,
 # a stage deeper: 5 x 16 KB + the 16 KB V block + e4m3 Q (8 KB), 104 KB (64 KB in
-# flight), two CTAs an SM.
+# flight), two CTAs an SM; a block step of 360 SASS instructions a warp against 605 on
+# mma.sync. D = 64 keeps mma.sync here too: wgmma_s with q8_stages 11 (100 KB) builds
+# clean (303 instructions a step against 441), but instruction counts did not predict
+# the swapped tile at D = 64, so it stays off the table until a GPU times it.
 FP8_CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
     (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
