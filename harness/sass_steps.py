@@ -34,16 +34,19 @@ from typing import NamedTuple
 from .compile_check import _run_job, compile_kernel, sass_of, tlx_bwd_job, tlx_fwd_job
 
 # instruction classes by opcode prefix; the last takes the rest
-CLASSES = [("HGMMA", ("HGMMA",)), ("HMMA", ("HMMA",)), ("WARPGROUP", ("WARPGROUP",)),
+CLASSES = [("HGMMA", ("HGMMA",)), ("QGMMA", ("QGMMA",)), ("HMMA", ("HMMA",)),
+           ("WARPGROUP", ("WARPGROUP",)),
            ("MUFU", ("MUFU",)),
            ("FP32", ("FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP")),
            ("F2F", ("F2F", "F2FP")), ("LDS", ("LDS", "LDSM")), ("STS", ("STS", "STSM")),
            ("BAR", ("BAR",)), ("SYNCS", ("SYNCS",)), ("TMA", ("UTMA", "UBLK")),
            ("GLOBAL", ("LDG", "STG", "RED", "ATOM")), ("SHFL", ("SHFL",)),
            ("INT", ("IMAD", "IADD3", "LEA", "SHF", "LOP3")), ("other", ())]
-MMA = ("HGMMA", "HMMA")  # a step loop issues tensor-core work of one of these
+MMA = ("HGMMA", "QGMMA", "HMMA")  # a step loop issues tensor-core work of one of these
+# (QGMMA: an fp8 wgmma)
 # the kinds the issue order names
-ORDERED = {"HGMMA", "HMMA", "WARPGROUP", "BAR", "SYNCS", "MUFU", "LDS", "STS", "SHFL", "TMA"}
+ORDERED = {"HGMMA", "QGMMA", "HMMA", "WARPGROUP", "BAR", "SYNCS", "MUFU", "LDS", "STS", "SHFL",
+           "TMA"}
 
 
 class Ins(NamedTuple):
@@ -99,9 +102,9 @@ def counts(body: list[Ins]) -> Counter:
 
 def _tag(x: Ins) -> str:
     k = kind(x.op)
-    if k == "HGMMA":  # shape, and (RS) when A comes from registers
+    if k in ("HGMMA", "QGMMA"):  # shape, and (RS) when A comes from registers
         a = x.text.split(",")[1].strip() if "," in x.text else ""
-        return "HGMMA." + x.op.split(".")[1] + ("(RS)" if re.match(r"R\d", a) else "")
+        return k + "." + x.op.split(".")[1] + ("(RS)" if re.match(r"R\d", a) else "")
     if k in ("WARPGROUP", "BAR", "SYNCS", "TMA"):
         return x.op
     return k
