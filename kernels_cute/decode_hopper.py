@@ -1083,6 +1083,16 @@ def _kernel_class():
             cute.arch.cp_async_commit_group()
             return stage
 
+        def wgmma_kqv(self, sK8, sQ8, sV):  # role: compute
+            """The wgmma tiles' smem operands (descriptors over the copies' bytes): K and q
+            in e4m3 as loaded, and V^T (D, keys), the 16-bit V block [keys, D] read
+            MN-major (P V's B unswapped, O^T's A swapped)."""
+            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
+            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
+            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
+            return sKw, sQw, cute.composition(
+                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
+
         @cute.jit
         def compute_w(self, sQ8, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma_s,
                       tiled_mma_o, tidx, scale_log2, blk_lo, n_iter, n_full, rows_kv,
@@ -1094,13 +1104,7 @@ def _kernel_class():
             (the quad's) and the row sums are per thread (the quad adds them in `store`)."""
             thr_s = tiled_mma_s.get_slice(tidx)
             thr_o = tiled_mma_o.get_slice(tidx)
-            # the wgmmas' operands: smem descriptors over the copies' bytes
-            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
-            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
-            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
-            # V as P V's B (D, keys): the 16-bit V block [keys, D] read MN-major
-            sVt = cute.composition(
-                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
+            sKw, sQw, sVt = self.wgmma_kqv(sK8, sQ8, sV)
             # S = Q K^T: A (rows, D), B (keys, D) per slot; O = P V: A (rows, keys) in
             # registers, B (D, keys)
             ops = WgmmaOps(
@@ -1189,14 +1193,8 @@ def _kernel_class():
             cross-warp sum a block)."""
             thr_s = tiled_mma_s.get_slice(tidx)
             thr_o = tiled_mma_o.get_slice(tidx)
-            # the wgmmas' operands: smem descriptors over the copies' bytes
-            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
-            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
-            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
+            sKw, sQw, sVt = self.wgmma_kqv(sK8, sQ8, sV)
             sPw = wgmma_view(sP.iterator, sP.layout, Float16)
-            # V^T (D, keys): the 16-bit V block [keys, D] read MN-major
-            sVt = cute.composition(
-                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
             # S^T = K Q^T: A (keys, D) per slot, B (rows, D); O^T = V^T P^T: A (D, keys),
             # B (rows, keys)
             ops = SwapOps(
