@@ -818,6 +818,19 @@ def _kernel_class():
             else:
                 cute.arch.barrier(barrier_id=1 + kg, number_of_threads=self.gthreads)
 
+        @cute.jit
+        def issue_block(self, nxt, sK8, sV8, mK, mV, mPageTable, gather, tidx, blk_lo, n_iter,
+                        rows_kv, tile):  # role: load
+            """Block nxt's copies into its slot (none past the last block), the page of the
+            block after it looked up, and this thread's commit group (empty or not: the
+            loop waits by group count)."""
+            if nxt < n_iter:
+                self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
+                             tile.hk)
+                if nxt + 1 < n_iter:
+                    self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
+            cute.arch.cp_async_commit_group()
+
         # ------------------------------------------------------------------ convert
         @cute.jit
         def convert_kv(self, sK8, sV8, sK, sV, gather, tidx, stage):  # role: load
@@ -847,12 +860,22 @@ def _kernel_class():
             return cute.local_tile(st, (self.D, self.BNg), (0, kg))
 
         # ------------------------------------------------------------------ compute
+        def key_ends(self, tile_rows, tile):  # role: compute
+            """The keys [0, end) each of these tile rows (this thread's rows or columns of
+            an accumulator) sees: n_k, or (causal) up to its query row's diagonal."""
+            ends = cute.make_rmem_tensor(len(tile_rows), Int32)
+            for i, r in enumerate(tile_rows):
+                ends[i] = tile.n_k
+                if const_expr(self.causal):
+                    qi = cutlass.min(tile.row0 + r, tile.rows - 1) // tile.group
+                    ends[i] = qi + 1 + tile.n_k - tile.n_q
+            return ends
+
         @cute.jit
         def compute(self, sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma,
                     tidx, scale_log2, blk_lo, n_iter, n_full, rows_kv, tile):  # role: compute
             """The KV loop of one tile; returns this thread's (row max, row sum, O) of its
             key group (row sums are per thread: the quad reduces them in `store`)."""
-            n_k, n_q, row0, rows, group = tile.n_k, tile.n_q, tile.row0, tile.rows, tile.group
             dt = self.dtype
             kg = tidx // (32 * self.wm)                  # key group: keys kg*BNg.. of a block
             thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
@@ -877,13 +900,7 @@ def _kernel_class():
             row_sum = cute.make_rmem_tensor(n_rows, Float32)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
-            # the keys [0, row_end[r]) each of this thread's rows sees
-            row_end = cute.make_rmem_tensor(n_rows, Int32)
-            for r in cutlass.range_constexpr(n_rows):
-                row_end[r] = n_k
-                if const_expr(self.causal):
-                    i = cutlass.min(row0 + tScS[r, 0][0], rows - 1) // group
-                    row_end[r] = i + 1 + n_k - n_q
+            row_end = self.key_ends([tScS[r, 0][0] for r in range(n_rows)], tile)
 
             # Q: smem -> registers once
             cute.arch.cp_async_wait_group(self.stages - 1)
@@ -903,13 +920,8 @@ def _kernel_class():
                 # 16-bit block is free too). By key group: block t's rows of this key
                 # group are visible to its threads, and they are done reading its rows
                 # of slot (t - 1) % stages (and of the 16-bit block)
-                nxt = t + self.stages - 1
-                if nxt < n_iter:
-                    self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
-                                 tile.hk)
-                    if nxt + 1 < n_iter:
-                        self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
-                cute.arch.cp_async_commit_group()
+                self.issue_block(t + self.stages - 1, sK8, sV8, mK, mV, mPageTable, gather,
+                                 tidx, blk_lo, n_iter, rows_kv, tile)
                 kv = stage
                 if const_expr(self.fp8):
                     self.convert_kv(sK8, sV8, sK, sV, gather, tidx, stage)
@@ -980,7 +992,6 @@ def _kernel_class():
             max, column sums, O^T): the column max is the warpgroup's, the column sums this
             thread's own partial ones over its keys, added up once in `store` (no
             cross-warp sum a block)."""
-            n_k, n_q, row0, rows, group = tile.n_k, tile.n_q, tile.row0, tile.rows, tile.group
             thr_s = tiled_mma_s.get_slice(tidx)
             thr_o = tiled_mma_o.get_slice(tidx)
             # the wgmmas' operands: smem descriptors over the copies' bytes
@@ -1018,12 +1029,7 @@ def _kernel_class():
             col_max.fill(-Float32.inf)
             col_sum.fill(0.0)
             # the keys [0, col_end[c]) each of this thread's columns (tile rows) sees
-            col_end = cute.make_rmem_tensor(n_cols, Int32)
-            for c in cutlass.range_constexpr(n_cols):
-                col_end[c] = n_k
-                if const_expr(self.causal):
-                    i = cutlass.min(row0 + ops.tScS[0, c][1], rows - 1) // group
-                    col_end[c] = i + 1 + n_k - n_q
+            col_end = self.key_ends([ops.tScS[0, c][1] for c in range(n_cols)], tile)
 
             # Q: this thread's e4m3 stores (generic proxy) before the wgmmas' reads (async
             # proxy), then every thread's
@@ -1065,13 +1071,8 @@ def _kernel_class():
             warpgroup.wait_group(0)
             cute.arch.barrier()
             # slot (t - 1) % stages is free: the next block goes there
-            nxt = t + self.stages - 1
-            if nxt < n_iter:
-                self.load_kv(mK, mV, sK8, sV8, gather, tidx, rows_kv, nxt % self.stages,
-                             tile.hk)
-                if nxt + 1 < n_iter:
-                    self.lookup(mPageTable, gather, tidx, blk_lo + nxt + 1, rows_kv, tile)
-            cute.arch.cp_async_commit_group()
+            self.issue_block(t + self.stages - 1, sK8, sV8, mK, mV, mPageTable, gather, tidx,
+                             blk_lo, n_iter, rows_kv, tile)
 
             # S^T = K Q^T, e4m3 x e4m3; V converted to 16 bits meanwhile (fenced with P^T)
             acc_S = cute.make_rmem_tensor(
