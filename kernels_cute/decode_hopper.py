@@ -18,14 +18,18 @@ k_descale, v_descale), fp32 [B, H_kv]. The program (b, h_kv, split) multiplies i
 softmax scale by q_descale[b, h_kv] * k_descale[b, h_kv] and its normalized output
 (partials included: the combine is linear) by v_descale[b, h_kv]; out is bf16. The
 products are 16-bit mma.sync: e4m3 is exact in f16 and in bf16, so an fp8 q makes them
-f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except at 16 and 32
-rows with an e4m3 q (Config.swap, `compute_t`; the D = 128 defaults), where the tile swaps its products: Hopper's
-mma.sync has no e4m3 form and a wgmma's M is at least 64, so S^T = K Q^T takes the
-block's keys as the wgmma's M and the tile's rows as its N (an e4m3 x e4m3 wgmma, fp32
-accumulate, e4m3 K read from its slot as loaded and the e4m3 q from smem, both K-major),
-the online softmax runs down the columns, and O^T += V^T P^T takes the head dim as M (V
-converted to f16, P^T in f16 through smem). No row is padded to 64, K is never
-converted, and one warpgroup (the CTA, one key group) computes the whole block.
+f16 (one cvt per two elements, and P keeps 10 bits), a bf16 q bf16. Except with an e4m3
+q at 16, 32 and 64 rows (the D = 128 defaults), where S is an e4m3 x e4m3 wgmma (fp32
+accumulate; Hopper's mma.sync has no e4m3 form), e4m3 K read from its slot as loaded and
+the e4m3 q from smem, both K-major, K never converted, and one warpgroup (the CTA, one
+key group) computes the whole block:
+  - 16 and 32 rows (Config.swap, `compute_t`) swap the products, since a wgmma's M is
+    64: S^T = K Q^T takes the block's keys as M and the tile's rows as N, the online
+    softmax runs down the columns, and O^T += V^T P^T takes the head dim as M (V
+    converted to f16, P^T in f16 through smem). No row is padded to 64.
+  - 64 rows (Config.wgmma_s, `compute_w`) fill M: S = Q K^T (M the rows, N the keys),
+    the softmax along the rows as on mma.sync, O += P V an f16 wgmma with P in
+    registers (its A) and V converted to f16 (its B).
 
 One CTA (4 warps; 8 for 128 rows) per (split, kv head x row block, sequence). The grid's
 batch coordinate p is sequence b = order[p] when the core passes a launch order (its
@@ -46,10 +50,11 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                registers before that slot's first block lands), or its own smem where
                it does not fit (128 rows). FP8: the slots hold the cache's bytes (a
                16-byte copy is 16 elements of a row, not 8); an fp8 q is read into
-               registers (8 bytes a load), converted and stored as f16. Swapped: the
-               slots and Q lie in the wgmma's K-major layout (rows of D bytes, the 128-
-               byte swizzle at D 128, the 64-byte one at D 64: a 16-byte copy stays
-               whole), and the e4m3 q goes to its own smem as it is (8 bytes a copy).
+               registers (8 bytes a load), converted and stored as f16. Swapped and
+               wgmma: the slots and Q lie in the wgmma's K-major layout (rows of D
+               bytes, the 128-byte swizzle at D 128, the 64-byte one at D 64: a 16-byte
+               copy stays whole), and the e4m3 q goes to its own smem as it is (8 bytes
+               a copy).
     `convert`  FP8 only: each thread converts the 16-byte chunks of block t it copied
                itself (its own cp.async wait makes them visible: no barrier on the fp8
                slots) into one 16-bit block in the layout the bf16 kernel reads, then the
@@ -57,8 +62,8 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                ones it converted). Cost a block: per cache element one 1-byte smem read,
                one 2-byte smem write, 1-2 cvt (e4m3x2 -> f16x2, then f32 -> bf16x2 for a
                bf16 q), and the barrier; the 16-bit block (K and V, block_n keys) is smem
-               the stages do not get. Swapped: V alone (the S^T wgmma reads K in e4m3),
-               under the S^T wgmma; the ring takes the 16-bit K block's bytes
+               the stages do not get. Swapped and wgmma: V alone (the S / S^T wgmma reads
+               K in e4m3), under that wgmma; the ring takes the 16-bit K block's bytes
                (Config.q8_stages).
     `compute`  mma.sync m16n8k16 (fp32 accumulate): warps_m warps share the tile's rows
                (16 each), the other warps split each KV block's keys (key groups), so a
@@ -74,12 +79,21 @@ sequences longest first: the CTAs issued last then are short ones), else b = p. 
                each thread's partial ones (no cross-warp sum a block); P^T goes to smem
                by stmatrix (MN-major: the rows contiguous, the 32- / 64-byte swizzle),
                V^T is the 16-bit V block read MN-major.
+               wgmma (`compute_w`, one `attend` a block, TLX's `_attend` at 64 rows):
+               wgmma m64nNk32 e4m3 (S, rows x keys, N = block_n) and m64nDk16 f16 (O,
+               rows x D) over the warpgroup; warp w owns rows 16 w.., so a row's max is
+               its quad's (two shuffles, no smem, no barrier) and its sum stays the
+               thread's partial one until `store`, as on mma.sync; P is S's
+               accumulator converted to f16 in place, the A fragment of O's wgmma (the
+               accumulator's layout is the A operand's, two 8-column groups a k16
+               step); V is the 16-bit V block read MN-major (B: N = D contiguous).
     `store`    the key groups' (row max, row sum, O) meet in smem (reusing the K slots);
                each output row is merged, normalized and written once (16-byte chunks),
                its LSE (natural log) beside it. Rows that see no key: O = 0, LSE = -inf.
                Padding rows (past group * n_q) are never written. Swapped: one key
                group; O^T lands in smem as O (transposed), the columns' max once and
                each warp's column sums (summed over its lanes), which the merge adds.
+               wgmma: one key group, as the 64-row mma.sync tile.
 
 The pipeline is `DecodeHopper.kernel`'s KV loop: wait for block t's commit group, one
 barrier (so block t is visible and slot (t - 1) % stages is free), issue block
@@ -93,14 +107,16 @@ barrier. Q, read by every warp, is waited for with a CTA barrier before the loop
 where it sits in the last K slot (the 16-bit K block) a second CTA barrier after every
 warp has read it keeps the first key groups' writes there off it. `store` keeps its CTA
 barriers (the key groups finish at different blocks; the slots become O after a CTA
-barrier). Swapped, a block: wait for block t's group and fence it (fence.proxy.async:
-the cp.async bytes before the wgmma's async-proxy reads), wait for block t - 1's O^T
-wgmma (it read the 16-bit V block and P^T), one CTA barrier, issue block t + stages - 1;
-the S^T wgmma under V's conversion; the column maxima's barrier; P^T and V fenced, a
-barrier, the O^T wgmma left in flight until the next block. The blocks every tile row
-sees whole run in a loop without the mask, the rest (sequence end, causal diagonal) in a
-second one with it. The split partition: the tile's visible key blocks cut into num_splits chunks
-of cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
+barrier). Swapped and wgmma, a block: wait for block t's group and fence it
+(fence.proxy.async: the cp.async bytes before the wgmma's async-proxy reads), wait for
+block t - 1's P V wgmma (it read the 16-bit V block, and P^T in smem or P in registers),
+one CTA barrier, issue block t + stages - 1 (`next_block`); the S (S^T) wgmma under V's
+conversion; swapped, the column maxima's barrier, then P^T and V fenced, a barrier, the
+O^T wgmma; wgmma, the row softmax (no barrier), then V fenced, a barrier, the O wgmma;
+either left in flight until the next block. The blocks every tile row sees whole run in
+a loop without the mask, the rest (sequence end, causal diagonal) in a second one with
+it. The split partition: the tile's visible key blocks cut into num_splits chunks of
+cdiv(n_blocks, num_splits) blocks (split s takes chunk s, possibly empty).
 
 One compiled kernel per (q dtype, cache dtype, D, Config, causal, paged, packed q,
 split, ordered); shapes, lengths, page size, group, splits, scale and descales are
@@ -127,8 +143,15 @@ class Config:
     warps: int = 4     # warps of a CTA; warps // warps_m key groups split each block's keys
     swap: bool = False  # with an e4m3 q over an e4m3 cache, keys as the wgmmas' M
                         # (`compute_t`; 16 and 32 rows)
-    q8_stages: int = 0  # stages with an e4m3 q over an e4m3 cache where swapped (0: the
-                        # same): no 16-bit K block, so the ring takes its bytes
+    # with an e4m3 q over an e4m3 cache at 64 rows, S = Q K^T as an e4m3 wgmma and O += P V
+    # an f16 one, the tile's rows as M (`compute_w`: TLX's `_attend` at 64 rows). TLX has
+    # no twin flag (tl.dot takes a wgmma at 64 rows on its own); here the instruction is
+    # the kernel's choice, so a flag of the table's, as `swap`, not `swap` itself: nothing
+    # is swapped, and the two differ in every step but the ring's
+    wgmma_s: bool = False
+    q8_stages: int = 0  # stages with an e4m3 q over an e4m3 cache where S reads e4m3 K
+                        # (swapped or wgmma_s; 0: the same): no 16-bit K block, so the
+                        # ring takes its bytes
 
     @property
     def key_groups(self) -> int:
@@ -136,12 +159,22 @@ class Config:
 
     def kv_stages(self, q8: bool) -> int:
         """The ring depth of a build: q8, an e4m3 q over an e4m3 cache."""
-        return self.q8_stages if self.swapped(q8) and self.q8_stages else self.stages
+        return self.q8_stages if self.k8(q8) and self.q8_stages else self.stages
 
     def swapped(self, q8: bool) -> bool:
         """Whether a build swaps its products (`compute_t`): swap, with an e4m3 q over an
         e4m3 cache, at up to 32 rows."""
         return self.swap and q8 and self.block_m <= 32
+
+    def wgmma(self, q8: bool) -> bool:
+        """Whether a build takes S = Q K^T and O += P V as wgmmas, unswapped (`compute_w`):
+        wgmma_s, with an e4m3 q over an e4m3 cache, at 64 rows (one warpgroup)."""
+        return self.wgmma_s and q8 and self.block_m == 64
+
+    def k8(self, q8: bool) -> bool:
+        """Whether K stays e4m3 (S an e4m3 wgmma reading it from its slot: no 16-bit K
+        block, V alone converted): swapped or wgmma."""
+        return self.swapped(q8) or self.wgmma(q8)
 
     @property
     def q_in_kv_slot(self) -> bool:
@@ -182,13 +215,19 @@ CONFIGS = {
 # block + e4m3 Q, P^T (f16) and the column maxima, 101-107 KB (64 KB in flight), two CTAs
 # an SM. D = 64 keeps the mma.sync tile: swapped (128 keys a block, two S^T wgmmas) it
 # took 7-10 % longer (H100, B8 32k, 16 and 32 rows, graph replay).
+# 64 rows at D = 128 with an e4m3 q (wgmma_s, `compute_w`): likewise no 16-bit K block,
+# a stage deeper: 5 x 16 KB + the 16 KB V block + e4m3 Q (8 KB), 104 KB (64 KB in
+# flight), two CTAs an SM; a block step of 360 SASS instructions a warp against 605 on
+# mma.sync. D = 64 keeps mma.sync here too: wgmma_s with q8_stages 11 (100 KB) builds
+# clean (303 instructions a step against 441), but instruction counts did not predict
+# the swapped tile at D = 64, so it stays off the table until a GPU times it.
 FP8_CONFIGS = {
     (64, 16): Config(block_m=16, block_n=128, stages=4, warps_m=1),
     (64, 32): Config(block_m=32, block_n=128, stages=4, warps_m=2),
     (64, 64): Config(block_m=64, block_n=64, stages=9, warps_m=4),
     (128, 16): Config(block_m=16, block_n=64, stages=4, warps_m=1, swap=True, q8_stages=5),
     (128, 32): Config(block_m=32, block_n=64, stages=4, warps_m=2, swap=True, q8_stages=5),
-    (128, 64): Config(block_m=64, block_n=64, stages=4, warps_m=4),
+    (128, 64): Config(block_m=64, block_n=64, stages=4, warps_m=4, wgmma_s=True, q8_stages=5),
     (64, 128): Config(block_m=128, block_n=64, stages=15, warps_m=8, warps=8),
     (128, 128): Config(block_m=128, block_n=64, stages=9, warps_m=8, warps=8),
 }
@@ -209,11 +248,14 @@ def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2, q8: bool = False
     and an e4m3 q), each region 1024-byte aligned: the K and V slots (the merge reuses
     them), FP8 also the 16-bit K and V block, and Q (16-bit) where it does not fit the last
     K slot / the 16-bit K block. Swapped (`compute_t`): the slots, the 16-bit V block, Q in
-    e4m3, P^T in f16 and the warps' column maxima."""
+    e4m3, P^T in f16 and the warps' column maxima. wgmma (`compute_w`): the slots, the
+    16-bit V block and Q in e4m3 (P stays in registers)."""
+    m, n = cfg.block_m, cfg.block_n
     if elem_bytes == 1 and cfg.swapped(q8):
-        m, n = cfg.block_m, cfg.block_n
         return (2 * smem_kv_bytes(cfg, head_dim, 1, q8) + n * head_dim * 2
                 + _kb(m * head_dim) + _kb(n * m * 2) + _kb(4 * m * 4))
+    if elem_bytes == 1 and cfg.wgmma(q8):
+        return 2 * smem_kv_bytes(cfg, head_dim, 1, q8) + n * head_dim * 2 + _kb(m * head_dim)
     q = 0 if cfg.q_in_kv_slot else _kb(cfg.block_m * head_dim * 2)
     if elem_bytes == 2:
         return q + 2 * smem_kv_bytes(cfg, head_dim)
@@ -222,7 +264,7 @@ def smem_bytes(cfg: Config, head_dim: int, elem_bytes: int = 2, q8: bool = False
 
 def store_bytes(cfg: Config, head_dim: int, q8: bool = False) -> int:
     """The key groups' fp32 O that `store` stages in the K slots (FP8: K and V slots;
-    swapped: one O^T, the warpgroup's)."""
+    swapped: one O^T, the warpgroup's; wgmma: one key group)."""
     return cfg.block_m * head_dim * 4 * (1 if cfg.swapped(q8) else cfg.key_groups)
 
 
@@ -276,6 +318,15 @@ class SwapOps(NamedTuple):
     sP_kr: Any           # P^T seen as (keys, rows)
 
 
+class WgmmaOps(NamedTuple):
+    """An unswapped wgmma tile's operands (traced DSL values; `compute_w`)."""
+    tSrQ: Any            # Q: S's A (rows, D), e4m3, K-major
+    tSrK: Any            # K of every slot: S's B (keys, D), e4m3, K-major
+    tOrP: Any            # P: O's A (rows, keys), f16, registers
+    tOrV: Any            # V: O's B (D, keys), the 16-bit V block read MN-major
+    tScS: Any            # (row, key) of each S accumulator element
+
+
 _COMPILED = {}
 LOG2_E = math.log2(math.e)
 FLT_MIN = 1.1754943508222875e-38   # the smallest normal fp32
@@ -300,7 +351,7 @@ def _kernel_class():
     from cutlass.cute.nvgpu import cpasync, warp, warpgroup
     from cutlass.utils import LayoutEnum
 
-    from .fragments import acc_rows_cols, element_swizzled, wgmma
+    from .fragments import acc_as_operand_a, acc_rows_cols, element_swizzled, wgmma
 
     LN_2 = math.log(2.0)
 
@@ -412,14 +463,20 @@ def _kernel_class():
             # rows N, so no row is padded to 64. One warpgroup (the CTA) computes the whole
             # block: one key group.
             self.swap = self.fp8 and cfg.swapped(self.q_fp8)
+            # wgmma (`compute_w`, TLX's `_attend` at 64 rows): the same at 64 rows, where the
+            # tile's rows fill a wgmma's M: S = Q K^T an e4m3 wgmma (e4m3 Q and K from smem),
+            # O += P V an f16 one with P from registers, the softmax along the rows
+            self.wg = self.fp8 and cfg.wgmma(self.q_fp8)
+            # K stays e4m3 (no 16-bit K block; V alone converted)
+            self.k8 = self.swap or self.wg
             self.stages = cfg.kv_stages(self.q_fp8 and self.fp8)
             self.wm, self.wn = cfg.warps_m, 1 if self.swap else cfg.key_groups
             self.BNg = cfg.block_n // self.wn        # keys of one key group per block
             self.causal, self.paged, self.packed = causal, paged, packed
             self.ordered = ordered                   # the batch coordinate indexes mOrder
             self.num_threads = cfg.warps * 32
-            # swapped: Q stays e4m3 in its own smem (the wgmma's B operand)
-            self.q_in_kv_slot = cfg.q_in_kv_slot and not self.swap
+            # swapped / wgmma: Q stays e4m3 in its own smem (S's B / A operand)
+            self.q_in_kv_slot = cfg.q_in_kv_slot and not self.k8
             assert head_dim % 64 == 0 and self.dtype.width == 16
             self.vec = 128 // kv_dtype.width         # cache elements of one 16-byte copy
             self.row_threads = head_dim // self.vec  # threads covering one cache row
@@ -442,6 +499,8 @@ def _kernel_class():
             assert store_bytes(cfg, head_dim, q8) <= o_room
             assert self.stages >= 2
             assert not self.swap or (self.num_threads == 128 and self.BN % 64 == 0)
+            assert not self.wg or (self.num_threads == 128 and self.M == 64
+                                   and self.BN % 16 == 0 and self.BN <= 256)
             self.smem = smem_bytes(cfg, head_dim, 1 if self.fp8 else 2, q8)
 
         # ------------------------------------------------------------------ host side
@@ -463,23 +522,27 @@ def _kernel_class():
             # fp8 slots: plain rows (each thread reads back only the chunks it copied,
             # a warp 512 contiguous bytes)
             sKV8_layout = cute.make_ordered_layout((self.BN, D, self.stages), order=(1, 0, 2))
-            # swapped (`compute_t`): the wgmmas' operands in their smem layouts (element
-            # swizzles; the wgmmas read them through pointer swizzles of the same bytes,
-            # `wgmma_view`). e4m3 K [keys, D] and Q [rows, D] are K-major as laid out (D
-            # contiguous, an fp8 wgmma's only form): D bytes a row, the 128-byte swizzle
-            # at D 128, the 64-byte one at D 64 (the 16-byte chunks a cp.async writes stay
-            # whole). The 16-bit V block [keys, D] is V^T's MN-major A as it is (the
-            # layout above, the 128-byte swizzle). P^T [rows, keys] is the MN-major B, the
-            # rows contiguous (32 or 64 bytes: the 32- / 64-byte swizzle), so a thread's
-            # two neighbouring columns of S^T's accumulator are one 4-byte store (stmatrix
-            # writes its 8 x 8 blocks as they are).
+            # swapped (`compute_t`) and wgmma (`compute_w`): the wgmmas' operands in their
+            # smem layouts (element swizzles; the wgmmas read them through pointer swizzles
+            # of the same bytes, `wgmma_view`). e4m3 K [keys, D] and Q [rows, D] are K-major
+            # as laid out (D contiguous, an fp8 wgmma's only form): D bytes a row, the
+            # 128-byte swizzle at D 128, the 64-byte one at D 64 (the 16-byte chunks a
+            # cp.async writes stay whole). The 16-bit V block [keys, D] is MN-major as it
+            # is (the layout above, the 128-byte swizzle: 64 D x 8 keys an atom, the keys'
+            # atoms first): V^T's A swapped, V's B (N = D, K = keys) unswapped. Swapped,
+            # P^T [rows, keys] is the MN-major B, the rows contiguous (32 or 64 bytes: the
+            # 32- / 64-byte swizzle), so a thread's two neighbouring columns of S^T's
+            # accumulator are one 4-byte store (stmatrix writes its 8 x 8 blocks as they
+            # are); unswapped, P is O's A from registers (S's accumulator converted in
+            # place, as the forward's P).
             sQ8_layout = sP_layout = tiled_mma_s = tiled_mma_o = None
-            if const_expr(self.swap):
+            if const_expr(self.k8):
                 atom8 = warpgroup.make_smem_layout_atom(
                     sm90.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.kv_dtype, D),
                     self.kv_dtype)
                 sKV8_layout = cute.tile_to_shape(atom8, (self.BN, D, self.stages), (0, 1, 2))
                 sQ8_layout = cute.tile_to_shape(atom8, (self.M, D), (0, 1))
+            if const_expr(self.swap):
                 sP_layout = element_swizzled(cute.tile_to_shape(
                     warpgroup.make_smem_layout_atom(
                         warpgroup.SmemLayoutAtomKind.MN_SW32 if self.M == 16 else
@@ -494,6 +557,17 @@ def _kernel_class():
                     Float16, Float16, warpgroup.OperandMajorMode.MN,
                     warpgroup.OperandMajorMode.MN, Float32, atom_layout_mnk=(1, 1, 1),
                     tiler_mn=(64, self.M))
+            if const_expr(self.wg):
+                # one warpgroup, its 64 rows M (warp w rows 16 w..); N the block's keys (S),
+                # the head dim (O: one wgmma a k-step, n128 at D 128)
+                tiled_mma_s = sm90.make_trivial_tiled_mma(
+                    self.kv_dtype, self.kv_dtype, warpgroup.OperandMajorMode.K,
+                    warpgroup.OperandMajorMode.K, Float32, atom_layout_mnk=(1, 1, 1),
+                    tiler_mn=(64, self.BN))
+                tiled_mma_o = sm90.make_trivial_tiled_mma(
+                    Float16, Float16, warpgroup.OperandMajorMode.K,
+                    warpgroup.OperandMajorMode.MN, Float32, atom_layout_mnk=(1, 1, 1),
+                    tiler_mn=(64, D), a_source=warpgroup.OperandSource.RMEM)
 
             # mma.sync 16x8x16, warps_m warps along M; N tiles of 16 so ldmatrix.x4 fills
             # a B fragment in one instruction
@@ -521,12 +595,13 @@ def _kernel_class():
                     order=(1, 0)),
                 cute.make_layout((1, 8)))
 
-            q_elems = 0 if self.q_in_kv_slot or self.swap else cute.cosize(sQ_layout)
+            q_elems = 0 if self.q_in_kv_slot or self.k8 else cute.cosize(sQ_layout)
             kv8_elems = 2 * cute.cosize(sKV8_layout) if const_expr(self.fp8) else 0
             kv16_elems = cute.cosize(sKV_layout)
-            # swapped: no 16-bit K block; e4m3 Q, P^T and the warps' column maxima
-            k16_elems = 0 if self.swap else kv16_elems
-            q8_elems = cute.cosize(sQ8_layout) if const_expr(self.swap) else 0
+            # swapped / wgmma: no 16-bit K block; e4m3 Q (swapped: and P^T and the warps'
+            # column maxima)
+            k16_elems = 0 if self.k8 else kv16_elems
+            q8_elems = cute.cosize(sQ8_layout) if const_expr(self.k8) else 0
             p_elems = cute.cosize(sP_layout) if const_expr(self.swap) else 0
             red_elems = 4 * self.M if const_expr(self.swap) else 0
 
@@ -597,10 +672,10 @@ def _kernel_class():
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sV = storage.sV.get_tensor(sKV_layout)
-            sK = sV                            # swapped: K stays e4m3 (no 16-bit block)
-            if const_expr(not self.swap):
+            sK = sV                            # swapped / wgmma: K stays e4m3 (no 16-bit block)
+            if const_expr(not self.k8):
                 sK = storage.sK.get_tensor(sKV_layout)
-            if const_expr(self.swap):
+            if const_expr(self.k8):
                 sQ = storage.sQ8.get_tensor(sQ8_layout)
             elif const_expr(self.q_in_kv_slot):
                 # Q in the last K slot (FP8: the 16-bit K block): it is in registers
@@ -622,7 +697,7 @@ def _kernel_class():
             if const_expr(self.fp8):
                 o_ptr = cute.recast_ptr(storage.sKV8.data_ptr(), dtype=Float32)
                 stats_ptr = cute.recast_ptr(
-                    (storage.sV if self.swap else storage.sK).data_ptr(), dtype=Float32)
+                    (storage.sV if self.k8 else storage.sK).data_ptr(), dtype=Float32)
 
             if row0 < rows:
                 # the KV blocks this split reads: the tile's visible keys in num_splits
@@ -653,7 +728,7 @@ def _kernel_class():
                 if self.stages - 1 < n_iter:
                     self.lookup(mPageTable, gather, tidx, blk_lo + self.stages - 1, rows_kv,
                                 tile)
-                if const_expr(self.swap):
+                if const_expr(self.k8):
                     # e4m3 as it is, once the cache copies are in flight
                     self.load_q8(mQ, sQ, tidx, tile)
                 elif const_expr(self.q_fp8):
@@ -666,6 +741,10 @@ def _kernel_class():
                         storage.sRed.get_tensor(cute.make_layout((self.M, 4), stride=(4, 1))),
                         mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o, tidx,
                         scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
+                elif const_expr(self.wg):
+                    row_max, row_sum, acc_O = self.compute_w(
+                        sQ, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o,
+                        tidx, scale_log2, blk_lo, n_iter, n_full, rows_kv, tile)
                 else:
                     row_max, row_sum, acc_O = self.compute(
                         sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma, tidx,
@@ -675,7 +754,7 @@ def _kernel_class():
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
                 self.store(acc_O, row_max, row_sum, o_ptr, stats_ptr, mO, mLSE,
-                           tiled_mma_o if self.swap else tiled_mma, tidx, scale_log2, v_scale,
+                           tiled_mma_o if self.k8 else tiled_mma, tidx, scale_log2, v_scale,
                            split, tile)
 
         # ------------------------------------------------------------------ schedule
@@ -736,9 +815,10 @@ def _kernel_class():
 
         @cute.jit
         def load_q8(self, mQ, sQ8, tidx, tile):  # role: load
-            """Swapped: an e4m3 q into its K-major smem as it is (the S^T wgmma's B), 8 bytes
-            a load and a store (q's rows are 8-byte aligned); rows as in `q_offset`. The
-            wgmma reads it through the async proxy: `compute_t` fences it."""
+            """Swapped / wgmma: an e4m3 q into its K-major smem as it is (the S^T wgmma's B,
+            the S wgmma's A), 8 bytes a load and a store (q's rows are 8-byte aligned); rows
+            as in `q_offset`. The wgmma reads it through the async proxy: `compute_t` /
+            `compute_w` fences it."""
             copy_q8 = cute.make_tiled_copy_tv(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.kv_dtype,
                                     num_bits_per_copy=64),
@@ -837,8 +917,8 @@ def _kernel_class():
             """FP8: this thread's chunks of slot `stage` (the ones it copied) -> the
             16-bit block, in the same (key, D) places."""
             thr = self.kv_thr(gather, tidx)
-            # swapped: V only (the S^T wgmma reads K in e4m3)
-            pairs = ((sV8, sV),) if const_expr(self.swap) else ((sK8, sK), (sV8, sV))
+            # swapped / wgmma: V only (the S / S^T wgmma reads K in e4m3)
+            pairs = ((sV8, sV),) if const_expr(self.k8) else ((sK8, sK), (sV8, sV))
             for src, dst in pairs:
                 t8 = thr.partition_D(self.kv_rows(src[None, None, stage], tidx))
                 t16 = thr.partition_D(self.kv_rows(dst[None, None, 0], tidx))
@@ -870,6 +950,36 @@ def _kernel_class():
                     qi = cutlass.min(tile.row0 + r, tile.rows - 1) // tile.group
                     ends[i] = qi + 1 + tile.n_k - tile.n_q
             return ends
+
+        @cute.jit
+        def mask_rows(self, S, tScS, row_end, key0):  # role: compute
+            """S (rows, keys), this thread's part, with each row's keys from row_end[r] on
+            at -inf; tScS: the (row, key) of each element, its keys counted from key0."""
+            for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                limit = row_end[r] - key0
+                for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
+                    S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
+
+        @cute.jit
+        def softmax_rows(self, S, O, row_max, row_sum, scale_log2):  # role: compute
+            """The online softmax of a block along its rows (exp2 domain, scale * log2(e)
+            folded in; TLX's `_masked_max` and the updates of `_attend`): S (rows, keys)
+            becomes P, O (rows, D) is rescaled; this thread's part of them, a row's max
+            over the 4 lanes (a quad) that hold it, its sum this thread's partial one
+            (the quad adds them up in `store`)."""
+            for r in cutlass.range_constexpr(cute.size(S, mode=[0])):
+                s_row = S[r, None].load()
+                m_new = s_row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
+                m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+                m_prev = row_max[r]
+                row_max[r] = m_new
+                m_safe = 0.0 if m_new == -Float32.inf else m_new
+                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2,
+                                       fastmath=True)
+                corr = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * corr, 0)
+                S[r, None].store(p_row)
+                O[r, None].store(O[r, None].load() * corr)
 
         @cute.jit
         def compute(self, sQ, sK, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma,
@@ -940,27 +1050,8 @@ def _kernel_class():
 
                 S = rows_cols(acc_S)
                 if (blk + 1) * self.BN > n_full:
-                    key0 = blk * self.BN + kg * self.BNg
-                    for r in cutlass.range_constexpr(n_rows):
-                        limit = row_end[r] - key0
-                        for c in cutlass.range_constexpr(cute.size(S, mode=[1])):
-                            S[r, c] = -Float32.inf if tScS[0, c][1] >= limit else S[r, c]
-
-                # online softmax (exp2 domain; quad reductions over a row's 4 threads)
-                for r in cutlass.range_constexpr(n_rows):
-                    s_row = S[r, None].load()
-                    m_new = s_row.reduce(cute.ReductionOp.MAX, row_max[r], 0)
-                    m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
-                    m_prev = row_max[r]
-                    row_max[r] = m_new
-                    m_safe = 0.0 if m_new == -Float32.inf else m_new
-                    p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2,
-                                           fastmath=True)
-                    corr = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
-                    row_sum[r] = p_row.reduce(cute.ReductionOp.ADD, row_sum[r] * corr, 0)
-                    S[r, None].store(p_row)
-                    O = rows_cols(acc_O)
-                    O[r, None].store(O[r, None].load() * corr)
+                    self.mask_rows(S, tScS, row_end, blk * self.BN + kg * self.BNg)
+                self.softmax_rows(S, rows_cols(acc_O), row_max, row_sum, scale_log2)
 
                 # O += P V
                 rP = cute.make_rmem_tensor_like(acc_S, dt)
@@ -972,6 +1063,117 @@ def _kernel_class():
                     cute.copy(s2r_V, tOsV[None, None, k], tOrV_v[None, None, k])
                     cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k], acc_O)
             return row_max, row_sum, acc_O
+
+        @cute.jit
+        def next_block(self, t, sK8, sV8, mK, mV, mPageTable, gather, tidx, blk_lo, n_iter,
+                       rows_kv, tile):  # role: load
+            """The head of block t in a wgmma tile (`attend_t`, `attend`): the pipeline of
+            `compute` with the CTA (the warpgroup) as its one key group. Block t's copies
+            waited for and fenced, block t - 1's P V wgmma waited for, one CTA barrier,
+            block t + stages - 1 issued into slot (t - 1) % stages. Returns block t's
+            slot."""
+            stage = t % self.stages
+            cute.arch.cp_async_wait_group(self.stages - 2)
+            # this thread's copies of block t (cp.async: the generic proxy) before the S
+            # wgmma reads the slot (the async proxy)
+            cute.arch.fence_view_async_shared()
+            # block t - 1's P V wgmma is done with the 16-bit V block (and its P: P^T in
+            # smem swapped, registers unswapped)
+            warpgroup.wait_group(0)
+            cute.arch.barrier()
+            # slot (t - 1) % stages is free: the next block goes there
+            self.issue_block(t + self.stages - 1, sK8, sV8, mK, mV, mPageTable, gather, tidx,
+                             blk_lo, n_iter, rows_kv, tile)
+            return stage
+
+        def wgmma_kqv(self, sK8, sQ8, sV):  # role: compute
+            """The wgmma tiles' smem operands (descriptors over the copies' bytes): K and q
+            in e4m3 as loaded, and V^T (D, keys), the 16-bit V block [keys, D] read
+            MN-major (P V's B unswapped, O^T's A swapped)."""
+            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
+            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
+            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
+            return sKw, sQw, cute.composition(
+                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
+
+        @cute.jit
+        def compute_w(self, sQ8, sV, sK8, sV8, mK, mV, mPageTable, gather, tiled_mma_s,
+                      tiled_mma_o, tidx, scale_log2, blk_lo, n_iter, n_full, rows_kv,
+                      tile):  # role: compute
+            """The KV loop of one tile on wgmmas, unswapped (wgmma_s: an e4m3 q over an e4m3
+            cache, 64 rows; TLX's `_attend` there), one `attend` a block: the bulk (no
+            mask), then the masked tail, as `compute_t`. Returns this thread's (row max,
+            row sum, O), as `compute`: a warp owns 16 whole rows, so the row max is whole
+            (the quad's) and the row sums are per thread (the quad adds them in `store`)."""
+            thr_s = tiled_mma_s.get_slice(tidx)
+            thr_o = tiled_mma_o.get_slice(tidx)
+            sKw, sQw, sVt = self.wgmma_kqv(sK8, sQ8, sV)
+            # S = Q K^T: A (rows, D), B (keys, D) per slot; O = P V: A (rows, keys) in
+            # registers, B (D, keys)
+            ops = WgmmaOps(
+                thr_s.make_fragment_A(thr_s.partition_A(sQw)),
+                thr_s.make_fragment_B(thr_s.partition_B(sKw)),
+                thr_o.make_fragment_A(thr_o.partition_shape_A((self.M, self.BN))),
+                thr_o.make_fragment_B(thr_o.partition_B(sVt[None, None, 0])),
+                acc_rows_cols(thr_s.partition_C(cute.make_identity_tensor((self.M, self.BN)))))
+            acc_O = cute.make_rmem_tensor(thr_o.partition_shape_C((self.M, self.D)), Float32)
+            acc_O.fill(0.0)
+            n_rows = cute.size(ops.tScS, mode=[0])
+            row_max = cute.make_rmem_tensor(n_rows, Float32)
+            row_sum = cute.make_rmem_tensor(n_rows, Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            row_end = self.key_ends([ops.tScS[r, 0][0] for r in range(n_rows)], tile)
+
+            # Q: this thread's e4m3 stores (generic proxy) before the wgmmas' reads (async
+            # proxy), then every thread's
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier()
+            # blocks [0, n_bulk) lie below n_full: no mask (two loops, as `compute_t`)
+            n_bulk = cutlass.max(cutlass.min(n_full // self.BN - blk_lo, n_iter), 0)
+            for t in cutlass.range(n_bulk, unroll=1):
+                self.attend(False, t, ops, acc_O, row_max, row_sum, row_end, sK8, sV8, sV,
+                            mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o, tidx,
+                            scale_log2, blk_lo, n_iter, rows_kv, tile)
+            for t in cutlass.range(n_bulk, n_iter, unroll=1):
+                self.attend(True, t, ops, acc_O, row_max, row_sum, row_end, sK8, sV8, sV,
+                            mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o, tidx,
+                            scale_log2, blk_lo, n_iter, rows_kv, tile)
+            warpgroup.wait_group(0)
+            return row_max, row_sum, acc_O
+
+        @cute.jit
+        def attend(self, masked: cutlass.Constexpr, t, ops, acc_O, row_max, row_sum, row_end,
+                   sK8, sV8, sV, mK, mV, mPageTable, gather, tiled_mma_s, tiled_mma_o, tidx,
+                   scale_log2, blk_lo, n_iter, rows_kv, tile):  # role: compute
+            """Block t on wgmmas, unswapped (TLX's `_attend` at 64 rows): S = Q K^T ([rows,
+            keys]; e4m3 Q from smem and e4m3 K from its slot, both K-major, into an fp8
+            wgmma, fp32 accumulate), masked (keys past a row's row_end at -inf), the
+            softmax along the rows (`softmax_rows`), O += P V ([rows, D]; P converted to
+            f16 in registers as the wgmma's A, V the 16-bit V block), left in flight until
+            the next block's head (`next_block`)."""
+            stage = self.next_block(t, sK8, sV8, mK, mV, mPageTable, gather, tidx, blk_lo,
+                                    n_iter, rows_kv, tile)
+            # S = Q K^T, e4m3 x e4m3; V converted to 16 bits meanwhile
+            acc_S = cute.make_rmem_tensor(
+                tiled_mma_s.get_slice(tidx).partition_shape_C((self.M, self.BN)), Float32)
+            wgmma(tiled_mma_s, acc_S, ops.tSrQ, ops.tSrK[None, None, None, stage],
+                  zero_init=True, wait=-1)
+            self.convert_kv(sK8, sV8, sV, sV, gather, tidx, stage)
+            warpgroup.wait_group(0)
+
+            S = acc_rows_cols(acc_S)
+            if const_expr(masked):
+                self.mask_rows(S, ops.tScS, row_end, (blk_lo + t) * self.BN)
+            self.softmax_rows(S, acc_rows_cols(acc_O), row_max, row_sum, scale_log2)
+
+            # O += P V: P (f16) into the A fragment's registers, every thread's V
+            # converted and fenced (its generic stores before the wgmma's async-proxy
+            # reads), then the wgmma (in flight until the next block's head)
+            ops.tOrP.store(acc_as_operand_a(acc_S).load().to(Float16))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier()
+            wgmma(tiled_mma_o, acc_O, ops.tOrP, ops.tOrV, zero_init=False, wait=-1)
 
         @cute.jit
         def keys_reduce(self, x, op):  # role: compute
@@ -994,14 +1196,8 @@ def _kernel_class():
             cross-warp sum a block)."""
             thr_s = tiled_mma_s.get_slice(tidx)
             thr_o = tiled_mma_o.get_slice(tidx)
-            # the wgmmas' operands: smem descriptors over the copies' bytes
-            sKw = wgmma_view(sK8.iterator, sK8.layout, self.kv_dtype)
-            sQw = wgmma_view(sQ8.iterator, sQ8.layout, self.kv_dtype)
-            sVw = wgmma_view(sV.iterator, sV.layout, Float16)
+            sKw, sQw, sVt = self.wgmma_kqv(sK8, sQ8, sV)
             sPw = wgmma_view(sP.iterator, sP.layout, Float16)
-            # V^T (D, keys): the 16-bit V block [keys, D] read MN-major
-            sVt = cute.composition(
-                sVw, cute.make_ordered_layout((self.D, self.BN, 1), order=(1, 0, 2)))
             # S^T = K Q^T: A (keys, D) per slot, B (rows, D); O^T = V^T P^T: A (D, keys),
             # B (rows, keys)
             ops = SwapOps(
@@ -1059,20 +1255,10 @@ def _kernel_class():
             its slot and e4m3 Q from smem, both K-major, into an fp8 wgmma, fp32
             accumulate), masked (keys past a column's col_end at -inf), the softmax down the
             columns, O^T += V^T P^T ([D, rows]; V^T the 16-bit V block, P^T in f16 through
-            smem). The pipeline of `compute`, with the CTA (the warpgroup) as its one key
-            group: block t waited for and fenced, one barrier, block t + stages - 1 issued."""
+            smem), the head of the block `next_block`'s."""
             warp_i = cute.arch.make_warp_uniform(tidx // 32)
-            stage = t % self.stages
-            cute.arch.cp_async_wait_group(self.stages - 2)
-            # this thread's copies of block t (cp.async: the generic proxy) before the S^T
-            # wgmma reads the slot (the async proxy)
-            cute.arch.fence_view_async_shared()
-            # block t - 1's O^T wgmma is done with the 16-bit V block and P^T
-            warpgroup.wait_group(0)
-            cute.arch.barrier()
-            # slot (t - 1) % stages is free: the next block goes there
-            self.issue_block(t + self.stages - 1, sK8, sV8, mK, mV, mPageTable, gather, tidx,
-                             blk_lo, n_iter, rows_kv, tile)
+            stage = self.next_block(t, sK8, sV8, mK, mV, mPageTable, gather, tidx, blk_lo,
+                                    n_iter, rows_kv, tile)
 
             # S^T = K Q^T, e4m3 x e4m3; V converted to 16 bits meanwhile (fenced with P^T)
             acc_S = cute.make_rmem_tensor(
@@ -1140,7 +1326,8 @@ def _kernel_class():
             """Merge the key groups' partials row by row, normalize (FP8: and scale by
             v_descale), write O and LSE. Swapped (`compute_t`, one key group): O^T lands
             transposed as O, the rows' max once and each warp's row sums (its threads'
-            partial sums added over the lanes), which the merge adds up."""
+            partial sums added over the lanes), which the merge adds up. wgmma
+            (`compute_w`): one key group, its O the P V wgmma's accumulator."""
             hk, q_start, row0, rows, group = tile.hk, tile.q_start, tile.row0, tile.rows, tile.group
             M, D, wn = self.M, self.D, self.wn
             # the row sums' groups: the key groups, or (swapped) the warps
@@ -1169,7 +1356,13 @@ def _kernel_class():
             else:
                 kg = tidx // (32 * self.wm)
                 thr_mma = tiled_mma.get_slice(tidx % (32 * self.wm))
-                tScS = rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, self.BNg))))
+                # (row, col) of this thread's accumulator elements: a row's 4 lanes (a
+                # quad) hold its columns, mma.sync or wgmma alike
+                if const_expr(self.wg):
+                    tScS = acc_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M, D))))
+                else:
+                    tScS = rows_cols(thr_mma.partition_C(
+                        cute.make_identity_tensor((M, self.BNg))))
                 for r in cutlass.range_constexpr(cute.size(row_sum)):
                     total = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
                     if tScS[0, 0][1] == 0:

@@ -6,7 +6,9 @@ one fresh subprocess: CUTE_DSL_* are read at import), with no spill, the loads a
 SM (one at 128 rows). The same for an fp8 (e4m3) cache with an fp8 or a bf16 q: the
 cache bytes by 16-byte cp.async, converted (e4m3x2 -> f16x2) before 16-bit mma.sync;
 at 16 and 32 rows (D 128) with an e4m3 q the swapped tile (Config.swap): S^T = K Q^T an e4m3
-wgmma, O^T += V^T P^T an f16 one, no mma.sync, V alone converted. GPU (`-m gpu`): the
+wgmma, O^T += V^T P^T an f16 one, no mma.sync, V alone converted; at 64 rows (D 128; D 64
+by config) with an e4m3 q the unswapped wgmma tile (Config.wgmma_s): S = Q K^T an e4m3
+wgmma, O += P V an f16 one with P from registers. GPU (`-m gpu`): the
 kernel against an fp32 torch reference on tiny
 shapes in every mode: contiguous and paged caches (page sizes 1, 16, 64, pages
 shuffled), dense and packed q, causal and not, one and three splits (merged here by
@@ -14,6 +16,7 @@ logsumexp), empty caches, GQA 1, 4 and 8 (tiles of 16 to 128 rows, and two 128-r
 tiles), D 64 and 128, bf16 and fp16; the same through jagged.kvcache_attention; the
 headline bandwidth (run with -s to see it).
 """
+import dataclasses
 import json
 import math
 import os
@@ -55,7 +58,8 @@ _BUILDS = [
     (128, 128, True, True, True, False, "bfloat16"),
 ]
 # fp8 caches: every config with each q dtype, the flags varied across them (an fp8 q at
-# 16 and 32 rows, D 128: the swapped tile, each flag both ways)
+# 16 and 32 rows, D 128: the swapped tile, each flag both ways; at 64 rows, D 128: the
+# unswapped wgmma tile, each flag both ways)
 _FP8_BUILDS = [
     (64, 32, True, True, False, False, "fp8"),
     (128, 32, False, False, False, False, "fp8"),
@@ -75,9 +79,19 @@ _FP8_BUILDS = [
     (128, 32, True, True, True, True, "fp8"),
     (128, 32, False, False, False, False, "bf16/fp8"),
     (128, 64, False, False, False, False, "fp8"),
+    (128, 64, True, True, True, True, "fp8"),
+    (128, 64, True, False, True, False, "fp8"),
+    (128, 64, False, True, False, True, "fp8"),
     (128, 64, True, True, True, True, "bf16/fp8"),
     (128, 128, True, True, True, False, "fp8"),
     (128, 128, False, False, False, True, "bf16/fp8"),
+]
+# the unswapped wgmma tile at D 64 (off the table: D 64 keeps mma.sync by default), its
+# Config beside the table's (64-key blocks; no 16-bit K block: 11 stages, 100 KB)
+D64_WGMMA = dict(wgmma_s=True, q8_stages=11)
+_FP8_WGMMA_D64_BUILDS = [
+    (64, 64, True, True, False, True, "fp8", D64_WGMMA),
+    (64, 64, False, False, True, False, "fp8", D64_WGMMA),
 ]
 
 
@@ -105,13 +119,18 @@ def test_configs():
     # the one 16-bit block within the same CTA limits; fp32 O of `store` in the fp8 slots
     assert set(K.FP8_CONFIGS) == set(K.CONFIGS)
     # swapped (an e4m3 q, 16 and 32 rows at D 128): keys a multiple of the wgmma's M (64), a ring
-    # at least as deep, both q dtypes' builds within the same limits
+    # at least as deep, both q dtypes' builds within the same limits; the same for the
+    # unswapped wgmma tile (an e4m3 q, 64 rows at D 128: one warpgroup, keys a multiple of
+    # the P V wgmma's K, 16)
     for (d, m), cfg in K.FP8_CONFIGS.items():
         bf = K.CONFIGS[(d, m)]
         assert (cfg.block_m, cfg.warps_m, cfg.warps) == (bf.block_m, bf.warps_m, bf.warps)
         assert cfg.block_n <= bf.block_n
         assert cfg.swap == (d == 128 and m <= 32) == cfg.swapped(True)
         assert not cfg.swapped(False)
+        assert cfg.wgmma_s == (d == 128 and m == 64) == cfg.wgmma(True)
+        assert not cfg.wgmma(False) and not (cfg.swap and cfg.wgmma_s)
+        assert cfg.k8(True) == (cfg.swap or cfg.wgmma_s) and not cfg.k8(False)
         ctas = K.programs_per_sm(d, m, True)
         assert ctas == (2 if m <= 64 else 1), (d, m)
         for q8 in (False, True):
@@ -123,7 +142,16 @@ def test_configs():
             assert stages >= bf.stages
         if cfg.swap:
             assert cfg.block_n % 64 == 0 and cfg.warps == 4
+        if cfg.wgmma_s:
+            assert cfg.block_n % 16 == 0 and cfg.warps == cfg.warps_m == 4
+        if cfg.k8(True):
             assert cfg.kv_stages(True) >= cfg.stages
+    # the D 64 wgmma tile of the compile checks (D64_WGMMA) fits the same limits
+    cfg = dataclasses.replace(K.FP8_CONFIGS[(64, 64)], **D64_WGMMA)
+    assert cfg.wgmma(True) and not cfg.wgmma(False)
+    used = K.smem_bytes(cfg, 64, 1, True) + DSL_STATIC
+    assert 2 * (used + CTA_RESERVED) <= SM_SMEM
+    assert K.store_bytes(cfg, 64, True) <= 2 * K.smem_kv_bytes(cfg, 64, 1, True)
     for d in (64, 128):
         assert K.pick_config(d, 5, fp8=True) == K.FP8_CONFIGS[(d, 16)]
         assert K.pick_config(d, 1) == K.pick_config(d, 16) == K.CONFIGS[(d, 16)]
@@ -133,17 +161,18 @@ def test_configs():
 
 
 _SCRIPT = textwrap.dedent("""
-    import json, sys, torch
+    import dataclasses, json, sys, torch
     sys.path.insert(0, {root!r})
     from kernels_cute import decode_hopper as K
     dtypes = {dtypes!r}
-    for D, m, causal, paged, packed, split, dt in {builds!r}:
+    for D, m, causal, paged, packed, split, dt, *over in {builds!r}:
         q_dt, kv_dt = (getattr(torch, n) for n in dtypes[dt])
         fp8 = kv_dt == torch.float8_e4m3fn
-        cfg = (K.FP8_CONFIGS if fp8 else K.CONFIGS)[(D, m)]
+        cfg = dataclasses.replace((K.FP8_CONFIGS if fp8 else K.CONFIGS)[(D, m)],
+                                  **(over[0] if over else {{}}))
         fn = K.compile_decode(q_dt, D, cfg, causal, paged, packed, split, kv_dtype=kv_dt)
         a = fn.artifacts
-        print("BUILD", json.dumps(dict(key=[D, m, causal, paged, packed, split, dt],
+        print("BUILD", json.dumps(dict(key=[D, m, causal, paged, packed, split, dt, *over],
                                        ptx=a.PTX, cubin=(a.CUBIN or b"").hex())), flush=True)
     print("COMPILED")
 """)
@@ -164,6 +193,8 @@ def _resources(cubin_hex):
     pytest.param([b for b in _BUILDS if b[:2] == (128, 16) and b[5]], id="decode-path"),
     pytest.param([b for b in _FP8_BUILDS if b[:2] == (128, 16) and b[5]],
                  id="fp8-decode-path"),
+    pytest.param([b for b in _FP8_BUILDS if b[:2] == (128, 64) and b[6] == "fp8"]
+                 + _FP8_WGMMA_D64_BUILDS, id="fp8-wgmma"),
     pytest.param(_BUILDS, id="every-config", marks=pytest.mark.matrix),
     pytest.param(_FP8_BUILDS, id="fp8-every-config", marks=pytest.mark.matrix)])
 def test_decode_default_builds(tmp_path, builds):
@@ -175,7 +206,9 @@ def test_decode_default_builds(tmp_path, builds):
     rows): no mma.sync; in each of the two KV loops (bulk, masked tail) S^T = K Q^T as
     e4m3 wgmmas m64nMk32 (block_n / 64 x D / 32) and O^T += V^T P^T as f16 ones m64nMk16
     (D / 64 x block_n / 16), P^T by stmatrix, V alone converted, the slots and P^T
-    fenced for the async proxy."""
+    fenced for the async proxy. wgmma (an e4m3 q at 64 rows): no mma.sync; in each loop
+    S = Q K^T as e4m3 wgmmas m64nBNk32 (D / 32) and O += P V as f16 ones m64nDk16 with A
+    (P) from registers (block_n / 16), V alone converted, the slots fenced."""
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="ptx,cubin",
                CUTE_DSL_DUMP_DIR=str(tmp_path), CUTE_DSL_DISABLE_FILE_CACHING="1")
     r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=ROOT, builds=builds,
@@ -190,10 +223,12 @@ def test_decode_default_builds(tmp_path, builds):
     assert len(found) == len(builds)
     from kernels_cute import decode_hopper as K
     for b in found:
-        D, m, causal, paged, packed, split, dt = b["key"]
+        D, m, causal, paged, packed, split, dt, *over = b["key"]
         q_dt, kv_dt = _DTYPES[dt]
         fp8 = kv_dt == "float8_e4m3fn"
-        cfg, ptx = (K.FP8_CONFIGS if fp8 else K.CONFIGS)[(D, m)], b["ptx"]
+        cfg = dataclasses.replace((K.FP8_CONFIGS if fp8 else K.CONFIGS)[(D, m)],
+                                  **(over[0] if over else {}))
+        ptx = b["ptx"]
         mma = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)", ptx)
         threads = 32 * cfg.warps
         if fp8 and cfg.swapped(q_dt == "float8_e4m3fn"):
@@ -211,6 +246,22 @@ def test_decode_default_builds(tmp_path, builds):
             # V alone, once a block in each loop (and the q stays e4m3)
             per_block = cfg.block_n * D // threads // 2
             assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", ptx)) == 2 * per_block, b["key"]
+        elif fp8 and cfg.wgmma(q_dt == "float8_e4m3fn"):
+            assert not mma and "mma.sync" not in ptx, b["key"]
+            wg = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k(\d+)\.f32\.(\w+)\.(\w+)",
+                            ptx)
+            bn = str(cfg.block_n)
+            assert sorted(set(wg)) == sorted({(str(D), "16", "f16", "f16"),
+                                              (bn, "32", "e4m3", "e4m3")}), (b["key"], set(wg))
+            assert wg.count((bn, "32", "e4m3", "e4m3")) == 2 * D // 32, b["key"]
+            assert wg.count((str(D), "16", "f16", "f16")) == 2 * cfg.block_n // 16, b["key"]
+            # P V's A from registers (a register list, not a descriptor), S's from smem
+            rs = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16\s*"
+                            r"\{[^}]*\},\s*\{", ptx)
+            assert len(rs) == 2 * cfg.block_n // 16, b["key"]
+            assert "stmatrix" not in ptx and "fence.proxy.async" in ptx, b["key"]
+            per_block = cfg.block_n * D // threads // 2
+            assert len(re.findall(r"cvt\.rn\.f16x2\.e4m3x2", ptx)) == 2 * per_block, b["key"]
         else:
             # QK: BNg/8 n-atoms x D/16 k-steps; PV: D/8 n-atoms x BNg/16 k-steps
             bng = cfg.block_n // cfg.key_groups
@@ -218,7 +269,7 @@ def test_decode_default_builds(tmp_path, builds):
             assert set(mma) == {"bf16" if q_dt == "bfloat16" else "f16"}
             assert "wgmma" not in ptx, b["key"]
             assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans", ptx), b["key"]
-        if fp8 and not cfg.swapped(q_dt == "float8_e4m3fn"):
+        if fp8 and not cfg.k8(q_dt == "float8_e4m3fn"):
             # K and V of a block, 2 elements a cvt, once (plus an fp8 q's, once a tile)
             per_block = 2 * cfg.block_n * D // threads // 2
             q_cvts = m * D // threads // 2 if q_dt == "float8_e4m3fn" else 0
@@ -464,10 +515,12 @@ def _quantize(x, groups):
     return xq, scales
 
 
-def _fp8_case(D, group, layout, qmode, causal, splits, q_fp8, seed=0, dev="cuda"):
+def _fp8_case(D, group, layout, qmode, causal, splits, q_fp8, seed=0, dev="cuda",
+              config=None):
     """An fp8 cache (and an fp8 q when q_fp8, else bf16), its values spread over decades
     per (sequence, kv head) so the descales differ: the kernel's out (bf16) and lse
-    beside the fp32 reference on the dequantized inputs."""
+    beside the fp32 reference on the dequantized inputs. config: in place of the
+    table's."""
     from kernels_cute import decode_hopper as K
     gen = torch.Generator(device="cpu").manual_seed(seed)
     H_kv = 2
@@ -539,12 +592,14 @@ def _fp8_case(D, group, layout, qmode, causal, splits, q_fp8, seed=0, dev="cuda"
     lse = torch.full((H, Nq), nan, dtype=torch.float32, device=dev)
     if splits == 1:
         K.forward(q, k_cache, v_cache, seqk, page_table, cu_q, out, lse, None, None,
-                  len_q=len_q, causal=causal, scale=scale, num_splits=1, descale=descale)
+                  len_q=len_q, causal=causal, scale=scale, num_splits=1, descale=descale,
+                  config=config)
     else:
         o_part = torch.full((splits, Nq, H, D), nan, dtype=torch.float32, device=dev)
         lse_part = torch.full((splits, H, Nq), nan, dtype=torch.float32, device=dev)
         K.forward(q, k_cache, v_cache, seqk, page_table, cu_q, None, None, o_part, lse_part,
-                  len_q=len_q, causal=causal, scale=scale, num_splits=splits, descale=descale)
+                  len_q=len_q, causal=causal, scale=scale, num_splits=splits, descale=descale,
+                  config=config)
         torch.cuda.synchronize()
         assert not o_part.isnan().any() and not lse_part.isnan().any()
         lse = torch.logsumexp(lse_part, dim=0)
@@ -572,6 +627,12 @@ _FP8_GPU_CASES = [
     (128, 4, "paged16", "dense8", True, 3, True),
     (64, 8, "contiguous", "dense3", False, 1, True),
     (128, 1, "paged1", "packed", True, 3, True),
+    # an e4m3 q at 64 rows (the unswapped wgmma tile at D 128): GQA 4 x 16 rows causal
+    # with splits, GQA 8 x 8 rows, GQA 2 x up to 20 packed rows on pages of 1
+    (128, 4, "paged16", "dense16", True, 3, True),
+    (128, 8, "contiguous", "dense8", False, 1, True),
+    (128, 2, "paged1", "packed", True, 1, True),
+    (128, 4, "paged64", "dense16", False, 3, True),
 ]
 
 
@@ -581,10 +642,27 @@ def test_decode_fp8_matches_reference(D, group, layout, qmode, causal, splits, q
     """Out (bf16) and lse against fp32 on the dequantized inputs: the products see the
     exact e4m3 values, so the error is P's rounding (f16 / bf16) and the bf16 out, as
     with a bf16 cache; scaled by the largest |V| (values spread over decades). An e4m3
-    q at 16 and 32 rows (the swapped tile) takes its scores from an fp8 wgmma, whose
-    accumulation keeps fewer bits than fp32 (TLX's twin: lse within 3.8e-3 of float64 on
-    an H100): its lse is allowed 1e-2, as TLX's, far below what e4m3 costs q itself."""
-    out, lse, ref_out, ref_lse = _fp8_case(D, group, layout, qmode, causal, splits, q_fp8)
+    q at 16, 32 and 64 rows (D 128: the swapped and the wgmma tiles) takes its scores
+    from an fp8 wgmma, whose accumulation keeps fewer bits than fp32 (TLX's twin: lse
+    within 3.8e-3 of float64 on an H100): its lse is allowed 1e-2, as TLX's, far below
+    what e4m3 costs q itself."""
+    _check_fp8(*_fp8_case(D, group, layout, qmode, causal, splits, q_fp8), q_fp8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,layout,qmode,causal,splits", [
+    (4, "paged16", "dense16", True, 3), (8, "contiguous", "dense8", False, 1),
+    (2, "paged1", "packed", True, 1)])
+def test_decode_fp8_wgmma_d64(group, layout, qmode, causal, splits):
+    """The unswapped wgmma tile at D 64 (an e4m3 q, 64 rows; off the table, by config:
+    D64_WGMMA), as test_decode_fp8_matches_reference."""
+    from kernels_cute import decode_hopper as K
+    cfg = dataclasses.replace(K.FP8_CONFIGS[(64, 64)], **D64_WGMMA)
+    _check_fp8(*_fp8_case(64, group, layout, qmode, causal, splits, True, config=cfg), True)
+
+
+def _check_fp8(out, lse, ref_out, ref_lse, q_fp8):
+    """test_decode_fp8_matches_reference's checks."""
     assert out.dtype == torch.bfloat16
     assert not out.isnan().any() and not lse.isnan().any(), "rows left unwritten (NaN)"
     empty = ref_lse == -math.inf
